@@ -1,0 +1,45 @@
+// Element types the engine stores or reads from checkpoints.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "core/error.h"
+
+namespace deepinfer {
+
+enum class DType : uint8_t {
+  kF32,
+  kF16,
+  kBF16,
+  kF8E4M3,  // float8_e4m3fn (no infinities; 0x7f / 0xff are NaN)
+  kI32,
+  kI64,
+};
+
+constexpr size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::kF32: return 4;
+    case DType::kF16: return 2;
+    case DType::kBF16: return 2;
+    case DType::kF8E4M3: return 1;
+    case DType::kI32: return 4;
+    case DType::kI64: return 8;
+  }
+  return 0;
+}
+
+constexpr std::string_view dtype_name(DType t) {
+  switch (t) {
+    case DType::kF32: return "float32";
+    case DType::kF16: return "float16";
+    case DType::kBF16: return "bfloat16";
+    case DType::kF8E4M3: return "float8_e4m3fn";
+    case DType::kI32: return "int32";
+    case DType::kI64: return "int64";
+  }
+  return "unknown";
+}
+
+}  // namespace deepinfer
