@@ -1,0 +1,22 @@
+// The CPU reference backend: fp32, simple loops, OpenMP across tokens and heads, BLAS for GEMMs.
+#pragma once
+
+#include "backend/backend.h"
+
+namespace deepinfer::cpu {
+
+void linear(const LinearArgs& a);
+void head_linear(const HeadLinearArgs& a);
+void embedding(const EmbeddingArgs& a);
+void rms_norm(const RmsNormArgs& a);
+void add_rms_norm(const AddRmsNormArgs& a);
+void silu_mul(const SiluMulArgs& a);
+void add(const AddArgs& a);
+void rope(const RopeArgs& a);
+void mla_cache_write(const MlaCacheWriteArgs& a);
+void mla_decode(const MlaDecodeArgs& a);
+void mla_prefill(const MlaPrefillArgs& a);
+void moe_route(const MoeRouteArgs& a);
+void moe_experts(const MoeExpertsArgs& a);
+
+}  // namespace deepinfer::cpu

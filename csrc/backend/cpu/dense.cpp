@@ -1,0 +1,89 @@
+// Dense CPU ops: linear, per-head linear, embedding, norms, activation.
+#include <cmath>
+#include <cstring>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/gemm.h"
+
+namespace deepinfer::cpu {
+
+void linear(const LinearArgs& a) {
+  a.validate();
+  sgemm({.m = a.x.shape[0], .n = a.w.shape[0], .k = a.x.shape[1], .a = a.x.f32(), .lda = a.x.shape[1],
+         .b = a.w.f32(), .ldb = a.w.shape[1], .transpose_b = Transpose::kYes, .c = a.out.f32(),
+         .ldc = a.out.shape[1]});
+}
+
+void head_linear(const HeadLinearArgs& a) {
+  a.validate();
+  const int64_t tokens = a.x.shape[0], heads = a.x.shape[1], in = a.x.shape[2], out = a.w.shape[1];
+  // One strided GEMM per head: rows of x for head h are `heads * in` apart.
+  for (int64_t h = 0; h < heads; ++h) {
+    sgemm({.m = tokens, .n = out, .k = in, .a = a.x.f32() + h * in, .lda = heads * in, .b = a.w.f32() + h * out * in,
+           .ldb = in, .transpose_b = Transpose::kYes, .c = a.out.f32() + h * out, .ldc = heads * out});
+  }
+}
+
+void embedding(const EmbeddingArgs& a) {
+  a.validate();
+  const int64_t dim = a.table.shape[1];
+  const float* table = a.table.f32();
+  float* out = a.out.f32();
+  for (size_t t = 0; t < a.token_ids.size(); ++t) {
+    std::memcpy(out + static_cast<int64_t>(t) * dim, table + a.token_ids[t] * dim, sizeof(float) * dim);
+  }
+}
+
+namespace {
+void normalize_row(const float* x, const float* w, float* out, int64_t dim, float eps) {
+  double sum_sq = 0.0;
+  for (int64_t i = 0; i < dim; ++i) sum_sq += static_cast<double>(x[i]) * x[i];
+  const float inv_rms = static_cast<float>(1.0 / std::sqrt(sum_sq / static_cast<double>(dim) + eps));
+  for (int64_t i = 0; i < dim; ++i) out[i] = w[i] * (x[i] * inv_rms);
+}
+}  // namespace
+
+void rms_norm(const RmsNormArgs& a) {
+  a.validate();
+  const int64_t rows = a.x.shape[0], dim = a.x.shape[1];
+  const int64_t stride = a.row_stride == 0 ? dim : a.row_stride;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    normalize_row(a.x.f32() + r * stride, a.weight.f32(), a.out.f32() + r * stride, dim, a.eps);
+  }
+}
+
+void add_rms_norm(const AddRmsNormArgs& a) {
+  a.validate();
+  const int64_t rows = a.residual.shape[0], dim = a.residual.shape[1];
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* res = a.residual.f32() + r * dim;
+    const float* x = a.x.f32() + r * dim;
+    for (int64_t i = 0; i < dim; ++i) res[i] += x[i];
+    normalize_row(res, a.weight.f32(), a.out.f32() + r * dim, dim, a.eps);
+  }
+}
+
+void silu_mul(const SiluMulArgs& a) {
+  a.validate();
+  const int64_t rows = a.out.shape[0], inter = a.out.shape[1];
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* gate = a.gate_up.f32() + r * 2 * inter;
+    const float* up = gate + inter;
+    float* out = a.out.f32() + r * inter;
+    for (int64_t i = 0; i < inter; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+  }
+}
+
+void add(const AddArgs& a) {
+  a.validate();
+  float* x = a.x.f32();
+  const float* y = a.y.f32();
+  const int64_t n = a.x.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+}  // namespace deepinfer::cpu

@@ -1,0 +1,119 @@
+// MLA on the CPU: the latent cache write, the absorbed decode and the decompressing prefill.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/gemm.h"
+
+namespace deepinfer::cpu {
+namespace {
+
+// Row `j` (a token index within the sequence) of sequence s's cached latents.
+const float* cached_row(const ConstTensorView& cache, const AttentionMetadata& m, int32_t s, int64_t j) {
+  const int64_t page_size = cache.shape[1], dim = cache.shape[2];
+  const int32_t page = m.page(s, static_cast<int32_t>(j / page_size));
+  return cache.f32() + (static_cast<int64_t>(page) * page_size + j % page_size) * dim;
+}
+
+void softmax_in_place(std::span<float> scores) {
+  const float max_score = *std::max_element(scores.begin(), scores.end());
+  double sum = 0.0;
+  for (float& s : scores) {
+    s = std::exp(s - max_score);
+    sum += s;
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (float& s : scores) s *= inv;
+}
+
+}  // namespace
+
+void mla_cache_write(const MlaCacheWriteArgs& a) {
+  a.validate();
+  const int64_t dim = a.cache.shape[2];
+  for (size_t t = 0; t < a.slot_mapping.size(); ++t) {
+    std::memcpy(a.cache.f32() + static_cast<int64_t>(a.slot_mapping[t]) * dim,
+                a.latent.f32() + static_cast<int64_t>(t) * dim, sizeof(float) * dim);
+  }
+}
+
+void mla_decode(const MlaDecodeArgs& a) {
+  a.validate();
+  const int64_t heads = a.q_latent.shape[1], rank = a.kv_lora_rank, rope_dim = a.q_pe.shape[2];
+  const AttentionMetadata& m = a.meta;
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int32_t s = 0; s < m.num_seqs; ++s) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t row = m.query_start[s];
+      const int32_t ctx = m.context_lens[s];
+      const float* q_lat = a.q_latent.f32() + (row * heads + h) * rank;
+      const float* q_pe = a.q_pe.f32() + (row * heads + h) * rope_dim;
+      std::vector<float> scores(static_cast<size_t>(ctx));
+      for (int64_t j = 0; j < ctx; ++j) {
+        const float* kv = cached_row(a.cache, m, s, j);
+        float dot = 0.0f;
+        for (int64_t i = 0; i < rank; ++i) dot += q_lat[i] * kv[i];
+        for (int64_t i = 0; i < rope_dim; ++i) dot += q_pe[i] * kv[rank + i];
+        scores[j] = dot * a.softmax_scale;
+      }
+      softmax_in_place(scores);
+      float* out = a.out_latent.f32() + (row * heads + h) * rank;
+      std::fill(out, out + rank, 0.0f);
+      for (int64_t j = 0; j < ctx; ++j) {
+        const float* kv = cached_row(a.cache, m, s, j);
+        for (int64_t i = 0; i < rank; ++i) out[i] += scores[j] * kv[i];
+      }
+    }
+  }
+}
+
+void mla_prefill(const MlaPrefillArgs& a) {
+  a.validate();
+  const AttentionMetadata& m = a.meta;
+  const int64_t heads = a.q.shape[1], rank = a.kv_lora_rank, nope = a.qk_nope_head_dim, vdim = a.v_head_dim;
+  const int64_t rope_dim = a.cache.shape[2] - rank, qk_dim = nope + rope_dim, kv_width = heads * (nope + vdim);
+  for (int32_t s = 0; s < m.num_seqs; ++s) {
+    const int32_t ctx = m.context_lens[s];
+    const int32_t num_q = m.num_queries(s);
+    if (num_q == 0) continue;
+    // Gather the sequence's latents, then decompress: kv[j] = c_kv[j] · kv_b^T -> [H, nope + v].
+    std::vector<float> c_kv(static_cast<size_t>(ctx * rank)), k_pe(static_cast<size_t>(ctx * rope_dim));
+    for (int64_t j = 0; j < ctx; ++j) {
+      const float* row = cached_row(a.cache, m, s, j);
+      std::memcpy(&c_kv[j * rank], row, sizeof(float) * rank);
+      std::memcpy(&k_pe[j * rope_dim], row + rank, sizeof(float) * rope_dim);
+    }
+    std::vector<float> kv(static_cast<size_t>(ctx * kv_width));
+    sgemm({.m = ctx, .n = kv_width, .k = rank, .a = c_kv.data(), .lda = rank, .b = a.kv_b.f32(), .ldb = rank,
+           .transpose_b = Transpose::kYes, .c = kv.data(), .ldc = kv_width});
+    const int64_t first_pos = ctx - num_q;
+#pragma omp parallel for collapse(2) schedule(dynamic)
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int32_t i = 0; i < num_q; ++i) {
+        const int64_t row = m.query_start[s] + i;
+        const float* q = a.q.f32() + (row * heads + h) * qk_dim;
+        const int64_t visible = first_pos + i + 1;  // causal: keys [0, position]
+        std::vector<float> scores(static_cast<size_t>(visible));
+        for (int64_t j = 0; j < visible; ++j) {
+          const float* k_nope = &kv[j * kv_width + h * (nope + vdim)];
+          float dot = 0.0f;
+          for (int64_t d = 0; d < nope; ++d) dot += q[d] * k_nope[d];
+          for (int64_t d = 0; d < rope_dim; ++d) dot += q[nope + d] * k_pe[j * rope_dim + d];
+          scores[j] = dot * a.softmax_scale;
+        }
+        softmax_in_place(scores);
+        float* out = a.out.f32() + (row * heads + h) * vdim;
+        std::fill(out, out + vdim, 0.0f);
+        for (int64_t j = 0; j < visible; ++j) {
+          const float* v = &kv[j * kv_width + h * (nope + vdim) + nope];
+          for (int64_t d = 0; d < vdim; ++d) out[d] += scores[j] * v[d];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace deepinfer::cpu

@@ -1,0 +1,69 @@
+// Dense ops: linear layers, embedding lookup, RMSNorm, SiLU-gated MLP activation.
+#pragma once
+
+#include <span>
+
+#include "core/tensor.h"
+
+namespace deepinfer {
+
+// out[M, N] = x[M, K] · w[N, K]^T   (w in Hugging Face's [out_features, in_features] layout)
+struct LinearArgs {
+  ConstTensorView x;
+  ConstTensorView w;
+  TensorView out;
+  void validate() const;
+};
+
+// out[t, h, :] = x[t, h, :] · w[h]^T for every head h: x [T, H, K], w [H, N, K], out [T, H, N].
+// MLA's absorbed decode multiplies queries and outputs by per-head slices of kv_b_proj this way.
+struct HeadLinearArgs {
+  ConstTensorView x;
+  ConstTensorView w;
+  TensorView out;
+  void validate() const;
+};
+
+struct EmbeddingArgs {
+  std::span<const int32_t> token_ids;  // [T]
+  ConstTensorView table;               // [V, D]
+  TensorView out;                      // [T, D]
+  void validate() const;
+};
+
+// out = x / rms(x) * weight, per row. x and out may alias. Rows may be `row_stride` elements apart (0 = D), so
+// the c_kv half of a [T, kv_lora_rank + rope] latent can be normalized in place.
+struct RmsNormArgs {
+  ConstTensorView x;       // [T, D]
+  ConstTensorView weight;  // [D]
+  TensorView out;          // [T, D]
+  float eps = 1e-6f;
+  int64_t row_stride = 0;
+  void validate() const;
+};
+
+// residual += x; out = rms_norm(residual). The fused pre-norm step between sublayers.
+struct AddRmsNormArgs {
+  TensorView residual;     // [T, D], updated in place
+  ConstTensorView x;       // [T, D]
+  ConstTensorView weight;  // [D]
+  TensorView out;          // [T, D]
+  float eps = 1e-6f;
+  void validate() const;
+};
+
+// out[t, i] = silu(gate_up[t, i]) * gate_up[t, I + i]
+struct SiluMulArgs {
+  ConstTensorView gate_up;  // [T, 2I]
+  TensorView out;           // [T, I]
+  void validate() const;
+};
+
+// x += y (elementwise)
+struct AddArgs {
+  TensorView x;
+  ConstTensorView y;
+  void validate() const;
+};
+
+}  // namespace deepinfer

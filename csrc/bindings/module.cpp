@@ -1,0 +1,167 @@
+// The _deepinfer extension: converts types and forwards calls; no logic lives here.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/function.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
+
+#include "engine/engine.h"
+#include "engine/sequence_scorer.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace deepinfer {
+namespace {
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kNone: return nullptr;
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAbort: return "abort";
+    case FinishReason::kError: return "error";
+  }
+  return nullptr;
+}
+
+// Progress callbacks come from the loading thread, which holds no GIL while the model loads.
+LoadProgress python_progress(nb::object callback) {
+  if (callback.is_none()) return {};
+  return [callback](int64_t done, int64_t total) {
+    nb::gil_scoped_acquire gil;
+    callback(done, total);
+  };
+}
+
+}  // namespace
+}  // namespace deepinfer
+
+NB_MODULE(_deepinfer, m) {
+  using namespace deepinfer;
+  m.doc() = "DeepInfer core: the C++ engine for DeepSeek V2/V3 models.";
+
+  nb::exception<InvalidArgument>(m, "InvalidArgument", PyExc_ValueError);
+  nb::exception<Error>(m, "EngineError", PyExc_RuntimeError);
+
+  nb::enum_<LoadFormat>(m, "LoadFormat")
+      .value("safetensors", LoadFormat::kSafetensors)
+      .value("dummy", LoadFormat::kDummy);
+
+  nb::class_<SamplingParams>(m, "SamplingParams", "Per-request sampling and stopping parameters.")
+      .def(nb::init<>())
+      .def_rw("temperature", &SamplingParams::temperature)
+      .def_rw("top_k", &SamplingParams::top_k)
+      .def_rw("top_p", &SamplingParams::top_p)
+      .def_rw("min_p", &SamplingParams::min_p)
+      .def_rw("seed", &SamplingParams::seed)
+      .def_rw("repetition_penalty", &SamplingParams::repetition_penalty)
+      .def_rw("presence_penalty", &SamplingParams::presence_penalty)
+      .def_rw("frequency_penalty", &SamplingParams::frequency_penalty)
+      .def_rw("max_tokens", &SamplingParams::max_tokens)
+      .def_rw("min_tokens", &SamplingParams::min_tokens)
+      .def_rw("stop_token_ids", &SamplingParams::stop_token_ids)
+      .def_rw("ignore_eos", &SamplingParams::ignore_eos)
+      .def_rw("logprobs", &SamplingParams::logprobs)
+      .def("validate", &SamplingParams::validate, "vocab_size"_a, "Raises ValueError naming the bad field.");
+
+  nb::class_<EngineOptions>(m, "EngineOptions")
+      .def(nb::init<>())
+      .def_rw("model_path", &EngineOptions::model_path)
+      .def_rw("load_format", &EngineOptions::load_format)
+      .def_rw("device", &EngineOptions::device)
+      .def_rw("seed", &EngineOptions::seed)
+      .def_rw("page_size", &EngineOptions::page_size)
+      .def_rw("cache_memory_bytes", &EngineOptions::cache_memory_bytes)
+      .def_rw("num_cache_pages", &EngineOptions::num_cache_pages)
+      .def_rw("max_model_len", &EngineOptions::max_model_len)
+      .def_rw("max_num_seqs", &EngineOptions::max_num_seqs)
+      .def_rw("max_num_batched_tokens", &EngineOptions::max_num_batched_tokens)
+      .def("validate", &EngineOptions::validate);
+
+  nb::class_<ModelConfig>(m, "ModelConfig", "The parsed config.json (read-only summary).")
+      .def_ro("architecture", &ModelConfig::architecture)
+      .def_ro("vocab_size", &ModelConfig::vocab_size)
+      .def_ro("hidden_size", &ModelConfig::hidden_size)
+      .def_ro("num_hidden_layers", &ModelConfig::num_hidden_layers)
+      .def_ro("num_attention_heads", &ModelConfig::num_attention_heads)
+      .def_ro("kv_lora_rank", &ModelConfig::kv_lora_rank)
+      .def_ro("qk_rope_head_dim", &ModelConfig::qk_rope_head_dim)
+      .def_ro("n_routed_experts", &ModelConfig::n_routed_experts)
+      .def_ro("max_position_embeddings", &ModelConfig::max_position_embeddings)
+      .def_ro("num_nextn_predict_layers", &ModelConfig::num_nextn_predict_layers)
+      .def_ro("eos_token_ids", &ModelConfig::eos_token_ids)
+      .def_ro("bos_token_id", &ModelConfig::bos_token_id)
+      .def_prop_ro("latent_dim", &ModelConfig::latent_dim)
+      .def_prop_ro("fp8", [](const ModelConfig& c) { return c.fp8.enabled; });
+  m.def("load_model_config", [](const std::string& path) { return load_model_config(path); }, "model_dir"_a);
+
+  nb::class_<TokenLogprob>(m, "TokenLogprob")
+      .def_ro("token", &TokenLogprob::token)
+      .def_ro("logprob", &TokenLogprob::logprob);
+  nb::class_<SampleResult>(m, "SampleResult")
+      .def_ro("token", &SampleResult::token)
+      .def_ro("logprob", &SampleResult::logprob)
+      .def_ro("top_logprobs", &SampleResult::top_logprobs);
+
+  nb::class_<RequestOutputDelta>(m, "RequestOutputDelta", "New tokens of one request since the last delta.")
+      .def_ro("request_id", &RequestOutputDelta::id)
+      .def_ro("new_token_ids", &RequestOutputDelta::new_token_ids)
+      .def_ro("logprobs", &RequestOutputDelta::logprobs)
+      .def_ro("finished", &RequestOutputDelta::finished)
+      .def_prop_ro("finish_reason", [](const RequestOutputDelta& d) -> std::optional<std::string> {
+        const char* name = finish_reason_name(d.finish_reason);
+        return name ? std::optional<std::string>(name) : std::nullopt;
+      })
+      .def_ro("error", &RequestOutputDelta::error)
+      .def_ro("num_preemptions", &RequestOutputDelta::num_preemptions);
+
+  nb::class_<EngineStats>(m, "EngineStats")
+      .def_ro("num_running", &EngineStats::num_running)
+      .def_ro("num_waiting", &EngineStats::num_waiting)
+      .def_ro("num_cache_pages", &EngineStats::num_cache_pages)
+      .def_ro("num_free_cache_pages", &EngineStats::num_free_cache_pages)
+      .def_ro("num_preemptions", &EngineStats::num_preemptions)
+      .def_ro("num_steps", &EngineStats::num_steps)
+      .def_ro("num_prompt_tokens_computed", &EngineStats::num_prompt_tokens_computed)
+      .def_ro("num_generated_tokens", &EngineStats::num_generated_tokens)
+      .def_ro("alive", &EngineStats::alive);
+
+  nb::class_<Engine>(m, "Engine", "The engine; its step loop runs in a C++ thread.")
+      .def_static(
+          "create",
+          [](const EngineOptions& options, nb::object progress) {
+            LoadProgress callback = python_progress(std::move(progress));
+            nb::gil_scoped_release release;
+            return Engine::create(options, callback);
+          },
+          "options"_a, "progress"_a = nb::none(), "Loads the model and starts the step thread.")
+      .def_prop_ro("model_config", &Engine::model_config, nb::rv_policy::reference_internal)
+      .def_prop_ro("max_model_len", &Engine::max_model_len)
+      .def("add_request", &Engine::add_request, "request_id"_a, "prompt_token_ids"_a, "params"_a,
+           "Queues a request; raises ValueError when it cannot be served.")
+      .def("abort", &Engine::abort, "request_id"_a)
+      .def("wait_outputs", &Engine::wait_outputs, "timeout_s"_a, nb::call_guard<nb::gil_scoped_release>(),
+           "Blocks (without the GIL) until outputs arrive or the timeout passes.")
+      .def("stats", &Engine::stats)
+      .def("shutdown", &Engine::shutdown, nb::call_guard<nb::gil_scoped_release>());
+
+  nb::class_<SequenceScorer>(m, "SequenceScorer", "Last-position logits of one sequence (for parity tests).")
+      .def(nb::init<const EngineOptions&>(), "options"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def_prop_ro("model_config", &SequenceScorer::model_config, nb::rv_policy::reference_internal)
+      .def(
+          "last_logits",
+          [](SequenceScorer& s, const std::vector<int32_t>& tokens, int32_t prefill_chunk, int32_t decode_tail) {
+            std::vector<float> logits;
+            {
+              nb::gil_scoped_release release;
+              logits = s.last_logits(tokens, prefill_chunk, decode_tail);
+            }
+            auto* data = new std::vector<float>(std::move(logits));  // owned by the capsule below
+            nb::capsule owner(data, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
+            return nb::ndarray<nb::numpy, float, nb::ndim<1>>(data->data(), {data->size()}, owner);
+          },
+          "tokens"_a, "prefill_chunk"_a = 0, "decode_tail"_a = 0);
+}

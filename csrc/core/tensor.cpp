@@ -1,0 +1,140 @@
+#include "core/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+namespace deepinfer {
+
+Shape::Shape(std::initializer_list<int64_t> dims) : Shape(std::span<const int64_t>(dims.begin(), dims.size())) {}
+
+Shape::Shape(std::span<const int64_t> dims) {
+  DI_CHECK(dims.size() <= kMaxDims, "tensors have at most ", kMaxDims, " dimensions, got ", dims.size());
+  for (size_t i = 0; i < dims.size(); ++i) {
+    DI_CHECK(dims[i] >= 0, "negative dimension ", dims[i]);
+    dims_[i] = dims[i];
+  }
+  ndim_ = static_cast<int>(dims.size());
+}
+
+int64_t Shape::numel() const {
+  int64_t n = 1;
+  for (int i = 0; i < ndim_; ++i) n *= dims_[static_cast<size_t>(i)];
+  return n;
+}
+
+bool Shape::operator==(const Shape& other) const {
+  if (ndim_ != other.ndim_) return false;
+  for (int i = 0; i < ndim_; ++i) {
+    if (dims_[static_cast<size_t>(i)] != other.dims_[static_cast<size_t>(i)]) return false;
+  }
+  return true;
+}
+
+std::string Shape::str() const {
+  std::ostringstream out;
+  out << "[";
+  for (int i = 0; i < ndim_; ++i) out << (i ? ", " : "") << dims_[static_cast<size_t>(i)];
+  out << "]";
+  return out.str();
+}
+
+Buffer::Buffer(void* data, size_t bytes, Device device, Deleter deleter) noexcept
+    : data_(data), bytes_(bytes), device_(device), deleter_(deleter) {}
+
+Buffer::Buffer(Buffer&& other) noexcept
+    : data_(other.data_), bytes_(other.bytes_), device_(other.device_), deleter_(other.deleter_) {
+  other.data_ = nullptr;
+  other.bytes_ = 0;
+}
+
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this != &other) {
+    reset();
+    data_ = other.data_;
+    bytes_ = other.bytes_;
+    device_ = other.device_;
+    deleter_ = other.deleter_;
+    other.data_ = nullptr;
+    other.bytes_ = 0;
+  }
+  return *this;
+}
+
+Buffer::~Buffer() { reset(); }
+
+void Buffer::reset() noexcept {
+  if (data_ != nullptr && deleter_ != nullptr) deleter_(data_);
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+Buffer allocate_host(size_t bytes) {
+  if (bytes == 0) return {};
+  constexpr size_t kAlign = 64;
+  const size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
+  void* p = std::aligned_alloc(kAlign, rounded);
+  DI_CHECK(p != nullptr, "out of host memory allocating ", bytes, " bytes");
+  return Buffer(p, bytes, Device::kCpu, [](void* q) { std::free(q); });
+}
+
+float* TensorView::f32() const {
+  DI_CHECK(dtype == DType::kF32, "expected a float32 tensor, got ", dtype_name(dtype));
+  return static_cast<float*>(data);
+}
+
+static int64_t row_elems(const Shape& s) { return s.ndim() == 0 ? 1 : s.numel() / std::max<int64_t>(s[0], 1); }
+
+static Shape with_rows(const Shape& s, int64_t count) {
+  std::array<int64_t, kMaxDims> d{};
+  for (int i = 0; i < s.ndim(); ++i) d[static_cast<size_t>(i)] = s[i];
+  d[0] = count;
+  return Shape(std::span<const int64_t>(d.data(), static_cast<size_t>(s.ndim())));
+}
+
+TensorView TensorView::rows(int64_t begin, int64_t count) const {
+  DI_CHECK(shape.ndim() >= 1 && begin >= 0 && count >= 0 && begin + count <= shape[0], "rows [", begin, ", ",
+           begin + count, ") out of range for shape ", shape.str());
+  auto* base = static_cast<std::byte*>(data) + begin * row_elems(shape) * static_cast<int64_t>(dtype_size(dtype));
+  return {base, dtype, with_rows(shape, count), device};
+}
+
+TensorView TensorView::reshaped(Shape new_shape) const {
+  DI_CHECK(new_shape.numel() == shape.numel(), "cannot reshape ", shape.str(), " to ", new_shape.str());
+  return {data, dtype, new_shape, device};
+}
+
+const float* ConstTensorView::f32() const {
+  DI_CHECK(dtype == DType::kF32, "expected a float32 tensor, got ", dtype_name(dtype));
+  return static_cast<const float*>(data);
+}
+
+ConstTensorView ConstTensorView::rows(int64_t begin, int64_t count) const {
+  DI_CHECK(shape.ndim() >= 1 && begin >= 0 && count >= 0 && begin + count <= shape[0], "rows [", begin, ", ",
+           begin + count, ") out of range for shape ", shape.str());
+  auto* base =
+      static_cast<const std::byte*>(data) + begin * row_elems(shape) * static_cast<int64_t>(dtype_size(dtype));
+  return {base, dtype, with_rows(shape, count), device};
+}
+
+ConstTensorView ConstTensorView::reshaped(Shape new_shape) const {
+  DI_CHECK(new_shape.numel() == shape.numel(), "cannot reshape ", shape.str(), " to ", new_shape.str());
+  return {data, dtype, new_shape, device};
+}
+
+Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
+  DI_CHECK(device == Device::kCpu, "device tensors are allocated by the CUDA backend's allocator");
+  Tensor t;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.buffer_ = allocate_host(static_cast<size_t>(shape.numel()) * dtype_size(dtype));
+  return t;
+}
+
+Tensor Tensor::zeros(Shape shape, DType dtype) {
+  Tensor t = empty(shape, dtype);
+  if (t.numel() > 0) std::memset(t.view().data, 0, t.view().bytes());
+  return t;
+}
+
+}  // namespace deepinfer

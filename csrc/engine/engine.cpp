@@ -1,0 +1,272 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "engine/model_runner.h"
+
+namespace deepinfer {
+
+void EngineOptions::validate() const {
+  DI_CHECK_ARG(!model_path.empty(), "model_path is empty");
+  DI_CHECK_ARG(device == "cpu" || device == "cuda", "device must be 'cpu' or 'cuda', got '", device, "'");
+  DI_CHECK_ARG(page_size > 0 && page_size <= 1024, "page_size must be in [1, 1024], got ", page_size);
+  DI_CHECK_ARG(num_cache_pages >= 0, "num_cache_pages must be >= 0, got ", num_cache_pages);
+  DI_CHECK_ARG(num_cache_pages > 0 || cache_memory_bytes > 0, "cache_memory_bytes must be > 0, got ",
+               cache_memory_bytes);
+  DI_CHECK_ARG(max_model_len >= 0, "max_model_len must be >= 0, got ", max_model_len);
+  DI_CHECK_ARG(max_num_seqs > 0, "max_num_seqs must be > 0, got ", max_num_seqs);
+  DI_CHECK_ARG(max_num_batched_tokens > 0, "max_num_batched_tokens must be > 0, got ", max_num_batched_tokens);
+}
+
+LoadedModel load_model(const EngineOptions& options, const LoadProgress& progress) {
+  options.validate();
+  DI_CHECK_ARG(options.device == "cpu", "device 'cuda': the CUDA backend cannot run models yet; use device='cpu'");
+  ModelConfig config = load_model_config(options.model_path);
+  auto source = options.load_format == LoadFormat::kDummy ? make_dummy_source(options.seed)
+                                                          : open_checkpoint_source(options.model_path, config);
+  ModelWeights weights = load_weights(config, *source, progress);
+  LoadedModel loaded{.backend = make_cpu_backend()};
+  loaded.model = std::make_unique<DeepseekModel>(std::move(config), std::move(weights), *loaded.backend);
+  return loaded;
+}
+
+std::unique_ptr<Engine> Engine::create(const EngineOptions& options, const LoadProgress& progress) {
+  LoadedModel loaded = load_model(options, progress);
+  const ModelConfig& config = loaded.model->config();
+
+  LatentCacheShape shape{.num_layers = config.num_hidden_layers, .page_size = options.page_size,
+                         .latent_dim = config.latent_dim()};
+  const int64_t page_bytes = shape.bytes_per_page(DType::kF32);
+  const int64_t pages = options.num_cache_pages > 0 ? options.num_cache_pages : options.cache_memory_bytes / page_bytes;
+  DI_CHECK_ARG(pages >= 1 && pages <= INT32_MAX, "the cache budget of ", options.cache_memory_bytes,
+               " bytes holds ", pages, " pages of ", page_bytes, " bytes; raise it");
+  shape.num_pages = static_cast<int32_t>(pages);
+  const int64_t capacity_tokens = pages * options.page_size;
+  int64_t max_len = options.max_model_len;
+  if (max_len == 0) max_len = std::min<int64_t>(config.max_position_embeddings, capacity_tokens);
+  DI_CHECK_ARG(max_len <= capacity_tokens, "max_model_len ", max_len, " exceeds what the latent cache holds (",
+               capacity_tokens, " tokens in ", pages, " pages of ", options.page_size,
+               "); raise the cache size or lower max_model_len");
+  DI_CHECK_ARG(max_len >= 2, "max_model_len must be >= 2, got ", max_len);
+  SchedulerConfig sched{.max_num_seqs = options.max_num_seqs,
+                        .max_num_batched_tokens = options.max_num_batched_tokens,
+                        .max_model_len = static_cast<int32_t>(max_len)};
+  sched.validate();
+  return std::unique_ptr<Engine>(new Engine(options, std::move(loaded), shape, sched));
+}
+
+Engine::Engine(EngineOptions options, LoadedModel loaded, LatentCacheShape cache_shape,
+               SchedulerConfig scheduler_config)
+    : options_(std::move(options)),
+      backend_(std::move(loaded.backend)),
+      model_(std::move(loaded.model)),
+      cache_(cache_shape, Device::kCpu),
+      cache_manager_(cache_shape.num_pages, cache_shape.page_size),
+      scheduler_config_(scheduler_config),
+      scheduler_(scheduler_config, cache_manager_),
+      seed_rng_(options_.seed) {
+  stats_.num_cache_pages = cache_shape.num_pages;
+  stats_.num_free_cache_pages = cache_shape.num_pages;
+  thread_ = std::thread([this] { loop(); });
+}
+
+Engine::~Engine() { shutdown(); }
+
+void Engine::shutdown() {
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_ && !thread_.joinable()) return;
+    stopping_ = true;
+  }
+  work_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  output_cv_.notify_all();
+}
+
+void Engine::add_request(uint64_t id, std::vector<int32_t> prompt, SamplingParams params) {
+  const ModelConfig& c = model_->config();
+  DI_CHECK_ARG(!prompt.empty(), "request ", id, ": the prompt is empty");
+  for (int32_t t : prompt) {
+    DI_CHECK_ARG(t >= 0 && t < c.vocab_size, "request ", id, ": token id ", t, " is outside the vocabulary [0, ",
+                 c.vocab_size, ")");
+  }
+  params.validate(static_cast<int32_t>(c.vocab_size));
+  const auto len = static_cast<int64_t>(prompt.size());
+  DI_CHECK_ARG(len < scheduler_config_.max_model_len, "request ", id, ": the prompt has ", len,
+               " tokens; max_model_len is ", scheduler_config_.max_model_len,
+               " (prompt + at least one generated token must fit)");
+  std::lock_guard lock(mutex_);
+  DI_CHECK_ARG(!stopping_, "the engine is shut down");
+  pending_.push_back({id, std::move(prompt), std::move(params)});
+  work_cv_.notify_one();
+}
+
+void Engine::abort(uint64_t id) {
+  std::lock_guard lock(mutex_);
+  pending_aborts_.push_back(id);
+  work_cv_.notify_one();
+}
+
+std::vector<RequestOutputDelta> Engine::wait_outputs(double timeout_s) {
+  std::unique_lock lock(mutex_);
+  output_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s),
+                      [&] { return !outputs_.empty() || (stopping_ && !thread_.joinable()); });
+  std::vector<RequestOutputDelta> out;
+  out.swap(outputs_);
+  return out;
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+void Engine::emit(RequestOutputDelta delta) {
+  std::lock_guard lock(mutex_);
+  outputs_.push_back(std::move(delta));
+}
+
+void Engine::loop() {
+  while (true) {
+    {
+      std::unique_lock lock(mutex_);
+      work_cv_.wait(lock, [&] {
+        return stopping_ || !pending_.empty() || !pending_aborts_.empty() || scheduler_.has_unfinished();
+      });
+      if (stopping_) break;
+    }
+    admit_pending();
+    if (scheduler_.has_unfinished()) step_once();
+    output_cv_.notify_all();
+  }
+  // Shutdown: everything still queued or running ends as aborted.
+  std::vector<uint64_t> ids;
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& p : pending_) ids.push_back(p.id);
+    pending_.clear();
+  }
+  for (uint64_t id : ids) emit({.id = id, .finished = true, .finish_reason = FinishReason::kAbort});
+  admit_pending();
+  output_cv_.notify_all();
+}
+
+void Engine::admit_pending() {
+  std::deque<PendingRequest> pending;
+  std::vector<uint64_t> aborts;
+  {
+    std::lock_guard lock(mutex_);
+    pending.swap(pending_);
+    aborts.swap(pending_aborts_);
+  }
+  for (auto& p : pending) {
+    auto request = std::make_unique<Request>();
+    request->id = p.id;
+    request->prompt_token_ids = std::move(p.prompt);
+    request->params = std::move(p.params);
+    request->eos_token_ids = model_->config().eos_token_ids;
+    const uint64_t seed = request->params.seed ? *request->params.seed : seed_rng_();
+    try {
+      scheduler_.add(std::move(request));
+      rngs_.insert_or_assign(p.id, std::mt19937_64(seed));
+    } catch (const std::exception& e) {
+      emit({.id = p.id, .finished = true, .finish_reason = FinishReason::kError, .error = e.what()});
+    }
+  }
+  for (uint64_t id : aborts) {
+    if (scheduler_.abort(id)) {
+      rngs_.erase(id);
+      emit({.id = id, .finished = true, .finish_reason = FinishReason::kAbort});
+    }
+  }
+  std::lock_guard lock(mutex_);
+  stats_.num_running = scheduler_.num_running();
+  stats_.num_waiting = scheduler_.num_waiting();
+  stats_.num_free_cache_pages = cache_manager_.num_free_pages();
+}
+
+void Engine::fail_plan(const SchedulePlan& plan, const std::string& message) {
+  scheduler_.cancel(plan);
+  for (const auto& chunk : plan.chunks) {
+    const uint64_t id = chunk.request->id;
+    if (scheduler_.abort(id)) {
+      rngs_.erase(id);
+      emit({.id = id, .finished = true, .finish_reason = FinishReason::kError, .error = message});
+    }
+  }
+}
+
+void Engine::step_once() {
+  SchedulePlan plan = scheduler_.schedule();
+  if (plan.empty()) {
+    // Nothing fits this step (should not happen with validated requests); wait briefly for aborts or shutdown.
+    std::unique_lock lock(mutex_);
+    work_cv_.wait_for(lock, std::chrono::milliseconds(5));
+    return;
+  }
+  std::vector<int32_t> sampled;
+  std::vector<SampleResult> results;
+  uint64_t prompt_tokens = 0;
+  try {
+    PreparedBatch prepared = prepare_batch(plan, options_.page_size);
+    Tensor logits = model_->forward(prepared.batch, cache_);  // [num sampling chunks, V]
+    const int64_t vocab = model_->config().vocab_size;
+    for (size_t i = 0; i < prepared.sampling_chunks.size(); ++i) {
+      const Request& r = *prepared.sampling_chunks[i]->request;
+      std::span<float> row = logits.f32_span().subspan(
+          static_cast<size_t>(prepared.logits_row_of_sampling_chunk[i]) * static_cast<size_t>(vocab),
+          static_cast<size_t>(vocab));
+      SamplingContext ctx{.params = r.params, .prompt_token_ids = r.prompt_token_ids,
+                          .output_token_ids = r.output_token_ids, .eos_token_ids = r.eos_token_ids,
+                          .rng = rngs_.at(r.id)};
+      results.push_back(sample_token(row, ctx));
+      sampled.push_back(results.back().token);
+    }
+    for (const auto& chunk : plan.chunks) {
+      if (chunk.start < chunk.request->num_prompt_tokens()) {
+        prompt_tokens += static_cast<uint64_t>(
+            std::min(chunk.start + chunk.num_tokens, chunk.request->num_prompt_tokens()) - chunk.start);
+      }
+    }
+  } catch (const std::exception& e) {
+    fail_plan(plan, std::string("the step failed: ") + e.what());
+    return;
+  }
+  // What update() needs to be told per request is read now: it destroys the requests that finish.
+  struct ChunkInfo {
+    size_t result = 0;
+    bool wants_logprobs = false;
+    int32_t num_preemptions = 0;
+  };
+  std::unordered_map<uint64_t, ChunkInfo> info;
+  size_t k = 0;
+  for (const auto& chunk : plan.chunks) {
+    ChunkInfo& ci = info[chunk.request->id];
+    ci.num_preemptions = chunk.request->num_preemptions;
+    ci.wants_logprobs = chunk.request->params.logprobs >= 0;
+    if (chunk.samples) ci.result = k++;
+  }
+  const std::vector<RequestUpdate> updates = scheduler_.update(plan, sampled);
+  for (const RequestUpdate& u : updates) {
+    const ChunkInfo& ci = info.at(u.id);
+    RequestOutputDelta delta{.id = u.id, .finished = u.finished, .finish_reason = u.reason,
+                             .num_preemptions = ci.num_preemptions};
+    if (u.new_token >= 0) {
+      delta.new_token_ids.push_back(u.new_token);
+      if (ci.wants_logprobs) delta.logprobs.push_back(results[ci.result]);
+    }
+    if (u.finished) rngs_.erase(u.id);
+    emit(std::move(delta));
+  }
+  std::lock_guard lock(mutex_);
+  stats_.num_steps += 1;
+  stats_.num_prompt_tokens_computed += prompt_tokens;
+  stats_.num_generated_tokens += sampled.size();
+  stats_.num_preemptions = scheduler_.total_preemptions();
+  stats_.num_running = scheduler_.num_running();
+  stats_.num_waiting = scheduler_.num_waiting();
+  stats_.num_free_cache_pages = cache_manager_.num_free_pages();
+}
+
+}  // namespace deepinfer

@@ -1,0 +1,125 @@
+// The engine: a model, its latent cache, the scheduler and the sampler, stepped by a C++ thread. Callers add
+// requests and collect outputs from any thread; nothing here needs Python's GIL.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/backend.h"
+#include "engine/cache_manager.h"
+#include "engine/sampler.h"
+#include "engine/scheduler.h"
+#include "model/deepseek.h"
+
+namespace deepinfer {
+
+enum class LoadFormat : uint8_t { kSafetensors, kDummy };
+
+struct EngineOptions {
+  std::string model_path;                    // Hugging Face directory (config.json; safetensors unless dummy)
+  LoadFormat load_format = LoadFormat::kSafetensors;
+  std::string device = "cpu";                // "cpu" or "cuda"
+  uint64_t seed = 0;                         // seeds dummy weights and requests without a seed
+  int32_t page_size = 64;
+  int64_t cache_memory_bytes = int64_t{1} << 30;  // latent cache budget when num_cache_pages == 0
+  int32_t num_cache_pages = 0;
+  int32_t max_model_len = 0;                 // 0: min(max_position_embeddings, what the cache holds)
+  int32_t max_num_seqs = 256;
+  int32_t max_num_batched_tokens = 8192;
+
+  void validate() const;
+};
+
+struct RequestOutputDelta {
+  uint64_t id = 0;
+  std::vector<int32_t> new_token_ids;
+  std::vector<SampleResult> logprobs;  // one per new token when the request asked for logprobs
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+  std::string error;                   // set with finish_reason kError
+  int32_t num_preemptions = 0;
+};
+
+struct EngineStats {
+  int32_t num_running = 0;
+  int32_t num_waiting = 0;
+  int32_t num_cache_pages = 0;
+  int32_t num_free_cache_pages = 0;
+  uint64_t num_preemptions = 0;
+  uint64_t num_steps = 0;
+  uint64_t num_prompt_tokens_computed = 0;
+  uint64_t num_generated_tokens = 0;
+  bool alive = true;
+};
+
+// A model ready to run, on the backend of the options' device.
+struct LoadedModel {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<DeepseekModel> model;
+};
+LoadedModel load_model(const EngineOptions& options, const LoadProgress& progress = {});
+
+class Engine {
+ public:
+  static std::unique_ptr<Engine> create(const EngineOptions& options, const LoadProgress& progress = {});
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const ModelConfig& model_config() const { return model_->config(); }
+  const EngineOptions& options() const { return options_; }
+  int32_t max_model_len() const { return scheduler_config_.max_model_len; }
+
+  // Validates and queues a request; throws InvalidArgument (and changes nothing) when it cannot be served.
+  void add_request(uint64_t id, std::vector<int32_t> prompt_token_ids, SamplingParams params);
+  // Finishes a request with reason kAbort and frees its pages; unknown ids are ignored.
+  void abort(uint64_t id);
+  // Blocks until outputs are available or `timeout_s` passes; returns what has accumulated.
+  std::vector<RequestOutputDelta> wait_outputs(double timeout_s);
+  EngineStats stats() const;
+  // Aborts everything and joins the step thread. Idempotent; the destructor calls it.
+  void shutdown();
+
+ private:
+  Engine(EngineOptions options, LoadedModel loaded, LatentCacheShape cache_shape, SchedulerConfig scheduler_config);
+  void loop();
+  void step_once();
+  void admit_pending();
+  void fail_plan(const SchedulePlan& plan, const std::string& message);
+  void emit(RequestOutputDelta delta);
+
+  EngineOptions options_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<DeepseekModel> model_;
+  LatentCache cache_;
+  CacheManager cache_manager_;
+  SchedulerConfig scheduler_config_;
+  Scheduler scheduler_;                              // touched only by the step thread
+  std::unordered_map<uint64_t, std::mt19937_64> rngs_;  // per request
+  std::mt19937_64 seed_rng_;
+
+  struct PendingRequest {
+    uint64_t id;
+    std::vector<int32_t> prompt;
+    SamplingParams params;
+  };
+  mutable std::mutex mutex_;
+  std::condition_variable work_cv_;
+  std::condition_variable output_cv_;
+  std::deque<PendingRequest> pending_;
+  std::vector<uint64_t> pending_aborts_;
+  std::vector<RequestOutputDelta> outputs_;
+  EngineStats stats_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace deepinfer

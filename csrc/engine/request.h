@@ -1,0 +1,53 @@
+// One generation request as the scheduler sees it: its tokens, its stopping rules, its page table.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/sampling_params.h"
+
+namespace deepinfer {
+
+enum class RequestStatus { kWaiting, kRunning, kFinished };
+
+// kStop: an EOS id or one of params.stop_token_ids was generated.
+// kLength: params.max_tokens were generated, or the sequence reached max_model_len.
+enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
+
+const char* to_string(RequestStatus status);
+const char* to_string(FinishReason reason);
+
+// Tokens are numbered over prompt then output: index i < num_prompt_tokens() is a prompt token, the rest are
+// generated. After a preemption the whole sequence (prompt and output so far) is computed again.
+struct Request {
+  uint64_t id = 0;
+  std::vector<int32_t> prompt_token_ids;
+  std::vector<int32_t> output_token_ids;
+  SamplingParams params;
+  std::vector<int32_t> eos_token_ids;  // the model's EOS ids; ignored when params.ignore_eos
+
+  int32_t num_computed_tokens = 0;  // tokens [0, num_computed_tokens) have their latent in the cache
+  std::vector<int32_t> page_ids;    // page table: token i lives in page_ids[i / page_size]
+
+  RequestStatus status = RequestStatus::kWaiting;
+  FinishReason finish_reason = FinishReason::kNone;
+  uint64_t arrival_order = 0;  // set by Scheduler::add; smaller = earlier
+  int32_t num_preemptions = 0;
+
+  int32_t num_prompt_tokens() const { return static_cast<int32_t>(prompt_token_ids.size()); }
+  int32_t num_output_tokens() const { return static_cast<int32_t>(output_token_ids.size()); }
+  int32_t num_tokens() const { return num_prompt_tokens() + num_output_tokens(); }
+  // Tokens not yet in the cache; the last one is always uncomputed between steps.
+  int32_t num_uncomputed_tokens() const { return num_tokens() - num_computed_tokens; }
+
+  // Token i of prompt + output. Throws on an out-of-range index.
+  int32_t token_at(int32_t i) const;
+  // Appends tokens [start, start + count) of prompt + output to out (a chunk may straddle the two).
+  void append_tokens(int32_t start, int32_t count, std::vector<int32_t>& out) const;
+
+  // True when token is one of eos_token_ids and params.ignore_eos is off.
+  bool is_eos(int32_t token) const;
+  bool is_stop_token(int32_t token) const;
+};
+
+}  // namespace deepinfer

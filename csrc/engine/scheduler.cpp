@@ -1,0 +1,320 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace deepinfer {
+
+void SchedulerConfig::validate() const {
+  DI_CHECK_ARG(max_num_seqs > 0, "max_num_seqs must be > 0, got ", max_num_seqs);
+  DI_CHECK_ARG(max_num_batched_tokens > 0, "max_num_batched_tokens must be > 0, got ", max_num_batched_tokens);
+  DI_CHECK_ARG(max_model_len >= 2, "max_model_len must be >= 2 (one prompt token and one generated), got ",
+               max_model_len);
+}
+
+int32_t SchedulePlan::num_sampling_chunks() const {
+  return static_cast<int32_t>(
+      std::count_if(chunks.begin(), chunks.end(), [](const ScheduledChunk& c) { return c.samples; }));
+}
+
+Scheduler::Scheduler(SchedulerConfig config, CacheManager& cache) : config_(config), cache_(cache) {
+  config_.validate();
+}
+
+void Scheduler::add(std::unique_ptr<Request> request) {
+  DI_CHECK_ARG(request != nullptr, "cannot add a null request");
+  Request& r = *request;
+  DI_CHECK_ARG(!requests_.contains(r.id), "request ", r.id, ": duplicate request id");
+  DI_CHECK_ARG(!r.prompt_token_ids.empty(), "request ", r.id, ": the prompt is empty");
+  DI_CHECK_ARG(r.prompt_token_ids.size() < static_cast<size_t>(config_.max_model_len), "request ", r.id,
+               ": the prompt has ", r.prompt_token_ids.size(), " tokens, which leaves no room for a generated ",
+               "token within max_model_len ", config_.max_model_len);
+  DI_CHECK_ARG(r.params.max_tokens > 0, "request ", r.id, ": max_tokens must be > 0, got ", r.params.max_tokens);
+  DI_CHECK_ARG(r.output_token_ids.empty() && r.page_ids.empty() && r.num_computed_tokens == 0, "request ", r.id,
+               ": not a fresh request (", r.output_token_ids.size(), " output tokens, ", r.page_ids.size(),
+               " pages, ", r.num_computed_tokens, " computed tokens)");
+  const int64_t max_len =
+      std::min<int64_t>(static_cast<int64_t>(r.num_prompt_tokens()) + r.params.max_tokens, config_.max_model_len);
+  const int32_t max_pages = cache_.pages_for_tokens(max_len);
+  DI_CHECK_ARG(max_pages <= cache_.num_pages(), "request ", r.id, ": may grow to ", max_len, " tokens (prompt ",
+               r.num_prompt_tokens(), " + max_tokens ", r.params.max_tokens, ", capped at max_model_len ",
+               config_.max_model_len, "), which needs ", max_pages, " pages of ", cache_.page_size(),
+               " tokens, but the whole cache has only ", cache_.num_pages(), " pages");
+
+  r.status = RequestStatus::kWaiting;
+  r.finish_reason = FinishReason::kNone;
+  r.arrival_order = next_arrival_order_++;
+  r.num_preemptions = 0;
+  Request* raw = request.get();
+  requests_.emplace(r.id, std::move(request));
+  waiting_.push_back(raw);  // the latest arrival goes last
+}
+
+SchedulePlan Scheduler::schedule() {
+  DI_CHECK(!in_flight_, "schedule() called while the plan of step ", step_, " was neither updated nor cancelled");
+  SchedulePlan plan;
+  plan.step = ++step_;
+  int32_t budget = config_.max_num_batched_tokens;
+
+  // 1. Running requests by arrival. Preemption removes only from the back, which is not yet scheduled.
+  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+    if (!schedule_running(running_[i], plan, budget)) break;  // it was the latest: nothing after it
+  }
+
+  // 2. Waiting requests by arrival, first-come-first-served, never after a preemption in this step.
+  if (plan.preempted_ids.empty()) {
+    while (!waiting_.empty() && budget > 0 && num_running() < config_.max_num_seqs) {
+      Request* r = waiting_.front();
+      const int32_t num_tokens = std::min(r->num_uncomputed_tokens(), budget);
+      if (!grow_pages(*r, num_tokens)) break;
+      waiting_.pop_front();
+      r->status = RequestStatus::kRunning;
+      insert_running(r);
+      plan.chunks.push_back({.request = r, .start = 0, .num_tokens = num_tokens,
+                             .samples = num_tokens == r->num_tokens()});
+      budget -= num_tokens;
+    }
+  }
+
+  for (const ScheduledChunk& chunk : plan.chunks) plan.num_batched_tokens += chunk.num_tokens;
+  in_flight_ = !plan.chunks.empty();
+  return plan;
+}
+
+bool Scheduler::schedule_running(Request* request, SchedulePlan& plan, int32_t& budget) {
+  const int32_t start = request->num_computed_tokens;
+  int32_t num_tokens = std::min(request->num_uncomputed_tokens(), budget);
+  while (true) {
+    // Tokens the pages it holds plus the free pages can take from start on.
+    const int64_t capacity =
+        (static_cast<int64_t>(request->page_ids.size()) + cache_.num_free_pages()) * cache_.page_size() - start;
+    if (capacity >= 1) {
+      num_tokens = static_cast<int32_t>(std::min<int64_t>(num_tokens, capacity));
+      DI_CHECK(grow_pages(*request, start + num_tokens), "request ", request->id, ": could not grow to ",
+               start + num_tokens, " tokens with ", cache_.num_free_pages(), " free pages");
+      break;
+    }
+    Request* victim = running_.back();
+    preempt(victim, plan, budget);
+    if (victim == request) return false;
+  }
+  plan.chunks.push_back({.request = request, .start = start, .num_tokens = num_tokens,
+                         .samples = start + num_tokens == request->num_tokens()});
+  budget -= num_tokens;
+  return true;
+}
+
+void Scheduler::preempt(Request* victim, SchedulePlan& plan, int32_t& budget) {
+  // A chunk planned for the victim earlier in this step is taken back with its tokens.
+  auto chunk = std::find_if(plan.chunks.begin(), plan.chunks.end(),
+                            [victim](const ScheduledChunk& c) { return c.request == victim; });
+  if (chunk != plan.chunks.end()) {
+    budget += chunk->num_tokens;
+    plan.chunks.erase(chunk);
+  }
+  cache_.free(victim->page_ids);
+  victim->page_ids.clear();
+  victim->num_computed_tokens = 0;
+  ++victim->num_preemptions;
+  ++total_preemptions_;
+  victim->status = RequestStatus::kWaiting;
+  running_.erase(std::find(running_.begin(), running_.end(), victim));
+  insert_waiting(victim);
+  plan.preempted_ids.push_back(victim->id);
+}
+
+std::vector<RequestUpdate> Scheduler::update(const SchedulePlan& plan, std::span<const int32_t> sampled_tokens) {
+  std::vector<RequestUpdate> updates;
+  if (plan.chunks.empty()) {
+    DI_CHECK(sampled_tokens.empty(), "an empty plan got ", sampled_tokens.size(), " sampled tokens");
+    return updates;
+  }
+  check_plan(plan);
+  DI_CHECK(static_cast<size_t>(plan.num_sampling_chunks()) == sampled_tokens.size(), "the plan of step ",
+           plan.step, " has ", plan.num_sampling_chunks(), " sampling chunks but got ", sampled_tokens.size(),
+           " sampled tokens");
+
+  size_t next_sample = 0;
+  for (const ScheduledChunk& chunk : plan.chunks) {
+    const int32_t token = chunk.samples ? sampled_tokens[next_sample++] : -1;
+    if (was_aborted_in_flight(chunk.request)) continue;
+    Request& r = *chunk.request;
+    r.num_computed_tokens += chunk.num_tokens;
+    if (!chunk.samples) continue;
+
+    r.output_token_ids.push_back(token);
+    // EOS and stop ids count only from output index min_tokens on (the sampler masks them before).
+    const bool may_stop = r.num_output_tokens() > r.params.min_tokens;
+    FinishReason reason = FinishReason::kNone;
+    if (may_stop && r.is_eos(token)) {
+      reason = FinishReason::kStop;
+    } else if (may_stop && r.is_stop_token(token)) {
+      reason = FinishReason::kStop;
+    } else if (r.num_output_tokens() >= r.params.max_tokens) {
+      reason = FinishReason::kLength;
+    } else if (r.num_tokens() >= config_.max_model_len) {
+      reason = FinishReason::kLength;
+    }
+    RequestUpdate& u = updates.emplace_back();
+    u.id = r.id;
+    u.new_token = token;
+    u.finished = reason != FinishReason::kNone;
+    u.reason = reason;
+    u.num_output_tokens = r.num_output_tokens();
+    u.num_preemptions = r.num_preemptions;
+    if (u.finished) {
+      r.finish_reason = reason;
+      u.output_token_ids = std::move(r.output_token_ids);
+      remove(&r);
+    }
+  }
+  in_flight_ = false;
+  aborted_in_flight_.clear();
+  return updates;
+}
+
+void Scheduler::cancel(const SchedulePlan& plan) {
+  if (plan.chunks.empty()) return;
+  check_plan(plan);
+  for (const ScheduledChunk& chunk : plan.chunks) {
+    if (!was_aborted_in_flight(chunk.request)) trim_pages(*chunk.request);
+  }
+  in_flight_ = false;
+  aborted_in_flight_.clear();
+}
+
+bool Scheduler::abort(uint64_t id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return false;
+  Request* r = it->second.get();
+  if (in_flight_) aborted_in_flight_.push_back(r);
+  r->finish_reason = FinishReason::kAbort;
+  remove(r);
+  return true;
+}
+
+const Request* Scheduler::find(uint64_t id) const {
+  auto it = requests_.find(id);
+  return it == requests_.end() ? nullptr : it->second.get();
+}
+
+bool Scheduler::grow_pages(Request& request, int32_t num_tokens) {
+  const int32_t missing = cache_.pages_for_tokens(num_tokens) - static_cast<int32_t>(request.page_ids.size());
+  if (missing <= 0) return true;
+  std::optional<std::vector<int32_t>> pages = cache_.allocate(missing);
+  if (!pages) return false;
+  request.page_ids.insert(request.page_ids.end(), pages->begin(), pages->end());
+  return true;
+}
+
+void Scheduler::trim_pages(Request& request) {
+  const size_t keep = static_cast<size_t>(cache_.pages_for_tokens(request.num_computed_tokens));
+  if (request.page_ids.size() <= keep) return;
+  cache_.free(std::span<const int32_t>(request.page_ids).subspan(keep));
+  request.page_ids.resize(keep);
+}
+
+void Scheduler::insert_running(Request* request) {
+  auto pos = std::upper_bound(running_.begin(), running_.end(), request->arrival_order,
+                              [](uint64_t order, const Request* r) { return order < r->arrival_order; });
+  running_.insert(pos, request);
+}
+
+void Scheduler::insert_waiting(Request* request) {
+  auto pos = std::upper_bound(waiting_.begin(), waiting_.end(), request->arrival_order,
+                              [](uint64_t order, const Request* r) { return order < r->arrival_order; });
+  waiting_.insert(pos, request);
+}
+
+void Scheduler::remove(Request* request) {
+  if (auto it = std::find(running_.begin(), running_.end(), request); it != running_.end()) {
+    running_.erase(it);
+  } else if (auto wit = std::find(waiting_.begin(), waiting_.end(), request); wit != waiting_.end()) {
+    waiting_.erase(wit);
+  } else {
+    DI_CHECK(false, "request ", request->id, " is in no queue");
+  }
+  cache_.free(request->page_ids);
+  request->page_ids.clear();
+  request->status = RequestStatus::kFinished;
+  requests_.erase(request->id);  // destroys it
+}
+
+void Scheduler::check_plan(const SchedulePlan& plan) const {
+  DI_CHECK(in_flight_ && plan.step == step_, "the plan of step ", plan.step, " is not the one in flight (step ",
+           step_, in_flight_ ? ", in flight)" : ", none in flight)");
+  for (const ScheduledChunk& chunk : plan.chunks) {
+    if (was_aborted_in_flight(chunk.request)) continue;
+    const Request& r = *chunk.request;
+    DI_CHECK(r.status == RequestStatus::kRunning, "request ", r.id, " in the plan is ", to_string(r.status));
+    DI_CHECK(chunk.start == r.num_computed_tokens && chunk.num_tokens > 0 &&
+                 chunk.start + chunk.num_tokens <= r.num_tokens(),
+             "request ", r.id, ": chunk [", chunk.start, ", ", chunk.start + chunk.num_tokens,
+             ") does not follow its ", r.num_computed_tokens, " computed of ", r.num_tokens(), " tokens");
+  }
+}
+
+bool Scheduler::was_aborted_in_flight(const Request* request) const {
+  return std::find(aborted_in_flight_.begin(), aborted_in_flight_.end(), request) != aborted_in_flight_.end();
+}
+
+void Scheduler::check_invariants() const {
+  cache_.check_invariants();
+  DI_CHECK(running_.size() <= static_cast<size_t>(config_.max_num_seqs), running_.size(),
+           " running requests exceed max_num_seqs ", config_.max_num_seqs);
+  DI_CHECK(running_.size() + waiting_.size() == requests_.size(), running_.size(), " running + ", waiting_.size(),
+           " waiting != ", requests_.size(), " requests");
+
+  std::vector<int32_t> holders(static_cast<size_t>(cache_.num_pages()), 0);
+  auto check_request = [&](const Request* r, RequestStatus status) {
+    auto it = requests_.find(r->id);
+    DI_CHECK(it != requests_.end() && it->second.get() == r, "request ", r->id, " is queued but not owned");
+    DI_CHECK(r->status == status, "request ", r->id, " is ", to_string(r->status), " in the ", to_string(status),
+             " queue");
+    DI_CHECK(r->num_tokens() < config_.max_model_len, "request ", r->id, " has ", r->num_tokens(),
+             " tokens, not below max_model_len ", config_.max_model_len);
+    DI_CHECK(r->num_output_tokens() < r->params.max_tokens, "request ", r->id, " has ", r->num_output_tokens(),
+             " output tokens, not below max_tokens ", r->params.max_tokens);
+    DI_CHECK(r->num_computed_tokens >= 0 && r->num_computed_tokens < r->num_tokens(), "request ", r->id, " has ",
+             r->num_computed_tokens, " computed of ", r->num_tokens(), " tokens");
+    for (int32_t page_id : r->page_ids) {
+      DI_CHECK(page_id >= 0 && page_id < cache_.num_pages(), "request ", r->id, " holds page ", page_id,
+               " out of range [0, ", cache_.num_pages(), ")");
+      DI_CHECK(++holders[static_cast<size_t>(page_id)] == 1, "page ", page_id, " is held twice (request ", r->id,
+               ")");
+    }
+  };
+
+  for (size_t i = 0; i < running_.size(); ++i) {
+    const Request* r = running_[i];
+    check_request(r, RequestStatus::kRunning);
+    DI_CHECK(i == 0 || running_[i - 1]->arrival_order < r->arrival_order, "running queue out of arrival order at ",
+             i);
+    const size_t needed = static_cast<size_t>(cache_.pages_for_tokens(r->num_computed_tokens));
+    if (in_flight_) {
+      const size_t most = static_cast<size_t>(cache_.pages_for_tokens(r->num_tokens()));
+      DI_CHECK(r->page_ids.size() >= needed && r->page_ids.size() <= most, "request ", r->id, " holds ",
+               r->page_ids.size(), " pages, outside [", needed, ", ", most, "] for ", r->num_computed_tokens,
+               " computed of ", r->num_tokens(), " tokens");
+    } else {
+      DI_CHECK(r->page_ids.size() == needed, "request ", r->id, " holds ", r->page_ids.size(), " pages but its ",
+               r->num_computed_tokens, " computed tokens need ", needed);
+    }
+  }
+  for (size_t i = 0; i < waiting_.size(); ++i) {
+    const Request* r = waiting_[i];
+    check_request(r, RequestStatus::kWaiting);
+    DI_CHECK(i == 0 || waiting_[i - 1]->arrival_order < r->arrival_order, "waiting queue out of arrival order at ",
+             i);
+    DI_CHECK(r->page_ids.empty() && r->num_computed_tokens == 0, "waiting request ", r->id, " holds ",
+             r->page_ids.size(), " pages and ", r->num_computed_tokens, " computed tokens");
+  }
+  for (int32_t page_id = 0; page_id < cache_.num_pages(); ++page_id) {
+    DI_CHECK(holders[static_cast<size_t>(page_id)] == cache_.ref_count(page_id), "page ", page_id, " is held by ",
+             holders[static_cast<size_t>(page_id)], " request(s) but has reference count ",
+             cache_.ref_count(page_id));
+  }
+}
+
+}  // namespace deepinfer

@@ -1,0 +1,141 @@
+// Continuous batching: which requests run in the next forward pass, and over which of their tokens.
+//
+// Each step the engine calls schedule(), runs the plan's chunks through the model, then calls update() with
+// the sampled tokens. Policy, in order:
+//   1. Running requests, oldest arrival first: a decode is 1 token; a request still in (chunked) prefill gets
+//      up to the remaining token budget. When a request cannot get the pages for its chunk, the chunk first
+//      shrinks to the pages that are free; if not even one token fits, the running request with the latest
+//      arrival is preempted (possibly the one asking) and its pages freed, until it fits.
+//   2. Waiting requests, oldest arrival first (so requests preempted earlier come first), while max_num_seqs,
+//      the token budget and the free pages allow; a long prompt is chunked to the remaining budget.
+//      Admission is strictly first-come-first-served: it stops at the first request that does not fit, and
+//      it is skipped in a step that had to preempt. Admitting never preempts.
+// A preempted request loses its cache and later recomputes its prompt and the output it already generated.
+// Nothing here reads time or randomness: the same calls give the same plans.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/cache_manager.h"
+#include "engine/request.h"
+
+namespace deepinfer {
+
+struct SchedulerConfig {
+  int32_t max_num_seqs = 256;             // running requests at most
+  int32_t max_num_batched_tokens = 8192;  // tokens in one forward pass at most
+  int32_t max_model_len = 8192;           // prompt + output tokens of one request at most
+
+  // Throws InvalidArgument naming the bad field.
+  void validate() const;
+};
+
+// Tokens [start, start + num_tokens) of the request's prompt + output. Their pages are already in
+// request->page_ids when schedule() returns.
+struct ScheduledChunk {
+  Request* request = nullptr;
+  int32_t start = 0;       // the request's num_computed_tokens when scheduled
+  int32_t num_tokens = 0;  // > 0
+  bool samples = false;    // the chunk ends at request->num_tokens(): the model samples the next token
+};
+
+// What to run in one step. Request pointers stay valid until the next call that mutates the scheduler
+// (add and abort leave the other requests' pointers valid).
+struct SchedulePlan {
+  std::vector<ScheduledChunk> chunks;  // running requests first (by arrival), then the newly admitted
+  std::vector<uint64_t> preempted_ids;
+  int32_t num_batched_tokens = 0;  // sum of chunks[i].num_tokens
+  uint64_t step = 0;               // which schedule() call made this plan; update() checks it
+
+  bool empty() const { return chunks.empty(); }
+  int32_t num_sampling_chunks() const;
+};
+
+// The outcome of one sampling chunk.
+struct RequestUpdate {
+  uint64_t id = 0;
+  int32_t new_token = -1;
+  bool finished = false;
+  FinishReason reason = FinishReason::kNone;
+  int32_t num_output_tokens = 0;          // including new_token
+  int32_t num_preemptions = 0;            // of this request so far
+  std::vector<int32_t> output_token_ids;  // the whole output, filled only when finished
+};
+
+class Scheduler {
+ public:
+  // The cache manager must outlive the scheduler; the scheduler is its only user of pages.
+  Scheduler(SchedulerConfig config, CacheManager& cache);
+
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a new request (status kWaiting). Throws InvalidArgument, naming the request id and the numbers,
+  // for: a null request, a duplicate id, an empty prompt, a prompt that leaves no room for a generated token
+  // within max_model_len, max_tokens <= 0, a request that is not fresh (output, pages or computed tokens),
+  // or one that could never fit in the whole cache. A rejected request changes nothing.
+  void add(std::unique_ptr<Request> request);
+
+  // Plans the next step (see the policy above). Throws if the previous non-empty plan was neither updated
+  // nor cancelled.
+  SchedulePlan schedule();
+
+  // Applies a plan the model has run. sampled_tokens holds one token per chunk with samples == true, in
+  // chunk order. Returns one RequestUpdate per sampling chunk; finished requests free their pages and are
+  // destroyed before this returns. Chunks of requests aborted since schedule() are skipped (their tokens too).
+  std::vector<RequestUpdate> update(const SchedulePlan& plan, std::span<const int32_t> sampled_tokens);
+
+  // Gives up a plan that will not be run (the forward pass failed): the requests keep their progress from
+  // before schedule(), and the pages allocated for the plan are released.
+  void cancel(const SchedulePlan& plan);
+
+  // Removes a waiting or running request and frees its pages; false if the id is unknown. Allowed between
+  // schedule() and update(): the request's chunk is then skipped by update().
+  bool abort(uint64_t id);
+
+  int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
+  int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
+  bool has_unfinished() const { return !requests_.empty(); }
+  uint64_t total_preemptions() const { return total_preemptions_; }
+  const SchedulerConfig& config() const { return config_; }
+  const Request* find(uint64_t id) const;
+
+  // Throws if the bookkeeping is inconsistent: every request in exactly one queue with the matching status,
+  // queues in arrival order, pages held by requests == pages in use, no page in two requests, a running
+  // request holds pages_for_tokens(num_computed_tokens) pages (more only while a plan is in flight), waiting
+  // requests hold none, and counts within the configured limits.
+  void check_invariants() const;
+
+ private:
+  // Schedules one running request; returns false when it was itself preempted.
+  bool schedule_running(Request* request, SchedulePlan& plan, int32_t& budget);
+  void preempt(Request* victim, SchedulePlan& plan, int32_t& budget);
+  // Grows the page table to cover num_tokens tokens; false (no change) when the pages are not free.
+  bool grow_pages(Request& request, int32_t num_tokens);
+  // Shrinks the page table back to pages_for_tokens(num_computed_tokens).
+  void trim_pages(Request& request);
+  void insert_running(Request* request);
+  void insert_waiting(Request* request);
+  void remove(Request* request);  // from its queue, frees its pages, destroys it
+  void check_plan(const SchedulePlan& plan) const;
+  bool was_aborted_in_flight(const Request* request) const;
+
+  SchedulerConfig config_;
+  CacheManager& cache_;
+  std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;  // owns every unfinished request
+  std::vector<Request*> running_;                                     // by arrival_order
+  std::deque<Request*> waiting_;                                      // by arrival_order
+  uint64_t next_arrival_order_ = 0;
+  uint64_t total_preemptions_ = 0;
+  uint64_t step_ = 0;       // schedule() calls so far
+  bool in_flight_ = false;  // the plan of step_ awaits update() or cancel()
+  // Requests aborted while a plan was in flight; compared by address only, never dereferenced.
+  std::vector<const Request*> aborted_in_flight_;
+};
+
+}  // namespace deepinfer

@@ -1,0 +1,52 @@
+#include "engine/sequence_scorer.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace deepinfer {
+
+SequenceScorer::SequenceScorer(const EngineOptions& options) : options_(options), loaded_(load_model(options)) {}
+
+std::vector<float> SequenceScorer::last_logits(std::span<const int32_t> tokens, int32_t prefill_chunk,
+                                               int32_t decode_tail) {
+  const auto n = static_cast<int32_t>(tokens.size());
+  DI_CHECK_ARG(n > 0, "no tokens to score");
+  DI_CHECK_ARG(decode_tail >= 0 && decode_tail < n, "decode_tail ", decode_tail, " must be in [0, ", n, ")");
+  DI_CHECK_ARG(prefill_chunk >= 0, "prefill_chunk must be >= 0");
+  const ModelConfig& c = loaded_.model->config();
+  const int32_t page_size = options_.page_size;
+  const int32_t num_pages = (n + page_size - 1) / page_size;
+  LatentCache cache({.num_layers = c.num_hidden_layers, .num_pages = num_pages + 1, .page_size = page_size,
+                     .latent_dim = c.latent_dim()},
+                    Device::kCpu);
+  // Pages in reverse order, so a page-table bug cannot hide behind an identity mapping.
+  std::vector<int32_t> pages(static_cast<size_t>(num_pages));
+  std::iota(pages.rbegin(), pages.rend(), 1);
+
+  std::vector<float> logits;
+  int32_t done = 0;
+  while (done < n) {
+    const int32_t prefill_end = n - decode_tail;
+    int32_t count = done < prefill_end ? (prefill_chunk > 0 ? std::min(prefill_chunk, prefill_end - done)
+                                                            : prefill_end - done)
+                                       : 1;
+    ForwardBatch b;
+    b.max_pages_per_seq = num_pages;
+    b.num_decode_seqs = count == 1 ? 1 : 0;
+    b.query_start = {0, count};
+    b.context_lens = {done + count};
+    b.page_table = pages;
+    for (int32_t pos = done; pos < done + count; ++pos) {
+      b.token_ids.push_back(tokens[static_cast<size_t>(pos)]);
+      b.positions.push_back(pos);
+      b.slot_mapping.push_back(pages[static_cast<size_t>(pos / page_size)] * page_size + pos % page_size);
+    }
+    b.logits_indices = {count - 1};
+    Tensor out = loaded_.model->forward(b, cache);
+    logits.assign(out.f32_span().begin(), out.f32_span().end());
+    done += count;
+  }
+  return logits;
+}
+
+}  // namespace deepinfer

@@ -1,0 +1,191 @@
+#include "model/checkpoint.h"
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "model/fp8.h"
+
+namespace deepinfer {
+namespace {
+
+constexpr std::string_view kIndexFileName = "model.safetensors.index.json";
+constexpr std::string_view kScaleSuffix = "_scale_inv";
+constexpr int64_t kParallelElements = int64_t{1} << 18;
+
+// 16-bit floats -> fp32. The mapping may leave tensors unaligned, so elements are loaded with memcpy.
+template <float (*kWiden)(uint16_t)>
+void widen_16bit(std::span<const std::byte> bytes, std::span<float> out) {
+  const std::byte* src = bytes.data();
+  float* dst = out.data();
+  const auto n = static_cast<int64_t>(out.size());
+#pragma omp parallel for schedule(static) if (n >= kParallelElements)
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t bits;
+    std::memcpy(&bits, src + 2 * i, sizeof(bits));
+    dst[i] = kWiden(bits);
+  }
+}
+
+float bf16_bits_to_float(uint16_t bits) { return bf16_to_float(bits); }
+float half_bits_to_float(uint16_t bits) { return half_to_float(bits); }
+
+// F32 / F16 / BF16 -> fp32; the caller checked the sizes.
+void widen_float(const TensorInfo& t, std::span<float> out) {
+  switch (t.dtype) {
+    case DType::kF32:
+      if (!out.empty()) std::memcpy(out.data(), t.bytes.data(), out.size() * sizeof(float));
+      return;
+    case DType::kF16: widen_16bit<half_bits_to_float>(t.bytes, out); return;
+    case DType::kBF16: widen_16bit<bf16_bits_to_float>(t.bytes, out); return;
+    default: break;
+  }
+  DI_CHECK(false, "internal: widen_float called for ", dtype_name(t.dtype));
+}
+
+bool is_16_or_32_bit_float(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+
+nlohmann::json read_json_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  DI_CHECK(in.good(), "cannot open ", path);
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    DI_CHECK(false, "file ", path, " is not valid JSON: ", e.what());
+  }
+  return {};  // unreachable
+}
+
+}  // namespace
+
+Checkpoint Checkpoint::open(const std::filesystem::path& dir) {
+  std::error_code ec;
+  DI_CHECK(std::filesystem::is_directory(dir, ec), "checkpoint directory ", dir,
+           " does not exist or is not a directory");
+  Checkpoint ckpt;
+  ckpt.dir_ = dir;
+
+  const std::filesystem::path index_path = dir / kIndexFileName;
+  if (std::filesystem::exists(index_path, ec)) {
+    const nlohmann::json index = read_json_file(index_path);
+    DI_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(), "file ",
+             index_path, " has no \"weight_map\" object");
+    const nlohmann::json& weight_map = index["weight_map"];
+
+    // Open each referenced shard once, in name order.
+    std::map<std::string, size_t> shard_index;
+    for (const auto& [name, shard] : weight_map.items()) {
+      DI_CHECK(shard.is_string(), "file ", index_path, ": weight_map entry for ", name, " is not a string");
+      const std::filesystem::path shard_rel(shard.get<std::string>());
+      DI_CHECK(shard_rel.is_relative() && !shard_rel.empty(), "file ", index_path, ": shard ", shard_rel,
+               " for tensor ", name, " is not a relative path");
+      shard_index.emplace(shard.get<std::string>(), 0);
+    }
+    for (auto& [shard, file_index] : shard_index) {
+      const std::filesystem::path shard_path = dir / shard;
+      DI_CHECK(std::filesystem::exists(shard_path, ec), "shard ", shard_path, " listed in ", index_path,
+               " does not exist");
+      file_index = ckpt.files_.size();
+      ckpt.files_.push_back(SafetensorsFile::open(shard_path));
+    }
+    for (const auto& [name, shard] : weight_map.items()) {
+      const size_t file_index = shard_index.at(shard.get<std::string>());
+      const TensorInfo* tensor = ckpt.files_[file_index].find(name);
+      DI_CHECK(tensor != nullptr, "tensor ", name, " is listed in ", index_path, " but missing from shard ",
+               ckpt.files_[file_index].path());
+      ckpt.tensors_.emplace(name, Entry{tensor, file_index});
+    }
+    return ckpt;
+  }
+
+  std::vector<std::filesystem::path> paths;
+  for (const auto& item : std::filesystem::directory_iterator(dir)) {
+    if (item.path().extension() == ".safetensors" && item.is_regular_file()) paths.push_back(item.path());
+  }
+  std::sort(paths.begin(), paths.end());
+  DI_CHECK(!paths.empty(), "no *.safetensors files in ", dir);
+  ckpt.files_.reserve(paths.size());
+  for (const auto& path : paths) ckpt.files_.push_back(SafetensorsFile::open(path));
+  for (size_t file_index = 0; file_index < ckpt.files_.size(); ++file_index) {
+    for (const TensorInfo& tensor : ckpt.files_[file_index].tensors()) {
+      const auto [it, inserted] = ckpt.tensors_.emplace(tensor.name, Entry{&tensor, file_index});
+      DI_CHECK(inserted, "tensor ", tensor.name, " appears in both ", ckpt.files_[it->second.file_index].path(),
+               " and ", ckpt.files_[file_index].path());
+    }
+  }
+  return ckpt;
+}
+
+const Checkpoint::Entry& Checkpoint::entry(std::string_view name) const {
+  const auto it = tensors_.find(name);
+  DI_CHECK(it != tensors_.end(), "tensor ", name, " not found in checkpoint ", dir_);
+  return it->second;
+}
+
+bool Checkpoint::contains(std::string_view name) const { return tensors_.find(name) != tensors_.end(); }
+
+const TensorInfo& Checkpoint::get(std::string_view name) const { return *entry(name).tensor; }
+
+const std::filesystem::path& Checkpoint::file_of(std::string_view name) const {
+  return files_[entry(name).file_index].path();
+}
+
+std::vector<std::string> Checkpoint::names() const {
+  std::vector<std::string> out;
+  out.reserve(tensors_.size());
+  for (const auto& [name, e] : tensors_) out.push_back(name);
+  return out;
+}
+
+void Checkpoint::read_f32(std::string_view name, std::span<const int64_t> expected_shape, std::span<float> out,
+                          std::array<int64_t, 2> fp8_block) const {
+  const Entry& e = entry(name);
+  const TensorInfo& t = *e.tensor;
+  const std::filesystem::path& file = files_[e.file_index].path();
+  DI_CHECK(t.supported, "tensor ", name, " in file ", file, " has unsupported dtype ", t.dtype_tag);
+  DI_CHECK(std::equal(t.shape.begin(), t.shape.end(), expected_shape.begin(), expected_shape.end()), "tensor ",
+           name, " in ", file, " has shape ", shape_str(t.shape), ", expected ", shape_str(expected_shape));
+  const int64_t numel = t.numel();
+  DI_CHECK(static_cast<int64_t>(out.size()) == numel, "output for tensor ", name, " holds ", out.size(),
+           " floats, but shape ", shape_str(t.shape), " has ", numel, " elements");
+
+  if (is_16_or_32_bit_float(t.dtype)) {
+    widen_float(t, out);
+    return;
+  }
+  DI_CHECK(t.dtype == DType::kF8E4M3, "tensor ", name, " in file ", file, " has dtype ", dtype_name(t.dtype),
+           "; read_f32 reads floating-point tensors only");
+
+  DI_CHECK(t.shape.size() == 2, "FP8 tensor ", name, " in file ", file, " has shape ", shape_str(t.shape),
+           "; only 2-D block-scaled FP8 weights are supported");
+  DI_CHECK(fp8_block[0] > 0 && fp8_block[1] > 0, "invalid FP8 block size [", fp8_block[0], ", ",
+           fp8_block[1], "]");
+  const std::string scale_name = str_cat(name, kScaleSuffix);
+  const auto scale_it = tensors_.find(scale_name);
+  DI_CHECK(scale_it != tensors_.end(), "FP8 tensor ", name, " in file ", file, " has no scale tensor ",
+           scale_name, " in checkpoint ", dir_);
+  const TensorInfo& scale = *scale_it->second.tensor;
+  const std::filesystem::path& scale_file = files_[scale_it->second.file_index].path();
+  const int64_t rows = t.shape[0];
+  const int64_t cols = t.shape[1];
+  const std::array<int64_t, 2> scale_shape = {(rows + fp8_block[0] - 1) / fp8_block[0],
+                                              (cols + fp8_block[1] - 1) / fp8_block[1]};
+  DI_CHECK(scale.supported && is_16_or_32_bit_float(scale.dtype), "scale tensor ", scale_name, " in file ",
+           scale_file, " has dtype ", scale.dtype_tag, "; expected F32 (or BF16/F16)");
+  DI_CHECK(std::equal(scale.shape.begin(), scale.shape.end(), scale_shape.begin(), scale_shape.end()),
+           "scale tensor ", scale_name, " in file ", scale_file, " has shape ", shape_str(scale.shape),
+           ", expected ", shape_str(scale_shape), " for FP8 tensor ", name, " of shape ", shape_str(t.shape),
+           " in ", fp8_block[0], "x", fp8_block[1], " blocks");
+  std::vector<float> scale_inv(static_cast<size_t>(scale_shape[0] * scale_shape[1]));
+  widen_float(scale, scale_inv);
+  const std::span<const uint8_t> codes(reinterpret_cast<const uint8_t*>(t.bytes.data()), t.bytes.size());
+  dequantize_fp8_blocks(codes, rows, cols, scale_inv, fp8_block, out);
+}
+
+}  // namespace deepinfer

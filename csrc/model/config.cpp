@@ -1,0 +1,243 @@
+#include "model/config.h"
+
+#include <cmath>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace deepinfer {
+namespace {
+
+using nlohmann::json;
+
+template <typename T>
+T get_or(const json& j, const char* key, T fallback) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  try {
+    return it->get<T>();
+  } catch (const json::exception& e) {
+    throw InvalidArgument(str_cat("config.json: field '", key, "' has the wrong type: ", it->dump()));
+  }
+}
+
+int64_t require_int(const json& j, const char* key) {
+  auto it = j.find(key);
+  DI_CHECK_ARG(it != j.end() && it->is_number_integer(), "config.json: missing integer field '", key, "'");
+  return it->get<int64_t>();
+}
+
+std::vector<int32_t> ids_of(const json& value) {
+  std::vector<int32_t> ids;
+  if (value.is_number_integer()) ids.push_back(value.get<int32_t>());
+  if (value.is_array()) {
+    for (const auto& v : value) {
+      if (v.is_number_integer()) ids.push_back(v.get<int32_t>());
+    }
+  }
+  return ids;
+}
+
+RopeConfig parse_rope(const json& j) {
+  RopeConfig rope;
+  rope.theta = get_or<double>(j, "rope_theta", 10000.0);
+  rope.interleaved = get_or<bool>(j, "rope_interleave", true);
+  // DeepSeek's own configs write `rope_scaling`; transformers 5 writes `rope_parameters` (with rope_theta inside).
+  const json* params = nullptr;
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    auto it = j.find(key);
+    if (it != j.end() && it->is_object()) {
+      params = &*it;
+      break;
+    }
+  }
+  if (params == nullptr) return rope;
+  rope.theta = get_or<double>(*params, "rope_theta", rope.theta);
+  std::string type = get_or<std::string>(*params, "rope_type", get_or<std::string>(*params, "type", "default"));
+  if (type == "default" || type.empty()) return rope;
+  DI_CHECK_ARG(type == "yarn", "config.json: rope scaling type '", type,
+               "' is not supported (DeepSeek models use 'yarn' or none)");
+  rope.type = RopeType::kYarn;
+  rope.factor = get_or<double>(*params, "factor", 1.0);
+  rope.original_max_position_embeddings = get_or<int64_t>(*params, "original_max_position_embeddings", 4096);
+  rope.beta_fast = get_or<double>(*params, "beta_fast", 32.0);
+  rope.beta_slow = get_or<double>(*params, "beta_slow", 1.0);
+  rope.mscale = get_or<double>(*params, "mscale", 0.0);  // 0: absent
+  rope.mscale_all_dim = get_or<double>(*params, "mscale_all_dim", 0.0);
+  return rope;
+}
+
+double yarn_mscale(double scale, double mscale) {
+  if (scale <= 1.0) return 1.0;
+  return 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+}  // namespace
+
+bool ModelConfig::is_moe_layer(int64_t layer) const {
+  return n_routed_experts > 0 && layer >= first_k_dense_replace && layer % moe_layer_freq == 0;
+}
+
+double ModelConfig::softmax_scale() const {
+  double scale = 1.0 / std::sqrt(static_cast<double>(qk_head_dim()));
+  if (rope.type == RopeType::kYarn && rope.mscale_all_dim != 0.0) {
+    const double m = yarn_mscale(rope.factor, rope.mscale_all_dim);
+    scale *= m * m;
+  }
+  return scale;
+}
+
+void ModelConfig::validate() const {
+  auto positive = [](int64_t v, const char* name) {
+    DI_CHECK_ARG(v > 0, "config.json: '", name, "' must be > 0, got ", v);
+  };
+  positive(vocab_size, "vocab_size");
+  positive(hidden_size, "hidden_size");
+  positive(num_hidden_layers, "num_hidden_layers");
+  positive(num_attention_heads, "num_attention_heads");
+  positive(kv_lora_rank, "kv_lora_rank");
+  positive(qk_nope_head_dim, "qk_nope_head_dim");
+  positive(qk_rope_head_dim, "qk_rope_head_dim");
+  positive(v_head_dim, "v_head_dim");
+  DI_CHECK_ARG(qk_rope_head_dim % 2 == 0, "config.json: qk_rope_head_dim must be even, got ", qk_rope_head_dim);
+  if (q_lora_rank) positive(*q_lora_rank, "q_lora_rank");
+  if (first_k_dense_replace > 0 || n_routed_experts == 0) positive(intermediate_size, "intermediate_size");
+  if (n_routed_experts > 0) {
+    positive(moe_intermediate_size, "moe_intermediate_size");
+    positive(num_experts_per_tok, "num_experts_per_tok");
+    positive(moe_layer_freq, "moe_layer_freq");
+    DI_CHECK_ARG(num_experts_per_tok <= n_routed_experts, "config.json: num_experts_per_tok (", num_experts_per_tok,
+                 ") exceeds n_routed_experts (", n_routed_experts, ")");
+    DI_CHECK_ARG(n_group >= 1 && n_routed_experts % n_group == 0, "config.json: n_routed_experts (",
+                 n_routed_experts, ") must be divisible by n_group (", n_group, ")");
+    DI_CHECK_ARG(topk_group >= 1 && topk_group <= n_group, "config.json: topk_group (", topk_group,
+                 ") must be in [1, n_group=", n_group, "]");
+    DI_CHECK_ARG(num_experts_per_tok <= topk_group * (n_routed_experts / n_group) ||
+                     topk_method == TopkMethod::kGreedy,
+                 "config.json: num_experts_per_tok (", num_experts_per_tok, ") exceeds the experts in topk_group (",
+                 topk_group, ") groups");
+    if (topk_method == TopkMethod::kNoauxTc) {
+      DI_CHECK_ARG(n_routed_experts / n_group >= 2, "config.json: noaux_tc routing needs >= 2 experts per group");
+    }
+  }
+  DI_CHECK_ARG(rope.type != RopeType::kYarn || rope.factor >= 1.0, "config.json: yarn factor must be >= 1, got ",
+               rope.factor);
+}
+
+ModelConfig parse_model_config(const json& j) {
+  DI_CHECK_ARG(j.is_object(), "config.json: expected a JSON object");
+  ModelConfig c;
+  std::string arch;
+  if (auto it = j.find("architectures"); it != j.end() && it->is_array() && !it->empty() && (*it)[0].is_string()) {
+    arch = (*it)[0].get<std::string>();
+  }
+  const std::string model_type = get_or<std::string>(j, "model_type", "");
+  if (arch == "DeepseekV3ForCausalLM" || (arch.empty() && model_type == "deepseek_v3")) {
+    c.version = ModelVersion::kV3;
+  } else if (arch == "DeepseekV2ForCausalLM" || (arch.empty() && model_type == "deepseek_v2")) {
+    c.version = ModelVersion::kV2;
+  } else {
+    throw InvalidArgument(str_cat("unsupported architecture '", arch.empty() ? model_type : arch,
+                                  "': DeepInfer serves DeepseekV2ForCausalLM and DeepseekV3ForCausalLM"));
+  }
+  c.architecture = arch.empty() ? (c.version == ModelVersion::kV3 ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM")
+                                : arch;
+  c.vocab_size = require_int(j, "vocab_size");
+  c.hidden_size = require_int(j, "hidden_size");
+  c.intermediate_size = get_or<int64_t>(j, "intermediate_size", 0);
+  c.moe_intermediate_size = get_or<int64_t>(j, "moe_intermediate_size", 0);
+  c.num_hidden_layers = require_int(j, "num_hidden_layers");
+  c.num_attention_heads = require_int(j, "num_attention_heads");
+  if (auto it = j.find("q_lora_rank"); it != j.end() && it->is_number_integer()) c.q_lora_rank = it->get<int64_t>();
+  c.kv_lora_rank = require_int(j, "kv_lora_rank");
+  c.qk_nope_head_dim = require_int(j, "qk_nope_head_dim");
+  c.qk_rope_head_dim = require_int(j, "qk_rope_head_dim");
+  c.v_head_dim = require_int(j, "v_head_dim");
+  c.n_routed_experts = get_or<int64_t>(j, "n_routed_experts", 0);
+  c.n_shared_experts = get_or<int64_t>(j, "n_shared_experts", 0);
+  c.num_experts_per_tok = get_or<int64_t>(j, "num_experts_per_tok", 0);
+  c.n_group = get_or<int64_t>(j, "n_group", 1);
+  c.topk_group = get_or<int64_t>(j, "topk_group", 1);
+  c.first_k_dense_replace = get_or<int64_t>(j, "first_k_dense_replace", 0);
+  c.moe_layer_freq = get_or<int64_t>(j, "moe_layer_freq", 1);
+  c.norm_topk_prob = get_or<bool>(j, "norm_topk_prob", false);
+  c.routed_scaling_factor = get_or<double>(j, "routed_scaling_factor", 1.0);
+  c.rms_norm_eps = get_or<double>(j, "rms_norm_eps", 1e-6);
+  c.max_position_embeddings = get_or<int64_t>(j, "max_position_embeddings", 4096);
+  c.tie_word_embeddings = get_or<bool>(j, "tie_word_embeddings", false);
+  c.num_nextn_predict_layers = get_or<int64_t>(j, "num_nextn_predict_layers", 0);
+  c.torch_dtype = get_or<std::string>(j, "torch_dtype", get_or<std::string>(j, "dtype", ""));
+  DI_CHECK_ARG(!get_or<bool>(j, "attention_bias", false), "config.json: attention_bias=true is not a DeepSeek layout");
+  const std::string act = get_or<std::string>(j, "hidden_act", "silu");
+  DI_CHECK_ARG(act == "silu", "config.json: hidden_act '", act, "' is not supported (DeepSeek uses silu)");
+
+  const std::string scoring = get_or<std::string>(j, "scoring_func", c.version == ModelVersion::kV3 ? "sigmoid" : "softmax");
+  if (scoring == "sigmoid") {
+    c.scoring = ExpertScoring::kSigmoid;
+  } else if (scoring == "softmax") {
+    c.scoring = ExpertScoring::kSoftmax;
+  } else {
+    throw InvalidArgument(str_cat("config.json: scoring_func '", scoring, "' is not supported"));
+  }
+  const std::string topk = get_or<std::string>(j, "topk_method", c.version == ModelVersion::kV3 ? "noaux_tc" : "greedy");
+  if (c.version == ModelVersion::kV3) {
+    DI_CHECK_ARG(topk == "noaux_tc", "config.json: topk_method '", topk, "' is not supported for V3 (noaux_tc)");
+    c.topk_method = TopkMethod::kNoauxTc;
+  } else if (topk == "greedy") {
+    c.topk_method = TopkMethod::kGreedy;
+  } else if (topk == "group_limited_greedy") {
+    c.topk_method = TopkMethod::kGroupLimitedGreedy;
+  } else {
+    throw InvalidArgument(str_cat("config.json: topk_method '", topk, "' is not supported for V2"));
+  }
+  c.rope = parse_rope(j);
+
+  if (auto it = j.find("quantization_config"); it != j.end() && it->is_object()) {
+    const std::string method = get_or<std::string>(*it, "quant_method", "");
+    DI_CHECK_ARG(method == "fp8", "config.json: quantization_config.quant_method '", method,
+                 "' is not supported (native FP8 block-scaled checkpoints are)");
+    c.fp8.enabled = true;
+    if (auto b = it->find("weight_block_size"); b != it->end() && b->is_array() && b->size() == 2) {
+      c.fp8.block_rows = (*b)[0].get<int64_t>();
+      c.fp8.block_cols = (*b)[1].get<int64_t>();
+    }
+    c.fp8.scale_fmt = get_or<std::string>(*it, "scale_fmt", "");
+  }
+  if (auto it = j.find("eos_token_id"); it != j.end()) c.eos_token_ids = ids_of(*it);
+  if (auto it = j.find("bos_token_id"); it != j.end() && it->is_number_integer()) c.bos_token_id = it->get<int32_t>();
+  c.validate();
+  return c;
+}
+
+ModelConfig load_model_config(const std::filesystem::path& model_dir) {
+  DI_CHECK_ARG(std::filesystem::is_directory(model_dir), "model path '", model_dir.string(),
+               "' does not exist or is not a directory");
+  const auto path = model_dir / "config.json";
+  std::ifstream in(path);
+  DI_CHECK_ARG(in.good(), "no config.json in '", model_dir.string(), "'");
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    throw InvalidArgument(str_cat("'", path.string(), "' is not valid JSON: ", e.what()));
+  }
+  ModelConfig c = parse_model_config(j);
+  const auto gen_path = model_dir / "generation_config.json";
+  if (std::ifstream gen(gen_path); gen.good()) {
+    json g = json::parse(gen, nullptr, /*allow_exceptions=*/false);
+    if (g.is_object()) {
+      if (auto it = g.find("eos_token_id"); it != g.end()) {
+        for (int32_t id : ids_of(*it)) {
+          if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end()) {
+            c.eos_token_ids.push_back(id);
+          }
+        }
+      }
+    }
+  }
+  return c;
+}
+
+}  // namespace deepinfer

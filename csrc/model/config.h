@@ -1,0 +1,88 @@
+// The DeepSeek V2/V3 architecture, parsed from a Hugging Face config.json.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace deepinfer {
+
+enum class ModelVersion : uint8_t { kV2, kV3 };
+enum class ExpertScoring : uint8_t { kSoftmax, kSigmoid };
+// How experts are chosen: V2 "greedy" (plain top-k), V2 "group_limited_greedy" (group score = max),
+// V3 "noaux_tc" (group score = sum of the top-2 biased scores).
+enum class TopkMethod : uint8_t { kGreedy, kGroupLimitedGreedy, kNoauxTc };
+enum class RopeType : uint8_t { kDefault, kYarn };
+
+struct RopeConfig {
+  RopeType type = RopeType::kDefault;
+  double theta = 10000.0;
+  double factor = 1.0;
+  int64_t original_max_position_embeddings = 4096;
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  double mscale = 0.0;          // 0: absent (then cos/sin scale by mscale(factor, 1))
+  double mscale_all_dim = 0.0;
+  bool interleaved = true;  // DeepSeek checkpoints rotate pairs (2i, 2i+1)
+};
+
+struct Fp8Config {
+  bool enabled = false;             // weights stored as float8_e4m3fn with weight_scale_inv
+  int64_t block_rows = 128;
+  int64_t block_cols = 128;
+  std::string scale_fmt;            // "" or "ue8m0"
+};
+
+struct ModelConfig {
+  ModelVersion version = ModelVersion::kV3;
+  std::string architecture;
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;      // dense MLP
+  int64_t moe_intermediate_size = 0;  // one expert
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  std::optional<int64_t> q_lora_rank;  // unset: q_proj directly from the hidden state
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+  int64_t n_routed_experts = 0;       // 0: every layer dense
+  int64_t n_shared_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  int64_t first_k_dense_replace = 0;
+  int64_t moe_layer_freq = 1;
+  bool norm_topk_prob = false;
+  double routed_scaling_factor = 1.0;
+  ExpertScoring scoring = ExpertScoring::kSoftmax;
+  TopkMethod topk_method = TopkMethod::kGreedy;
+  double rms_norm_eps = 1e-6;
+  int64_t max_position_embeddings = 4096;
+  bool tie_word_embeddings = false;
+  RopeConfig rope;
+  Fp8Config fp8;
+  int64_t num_nextn_predict_layers = 0;  // MTP layers stored after the main layers
+  std::vector<int32_t> eos_token_ids;
+  std::optional<int32_t> bos_token_id;
+  std::string torch_dtype;
+
+  int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  int64_t latent_dim() const { return kv_lora_rank + qk_rope_head_dim; }  // cached values per token per layer
+  bool is_moe_layer(int64_t layer) const;
+  // Softmax scale of MLA attention, including the YaRN mscale^2 correction.
+  double softmax_scale() const;
+
+  void validate() const;  // throws InvalidArgument naming the field
+};
+
+ModelConfig parse_model_config(const nlohmann::json& j);
+// Reads DIR/config.json (and generation_config.json for EOS ids when present).
+ModelConfig load_model_config(const std::filesystem::path& model_dir);
+
+}  // namespace deepinfer

@@ -1,0 +1,66 @@
+// FP8 E4M3 ("float8_e4m3fn") decoding and DeepSeek's block-scaled weight dequantization.
+//
+// e4m3fn: 1 sign bit, 4 exponent bits (bias 7), 3 mantissa bits. No infinities: exponent 15 is a
+// normal binade except for mantissa 7, which is NaN (0x7f, 0xff). Largest finite value 448 (0x7e),
+// smallest subnormal 2^-9 (0x01).
+#pragma once
+
+#include <array>
+#include <bit>
+#include <cstdint>
+#include <limits>
+#include <span>
+
+namespace deepinfer {
+
+namespace detail {
+
+constexpr float decode_e4m3(uint8_t code) {
+  const uint32_t sign = static_cast<uint32_t>(code & 0x80u) << 24;
+  const uint32_t exponent = (code >> 3) & 0xfu;
+  uint32_t mantissa = code & 0x7u;
+  if (exponent == 0xf && mantissa == 0x7) {
+    return std::bit_cast<float>(sign | std::bit_cast<uint32_t>(std::numeric_limits<float>::quiet_NaN()));
+  }
+  if (exponent != 0) {  // normal: (1 + m/8) * 2^(e-7); rebias 7 -> 127
+    return std::bit_cast<float>(sign | ((exponent + 120u) << 23) | (mantissa << 20));
+  }
+  if (mantissa == 0) {
+    return std::bit_cast<float>(sign);  // signed zero
+  }
+  // Subnormal: m * 2^-9. Normalize the leading one into the implicit position.
+  int32_t fp32_exponent = 127 - 7 + 1;
+  while ((mantissa & 0x8u) == 0) {
+    mantissa <<= 1;
+    --fp32_exponent;
+  }
+  mantissa &= 0x7u;
+  return std::bit_cast<float>(sign | (static_cast<uint32_t>(fp32_exponent) << 23) | (mantissa << 20));
+}
+
+constexpr std::array<float, 256> make_e4m3_table() {
+  std::array<float, 256> table{};
+  for (uint32_t code = 0; code < 256; ++code) {
+    table[code] = decode_e4m3(static_cast<uint8_t>(code));
+  }
+  return table;
+}
+
+}  // namespace detail
+
+// fp32 value of every e4m3fn code.
+inline constexpr std::array<float, 256> kE4m3ToFloat = detail::make_e4m3_table();
+
+constexpr float e4m3_to_float(uint8_t code) { return kE4m3ToFloat[code]; }
+
+// Dequantizes a block-scaled FP8 weight of shape [rows, cols]:
+//   out[r][c] = e4m3(weight[r][c]) * scale_inv[r / block[0]][c / block[1]]
+// weight: [rows, cols] e4m3 codes, row-major.
+// scale_inv: [ceil(rows / block[0]), ceil(cols / block[1])], row-major.
+// out: [rows, cols].
+// Throws deepinfer::Error when the sizes do not match.
+void dequantize_fp8_blocks(std::span<const uint8_t> weight, int64_t rows, int64_t cols,
+                           std::span<const float> scale_inv, std::array<int64_t, 2> block,
+                           std::span<float> out);
+
+}  // namespace deepinfer

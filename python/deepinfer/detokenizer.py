@@ -1,0 +1,179 @@
+"""Streaming detokenization and stop strings.
+
+``IncrementalDetokenizer`` turns the token ids a request generates, a few at a time, into text
+deltas. It keeps two offsets into the token list: ``prefix_offset`` (start of a short context
+window whose text has already been emitted) and ``read_offset`` (end of that window). Each step
+decodes only ``ids[prefix_offset:]`` - the context plus the tokens not yet settled - and emits what
+extends past the context's text, so the cost per token does not grow with the output length.
+
+A byte-level BPE token can end in the middle of a UTF-8 character (emoji, CJK, ... are split over
+several tokens); decoding such a prefix yields U+FFFD at the end. Trailing U+FFFD characters are
+held back until the character completes (the text before them is emitted at once), so no delta
+ever carries a broken character that a later token would have completed. If U+FFFDs persist over
+more tokens than any UTF-8 character spans, they are real (invalid bytes, or a literal U+FFFD)
+and are released. After ``flush()`` the concatenated deltas equal
+``tokenizer.decode(output_ids, skip_special_tokens=...)`` for byte-level tokenizers (every
+DeepSeek model); tokenizers whose decoder strips a leading space (SentencePiece "▁") keep it here,
+because the prompt's last tokens give the output its context.
+
+``find_stop`` applies stop strings to a stream of deltas: it holds back a tail that could still
+grow into a stop string and cuts the text at the first stop string found.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+__all__ = ["IncrementalDetokenizer", "find_stop", "held_back_length"]
+
+_REPLACEMENT = "\ufffd"
+# Prompt tokens decoded as context ahead of the first output token.
+_CONTEXT_TOKENS = 6
+# A UTF-8 character is at most 4 bytes, so it spans at most 4 tokens; U+FFFDs that survive this
+# many pending tokens cannot be an incomplete character any more.
+_MAX_PENDING_TOKENS = 8
+
+
+class IncrementalDetokenizer:
+    """Text deltas for a stream of generated token ids.
+
+    ``tokenizer`` needs ``decode(ids, skip_special_tokens=...) -> str`` (a
+    :class:`deepinfer.tokenizer.Tokenizer`, or anything shaped like it).
+    """
+
+    def __init__(self, tokenizer, prompt_token_ids: Sequence[int] = (), skip_special_tokens: bool = True) -> None:
+        self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
+        prompt = list(prompt_token_ids)
+        # Keep a few prompt tokens as context, unless they end in an incomplete character (then
+        # the output's first bytes would complete a character that belongs to the prompt).
+        context = prompt[-_CONTEXT_TOKENS:]
+        if context and self._decode(context).endswith(_REPLACEMENT):
+            context = []
+        self._ids: list[int] = context
+        self._num_context = len(context)
+        self._prefix_offset = 0
+        self._read_offset = len(context)
+        self._prefix_text = self._decode(context) if context else ""
+        self._emitted_past_prefix = 0  # chars of the pending window's text already emitted
+        self._text_parts: list[str] = []
+        self._finished = False
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=self._skip)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self._ids[self._num_context:]
+
+    @property
+    def text(self) -> str:
+        """All text emitted so far (by ``step`` and ``flush``)."""
+        if len(self._text_parts) > 1:
+            self._text_parts = ["".join(self._text_parts)]
+        return self._text_parts[0] if self._text_parts else ""
+
+    def step(self, new_token_ids: Iterable[int] | int) -> str:
+        """Add generated token ids; return the newly settled text (possibly '')."""
+        if self._finished:
+            raise RuntimeError("IncrementalDetokenizer.step() after flush()")
+        if isinstance(new_token_ids, int):
+            self._ids.append(new_token_ids)
+        else:
+            self._ids.extend(new_token_ids)
+        return self._advance(final=False)
+
+    def flush(self) -> str:
+        """Release any held-back text (call once, when the request finishes)."""
+        if self._finished:
+            return ""
+        delta = self._advance(final=True)
+        self._finished = True
+        return delta
+
+    def _advance(self, final: bool) -> str:
+        ids = self._ids
+        if self._read_offset == len(ids):
+            return ""
+        window = self._decode(ids[self._prefix_offset:])
+        # With byte-level BPE the window's text always starts with the context's text (which was
+        # settled: no pending partial character); emit what extends past it.
+        prefix = self._prefix_text
+        end = len(window)
+        held = False
+        if not final and window.endswith(_REPLACEMENT):
+            if len(ids) - self._read_offset <= _MAX_PENDING_TOKENS:
+                end = len(window.rstrip(_REPLACEMENT))
+                held = True
+        start = len(prefix) + self._emitted_past_prefix
+        delta = window[start:end] if end > start else ""
+        if held:
+            self._emitted_past_prefix += len(delta)
+        else:
+            # Everything up to len(ids) is settled: the tokens just read become the next context.
+            self._prefix_offset = self._read_offset
+            self._read_offset = len(ids)
+            self._prefix_text = self._decode(ids[self._prefix_offset:self._read_offset])
+            self._emitted_past_prefix = 0
+        if delta:
+            self._text_parts.append(delta)
+        return delta
+
+
+def _held_len(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest tail of ``text`` that is a proper prefix of some stop string."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best
+
+
+def held_back_length(text: str, stop_strings: Sequence[str]) -> int:
+    """How many trailing characters of ``text`` ``find_stop`` keeps back (may start a stop string)."""
+    return _held_len(text, [s for s in stop_strings if s])
+
+
+def find_stop(
+    text_so_far: str,
+    new_delta: str,
+    stop_strings: Sequence[str],
+    include_stop: bool = False,
+    *,
+    final: bool = False,
+) -> tuple[str, bool]:
+    """Apply stop strings to one streamed delta.
+
+    ``text_so_far`` is all generated text before ``new_delta`` (what earlier calls were given,
+    not what they returned). Returns ``(emit_text, stopped)``: the text to send to the client now,
+    and whether a stop string was found. Stopped: the output ends right before the stop string
+    that completes first (right after it with ``include_stop``); the result is the same however
+    the text was split into deltas. Not stopped: a tail that could be the start of a
+    stop string is held back; it is released by the call that proves it is not one, or by a call
+    with ``final=True`` (the request finished for another reason; ``new_delta`` may be '').
+    Every call uses the same rule, so the text emitted so far is always
+    ``text_so_far[:len(text_so_far) - held_back_length(text_so_far, stop_strings)]``.
+    """
+    stops = [s for s in stop_strings if s]
+    full = text_so_far + new_delta
+    if not stops:
+        return new_delta, False
+    emitted = len(text_so_far) - _held_len(text_so_far, stops)
+    # A stop string not found before must end inside new_delta.
+    search_from = max(0, len(text_so_far) - max(len(s) for s in stops) + 1)
+    # The stop string that completes first wins (then the one starting first): the result does
+    # not depend on how the text was split into deltas.
+    best = None
+    for s in stops:
+        i = full.find(s, search_from)
+        if i != -1 and (best is None or (i + len(s), i) < (best[0] + len(best[1]), best[0])):
+            best = (i, s)
+    if best is not None:
+        hit, hit_stop = best
+        cut = hit + len(hit_stop) if include_stop else hit
+        return full[emitted:max(cut, emitted)], True
+    if final:
+        return full[emitted:], False
+    return full[emitted:len(full) - _held_len(full, stops)], False

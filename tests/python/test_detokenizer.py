@@ -1,0 +1,260 @@
+"""Streaming detokenization and stop strings."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ASSETS = REPO / ".." / "shared" / "assets"
+V3_DIR = ASSETS / "deepseek-v3-tokenizer"
+PROMPTS = ASSETS / "prompts" / "sharegpt_v3_filtered_1000.json"
+
+try:
+    import deepinfer.detokenizer  # noqa: F401
+except ImportError:
+    sys.path.insert(0, str(REPO / "python"))
+
+from deepinfer.detokenizer import IncrementalDetokenizer, find_stop, held_back_length  # noqa: E402
+from deepinfer.tokenizer import Tokenizer  # noqa: E402
+
+REPL = "\ufffd"
+
+
+@pytest.fixture(scope="module")
+def tok():
+    if not (V3_DIR / "tokenizer.json").is_file():
+        pytest.skip("shared/assets/deepseek-v3-tokenizer (beside the repository) is not present")
+    return Tokenizer.from_dir(V3_DIR)
+
+
+def _byte_token_ids(tok, data: bytes) -> list[int]:
+    """Ids of the single-byte tokens spelling ``data`` (GPT-2 byte-to-unicode alphabet)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    ids = [tok.convert_tokens_to_ids(table[b]) for b in data]
+    assert None not in ids
+    return ids
+
+
+def _stream(tok, prompt_ids, output_ids, chunks=None, skip_special_tokens=True):
+    d = IncrementalDetokenizer(tok, prompt_ids, skip_special_tokens=skip_special_tokens)
+    deltas, i = [], 0
+    rng = random.Random(len(output_ids))
+    while i < len(output_ids):
+        n = 1 if chunks is None else rng.randint(1, chunks)
+        deltas.append(d.step(output_ids[i:i + n]))
+        i += n
+    deltas.append(d.flush())
+    assert "".join(deltas) == d.text
+    return deltas
+
+
+def _check(tok, prompt_ids, output_ids, **kw):
+    deltas = _stream(tok, prompt_ids, output_ids, **kw)
+    full = tok.decode(output_ids, skip_special_tokens=kw.get("skip_special_tokens", True))
+    assert "".join(deltas) == full
+    if REPL not in full:
+        assert not any(REPL in d for d in deltas)
+    return deltas
+
+
+def test_sharegpt_streams(tok):
+    if not PROMPTS.is_file():
+        pytest.skip("shared/assets/prompts/sharegpt_v3_filtered_1000.json is not present")
+    prompts = [item["conversations"][0]["value"] for item in json.loads(PROMPTS.read_text(encoding="utf-8"))]
+    texts = prompts[:200]
+    streams = tok.encode(texts, add_special_tokens=False)
+    head = tok.apply_chat_template([{"role": "user", "content": "Write something."}], tokenize=True)
+    for n, ids in enumerate(streams):
+        _check(tok, head, ids, chunks=None if n % 2 == 0 else 5)
+
+
+MULTIBYTE = [
+    "🎉🚀🔥 family 👩‍👩‍👧‍👦 and flags 🇫🇷🇯🇵🇺🇦 and skin tones 👋🏽👍🏿",
+    "深度求索的模型：中文、日本語（カタカナ）、한국어、𠜎𠜱𠝹𠱓 (rare CJK, 4-byte)",
+    "Привет, мир! Ελληνικά. עברית. العربية. हिन्दी. ไทย.",
+    "mixed🎉text中文🎉more 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 math 𝛼𝛽𝛾 ✓✗ ♠♣♥♦",
+]
+
+
+@pytest.mark.parametrize("text", MULTIBYTE)
+def test_multibyte_split_across_tokens(tok, text):
+    ids = tok.encode(text, add_special_tokens=False)
+    deltas = _check(tok, [0], ids)
+    if any(tok.decode(ids[:k]).endswith(REPL) for k in range(1, len(ids))):
+        assert "" in deltas[:-1]  # a token ended inside a character: something was held back
+    _check(tok, [], ids, chunks=3)
+    # Byte-by-byte tokens: the hardest split (every multi-byte character is cut).
+    byte_ids = _byte_token_ids(tok, text.encode("utf-8"))
+    assert tok.decode(byte_ids) == text
+    deltas = _check(tok, [0], byte_ids)
+    assert "" in deltas[:-1]
+
+
+def test_natural_tokens_do_split_characters(tok):
+    # With the real vocabulary, emoji and rare CJK characters are cut across tokens.
+    for text in (MULTIBYTE[0], MULTIBYTE[1], MULTIBYTE[3]):
+        ids = tok.encode(text, add_special_tokens=False)
+        assert any(tok.decode(ids[:k]).endswith(REPL) for k in range(1, len(ids))), text
+
+
+def test_text_before_a_partial_character_is_emitted_at_once(tok):
+    # "abc" then the first byte of an emoji in the same step: "abc" must not wait for the emoji.
+    emoji = "🎉".encode("utf-8")
+    d = IncrementalDetokenizer(tok, [0])
+    assert d.step(tok.encode("abc", add_special_tokens=False) + _byte_token_ids(tok, emoji[:1])) == "abc"
+    assert d.step(_byte_token_ids(tok, emoji[1:3])) == ""
+    assert d.step(_byte_token_ids(tok, emoji[3:])) == "🎉"
+    assert d.flush() == ""
+    assert d.text == "abc🎉"
+
+
+def test_special_tokens(tok):
+    body = tok.encode("Hello <｜User｜>there<｜end▁of▁sentence｜> and <｜place▁holder▁no▁5｜>!", add_special_tokens=False)
+    ids = body + [1]
+    for skip in (True, False):
+        _check(tok, [0], ids, skip_special_tokens=skip)
+    assert "".join(_stream(tok, [0], ids)) == "Hello <｜User｜>there and !"
+
+
+def test_invalid_bytes_released_without_flush(tok):
+    # Lone continuation bytes never form a character: they must come out as U+FFFD eventually,
+    # even before the request finishes, and the total still equals decode().
+    bad = _byte_token_ids(tok, b"\x80" * 12)
+    ids = tok.encode("ok ", add_special_tokens=False) + bad + tok.encode(" fine", add_special_tokens=False)
+    d = IncrementalDetokenizer(tok, [0])
+    deltas = [d.step([i]) for i in ids[:-2]]
+    assert REPL in "".join(deltas)
+    deltas += [d.step(ids[-2:]), d.flush()]
+    assert "".join(deltas) == tok.decode(ids)
+    # A truncated character at the very end comes out on flush.
+    cut = tok.encode("end", add_special_tokens=False) + _byte_token_ids(tok, "🎉".encode("utf-8")[:2])
+    _check(tok, [0], cut)
+
+
+def test_prompt_ending_inside_a_character(tok):
+    emoji = _byte_token_ids(tok, "🎉".encode("utf-8"))
+    prompt = tok.encode("Say", add_special_tokens=False) + emoji[:2]
+    output = emoji[2:] + tok.encode(" yes", add_special_tokens=False)
+    _check(tok, prompt, output)
+
+
+def test_cost_is_linear(tok):
+    """Each step decodes a short window, not the whole output."""
+
+    class Counting:
+        def __init__(self, inner):
+            self.inner, self.decoded = inner, 0
+
+        def decode(self, ids, skip_special_tokens=True):
+            self.decoded += len(ids)
+            return self.inner.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    ids = tok.encode("Some long generation with 中文 and emoji 🎉 in it. " * 300, add_special_tokens=False)
+    counting = Counting(tok)
+    d = IncrementalDetokenizer(counting, [0, 1, 2])
+    out = "".join(d.step([i]) for i in ids) + d.flush()
+    assert out == tok.decode(ids)
+    assert counting.decoded < 12 * len(ids)
+
+
+def test_step_after_flush(tok):
+    d = IncrementalDetokenizer(tok, [])
+    d.step(6366)
+    assert d.flush() == "hi"
+    assert d.flush() == ""
+    with pytest.raises(RuntimeError):
+        d.step([6366])
+
+
+# ------------------------------------------------------------------------------------------------
+# Stop strings
+
+
+def _stream_stop(text: str, pieces: list[int], stops, include_stop=False):
+    out, so_far, pos = [], "", 0
+    for n in pieces:
+        delta = text[pos:pos + n]
+        pos += n
+        emit, stopped = find_stop(so_far, delta, stops, include_stop)
+        out.append(emit)
+        so_far += delta
+        if stopped:
+            return "".join(out), True
+    emit, _ = find_stop(so_far, text[pos:], stops, include_stop, final=True)
+    out.append(emit)
+    return "".join(out), False
+
+
+def test_find_stop_single_delta():
+    assert find_stop("", "Hello STOP world", ["STOP"]) == ("Hello ", True)
+    assert find_stop("", "Hello STOP world", ["STOP"], include_stop=True) == ("Hello STOP", True)
+    assert find_stop("", "STOP", ["STOP"]) == ("", True)
+    assert find_stop("", "no stop here", []) == ("no stop here", False)
+    assert find_stop("", "no stop here", ["", "zzz"]) == ("no stop here", False)
+
+
+def test_find_stop_holds_back_possible_prefix():
+    stops = ["STOP"]
+    assert find_stop("", "Hel", stops) == ("Hel", False)
+    assert find_stop("Hel", "lo S", stops) == ("lo ", False)  # "S" held
+    assert held_back_length("Hello S", stops) == 1
+    assert find_stop("Hello S", "TO", stops) == ("", False)  # "STO" held
+    assert find_stop("Hello STO", "P more", stops) == ("", True)
+    assert find_stop("Hello STO", "P more", stops, include_stop=True) == ("STOP", True)
+    # False alarm: the held text is released once it cannot be a stop string.
+    assert find_stop("Hello S", "TAR", stops) == ("STAR", False)
+    # The request ended for another reason: nothing is held.
+    assert find_stop("Hello S", "TO", stops, final=True) == ("STO", False)
+
+
+def test_find_stop_first_completed_wins():
+    assert find_stop("", "abcd", ["abcd", "bc"]) == ("a", True)
+    assert find_stop("", "xabcx", ["abc", "bc"]) == ("x", True)
+    assert find_stop("", "1 2 END 3 STOP", ["STOP", "END"], include_stop=True) == ("1 2 END", True)
+    assert find_stop("", "<｜end▁of▁sentence｜>", ["<｜end▁of▁sentence｜>"]) == ("", True)
+
+
+def test_find_stop_independent_of_chunking():
+    rng = random.Random(0)
+    alphabet = "ab c\n中🎉"
+    stop_sets = [["ab"], ["abc", "c\n"], ["🎉🎉", "中中中"], ["a b", "b c", "\n\n"], ["zzz"]]
+    for _ in range(400):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        stops = rng.choice(stop_sets)
+        include = rng.random() < 0.5
+        one_shot = _stream_stop(text, [len(text)], stops, include)
+        pieces = []
+        while sum(pieces) < len(text):
+            pieces.append(rng.randint(1, 4))
+        chunked = _stream_stop(text, pieces, stops, include)
+        by_char = _stream_stop(text, [1] * len(text), stops, include)
+        assert chunked == one_shot == by_char, (text, stops, include)
+        if not one_shot[1]:
+            assert one_shot[0] == text
+
+
+def test_detokenizer_with_stop_strings(tok):
+    text = "The answer is 42.\n\nObservation: done"
+    ids = tok.encode(text, add_special_tokens=False)
+    d = IncrementalDetokenizer(tok, [0])
+    out, stopped = "", False
+    for i in ids:
+        before = d.text
+        delta = d.step([i])
+        emit, stopped = find_stop(before, delta, ["\n\nObservation:"])
+        out += emit
+        if stopped:
+            break
+    assert stopped and out == "The answer is 42."
