@@ -42,6 +42,8 @@ LoadProgress python_progress(nb::object callback) {
 NB_MODULE(_deepinfer, m) {
   using namespace deepinfer;
   m.doc() = "DeepInfer core: the C++ engine for DeepSeek V2/V3 models.";
+  // Objects alive at interpreter exit (an engine the user never shut down) are reclaimed by the OS.
+  nb::set_leak_warnings(false);
 
   nb::exception<InvalidArgument>(m, "InvalidArgument", PyExc_ValueError);
   nb::exception<Error>(m, "EngineError", PyExc_RuntimeError);

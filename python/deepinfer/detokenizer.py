@@ -2,19 +2,22 @@
 
 ``IncrementalDetokenizer`` turns the token ids a request generates, a few at a time, into text
 deltas. It keeps two offsets into the token list: ``prefix_offset`` (start of a short context
-window whose text has already been emitted) and ``read_offset`` (end of that window). Each step
-decodes only ``ids[prefix_offset:]`` - the context plus the tokens not yet settled - and emits what
-extends past the context's text, so the cost per token does not grow with the output length.
+window whose text has already been emitted) and ``read_offset`` (end of that window, always on a
+character boundary). Each step decodes only ``ids[prefix_offset:]`` - the context plus the tokens
+not yet settled - and emits what extends past the text already emitted, so the cost per token does
+not grow with the output length.
 
 A byte-level BPE token can end in the middle of a UTF-8 character (emoji, CJK, ... are split over
 several tokens); decoding such a prefix yields U+FFFD at the end. Trailing U+FFFD characters are
 held back until the character completes (the text before them is emitted at once), so no delta
-ever carries a broken character that a later token would have completed. If U+FFFDs persist over
-more tokens than any UTF-8 character spans, they are real (invalid bytes, or a literal U+FFFD)
-and are released. After ``flush()`` the concatenated deltas equal
-``tokenizer.decode(output_ids, skip_special_tokens=...)`` for byte-level tokenizers (every
-DeepSeek model); tokenizers whose decoder strips a leading space (SentencePiece "▁") keep it here,
-because the prompt's last tokens give the output its context.
+ever carries a broken character that a later token would have completed. When tokens keep ending
+inside characters, ``read_offset`` moves to the last token boundary that ends on a character;
+when the U+FFFDs are real (invalid bytes, or a literal U+FFFD) they are released after a few
+tokens, at a boundary at least three tokens back (no incomplete character can straddle it).
+After ``flush()`` the concatenated deltas equal ``tokenizer.decode(output_ids,
+skip_special_tokens=...)`` for byte-level tokenizers (every DeepSeek model). Tokenizers whose
+decoder strips a leading space (SentencePiece "▁") keep it here, because the prompt's last tokens
+give the output its context.
 
 ``find_stop`` applies stop strings to a stream of deltas: it holds back a tail that could still
 grow into a stop string and cuts the text at the first stop string found.
@@ -29,9 +32,10 @@ __all__ = ["IncrementalDetokenizer", "find_stop", "held_back_length"]
 _REPLACEMENT = "\ufffd"
 # Prompt tokens decoded as context ahead of the first output token.
 _CONTEXT_TOKENS = 6
-# A UTF-8 character is at most 4 bytes, so it spans at most 4 tokens; U+FFFDs that survive this
-# many pending tokens cannot be an incomplete character any more.
-_MAX_PENDING_TOKENS = 8
+# Pending (unsettled) tokens tolerated before looking for a settled boundary among them. A UTF-8
+# character has at most 4 bytes, so an incomplete one occupies at most the last 3 tokens.
+_MAX_PENDING_TOKENS = 6
+_MAX_INCOMPLETE_TOKENS = 3
 
 
 class IncrementalDetokenizer:
@@ -48,14 +52,15 @@ class IncrementalDetokenizer:
         # Keep a few prompt tokens as context, unless they end in an incomplete character (then
         # the output's first bytes would complete a character that belongs to the prompt).
         context = prompt[-_CONTEXT_TOKENS:]
-        if context and self._decode(context).endswith(_REPLACEMENT):
-            context = []
+        context_text = self._decode(context) if context else ""
+        if context_text.endswith(_REPLACEMENT):
+            context, context_text = [], ""
         self._ids: list[int] = context
         self._num_context = len(context)
         self._prefix_offset = 0
         self._read_offset = len(context)
-        self._prefix_text = self._decode(context) if context else ""
-        self._emitted_past_prefix = 0  # chars of the pending window's text already emitted
+        self._prefix_text = context_text  # decode(ids[prefix_offset:read_offset])
+        self._emitted = len(context_text)  # chars of decode(ids[prefix_offset:]) already emitted
         self._text_parts: list[str] = []
         self._finished = False
 
@@ -91,33 +96,58 @@ class IncrementalDetokenizer:
         self._finished = True
         return delta
 
+    def _settle(self, k: int, window_text: str | None = None) -> None:
+        """Make ``ids[read_offset:k]`` the new context window (its text is all emitted).
+
+        ``window_text``, when known, is ``decode(ids[prefix_offset:k])``.
+        """
+        # decode(ids[prefix_offset:]) == prefix_text + decode(ids[read_offset:]) because
+        # read_offset is a character boundary, so re-base everything on read_offset.
+        old_prefix_len = len(self._prefix_text)
+        self._emitted -= old_prefix_len
+        self._prefix_offset, self._read_offset = self._read_offset, k
+        if window_text is not None:
+            self._prefix_text = window_text[old_prefix_len:]
+        else:
+            self._prefix_text = self._decode(self._ids[self._prefix_offset:k])
+
     def _advance(self, final: bool) -> str:
         ids = self._ids
         if self._read_offset == len(ids):
             return ""
         window = self._decode(ids[self._prefix_offset:])
-        # With byte-level BPE the window's text always starts with the context's text (which was
-        # settled: no pending partial character); emit what extends past it.
-        prefix = self._prefix_text
         end = len(window)
-        held = False
-        if not final and window.endswith(_REPLACEMENT):
-            if len(ids) - self._read_offset <= _MAX_PENDING_TOKENS:
-                end = len(window.rstrip(_REPLACEMENT))
-                held = True
-        start = len(prefix) + self._emitted_past_prefix
-        delta = window[start:end] if end > start else ""
+        held = not final and window.endswith(_REPLACEMENT)
         if held:
-            self._emitted_past_prefix += len(delta)
-        else:
-            # Everything up to len(ids) is settled: the tokens just read become the next context.
-            self._prefix_offset = self._read_offset
-            self._read_offset = len(ids)
-            self._prefix_text = self._decode(ids[self._prefix_offset:self._read_offset])
-            self._emitted_past_prefix = 0
+            end = len(window.rstrip(_REPLACEMENT))
+        delta = window[self._emitted:end] if end > self._emitted else ""
+        self._emitted = max(self._emitted, end)
+        if not held:
+            self._settle(len(ids), window)
+        elif len(ids) - self._read_offset > _MAX_PENDING_TOKENS:
+            delta += self._unstick(window)
         if delta:
             self._text_parts.append(delta)
         return delta
+
+    def _unstick(self, window: str) -> str:
+        """Many tokens pending behind a trailing U+FFFD: move ``read_offset`` to the last token
+        boundary that is safe to settle on, releasing real U+FFFDs (invalid bytes) before it."""
+        ids = self._ids
+        for k in range(len(ids) - 1, self._read_offset, -1):
+            text = self._decode(ids[self._prefix_offset:k])
+            if not text.endswith(_REPLACEMENT):
+                # Ends on a whole character, and was emitted already (it precedes the held tail).
+                self._settle(k, text)
+                return ""
+            # Ends in U+FFFD. Safe to cut here if the cut changes nothing now: with at least
+            # three tokens after k, no incomplete character can straddle k and complete later.
+            if len(ids) - k >= _MAX_INCOMPLETE_TOKENS and text + self._decode(ids[k:]) == window:
+                delta = text[self._emitted:] if len(text) > self._emitted else ""
+                self._emitted = max(self._emitted, len(text))
+                self._settle(k, text)
+                return delta
+        return ""
 
 
 def _held_len(text: str, stops: Sequence[str]) -> int:

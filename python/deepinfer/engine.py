@@ -1,0 +1,530 @@
+"""DeepInferenceEngine: the Python front door over the C++ engine.
+
+The C++ step loop runs in its own thread. A dispatcher thread here waits for its outputs (without the GIL while
+it waits), detokenizes them incrementally, applies stop strings, and hands each request's updates to its
+RequestStream, which a caller iterates synchronously, asynchronously (the server), or collects (generate()).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import itertools
+import logging
+import os
+import queue
+import random
+import threading
+import time
+import weakref
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Union
+
+from deepinfer import _deepinfer
+from deepinfer.config import EngineConfig
+from deepinfer.default_model import default_model
+from deepinfer.detokenizer import IncrementalDetokenizer, find_stop
+from deepinfer.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput, TokenLogprobs
+from deepinfer.sampling_params import SamplingParams
+from deepinfer.tokenizer import Tokenizer
+
+logger = logging.getLogger("deepinfer")
+
+PromptType = Union[str, Sequence[int], Mapping[str, Any]]
+Messages = Sequence[Mapping[str, Any]]
+
+_live_engines: "weakref.WeakSet[DeepInferenceEngine]" = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_live_engines() -> None:
+    for engine in list(_live_engines):
+        engine.shutdown()
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    return name.count("/") == 1 and not name.startswith((".", "/", "~")) and not os.path.exists(name)
+
+
+def resolve_model_path(name: str | None) -> tuple[Path, str | None]:
+    """A local directory for `name` (None: the embedded model) and the load format it implies, if any."""
+    if name is None:
+        path, load_format = default_model()
+        return path, load_format
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path, None
+    if _looks_like_hub_id(name):
+        try:
+            from huggingface_hub import snapshot_download
+        except ImportError:  # pragma: no cover - depends on the environment
+            raise ValueError(f"model {name!r} is not a local directory, and huggingface_hub is not installed "
+                             "to download it") from None
+        try:
+            local = snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.jinja", "tokenizer*"])
+        except Exception as e:  # network, authentication, unknown repository
+            raise ValueError(f"model {name!r} is not a local directory and could not be downloaded: {e}") from e
+        return Path(local), None
+    raise ValueError(f"model path {name!r} does not exist or is not a directory")
+
+
+class _Completion:
+    """One of a request's n completions: one request of the C++ engine."""
+
+    def __init__(self, index: int, core_id: int, tokenizer: Tokenizer, prompt_ids: list[int],
+                 params: SamplingParams) -> None:
+        self.index = index
+        self.core_id = core_id
+        self.params = params
+        self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens=params.skip_special_tokens)
+        self.token_ids: list[int] = []
+        self.decoded = ""   # everything the detokenizer produced (stop strings look at this)
+        self.text = ""      # what was emitted to the user
+        self.logprobs: list[TokenLogprobs] | None = [] if params.logprobs is not None else None
+        self.finished = False
+        self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None
+        self.error: str | None = None
+
+    def output(self, text: str, token_ids: list[int], logprobs: list[TokenLogprobs] | None) -> CompletionOutput:
+        return CompletionOutput(index=self.index, text=text, token_ids=token_ids, finish_reason=self.finish_reason,
+                                stop_reason=self.stop_reason, logprobs=logprobs, error=self.error)
+
+
+class RequestStream:
+    """A submitted request. Iterate it (sync or async) for deltas; `result()` waits for the whole output.
+
+    Each delta is a RequestOutput whose completions carry only what is new: text, token ids and logprobs since
+    the previous delta, and finish_reason once that completion has finished.
+    """
+
+    def __init__(self, engine: "DeepInferenceEngine", request_id: str, prompt: str | None, prompt_ids: list[int],
+                 params: SamplingParams, loop: asyncio.AbstractEventLoop | None) -> None:
+        self.engine = engine
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = prompt_ids
+        self.params = params
+        self.metrics = RequestMetrics(arrival_time=time.monotonic())
+        self.completions: list[_Completion] = []
+        self._loop = loop
+        self._sync_queue: queue.Queue[RequestOutput | None] = queue.Queue()
+        self._async_queue: asyncio.Queue[RequestOutput | None] | None = asyncio.Queue() if loop else None
+        self._done = threading.Event()
+
+    # Called by the dispatcher thread.
+    def _deliver(self, delta: RequestOutput | None) -> None:
+        if self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._async_queue.put_nowait, delta)  # type: ignore[union-attr]
+            except RuntimeError:  # the event loop is closed: nobody is listening any more
+                pass
+        else:
+            self._sync_queue.put(delta)
+        if delta is None:
+            self._done.set()
+
+    @property
+    def finished(self) -> bool:
+        return all(c.finished for c in self.completions)
+
+    def abort(self) -> None:
+        self.engine._abort_stream(self)
+
+    def __iter__(self) -> Iterator[RequestOutput]:
+        if self._loop is not None:
+            raise TypeError("this stream was submitted for asyncio; use `async for`")
+        while True:
+            item = self._sync_queue.get()
+            if item is None:
+                return
+            yield item
+
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        if self._async_queue is None:
+            raise TypeError("this stream was submitted without an event loop; iterate it synchronously")
+        while True:
+            item = await self._async_queue.get()
+            if item is None:
+                return
+            yield item
+
+    def result(self, timeout: float | None = None) -> RequestOutput:
+        """The whole output, once every completion has finished."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.request_id} did not finish within {timeout} s")
+        return self.snapshot()
+
+    def snapshot(self) -> RequestOutput:
+        outputs = [c.output(c.text, list(c.token_ids), list(c.logprobs) if c.logprobs is not None else None)
+                   for c in self.completions]
+        return RequestOutput(request_id=self.request_id, prompt=self.prompt, prompt_token_ids=self.prompt_token_ids,
+                             outputs=outputs, finished=self.finished, metrics=self.metrics)
+
+
+class DeepInferenceEngine:
+    """Loads a DeepSeek V2/V3 checkpoint and serves generate / chat / streaming requests from it."""
+
+    def __init__(self, config: EngineConfig | None = None, **kwargs: Any) -> None:
+        if config is None:
+            config = EngineConfig(**kwargs)
+        elif kwargs:
+            raise TypeError("pass either an EngineConfig or keyword arguments, not both")
+        self.config = config
+        device = self._choose_device(config)
+        model_dir, implied_format = resolve_model_path(config.model_name_or_path)
+        load_format = config.load_format if config.load_format != "auto" else (implied_format or "safetensors")
+        self.model_dir = model_dir
+        self.is_random_model = load_format == "dummy"
+        self.model_config = _deepinfer.load_model_config(str(model_dir))
+        self._check_quantization(config)
+        self.tokenizer = self._load_tokenizer(config, model_dir)
+        self.served_model_name = config.served_model_name or (
+            config.model_name_or_path or ("deepinfer-demo-v3" if not self.is_random_model else "deepinfer-random-tiny-v3"))
+
+        options = _deepinfer.EngineOptions()
+        options.model_path = str(model_dir)
+        options.load_format = _deepinfer.LoadFormat.dummy if load_format == "dummy" else _deepinfer.LoadFormat.safetensors
+        options.device = device
+        options.seed = config.seed
+        options.page_size = config.page_size
+        options.cache_memory_bytes = int(config.cache_memory_gb * (1 << 30))
+        options.num_cache_pages = config.num_cache_pages
+        options.max_model_len = config.max_model_len or 0
+        options.max_num_seqs = config.max_num_seqs
+        options.max_num_batched_tokens = config.max_num_batched_tokens
+        self._core = _deepinfer.Engine.create(options, self._load_progress(self.model_config.num_hidden_layers))
+
+        self._ids = itertools.count()
+        self._seed_rng = random.Random(config.seed)
+        self._lock = threading.Lock()
+        self._by_core_id: dict[int, tuple[RequestStream, _Completion]] = {}
+        self._closed = False
+        self._closing = False
+        self._dispatcher = threading.Thread(target=self._dispatch_loop, name="deepinfer-dispatch", daemon=True)
+        self._dispatcher.start()
+        _live_engines.add(self)
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> "DeepInferenceEngine":
+        return cls(config)
+
+    # ------------------------------------------------------------------ setup
+
+    @staticmethod
+    def _choose_device(config: EngineConfig) -> str:
+        if config.tensor_parallel_size > 1:
+            raise ValueError(f"tensor_parallel_size={config.tensor_parallel_size} needs the CUDA backend with NCCL, "
+                             "which this build cannot run yet; use tensor_parallel_size=1")
+        if config.device == "cuda":
+            raise ValueError("device='cuda': the CUDA backend cannot run models in this build yet; use device='cpu'")
+        if config.dtype not in ("auto", "float32"):
+            raise ValueError(f"dtype={config.dtype!r}: the CPU backend computes in float32 (bf16/fp16/fp8 weights are "
+                             "widened at load); use dtype='auto' or 'float32'")
+        return "cpu"
+
+    def _check_quantization(self, config: EngineConfig) -> None:
+        q = config.quantization
+        if q is not None and q.method == "fp8" and not self.model_config.fp8:
+            raise ValueError("quantization='fp8' needs a native FP8 checkpoint (quantization_config.quant_method "
+                             f"'fp8' in config.json); {self.model_dir} is not one. Online FP8 quantization of "
+                             "bf16 checkpoints is not supported yet: use quantization=None")
+        if q is not None and q.method == "fp8" and q.group_size != 128:
+            raise ValueError(f"quantization.group_size={q.group_size}: DeepSeek FP8 checkpoints use 128x128 blocks")
+
+    def _load_tokenizer(self, config: EngineConfig, model_dir: Path) -> Tokenizer:
+        tok_dir = Path(config.tokenizer).expanduser() if config.tokenizer else model_dir
+        if (tok_dir / "tokenizer.json").is_file():
+            tokenizer = Tokenizer.from_dir(tok_dir)
+        elif config.tokenizer:
+            raise ValueError(f"tokenizer {config.tokenizer!r}: no tokenizer.json there")
+        else:
+            tokenizer = Tokenizer.default_deepseek_v3()
+            if tokenizer.vocab_size > self.model_config.vocab_size:
+                raise ValueError(f"{model_dir} has no tokenizer.json, and DeepSeek-V3's tokenizer "
+                                 f"({tokenizer.vocab_size} tokens) does not fit its vocabulary "
+                                 f"({self.model_config.vocab_size}); pass tokenizer=PATH")
+        return tokenizer
+
+    @staticmethod
+    def _load_progress(num_layers: int) -> Callable[[int, int], None] | None:
+        if os.environ.get("DEEPINFER_NO_PROGRESS"):
+            return None
+        from tqdm import tqdm
+
+        bar: dict[str, Any] = {}
+
+        def update(done: int, total: int) -> None:
+            if "bar" not in bar:
+                bar["bar"] = tqdm(total=total, desc="Loading weights", unit="part", leave=False)
+            bar["bar"].n = done
+            bar["bar"].refresh()
+            if done >= total:
+                bar["bar"].close()
+
+        return update
+
+    # ------------------------------------------------------------------ requests
+
+    def _prompt_ids(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if prompt == "":
+                raise ValueError("prompt is empty")
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, Mapping):
+            if "prompt_token_ids" in prompt:
+                return self._prompt_ids(list(prompt["prompt_token_ids"]))
+            if "prompt" in prompt:
+                return self._prompt_ids(prompt["prompt"])
+            raise ValueError("a prompt mapping needs 'prompt' or 'prompt_token_ids'")
+        if isinstance(prompt, Sequence) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            ids = list(prompt)
+            if not ids:
+                raise ValueError("prompt is empty (no token ids)")
+            vocab = self.model_config.vocab_size
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+            return None, ids
+        raise TypeError(f"a prompt is a string, a list of token ids or a mapping; got {type(prompt).__name__}")
+
+    def _check_length(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        max_len = self._core.max_model_len
+        if len(prompt_ids) >= max_len:
+            raise ValueError(f"the prompt has {len(prompt_ids)} tokens, but max_model_len is {max_len} "
+                             "(the prompt plus at least one generated token must fit)")
+
+    def submit(self, prompt: PromptType, params: SamplingParams | None = None, *,
+               loop: asyncio.AbstractEventLoop | None = None, request_id: str | None = None) -> RequestStream:
+        """Queues one request (n completions) and returns its stream. Raises ValueError, queuing nothing, when the
+        request cannot be served. With `loop`, the stream is iterated with `async for` on that event loop."""
+        if self._closed:
+            raise RuntimeError("the engine is shut down")
+        params = params or SamplingParams()
+        text, prompt_ids = self._prompt_ids(prompt)
+        self._check_length(prompt_ids, params)
+        rid = request_id or f"req-{next(self._ids)}"
+        stream = RequestStream(self, rid, text, prompt_ids, params, loop)
+        with self._lock:
+            for index in range(params.n):
+                seed = params.seed + index if params.seed is not None else self._seed_rng.getrandbits(63)
+                core_id = next(self._ids)
+                completion = _Completion(index, core_id, self.tokenizer, prompt_ids, params)
+                try:
+                    self._core.add_request(core_id, prompt_ids, params.to_core(seed))
+                except Exception:
+                    for c in stream.completions:  # all of the request's completions or none
+                        self._by_core_id.pop(c.core_id, None)
+                        self._core.abort(c.core_id)
+                    raise
+                stream.completions.append(completion)
+                self._by_core_id[core_id] = (stream, completion)
+        return stream
+
+    def _abort_stream(self, stream: RequestStream) -> None:
+        for c in stream.completions:
+            if not c.finished:
+                self._core.abort(c.core_id)
+
+    def abort(self, stream: RequestStream) -> None:
+        self._abort_stream(stream)
+
+    # ------------------------------------------------------------------ dispatcher
+
+    def _dispatch_loop(self) -> None:
+        while True:
+            try:
+                deltas = self._core.wait_outputs(0.1)
+            except Exception:  # pragma: no cover - the core is gone
+                logger.exception("the engine's output queue failed")
+                return
+            if self._closing and not deltas:
+                return  # the core has stopped and everything it emitted was delivered
+            for d in deltas:
+                with self._lock:
+                    entry = self._by_core_id.get(d.request_id)
+                if entry is None:
+                    continue  # a completion finished here already (a stop string) and was aborted in the core
+                try:
+                    self._apply(entry[0], entry[1], d)
+                except Exception:  # never let one request's bug stop the others' outputs
+                    logger.exception("failed to process output of request %s", entry[0].request_id)
+
+    def _apply(self, stream: RequestStream, c: _Completion, d: Any) -> None:
+        now = time.monotonic()
+        if d.new_token_ids and stream.metrics.first_token_time is None:
+            stream.metrics.first_token_time = now
+        stream.metrics.num_preemptions = max(stream.metrics.num_preemptions, d.num_preemptions)
+        new_ids = list(d.new_token_ids)
+        new_logprobs: list[TokenLogprobs] | None = None
+        if c.logprobs is not None:
+            new_logprobs = [TokenLogprobs(token_id=r.token, logprob=r.logprob,
+                                          top=[Logprob(t.token, t.logprob) for t in r.top_logprobs])
+                            for r in d.logprobs]
+        text_delta = c.detokenizer.step(new_ids) if new_ids else ""
+        if d.finished:
+            text_delta += c.detokenizer.flush()
+        emit, stopped = find_stop(c.decoded, text_delta, c.params.stop, c.params.include_stop_str_in_output,
+                                  final=d.finished)
+        c.decoded += text_delta
+        c.text += emit
+        c.token_ids.extend(new_ids)
+        if new_logprobs is not None and c.logprobs is not None:
+            c.logprobs.extend(new_logprobs)
+        if stopped and not d.finished:
+            c.finished, c.finish_reason = True, "stop"
+            c.stop_reason = next((s for s in c.params.stop if s in c.decoded), None)
+            self._core.abort(c.core_id)
+        elif stopped:
+            c.finished, c.finish_reason = True, "stop"
+            c.stop_reason = next((s for s in c.params.stop if s in c.decoded), None)
+        elif d.finished:
+            c.finished, c.finish_reason = True, d.finish_reason
+            c.error = d.error or None
+            if d.finish_reason == "stop" and c.token_ids:
+                c.stop_reason = c.token_ids[-1] if c.token_ids[-1] in c.params.stop_token_ids else None
+        if c.finished:
+            with self._lock:
+                self._by_core_id.pop(c.core_id, None)
+        all_done = stream.finished
+        if all_done:
+            stream.metrics.finish_time = now
+        if emit or new_ids or c.finished:
+            delta = RequestOutput(request_id=stream.request_id, prompt=stream.prompt,
+                                  prompt_token_ids=stream.prompt_token_ids,
+                                  outputs=[c.output(emit, new_ids, new_logprobs)], finished=all_done,
+                                  metrics=stream.metrics)
+            stream._deliver(delta)
+        if all_done:
+            stream._deliver(None)
+
+    # ------------------------------------------------------------------ user API
+
+    def _params(self, sampling_params: SamplingParams | None, kwargs: dict[str, Any]) -> SamplingParams:
+        if sampling_params is not None and not isinstance(sampling_params, SamplingParams):
+            raise TypeError(f"sampling_params must be SamplingParams, got {type(sampling_params).__name__}")
+        if kwargs:
+            return SamplingParams.from_kwargs(sampling_params, **kwargs)
+        return sampling_params or SamplingParams()
+
+    def generate(self, prompts: PromptType | Sequence[PromptType],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+                 use_tqdm: bool | None = None, **kwargs: Any) -> list[RequestOutput]:
+        """Generates for one prompt or a list of them; results come back in input order.
+
+        A prompt is a string, a list of token ids, or {"prompt": ...} / {"prompt_token_ids": ...}. Sampling
+        parameters come as a SamplingParams (one, or one per prompt) and/or keyword arguments (temperature=0.6,
+        max_tokens=128, ...). Every prompt is validated before any is queued.
+        """
+        batch = self._as_prompt_list(prompts)
+        if isinstance(sampling_params, Sequence) and not isinstance(sampling_params, (str, bytes)):
+            if len(sampling_params) != len(batch):
+                raise ValueError(f"{len(sampling_params)} sampling params for {len(batch)} prompts")
+            per_prompt = [self._params(p, dict(kwargs)) for p in sampling_params]
+        else:
+            params = self._params(sampling_params, dict(kwargs))
+            per_prompt = [params] * len(batch)
+        for prompt, params in zip(batch, per_prompt):  # validate everything first: fail before queuing anything
+            _, ids = self._prompt_ids(prompt)
+            self._check_length(ids, params)
+        streams: list[RequestStream] = []
+        try:
+            for prompt, params in zip(batch, per_prompt):
+                streams.append(self.submit(prompt, params))
+        except BaseException:
+            for s in streams:
+                s.abort()
+            raise
+        return self._collect(streams, use_tqdm)
+
+    def _collect(self, streams: list[RequestStream], use_tqdm: bool | None) -> list[RequestOutput]:
+        show = use_tqdm if use_tqdm is not None else len(streams) >= 16
+        bar = None
+        if show:
+            from tqdm import tqdm
+            bar = tqdm(total=len(streams), desc="Generating", unit="req")
+        try:
+            results = []
+            for s in streams:
+                results.append(s.result())
+                if bar is not None:
+                    bar.update(1)
+            return results
+        except BaseException:
+            for s in streams:
+                s.abort()
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+
+    @staticmethod
+    def _as_prompt_list(prompts: Any) -> list[PromptType]:
+        if isinstance(prompts, (str, Mapping)):
+            return [prompts]
+        if isinstance(prompts, Sequence) and prompts and all(isinstance(t, int) for t in prompts):
+            return [prompts]  # one prompt of token ids
+        if isinstance(prompts, Sequence):
+            if not prompts:
+                raise ValueError("no prompts given")
+            return list(prompts)
+        raise TypeError(f"prompts must be a string, token ids, or a list of those; got {type(prompts).__name__}")
+
+    def render_chat(self, messages: Messages, *, add_generation_prompt: bool = True,
+                    chat_template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
+        """Token ids of a conversation rendered with the checkpoint's chat template."""
+        if not isinstance(messages, Sequence) or not messages:
+            raise ValueError("messages must be a non-empty list of {'role', 'content'} mappings")
+        for m in messages:
+            if not isinstance(m, Mapping) or "role" not in m:
+                raise ValueError(f"every message needs a 'role'; got {m!r}")
+        text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt,
+                                                  tokenize=False, **dict(chat_template_kwargs or {}))
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def chat(self, messages: Messages | Sequence[Messages], sampling_params: SamplingParams | None = None, *,
+             use_tqdm: bool | None = None, chat_template_kwargs: Mapping[str, Any] | None = None,
+             **kwargs: Any) -> RequestOutput | list[RequestOutput]:
+        """Answers one conversation (a list of messages) or several (a list of such lists)."""
+        many = bool(messages) and isinstance(messages[0], Sequence) and not isinstance(messages[0], (str, Mapping))
+        conversations = list(messages) if many else [messages]
+        prompts = [{"prompt_token_ids": self.render_chat(c, chat_template_kwargs=chat_template_kwargs)}
+                   for c in conversations]
+        results = self.generate(prompts, sampling_params, use_tqdm=use_tqdm, **kwargs)
+        return results if many else results[0]
+
+    def stream(self, prompt: PromptType, sampling_params: SamplingParams | None = None,
+               **kwargs: Any) -> Iterator[RequestOutput]:
+        """Yields deltas of one request as they are generated. Breaking out of the loop aborts the request."""
+        s = self.submit(prompt, self._params(sampling_params, dict(kwargs)))
+        try:
+            yield from s
+        finally:
+            if not s.finished:
+                s.abort()
+
+    def stats(self) -> Any:
+        return self._core.stats()
+
+    def shutdown(self) -> None:
+        """Aborts what is still running and stops the engine's threads. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._core.shutdown()  # the step thread ends every request it still holds as aborted
+        self._closing = True
+        self._dispatcher.join(timeout=10)
+
+    def __enter__(self) -> "DeepInferenceEngine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    def __del__(self) -> None:  # pragma: no cover - interpreter shutdown order varies
+        try:
+            self.shutdown()
+        except Exception:
+            pass
