@@ -134,7 +134,7 @@ class Tensor {
 
  private:
   Buffer buffer_;
-  Shape shape_;
+  Shape shape_{0};  // a default-constructed tensor is empty (numel 0), not a scalar
   DType dtype_ = DType::kF32;
 };
 

@@ -70,6 +70,12 @@ def resolve_model_path(name: str | None) -> tuple[Path, str | None]:
     raise ValueError(f"model path {name!r} does not exist or is not a directory")
 
 
+def _first_completed_stop(text: str, stops: Sequence[str]) -> str | None:
+    """The stop string that completes first in `text` (find_stop's rule: earliest end, then earliest start)."""
+    hits = [(i + len(s), i, s) for s in stops if s and (i := text.find(s)) != -1]
+    return min(hits)[2] if hits else None
+
+
 class _Completion:
     """One of a request's n completions: one request of the C++ engine."""
 
@@ -373,13 +379,11 @@ class DeepInferenceEngine:
         c.token_ids.extend(new_ids)
         if new_logprobs is not None and c.logprobs is not None:
             c.logprobs.extend(new_logprobs)
-        if stopped and not d.finished:
+        if stopped:
             c.finished, c.finish_reason = True, "stop"
-            c.stop_reason = next((s for s in c.params.stop if s in c.decoded), None)
-            self._core.abort(c.core_id)
-        elif stopped:
-            c.finished, c.finish_reason = True, "stop"
-            c.stop_reason = next((s for s in c.params.stop if s in c.decoded), None)
+            c.stop_reason = _first_completed_stop(c.decoded, c.params.stop)
+            if not d.finished:
+                self._core.abort(c.core_id)  # the core would keep generating: free its pages now
         elif d.finished:
             c.finished, c.finish_reason = True, d.finish_reason
             c.error = d.error or None

@@ -1,0 +1,93 @@
+"""Shared fixtures: tiny random DeepSeek checkpoints written by Hugging Face transformers (the reference)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("DEEPINFER_NO_PROGRESS", "1")
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SHARED_ASSETS = REPO_ROOT.parent / "shared" / "assets"
+V3_TOKENIZER_DIR = SHARED_ASSETS / "deepseek-v3-tokenizer"
+VOCAB = 512
+
+
+def tiny_config(arch: str, **overrides):
+    """A small DeepSeek config; every dimension distinct so a transposed weight cannot pass by accident."""
+    from transformers import DeepseekV2Config, DeepseekV3Config
+
+    common = dict(vocab_size=VOCAB, hidden_size=96, intermediate_size=160, moe_intermediate_size=48,
+                  num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=40,
+                  qk_nope_head_dim=24, qk_rope_head_dim=16, v_head_dim=20, n_shared_experts=1, n_routed_experts=8,
+                  num_experts_per_tok=3, first_k_dense_replace=1, max_position_embeddings=512, rms_norm_eps=1e-6,
+                  bos_token_id=0, eos_token_id=1, pad_token_id=2, tie_word_embeddings=False)
+    if arch == "v3":
+        common.update(q_lora_rank=56, n_group=4, topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5)
+        common.update(overrides)
+        return DeepseekV3Config(**common)
+    common.update(q_lora_rank=None, topk_method="greedy", n_group=1, topk_group=1, routed_scaling_factor=1.5)
+    common.update(overrides)
+    return DeepseekV2Config(**common)
+
+
+def randomize(model, seed: int) -> None:
+    """Weights large enough that routing, attention and the logits are far from uniform."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+            else:
+                fan_in = p.shape[-1] if p.dim() > 1 else 1
+                p.copy_(torch.randn(p.shape, generator=g) * (1.5 / fan_in ** 0.5))
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.1 * torch.randn(b.shape, generator=g))
+
+
+def write_checkpoint(path: Path, arch: str, seed: int = 0, dtype=None, **overrides) -> Path:
+    import torch
+    from transformers import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = tiny_config(arch, **overrides)
+    cls = DeepseekV3ForCausalLM if arch == "v3" else DeepseekV2ForCausalLM
+    model = cls(config).eval()
+    randomize(model, seed)
+    if dtype is not None:
+        model = model.to(dtype)
+    model.save_pretrained(path)
+    return path
+
+
+def load_reference(path: Path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory):
+    """name -> directory of a tiny checkpoint, built once per session."""
+    root = tmp_path_factory.mktemp("ckpt")
+    yarn = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
+            "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707}
+    specs = {
+        "v3": ("v3", {}),
+        "v3_no_qlora": ("v3", {"q_lora_rank": None}),
+        "v3_yarn": ("v3", {"rope_parameters": yarn}),
+        "v3_ungrouped": ("v3", {"n_group": 1, "topk_group": 1, "norm_topk_prob": False}),
+        "v2": ("v2", {}),
+        "v2_group_limited": ("v2", {"topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 2,
+                                     "q_lora_rank": 48, "rope_parameters": yarn}),
+    }
+    out = {}
+    for i, (name, (arch, overrides)) in enumerate(specs.items()):
+        out[name] = write_checkpoint(root / name, arch, seed=100 + i, **overrides)
+    return out
