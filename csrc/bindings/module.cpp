@@ -45,8 +45,9 @@ NB_MODULE(_deepinfer, m) {
   // Objects alive at interpreter exit (an engine the user never shut down) are reclaimed by the OS.
   nb::set_leak_warnings(false);
 
-  nb::exception<InvalidArgument>(m, "InvalidArgument", PyExc_ValueError);
+  // Translators run newest first: the specific InvalidArgument (a ValueError) must be registered after Error.
   nb::exception<Error>(m, "EngineError", PyExc_RuntimeError);
+  nb::exception<InvalidArgument>(m, "InvalidArgument", PyExc_ValueError);
 
   nb::enum_<LoadFormat>(m, "LoadFormat")
       .value("safetensors", LoadFormat::kSafetensors)

@@ -50,6 +50,35 @@ def randomize(model, seed: int) -> None:
                 b.copy_(0.1 * torch.randn(b.shape, generator=g))
 
 
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}<|User|>{{ m['content'] }}"
+    "{% elif m['role'] == 'assistant' %}<|Assistant|>{{ m['content'] }}{{ eos_token }}"
+    "{% else %}{{ m['content'] }}{% endif %}{% endfor %}{% if add_generation_prompt %}<|Assistant|>{% endif %}")
+_TRAINING_TEXT = [
+    "The quick brown fox jumps over the lazy dog. " * 4,
+    "Пример текста на русском языке. 中文文本示例。 def f(x): return x * 2  # code",
+    "DeepSeek models use multi-head latent attention and mixture-of-experts layers. 🙂🚀",
+]
+
+
+def write_tokenizer(path: Path, vocab_size: int = VOCAB) -> None:
+    """A byte-level BPE tokenizer that fits the tiny models' vocabulary, with DeepSeek-style special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|bos|>", "<|eos|>", "<|pad|>", "<|User|>", "<|Assistant|>"]
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_TRAINING_TEXT, trainer)
+    path.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(
+        '{"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>", "add_bos_token": true, '
+        '"chat_template": ' + __import__("json").dumps(CHAT_TEMPLATE) + "}")
+
+
 def write_checkpoint(path: Path, arch: str, seed: int = 0, dtype=None, **overrides) -> Path:
     import torch
     from transformers import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
@@ -62,6 +91,7 @@ def write_checkpoint(path: Path, arch: str, seed: int = 0, dtype=None, **overrid
     if dtype is not None:
         model = model.to(dtype)
     model.save_pretrained(path)
+    write_tokenizer(path)
     return path
 
 

@@ -70,7 +70,7 @@ def test_greedy_batch_with_preemption_matches_transformers(checkpoints, name):
     prompts = [rng.integers(3, VOCAB, n).tolist() for n in (3, 17, 9, 40, 1, 25, 12, 33)]
     expected = [hf_greedy(model, p, 32) for p in prompts]
 
-    engine = DeepInferenceEngine(EngineConfig(model_name_or_path=str(path), tokenizer=str(_tokenizer_dir()),
+    engine = DeepInferenceEngine(EngineConfig(model_name_or_path=str(path),
                                               page_size=4, num_cache_pages=30, max_model_len=96,
                                               max_num_batched_tokens=64))
     try:
@@ -85,9 +85,3 @@ def test_greedy_batch_with_preemption_matches_transformers(checkpoints, name):
     finally:
         engine.shutdown()
 
-
-def _tokenizer_dir():
-    """Any byte-level tokenizer works for token-id prompts; the packaged default is always available."""
-    from deepinfer.tokenizer import _V3_CONFIG_DIR  # noqa: F401  (presence of the package data)
-    from conftest import V3_TOKENIZER_DIR
-    return V3_TOKENIZER_DIR if V3_TOKENIZER_DIR.is_dir() else None

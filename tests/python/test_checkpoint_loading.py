@@ -1,0 +1,202 @@
+"""Loading Hugging Face DeepSeek checkpoints: FP8 block-scaled weights, naming variants, MTP layers, bad files."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import VOCAB, write_checkpoint, write_tokenizer
+from deepinfer import DeepInferenceEngine, EngineConfig, _deepinfer
+
+BLOCK = 128
+TOKENS = [5, 77, 300, 12, 9, 401, 250, 3, 64, 128, 17]
+
+
+def last_logits(path: Path, tokens=TOKENS) -> np.ndarray:
+    options = _deepinfer.EngineOptions()
+    options.model_path = str(path)
+    options.page_size = 4
+    return _deepinfer.SequenceScorer(options).last_logits(tokens, 0, 2)
+
+
+def is_quantized_linear(name: str, t: torch.Tensor) -> bool:
+    """DeepSeek's FP8 checkpoints quantize the linear layers; embeddings, lm_head, norms and the router stay wide."""
+    return (t.dim() == 2 and name.endswith(".weight") and "norm" not in name and "embed_tokens" not in name
+            and not name.startswith("lm_head") and not name.endswith("mlp.gate.weight"))
+
+
+def quantize_fp8_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek's format: e4m3 values and a float32 scale_inv per 128x128 block, w ~= q * scale_inv."""
+    rows, cols = w.shape
+    br, bc = -(-rows // BLOCK), -(-cols // BLOCK)
+    scale_inv = torch.zeros(br, bc, dtype=torch.float32)
+    q = torch.zeros(rows, cols, dtype=torch.float8_e4m3fn)
+    w = w.float()
+    for i in range(br):
+        for j in range(bc):
+            block = w[i * BLOCK:(i + 1) * BLOCK, j * BLOCK:(j + 1) * BLOCK]
+            s = block.abs().max().clamp(min=1e-12) / 448.0
+            scale_inv[i, j] = s
+            q[i * BLOCK:(i + 1) * BLOCK, j * BLOCK:(j + 1) * BLOCK] = (block / s).to(torch.float8_e4m3fn)
+    return q, scale_inv
+
+
+def dequantize(q: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
+    expanded = scale_inv.repeat_interleave(BLOCK, 0)[: q.shape[0]].repeat_interleave(BLOCK, 1)[:, : q.shape[1]]
+    return q.float() * expanded
+
+
+@pytest.fixture(scope="module")
+def bf16_checkpoint(tmp_path_factory):
+    # hidden 160 and intermediate 288: weights of several blocks, most of them partial.
+    return write_checkpoint(tmp_path_factory.mktemp("bf16") / "m", "v3", seed=5, dtype=torch.bfloat16,
+                            hidden_size=160, intermediate_size=288, q_lora_rank=136)
+
+
+def test_fp8_checkpoint_loads_to_exactly_the_dequantized_weights(bf16_checkpoint, tmp_path):
+    tensors = load_file(bf16_checkpoint / "model.safetensors")
+    fp8, dequantized = {}, {}
+    for name, t in tensors.items():
+        if is_quantized_linear(name, t):
+            q, s = quantize_fp8_blocks(t)
+            fp8[name], fp8[name + "_scale_inv"] = q, s
+            dequantized[name] = dequantize(q, s)
+        else:
+            fp8[name] = dequantized[name] = t.float()
+    assert sum(n.endswith("_scale_inv") for n in fp8) >= 10
+    fp8_dir, ref_dir = tmp_path / "fp8", tmp_path / "dequantized"
+    for d, ts in ((fp8_dir, fp8), (ref_dir, dequantized)):
+        d.mkdir()
+        save_file(ts, d / "model.safetensors")
+        config = json.loads((bf16_checkpoint / "config.json").read_text())
+        if d == fp8_dir:
+            config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                             "weight_block_size": [BLOCK, BLOCK]}
+        (d / "config.json").write_text(json.dumps(config))
+        write_tokenizer(d)
+    got, ref = last_logits(fp8_dir), last_logits(ref_dir)
+    assert np.array_equal(got, ref), f"max diff {np.abs(got - ref).max()}"
+    # The quantization was real: the dequantized weights differ from the bf16 originals.
+    assert not np.array_equal(ref, last_logits(bf16_checkpoint))
+    assert _deepinfer.load_model_config(str(fp8_dir)).fp8
+
+    # quantization="fp8" is accepted for the FP8 checkpoint and refused for a bf16 one.
+    DeepInferenceEngine(EngineConfig(model_name_or_path=str(fp8_dir), quantization="fp8", num_cache_pages=16,
+                                     max_model_len=64)).shutdown()
+    with pytest.raises(ValueError, match="native FP8 checkpoint"):
+        DeepInferenceEngine(EngineConfig(model_name_or_path=str(bf16_checkpoint), quantization="fp8"))
+
+
+def test_sharded_checkpoint_with_index(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    src = write_checkpoint(tmp_path / "one", "v2", seed=3)
+    model = AutoModelForCausalLM.from_pretrained(src)
+    model.save_pretrained(tmp_path / "sharded", max_shard_size="200KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    assert np.array_equal(last_logits(src), last_logits(tmp_path / "sharded"))
+
+
+def test_deepseek_naming_variants_and_mtp_layers(checkpoints, tmp_path):
+    """DeepSeek's own config writes `rope_scaling`; transformers 5 may fuse experts; MTP layers are skipped."""
+    src = checkpoints["v3_yarn"]
+    ref = last_logits(src)
+    variant = tmp_path / "variant"
+    shutil.copytree(src, variant)
+    config = json.loads((variant / "config.json").read_text())
+    rope = config.pop("rope_parameters")
+    config["rope_theta"] = rope.pop("rope_theta")
+    rope["type"] = rope.pop("rope_type")
+    config["rope_scaling"] = rope
+    config["num_nextn_predict_layers"] = 1
+    (variant / "config.json").write_text(json.dumps(config))
+
+    tensors = load_file(variant / "model.safetensors")
+    layers, experts = config["num_hidden_layers"], config["n_routed_experts"]
+    for layer in range(config["first_k_dense_replace"], layers):
+        p = f"model.layers.{layer}.mlp.experts."
+        gate_up = [torch.cat([tensors.pop(f"{p}{e}.gate_proj.weight"), tensors.pop(f"{p}{e}.up_proj.weight")])
+                   for e in range(experts)]
+        down = [tensors.pop(f"{p}{e}.down_proj.weight") for e in range(experts)]
+        tensors[p + "gate_up_proj"] = torch.stack(gate_up)
+        tensors[p + "down_proj"] = torch.stack(down)
+    # An MTP layer as DeepSeek stores it: model.layers.{num_hidden_layers}.*
+    mtp = f"model.layers.{layers}."
+    tensors[mtp + "enorm.weight"] = torch.ones(config["hidden_size"])
+    tensors[mtp + "hnorm.weight"] = torch.ones(config["hidden_size"])
+    tensors[mtp + "eh_proj.weight"] = torch.zeros(config["hidden_size"], 2 * config["hidden_size"])
+    tensors[mtp + "shared_head.head.weight"] = torch.zeros(VOCAB, config["hidden_size"])
+    save_file(tensors, variant / "model.safetensors")
+    assert np.array_equal(ref, last_logits(variant))
+
+
+def test_dummy_weights_are_deterministic(checkpoints):
+    def dummy(seed):
+        o = _deepinfer.EngineOptions()
+        o.model_path = str(checkpoints["v3"])
+        o.load_format = _deepinfer.LoadFormat.dummy
+        o.seed = seed
+        return _deepinfer.SequenceScorer(o).last_logits(TOKENS, 0, 0)
+
+    a, b, c = dummy(1), dummy(1), dummy(2)
+    assert np.array_equal(a, b) and not np.array_equal(a, c) and np.isfinite(a).all()
+
+
+# ---------------------------------------------------------------------------------------------- bad checkpoints
+
+def engine_for(path, **kw):
+    return DeepInferenceEngine(EngineConfig(model_name_or_path=str(path), num_cache_pages=16, max_model_len=64, **kw))
+
+
+def test_nonexistent_path():
+    with pytest.raises(ValueError, match="does not exist"):
+        engine_for("/nonexistent/deepseek-model")
+
+
+def test_other_architecture(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                                      "vocab_size": 100, "hidden_size": 8}))
+    with pytest.raises(ValueError, match="unsupported architecture 'LlamaForCausalLM'"):
+        engine_for(tmp_path)
+
+
+def test_truncated_safetensors(checkpoints, tmp_path):
+    bad = tmp_path / "truncated"
+    shutil.copytree(checkpoints["v2"], bad)
+    f = bad / "model.safetensors"
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    with pytest.raises(RuntimeError, match="truncated"):
+        engine_for(bad)
+
+
+def test_missing_tensor_and_wrong_shape(checkpoints, tmp_path):
+    tensors = load_file(checkpoints["v2"] / "model.safetensors")
+    for case in ("missing", "shape"):
+        d = tmp_path / case
+        shutil.copytree(checkpoints["v2"], d)
+        ts = dict(tensors)
+        if case == "missing":
+            del ts["model.layers.1.self_attn.kv_b_proj.weight"]
+            match = "model.layers.1.self_attn.kv_b_proj.weight"
+        else:
+            ts["model.norm.weight"] = torch.ones(7)
+            match = r"model.norm.weight.*shape \[7\]"
+        save_file(ts, d / "model.safetensors")
+        with pytest.raises(RuntimeError, match=match):
+            engine_for(d)
+
+
+def test_unsupported_dtype(checkpoints, tmp_path):
+    d = tmp_path / "e5m2"
+    shutil.copytree(checkpoints["v2"], d)
+    ts = load_file(d / "model.safetensors")
+    ts["model.norm.weight"] = ts["model.norm.weight"].to(torch.float8_e5m2)
+    save_file(ts, d / "model.safetensors")
+    with pytest.raises(RuntimeError, match="model.norm.weight.*unsupported dtype"):
+        engine_for(d)
