@@ -159,11 +159,16 @@ class OpRunner {
   static constexpr size_t kGuardBytes = 256;
   static constexpr std::byte kGuardByte{0xA5};
 
-  OpRunner(Backend& backend, Memory& memory) : backend_(backend), memory_(memory) {}
+  OpRunner(Backend& backend, Memory& memory) : backend_(&backend), memory_(memory) {}
+  // A runner for kernels called directly, without a Backend.
+  explicit OpRunner(Memory& memory) : memory_(memory) {}
   OpRunner(const OpRunner&) = delete;
   OpRunner& operator=(const OpRunner&) = delete;
 
-  Backend& backend() { return backend_; }
+  Backend& backend() {
+    DI_CHECK(backend_ != nullptr, "this runner has no backend");
+    return *backend_;
+  }
   Device device() const { return memory_.device(); }
 
   // A guarded copy of `t` in the backend's memory. Read-only inputs are checked unchanged after the op.
@@ -241,7 +246,7 @@ class OpRunner {
     return base + kGuardBytes;
   }
 
-  Backend& backend_;
+  Backend* backend_ = nullptr;
   Memory& memory_;
   std::vector<Allocation> allocations_;
 };
