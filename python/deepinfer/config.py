@@ -120,9 +120,11 @@ class EngineConfig:
         """Builds a config from a mapping (a YAML file, CLI flags); unknown keys are an error, not ignored."""
         values = dict(values)
         if "quantization_config" in values:
-            if values.get("quantization") not in (None, "fp8") and values["quantization_config"] is not None:
-                raise ValueError("give either quantization or quantization_config, not both")
-            values["quantization"] = values.pop("quantization_config")
+            block = values.pop("quantization_config")
+            if block is not None:
+                if values.get("quantization") is not None:
+                    raise ValueError("give either quantization or quantization_config, not both")
+                values["quantization"] = block
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(values) - known
         if unknown:
