@@ -105,10 +105,19 @@ void MlaCacheWriteArgs::validate() const {
 }
 
 namespace {
-void validate_meta(const AttentionMetadata& m, const ConstTensorView& cache, const char* op) {
-  DI_CHECK(static_cast<int32_t>(m.query_start.size()) >= m.num_seqs + 1 &&
+// `num_rows`: rows of the query/output tensors that query_start indexes.
+void validate_meta(const AttentionMetadata& m, const ConstTensorView& cache, int64_t num_rows, const char* op) {
+  DI_CHECK(m.num_seqs >= 0 && static_cast<int32_t>(m.query_start.size()) >= m.num_seqs + 1 &&
                static_cast<int32_t>(m.context_lens.size()) >= m.num_seqs,
            op, ": metadata for ", m.num_seqs, " sequences is too short");
+  DI_CHECK(m.page_table.size() >= static_cast<size_t>(m.num_seqs) * static_cast<size_t>(m.max_pages_per_seq), op,
+           ": page table has ", m.page_table.size(), " entries for ", m.num_seqs, " sequences of ",
+           m.max_pages_per_seq, " pages");
+  for (int32_t s = 0; s <= m.num_seqs; ++s) {
+    DI_CHECK(m.query_start[s] >= 0 && m.query_start[s] <= num_rows && (s == 0 || m.query_start[s] >= m.query_start[s - 1]),
+             op, ": query_start[", s, "] = ", m.query_start[s], " is not a non-decreasing row index in [0, ",
+             num_rows, "]");
+  }
   const int64_t page_size = cache.shape[1];
   for (int32_t s = 0; s < m.num_seqs; ++s) {
     const int32_t ctx = m.context_lens[s];
@@ -133,7 +142,7 @@ void MlaDecodeArgs::validate() const {
                cache.shape[2] == kv_lora_rank + q_pe.shape[2] && out_latent.shape == q_latent.shape,
            "mla_decode: q_latent ", q_latent.shape.str(), " q_pe ", q_pe.shape.str(), " cache ", cache.shape.str(),
            " out ", out_latent.shape.str());
-  validate_meta(meta, cache, "mla_decode");
+  validate_meta(meta, cache, q_latent.shape[0], "mla_decode");
   for (int32_t s = 0; s < meta.num_seqs; ++s) {
     DI_CHECK(meta.num_queries(s) == 1, "mla_decode: sequence ", s, " has ", meta.num_queries(s), " queries");
   }
@@ -149,7 +158,7 @@ void MlaPrefillArgs::validate() const {
                kv_b.shape[1] == kv_lora_rank,
            "mla_prefill: q ", q.shape.str(), " cache ", cache.shape.str(), " kv_b ", kv_b.shape.str(), " out ",
            out.shape.str());
-  validate_meta(meta, cache, "mla_prefill");
+  validate_meta(meta, cache, q.shape[0], "mla_prefill");
 }
 
 void MoeRouteArgs::validate() const {
@@ -163,6 +172,13 @@ void MoeRouteArgs::validate() const {
            "moe_route: ", num_experts, " experts in ", n_group, " groups, keep ", topk_group);
   DI_CHECK(correction_bias.numel() == 0 || correction_bias.numel() == num_experts,
            "moe_route: correction bias ", correction_bias.shape.str(), " for ", num_experts, " experts");
+  if (method != TopkMethod::kGreedy && n_group > 1) {
+    const int64_t per_group = num_experts / n_group;
+    DI_CHECK(method != TopkMethod::kNoauxTc || per_group >= 2, "moe_route: noaux_tc scores a group by its top-2 "
+             "experts, but groups hold ", per_group);
+    DI_CHECK(topk_ids.shape[1] <= topk_group * per_group, "moe_route: top_k ", topk_ids.shape[1],
+             " exceeds the ", topk_group * per_group, " experts of the ", topk_group, " kept groups");
+  }
 }
 
 void MoeExpertsArgs::validate() const {

@@ -69,7 +69,7 @@ Buffer allocate_host(size_t bytes);
 struct TensorView {
   void* data = nullptr;
   DType dtype = DType::kF32;
-  Shape shape;
+  Shape shape{0};  // a default view is empty (numel 0), not a scalar
   Device device = Device::kCpu;
 
   int64_t numel() const { return shape.numel(); }
@@ -90,7 +90,7 @@ struct TensorView {
 struct ConstTensorView {
   const void* data = nullptr;
   DType dtype = DType::kF32;
-  Shape shape;
+  Shape shape{0};
   Device device = Device::kCpu;
 
   ConstTensorView() = default;

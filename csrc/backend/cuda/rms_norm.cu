@@ -1,0 +1,96 @@
+// RMSNorm kernel: one block per row. Each thread sums the squares of a strided slice of the row in fp32, the block
+// reduces them (warp shuffles, then one value per warp through shared memory), and the threads scale their slice.
+#include "backend/cuda/rms_norm.cuh"
+
+#include <cuda_bf16.h>
+
+#include <climits>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/rms_norm_params.h"
+
+namespace deepinfer::cuda {
+namespace {
+
+template <int kThreadsPerBlock>
+struct RmsNormTraits {
+  static_assert(kThreadsPerBlock % 32 == 0, "whole warps");
+  static_assert(kThreadsPerBlock >= 32 && kThreadsPerBlock <= 1024, "a block holds 32..1024 threads");
+  static constexpr int kThreads = kThreadsPerBlock;
+  static constexpr int kWarps = kThreadsPerBlock / 32;
+};
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// The sum of `v` over the block, returned to every thread. Its shared array is written once: call it once a kernel.
+template <typename Traits>
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float warp_totals[Traits::kWarps];
+  v = warp_sum(v);
+  if (threadIdx.x % 32 == 0) warp_totals[threadIdx.x / 32] = v;
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int w = 0; w < Traits::kWarps; ++w) total += warp_totals[w];
+  return total;
+}
+
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kThreads) rms_norm_kernel(__grid_constant__ const RmsNormParams p) {
+  const int64_t row = blockIdx.x;
+  const auto* x = reinterpret_cast<const __nv_bfloat16*>(p.x) + row * p.x_row_stride;
+  auto* out = reinterpret_cast<__nv_bfloat16*>(p.out) + row * p.out_row_stride;
+
+  float sum_sq = 0.0f;
+  for (int64_t i = threadIdx.x; i < p.dim; i += Traits::kThreads) {
+    const float v = __bfloat162float(x[i]);
+    sum_sq = fmaf(v, v, sum_sq);
+  }
+  // Every read of x above happens before the barrier in block_sum, so writing out in place below is safe.
+  const float inv_rms = rsqrtf(block_sum<Traits>(sum_sq) / static_cast<float>(p.dim) + p.eps);
+  for (int64_t i = threadIdx.x; i < p.dim; i += Traits::kThreads) {
+    out[i] = __float2bfloat16_rn(p.weight[i] * (__bfloat162float(x[i]) * inv_rms));
+  }
+}
+
+template <typename Traits>
+void launch(const RmsNormParams& p, cudaStream_t stream) {
+  rms_norm_kernel<Traits><<<static_cast<unsigned>(p.rows), Traits::kThreads, 0, stream>>>(p);
+  CUDA_TRY(cudaGetLastError());
+}
+
+// Short rows get a small block; hidden-size rows (2048..7168) get enough threads to keep the loads in flight.
+void launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
+  if (p.dim <= 1024) {
+    launch<RmsNormTraits<128>>(p, stream);
+  } else {
+    launch<RmsNormTraits<512>>(p, stream);
+  }
+}
+
+}  // namespace
+
+void rms_norm(const RmsNormArgs& a, cudaStream_t stream) {
+  DI_CHECK(a.x.dtype == DType::kBF16 && a.out.dtype == DType::kBF16 && a.weight.dtype == DType::kF32,
+           "cuda rms_norm: x and out must be bfloat16 and weight float32, got ", dtype_name(a.x.dtype), ", ",
+           dtype_name(a.out.dtype), " and ", dtype_name(a.weight.dtype));
+  DI_CHECK(a.x.device == Device::kCuda && a.out.device == Device::kCuda && a.weight.device == Device::kCuda,
+           "cuda rms_norm: x, weight and out must be in device memory");
+  DI_CHECK(a.x.shape.ndim() == 2 && a.out.shape == a.x.shape && a.weight.numel() == a.x.shape[1],
+           "cuda rms_norm: x ", a.x.shape.str(), " weight ", a.weight.shape.str(), " out ", a.out.shape.str());
+  const int64_t rows = a.x.shape[0], dim = a.x.shape[1];
+  DI_CHECK(a.row_stride == 0 || a.row_stride >= dim, "cuda rms_norm: row stride ", a.row_stride, " < row size ", dim);
+  DI_CHECK(rows <= INT_MAX, "cuda rms_norm: ", rows, " rows exceed the grid");
+  if (rows == 0 || dim == 0) return;
+  const int64_t stride = a.row_stride == 0 ? dim : a.row_stride;
+  launch_rms_norm({.x = static_cast<const uint16_t*>(a.x.data), .weight = static_cast<const float*>(a.weight.data),
+                   .out = static_cast<uint16_t*>(a.out.data), .rows = rows, .dim = dim, .x_row_stride = stride,
+                   .out_row_stride = stride, .eps = a.eps},
+                  stream);
+}
+
+}  // namespace deepinfer::cuda

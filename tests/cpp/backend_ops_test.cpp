@@ -1,0 +1,1061 @@
+// Backend op tests. Every op of the CPU reference runs against a naive formula written here (straight loops, double
+// accumulation) on random inputs, odd and zero-length shapes included; the MLA cases use a paged cache with scattered
+// pages, NaN-poisoned unused pages and slots, and invalid unused page-table entries. The cases live in one registry
+// (op_test_harness.h), so a device backend runs the same cases against the CPU; a coverage check fails any OpKind
+// without a case. With CUDA, the first device kernels run against the CPU reference when a GPU is present.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "op_test_harness.h"
+
+#ifdef DEEPINFER_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_stream.h"
+#include "backend/cuda/device_buffer.h"
+#include "backend/cuda/rms_norm.cuh"
+#endif
+
+namespace deepinfer::op_test {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+std::vector<double> widen(std::span<const float> v) { return {v.begin(), v.end()}; }
+
+// Splits a flat buffer into the elements `mask` selects (compared with the threshold) and the rest (compared exactly:
+// an op must leave them untouched).
+Outputs split_by_mask(std::span<const double> values, const std::vector<bool>& mask, const std::string& selected,
+                      const std::string& rest) {
+  Output in{.name = selected, .values = {}}, out{.name = rest, .values = {}, .compare = Compare::kExact};
+  for (size_t i = 0; i < values.size(); ++i) (mask[i] ? in : out).values.push_back(values[i]);
+  return {in, out};
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Dense ops
+
+void add_linear(CaseRegistry& r, int64_t m, int64_t n, int64_t k, uint64_t seed) {
+  Rng rng(seed);
+  const std::vector<float> x = rng.uniform(m * k), w = rng.uniform(n * k);
+  r.add({.op = OpKind::kLinear,
+         .name = str_cat("linear_", m, "x", n, "x", k),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView out = run.output({m, n}, DType::kF32);
+           run.backend().linear({.x = run.upload(HostTensor::f32({m, k}, x)),
+                                 .w = run.upload(HostTensor::f32({n, k}, w)), .out = out});
+           return {{"out", run.fetch(out)}};
+         },
+         .naive = [=]() -> Outputs {
+           std::vector<double> out(m * n);
+           for (int64_t i = 0; i < m; ++i) {
+             for (int64_t j = 0; j < n; ++j) {
+               double acc = 0.0;
+               for (int64_t p = 0; p < k; ++p) acc += double(x[i * k + p]) * w[j * k + p];
+               out[i * n + j] = acc;
+             }
+           }
+           return {{"out", out}};
+         }});
+}
+
+void add_head_linear(CaseRegistry& r, int64_t t, int64_t h, int64_t k, int64_t n, uint64_t seed) {
+  Rng rng(seed);
+  const std::vector<float> x = rng.uniform(t * h * k), w = rng.uniform(h * n * k);
+  r.add({.op = OpKind::kHeadLinear,
+         .name = str_cat("head_linear_", t, "x", h, "x", k, "x", n),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView out = run.output({t, h, n}, DType::kF32);
+           run.backend().head_linear({.x = run.upload(HostTensor::f32({t, h, k}, x)),
+                                      .w = run.upload(HostTensor::f32({h, n, k}, w)), .out = out});
+           return {{"out", run.fetch(out)}};
+         },
+         .naive = [=]() -> Outputs {
+           std::vector<double> out(t * h * n);
+           for (int64_t i = 0; i < t; ++i) {
+             for (int64_t hh = 0; hh < h; ++hh) {
+               for (int64_t j = 0; j < n; ++j) {
+                 double acc = 0.0;
+                 for (int64_t p = 0; p < k; ++p) acc += double(x[(i * h + hh) * k + p]) * w[(hh * n + j) * k + p];
+                 out[(i * h + hh) * n + j] = acc;
+               }
+             }
+           }
+           return {{"out", out}};
+         }});
+}
+
+void add_embedding(CaseRegistry& r, const std::string& tag, int64_t vocab, int64_t dim, std::vector<int32_t> ids,
+                   Expect expect, uint64_t seed) {
+  Rng rng(seed);
+  const std::vector<float> table = rng.uniform(vocab * dim);
+  const int64_t t = static_cast<int64_t>(ids.size());
+  r.add({.op = OpKind::kEmbedding,
+         .name = str_cat("embedding_", tag),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView out = run.output({t, dim}, DType::kF32);
+           run.backend().embedding(
+               {.token_ids = ids, .table = run.upload(HostTensor::f32({vocab, dim}, table)), .out = out});
+           return {{"out", run.fetch(out), Compare::kExact}};
+         },
+         .naive = [=]() -> Outputs {
+           std::vector<double> out;
+           for (int32_t id : ids) {
+             for (int64_t d = 0; d < dim; ++d) out.push_back(table[id * dim + d]);
+           }
+           return {{"out", out, Compare::kExact}};
+         },
+         .expect = expect});
+}
+
+// Rows of `dim` values, `row_stride` apart (0 = dim), normalized in place or into a separate buffer of the same
+// layout; the values between rows must stay untouched.
+enum class Placement : uint8_t { kInPlace, kOutOfPlace };
+
+void add_rms_norm(CaseRegistry& r, int64_t rows, int64_t dim, int64_t row_stride, Placement placement, float eps,
+                  float x_scale, uint64_t seed) {
+  Rng rng(seed);
+  const int64_t stride = row_stride == 0 ? dim : row_stride;
+  const std::vector<float> x = rng.uniform(rows * stride, -x_scale, x_scale);
+  const std::vector<float> w = rng.uniform(dim, 0.5f, 1.5f);
+  const std::vector<float> prior_out = rng.uniform(rows * stride);  // what the out-of-place buffer held before
+  std::vector<bool> head(static_cast<size_t>(rows * stride));
+  for (int64_t i = 0; i < rows * stride; ++i) head[i] = i % stride < dim;
+  const bool in_place = placement == Placement::kInPlace;
+  r.add({.op = OpKind::kRmsNorm,
+         .name = str_cat("rms_norm_", rows, "x", dim, "_stride", row_stride, in_place ? "_inplace" : "", "_eps",
+                         eps >= 0.1f ? "big" : "small"),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView x_buf =
+               run.upload(HostTensor::f32({rows, stride}, x), in_place ? Access::kReadWrite : Access::kReadOnly);
+           const TensorView out_buf =
+               in_place ? x_buf : run.upload(HostTensor::f32({rows, stride}, prior_out), Access::kReadWrite);
+           const TensorView x_view{x_buf.data, DType::kF32, {rows, dim}, run.device()};
+           const TensorView out_view{out_buf.data, DType::kF32, {rows, dim}, run.device()};
+           run.backend().rms_norm({.x = x_view, .weight = run.upload(HostTensor::f32({dim}, w)), .out = out_view,
+                                   .eps = eps, .row_stride = row_stride});
+           return split_by_mask(run.fetch(out_buf), head, "normalized", "between_rows");
+         },
+         .naive = [=]() -> Outputs {
+           std::vector<double> out = widen(in_place ? x : prior_out);
+           for (int64_t i = 0; i < rows; ++i) {
+             double sum_sq = 0.0;
+             for (int64_t d = 0; d < dim; ++d) sum_sq += double(x[i * stride + d]) * x[i * stride + d];
+             const double inv_rms = 1.0 / std::sqrt(sum_sq / double(dim) + eps);
+             for (int64_t d = 0; d < dim; ++d) out[i * stride + d] = double(w[d]) * x[i * stride + d] * inv_rms;
+           }
+           return split_by_mask(out, head, "normalized", "between_rows");
+         }});
+}
+
+void add_add_rms_norm(CaseRegistry& r, int64_t rows, int64_t dim, uint64_t seed) {
+  Rng rng(seed);
+  const std::vector<float> residual = rng.uniform(rows * dim, -2.0f, 2.0f), x = rng.uniform(rows * dim);
+  const std::vector<float> w = rng.uniform(dim, 0.5f, 1.5f);
+  const float eps = 1e-5f;
+  r.add({.op = OpKind::kAddRmsNorm,
+         .name = str_cat("add_rms_norm_", rows, "x", dim),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView res = run.upload(HostTensor::f32({rows, dim}, residual), Access::kReadWrite);
+           const TensorView out = run.output({rows, dim}, DType::kF32);
+           run.backend().add_rms_norm({.residual = res, .x = run.upload(HostTensor::f32({rows, dim}, x)),
+                                       .weight = run.upload(HostTensor::f32({dim}, w)), .out = out, .eps = eps});
+           return {{"residual", run.fetch(res)}, {"out", run.fetch(out)}};
+         },
+         .naive = [=]() -> Outputs {
+           std::vector<double> res(rows * dim), out(rows * dim);
+           for (int64_t i = 0; i < rows; ++i) {
+             double sum_sq = 0.0;
+             for (int64_t d = 0; d < dim; ++d) {
+               res[i * dim + d] = double(residual[i * dim + d]) + x[i * dim + d];
+               sum_sq += res[i * dim + d] * res[i * dim + d];
+             }
+             const double inv_rms = 1.0 / std::sqrt(sum_sq / double(dim) + eps);
+             for (int64_t d = 0; d < dim; ++d) out[i * dim + d] = double(w[d]) * res[i * dim + d] * inv_rms;
+           }
+           return {{"residual", res}, {"out", out}};
+         }});
+}
+
+void add_silu_mul(CaseRegistry& r, int64_t rows, int64_t inter, uint64_t seed) {
+  Rng rng(seed);
+  const std::vector<float> gate_up = rng.uniform(rows * 2 * inter, -8.0f, 8.0f);
+  r.add({.op = OpKind::kSiluMul,
+         .name = str_cat("silu_mul_", rows, "x", inter),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView out = run.output({rows, inter}, DType::kF32);
+           run.backend().silu_mul({.gate_up = run.upload(HostTensor::f32({rows, 2 * inter}, gate_up)), .out = out});
+           return {{"out", run.fetch(out)}};
+         },
+         .naive = [=]() -> Outputs {
+           std::vector<double> out(rows * inter);
+           for (int64_t i = 0; i < rows; ++i) {
+             for (int64_t j = 0; j < inter; ++j) {
+               const double g = gate_up[i * 2 * inter + j], u = gate_up[i * 2 * inter + inter + j];
+               out[i * inter + j] = g / (1.0 + std::exp(-g)) * u;
+             }
+           }
+           return {{"out", out}};
+         }});
+}
+
+void add_add(CaseRegistry& r, Shape shape, uint64_t seed) {
+  Rng rng(seed);
+  const std::vector<float> x = rng.uniform(shape.numel()), y = rng.uniform(shape.numel());
+  std::string name = "add";
+  for (int64_t d : shape.dims()) name += str_cat("_", d);
+  r.add({.op = OpKind::kAdd,
+         .name = name,
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView xv = run.upload(HostTensor::f32(shape, x), Access::kReadWrite);
+           run.backend().add({.x = xv, .y = run.upload(HostTensor::f32(shape, y))});
+           return {{"x", run.fetch(xv)}};
+         },
+         .naive = [=]() -> Outputs {
+           std::vector<double> out(x.size());
+           for (size_t i = 0; i < x.size(); ++i) out[i] = double(x[i]) + y[i];
+           return {{"x", out}};
+         }});
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// RoPE: explicit cos/sin math. The angle is position * inv_freq rounded to fp32 (the op's contract, as in the
+// reference models); cos and sin of it are taken in double and scaled by attention_scaling.
+
+struct RopeLayout {
+  int64_t tokens = 0, heads = 0, rot_dim = 0;
+  int64_t offset = 0;        // the rope slice starts this many elements into each head
+  int64_t head_stride = 0;   // elements; 0 for a single shared head (the k_pe of a latent row)
+  int64_t token_stride = 0;  // elements
+};
+
+void add_rope(CaseRegistry& r, const std::string& tag, RopeLayout l, bool interleaved, float scaling, uint64_t seed) {
+  Rng rng(seed);
+  const int64_t size = l.tokens * l.token_stride;
+  const std::vector<float> x = rng.uniform(size);
+  std::vector<int32_t> positions(static_cast<size_t>(l.tokens));
+  for (int32_t& p : positions) p = rng.integer(0, 5000);
+  if (l.tokens > 0) positions[0] = 0;
+  std::vector<float> inv_freq(static_cast<size_t>(l.rot_dim / 2));
+  for (size_t i = 0; i < inv_freq.size(); ++i) {
+    inv_freq[i] = static_cast<float>(std::pow(10000.0, -2.0 * double(i) / double(l.rot_dim)));
+  }
+  std::vector<bool> rotated(static_cast<size_t>(size), false);
+  for (int64_t t = 0; t < l.tokens; ++t) {
+    for (int64_t h = 0; h < l.heads; ++h) {
+      for (int64_t i = 0; i < l.rot_dim; ++i) rotated[t * l.token_stride + h * l.head_stride + l.offset + i] = true;
+    }
+  }
+  r.add({.op = OpKind::kRope,
+         .name = str_cat("rope_", tag, interleaved ? "_interleaved" : "_half", scaling == 1.0f ? "" : "_scaled"),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView buf = run.upload(HostTensor::f32({size}, x), Access::kReadWrite);
+           run.backend().rope({.x = buf.f32() + l.offset, .num_tokens = l.tokens, .num_heads = l.heads,
+                               .rot_dim = l.rot_dim, .token_stride = l.token_stride, .head_stride = l.head_stride,
+                               .positions = positions, .inv_freq = inv_freq, .attention_scaling = scaling,
+                               .interleaved = interleaved, .device = run.device()});
+           return split_by_mask(run.fetch(buf), rotated, "rotated", "untouched");
+         },
+         .naive = [=]() -> Outputs {
+           std::vector<double> out = widen(x);
+           const int64_t half = l.rot_dim / 2;
+           for (int64_t t = 0; t < l.tokens; ++t) {
+             for (int64_t h = 0; h < l.heads; ++h) {
+               const int64_t base = t * l.token_stride + h * l.head_stride + l.offset;
+               for (int64_t i = 0; i < half; ++i) {
+                 const float angle = static_cast<float>(positions[t]) * inv_freq[i];
+                 const double c = std::cos(double(angle)) * scaling, s = std::sin(double(angle)) * scaling;
+                 const int64_t i0 = interleaved ? base + 2 * i : base + i;
+                 const int64_t i1 = interleaved ? base + 2 * i + 1 : base + i + half;
+                 out[i0] = double(x[i0]) * c - double(x[i1]) * s;
+                 out[i1] = double(x[i1]) * c + double(x[i0]) * s;
+               }
+             }
+           }
+           return split_by_mask(out, rotated, "rotated", "untouched");
+         }});
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// MLA over a paged latent cache
+
+struct MlaDims {
+  int64_t heads = 0, rank = 0, rope = 0, nope = 0, v = 0, page_size = 0;
+  int64_t latent_dim() const { return rank + rope; }
+  int64_t qk_dim() const { return nope + rope; }
+  std::string str() const { return str_cat("h", heads, "_r", rank, "_p", rope, "_n", nope, "_v", v, "_ps", page_size); }
+};
+
+// Sequences in a paged cache: each sequence's pages are scattered over the pool in random order, a few pages stay
+// unused; unused page-table entries are -1 or out of range. The cache the run starts from is NaN everywhere, so
+// unused pages and the slots past each context stay NaN after the cache write.
+struct PagedBatch {
+  int64_t page_size = 0, num_pages = 0, latent_dim = 0;
+  int32_t max_pages = 0;
+  std::vector<int32_t> context_lens, query_start, page_table;
+  std::vector<int32_t> token_start;  // [num_seqs + 1] sequence s's cached tokens: rows of `latents`
+  std::vector<int32_t> slots;        // the cache slot of every cached token, in `latents` row order
+  std::vector<float> latents;        // [cached tokens, latent_dim]: c_kv | k_pe
+
+  int32_t num_seqs() const { return static_cast<int32_t>(context_lens.size()); }
+  int64_t num_queries() const { return query_start.back(); }
+  int64_t poisoned_slots() const { return num_pages * page_size - static_cast<int64_t>(slots.size()); }
+  AttentionMetadata meta() const {
+    return {.query_start = query_start, .context_lens = context_lens, .page_table = page_table,
+            .max_pages_per_seq = max_pages, .num_seqs = num_seqs()};
+  }
+};
+
+PagedBatch make_paged_batch(Rng& rng, const std::vector<int32_t>& context_lens, const std::vector<int32_t>& queries,
+                            int64_t page_size, int64_t latent_dim) {
+  PagedBatch b{.page_size = page_size, .latent_dim = latent_dim, .context_lens = context_lens};
+  const int32_t seqs = b.num_seqs();
+  int64_t used_pages = 0, max_needed = 0;
+  for (int32_t ctx : context_lens) {
+    const int64_t pages = (ctx + page_size - 1) / page_size;
+    used_pages += pages;
+    max_needed = std::max(max_needed, pages);
+  }
+  b.num_pages = used_pages + 3;  // spare pages stay poisoned
+  b.max_pages = static_cast<int32_t>(max_needed + 2);
+  std::vector<int32_t> pool(static_cast<size_t>(b.num_pages));
+  std::iota(pool.begin(), pool.end(), 0);
+  rng.shuffle(pool);
+  b.page_table.assign(static_cast<size_t>(seqs) * b.max_pages, 0);
+  b.query_start.push_back(0);
+  b.token_start.push_back(0);
+  size_t next_page = 0;
+  for (int32_t s = 0; s < seqs; ++s) {
+    const int64_t pages = (context_lens[s] + page_size - 1) / page_size;
+    for (int32_t p = 0; p < b.max_pages; ++p) {
+      int32_t& entry = b.page_table[static_cast<size_t>(s) * b.max_pages + p];
+      entry = p < pages ? pool[next_page++] : (p % 2 == 0 ? -1 : static_cast<int32_t>(b.num_pages + 5 + s));
+    }
+    for (int32_t j = 0; j < context_lens[s]; ++j) {
+      b.slots.push_back(static_cast<int32_t>(b.page_table[static_cast<size_t>(s) * b.max_pages + j / page_size] *
+                                             page_size + j % page_size));
+    }
+    b.query_start.push_back(b.query_start.back() + queries[s]);
+    b.token_start.push_back(b.token_start.back() + context_lens[s]);
+  }
+  b.latents = rng.uniform(static_cast<int64_t>(b.slots.size()) * latent_dim);
+  return b;
+}
+
+// The poisoned cache, then this batch's latents written through the backend's mla_cache_write.
+TensorView write_paged_cache(OpRunner& run, const PagedBatch& b) {
+  const std::vector<float> poison(static_cast<size_t>(b.num_pages * b.page_size * b.latent_dim), kNaN);
+  const TensorView cache =
+      run.upload(HostTensor::f32({b.num_pages, b.page_size, b.latent_dim}, poison), Access::kReadWrite);
+  const int64_t tokens = static_cast<int64_t>(b.slots.size());
+  run.backend().mla_cache_write({.latent = run.upload(HostTensor::f32({tokens, b.latent_dim}, b.latents)),
+                                 .cache = cache, .slot_mapping = b.slots});
+  return cache;
+}
+
+// Cache rows that are entirely NaN after the write: exactly the unused ones, or the poison was not real.
+Output poisoned_rows(OpRunner& run, const TensorView& cache, int64_t latent_dim) {
+  const std::vector<double> c = run.fetch(cache);
+  int64_t count = 0;
+  for (size_t row = 0; row * latent_dim < c.size(); ++row) {
+    count += std::all_of(c.begin() + row * latent_dim, c.begin() + (row + 1) * latent_dim,
+                         [](double v) { return std::isnan(v); });
+  }
+  return {"poisoned_rows", {double(count)}, Compare::kExact};
+}
+
+struct NaiveMla {
+  std::vector<double> out;         // [T, H, v]     softmax · V with V decompressed per head
+  std::vector<double> latent_out;  // [T, H, rank]  softmax · c_kv
+};
+
+// Naive causal MLA: K and V decompressed explicitly, per head, from the latents (not from the cache):
+// k_j = [c_kv_j · W_UK^T | k_pe_j], v_j = c_kv_j · W_UV^T; query i of sequence s sits at position ctx - nq + i.
+NaiveMla naive_mla(const PagedBatch& b, const MlaDims& d, std::span<const float> q, std::span<const float> kv_b,
+                   double scale) {
+  const int64_t tokens = b.num_queries(), kv_rows = d.nope + d.v, dim = d.latent_dim();
+  NaiveMla result{.out = std::vector<double>(tokens * d.heads * d.v, 0.0),
+                  .latent_out = std::vector<double>(tokens * d.heads * d.rank, 0.0)};
+  for (int32_t s = 0; s < b.num_seqs(); ++s) {
+    const int64_t ctx = b.context_lens[s], nq = b.query_start[s + 1] - b.query_start[s];
+    const float* lat = b.latents.data() + int64_t(b.token_start[s]) * dim;
+    std::vector<double> k_nope(ctx * d.heads * d.nope), v(ctx * d.heads * d.v);
+    for (int64_t j = 0; j < ctx; ++j) {
+      for (int64_t h = 0; h < d.heads; ++h) {
+        for (int64_t row = 0; row < kv_rows; ++row) {
+          const float* w = kv_b.data() + (h * kv_rows + row) * d.rank;
+          double acc = 0.0;
+          for (int64_t c = 0; c < d.rank; ++c) acc += double(lat[j * dim + c]) * w[c];
+          if (row < d.nope) {
+            k_nope[(j * d.heads + h) * d.nope + row] = acc;
+          } else {
+            v[(j * d.heads + h) * d.v + row - d.nope] = acc;
+          }
+        }
+      }
+    }
+    for (int64_t i = 0; i < nq; ++i) {
+      const int64_t row = b.query_start[s] + i, visible = ctx - nq + i + 1;
+      for (int64_t h = 0; h < d.heads; ++h) {
+        const float* qh = q.data() + (row * d.heads + h) * d.qk_dim();
+        std::vector<double> p(visible);
+        for (int64_t j = 0; j < visible; ++j) {
+          double dot = 0.0;
+          for (int64_t e = 0; e < d.nope; ++e) dot += double(qh[e]) * k_nope[(j * d.heads + h) * d.nope + e];
+          for (int64_t e = 0; e < d.rope; ++e) dot += double(qh[d.nope + e]) * lat[j * dim + d.rank + e];
+          p[j] = dot * scale;
+        }
+        const double max_score = *std::max_element(p.begin(), p.end());
+        double sum = 0.0;
+        for (double& x : p) sum += (x = std::exp(x - max_score));
+        for (int64_t j = 0; j < visible; ++j) {
+          const double pj = p[j] / sum;
+          for (int64_t e = 0; e < d.v; ++e) result.out[(row * d.heads + h) * d.v + e] += pj * v[(j * d.heads + h) * d.v + e];
+          for (int64_t c = 0; c < d.rank; ++c) {
+            result.latent_out[(row * d.heads + h) * d.rank + c] += pj * lat[j * dim + c];
+          }
+        }
+      }
+    }
+  }
+  return result;
+}
+
+// kv_b_proj [H * (nope + v), rank] split into the absorbed decode's per-head weights.
+void split_kv_b(const MlaDims& d, const std::vector<float>& kv_b, std::vector<float>& w_uk_t, std::vector<float>& w_uv) {
+  const int64_t kv_rows = d.nope + d.v;
+  w_uk_t.assign(static_cast<size_t>(d.heads * d.rank * d.nope), 0.0f);  // [H, rank, nope]
+  w_uv.assign(static_cast<size_t>(d.heads * d.v * d.rank), 0.0f);       // [H, v, rank]
+  for (int64_t h = 0; h < d.heads; ++h) {
+    for (int64_t c = 0; c < d.rank; ++c) {
+      for (int64_t e = 0; e < d.nope; ++e) w_uk_t[(h * d.rank + c) * d.nope + e] = kv_b[(h * kv_rows + e) * d.rank + c];
+      for (int64_t e = 0; e < d.v; ++e) w_uv[(h * d.v + e) * d.rank + c] = kv_b[(h * kv_rows + d.nope + e) * d.rank + c];
+    }
+  }
+}
+
+double mla_scale(const MlaDims& d) { return 1.3 / std::sqrt(double(d.qk_dim())); }
+
+void add_mla_cache_write(CaseRegistry& r, int64_t num_pages, int64_t page_size, int64_t dim, int64_t tokens,
+                         uint64_t seed) {
+  Rng rng(seed);
+  const std::vector<float> prior = rng.uniform(num_pages * page_size * dim, 5.0f, 6.0f);
+  const std::vector<float> latent = rng.uniform(tokens * dim);
+  std::vector<int32_t> all_slots(static_cast<size_t>(num_pages * page_size));
+  std::iota(all_slots.begin(), all_slots.end(), 0);
+  rng.shuffle(all_slots);
+  const std::vector<int32_t> slots(all_slots.begin(), all_slots.begin() + tokens);
+  r.add({.op = OpKind::kMlaCacheWrite,
+         .name = str_cat("mla_cache_write_", tokens, "_tokens_", num_pages, "x", page_size, "x", dim),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView cache = run.upload(HostTensor::f32({num_pages, page_size, dim}, prior), Access::kReadWrite);
+           run.backend().mla_cache_write(
+               {.latent = run.upload(HostTensor::f32({tokens, dim}, latent)), .cache = cache, .slot_mapping = slots});
+           return {{"cache", run.fetch(cache), Compare::kExact}};
+         },
+         .naive = [=]() -> Outputs {
+           std::vector<double> cache = widen(prior);
+           for (int64_t t = 0; t < tokens; ++t) {
+             for (int64_t e = 0; e < dim; ++e) cache[slots[t] * dim + e] = latent[t * dim + e];
+           }
+           return {{"cache", cache, Compare::kExact}};
+         }});
+}
+
+// The key test of MLA: absorbed decode == naive attention. One query per sequence; q_nope goes to latent space
+// with W_UK (head_linear), mla_decode attends over the shared latent rows, W_UV (head_linear) brings the output
+// back. Also checked: the latent output itself, and mla_prefill on the same queries (the decompressing path).
+void add_mla_decode(CaseRegistry& r, const MlaDims& d, const std::vector<int32_t>& context_lens, uint64_t seed) {
+  Rng rng(seed);
+  const int64_t seqs = static_cast<int64_t>(context_lens.size());
+  const PagedBatch b = make_paged_batch(rng, context_lens, std::vector<int32_t>(context_lens.size(), 1), d.page_size,
+                                        d.latent_dim());
+  const std::vector<float> q = rng.uniform(seqs * d.heads * d.qk_dim());
+  const float w_range = static_cast<float>(std::sqrt(3.0 / double(d.rank)));
+  const std::vector<float> kv_b = rng.uniform(d.heads * (d.nope + d.v) * d.rank, -w_range, w_range);
+  std::vector<float> q_nope, q_pe, w_uk_t, w_uv;
+  for (int64_t i = 0; i < seqs * d.heads; ++i) {
+    q_nope.insert(q_nope.end(), q.begin() + i * d.qk_dim(), q.begin() + i * d.qk_dim() + d.nope);
+    q_pe.insert(q_pe.end(), q.begin() + i * d.qk_dim() + d.nope, q.begin() + (i + 1) * d.qk_dim());
+  }
+  split_kv_b(d, kv_b, w_uk_t, w_uv);
+  const float scale = static_cast<float>(mla_scale(d));
+  std::string lens;
+  for (int32_t c : context_lens) lens += str_cat("_", c);
+  r.add({.op = OpKind::kMlaDecode,
+         .name = str_cat("mla_decode_absorbed_", d.str(), "_ctx", lens),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView cache = write_paged_cache(run, b);
+           Backend& be = run.backend();
+           const TensorView q_latent = run.output({seqs, d.heads, d.rank}, DType::kF32);
+           be.head_linear({.x = run.upload(HostTensor::f32({seqs, d.heads, d.nope}, q_nope)),
+                           .w = run.upload(HostTensor::f32({d.heads, d.rank, d.nope}, w_uk_t)), .out = q_latent});
+           const TensorView o_latent = run.output({seqs, d.heads, d.rank}, DType::kF32);
+           be.mla_decode({.q_latent = q_latent, .q_pe = run.upload(HostTensor::f32({seqs, d.heads, d.rope}, q_pe)),
+                          .cache = cache, .out_latent = o_latent, .meta = b.meta(), .kv_lora_rank = d.rank,
+                          .softmax_scale = scale});
+           const TensorView out = run.output({seqs, d.heads, d.v}, DType::kF32);
+           be.head_linear({.x = o_latent, .w = run.upload(HostTensor::f32({d.heads, d.v, d.rank}, w_uv)), .out = out});
+           const TensorView out_prefill = run.output({seqs, d.heads, d.v}, DType::kF32);
+           be.mla_prefill({.q = run.upload(HostTensor::f32({seqs, d.heads, d.qk_dim()}, q)), .cache = cache,
+                           .kv_b = run.upload(HostTensor::f32({d.heads * (d.nope + d.v), d.rank}, kv_b)),
+                           .out = out_prefill, .meta = b.meta(), .kv_lora_rank = d.rank, .qk_nope_head_dim = d.nope,
+                           .v_head_dim = d.v, .softmax_scale = scale});
+           return {{"latent_out", run.fetch(o_latent)},
+                   {"out_absorbed", run.fetch(out)},
+                   {"out_prefill", run.fetch(out_prefill)},
+                   poisoned_rows(run, cache, d.latent_dim())};
+         },
+         .naive = [=]() -> Outputs {
+           const NaiveMla n = naive_mla(b, d, q, kv_b, scale);
+           return {{"latent_out", n.latent_out},
+                   {"out_absorbed", n.out},
+                   {"out_prefill", n.out},
+                   {"poisoned_rows", {double(b.poisoned_slots())}, Compare::kExact}};
+         }});
+}
+
+// Prefill and chunked prefill: sequence s has queries[s] new tokens at the end of context_lens[s] cached ones.
+void add_mla_prefill(CaseRegistry& r, const MlaDims& d, const std::vector<int32_t>& context_lens,
+                     const std::vector<int32_t>& queries, uint64_t seed) {
+  Rng rng(seed);
+  const PagedBatch b = make_paged_batch(rng, context_lens, queries, d.page_size, d.latent_dim());
+  const int64_t tokens = b.num_queries();
+  const std::vector<float> q = rng.uniform(tokens * d.heads * d.qk_dim());
+  const float w_range = static_cast<float>(std::sqrt(3.0 / double(d.rank)));
+  const std::vector<float> kv_b = rng.uniform(d.heads * (d.nope + d.v) * d.rank, -w_range, w_range);
+  const float scale = static_cast<float>(mla_scale(d));
+  std::string lens;
+  for (size_t s = 0; s < context_lens.size(); ++s) lens += str_cat("_", queries[s], "of", context_lens[s]);
+  r.add({.op = OpKind::kMlaPrefill,
+         .name = str_cat("mla_prefill_", d.str(), "_q", lens),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView cache = write_paged_cache(run, b);
+           const TensorView out = run.output({tokens, d.heads, d.v}, DType::kF32);
+           run.backend().mla_prefill({.q = run.upload(HostTensor::f32({tokens, d.heads, d.qk_dim()}, q)),
+                                      .cache = cache,
+                                      .kv_b = run.upload(HostTensor::f32({d.heads * (d.nope + d.v), d.rank}, kv_b)),
+                                      .out = out, .meta = b.meta(), .kv_lora_rank = d.rank,
+                                      .qk_nope_head_dim = d.nope, .v_head_dim = d.v, .softmax_scale = scale});
+           return {{"out", run.fetch(out)}, poisoned_rows(run, cache, d.latent_dim())};
+         },
+         .naive = [=]() -> Outputs {
+           return {{"out", naive_mla(b, d, q, kv_b, scale).out},
+                   {"poisoned_rows", {double(b.poisoned_slots())}, Compare::kExact}};
+         }});
+}
+
+// validate() must reject a page id out of range in a used page-table entry (and a decode sequence with two queries).
+enum class BadMeta : uint8_t { kPageTooLarge, kPageNegative, kTwoQueries };
+
+void add_mla_bad_meta(CaseRegistry& r, OpKind op, BadMeta bad, uint64_t seed) {
+  Rng rng(seed);
+  const MlaDims d{.heads = 2, .rank = 8, .rope = 4, .nope = 4, .v = 6, .page_size = 4};
+  std::vector<int32_t> queries = {1, 1, 1};
+  if (bad == BadMeta::kTwoQueries) queries[1] = 2;
+  PagedBatch b = make_paged_batch(rng, {3, 9, 6}, queries, d.page_size, d.latent_dim());
+  if (bad == BadMeta::kPageTooLarge) b.page_table[1 * b.max_pages + 2] = static_cast<int32_t>(b.num_pages);
+  if (bad == BadMeta::kPageNegative) b.page_table[2 * b.max_pages + 0] = -1;
+  const int64_t tokens = b.num_queries();
+  const char* what = bad == BadMeta::kPageTooLarge ? "page_too_large" : bad == BadMeta::kPageNegative ? "page_negative"
+                                                                                                       : "two_queries";
+  r.add({.op = op,
+         .name = str_cat(op_name(op), "_rejects_", what),
+         .run = [=](OpRunner& run) -> Outputs {
+           const std::vector<float> cache_values(static_cast<size_t>(b.num_pages * d.page_size * d.latent_dim()), 0.5f);
+           const TensorView cache = run.upload(HostTensor::f32({b.num_pages, d.page_size, d.latent_dim()}, cache_values));
+           if (op == OpKind::kMlaDecode) {
+             const std::vector<float> q_latent(static_cast<size_t>(tokens * d.heads * d.rank), 0.1f);
+             const std::vector<float> q_pe(static_cast<size_t>(tokens * d.heads * d.rope), 0.1f);
+             run.backend().mla_decode({.q_latent = run.upload(HostTensor::f32({tokens, d.heads, d.rank}, q_latent)),
+                                       .q_pe = run.upload(HostTensor::f32({tokens, d.heads, d.rope}, q_pe)),
+                                       .cache = cache, .out_latent = run.output({tokens, d.heads, d.rank}, DType::kF32),
+                                       .meta = b.meta(), .kv_lora_rank = d.rank});
+           } else {
+             const std::vector<float> q(static_cast<size_t>(tokens * d.heads * d.qk_dim()), 0.1f);
+             const std::vector<float> kv_b(static_cast<size_t>(d.heads * (d.nope + d.v) * d.rank), 0.1f);
+             run.backend().mla_prefill({.q = run.upload(HostTensor::f32({tokens, d.heads, d.qk_dim()}, q)),
+                                        .cache = cache,
+                                        .kv_b = run.upload(HostTensor::f32({d.heads * (d.nope + d.v), d.rank}, kv_b)),
+                                        .out = run.output({tokens, d.heads, d.v}, DType::kF32), .meta = b.meta(),
+                                        .kv_lora_rank = d.rank, .qk_nope_head_dim = d.nope, .v_head_dim = d.v});
+           }
+           return {};
+         },
+         .expect = Expect::kThrows});
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// MoE
+
+struct RouteConfig {
+  ExpertScoring scoring = ExpertScoring::kSigmoid;
+  TopkMethod method = TopkMethod::kNoauxTc;
+  int64_t experts = 0, n_group = 1, topk_group = 1, top_k = 1;
+  bool norm_topk_prob = false;
+  float routed_scaling_factor = 1.0f;
+};
+
+// The order experts come out in is not part of the contract: both sides are sorted by expert id per token.
+Outputs sorted_route(std::span<const double> ids, std::span<const double> weights, int64_t top_k) {
+  Output id_out{.name = "ids", .values = {}, .compare = Compare::kExact}, weight_out{.name = "weights", .values = {}};
+  for (size_t t = 0; t * top_k < ids.size(); ++t) {
+    std::vector<std::pair<double, double>> pairs;
+    for (int64_t k = 0; k < top_k; ++k) pairs.emplace_back(ids[t * top_k + k], weights[t * top_k + k]);
+    std::sort(pairs.begin(), pairs.end());
+    for (const auto& [id, w] : pairs) {
+      id_out.values.push_back(id);
+      weight_out.values.push_back(w);
+    }
+  }
+  return {id_out, weight_out};
+}
+
+// Indices of `values` by descending value, ties to the lower index.
+std::vector<int64_t> order_desc(const std::vector<double>& values) {
+  std::vector<int64_t> idx(values.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return values[a] > values[b]; });
+  return idx;
+}
+
+// One token's routing, straight from DeepSeek's description (see DESIGN.md).
+void naive_route_token(const RouteConfig& c, const float* logits, const std::vector<float>& bias,
+                       std::vector<double>& ids, std::vector<double>& weights) {
+  const int64_t e_count = c.experts, per_group = c.experts / c.n_group;
+  std::vector<double> scores(e_count);
+  if (c.scoring == ExpertScoring::kSigmoid) {
+    for (int64_t e = 0; e < e_count; ++e) scores[e] = 1.0 / (1.0 + std::exp(-double(logits[e])));
+  } else {
+    double max_logit = -std::numeric_limits<double>::infinity(), sum = 0.0;
+    for (int64_t e = 0; e < e_count; ++e) max_logit = std::max(max_logit, double(logits[e]));
+    for (int64_t e = 0; e < e_count; ++e) sum += std::exp(logits[e] - max_logit);
+    for (int64_t e = 0; e < e_count; ++e) scores[e] = std::exp(logits[e] - max_logit) / sum;
+  }
+  std::vector<double> choice = scores;
+  for (size_t e = 0; e < bias.size(); ++e) choice[e] += bias[e];
+  if (c.method != TopkMethod::kGreedy && c.n_group > 1) {
+    std::vector<double> group_score(c.n_group);
+    for (int64_t g = 0; g < c.n_group; ++g) {
+      std::vector<double> members(choice.begin() + g * per_group, choice.begin() + (g + 1) * per_group);
+      std::sort(members.rbegin(), members.rend());
+      group_score[g] = c.method == TopkMethod::kNoauxTc ? members[0] + members[1] : members[0];
+    }
+    const std::vector<int64_t> groups = order_desc(group_score);
+    for (size_t rank = static_cast<size_t>(c.topk_group); rank < groups.size(); ++rank) {
+      for (int64_t e = groups[rank] * per_group; e < (groups[rank] + 1) * per_group; ++e) {
+        choice[e] = -std::numeric_limits<double>::infinity();
+      }
+    }
+  }
+  const std::vector<int64_t> chosen = order_desc(choice);
+  double sum = 0.0;
+  for (int64_t k = 0; k < c.top_k; ++k) sum += scores[chosen[k]];
+  for (int64_t k = 0; k < c.top_k; ++k) {
+    ids.push_back(double(chosen[k]));
+    const double w = c.norm_topk_prob ? scores[chosen[k]] / (sum + 1e-20) : scores[chosen[k]];
+    weights.push_back(w * c.routed_scaling_factor);
+  }
+}
+
+void add_moe_route(CaseRegistry& r, const std::string& tag, const RouteConfig& c, int64_t tokens,
+                   std::vector<float> logits, std::vector<float> bias) {
+  r.add({.op = OpKind::kMoeRoute,
+         .name = str_cat("moe_route_", tag),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView ids = run.output({tokens, c.top_k}, DType::kI32);
+           const TensorView weights = run.output({tokens, c.top_k}, DType::kF32);
+           const int64_t bias_len = static_cast<int64_t>(bias.size());
+           run.backend().moe_route({.logits = run.upload(HostTensor::f32({tokens, c.experts}, logits)),
+                                    .correction_bias = run.upload(HostTensor::f32({bias_len}, bias)),
+                                    .topk_ids = ids, .topk_weights = weights, .scoring = c.scoring,
+                                    .method = c.method, .n_group = c.n_group, .topk_group = c.topk_group,
+                                    .norm_topk_prob = c.norm_topk_prob,
+                                    .routed_scaling_factor = c.routed_scaling_factor});
+           return sorted_route(run.fetch(ids), run.fetch(weights), c.top_k);
+         },
+         .naive = [=]() -> Outputs {
+           std::vector<double> ids, weights;
+           for (int64_t t = 0; t < tokens; ++t) naive_route_token(c, logits.data() + t * c.experts, bias, ids, weights);
+           return sorted_route(ids, weights, c.top_k);
+         }});
+}
+
+void add_random_moe_route(CaseRegistry& r, const std::string& tag, const RouteConfig& c, int64_t tokens, bool bias,
+                          uint64_t seed) {
+  Rng rng(seed);
+  const std::vector<float> logits = rng.uniform(tokens * c.experts, -4.0f, 4.0f);
+  add_moe_route(r, tag, c, tokens, logits, bias ? rng.uniform(c.experts, -0.5f, 0.5f) : std::vector<float>{});
+}
+
+// V3 routing where the best expert by unbiased score sits in a group that loses on its top-2 sum, and every biased
+// score is negative: masking the dropped groups with 0 instead of -inf would pick their experts.
+constexpr RouteConfig kMaskedGroupRoute{.scoring = ExpertScoring::kSigmoid, .method = TopkMethod::kNoauxTc,
+                                        .experts = 16, .n_group = 4, .topk_group = 2, .top_k = 4,
+                                        .norm_topk_prob = true, .routed_scaling_factor = 2.5f};
+
+void masked_group_inputs(int64_t tokens, std::vector<float>& logits, std::vector<float>& bias) {
+  Rng rng(77);
+  // group 0: one near-certain expert and three near-zero ones (top-2 sum ~1.0); groups 1 and 2: two experts at
+  // ~0.69 each (top-2 sum ~1.38); group 3: four at ~0.5 (top-2 sum ~1.0). Each logit gets a little noise.
+  const float pattern[16] = {6, -6, -6, -6, 0.8f, -6, 0.8f, -6, -6, 0.8f, -6, 0.8f, 0, 0, 0, 0};
+  logits.clear();
+  for (int64_t t = 0; t < tokens; ++t) {
+    const std::vector<float> noise = rng.uniform(16, -0.05f, 0.05f);
+    for (size_t e = 0; e < 16; ++e) logits.push_back(pattern[e] + noise[e]);
+  }
+  bias = rng.uniform(16, -1.01f, -0.99f);
+}
+
+void add_moe_experts(CaseRegistry& r, int64_t tokens, int64_t dim, int64_t inter, int64_t experts, int64_t top_k,
+                     uint64_t seed) {
+  Rng rng(seed);
+  const std::vector<float> x = rng.uniform(tokens * dim);
+  const std::vector<float> w_gate_up = rng.uniform(experts * 2 * inter * dim);
+  const std::vector<float> w_down = rng.uniform(experts * dim * inter);
+  std::vector<int32_t> ids;
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<int32_t> perm(static_cast<size_t>(experts));
+    std::iota(perm.begin(), perm.end(), 0);
+    rng.shuffle(perm);
+    ids.insert(ids.end(), perm.begin(), perm.begin() + top_k);
+  }
+  const std::vector<float> weights = rng.uniform(tokens * top_k, 0.0f, 1.0f);
+  r.add({.op = OpKind::kMoeExperts,
+         .name = str_cat("moe_experts_t", tokens, "_d", dim, "_i", inter, "_e", experts, "_k", top_k),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView out = run.output({tokens, dim}, DType::kF32);
+           run.backend().moe_experts({.x = run.upload(HostTensor::f32({tokens, dim}, x)),
+                                      .w_gate_up = run.upload(HostTensor::f32({experts, 2 * inter, dim}, w_gate_up)),
+                                      .w_down = run.upload(HostTensor::f32({experts, dim, inter}, w_down)),
+                                      .topk_ids = run.upload(HostTensor::i32({tokens, top_k}, ids)),
+                                      .topk_weights = run.upload(HostTensor::f32({tokens, top_k}, weights)),
+                                      .out = out});
+           return {{"out", run.fetch(out)}};
+         },
+         .naive = [=]() -> Outputs {
+           std::vector<double> out(tokens * dim, 0.0), act(inter);
+           for (int64_t t = 0; t < tokens; ++t) {
+             for (int64_t k = 0; k < top_k; ++k) {
+               const int64_t e = ids[t * top_k + k];
+               for (int64_t i = 0; i < inter; ++i) {
+                 double g = 0.0, u = 0.0;
+                 for (int64_t c = 0; c < dim; ++c) {
+                   g += double(w_gate_up[(e * 2 * inter + i) * dim + c]) * x[t * dim + c];
+                   u += double(w_gate_up[(e * 2 * inter + inter + i) * dim + c]) * x[t * dim + c];
+                 }
+                 act[i] = g / (1.0 + std::exp(-g)) * u;
+               }
+               for (int64_t c = 0; c < dim; ++c) {
+                 double y = 0.0;
+                 for (int64_t i = 0; i < inter; ++i) y += double(w_down[(e * dim + c) * inter + i]) * act[i];
+                 out[t * dim + c] += double(weights[t * top_k + k]) * y;
+               }
+             }
+           }
+           return {{"out", out}};
+         }});
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The registry
+
+CaseRegistry build_registry() {
+  CaseRegistry r;
+  // linear, head_linear: odd shapes, single elements, zero rows / columns / inner size
+  add_linear(r, 5, 7, 11, 1);
+  add_linear(r, 1, 1, 1, 2);
+  add_linear(r, 3, 64, 33, 3);
+  add_linear(r, 0, 7, 11, 4);
+  add_linear(r, 5, 0, 11, 5);
+  add_linear(r, 5, 7, 0, 6);
+  add_head_linear(r, 5, 7, 11, 3, 10);
+  add_head_linear(r, 1, 1, 1, 1, 11);
+  add_head_linear(r, 3, 16, 128, 64, 12);
+  add_head_linear(r, 0, 3, 5, 7, 13);
+  // embedding: random ids including both ends; no tokens; ids outside [0, V) throw
+  add_embedding(r, "13x7", 13, 7, {0, 12, 5, 5, 3}, Expect::kMatch, 20);
+  add_embedding(r, "no_tokens", 13, 7, {}, Expect::kMatch, 21);
+  add_embedding(r, "rejects_id_V", 13, 7, {0, 13}, Expect::kThrows, 22);
+  add_embedding(r, "rejects_id_minus_1", 13, 7, {-1}, Expect::kThrows, 23);
+  // rms_norm: odd, zero rows, one column, strided rows of a wider buffer (the c_kv half of a latent row), in place
+  add_rms_norm(r, 5, 7, 0, Placement::kOutOfPlace, 1e-6f, 1.0f, 30);
+  add_rms_norm(r, 5, 7, 0, Placement::kInPlace, 1e-6f, 50.0f, 31);
+  add_rms_norm(r, 0, 7, 0, Placement::kOutOfPlace, 1e-6f, 1.0f, 32);
+  add_rms_norm(r, 3, 1, 0, Placement::kOutOfPlace, 1e-6f, 1.0f, 33);
+  add_rms_norm(r, 5, 7, 11, Placement::kInPlace, 1e-6f, 1.0f, 34);
+  add_rms_norm(r, 6, 512, 576, Placement::kInPlace, 1e-6f, 1.0f, 35);
+  add_rms_norm(r, 5, 7, 11, Placement::kOutOfPlace, 1e-6f, 1.0f, 36);
+  add_rms_norm(r, 4, 9, 0, Placement::kOutOfPlace, 0.5f, 0.1f, 37);  // eps comparable to the mean square
+  add_add_rms_norm(r, 5, 7, 40);
+  add_add_rms_norm(r, 3, 300, 41);
+  add_add_rms_norm(r, 0, 7, 42);
+  add_silu_mul(r, 5, 7, 50);
+  add_silu_mul(r, 1, 1, 51);
+  add_silu_mul(r, 0, 7, 52);
+  add_add(r, {5, 7, 11}, 60);
+  add_add(r, {0, 7}, 61);
+  add_add(r, {1}, 62);
+  // rope: q heads (rope slice after nope, with values after it), k_pe in a latent row, interleaved and half-split
+  for (const bool interleaved : {true, false}) {
+    add_rope(r, "q_5x3_nope6_rot8", {.tokens = 5, .heads = 3, .rot_dim = 8, .offset = 6, .head_stride = 17,
+                                     .token_stride = 3 * 17}, interleaved, 1.0f, 70);
+    add_rope(r, "q_5x3_nope6_rot8", {.tokens = 5, .heads = 3, .rot_dim = 8, .offset = 6, .head_stride = 17,
+                                     .token_stride = 3 * 17}, interleaved, 1.2f, 71);
+    add_rope(r, "k_pe_7_rank16_rot64", {.tokens = 7, .heads = 1, .rot_dim = 64, .offset = 16, .head_stride = 0,
+                                        .token_stride = 16 + 64}, interleaved, 1.0f, 72);
+    add_rope(r, "q_0_tokens", {.tokens = 0, .heads = 2, .rot_dim = 4, .offset = 0, .head_stride = 4,
+                               .token_stride = 8}, interleaved, 1.0f, 73);
+    add_rope(r, "q_2x2_rot2", {.tokens = 2, .heads = 2, .rot_dim = 2, .offset = 1, .head_stride = 3,
+                               .token_stride = 7}, interleaved, 0.9f, 74);
+  }
+  // MLA: cache write; absorbed decode == naive (several heads, ranks, page sizes; contexts of 1, page-aligned,
+  // non-aligned); prefill and chunked prefill; validation of page ids
+  add_mla_cache_write(r, 7, 4, 10, 9, 80);
+  add_mla_cache_write(r, 3, 5, 6, 0, 81);
+  add_mla_cache_write(r, 2, 1, 3, 2, 82);
+  add_mla_decode(r, {.heads = 3, .rank = 16, .rope = 8, .nope = 8, .v = 12, .page_size = 4}, {1, 4, 5, 11, 23}, 90);
+  add_mla_decode(r, {.heads = 1, .rank = 32, .rope = 16, .nope = 16, .v = 16, .page_size = 1}, {1, 2, 7}, 91);
+  add_mla_decode(r, {.heads = 5, .rank = 64, .rope = 32, .nope = 24, .v = 40, .page_size = 16}, {17, 33, 1, 48}, 92);
+  add_mla_decode(r, {.heads = 16, .rank = 512, .rope = 64, .nope = 128, .v = 128, .page_size = 64}, {1, 64, 65, 130},
+                 93);
+  add_mla_decode(r, {.heads = 4, .rank = 24, .rope = 8, .nope = 16, .v = 8, .page_size = 3}, {}, 94);
+  add_mla_prefill(r, {.heads = 3, .rank = 16, .rope = 8, .nope = 8, .v = 12, .page_size = 4},
+                  {1, 5, 11, 9, 23, 4}, {1, 5, 3, 0, 23, 1}, 100);
+  add_mla_prefill(r, {.heads = 4, .rank = 64, .rope = 32, .nope = 32, .v = 24, .page_size = 16}, {40, 33, 16},
+                  {40, 7, 16}, 101);
+  add_mla_prefill(r, {.heads = 2, .rank = 512, .rope = 64, .nope = 128, .v = 128, .page_size = 64}, {70, 65},
+                  {70, 9}, 102);
+  add_mla_prefill(r, {.heads = 1, .rank = 8, .rope = 4, .nope = 4, .v = 4, .page_size = 1}, {3, 1}, {2, 1}, 103);
+  add_mla_prefill(r, {.heads = 2, .rank = 8, .rope = 4, .nope = 4, .v = 4, .page_size = 2}, {}, {}, 104);
+  add_mla_bad_meta(r, OpKind::kMlaDecode, BadMeta::kPageTooLarge, 110);
+  add_mla_bad_meta(r, OpKind::kMlaDecode, BadMeta::kPageNegative, 111);
+  add_mla_bad_meta(r, OpKind::kMlaDecode, BadMeta::kTwoQueries, 112);
+  add_mla_bad_meta(r, OpKind::kMlaPrefill, BadMeta::kPageTooLarge, 113);
+  add_mla_bad_meta(r, OpKind::kMlaPrefill, BadMeta::kPageNegative, 114);
+  // moe_route: V3 (sigmoid, bias, grouped top-2 sums, -inf masking, normalized, scaled) and V2 (softmax; greedy;
+  // group-limited by group max)
+  add_random_moe_route(r, "v3_e16_g4_keep2_k4", {.scoring = ExpertScoring::kSigmoid, .method = TopkMethod::kNoauxTc,
+                                                 .experts = 16, .n_group = 4, .topk_group = 2, .top_k = 4,
+                                                 .norm_topk_prob = true, .routed_scaling_factor = 2.5f},
+                       5, true, 120);
+  add_random_moe_route(r, "v3_e256_g8_keep4_k8", {.scoring = ExpertScoring::kSigmoid, .method = TopkMethod::kNoauxTc,
+                                                  .experts = 256, .n_group = 8, .topk_group = 4, .top_k = 8,
+                                                  .norm_topk_prob = true, .routed_scaling_factor = 2.5f},
+                       7, true, 121);
+  add_random_moe_route(r, "v3_e12_ungrouped_unnormalized", {.scoring = ExpertScoring::kSigmoid,
+                                                            .method = TopkMethod::kNoauxTc, .experts = 12,
+                                                            .n_group = 1, .topk_group = 1, .top_k = 3,
+                                                            .norm_topk_prob = false, .routed_scaling_factor = 1.5f},
+                       6, true, 122);
+  add_random_moe_route(r, "v3_no_tokens", {.scoring = ExpertScoring::kSigmoid, .method = TopkMethod::kNoauxTc,
+                                           .experts = 16, .n_group = 4, .topk_group = 2, .top_k = 4,
+                                           .norm_topk_prob = true, .routed_scaling_factor = 2.5f},
+                       0, true, 123);
+  add_random_moe_route(r, "v2_greedy_e10_k3", {.scoring = ExpertScoring::kSoftmax, .method = TopkMethod::kGreedy,
+                                               .experts = 10, .n_group = 1, .topk_group = 1, .top_k = 3,
+                                               .norm_topk_prob = false, .routed_scaling_factor = 16.0f},
+                       5, false, 124);
+  add_random_moe_route(r, "v2_lite_greedy_e64_k6", {.scoring = ExpertScoring::kSoftmax, .method = TopkMethod::kGreedy,
+                                                    .experts = 64, .n_group = 1, .topk_group = 1, .top_k = 6,
+                                                    .norm_topk_prob = false, .routed_scaling_factor = 1.0f},
+                       9, false, 125);
+  add_random_moe_route(r, "v2_group_limited_e12_g4_keep2_k3",
+                       {.scoring = ExpertScoring::kSoftmax, .method = TopkMethod::kGroupLimitedGreedy, .experts = 12,
+                        .n_group = 4, .topk_group = 2, .top_k = 3, .norm_topk_prob = false,
+                        .routed_scaling_factor = 16.0f},
+                       7, false, 126);
+  add_random_moe_route(r, "v2_group_limited_normalized", {.scoring = ExpertScoring::kSoftmax,
+                                                          .method = TopkMethod::kGroupLimitedGreedy, .experts = 20,
+                                                          .n_group = 5, .topk_group = 3, .top_k = 4,
+                                                          .norm_topk_prob = true, .routed_scaling_factor = 1.0f},
+                       4, false, 127);
+  {
+    std::vector<float> logits, bias;
+    masked_group_inputs(6, logits, bias);
+    add_moe_route(r, "v3_dropped_group_holds_the_best_expert", kMaskedGroupRoute, 6, logits, bias);
+  }
+  add_moe_experts(r, 5, 7, 11, 6, 2, 130);
+  add_moe_experts(r, 2, 7, 11, 6, 2, 131);  // some experts get no token
+  add_moe_experts(r, 9, 64, 32, 8, 3, 132);
+  add_moe_experts(r, 1, 3, 1, 1, 1, 133);
+  add_moe_experts(r, 0, 7, 11, 6, 2, 134);
+  return r;
+}
+
+const CaseRegistry& registry() {
+  static const CaseRegistry r = build_registry();
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Tests
+
+class CpuVsNaive : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(CpuVsNaive, Case) {
+  const std::unique_ptr<Backend> cpu = make_cpu_backend();
+  HostMemory memory;
+  expect_matches_naive(registry().cases()[GetParam()], *cpu, memory);
+}
+
+INSTANTIATE_TEST_SUITE_P(BackendOps, CpuVsNaive, ::testing::Range<size_t>(0, registry().cases().size()),
+                         [](const ::testing::TestParamInfo<size_t>& info) {
+                           return registry().cases()[info.param].name;
+                         });
+
+// Every OpKind, up to the first value op_name does not know, has at least one case.
+TEST(BackendOps, EveryOpKindHasACase) {
+  int kinds = 0;
+  for (int i = 0; i < 256; ++i) {
+    const auto op = static_cast<OpKind>(i);
+    if (op_name(op) == "unknown") break;
+    ++kinds;
+    EXPECT_GT(registry().count(op), 0) << "no test case for op " << op_name(op);
+  }
+  EXPECT_GT(kinds, static_cast<int>(OpKind::kMoeExperts)) << "op_name misses an OpKind";
+}
+
+// The harness itself: a guard overwrite, a write to a read-only input and a NaN output are caught.
+TEST(BackendOps, HarnessCatchesBadWritesAndNaN) {
+  HostMemory memory;
+  OpRunner run(memory);
+  const std::vector<float> values = {1, 2, 3};
+  const TensorView in = run.upload(HostTensor::f32({3}, values));
+  const TensorView out = run.output({3}, DType::kF32);
+  EXPECT_TRUE(run.memory_errors().empty());
+  in.f32()[0] = 7.0f;
+  out.f32()[3] = 1.0f;  // one past the end: into the guard band
+  EXPECT_EQ(run.memory_errors().size(), 2u);
+  const Outputs ref = {{"out", {1.0, 2.0, 3.0}}};
+  EXPECT_FALSE(compare_outputs({{"out", run.fetch(out)}}, ref, 1e-5).empty());  // NaN: never written
+  EXPECT_FALSE(compare_outputs({{"out", {1.0, 2.0, 3.001}}}, ref, 1e-5).empty());
+  EXPECT_TRUE(compare_outputs({{"out", {1.0, 2.0, 3.00001}}}, ref, 1e-5).empty());
+  EXPECT_FALSE(compare_outputs({{"out", {1.0, 2.0, std::numeric_limits<double>::infinity()}}}, ref, 1e-5).empty());
+}
+
+// The V3 masking property, stated directly: experts of dropped groups are never chosen, although group 0 holds the
+// best unbiased score and every kept biased score is below zero.
+TEST(BackendOps, MoeRouteNeverPicksADroppedGroup) {
+  const std::unique_ptr<Backend> cpu = make_cpu_backend();
+  const int64_t tokens = 6;
+  std::vector<float> logits, bias;
+  masked_group_inputs(tokens, logits, bias);
+  Tensor ids = Tensor::empty({tokens, kMaskedGroupRoute.top_k}, DType::kI32);
+  Tensor weights = Tensor::empty({tokens, kMaskedGroupRoute.top_k}, DType::kF32);
+  cpu->moe_route({.logits = {logits.data(), DType::kF32, {tokens, 16}, Device::kCpu},
+                  .correction_bias = {bias.data(), DType::kF32, {16}, Device::kCpu}, .topk_ids = ids.view(),
+                  .topk_weights = weights.view(), .scoring = kMaskedGroupRoute.scoring,
+                  .method = kMaskedGroupRoute.method, .n_group = kMaskedGroupRoute.n_group,
+                  .topk_group = kMaskedGroupRoute.topk_group, .norm_topk_prob = kMaskedGroupRoute.norm_topk_prob,
+                  .routed_scaling_factor = kMaskedGroupRoute.routed_scaling_factor});
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    const int32_t group = ids.view().as<int32_t>()[i] / 4;
+    EXPECT_TRUE(group == 1 || group == 2) << "token " << i / 4 << " chose expert " << ids.view().as<int32_t>()[i];
+  }
+  for (int64_t t = 0; t < tokens; ++t) {
+    double sum = 0.0;
+    for (int64_t k = 0; k < 4; ++k) sum += weights.f32()[t * 4 + k];
+    EXPECT_NEAR(sum, 2.5, 1e-5);  // normalized, then scaled by routed_scaling_factor
+  }
+}
+
+#ifdef DEEPINFER_HAVE_CUDA
+// Device memory for the harness: guarded allocations on one stream, copies that wait for the stream.
+class CudaMemory final : public Memory {
+ public:
+  explicit CudaMemory(cudaStream_t stream) : stream_(stream) {}
+  Device device() const override { return Device::kCuda; }
+  void* allocate(size_t bytes) override {
+    buffers_.emplace_back(bytes, stream_);
+    return buffers_.back().data();
+  }
+  void copy_to_device(void* dst, const void* src, size_t bytes) override {
+    CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+    CUDA_TRY(cudaStreamSynchronize(stream_));  // the host source may go away after this returns
+  }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    CUDA_TRY(cudaStreamSynchronize(stream_));
+  }
+
+ private:
+  cudaStream_t stream_;
+  std::vector<cuda::DeviceBuffer> buffers_;
+};
+
+bool have_cuda_device() {
+  int count = 0;
+  const bool ok = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  cudaGetLastError();  // clear "no device" / "no driver"
+  return ok;
+}
+
+// The CUDA RMSNorm (bf16 in and out, fp32 weight) against the CPU rms_norm on the same bf16 values widened to fp32.
+// The only expected difference is the final rounding to bf16: half a bf16 ulp, 2^-9 relative.
+TEST(BackendOpsCuda, RmsNormBf16MatchesCpu) {
+  if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
+  struct RmsCase {
+    int64_t rows, dim, row_stride;
+    Placement placement;
+  };
+  const RmsCase cases[] = {{5, 7, 0, Placement::kOutOfPlace},      {0, 16, 0, Placement::kOutOfPlace},
+                           {1, 1, 0, Placement::kOutOfPlace},      {3, 4096, 0, Placement::kOutOfPlace},
+                           {17, 7168, 0, Placement::kInPlace},     {9, 512, 576, Placement::kInPlace},
+                           {4, 1537, 0, Placement::kOutOfPlace},   {300, 1024, 0, Placement::kOutOfPlace}};
+  const std::unique_ptr<Backend> cpu = make_cpu_backend();
+  cuda::CudaStream stream;
+  uint64_t seed = 500;
+  for (const RmsCase& s : cases) {
+    SCOPED_TRACE(str_cat(s.rows, "x", s.dim, " stride ", s.row_stride));
+    Rng rng(seed++);
+    const int64_t stride = s.row_stride == 0 ? s.dim : s.row_stride;
+    const HostTensor x = HostTensor::bf16({s.rows, stride}, rng.uniform(s.rows * stride, -3.0f, 3.0f));
+    const std::vector<float> w = rng.uniform(s.dim, 0.5f, 1.5f);
+    // CPU reference on the widened values (rows `stride` apart, normalized in place).
+    std::vector<float> ref(static_cast<size_t>(s.rows * stride));
+    const std::vector<double> x_wide = x.to_double();
+    std::copy(x_wide.begin(), x_wide.end(), ref.begin());
+    const TensorView ref_view{ref.data(), DType::kF32, {s.rows, s.dim}, Device::kCpu};
+    cpu->rms_norm({.x = ref_view, .weight = {w.data(), DType::kF32, {s.dim}, Device::kCpu}, .out = ref_view,
+                   .eps = 1e-6f, .row_stride = s.row_stride});
+
+    CudaMemory memory(stream.get());
+    OpRunner run(memory);
+    const bool in_place = s.placement == Placement::kInPlace;
+    const TensorView x_dev = run.upload(x, in_place ? Access::kReadWrite : Access::kReadOnly);
+    const TensorView out_dev = in_place ? x_dev : run.output({s.rows, stride}, DType::kBF16);
+    cuda::rms_norm({.x = TensorView{x_dev.data, DType::kBF16, {s.rows, s.dim}, Device::kCuda},
+                    .weight = run.upload(HostTensor::f32({s.dim}, w)),
+                    .out = TensorView{out_dev.data, DType::kBF16, {s.rows, s.dim}, Device::kCuda},
+                    .eps = 1e-6f, .row_stride = s.row_stride},
+                   stream.get());
+    std::vector<bool> head(static_cast<size_t>(s.rows * stride));
+    for (int64_t i = 0; i < s.rows * stride; ++i) head[i] = i % stride < s.dim;
+    const Outputs got = split_by_mask(run.fetch(out_dev), head, "normalized", "between_rows");
+    const Outputs want = split_by_mask(widen(ref), head, "normalized", "between_rows");
+    for (const std::string& e : compare_outputs(got, want, 1.0 / 256)) ADD_FAILURE() << e;
+    for (const std::string& e : run.memory_errors()) ADD_FAILURE() << e;
+  }
+}
+
+TEST(BackendOpsCuda, RmsNormRejectsHostOrFloatTensors) {
+  if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
+  std::vector<float> x(8, 1.0f), w(4, 1.0f);
+  const TensorView host_view{x.data(), DType::kF32, {2, 4}, Device::kCpu};
+  EXPECT_THROW(cuda::rms_norm({.x = host_view, .weight = {w.data(), DType::kF32, {4}, Device::kCpu},
+                               .out = host_view}, nullptr),
+               Error);
+}
+#endif  // DEEPINFER_HAVE_CUDA
+
+}  // namespace
+}  // namespace deepinfer::op_test
