@@ -39,9 +39,9 @@ import json
 import os
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
+from torch import nn
 from transformers.masking_utils import create_causal_mask
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
     DeepseekV3DecoderLayer,

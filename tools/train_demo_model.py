@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mtp import (  # noqa: E402
+from mtp import (
     MTPLayer,
     forward_with_mtp,
     load_mtp_layer,
@@ -84,7 +84,7 @@ def parse_args(argv=None):
     p.add_argument("--data", default=DEFAULT_DATA, help="training text (default: tinyshakespeare from ../shared)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--steps", type=int, default=3000, help="planned optimizer steps (the LR schedule's length)")
+    p.add_argument("--steps", type=int, default=600, help="planned optimizer steps (the LR schedule's length)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--context", type=int, default=512, help="training context in tokens (BOS included)")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
@@ -96,8 +96,8 @@ def parse_args(argv=None):
     p.add_argument("--mtp-lambda", type=float, default=0.3, help="weight of the MTP loss")
     p.add_argument("--bias-update-speed", type=float, default=1e-3, help="gamma of aux-loss-free balancing")
     p.add_argument("--seq-aux-alpha", type=float, default=1e-4, help="sequence-wise balance loss weight")
-    p.add_argument("--eval-every", type=int, default=100)
-    p.add_argument("--patience", type=int, default=8, help="stop after this many evals without improvement")
+    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--patience", type=int, default=50, help="stop after this many evals without improvement")
     p.add_argument("--max-train-minutes", type=float, default=0.0, help="stop training after this long (0: no limit)")
     p.add_argument("--eval-max-tokens", type=int, default=0, help="cap held-out tokens per eval (0: all)")
     p.add_argument("--val-fraction", type=float, default=0.025)
@@ -176,9 +176,7 @@ def train_tokenizer(train_text: str, vocab_size: int):
     tok.post_processor = processors.Sequence(
         [
             processors.ByteLevel(trim_offsets=False),
-            processors.TemplateProcessing(
-                single=f"{BOS} $A", pair=f"{BOS} $A {BOS}:1 $B:1", special_tokens=[(BOS, 0)]
-            ),
+            processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A {BOS}:1 $B:1", special_tokens=[(BOS, 0)]),
         ]
     )
     return tok
@@ -400,14 +398,18 @@ def evaluate(model, mtp, ids: torch.Tensor, context: int, device, batch_size: in
             logits = logits.float()
             vocab = logits.shape[-1]
             tgt = x[:, 1:]
-            sums["main_nll"] += F.cross_entropy(logits[:, :-1].reshape(-1, vocab), tgt.reshape(-1), reduction="sum").item()
+            sums["main_nll"] += F.cross_entropy(
+                logits[:, :-1].reshape(-1, vocab), tgt.reshape(-1), reduction="sum"
+            ).item()
             sums["main_n"] += tgt.numel()
             main_pred = logits.argmax(-1)  # [B, T]
             sums["main_correct"] += (main_pred[:, :-1] == tgt).sum().item()
             if mtp_logits is not None:
                 mtp_logits = mtp_logits.float()
                 tgt2 = x[:, 2:]
-                sums["mtp_nll"] += F.cross_entropy(mtp_logits.reshape(-1, vocab), tgt2.reshape(-1), reduction="sum").item()
+                sums["mtp_nll"] += F.cross_entropy(
+                    mtp_logits.reshape(-1, vocab), tgt2.reshape(-1), reduction="sum"
+                ).item()
                 sums["mtp_n"] += tgt2.numel()
                 mtp_pred = mtp_logits.argmax(-1)  # [B, T-2]
                 sums["mtp_correct"] += (mtp_pred == tgt2).sum().item()
@@ -448,6 +450,15 @@ def greedy(model, tokenizer, prompts, max_new_tokens, device):
     return outs
 
 
+@torch.no_grad()
+def top2_margin(model, tokenizer, prompt, tokens, position):
+    """fp32 logit gap between the best and second-best next token after prompt + tokens[:position]."""
+    enc = tokenizer(prompt, add_special_tokens=not prompt.startswith(BOS))["input_ids"]
+    ids = torch.tensor([enc + tokens[:position]])
+    top = model(input_ids=ids).logits[0, -1].float().topk(2).values
+    return (top[0] - top[1]).item()
+
+
 # ---------------------------------------------------------------------------------------------
 
 
@@ -463,8 +474,8 @@ def main(argv=None):
     torch.backends.cudnn.allow_tf32 = False
 
     import transformers
-    from transformers import AutoTokenizer, DeepseekV3Config, DeepseekV3ForCausalLM
     from tokenizers import Tokenizer
+    from transformers import AutoTokenizer, DeepseekV3Config, DeepseekV3ForCausalLM
 
     transformers.logging.set_verbosity_error()
 
@@ -473,7 +484,7 @@ def main(argv=None):
         text = f.read()
     train_text, val_text, test_text = split_corpus(text, args.val_fraction, args.test_fraction)
     tok = train_tokenizer(train_text, args.vocab_size)
-    encode = lambda s: torch.tensor(tok.encode(s, add_special_tokens=False).ids, dtype=torch.long)  # noqa: E731
+    encode = lambda s: torch.tensor(tok.encode(s, add_special_tokens=False).ids, dtype=torch.long)
     train_ids, val_ids, test_ids = encode(train_text), encode(val_text), encode(test_text)
     if args.eval_max_tokens:
         val_ids, test_ids = val_ids[: args.eval_max_tokens], test_ids[: args.eval_max_tokens]
@@ -496,7 +507,7 @@ def main(argv=None):
 
     # ---- model
     cfg_dict = model_config_dict(args)
-    config = DeepseekV3Config(**cfg_dict)
+    config = DeepseekV3Config(**json.loads(json.dumps(cfg_dict)))  # a copy: transformers edits rope_scaling in place
     config._experts_implementation = "eager"  # transformers' reference MoE path for every non-training forward
     model = DeepseekV3ForCausalLM(config).to(device)
     mtp = MTPLayer(config).to(device)
@@ -583,7 +594,9 @@ def main(argv=None):
         run_mtp = 0.9 * run_mtp + 0.1 * mtp_loss.item() if step > 1 else mtp_loss.item()
         elapsed = time.time() - t_train
         if step % 50 == 0 or step == 1:
-            print(f"step {step:5d} lr {lr_at(step):.2e} main {run_main:.4f} mtp {run_mtp:.4f} {elapsed:7.1f}s", flush=True)
+            print(
+                f"step {step:5d} lr {lr_at(step):.2e} main {run_main:.4f} mtp {run_mtp:.4f} {elapsed:7.1f}s", flush=True
+            )
         over_time = args.max_train_minutes > 0 and elapsed > 60 * args.max_train_minutes
         if step % args.eval_every == 0 or step == args.steps or over_time:
             set_dense_moe(moes, True)
@@ -596,7 +609,9 @@ def main(argv=None):
                 "val_main_loss": round(val["main_loss"], 4),
                 "val_mtp_loss": round(val["mtp_loss"], 4),
                 "val_mtp_accuracy": round(val["mtp_next_next_token_top1_accuracy"], 4),
-                "max_over_mean_expert_load": [round(v, 3) for v in (load_window.max(1).values * args.routed_experts).tolist()],
+                "max_over_mean_expert_load": [
+                    round(v, 3) for v in (load_window.max(1).values * args.routed_experts).tolist()
+                ],
             }
             curve.append(point)
             print(f"eval {json.dumps(point)}", flush=True)
@@ -637,7 +652,13 @@ def main(argv=None):
     # ---- save
     out = args.output_dir
     os.makedirs(out, exist_ok=True)
-    for stale in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+    for stale in (
+        "model.safetensors",
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ):
         if os.path.exists(os.path.join(out, stale)):
             os.remove(os.path.join(out, stale))
     saved = save_deepseek_checkpoint(model, mtp, out, dtype=torch.bfloat16)
@@ -646,7 +667,14 @@ def main(argv=None):
         json.dump(cfg_dict, f, indent=2)
     with open(os.path.join(out, "generation_config.json"), "w") as f:
         json.dump(
-            {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2, "do_sample": True, "temperature": 0.8, "top_p": 0.95},
+            {
+                "bos_token_id": 0,
+                "eos_token_id": 1,
+                "pad_token_id": 2,
+                "do_sample": True,
+                "temperature": 0.8,
+                "top_p": 0.95,
+            },
             f,
             indent=2,
         )
@@ -674,7 +702,9 @@ def main(argv=None):
 
     hf_tok = AutoTokenizer.from_pretrained(out)
     raw_tok = Tokenizer.from_file(os.path.join(out, "tokenizer.json"))
-    chat_text = hf_tok.apply_chat_template([{"role": "user", "content": CHAT_PROMPT}], tokenize=False, add_generation_prompt=True)
+    chat_text = hf_tok.apply_chat_template(
+        [{"role": "user", "content": CHAT_PROMPT}], tokenize=False, add_generation_prompt=True
+    )
     prompts = SAMPLE_PROMPTS + [chat_text]
     tok_ok = all(hf_tok(p)["input_ids"] == raw_tok.encode(p).ids for p in SAMPLE_PROMPTS)
     chat_ids = hf_tok(chat_text, add_special_tokens=False)["input_ids"]
@@ -701,9 +731,12 @@ def main(argv=None):
         loaded_gpu = loaded_gpu.to(device).eval()
         gpu_tokens = greedy(loaded_gpu, hf_tok, prompts, n_new, device)
         matches = []
-        for c, g in zip(cpu_tokens, gpu_tokens):
+        for prompt, c, g in zip(prompts, cpu_tokens, gpu_tokens):
             first_diff = next((i for i, (u, v) in enumerate(zip(c, g)) if u != v), None)
-            matches.append({"identical": c == g, "first_divergence_at_token": first_diff})
+            match = {"identical": c == g, "first_divergence_at_token": first_diff}
+            if first_diff is not None:  # how close the fp32 reference was to a tie there
+                match["fp32_top2_logit_margin_at_divergence"] = top2_margin(loaded_cpu, hf_tok, prompt, c, first_diff)
+            matches.append(match)
         verification["greedy_gpu_bf16_vs_cpu_fp32"] = matches
         del loaded_gpu
 
@@ -749,7 +782,10 @@ def main(argv=None):
     size_total = sum(files.values())
     gpu_name = torch.cuda.get_device_name(device) if use_cuda else None
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip() or None
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False
+        ).stdout.strip()
+        commit = commit if len(commit) == 40 else None
     except OSError:
         commit = None
     defaults = vars(parse_args([]))
@@ -809,9 +845,18 @@ def main(argv=None):
             f"test_context_{long_ctx}_main_only": long_res,
             "test_expert_load": expert_load,
             "e_score_correction_bias_range": {
-                f"layer {i}": [round(m.gate.e_score_correction_bias.min().item(), 4), round(m.gate.e_score_correction_bias.max().item(), 4)]
-                for i, m in zip([j for j, layer in enumerate(list(loaded_eval.model.layers) + [mtp_eval.block]) if hasattr(layer.mlp, "gate")],
-                                moe_modules(loaded_eval, mtp_eval))
+                f"layer {i}": [
+                    round(m.gate.e_score_correction_bias.min().item(), 4),
+                    round(m.gate.e_score_correction_bias.max().item(), 4),
+                ]
+                for i, m in zip(
+                    [
+                        j
+                        for j, layer in enumerate(list(loaded_eval.model.layers) + [mtp_eval.block])
+                        if hasattr(layer.mlp, "gate")
+                    ],
+                    moe_modules(loaded_eval, mtp_eval),
+                )
             },
         },
         "samples_greedy_cpu_fp32": samples,
@@ -824,7 +869,10 @@ def main(argv=None):
         json.dump(report, f, indent=2, ensure_ascii=False)
     with open(args.results_md, "w", encoding="utf-8") as f:
         f.write(render_markdown(report, long_ctx))
-    print(f"done in {time.time() - t_start:.1f}s; test loss {test_res['main_loss']:.4f} ppl {test_res['perplexity']:.2f}", flush=True)
+    print(
+        f"done in {time.time() - t_start:.1f}s; test loss {test_res['main_loss']:.4f} ppl {test_res['perplexity']:.2f}",
+        flush=True,
+    )
 
 
 def render_markdown(r: dict, long_ctx: int) -> str:
@@ -839,7 +887,7 @@ def render_markdown(r: dict, long_ctx: int) -> str:
         "",
         f"- Date (UTC): {r['date_utc']}",
         f"- Device: {r['environment']['device']}; torch {r['environment']['torch']}, transformers {r['environment']['transformers']}",
-        f"- Base commit: {r['base_commit'] or 'n/a'}",
+        f"- Base commit: {r['base_commit'] or 'not recorded (run from an uncommitted working tree)'}",
         f"- Command: `{r['command']}`",
         f"- Data: {r['data']['corpus']} (sha256 {r['data']['sha256'][:12]}…), {r['data']['characters']:,} characters; "
         f"{r['data']['split']}",
@@ -892,6 +940,21 @@ def render_markdown(r: dict, long_ctx: int) -> str:
             f"| {p['step']} | {p['seconds']} | {p['train_main_loss_ema']:.3f} | {p['train_mtp_loss_ema']:.3f} | "
             f"{p['val_main_loss']:.3f} | {p['val_mtp_loss']:.3f} | {p['val_mtp_accuracy']:.3f} |"
         )
+    sel = r.get("selection")
+    if sel:
+        lines += [
+            "",
+            sel["note"],
+            "",
+            "| run | command | steps run | best step | val main loss | test main loss | test ppl | test MTP acc |",
+            "|---|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for row in sel["runs"]:
+            lines.append(
+                f"| {row['run']}{' (shipped)' if row.get('shipped') else ''} | `{row['command']}` | {row['steps_run']} | "
+                f"{row['shipped_step']} | {row['val_main_loss']:.4f} | {row['test_main_loss']:.4f} | "
+                f"{row['test_perplexity']:.2f} | {row['test_mtp_accuracy']:.3f} |"
+            )
     lines += [
         "",
         "## Held-out results (shipped bf16 weights, fp32 compute)",
@@ -927,8 +990,19 @@ def render_markdown(r: dict, long_ctx: int) -> str:
         extra = ""
         if gpu_match:
             m = gpu_match[i]
-            extra = " (GPU bf16: identical)" if m["identical"] else f" (GPU bf16 diverges at token {m['first_divergence_at_token']})"
-        lines += [f"Prompt {json.dumps(s['prompt'], ensure_ascii=False)}{extra}:", "", "```", s["prompt"] + s["completion"], "```", ""]
+            extra = (
+                " (GPU bf16: identical)"
+                if m["identical"]
+                else f" (GPU bf16 diverges at token {m['first_divergence_at_token']})"
+            )
+        lines += [
+            f"Prompt {json.dumps(s['prompt'], ensure_ascii=False)}{extra}:",
+            "",
+            "```",
+            s["prompt"] + s["completion"],
+            "```",
+            "",
+        ]
     lines += [
         "The last prompt uses the chat template; the model was trained on plain text only, so it answers in",
         "Shakespeare's manner and does not know the chat markers.",
@@ -944,7 +1018,17 @@ def render_markdown(r: dict, long_ctx: int) -> str:
     ]
     if gpu_match:
         same = sum(1 for m in gpu_match if m["identical"])
-        lines.append(f"- greedy tokens, GPU bf16 load vs CPU fp32 load: identical for {same}/{len(gpu_match)} prompts")
+        margins = [
+            m["fp32_top2_logit_margin_at_divergence"] for m in gpu_match if "fp32_top2_logit_margin_at_divergence" in m
+        ]
+        line = f"- greedy tokens, GPU bf16 load vs CPU fp32 load: identical for {same}/{len(gpu_match)} prompts"
+        if margins:
+            line += (
+                "; where they part, the fp32 reference's top-2 logit gap was "
+                + ", ".join(f"{x:.2g}" for x in margins)
+                + " (near-ties that bf16 activations flip; the sequences then continue differently)"
+            )
+        lines.append(line)
     lines += [
         f"- MTP copies of embedding and head equal the main tensors: {v['mtp_embed_and_head_copies_equal_main']}",
         f"- dense training MoE vs transformers' sparse MoE (fp32): max |logit diff| "
