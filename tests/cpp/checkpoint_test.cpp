@@ -19,65 +19,13 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "model/fp8.h"
+#include "safetensors_writer.h"
 
 namespace deepinfer {
 namespace {
 
 namespace fs = std::filesystem;
-
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() /
-            str_cat("deepinfer_checkpoint_test_", ::getpid(), "_", counter.fetch_add(1));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
-struct RawTensor {
-  std::string name;
-  std::string dtype;  // safetensors spelling
-  std::vector<int64_t> shape;
-  std::vector<uint8_t> bytes;
-};
-
-template <typename T>
-std::vector<uint8_t> to_bytes(const std::vector<T>& values) {
-  std::vector<uint8_t> out(values.size() * sizeof(T));
-  if (!out.empty()) std::memcpy(out.data(), values.data(), out.size());
-  return out;
-}
-
-// A well-formed safetensors file. The header is padded to an odd length on purpose, so tensor data is
-// not aligned in the mapping.
-void write_safetensors(const fs::path& path, const std::vector<RawTensor>& tensors) {
-  nlohmann::json header = nlohmann::json::object();
-  std::vector<uint8_t> data;
-  for (const RawTensor& t : tensors) {
-    const size_t begin = data.size();
-    data.insert(data.end(), t.bytes.begin(), t.bytes.end());
-    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {begin, data.size()}}};
-  }
-  std::string text = header.dump();
-  if (text.size() % 2 == 0) text += ' ';
-  std::ofstream out(path, std::ios::binary);
-  const uint64_t len = text.size();
-  for (int i = 0; i < 8; ++i) out.put(static_cast<char>((len >> (8 * i)) & 0xff));
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
-}
+using namespace test;  // NOLINT: the shared test helpers
 
 void write_index(const fs::path& dir, const std::vector<std::pair<std::string, std::string>>& weight_map) {
   nlohmann::json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", nlohmann::json::object()}};
@@ -85,18 +33,6 @@ void write_index(const fs::path& dir, const std::vector<std::pair<std::string, s
   std::ofstream(dir / "model.safetensors.index.json") << index.dump(2);
 }
 
-template <typename Fn>
-void expect_error(Fn&& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "no exception; expected one mentioning " << parts.front();
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    for (const std::string& part : parts) {
-      EXPECT_NE(message.find(part), std::string::npos) << "message: " << message << "\nmissing: " << part;
-    }
-  }
-}
 
 void expect_same(std::span<const float> got, std::span<const float> expected) {
   ASSERT_EQ(got.size(), expected.size());
@@ -114,7 +50,7 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 TEST(Checkpoint, ReadF32WidensExactly) {
-  TempDir dir;
+  TempDir dir("deepinfer_checkpoint_test");
   const std::vector<float> f32 = {1.0f, -2.5f, kInf, std::ldexp(1.0f, -149), -0.0f, 3.4028235e38f};
   // F16: 1, 2^-24 (smallest subnormal), 1023 * 2^-24 (largest subnormal), 65504, -inf, NaN, -0, -2, 2^-14.
   const std::vector<uint16_t> f16 = {0x3c00, 0x0001, 0x03ff, 0x7bff, 0xfc00, 0x7e00, 0x8000, 0xc000, 0x0400};
@@ -128,7 +64,7 @@ TEST(Checkpoint, ReadF32WidensExactly) {
                                             std::ldexp(1.0f, -126)};
   write_safetensors(dir.path() / "model.safetensors", {{"a", "F32", {2, 3}, to_bytes(f32)},
                                                       {"b", "F16", {9}, to_bytes(f16)},
-                                                      {"c", "BF16", {2, 2, 2}, to_bytes(bf16)}});
+                                                      {"c", "BF16", {2, 2, 2}, to_bytes(bf16)}}, nullptr, HeaderPadding::kOdd);
   const Checkpoint ckpt = Checkpoint::open(dir.path());
   EXPECT_EQ(ckpt.names(), (std::vector<std::string>{"a", "b", "c"}));
   EXPECT_EQ(ckpt.file_of("b"), dir.path() / "model.safetensors");
@@ -146,7 +82,7 @@ TEST(Checkpoint, ReadF32WidensExactly) {
 }
 
 TEST(Checkpoint, LargeTensorsWidenInParallel) {
-  TempDir dir;
+  TempDir dir("deepinfer_checkpoint_test");
   const size_t n = 1 << 20;  // above the OpenMP threshold
   std::vector<uint16_t> bf16(n);
   std::vector<uint16_t> f16(n);
@@ -155,7 +91,7 @@ TEST(Checkpoint, LargeTensorsWidenInParallel) {
     f16[i] = static_cast<uint16_t>(i * 40503u);
   }
   write_safetensors(dir.path() / "big.safetensors",
-                    {{"bf16", "BF16", {1024, 1024}, to_bytes(bf16)}, {"f16", "F16", {1024, 1024}, to_bytes(f16)}});
+                    {{"bf16", "BF16", {1024, 1024}, to_bytes(bf16)}, {"f16", "F16", {1024, 1024}, to_bytes(f16)}}, nullptr, HeaderPadding::kOdd);
   const Checkpoint ckpt = Checkpoint::open(dir.path());
   std::vector<float> out(n);
   ckpt.read_f32("bf16", {1024, 1024}, out);
@@ -170,11 +106,11 @@ TEST(Checkpoint, LargeTensorsWidenInParallel) {
 }
 
 TEST(Checkpoint, ReadF32Errors) {
-  TempDir dir;
+  TempDir dir("deepinfer_checkpoint_test");
   write_safetensors(dir.path() / "m.safetensors",
                     {{"w", "F32", {2, 3}, std::vector<uint8_t>(24, 0)},
                      {"ids", "I32", {2}, std::vector<uint8_t>(8, 0)},
-                     {"e5m2", "F8_E5M2", {2}, {1, 2}}});
+                     {"e5m2", "F8_E5M2", {2}, {1, 2}}}, nullptr, HeaderPadding::kOdd);
   const Checkpoint ckpt = Checkpoint::open(dir.path());
   std::vector<float> out(6);
   expect_error([&] { ckpt.read_f32("w", {3, 2}, out); },
@@ -195,17 +131,17 @@ TEST(Checkpoint, ReadF32Errors) {
 }
 
 TEST(Checkpoint, DirectoryErrors) {
-  TempDir dir;
+  TempDir dir("deepinfer_checkpoint_test");
   expect_error([&] { Checkpoint::open(dir.path() / "absent"); }, {"absent", "does not exist"});
   std::ofstream(dir.path() / "config.json") << "{}";
   expect_error([&] { Checkpoint::open(dir.path()); }, {"no *.safetensors files in", dir.path().string()});
 }
 
 TEST(Checkpoint, MultipleFilesWithoutIndex) {
-  TempDir dir;
-  write_safetensors(dir.path() / "b.safetensors", {{"y", "F32", {1}, to_bytes(std::vector<float>{2.0f})}});
+  TempDir dir("deepinfer_checkpoint_test");
+  write_safetensors(dir.path() / "b.safetensors", {{"y", "F32", {1}, to_bytes(std::vector<float>{2.0f})}}, nullptr, HeaderPadding::kOdd);
   write_safetensors(dir.path() / "a.safetensors", {{"x", "F32", {1}, to_bytes(std::vector<float>{1.0f})},
-                                                   {"z", "F32", {1}, to_bytes(std::vector<float>{3.0f})}});
+                                                   {"z", "F32", {1}, to_bytes(std::vector<float>{3.0f})}}, nullptr, HeaderPadding::kOdd);
   std::ofstream(dir.path() / "notes.txt") << "not a tensor file";
   Checkpoint ckpt = Checkpoint::open(dir.path());
   ASSERT_EQ(ckpt.files().size(), 2u);
@@ -225,21 +161,21 @@ TEST(Checkpoint, MultipleFilesWithoutIndex) {
 }
 
 TEST(Checkpoint, DuplicateNamesAcrossFiles) {
-  TempDir dir;
-  write_safetensors(dir.path() / "a.safetensors", {{"x", "F32", {1}, std::vector<uint8_t>(4, 0)}});
-  write_safetensors(dir.path() / "b.safetensors", {{"x", "F32", {1}, std::vector<uint8_t>(4, 0)}});
+  TempDir dir("deepinfer_checkpoint_test");
+  write_safetensors(dir.path() / "a.safetensors", {{"x", "F32", {1}, std::vector<uint8_t>(4, 0)}}, nullptr, HeaderPadding::kOdd);
+  write_safetensors(dir.path() / "b.safetensors", {{"x", "F32", {1}, std::vector<uint8_t>(4, 0)}}, nullptr, HeaderPadding::kOdd);
   expect_error([&] { Checkpoint::open(dir.path()); }, {"tensor x appears in both", "a.safetensors", "b.safetensors"});
 }
 
 TEST(Checkpoint, ShardedWithIndex) {
-  TempDir dir;
+  TempDir dir("deepinfer_checkpoint_test");
   write_safetensors(dir.path() / "model-00001-of-00002.safetensors",
                     {{"embed", "F32", {2}, to_bytes(std::vector<float>{1.0f, 2.0f})},
-                     {"stray", "F32", {1}, to_bytes(std::vector<float>{9.0f})}});
+                     {"stray", "F32", {1}, to_bytes(std::vector<float>{9.0f})}}, nullptr, HeaderPadding::kOdd);
   write_safetensors(dir.path() / "model-00002-of-00002.safetensors",
-                    {{"head", "BF16", {2}, to_bytes(std::vector<uint16_t>{0x4040, 0xc080})}});
+                    {{"head", "BF16", {2}, to_bytes(std::vector<uint16_t>{0x4040, 0xc080})}}, nullptr, HeaderPadding::kOdd);
   // A file the index does not mention is ignored, even though it repeats a name.
-  write_safetensors(dir.path() / "consolidated.safetensors", {{"embed", "F32", {1}, std::vector<uint8_t>(4, 0)}});
+  write_safetensors(dir.path() / "consolidated.safetensors", {{"embed", "F32", {1}, std::vector<uint8_t>(4, 0)}}, nullptr, HeaderPadding::kOdd);
   write_index(dir.path(), {{"embed", "model-00001-of-00002.safetensors"},
                            {"head", "model-00002-of-00002.safetensors"}});
   const Checkpoint ckpt = Checkpoint::open(dir.path());
@@ -255,8 +191,8 @@ TEST(Checkpoint, ShardedWithIndex) {
 }
 
 TEST(Checkpoint, IndexErrors) {
-  TempDir dir;
-  write_safetensors(dir.path() / "s1.safetensors", {{"a", "F32", {1}, std::vector<uint8_t>(4, 0)}});
+  TempDir dir("deepinfer_checkpoint_test");
+  write_safetensors(dir.path() / "s1.safetensors", {{"a", "F32", {1}, std::vector<uint8_t>(4, 0)}}, nullptr, HeaderPadding::kOdd);
   write_index(dir.path(), {{"a", "s1.safetensors"}, {"b", "s2.safetensors"}});
   expect_error([&] { Checkpoint::open(dir.path()); }, {"shard", "s2.safetensors", "does not exist"});
 
@@ -291,7 +227,7 @@ Fp8Weight make_fp8_weight(int64_t rows, int64_t cols, int64_t scale_rows, int64_
 }
 
 TEST(Checkpoint, Fp8BlockDequantization) {
-  TempDir dir;
+  TempDir dir("deepinfer_checkpoint_test");
   const int64_t rows = 200, cols = 300;  // 2 x 3 blocks of 128 x 128, the last ones partial
   const Fp8Weight w = make_fp8_weight(rows, cols, 2, 3);
   write_safetensors(dir.path() / "model.safetensors",
@@ -299,7 +235,7 @@ TEST(Checkpoint, Fp8BlockDequantization) {
                      {"model.layers.0.mlp.down_proj.weight_scale_inv", "F32", {2, 3}, to_bytes(w.scale_inv)},
                      {"model.layers.0.mlp.up_proj.weight", "F8_E4M3", {rows, cols}, w.codes},
                      {"model.layers.0.mlp.gate_proj.weight", "F8_E4M3", {rows, cols}, w.codes},
-                     {"model.layers.0.mlp.gate_proj.weight_scale_inv", "F32", {3, 2}, to_bytes(w.scale_inv)}});
+                     {"model.layers.0.mlp.gate_proj.weight_scale_inv", "F32", {3, 2}, to_bytes(w.scale_inv)}}, nullptr, HeaderPadding::kOdd);
   const Checkpoint ckpt = Checkpoint::open(dir.path());
   std::vector<float> out(rows * cols);
   ckpt.read_f32("model.layers.0.mlp.down_proj.weight", {rows, cols}, out);
@@ -319,14 +255,14 @@ TEST(Checkpoint, Fp8BlockDequantization) {
 }
 
 TEST(Checkpoint, Fp8OtherBlockSizes) {
-  TempDir dir;
+  TempDir dir("deepinfer_checkpoint_test");
   const int64_t rows = 5, cols = 7;
   const Fp8Weight w = make_fp8_weight(rows, cols, 3, 3);  // blocks of 2 x 3
   write_safetensors(dir.path() / "model.safetensors",
                     {{"w.weight", "F8_E4M3", {rows, cols}, w.codes},
                      {"w.weight_scale_inv", "F32", {3, 3}, to_bytes(w.scale_inv)},
                      {"v.weight", "F8_E4M3", {35}, w.codes},
-                     {"v.weight_scale_inv", "F32", {1}, to_bytes(std::vector<float>{1.0f})}});
+                     {"v.weight_scale_inv", "F32", {1}, to_bytes(std::vector<float>{1.0f})}}, nullptr, HeaderPadding::kOdd);
   const Checkpoint ckpt = Checkpoint::open(dir.path());
   std::vector<float> out(rows * cols);
   ckpt.read_f32("w.weight", {rows, cols}, out, {2, 3});

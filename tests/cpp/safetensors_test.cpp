@@ -19,84 +19,13 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "model/fp8.h"
+#include "safetensors_writer.h"
 
 namespace deepinfer {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A fresh directory under the system temp dir, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() /
-            str_cat("deepinfer_safetensors_test_", ::getpid(), "_", counter.fetch_add(1));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
-struct RawTensor {
-  std::string name;
-  std::string dtype;  // safetensors spelling
-  std::vector<int64_t> shape;
-  std::vector<uint8_t> bytes;
-};
-
-template <typename T>
-std::vector<uint8_t> to_bytes(const std::vector<T>& values) {
-  std::vector<uint8_t> out(values.size() * sizeof(T));
-  if (!out.empty()) std::memcpy(out.data(), values.data(), out.size());
-  return out;
-}
-
-void write_raw(const fs::path& path, uint64_t header_len, const std::string& header, const std::vector<uint8_t>& data) {
-  std::ofstream out(path, std::ios::binary);
-  for (int i = 0; i < 8; ++i) out.put(static_cast<char>((header_len >> (8 * i)) & 0xff));
-  out.write(header.data(), static_cast<std::streamsize>(header.size()));
-  out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
-}
-
-// Writes a well-formed file: tensors packed in the given order, header padded to 8 bytes.
-void write_safetensors(const fs::path& path, const std::vector<RawTensor>& tensors,
-                       const nlohmann::json& metadata = nullptr) {
-  nlohmann::json header = nlohmann::json::object();
-  if (!metadata.is_null()) header["__metadata__"] = metadata;
-  std::vector<uint8_t> data;
-  for (const RawTensor& t : tensors) {
-    const size_t begin = data.size();
-    data.insert(data.end(), t.bytes.begin(), t.bytes.end());
-    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {begin, data.size()}}};
-  }
-  std::string text = header.dump();
-  while (text.size() % 8 != 0) text += ' ';
-  write_raw(path, text.size(), text, data);
-}
-
-// Runs `fn`, expects a deepinfer::Error whose message contains every one of `parts`.
-template <typename Fn>
-void expect_error(Fn&& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "no exception; expected one mentioning " << parts.front();
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    for (const std::string& part : parts) {
-      EXPECT_NE(message.find(part), std::string::npos) << "message: " << message << "\nmissing: " << part;
-    }
-  }
-}
+using namespace test;  // NOLINT: the shared test helpers
 
 bool same_bits(float a, float b) { return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b); }
 
@@ -206,7 +135,7 @@ TEST(E4m3, DequantizeBlocksDirect) {
 // --- SafetensorsFile ---
 
 TEST(Safetensors, ReadsTensorsAndMetadata) {
-  TempDir dir;
+  TempDir dir("deepinfer_safetensors_test");
   const fs::path path = dir.path() / "model.safetensors";
   const std::vector<float> f32 = {1.0f, -2.5f, std::numeric_limits<float>::infinity(), std::ldexp(1.0f, -149),
                                   -0.0f, std::bit_cast<float>(0x7fc00123u)};
@@ -262,7 +191,7 @@ TEST(Safetensors, ReadsTensorsAndMetadata) {
 }
 
 TEST(Safetensors, MoveKeepsViewsValid) {
-  TempDir dir;
+  TempDir dir("deepinfer_safetensors_test");
   const fs::path path = dir.path() / "x.safetensors";
   write_safetensors(path, {{"t", "F32", {2}, to_bytes(std::vector<float>{3.0f, 4.0f})}});
   SafetensorsFile first = SafetensorsFile::open(path);
@@ -278,7 +207,7 @@ TEST(Safetensors, MoveKeepsViewsValid) {
 }
 
 TEST(Safetensors, UnsupportedDtypesAreRecorded) {
-  TempDir dir;
+  TempDir dir("deepinfer_safetensors_test");
   const fs::path path = dir.path() / "x.safetensors";
   write_safetensors(path, {{"e5m2", "F8_E5M2", {4}, {1, 2, 3, 4}},
                            {"u8", "U8", {2}, {1, 2}},
@@ -294,14 +223,14 @@ TEST(Safetensors, UnsupportedDtypesAreRecorded) {
 }
 
 TEST(Safetensors, MissingFile) {
-  TempDir dir;
+  TempDir dir("deepinfer_safetensors_test");
   const fs::path path = dir.path() / "nope.safetensors";
   expect_error([&] { SafetensorsFile::open(path); }, {"does not exist", "nope.safetensors"});
   expect_error([&] { SafetensorsFile::open(dir.path()); }, {"not a regular file"});
 }
 
 TEST(Safetensors, TooShortForHeader) {
-  TempDir dir;
+  TempDir dir("deepinfer_safetensors_test");
   const fs::path path = dir.path() / "short.safetensors";
   std::ofstream(path, std::ios::binary) << "abc";
   expect_error([&] { SafetensorsFile::open(path); }, {"too short", "short.safetensors", "3 bytes"});
@@ -310,7 +239,7 @@ TEST(Safetensors, TooShortForHeader) {
 }
 
 TEST(Safetensors, HeaderLengthBeyondFile) {
-  TempDir dir;
+  TempDir dir("deepinfer_safetensors_test");
   const fs::path path = dir.path() / "bad_len.safetensors";
   write_raw(path, 1000, "{}", {});
   expect_error([&] { SafetensorsFile::open(path); }, {"bad_len.safetensors", "header length of 1000"});
@@ -319,7 +248,7 @@ TEST(Safetensors, HeaderLengthBeyondFile) {
 }
 
 TEST(Safetensors, InvalidJson) {
-  TempDir dir;
+  TempDir dir("deepinfer_safetensors_test");
   const fs::path path = dir.path() / "bad_json.safetensors";
   const std::string header = R"({"a": {"dtype": "F32", )";
   write_raw(path, header.size(), header, {});
@@ -330,7 +259,7 @@ TEST(Safetensors, InvalidJson) {
 }
 
 TEST(Safetensors, MalformedEntries) {
-  TempDir dir;
+  TempDir dir("deepinfer_safetensors_test");
   const fs::path path = dir.path() / "entries.safetensors";
   const auto check = [&](const std::string& header, const std::string& expected) {
     write_raw(path, header.size(), header, std::vector<uint8_t>(16, 0));
@@ -349,7 +278,7 @@ TEST(Safetensors, MalformedEntries) {
 }
 
 TEST(Safetensors, TruncatedFile) {
-  TempDir dir;
+  TempDir dir("deepinfer_safetensors_test");
   const fs::path path = dir.path() / "cut.safetensors";
   write_safetensors(path, {{"first", "F32", {4}, std::vector<uint8_t>(16, 0)},
                            {"second", "BF16", {8}, std::vector<uint8_t>(16, 0)}});
