@@ -55,8 +55,29 @@ int32_t argmax(std::span<const float> logits) {
   return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
+// Samples from softmax(logits / temperature) over the whole vocabulary: no sort needed.
+int32_t sample_unfiltered(std::span<const float> logits, float temperature, std::mt19937_64& rng) {
+  const float max_scaled = *std::max_element(logits.begin(), logits.end()) / temperature;
+  std::vector<double> weights(logits.size());
+  double sum = 0.0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    weights[i] = logits[i] == kNegInf ? 0.0 : std::exp(static_cast<double>(logits[i] / temperature - max_scaled));
+    sum += weights[i];
+  }
+  const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng) * sum;
+  double cumulative = 0.0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    cumulative += weights[i];
+    if (u < cumulative) return static_cast<int32_t>(i);
+  }
+  return argmax(logits);
+}
+
 // Samples from softmax(logits / temperature) restricted by top_k, top_p and min_p, with one uniform draw.
 int32_t sample_filtered(std::span<const float> logits, const SamplingParams& p, std::mt19937_64& rng) {
+  if ((p.top_k <= 0 || static_cast<size_t>(p.top_k) >= logits.size()) && p.top_p >= 1.0f && p.min_p <= 0.0f) {
+    return sample_unfiltered(logits, p.temperature, rng);
+  }
   std::vector<int32_t> order(logits.size());
   std::iota(order.begin(), order.end(), 0);
   const size_t k = p.top_k > 0 ? std::min<size_t>(static_cast<size_t>(p.top_k), order.size()) : order.size();
