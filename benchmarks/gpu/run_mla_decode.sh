@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Builds the MLA decode test + microbenchmark for sm_90a with nvcc and runs it; logs and the JSON go to $OUT
+# (default ./out/mla_decode). Run from the repository root on a Hopper GPU machine (CUDA 13, gcc, no other deps).
+#   BENCH_COMMIT / BENCH_DATE: recorded in the JSON (git is used when available).
+#   MLA_BENCH_ARGS: extra arguments for the program (e.g. --quick).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-out/mla_decode}
+BUILD=${BUILD:-build/mla_decode_bench}
+mkdir -p "$OUT" "$BUILD"
+
+export BENCH_COMMIT=${BENCH_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+export BENCH_DATE=${BENCH_DATE:-$(date -u +%Y-%m-%dT%H:%M:%SZ)}
+export BENCH_COMMAND=${BENCH_COMMAND:-benchmarks/gpu/run_mla_decode.sh}
+
+NVCC=${NVCC:-nvcc}
+FLAGS=(-std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc -Xcompiler -fopenmp -lineinfo)
+SOURCES=(
+  benchmarks/kernels/mla_decode_bench.cu
+  csrc/backend/cuda/mla_decode.cu
+  csrc/backend/cuda/instantiations/mla_decode_narrow.cu
+  csrc/backend/cuda/instantiations/mla_decode_wide.cu
+  csrc/backend/cuda/instantiations/mla_decode_wide_wgmma.cu
+  csrc/backend/cuda/cuda_stream.cpp
+  csrc/backend/cuda/device_buffer.cpp
+  csrc/backend/cpu/mla.cpp
+  csrc/backend/cpu/gemm.cpp
+  csrc/backend/ops_validate.cpp
+  csrc/core/tensor.cpp
+)
+
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv || true
+  "$NVCC" --version | tail -n 2
+  pids=()
+  for src in "${SOURCES[@]}"; do
+    obj="$BUILD/$(basename "${src%.*}").o"
+    "$NVCC" "${FLAGS[@]}" -Xptxas -v -c "$src" -o "$obj" > "$obj.log" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || { cat "$BUILD"/*.o.log; exit 1; }; done
+  grep -h -E "registers|spill" "$BUILD"/mla_decode*.o.log || true
+  "$NVCC" "${FLAGS[@]}" "$BUILD"/*.o -o "$BUILD/mla_decode_bench"
+  for k in narrow wide wide_wgmma; do  # the instructions each kernel really uses
+    echo "sass $k: $(cuobjdump --dump-sass "$BUILD/mla_decode_$k.o" 2>/dev/null |
+      grep -oE '\b(HGMMA|HMMA|LDSM|LDGSTS|LDL|STL|BAR)\b' | sort | uniq -c | tr -s ' \n' ' ')"
+  done
+} 2>&1 | tee "$OUT/build.log"
+
+"$BUILD/mla_decode_bench" --json "$OUT/mla_decode_h200.json" ${MLA_BENCH_ARGS:-} 2>&1 | tee "$OUT/run.log"

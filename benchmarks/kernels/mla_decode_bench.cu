@@ -1,0 +1,533 @@
+// MLA decode (absorbed, paged bf16 latent cache): correctness against the CPU reference, then a microbenchmark
+// beside the measured ceilings (device-to-device copy bandwidth; the bf16 tensor-core peak is quoted, not measured).
+//
+// usage: mla_decode_bench [--json PATH] [--quick]
+//   Environment (recorded in the JSON when set): BENCH_COMMIT, BENCH_DATE, BENCH_COMMAND.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_stream.h"
+#include "backend/cuda/device_buffer.h"
+#include "backend/cuda/mla_decode.cuh"
+#include "core/half.h"
+
+namespace deepinfer::bench {
+namespace {
+
+using cuda::CudaStream;
+using cuda::DeviceBuffer;
+using cuda::MlaDecodeKernel;
+using cuda::MlaDecodeParams;
+
+constexpr int kHeadDim = 576, kRank = 512, kRopeDim = 64;
+constexpr double kBf16PeakTflops = 790.0;  // dense bf16 matrix product measured on this GPU model (not in this run)
+
+const char* kernel_name(MlaDecodeKernel k) {
+  switch (k) {
+    case MlaDecodeKernel::kAuto: return "auto";
+    case MlaDecodeKernel::kNarrow: return "narrow";
+    case MlaDecodeKernel::kWide: return "wide";
+    case MlaDecodeKernel::kWideWgmma: return "wgmma";
+  }
+  return "?";
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Correctness
+
+struct CheckCase {
+  int heads = 16;
+  std::vector<int> context_lens;
+  int page_size = 64;
+  float q_scale = 1.0f;              // queries ~ U(-q_scale, q_scale): larger gives peakier softmax
+  std::vector<int> splits = {0};     // 0 = heuristic
+  MlaDecodeKernel kernel = MlaDecodeKernel::kAuto;
+};
+
+struct CheckResult {
+  std::string name;
+  int heads = 0, batch = 0, page_size = 0, splits = 0;
+  std::string kernel;
+  double error = 0.0;
+  int64_t nan_count = 0;
+  bool pass = false;
+};
+
+std::string case_name(const CheckCase& c) {
+  std::string s = "h" + std::to_string(c.heads) + " ps" + std::to_string(c.page_size) + " ctx[";
+  for (size_t i = 0; i < c.context_lens.size(); ++i) s += (i ? "," : "") + std::to_string(c.context_lens[i]);
+  return s + "]";
+}
+
+std::vector<CheckResult> run_check(const CheckCase& c, std::mt19937_64& rng, cudaStream_t stream, int num_sms) {
+  const int batch = static_cast<int>(c.context_lens.size()), heads = c.heads, ps = c.page_size;
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  int max_ctx = 0, max_pages = 1, used_pages = 0;
+  for (int ctx : c.context_lens) {
+    max_ctx = std::max(max_ctx, ctx);
+    max_pages = std::max(max_pages, (ctx + ps - 1) / ps + 2);  // spare slots hold out-of-range ids
+    used_pages += (ctx + ps - 1) / ps;
+  }
+  const int num_pages = used_pages + 5;  // unused pages stay poisoned
+  // Pages scattered in random order.
+  std::vector<int32_t> perm(num_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t> page_table(static_cast<size_t>(batch) * max_pages);
+  std::vector<uint16_t> cache(static_cast<size_t>(num_pages) * ps * kHeadDim, 0x7fc0);  // NaN everywhere
+  int next_page = 0;
+  for (int b = 0; b < batch; ++b) {
+    const int ctx = c.context_lens[b];
+    for (int p = 0; p < max_pages; ++p) {
+      const bool used = p < (ctx + ps - 1) / ps;
+      page_table[static_cast<size_t>(b) * max_pages + p] = used ? perm[next_page++] : num_pages + 1000 + p;
+    }
+    for (int j = 0; j < ctx; ++j) {
+      const int page = page_table[static_cast<size_t>(b) * max_pages + j / ps];
+      uint16_t* row = &cache[(static_cast<size_t>(page) * ps + j % ps) * kHeadDim];
+      for (int d = 0; d < kHeadDim; ++d) row[d] = float_to_bf16(unit(rng));
+    }
+  }
+  std::vector<uint16_t> q(static_cast<size_t>(batch) * heads * kHeadDim);
+  for (auto& v : q) v = float_to_bf16(c.q_scale * unit(rng));
+  const float scale = 1.0f / std::sqrt(192.0f) * 1.3f;
+
+  // The CPU reference on the same (bf16-rounded) values in fp32.
+  std::vector<float> q_lat(static_cast<size_t>(batch) * heads * kRank), q_pe(static_cast<size_t>(batch) * heads * kRopeDim);
+  for (int64_t r = 0; r < static_cast<int64_t>(batch) * heads; ++r) {
+    for (int d = 0; d < kRank; ++d) q_lat[r * kRank + d] = bf16_to_float(q[r * kHeadDim + d]);
+    for (int d = 0; d < kRopeDim; ++d) q_pe[r * kRopeDim + d] = bf16_to_float(q[r * kHeadDim + kRank + d]);
+  }
+  std::vector<float> cache_f(cache.size());
+  for (size_t i = 0; i < cache.size(); ++i) cache_f[i] = bf16_to_float(cache[i]);
+  std::vector<float> ref(static_cast<size_t>(batch) * heads * kRank, 0.0f);
+  std::vector<int32_t> query_start(batch + 1);
+  std::iota(query_start.begin(), query_start.end(), 0);
+  MlaDecodeArgs args{
+      .q_latent = ConstTensorView(q_lat.data(), DType::kF32, Shape{batch, heads, kRank}, Device::kCpu),
+      .q_pe = ConstTensorView(q_pe.data(), DType::kF32, Shape{batch, heads, kRopeDim}, Device::kCpu),
+      .cache = ConstTensorView(cache_f.data(), DType::kF32, Shape{num_pages, ps, kHeadDim}, Device::kCpu),
+      .out_latent = TensorView{ref.data(), DType::kF32, Shape{batch, heads, kRank}, Device::kCpu},
+      .meta = AttentionMetadata{.query_start = query_start, .context_lens = c.context_lens, .page_table = page_table,
+                                .max_pages_per_seq = max_pages, .num_seqs = batch},
+      .kv_lora_rank = kRank,
+      .softmax_scale = scale,
+  };
+  cpu::mla_decode(args);
+  double ref_max = 0.0;
+  for (float v : ref) ref_max = std::max(ref_max, static_cast<double>(std::fabs(v)));
+
+  DeviceBuffer d_q(q.size() * 2, stream), d_cache(cache.size() * 2, stream), d_out(ref.size() * 2, stream);
+  DeviceBuffer d_table(page_table.size() * 4, stream), d_lens(c.context_lens.size() * 4, stream);
+  CUDA_TRY(cudaMemcpyAsync(d_q.data(), q.data(), d_q.bytes(), cudaMemcpyHostToDevice, stream));
+  CUDA_TRY(cudaMemcpyAsync(d_cache.data(), cache.data(), d_cache.bytes(), cudaMemcpyHostToDevice, stream));
+  CUDA_TRY(cudaMemcpyAsync(d_table.data(), page_table.data(), d_table.bytes(), cudaMemcpyHostToDevice, stream));
+  CUDA_TRY(cudaMemcpyAsync(d_lens.data(), c.context_lens.data(), d_lens.bytes(), cudaMemcpyHostToDevice, stream));
+
+  std::vector<CheckResult> results;
+  for (int forced_splits : c.splits) {
+    MlaDecodeParams p{.q = d_q.as<uint16_t>(), .cache = d_cache.as<uint16_t>(), .page_table = d_table.as<int32_t>(),
+                      .context_lens = d_lens.as<int32_t>(), .out = d_out.as<uint16_t>(), .batch = batch,
+                      .num_heads = heads, .page_size = ps, .max_pages_per_seq = max_pages, .max_context_len = max_ctx,
+                      .num_sms = num_sms, .num_splits = forced_splits, .softmax_scale = scale, .kernel = c.kernel};
+    DeviceBuffer workspace(std::max<size_t>(cuda::mla_decode_workspace_bytes(p), 16), stream);
+    CUDA_TRY(cudaMemsetAsync(workspace.data(), 0xff, workspace.bytes(), stream));  // NaN: unwritten partials show
+    p.workspace = workspace.data();
+    CUDA_TRY(cudaMemsetAsync(d_out.data(), 0xff, d_out.bytes(), stream));  // NaN: unwritten outputs show
+    cuda::mla_decode(p, stream);
+    std::vector<uint16_t> got(ref.size());
+    CUDA_TRY(cudaMemcpyAsync(got.data(), d_out.data(), d_out.bytes(), cudaMemcpyDeviceToHost, stream));
+    CUDA_TRY(cudaStreamSynchronize(stream));
+    CheckResult r{.name = case_name(c), .heads = heads, .batch = batch, .page_size = ps,
+                  .splits = cuda::mla_decode_num_splits(p), .kernel = kernel_name(c.kernel)};
+    double max_diff = 0.0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const float v = bf16_to_float(got[i]);
+      if (!std::isfinite(v)) {
+        ++r.nan_count;
+        continue;
+      }
+      max_diff = std::max(max_diff, static_cast<double>(std::fabs(v - ref[i])));
+    }
+    r.error = max_diff / std::max(ref_max, 1e-30);
+    r.pass = r.nan_count == 0 && r.error <= 1e-2;
+    if (!r.pass) {  // where the error sits: per (sequence, 16-head group), per 64-column block
+      for (int b = 0; b < batch; ++b) {
+        for (int hg = 0; hg < heads / 16; ++hg) {
+          std::printf("  seq %d (ctx %d) heads %3d..: ", b, c.context_lens[b], hg * 16);
+          for (int cb = 0; cb < kRank / 64; ++cb) {
+            double e = 0.0;
+            for (int h = hg * 16; h < hg * 16 + 16; ++h) {
+              for (int d = cb * 64; d < cb * 64 + 64; ++d) {
+                const size_t i = (static_cast<size_t>(b) * heads + h) * kRank + d;
+                const float v = bf16_to_float(got[i]);
+                e = std::max(e, std::isfinite(v) ? std::fabs(v - ref[i]) / std::max(ref_max, 1e-30) : 99.0);
+              }
+            }
+            std::printf("%8.1e", e);
+          }
+          std::printf("\n");
+          if (hg >= 3) break;
+        }
+        if (b >= 2) break;
+      }
+      const size_t i0 = 0;
+      std::printf("  out[0,0,0..4] got %g %g %g %g ref %g %g %g %g\n", bf16_to_float(got[i0]), bf16_to_float(got[i0 + 1]),
+                  bf16_to_float(got[i0 + 2]), bf16_to_float(got[i0 + 3]), ref[i0], ref[i0 + 1], ref[i0 + 2], ref[i0 + 3]);
+    }
+    std::printf("check %-44s kernel %-6s splits %3d  err %.3e  nan %lld  %s\n", r.name.c_str(), r.kernel.c_str(),
+                r.splits, r.error, static_cast<long long>(r.nan_count), r.pass ? "ok" : "FAIL");
+    results.push_back(r);
+  }
+  return results;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Timing
+
+__global__ void fill_random_bf16(uint16_t* data, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint64_t x = (static_cast<uint64_t>(i) + seed) * 0x9E3779B97F4A7C15ull;
+    x ^= x >> 31;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 29;
+    const float u = static_cast<float>(x >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;  // U(-1, 1)
+    data[i] = static_cast<uint16_t>(__float_as_uint(u) >> 16);
+  }
+}
+
+// Reads a buffer larger than L2 without writing it: evicts the kernel's data and leaves only clean lines, so no
+// write-back of the flush itself lands inside the timed region (a memset flush would leave ~50 MB dirty).
+__global__ void read_flush(const int4* data, int64_t n, int* sink) {
+  int4 acc = make_int4(0, 0, 0, 0);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int4 v = __ldcg(data + i);
+    acc.x ^= v.x, acc.y ^= v.y, acc.z ^= v.z, acc.w ^= v.w;
+  }
+  if ((acc.x & acc.y & acc.z & acc.w) == 0x7fffffff) *sink = 1;  // keeps the loads; practically never true
+}
+
+class EventPair {
+ public:
+  EventPair() {
+    CUDA_TRY(cudaEventCreate(&start_));
+    CUDA_TRY(cudaEventCreate(&stop_));
+  }
+  EventPair(const EventPair&) = delete;
+  EventPair& operator=(const EventPair&) = delete;
+  ~EventPair() {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+  }
+  cudaEvent_t start() const { return start_; }
+  cudaEvent_t stop() const { return stop_; }
+  float ms() const {
+    float t = 0.0f;
+    CUDA_TRY(cudaEventElapsedTime(&t, start_, stop_));
+    return t;
+  }
+
+ private:
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// Median milliseconds of `reps` runs of `fn`, each after `flush` (not timed), after `warmup` runs.
+template <typename Fn, typename Flush>
+double time_ms(cudaStream_t stream, int warmup, int reps, Fn fn, Flush flush) {
+  std::vector<EventPair> events(static_cast<size_t>(reps));
+  for (int i = 0; i < warmup; ++i) {
+    flush();
+    fn();
+  }
+  for (int i = 0; i < reps; ++i) {
+    flush();
+    CUDA_TRY(cudaEventRecord(events[i].start(), stream));
+    fn();
+    CUDA_TRY(cudaEventRecord(events[i].stop(), stream));
+  }
+  CUDA_TRY(cudaStreamSynchronize(stream));
+  std::vector<double> t;
+  for (auto& e : events) t.push_back(e.ms());
+  return median(t);
+}
+
+struct PerfResult {
+  int heads = 0, batch = 0, context = 0, splits = 0;
+  std::string kernel, tag;
+  double ms = 0.0, bytes = 0.0, flops = 0.0, gbps = 0.0, bw_fraction = 0.0, tflops = 0.0, peak_fraction = 0.0;
+};
+
+struct PerfBuffers {
+  DeviceBuffer cache, q, out, table, lens, workspace, flush;
+};
+
+struct PerfCase {
+  int heads = 16, batch = 1, context = 1024;
+  int splits = 0;  // 0 = heuristic
+  MlaDecodeKernel kernel = MlaDecodeKernel::kAuto;
+  const char* tag = "main";
+};
+
+PerfResult run_perf(const PerfCase& c, PerfBuffers& buf, std::mt19937_64& rng, cudaStream_t stream, int num_sms,
+                    double copy_gbps) {
+  const int heads = c.heads, batch = c.batch, context = c.context;
+  const int ps = 64, pages_per_seq = (context + ps - 1) / ps, num_pages = batch * pages_per_seq;
+  std::vector<int32_t> perm(num_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);  // scattered pages
+  std::vector<int32_t> lens(batch, context);
+  CUDA_TRY(cudaMemcpyAsync(buf.table.data(), perm.data(), perm.size() * 4, cudaMemcpyHostToDevice, stream));
+  CUDA_TRY(cudaMemcpyAsync(buf.lens.data(), lens.data(), lens.size() * 4, cudaMemcpyHostToDevice, stream));
+  MlaDecodeParams p{.q = buf.q.as<uint16_t>(), .cache = buf.cache.as<uint16_t>(), .page_table = buf.table.as<int32_t>(),
+                    .context_lens = buf.lens.as<int32_t>(), .out = buf.out.as<uint16_t>(), .batch = batch,
+                    .num_heads = heads, .page_size = ps, .max_pages_per_seq = pages_per_seq, .max_context_len = context,
+                    .num_sms = num_sms, .num_splits = c.splits, .softmax_scale = 1.0f / std::sqrt(192.0f),
+                    .kernel = c.kernel};
+  DI_CHECK(cuda::mla_decode_workspace_bytes(p) <= buf.workspace.bytes(), "workspace too small");
+  p.workspace = buf.workspace.data();
+  const auto flush = [&] {
+    read_flush<<<4 * num_sms, 512, 0, stream>>>(buf.flush.as<int4>(), static_cast<int64_t>(buf.flush.bytes() / 16),
+                                                 buf.flush.as<int>());
+  };
+  const double ms = time_ms(stream, 3, 30, [&] { cuda::mla_decode(p, stream); }, flush);
+  CUDA_TRY(cudaGetLastError());
+  PerfResult r{.heads = heads, .batch = batch, .context = context, .splits = cuda::mla_decode_num_splits(p),
+               .kernel = kernel_name(c.kernel), .tag = c.tag, .ms = ms};
+  r.bytes = static_cast<double>(batch) * context * kHeadDim * 2 + static_cast<double>(batch) * heads * kHeadDim * 2 +
+            static_cast<double>(batch) * heads * kRank * 2;
+  r.flops = 2.0 * batch * heads * static_cast<double>(context) * (kHeadDim + kRank);
+  r.gbps = r.bytes / (ms * 1e-3) / 1e9;
+  r.bw_fraction = r.gbps / copy_gbps;
+  r.tflops = r.flops / (ms * 1e-3) / 1e12;
+  r.peak_fraction = r.tflops / kBf16PeakTflops;
+  std::printf("perf %-8s h%-3d b%-3d ctx%-6d %-6s splits %3d %9.1f us  %7.0f GB/s  %5.1f%% of copy  %6.1f TFLOP/s\n",
+              c.tag, heads, batch, context, r.kernel.c_str(), r.splits, ms * 1e3, r.gbps, 100.0 * r.bw_fraction,
+              r.tflops);
+  std::fflush(stdout);
+  return r;
+}
+
+std::string env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? v : fallback;
+}
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    if (ch == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += ch;
+  }
+  return out;
+}
+
+int run(int argc, char** argv) {
+  std::string json_path = "mla_decode_h200.json";
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json" && i + 1 < argc) json_path = argv[++i];
+    if (a == "--quick") quick = true;
+  }
+  int device = 0;
+  CUDA_TRY(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  CUDA_TRY(cudaGetDeviceProperties(&prop, device));
+  int num_sms = 0;
+  CUDA_TRY(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  std::printf("device %s, %d SMs, L2 %d MB, smem/block optin %zu KB\n", prop.name, num_sms, prop.l2CacheSize >> 20,
+              prop.sharedMemPerBlockOptin >> 10);
+  CudaStream stream;
+  const uint64_t seed = std::random_device{}();
+  std::mt19937_64 rng(seed);
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+
+  // 1. Correctness.
+  std::vector<CheckCase> cases = {
+      {.heads = 16, .context_lens = {1}},
+      {.heads = 16, .context_lens = {63, 65, 1000, 1}, .splits = {0, 1, 3}},
+      {.heads = 16, .context_lens = {1000, 1, 64, 129, 640, 7, 999, 500}, .q_scale = 4.0f, .splits = {0, 1, 5, 16}},
+      {.heads = 16, .context_lens = {4097, 2500}, .page_size = 64, .splits = {0, 1}},
+      {.heads = 16, .context_lens = {63, 65, 300}, .page_size = 16, .splits = {0, 2}},
+      {.heads = 128, .context_lens = {1}},
+      {.heads = 128, .context_lens = {63, 65, 1000}, .q_scale = 4.0f, .splits = {0, 1, 4}},
+      {.heads = 128, .context_lens = {1000, 1, 64, 129, 640, 7, 999, 500}, .splits = {0, 1, 7}},
+      {.heads = 128, .context_lens = {300, 77}, .page_size = 32, .splits = {0, 3}},
+      {.heads = 128, .context_lens = {65, 1000}, .splits = {0, 2}, .kernel = MlaDecodeKernel::kNarrow},
+      {.heads = 128, .context_lens = {1000, 1, 64, 129, 640, 7}, .splits = {0, 1, 5}, .kernel = MlaDecodeKernel::kWide},
+      {.heads = 128, .context_lens = {2000, 128, 65, 3}, .q_scale = 4.0f, .splits = {0, 1, 2, 40}},
+      {.heads = 64, .context_lens = {300, 192}, .page_size = 16, .splits = {0, 1}, .kernel = MlaDecodeKernel::kWide},
+      {.heads = 16, .context_lens = {2000, 700, 3, 129}, .page_size = 128, .splits = {0, 1}},
+      {.heads = 64, .context_lens = {200, 1}, .splits = {0}},
+      {.heads = 32, .context_lens = {200, 33}, .splits = {0, 2}},
+      {.heads = 16, .context_lens = {3000}, .splits = {200}},
+  };
+  std::vector<CheckResult> checks;
+  bool all_pass = true;
+  for (const auto& c : cases) {
+    for (auto& r : run_check(c, rng, stream.get(), num_sms)) {
+      all_pass = all_pass && r.pass;
+      checks.push_back(std::move(r));
+    }
+  }
+  std::printf("correctness: %s\n", all_pass ? "all pass" : "FAILURES");
+
+  // 2. Ceiling: device-to-device copy bandwidth (bytes read + written).
+  double copy_gbps = 0.0;
+  {
+    const size_t bytes = size_t{2} << 30;
+    DeviceBuffer src(bytes, stream.get()), dst(bytes, stream.get());
+    fill_random_bf16<<<1024, 256, 0, stream.get()>>>(src.as<uint16_t>(), bytes / 2, seed);
+    CUDA_TRY(cudaGetLastError());
+    const double ms = time_ms(stream.get(), 2, 10, [&] {
+      CUDA_TRY(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, stream.get()));
+    }, [] {});
+    copy_gbps = 2.0 * bytes / (ms * 1e-3) / 1e9;
+    std::printf("copy bandwidth: %.0f GB/s (2 GiB device-to-device, %.3f ms)\n", copy_gbps, ms);
+  }
+
+  // 3. Kernel timings.
+  std::vector<PerfResult> perf;
+  {
+    const std::vector<int> batches = quick ? std::vector<int>{32} : std::vector<int>{1, 32, 128};
+    const std::vector<int> contexts = quick ? std::vector<int>{8192} : std::vector<int>{1024, 8192, 32768};
+    const int max_batch = *std::max_element(batches.begin(), batches.end());
+    const int max_ctx = *std::max_element(contexts.begin(), contexts.end());
+    const size_t cache_bytes = static_cast<size_t>(max_batch) * max_ctx * kHeadDim * 2;
+    PerfBuffers buf{
+        .cache = DeviceBuffer(cache_bytes, stream.get()),
+        .q = DeviceBuffer(static_cast<size_t>(max_batch) * 128 * kHeadDim * 2, stream.get()),
+        .out = DeviceBuffer(static_cast<size_t>(max_batch) * 128 * kRank * 2, stream.get()),
+        .table = DeviceBuffer(static_cast<size_t>(max_batch) * max_ctx / 64 * 4 + 4, stream.get()),
+        .lens = DeviceBuffer(static_cast<size_t>(max_batch) * 4, stream.get()),
+        .workspace = DeviceBuffer(size_t{256} << 20, stream.get()),
+        .flush = DeviceBuffer(size_t{256} << 20, stream.get()),
+    };
+    fill_random_bf16<<<4096, 256, 0, stream.get()>>>(buf.cache.as<uint16_t>(), cache_bytes / 2, seed + 1);
+    fill_random_bf16<<<256, 256, 0, stream.get()>>>(buf.q.as<uint16_t>(), buf.q.bytes() / 2, seed + 2);
+    CUDA_TRY(cudaGetLastError());
+    CUDA_TRY(cudaMemsetAsync(buf.flush.data(), 0, buf.flush.bytes(), stream.get()));
+    const auto add = [&](const PerfCase& c) {
+      perf.push_back(run_perf(c, buf, rng, stream.get(), num_sms, copy_gbps));
+    };
+    for (int heads : {16, 128}) {
+      for (int batch : batches) {
+        for (int context : contexts) {
+          if (static_cast<double>(batch) * context * kHeadDim * 2 > 60e9) continue;
+          add({.heads = heads, .batch = batch, .context = context});
+        }
+      }
+    }
+    if (!quick) {
+      // The split heuristic against fixed split counts.
+      struct Sweep {
+        int heads, batch, context;
+        std::vector<int> splits;
+      };
+      const std::vector<Sweep> sweeps = {
+          {16, 1, 8192, {8, 16, 32, 64, 128}},  {16, 1, 32768, {32, 64, 128}}, {16, 32, 1024, {1, 2, 4, 8}},
+          {16, 32, 8192, {2, 4, 8}},            {16, 128, 1024, {1, 2}},       {16, 64, 16384, {1, 2, 4}},
+          {128, 1, 32768, {16, 32, 64, 128}},   {128, 32, 1024, {1, 2, 4}},    {128, 32, 8192, {1, 2, 4}},
+      };
+      for (const auto& sw : sweeps) {
+        for (int splits : sw.splits) {
+          add({.heads = sw.heads, .batch = sw.batch, .context = sw.context, .splits = splits, .tag = "sweep"});
+        }
+      }
+      // The narrow kernel (eight 16-head blocks) on V3's 128 heads.
+      add({.heads = 128, .batch = 32, .context = 8192, .kernel = MlaDecodeKernel::kNarrow, .tag = "narrow"});
+      // The same version timed again: the spread between two measurements.
+      add({.heads = 16, .batch = 32, .context = 8192, .tag = "repeat"});
+      add({.heads = 128, .batch = 32, .context = 8192, .tag = "repeat"});
+      for (int batch : batches) {  // the mma.sync wide kernel on every V3 shape, beside the default
+        for (int context : contexts) {
+          add({.heads = 128, .batch = batch, .context = context, .kernel = MlaDecodeKernel::kWide, .tag = "mma.sync"});
+        }
+      }
+      // The shapes of the comparison table in the design notes.
+      add({.heads = 16, .batch = 64, .context = 16384, .tag = "compare"});
+      add({.heads = 128, .batch = 64, .context = 16384, .tag = "compare"});
+      add({.heads = 128, .batch = 128, .context = 16384, .tag = "compare"});
+    }
+    CUDA_TRY(cudaStreamSynchronize(stream.get()));
+  }
+
+  // 4. JSON.
+  if (FILE* f = std::fopen(json_path.c_str(), "w")) {
+    std::fprintf(f, "{\n  \"benchmark\": \"mla_decode\",\n");
+    std::fprintf(f, "  \"gpu\": \"%s\",\n  \"num_sms\": %d,\n  \"l2_bytes\": %d,\n", json_escape(prop.name).c_str(),
+                 num_sms, prop.l2CacheSize);
+    std::fprintf(f, "  \"commit\": \"%s\",\n  \"date\": \"%s\",\n  \"command\": \"%s\",\n",
+                 json_escape(env_or("BENCH_COMMIT", "unknown")).c_str(),
+                 json_escape(env_or("BENCH_DATE", "unknown")).c_str(),
+                 json_escape(env_or("BENCH_COMMAND", "mla_decode_bench")).c_str());
+    std::fprintf(f, "  \"seed\": %llu,\n", static_cast<unsigned long long>(seed));
+    std::fprintf(f, "  \"copy_bandwidth_gbps\": %.1f,\n  \"bf16_peak_tflops_reference\": %.1f,\n", copy_gbps,
+                 kBf16PeakTflops);
+    std::fprintf(f, "  \"correctness_pass\": %s,\n  \"correctness\": [\n", all_pass ? "true" : "false");
+    for (size_t i = 0; i < checks.size(); ++i) {
+      const auto& r = checks[i];
+      std::fprintf(f,
+                   "    {\"case\": \"%s\", \"heads\": %d, \"batch\": %d, \"page_size\": %d, \"kernel\": \"%s\", "
+                   "\"splits\": %d, \"normalized_error\": %.3e, \"nan\": %lld, \"pass\": %s}%s\n",
+                   r.name.c_str(), r.heads, r.batch, r.page_size, r.kernel.c_str(), r.splits, r.error,
+                   static_cast<long long>(r.nan_count), r.pass ? "true" : "false", i + 1 < checks.size() ? "," : "");
+    }
+    std::fprintf(f, "  ],\n  \"perf\": [\n");
+    for (size_t i = 0; i < perf.size(); ++i) {
+      const auto& r = perf[i];
+      std::fprintf(f,
+                   "    {\"tag\": \"%s\", \"heads\": %d, \"batch\": %d, \"context\": %d, \"kernel\": \"%s\", "
+                   "\"splits\": %d, \"time_us\": %.2f, \"bytes\": %.0f, \"flops\": %.0f, \"gbps\": %.1f, "
+                   "\"copy_bw_fraction\": %.4f, \"tflops\": %.2f, \"bf16_peak_fraction\": %.4f}%s\n",
+                   r.tag.c_str(), r.heads, r.batch, r.context, r.kernel.c_str(), r.splits, r.ms * 1e3, r.bytes,
+                   r.flops, r.gbps, r.bw_fraction, r.tflops, r.peak_fraction, i + 1 < perf.size() ? "," : "");
+    }
+    std::fprintf(f, "  ]\n}\n");
+    std::fclose(f);
+    std::printf("wrote %s\n", json_path.c_str());
+  }
+
+  std::printf("\n%-5s %-5s %-6s %-7s %-6s %10s %9s %8s %9s\n", "heads", "batch", "ctx", "kernel", "splits", "time_us",
+              "GB/s", "%copy", "TFLOP/s");
+  for (const auto& r : perf) {
+    if (r.tag != "main") continue;
+    std::printf("%-5d %-5d %-6d %-7s %-6d %10.1f %9.0f %7.1f%% %9.1f\n", r.heads, r.batch, r.context, r.kernel.c_str(),
+                r.splits, r.ms * 1e3, r.gbps, 100.0 * r.bw_fraction, r.tflops);
+  }
+  return all_pass ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace deepinfer::bench
+
+int main(int argc, char** argv) {
+  try {
+    return deepinfer::bench::run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+}

@@ -1,0 +1,41 @@
+// Parameters of the MLA decode kernel (absorbed form) over the paged bf16 latent cache.
+//
+// For every sequence b (one query token each) and head h:
+//   scores[j] = softmax_scale * (q[b, h, :512] · cache_row(b, j)[:512] + q[b, h, 512:] · cache_row(b, j)[512:])
+//   out[b, h, :] = softmax(scores[0 .. context_lens[b])) · cache_row(b, ·)[:512]
+// where cache_row(b, j) = cache[page_table[b, j / page_size], j % page_size, :].
+//
+// All tensors are contiguous, bf16 values stored as their 16-bit patterns (uint16_t).
+#pragma once
+
+#include <cstdint>
+
+namespace deepinfer::cuda {
+
+// Which kernel runs. kAuto picks by head count; the others exist for tests and benchmarks.
+enum class MlaDecodeKernel : uint8_t {
+  kAuto,
+  kNarrow,     // 16 heads per CTA, queries in registers, mma.sync (V2-Lite: 16 heads)
+  kWide,       // 64 heads per CTA, queries in shared memory, mma.sync
+  kWideWgmma,  // 64 heads per CTA, queries in shared memory, warpgroup MMA (V3: 128 heads)
+};
+
+struct MlaDecodeParams {
+  const uint16_t* q = nullptr;             // [batch, num_heads, 576]: q_latent (512, q_nope·W_UK) then q_pe (64)
+  const uint16_t* cache = nullptr;         // [num_pages, page_size, 576]: c_kv (512) then k_pe (64)
+  const int32_t* page_table = nullptr;     // [batch, max_pages_per_seq]; only the first ceil(ctx / page_size) read
+  const int32_t* context_lens = nullptr;   // [batch], device memory; 0 gives a zero output
+  uint16_t* out = nullptr;                 // [batch, num_heads, 512]
+  void* workspace = nullptr;               // mla_decode_workspace_bytes(p) bytes (split partials), 16-byte aligned
+  int32_t batch = 0;
+  int32_t num_heads = 0;                   // a multiple of 16
+  int32_t page_size = 64;                  // tokens per page, any positive value
+  int32_t max_pages_per_seq = 0;           // row length of page_table
+  int32_t max_context_len = 0;             // host-side upper bound of context_lens; picks the split count
+  int32_t num_sms = 132;                   // multiprocessors of the device (cudaDevAttrMultiProcessorCount)
+  int32_t num_splits = 0;                  // KV splits per sequence (<= 256); 0 = chosen by mla_decode_num_splits
+  float softmax_scale = 1.0f;
+  MlaDecodeKernel kernel = MlaDecodeKernel::kAuto;
+};
+
+}  // namespace deepinfer::cuda
