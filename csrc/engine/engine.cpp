@@ -119,7 +119,9 @@ std::vector<RequestOutputDelta> Engine::wait_outputs(double timeout_s) {
 
 EngineStats Engine::stats() const {
   std::lock_guard lock(mutex_);
-  return stats_;
+  EngineStats s = stats_;
+  s.num_waiting += static_cast<int32_t>(pending_.size());  // added, not yet seen by the step thread
+  return s;
 }
 
 void Engine::emit(RequestOutputDelta delta) {
@@ -140,15 +142,26 @@ void Engine::loop() {
     if (scheduler_.has_unfinished()) step_once();
     output_cv_.notify_all();
   }
-  // Shutdown: everything still queued or running ends as aborted.
+  // Shutdown: everything still queued or running ends as aborted, and its pages return to the pool.
   std::vector<uint64_t> ids;
   {
     std::lock_guard lock(mutex_);
     for (const auto& p : pending_) ids.push_back(p.id);
     pending_.clear();
+    pending_aborts_.clear();
   }
+  for (uint64_t id : scheduler_.unfinished_ids()) {
+    scheduler_.abort(id);
+    ids.push_back(id);
+  }
+  rngs_.clear();
   for (uint64_t id : ids) emit({.id = id, .finished = true, .finish_reason = FinishReason::kAbort});
-  admit_pending();
+  {
+    std::lock_guard lock(mutex_);
+    stats_.num_running = 0;
+    stats_.num_waiting = 0;
+    stats_.num_free_cache_pages = cache_manager_.num_free_pages();
+  }
   output_cv_.notify_all();
 }
 

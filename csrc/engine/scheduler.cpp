@@ -317,4 +317,12 @@ void Scheduler::check_invariants() const {
   }
 }
 
+std::vector<uint64_t> Scheduler::unfinished_ids() const {
+  std::vector<uint64_t> ids;
+  ids.reserve(requests_.size());
+  for (const auto& [id, request] : requests_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
 }  // namespace deepinfer

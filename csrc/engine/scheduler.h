@@ -101,6 +101,8 @@ class Scheduler {
   int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
   int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
   bool has_unfinished() const { return !requests_.empty(); }
+  // Ids of every unfinished request (waiting or running), e.g. to abort them all at shutdown.
+  std::vector<uint64_t> unfinished_ids() const;
   uint64_t total_preemptions() const { return total_preemptions_; }
   const SchedulerConfig& config() const { return config_; }
   const Request* find(uint64_t id) const;

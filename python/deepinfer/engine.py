@@ -217,6 +217,11 @@ class DeepInferenceEngine:
     def from_config(cls, config: EngineConfig) -> "DeepInferenceEngine":
         return cls(config)
 
+    @property
+    def max_model_len(self) -> int:
+        """The longest prompt + output this engine serves, in tokens."""
+        return self._core.max_model_len
+
     # ------------------------------------------------------------------ setup
 
     @staticmethod
@@ -297,7 +302,7 @@ class DeepInferenceEngine:
         raise TypeError(f"a prompt is a string, a list of token ids or a mapping; got {type(prompt).__name__}")
 
     def _check_length(self, prompt_ids: list[int], params: SamplingParams) -> None:
-        max_len = self._core.max_model_len
+        max_len = self.max_model_len
         if len(prompt_ids) >= max_len:
             raise ValueError(f"the prompt has {len(prompt_ids)} tokens, but max_model_len is {max_len} "
                              "(the prompt plus at least one generated token must fit)")

@@ -224,3 +224,18 @@ def test_requests_from_many_threads(engine):
     assert len(results) == 8
     for i in range(8):
         assert results[i] == results[i % 4]
+
+
+def test_shutdown_ends_running_and_queued_requests_as_aborted(checkpoints):
+    e = DeepInferenceEngine(EngineConfig(model_name_or_path=str(checkpoints["v2"]), page_size=8, num_cache_pages=64,
+                                         max_model_len=128, max_num_seqs=2))
+    streams = [e.submit(PROMPTS[i % 4], SamplingParams(max_tokens=120, ignore_eos=True)) for i in range(5)]
+    next(iter(streams[0]))  # the first request is running
+    assert e.stats().num_running + e.stats().num_waiting == 5
+    e.shutdown()
+    for s in streams:
+        out = s.result(timeout=10)
+        assert out.finished and out.finish_reason in ("abort", "length")
+    assert any(s.snapshot().finish_reason == "abort" for s in streams)
+    with pytest.raises(RuntimeError, match="shut down"):
+        e.submit("x")
