@@ -1,0 +1,107 @@
+"""What the HTTP server costs: the same prompts through the engine directly and through `deepinfer serve`.
+
+Runs the sampled ShareGPT prompts offline (DeepInferenceEngine.generate, everything submitted at once), then starts
+`deepinfer serve` with the same engine settings and sends the same prompts with `deepinfer bench serve` at an
+infinite request rate (streaming, one HTTP connection per request). Both runs generate exactly --max-tokens tokens
+per request (ignore_eos), so the durations compare directly.
+
+    python benchmarks/serve/overhead.py --num-prompts 200 --max-tokens 128 --repeat 3 --save-result overhead.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+
+import httpx
+
+from deepinfer import DeepInferenceEngine, EngineConfig
+from deepinfer.bench.serve import default_dataset, load_prompts, main as bench_main, sample_prompts
+
+
+def offline(prompts: list[str], max_tokens: int, max_model_len: int) -> dict:
+    engine = DeepInferenceEngine(EngineConfig(max_model_len=max_model_len))
+    try:
+        engine.generate(prompts[0], max_tokens=1)  # warm-up
+        start = time.perf_counter()
+        outs = engine.generate(prompts, max_tokens=max_tokens, ignore_eos=True, temperature=0.0, use_tqdm=False)
+        duration = time.perf_counter() - start
+    finally:
+        engine.shutdown()
+    ttfts = sorted(o.ttft_s for o in outs)
+    return {"duration": duration, "output_throughput": len(prompts) * max_tokens / duration,
+            "median_ttft_ms": 1000 * ttfts[len(ttfts) // 2]}
+
+
+def served(prompts_file: str, num: int, max_tokens: int, max_model_len: int, max_chars: int) -> dict:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "DEEPINFER_NO_PROGRESS": "1"}
+    server = subprocess.Popen([sys.executable, "-m", "deepinfer.cli", "serve", "--port", str(port), "--max-model-len",
+                               str(max_model_len), "--no-access-log", "--log-level", "warning"], env=env)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            try:
+                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        fd, out = tempfile.mkstemp(suffix=".json")
+        os.close(fd)
+        code = bench_main(["--base-url", base, "--dataset", prompts_file, "--num-prompts", str(num), "--max-tokens",
+                           str(max_tokens), "--ignore-eos", "--max-prompt-chars", str(max_chars), "--disable-tqdm",
+                           "--save-result", out])
+        if code != 0:
+            raise RuntimeError("the served run failed")
+        with open(out) as f:
+            result = json.load(f)
+        os.unlink(out)
+        return {k: result[k] for k in ("duration", "output_throughput", "median_ttft_ms", "completed", "failed")}
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(60)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dataset", default=None)
+    p.add_argument("--num-prompts", type=int, default=200)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--max-prompt-chars", type=int, default=2000)
+    p.add_argument("--repeat", type=int, default=3, help="offline/served pairs to run (default 3)")
+    p.add_argument("--save-result", default=None)
+    args = p.parse_args()
+    dataset = args.dataset or str(default_dataset())
+    prompts = sample_prompts(load_prompts(dataset), args.num_prompts, 0, args.max_prompt_chars)
+    pairs = []
+    for _ in range(args.repeat):  # alternate, so drifting machine load hits both sides alike
+        pairs.append({"offline": offline(prompts, args.max_tokens, args.max_model_len),
+                      "served": served(dataset, args.num_prompts, args.max_tokens, args.max_model_len,
+                                       args.max_prompt_chars)})
+        pairs[-1]["ratio"] = pairs[-1]["served"]["duration"] / pairs[-1]["offline"]["duration"]
+    ratios = sorted(p["ratio"] for p in pairs)
+    result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpus": os.cpu_count(),
+              "num_prompts": args.num_prompts, "max_tokens": args.max_tokens, "max_model_len": args.max_model_len,
+              "max_prompt_chars": args.max_prompt_chars, "pairs": pairs,
+              "median_served_over_offline_duration": ratios[len(ratios) // 2]}
+    print(json.dumps(result, indent=2))
+    if args.save_result:
+        with open(args.save_result, "w") as f:
+            json.dump(result, f, indent=2)
+            f.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

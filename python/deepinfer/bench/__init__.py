@@ -1,0 +1,1 @@
+"""Benchmarks shipped with DeepInfer: ``deepinfer bench serve`` (deepinfer.bench.serve)."""

@@ -1,0 +1,459 @@
+"""``deepinfer bench serve``: a load test of any OpenAI-compatible endpoint.
+
+Requests arrive as a Poisson process at ``--request-rate`` (``inf``: all at once), each a prompt from a JSON prompt
+set (ShareGPT by default), streamed over server-sent events. It reports the figures vLLM's benchmark_serving
+reports, under the same names, so numbers from either tool compare directly:
+
+- TTFT: time to first token (first non-empty text chunk), per request;
+- TPOT: time per output token after the first, (latency - TTFT) / (output tokens - 1), per request;
+- ITL: inter-token latency, the gaps between successive text chunks, over all requests;
+- E2EL: end-to-end latency per request;
+- request, output-token and total-token throughput over the benchmark's duration; failed requests.
+
+Token counts come from the server's ``usage`` (``stream_options.include_usage``); when a server sends none, the
+output tokens are counted as text chunks. Percentiles are p50/p90/p99 (and whatever ``--percentiles`` lists).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+__all__ = ["add_bench_serve_arguments", "run_bench_serve", "load_prompts", "default_dataset", "main"]
+
+SHAREGPT_RELATIVE = Path("..") / "shared" / "assets" / "prompts" / "sharegpt_v3_filtered_1000.json"
+
+
+def default_dataset() -> Path | None:
+    """The ShareGPT prompt set beside the repository (../shared/assets/prompts), if it is there."""
+    candidates = [Path.cwd() / SHAREGPT_RELATIVE, Path(__file__).resolve().parents[3] / SHAREGPT_RELATIVE]
+    for path in candidates:
+        if path.is_file():
+            return path.resolve()
+    return None
+
+
+# ----------------------------------------------------------------------------------------------- prompts
+
+
+def _prompt_of(item: Any) -> str | None:
+    """The first user turn of one dataset entry, in any of the common layouts."""
+    if isinstance(item, str):
+        return item
+    if not isinstance(item, dict):
+        return None
+    if isinstance(item.get("prompt"), str):
+        return item["prompt"]
+    for key, role_key, text_key, roles in (("conversations", "from", "value", ("human", "user")),
+                                           ("conversation", "role", "content", ("user", "human")),
+                                           ("messages", "role", "content", ("user", "human"))):
+        turns = item.get(key)
+        if isinstance(turns, list):
+            for turn in turns:
+                if isinstance(turn, dict) and turn.get(role_key) in roles and isinstance(turn.get(text_key), str):
+                    return turn[text_key]
+    return None
+
+
+def load_prompts(path: str | os.PathLike) -> list[str]:
+    """Prompts from a JSON file (a list of strings, of {"prompt"}, of ShareGPT {"conversations"}, or of
+    {"messages"}) or a JSON-lines file of such entries. Empty prompts are dropped."""
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        data = [json.loads(line) for line in text.splitlines() if line.strip()]
+    if isinstance(data, dict):
+        data = data.get("prompts", data.get("data", [data]))
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: expected a JSON list of prompts")
+    prompts = [p for p in (_prompt_of(item) for item in data) if p and p.strip()]
+    if not prompts:
+        raise ValueError(f"{path}: no prompts found (expected strings, {{'prompt'}}, {{'conversations'}} or "
+                         "{'messages'} entries)")
+    return prompts
+
+
+def sample_prompts(prompts: list[str], num: int, seed: int, max_chars: int | None = None) -> list[str]:
+    pool = [p for p in prompts if max_chars is None or len(p) <= max_chars]
+    if not pool:
+        raise ValueError(f"no prompt is at most {max_chars} characters long")
+    rng = random.Random(seed)
+    order = pool[:]
+    rng.shuffle(order)
+    return [order[i % len(order)] for i in range(num)]
+
+
+# ----------------------------------------------------------------------------------------------- one request
+
+
+@dataclass
+class RequestResult:
+    success: bool = False
+    prompt_len: int = 0          # tokens, from the server's usage (0 if it sent none)
+    output_len: int = 0          # tokens (usage) or text chunks
+    ttft: float = 0.0
+    latency: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    generated_text: str = ""
+    error: str = ""
+    start_time: float = 0.0
+
+
+def _chunk_text(data: dict[str, Any], endpoint: str) -> str:
+    text = []
+    for choice in data.get("choices") or []:
+        if endpoint == "chat":
+            delta = choice.get("delta") or {}
+            for key in ("reasoning_content", "content"):
+                if delta.get(key):
+                    text.append(delta[key])
+        elif choice.get("text"):
+            text.append(choice["text"])
+    return "".join(text)
+
+
+async def send_request(client: httpx.AsyncClient, url: str, payload: dict[str, Any], endpoint: str,
+                       headers: dict[str, str]) -> RequestResult:
+    result = RequestResult()
+    start = time.perf_counter()
+    result.start_time = start
+    last = start
+    chunks = 0
+    usage = None
+    try:
+        async with client.stream("POST", url, json=payload, headers=headers) as response:
+            if response.status_code != 200:
+                body = (await response.aread()).decode("utf-8", errors="replace")
+                result.error = f"HTTP {response.status_code}: {body[:300]}"
+                return result
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data_text = line[5:].strip()
+                if data_text == "[DONE]":
+                    break
+                data = json.loads(data_text)
+                if "error" in data:
+                    result.error = json.dumps(data["error"])[:300]
+                    return result
+                if data.get("usage"):
+                    usage = data["usage"]
+                text = _chunk_text(data, endpoint)
+                if not text:
+                    continue
+                now = time.perf_counter()
+                if chunks == 0:
+                    result.ttft = now - start
+                else:
+                    result.itl.append(now - last)
+                last = now
+                chunks += 1
+                result.generated_text += text
+        result.latency = time.perf_counter() - start
+        if usage:
+            result.prompt_len = int(usage.get("prompt_tokens") or 0)
+            result.output_len = int(usage.get("completion_tokens") or 0)
+        else:
+            result.output_len = chunks
+        result.success = chunks > 0 or result.output_len > 0
+        if not result.success:
+            result.error = "the response carried no text"
+    except Exception as e:  # connection refused, reset, timeout, bad JSON
+        result.error = f"{type(e).__name__}: {e}"
+    return result
+
+
+# ----------------------------------------------------------------------------------------------- the benchmark
+
+
+def _percentile(values: list[float], p: float) -> float:
+    if not values:
+        return 0.0
+    s = sorted(values)
+    k = (len(s) - 1) * p / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def _stats(name: str, values_s: list[float], percentiles: list[float]) -> dict[str, float]:
+    ms = [v * 1000.0 for v in values_s]
+    n = len(ms)
+    mean = sum(ms) / n if n else 0.0
+    std = math.sqrt(sum((v - mean) ** 2 for v in ms) / n) if n else 0.0
+    out = {f"mean_{name}_ms": mean, f"median_{name}_ms": _percentile(ms, 50), f"std_{name}_ms": std}
+    for p in percentiles:
+        out[f"p{p:g}_{name}_ms"] = _percentile(ms, p)
+    return out
+
+
+async def _arrivals(n: int, rate: float, burstiness: float, rng: random.Random):
+    """Yields request indices at Poisson (burstiness 1) or gamma-distributed arrival times."""
+    for i in range(n):
+        yield i
+        if math.isinf(rate) or i == n - 1:
+            continue
+        theta = 1.0 / (rate * burstiness)
+        await asyncio.sleep(rng.gammavariate(burstiness, theta))
+
+
+async def _discover_model(client: httpx.AsyncClient, base_url: str, headers: dict[str, str]) -> str:
+    response = await client.get(f"{base_url}/v1/models", headers=headers)
+    response.raise_for_status()
+    models = response.json().get("data") or []
+    if not models:
+        raise ValueError("the server lists no models; pass --model")
+    return models[0]["id"]
+
+
+async def benchmark(args: argparse.Namespace, prompts: list[str]) -> dict[str, Any]:
+    base_url = args.base_url.rstrip("/")
+    if base_url.endswith("/v1"):
+        base_url = base_url[:-3]
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    timeout = httpx.Timeout(args.timeout, connect=min(args.timeout, 30.0))
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        model = args.model or await _discover_model(client, base_url, headers)
+        url = f"{base_url}/v1/chat/completions" if args.endpoint == "chat" else f"{base_url}/v1/completions"
+
+        def payload(prompt: str) -> dict[str, Any]:
+            body: dict[str, Any] = {"model": model, "stream": True, "stream_options": {"include_usage": True},
+                                    "temperature": args.temperature}
+            if args.endpoint == "chat":
+                body["messages"] = [{"role": "user", "content": prompt}]
+                body["max_completion_tokens"] = args.max_tokens
+            else:
+                body["prompt"] = prompt
+                body["max_tokens"] = args.max_tokens
+            if args.ignore_eos:
+                body["ignore_eos"] = True
+            if args.top_p is not None:
+                body["top_p"] = args.top_p
+            return body
+
+        if args.warmup:
+            warm_body = payload(prompts[0])
+            warm_body["max_completion_tokens" if args.endpoint == "chat" else "max_tokens"] = 1
+            warm = await send_request(client, url, warm_body, args.endpoint, headers)
+            if not warm.success:
+                raise RuntimeError(f"the warm-up request failed: {warm.error}")
+
+        semaphore = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
+        bar = None
+        if not args.disable_tqdm:
+            try:
+                from tqdm import tqdm
+
+                bar = tqdm(total=len(prompts), desc="requests", unit="req", file=sys.stderr)
+            except ImportError:  # pragma: no cover
+                bar = None
+
+        async def one(prompt: str) -> RequestResult:
+            if semaphore is None:
+                r = await send_request(client, url, payload(prompt), args.endpoint, headers)
+            else:
+                async with semaphore:
+                    r = await send_request(client, url, payload(prompt), args.endpoint, headers)
+            if bar is not None:
+                bar.update(1)
+            return r
+
+        rng = random.Random(args.seed)
+        start = time.perf_counter()
+        tasks = []
+        async for i in _arrivals(len(prompts), args.request_rate, args.burstiness, rng):
+            tasks.append(asyncio.create_task(one(prompts[i])))
+        results = await asyncio.gather(*tasks)
+        duration = time.perf_counter() - start
+        if bar is not None:
+            bar.close()
+    return summarize(args, model, results, duration)
+
+
+def summarize(args: argparse.Namespace, model: str, results: list[RequestResult], duration: float) -> dict[str, Any]:
+    ok = [r for r in results if r.success]
+    percentiles = sorted(set([50.0, 90.0, 99.0] + [float(p) for p in args.percentiles]))
+    total_input = sum(r.prompt_len for r in ok)
+    total_output = sum(r.output_len for r in ok)
+    tpots = [(r.latency - r.ttft) / (r.output_len - 1) for r in ok if r.output_len > 1]
+    errors = [r.error for r in results if not r.success]
+    out: dict[str, Any] = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "backend": "openai-chat" if args.endpoint == "chat" else "openai",
+        "endpoint": args.endpoint,
+        "base_url": args.base_url,
+        "model_id": model,
+        "num_prompts": len(results),
+        "request_rate": "inf" if math.isinf(args.request_rate) else args.request_rate,
+        "burstiness": args.burstiness,
+        "max_concurrency": args.max_concurrency,
+        "max_tokens": args.max_tokens,
+        "duration": duration,
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "total_input_tokens": total_input,
+        "total_output_tokens": total_output,
+        "request_throughput": len(ok) / duration if duration > 0 else 0.0,
+        "input_throughput": total_input / duration if duration > 0 else 0.0,
+        "output_throughput": total_output / duration if duration > 0 else 0.0,
+        "total_token_throughput": (total_input + total_output) / duration if duration > 0 else 0.0,
+    }
+    out.update(_stats("ttft", [r.ttft for r in ok], percentiles))
+    out.update(_stats("tpot", tpots, percentiles))
+    out.update(_stats("itl", [x for r in ok for x in r.itl], percentiles))
+    out.update(_stats("e2el", [r.latency for r in ok], percentiles))
+    out["input_lens"] = [r.prompt_len for r in results]
+    out["output_lens"] = [r.output_len for r in results]
+    out["ttfts"] = [r.ttft for r in results]
+    out["errors"] = errors
+    if args.save_detailed:  # large: every gap of every request, and the texts
+        out["itls"] = [r.itl for r in results]
+        out["generated_texts"] = [r.generated_text for r in results]
+    return out
+
+
+def format_report(result: dict[str, Any], percentiles: list[float]) -> str:
+    ps = sorted(set([50.0, 90.0, 99.0] + [float(p) for p in percentiles]))
+    lines = ["{s:{c}^60}".format(s=" Serving Benchmark Result ", c="=")]
+
+    def row(label: str, value: Any) -> None:
+        text = f"{value:.2f}" if isinstance(value, float) else str(value)
+        lines.append(f"{label:<48}{text:>12}")
+
+    row("Successful requests:", result["completed"])
+    row("Failed requests:", result["failed"])
+    row("Benchmark duration (s):", result["duration"])
+    row("Total input tokens:", result["total_input_tokens"])
+    row("Total generated tokens:", result["total_output_tokens"])
+    row("Request throughput (req/s):", result["request_throughput"])
+    row("Input token throughput (tok/s):", result["input_throughput"])
+    row("Output token throughput (tok/s):", result["output_throughput"])
+    row("Total Token throughput (tok/s):", result["total_token_throughput"])
+    for key, title in (("ttft", "Time to First Token"), ("tpot", "Time per Output Token (excl. 1st token)"),
+                       ("itl", "Inter-token Latency"), ("e2el", "End-to-end Latency")):
+        lines.append("{s:{c}^60}".format(s=f" {title} ", c="-"))
+        row(f"Mean {key.upper()} (ms):", result[f"mean_{key}_ms"])
+        row(f"Median {key.upper()} (ms):", result[f"median_{key}_ms"])
+        for p in ps:
+            row(f"P{p:g} {key.upper()} (ms):", result[f"p{p:g}_{key}_ms"])
+    lines.append("=" * 60)
+    if result["errors"]:
+        lines.append(f"first error: {result['errors'][0]}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------- CLI
+
+
+def _rate(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"the request rate must be > 0 (or inf), got {text}")
+    return value
+
+
+def add_bench_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--base-url", default="http://127.0.0.1:8000",
+                        help="the server's root URL (a trailing /v1 is accepted); default %(default)s")
+    parser.add_argument("--endpoint", choices=["completions", "chat"], default="completions",
+                        help="/v1/completions or /v1/chat/completions (default %(default)s)")
+    parser.add_argument("--model", default=None, help="model name to request (default: the first of /v1/models)")
+    parser.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
+                        help="bearer token (default: $OPENAI_API_KEY)")
+    parser.add_argument("--dataset", default=None,
+                        help="JSON prompt set (default: ShareGPT from ../shared/assets/prompts when present)")
+    parser.add_argument("--num-prompts", type=int, default=200, help="requests to send (default %(default)s)")
+    parser.add_argument("--request-rate", type=_rate, default=math.inf,
+                        help="mean requests per second, Poisson arrivals; inf sends all at once (default inf)")
+    parser.add_argument("--burstiness", type=float, default=1.0,
+                        help="gamma shape of the inter-arrival times: 1 = Poisson, <1 burstier (default 1)")
+    parser.add_argument("--max-concurrency", type=int, default=None, help="cap on requests in flight")
+    parser.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (default %(default)s)")
+    parser.add_argument("--ignore-eos", action="store_true",
+                        help="send ignore_eos (a vLLM/SGLang/DeepInfer extension) so every output is --max-tokens long")
+    parser.add_argument("--temperature", type=float, default=0.0, help="(default 0: greedy)")
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--max-prompt-chars", type=int, default=None,
+                        help="skip prompts longer than this many characters (keeps prompts within a short context)")
+    parser.add_argument("--seed", type=int, default=0, help="prompt sampling and arrival times (default 0)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
+    parser.add_argument("--percentiles", type=float, nargs="*", default=[],
+                        help="extra percentiles to report beside 50, 90 and 99")
+    parser.add_argument("--no-warmup", dest="warmup", action="store_false",
+                        help="skip the one-token warm-up request")
+    parser.add_argument("--save-result", metavar="FILE.json", default=None, help="write every figure as JSON")
+    parser.add_argument("--save-detailed", action="store_true",
+                        help="also save every request's inter-token gaps and generated text")
+    parser.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
+    return parser
+
+
+def run_bench_serve(args: argparse.Namespace) -> int:
+    prog = "deepinfer bench serve"
+    dataset = Path(args.dataset) if args.dataset else default_dataset()
+    if dataset is None:
+        print(f"{prog}: error: no --dataset given and the ShareGPT prompts ({SHAREGPT_RELATIVE}) are not there",
+              file=sys.stderr)
+        return 2
+    if args.num_prompts < 1 or args.max_tokens < 1:
+        print(f"{prog}: error: --num-prompts and --max-tokens must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        prompts = sample_prompts(load_prompts(dataset), args.num_prompts, args.seed, args.max_prompt_chars)
+    except (OSError, ValueError) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    rate = "inf" if math.isinf(args.request_rate) else f"{args.request_rate:g}"
+    print(f"{len(prompts)} prompts from {dataset}, request rate {rate}/s, {args.endpoint} at {args.base_url}",
+          file=sys.stderr)
+    try:
+        result = asyncio.run(benchmark(args, prompts))
+    except (httpx.HTTPError, ValueError, RuntimeError, OSError) as e:
+        print(f"{prog}: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    result["dataset"] = args.dataset or str(SHAREGPT_RELATIVE)
+    result["command"] = _command_line(args)
+    print(format_report(result, args.percentiles))
+    if args.save_result:
+        path = Path(args.save_result)
+        if path.parent and not path.parent.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"saved {path}", file=sys.stderr)
+    return 0 if result["completed"] > 0 else 1
+
+
+def _command_line(args: argparse.Namespace) -> str:
+    argv = getattr(args, "_argv", None)
+    if argv is None:
+        argv = sys.argv[1:]
+        if argv[:2] == ["bench", "serve"]:
+            argv = argv[2:]
+    return shlex.join(["deepinfer", "bench", "serve", *argv])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="deepinfer bench serve", description=__doc__.split("\n\n")[0])
+    add_bench_serve_arguments(parser)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    args._argv = argv
+    return run_bench_serve(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

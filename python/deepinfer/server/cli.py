@@ -1,0 +1,408 @@
+"""``deepinfer serve``: the OpenAI-compatible server from the command line.
+
+Every EngineConfig field is a flag (derived from the dataclass, so new fields appear by themselves) and can also
+be set in a YAML file given with ``--config``; flags override the file. Server options (host, port, API key, ...)
+work the same way. SIGTERM or SIGINT stops admitting requests, lets those in flight finish for up to
+``--shutdown-timeout`` seconds, aborts the rest, shuts the engine down and exits 0; a second signal aborts at once.
+
+    deepinfer serve --model /models/DeepSeek-V2-Lite --port 8000 --api-key sk-... --max-model-len 8192
+    deepinfer serve --config serve.yaml --port 9000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import typing
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from deepinfer.config import EngineConfig
+
+__all__ = ["add_serve_arguments", "run_serve", "resolve_serve_options", "main"]
+
+logger = logging.getLogger("deepinfer.server")
+
+SERVER_DEFAULTS: dict[str, Any] = {
+    "host": "127.0.0.1",
+    "port": 8000,
+    "api_key": None,
+    "reasoning_parser": None,
+    "max_queue_size": 1024,
+    "shutdown_timeout": 30.0,
+    "log_level": "info",
+    "access_log": True,
+}
+API_KEY_ENV = "DEEPINFER_API_KEY"
+_REASONING_PARSERS = ("deepseek-r1",)
+_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+_KEY_ALIASES = {"model": "model_name_or_path"}
+_METAVARS = {"model_name_or_path": "PATH", "tokenizer": "PATH", "served_model_name": "NAME"}
+
+
+# ----------------------------------------------------------------------------------------------- flags
+
+
+def _none_or(convert: Any) -> Any:
+    def parse(text: str) -> Any:
+        if text.lower() in ("none", "null"):
+            return None
+        return convert(text)
+
+    parse.__name__ = getattr(convert, "__name__", "value")
+    return parse
+
+
+def _json_or_str(text: str) -> Any:
+    """A structured value given on the command line: JSON when it looks like JSON, else the string."""
+    if text.lower() in ("none", "null"):
+        return None
+    if text[:1] in "{[":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise argparse.ArgumentTypeError(f"invalid JSON {text!r}: {e}") from None
+    return text
+
+
+def _json_object(text: str) -> Any:
+    if text.lower() in ("none", "null"):
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"invalid JSON {text!r}: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
+def _scalar_type(tp: Any) -> tuple[type | None, bool]:
+    """(the scalar type int/float/str/bool behind an annotation, or None; whether None is allowed)."""
+    if tp in (int, float, str, bool):
+        return tp, False
+    args = typing.get_args(tp)
+    if args and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1 and rest[0] in (int, float, str, bool):
+            return rest[0], True
+        return None, True
+    return None, False
+
+
+def _engine_fields() -> Iterator[tuple[dataclasses.Field, Any]]:
+    try:
+        hints = typing.get_type_hints(EngineConfig)
+    except Exception:  # an annotation that cannot be evaluated here: fall back to the defaults' types
+        hints = {}
+    for f in dataclasses.fields(EngineConfig):
+        tp = hints.get(f.name)
+        if tp is None and f.default is not dataclasses.MISSING and f.default is not None:
+            tp = type(f.default)
+        yield f, tp
+
+
+def _flag_names(name: str) -> list[str]:
+    if name == "model_name_or_path":
+        return ["--model", "--model-name-or-path"]
+    return ["--" + name.replace("_", "-")]
+
+
+def _default_of(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return None
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the serve flags to ``parser``. Defaults are left unset (SUPPRESS) so that only the flags a user gives
+    override a ``--config`` file; run_serve fills in the defaults."""
+    S = argparse.SUPPRESS
+    parser.add_argument("--config", metavar="FILE.yaml", default=S,
+                        help="YAML file of engine and server options (keys as the flags, with _ or -); "
+                             "flags given here override it")
+    server = parser.add_argument_group("server")
+    server.add_argument("--host", default=S, help=f"address to listen on (default {SERVER_DEFAULTS['host']}; "
+                                                  "0.0.0.0 for every interface)")
+    server.add_argument("--port", type=int, default=S, help=f"port (default {SERVER_DEFAULTS['port']})")
+    server.add_argument("--api-key", default=S,
+                        help=f"require 'Authorization: Bearer KEY' on /v1 endpoints (default: ${API_KEY_ENV} if "
+                             "set, else no key)")
+    server.add_argument("--reasoning-parser", choices=_REASONING_PARSERS, default=S,
+                        help="return <think>...</think> text as reasoning_content (DeepSeek-R1 style models)")
+    server.add_argument("--max-queue-size", type=int, default=S,
+                        help="sequences that may wait for their first token before new requests get 503 "
+                             f"(default {SERVER_DEFAULTS['max_queue_size']})")
+    server.add_argument("--shutdown-timeout", type=float, default=S,
+                        help="on SIGTERM/SIGINT, seconds to let in-flight requests finish before aborting them "
+                             f"(default {SERVER_DEFAULTS['shutdown_timeout']:g})")
+    server.add_argument("--log-level", choices=_LOG_LEVELS, default=S,
+                        help=f"(default {SERVER_DEFAULTS['log_level']})")
+    server.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=S,
+                        help="log one line per HTTP request (default on)")
+
+    engine = parser.add_argument_group("engine", "EngineConfig fields (see deepinfer.EngineConfig)")
+    taken = {opt for action in parser._actions for opt in action.option_strings}
+    for f, tp in _engine_fields():
+        names = [n for n in _flag_names(f.name) if n not in taken]
+        if not names:
+            continue  # a server flag of the same name wins
+        default = _default_of(f)
+        help_text = f"EngineConfig.{f.name} (default: {default!r})"
+        scalar, nullable = _scalar_type(tp)
+        if scalar is bool and not nullable:
+            engine.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=S, help=help_text)
+        elif scalar is not None:
+            convert = _none_or(scalar) if nullable else scalar
+            engine.add_argument(*names, dest=f.name, type=convert, default=S,
+                                metavar=_METAVARS.get(f.name, scalar.__name__.upper()),
+                                help=help_text + ("; 'none' for None" if nullable else ""))
+        else:
+            engine.add_argument(*names, dest=f.name, type=_json_or_str, default=S, metavar="VALUE",
+                                help=help_text + "; a string, JSON, or 'none'")
+        taken.update(names)
+    if "--quantization-config" not in taken:
+        engine.add_argument("--quantization-config", dest="quantization_config", type=_json_object, default=S,
+                            metavar="JSON",
+                            help='quantization as a JSON object, e.g. {"method": "fp8", "group_size": 128}')
+    return parser
+
+
+# ----------------------------------------------------------------------------------------------- options
+
+
+def load_config_file(path: str | os.PathLike) -> dict[str, Any]:
+    import yaml
+
+    text = Path(path).read_text()
+    data = yaml.safe_load(text)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of options at the top level, got {type(data).__name__}")
+    out = {}
+    for key, value in data.items():
+        if not isinstance(key, str):
+            raise ValueError(f"{path}: option names must be strings, got {key!r}")
+        name = key.replace("-", "_")
+        name = _KEY_ALIASES.get(name, name)
+        if name in out:
+            raise ValueError(f"{path}: option {key!r} is given twice")
+        out[name] = value
+    return out
+
+
+def resolve_serve_options(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(EngineConfig values, server options) from the file and the flags, flags winning. Raises ValueError."""
+    given = {k: v for k, v in vars(args).items() if k not in ("config", "func", "command")}
+    engine_names = {f.name for f in dataclasses.fields(EngineConfig)} | {"quantization_config"}
+    file_values: dict[str, Any] = {}
+    config_path = getattr(args, "config", None)
+    if config_path:
+        file_values = load_config_file(config_path)
+        unknown = sorted(set(file_values) - engine_names - set(SERVER_DEFAULTS))
+        if unknown:
+            raise ValueError(f"{config_path}: unknown options {unknown}; known: "
+                             f"{sorted((engine_names | set(SERVER_DEFAULTS)) - {'model_name_or_path'}) + ['model']}")
+        # A flag for one spelling of the quantization replaces the file's other spelling.
+        if "quantization" in given:
+            file_values.pop("quantization_config", None)
+        if "quantization_config" in given:
+            file_values.pop("quantization", None)
+    merged = {**file_values, **{k: v for k, v in given.items() if k in engine_names or k in SERVER_DEFAULTS}}
+    engine_values = {k: v for k, v in merged.items() if k in engine_names}
+    server = dict(SERVER_DEFAULTS)
+    server.update({k: v for k, v in merged.items() if k in SERVER_DEFAULTS})
+    if server["api_key"] is None and os.environ.get(API_KEY_ENV):
+        server["api_key"] = os.environ[API_KEY_ENV]
+    if server["reasoning_parser"] is not None and server["reasoning_parser"] not in _REASONING_PARSERS:
+        raise ValueError(f"reasoning_parser must be one of {list(_REASONING_PARSERS)}, "
+                         f"got {server['reasoning_parser']!r}")
+    if not isinstance(server["port"], int) or not 0 <= server["port"] <= 65535:
+        raise ValueError(f"port must be an integer in [0, 65535], got {server['port']!r}")
+    if not isinstance(server["max_queue_size"], int) or server["max_queue_size"] < 1:
+        raise ValueError(f"max_queue_size must be an integer >= 1, got {server['max_queue_size']!r}")
+    if not isinstance(server["shutdown_timeout"], (int, float)) or server["shutdown_timeout"] < 0:
+        raise ValueError(f"shutdown_timeout must be a number >= 0, got {server['shutdown_timeout']!r}")
+    if server["log_level"] not in _LOG_LEVELS:
+        raise ValueError(f"log_level must be one of {list(_LOG_LEVELS)}, got {server['log_level']!r}")
+    return engine_values, server
+
+
+# ----------------------------------------------------------------------------------------------- serving
+
+
+def _make_server_class():
+    import uvicorn
+
+    class GracefulServer(uvicorn.Server):
+        """uvicorn, with our own signal handling: drain, then abort, then exit 0 (uvicorn would re-raise the
+        signal after shutting down, which ends the process with the signal's status instead)."""
+
+        def __init__(self, config: Any, state: Any, engine: Any, grace_s: float) -> None:
+            super().__init__(config)
+            self._state = state
+            self._engine = engine
+            self._grace_s = grace_s
+            self._signals = 0
+            self._loop: asyncio.AbstractEventLoop | None = None
+            self._abort_started = False
+
+        async def serve(self, sockets: Any = None) -> None:
+            self._loop = asyncio.get_running_loop()
+            await super().serve(sockets)
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            originals = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in originals.items():
+                    signal.signal(sig, handler)
+
+        def _on_signal(self, sig: int, frame: Any) -> None:
+            self._signals += 1
+            name = signal.Signals(sig).name
+            if self._signals == 1:
+                logger.info("%s: no new requests; waiting up to %gs for %d in flight, then aborting", name,
+                            self._grace_s, self._state.inflight)
+                self._state.begin_drain()
+                self.should_exit = True
+                if self._loop is not None:
+                    self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain()))
+            else:
+                logger.warning("%s again: aborting in-flight requests now", name)
+                if self._loop is not None:
+                    self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._abort_all()))
+                if self._signals >= 3:
+                    self.force_exit = True
+
+        async def _drain(self) -> None:
+            deadline = time.monotonic() + self._grace_s
+            while self._state.inflight > 0 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            if self._state.inflight > 0:
+                logger.info("aborting %d request(s) still in flight", self._state.inflight)
+            await self._abort_all()
+
+        async def _abort_all(self) -> None:
+            if self._abort_started:
+                return
+            self._abort_started = True
+            # Every response ends (streams with finish_reason "abort"), so connections close; then the engine stops.
+            await self._state.abort_all()
+            await asyncio.to_thread(self._engine.shutdown)
+
+    return GracefulServer
+
+
+def _serve(app: Any, engine: Any, server: dict[str, Any]) -> int:
+    import uvicorn
+
+    config = uvicorn.Config(app, host=server["host"], port=server["port"], log_level=server["log_level"],
+                            access_log=bool(server["access_log"]), lifespan="off",
+                            timeout_graceful_shutdown=float(server["shutdown_timeout"]) + 10.0)
+    Server = _make_server_class()
+    srv = Server(config, app.state.server, engine, float(server["shutdown_timeout"]))
+    try:
+        asyncio.run(srv.serve())
+    except SystemExit as e:  # uvicorn exits on startup failures (address in use, ...)
+        return int(e.code) if isinstance(e.code, int) else 1
+    return 0 if srv.started else 1
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Runs the server until SIGTERM/SIGINT; returns the process exit status."""
+    prog = "deepinfer serve"
+    try:
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import uvicorn  # noqa: F401
+        import yaml  # noqa: F401
+    except ImportError as e:
+        print(f"{prog}: error: a server dependency is missing ({e}); install deepinfer[server]", file=sys.stderr)
+        return 2
+    try:
+        engine_values, server = resolve_serve_options(args)
+    except Exception as e:  # bad file, bad YAML, bad values
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    level = "DEBUG" if server["log_level"] == "trace" else server["log_level"].upper()
+    logging.basicConfig(level=level, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
+    logging.getLogger("deepinfer").setLevel(level)
+
+    from deepinfer.engine import DeepInferenceEngine
+
+    try:
+        config = EngineConfig.from_dict(engine_values)
+    except (ValueError, TypeError) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+
+    def interrupted(sig: int, frame: Any) -> None:
+        raise _Interrupted(signal.Signals(sig).name)
+
+    on_main = threading.current_thread() is threading.main_thread()
+    previous = {}
+    if on_main:
+        previous = {sig: signal.signal(sig, interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
+    engine = None
+    try:
+        try:
+            engine = DeepInferenceEngine(config)
+        except (ValueError, RuntimeError, OSError) as e:
+            print(f"{prog}: error: could not start the engine: {e}", file=sys.stderr)
+            return 1
+        from deepinfer.server.app import create_app
+
+        app = create_app(engine, api_key=server["api_key"], max_queue=server["max_queue_size"],
+                         reasoning_parser=server["reasoning_parser"])
+        if on_main:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            previous = {}
+        logger.info("serving %s (max_model_len %d) at http://%s:%d/v1", engine.served_model_name,
+                    app.state.server.max_model_len, server["host"], server["port"])
+        return _serve(app, engine, server)
+    except _Interrupted as e:
+        logger.info("%s while starting: stopping", e)
+        return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if engine is not None:
+            engine.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:
+        argv = argv[1:]
+    parser = argparse.ArgumentParser(prog="deepinfer serve", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_serve_arguments(parser)
+    return run_serve(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,251 @@
+"""The OpenAI wire format: request models (validated strictly), errors, and parameter policy.
+
+Requests are validated in two passes. First the raw JSON object is checked against parameters that OpenAI defines
+but this server does not implement (tools, logit_bias, response_format json_schema, ...): those are refused with a
+400 that names the parameter, never silently dropped. Then the object is validated by a strict pydantic model
+(no type coercion, unknown keys refused), so a string where a number belongs is an error, not a guess.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+__all__ = [
+    "APIError",
+    "ChatCompletionRequest",
+    "ChatMessage",
+    "CompletionRequest",
+    "StreamOptions",
+    "check_unsupported",
+    "error_body",
+    "validation_error",
+]
+
+
+# ----------------------------------------------------------------------------------------------- errors
+
+
+def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
+               code: str | int | None = None) -> dict[str, Any]:
+    """OpenAI's error object: ``{"error": {"message", "type", "param", "code"}}``."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+class APIError(Exception):
+    """An error answered to the client in OpenAI's schema."""
+
+    def __init__(self, status_code: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+    @classmethod
+    def bad_request(cls, message: str, param: str | None = None, code: str | None = None) -> "APIError":
+        return cls(400, message, param=param, code=code)
+
+
+# ----------------------------------------------------------------------------------------------- models
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(_Strict):
+    include_usage: Optional[bool] = False
+    # Random padding against length side channels on OpenAI's service; it never changes content, so accepting it
+    # and sending no padding is faithful.
+    include_obfuscation: Optional[bool] = None
+
+
+class _SamplingRequest(_Strict):
+    """Fields shared by /v1/completions and /v1/chat/completions (OpenAI's, then vLLM-compatible extensions)."""
+
+    model: Optional[str] = None
+    frequency_penalty: Optional[float] = None
+    presence_penalty: Optional[float] = None
+    max_tokens: Optional[int] = None
+    n: Optional[int] = 1
+    seed: Optional[int] = None
+    stop: Union[str, list[str], None] = None
+    stream: Optional[bool] = False
+    stream_options: Optional[StreamOptions] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    # Accepted and without effect on the output (end-user tags, routing hints of OpenAI's service).
+    user: Optional[str] = None
+    metadata: Optional[dict[str, str]] = None
+    service_tier: Optional[str] = None
+    safety_identifier: Optional[str] = None
+    prompt_cache_key: Optional[str] = None
+    store: Optional[bool] = None
+    # Extensions (the names vLLM and SGLang use).
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    min_tokens: Optional[int] = None
+    ignore_eos: Optional[bool] = None
+    stop_token_ids: Optional[list[int]] = None
+    include_stop_str_in_output: Optional[bool] = None
+    skip_special_tokens: Optional[bool] = None
+
+
+class CompletionRequest(_SamplingRequest):
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    echo: Optional[bool] = False
+    logprobs: Optional[int] = None
+    best_of: Optional[int] = None
+    suffix: Optional[str] = None
+    logit_bias: Optional[dict[str, float]] = None
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    type: str
+    text: Optional[str] = None
+
+
+class ChatMessage(_Strict):
+    role: str
+    content: Union[str, list[ContentPart], None] = None
+    name: Optional[str] = None
+    reasoning_content: Optional[str] = None
+    tool_calls: Optional[list[dict[str, Any]]] = None
+    tool_call_id: Optional[str] = None
+    refusal: Optional[str] = None
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: Optional[int] = None
+    logprobs: Optional[bool] = False
+    top_logprobs: Optional[int] = None
+    logit_bias: Optional[dict[str, float]] = None
+    response_format: Optional[dict[str, Any]] = None
+    parallel_tool_calls: Optional[bool] = None
+    # Only the values that ask for nothing are accepted here; check_unsupported refuses the others first.
+    tools: Optional[list[Any]] = None
+    tool_choice: Optional[Any] = None
+    functions: Optional[list[Any]] = None
+    function_call: Optional[Any] = None
+    modalities: Optional[list[str]] = None
+    # Extensions.
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    add_generation_prompt: Optional[bool] = True
+
+
+# ----------------------------------------------------------------------------------------------- policy
+
+_NO_TOOLS = ("is not supported: this server does not implement tool or function calling yet")
+
+# parameter -> (is the given value one this server cannot honour?, why). A value of None counts as absent.
+_Check = tuple[Callable[[Any], bool], str]
+
+_UNSUPPORTED_CHAT: dict[str, _Check] = {
+    "tools": (lambda v: v != [], _NO_TOOLS),
+    "tool_choice": (lambda v: v != "none", _NO_TOOLS),
+    "functions": (lambda v: v != [], _NO_TOOLS),
+    "function_call": (lambda v: v != "none", _NO_TOOLS),
+    "response_format": (lambda v: not (isinstance(v, dict) and v.get("type") == "text"),
+                        "is not supported: only {\"type\": \"text\"} is (no JSON mode or json_schema "
+                        "structured output yet)"),
+    "logit_bias": (lambda v: v != {}, "is not supported yet"),
+    "audio": (lambda v: True, "is not supported: this model produces text only"),
+    "modalities": (lambda v: v != ["text"], "is not supported: this model produces text only"),
+    "prediction": (lambda v: True, "(predicted outputs) is not supported"),
+    "web_search_options": (lambda v: True, "is not supported: this server has no web search"),
+    "reasoning_effort": (lambda v: True, "is not supported: DeepSeek models do not take a reasoning effort"),
+    "verbosity": (lambda v: True, "is not supported"),
+    "store": (lambda v: v is not False, "is not supported: this server does not store completions"),
+    "best_of": (lambda v: True, "is not supported for chat completions"),
+}
+
+_UNSUPPORTED_COMPLETIONS: dict[str, _Check] = {
+    "suffix": (lambda v: v != "", "is not supported: DeepSeek V2/V3 checkpoints have no fill-in-the-middle "
+                                  "suffix mode here"),
+    "logit_bias": (lambda v: v != {}, "is not supported yet"),
+    "store": (lambda v: v is not False, "is not supported: this server does not store completions"),
+}
+
+
+def check_unsupported(body: dict[str, Any], endpoint: Literal["chat", "completions"]) -> None:
+    """Raises a 400 naming the first parameter the request sets to a value this server cannot honour."""
+    table = _UNSUPPORTED_CHAT if endpoint == "chat" else _UNSUPPORTED_COMPLETIONS
+    for name, (unsupported, why) in table.items():
+        value = body.get(name)
+        if value is None:
+            continue
+        if unsupported(value):
+            raise APIError(400, f"'{name}' {why}", param=name, code="unsupported_parameter")
+    if endpoint == "completions":
+        best_of, n = body.get("best_of"), body.get("n")
+        n = n if isinstance(n, int) and not isinstance(n, bool) else 1
+        if isinstance(best_of, int) and not isinstance(best_of, bool) and best_of not in (1, n):
+            raise APIError(400, f"'best_of'={best_of} is not supported: server-side ranking of candidates is not "
+                                "implemented (use best_of=n, or n to get every candidate)",
+                           param="best_of", code="unsupported_parameter")
+        if body.get("echo") is True and body.get("logprobs") is not None:
+            raise APIError(400, "'echo' together with 'logprobs' is not supported: it needs the prompt's "
+                                "logprobs, which this server does not compute", param="echo",
+                           code="unsupported_parameter")
+    stream_options = body.get("stream_options")
+    if stream_options is not None and body.get("stream") is not True:
+        raise APIError(400, "'stream_options' is only allowed when 'stream' is true", param="stream_options")
+
+
+# ----------------------------------------------------------------------------------------------- validation
+
+_UNION_EXPECTED = {
+    "prompt": "a string, a list of strings, a list of token ids or a list of lists of token ids",
+    "stop": "a string or a list of strings",
+    "content": "a string or a list of content parts",
+}
+
+_FIELD_NAMES = frozenset(
+    name for model in (CompletionRequest, ChatCompletionRequest, ChatMessage, ContentPart, StreamOptions)
+    for name in model.model_fields
+)
+
+
+def _param_path(loc: tuple[Any, ...]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif isinstance(part, str) and (part in _FIELD_NAMES or not path):
+            path += f".{part}" if path else part
+        # else: a union member's tag such as 'list[int]'; not part of the parameter's path
+    return path
+
+
+def validation_error(exc: ValidationError) -> APIError:
+    """The first problem of a pydantic ValidationError as an OpenAI 400."""
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    loc = tuple(first.get("loc", ()))
+    param = _param_path(loc) or None
+    if first.get("type") == "extra_forbidden":
+        return APIError(400, f"Unrecognized request argument supplied: {param}", param=param,
+                        code="unknown_parameter")
+    if first.get("type") == "missing":
+        return APIError(400, f"Missing required parameter: '{param}'", param=param, code="missing_required_parameter")
+    leaf = next((p for p in reversed(loc) if isinstance(p, str) and p in _UNION_EXPECTED), None)
+    same_param = [e for e in errors if _param_path(tuple(e.get("loc", ()))) == param]
+    if leaf is not None and len(same_param) > 1:
+        message = f"Invalid type for '{param}': expected {_UNION_EXPECTED[leaf]}"
+    else:
+        got = first.get("input")
+        shown = repr(got) if len(repr(got)) <= 60 else repr(got)[:57] + "..."
+        message = f"Invalid value for '{param}': {first.get('msg', 'invalid')} (got {shown})"
+    return APIError(400, message, param=param, code="invalid_value" if "type" not in first.get("type", "")
+                    else "invalid_type")

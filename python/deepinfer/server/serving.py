@@ -1,0 +1,789 @@
+"""Request handling for /v1/completions and /v1/chat/completions: validation, submission, responses, streaming.
+
+Everything here runs on the server's event loop and never computes: the engine steps in its own C++ thread and
+hands outputs over through RequestStream, so concurrent requests are batched by the engine while this loop only
+shuffles text. A request's lifetime is owned by a ``_Run``: it counts the request against the queue bound, records
+latencies and token counts, and aborts whatever is still generating when the response ends early (client gone,
+error, shutdown), which frees the request's cache pages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic import ValidationError
+
+from deepinfer.outputs import CompletionOutput, TokenLogprobs
+from deepinfer.sampling_params import SamplingParams
+from deepinfer.server.metrics import ServerMetrics
+from deepinfer.server.protocol import (APIError, ChatCompletionRequest, CompletionRequest, check_unsupported,
+                                       validation_error)
+from deepinfer.server.reasoning import ReasoningParser
+
+logger = logging.getLogger("deepinfer.server")
+
+MAX_N = 128                       # completions per prompt
+MAX_PROMPTS_PER_REQUEST = 256     # prompts in one /v1/completions batch
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (chat defaults to the rest of the context)
+_MIN_LOGPROB = -9999.0            # JSON has no -inf
+_CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
+
+
+# ----------------------------------------------------------------------------------------------- server state
+
+
+@dataclass
+class ServerOptions:
+    served_model_names: list[str]
+    api_key: str | None = None
+    max_queue_size: int = 1024
+    reasoning_parser: type[ReasoningParser] | None = None
+
+
+@dataclass
+class ServerState:
+    """What the handlers of one app share."""
+
+    engine: Any
+    options: ServerOptions
+    metrics: ServerMetrics
+    created: int = field(default_factory=lambda: int(time.time()))
+    draining: bool = False
+    inflight: int = 0          # generation requests submitted to the engine and not yet answered in full
+    pending_seqs: int = 0      # sequences submitted that have produced nothing yet (queued or in prefill)
+    runs: set = field(default_factory=set)  # the _Run of every request in flight
+
+    def __post_init__(self) -> None:
+        self.token_text = TokenText(self.engine.tokenizer)
+
+    @property
+    def model_name(self) -> str:
+        return self.options.served_model_names[0]
+
+    @property
+    def max_model_len(self) -> int:
+        value = getattr(self.engine, "max_model_len", None)
+        if isinstance(value, int):
+            return value
+        return int(self.engine._core.max_model_len)
+
+    def begin_drain(self) -> None:
+        """Stop admitting requests (503); those in flight go on."""
+        self.draining = True
+
+    async def abort_all(self, grace_s: float = 2.0) -> None:
+        """Aborts every request in flight. Responses end with finish_reason "abort" (streams) or a 503; any the
+        engine has not ended within ``grace_s`` are ended here."""
+        for run in list(self.runs):
+            run.abort()
+        deadline = time.monotonic() + grace_s
+        while self.runs and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for run in list(self.runs):
+            run.kill()
+
+
+# ----------------------------------------------------------------------------------------------- token text
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, inverted: the character that stands for each byte -> the byte."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    chars = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars)}
+
+
+class TokenText:
+    """A token's text and raw bytes, for logprobs (a byte-level token may hold part of a UTF-8 character)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._cache: dict[int, tuple[str, list[int]]] = {}
+
+    def get(self, token_id: int) -> tuple[str, list[int]]:
+        hit = self._cache.get(token_id)
+        if hit is not None:
+            return hit
+        piece = None
+        try:
+            piece = self._tokenizer.convert_ids_to_tokens(token_id)
+        except Exception:
+            pass
+        decoder = _byte_decoder()
+        if isinstance(piece, str) and piece and all(ch in decoder for ch in piece):
+            raw = bytes(decoder[ch] for ch in piece)
+            text = raw.decode("utf-8", errors="replace")
+        else:
+            text = self._tokenizer.decode([token_id], skip_special_tokens=False)
+            raw = text.encode("utf-8")
+        value = (text, list(raw))
+        if len(self._cache) < 200_000:
+            self._cache[token_id] = value
+        return value
+
+
+def _finite(logprob: float) -> float:
+    return logprob if math.isfinite(logprob) else _MIN_LOGPROB
+
+
+# ----------------------------------------------------------------------------------------------- a request's run
+
+
+class _Run:
+    """The engine streams of one HTTP request (one per prompt, each with n completions) and their bookkeeping."""
+
+    _KILL = -1
+
+    def __init__(self, state: ServerState, streams: list[Any], n: int, arrival: float, prompt_lens: list[int]) -> None:
+        self.state = state
+        self.streams = streams
+        self.n = n
+        self.arrival = arrival
+        self.prompt_lens = prompt_lens
+        self.num_choices = len(streams) * n
+        self.client_gone = False
+        self._first_token = False
+        self._last_token_time: list[float | None] = [None] * self.num_choices
+        self._pending = [True] * self.num_choices
+        self.finished = [False] * self.num_choices
+        self._closed = False
+        self._queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        self._pumps: list[asyncio.Task] = []
+        state.pending_seqs += self.num_choices
+        state.inflight += 1
+        state.runs.add(self)
+        state.metrics.prompt_tokens.inc(sum(prompt_lens))
+
+    def _release_pending(self, ci: int) -> None:
+        if self._pending[ci]:
+            self._pending[ci] = False
+            self.state.pending_seqs -= 1
+
+    def abort(self) -> None:
+        """Asks the engine to stop every completion; each ends with finish_reason "abort" and frees its pages."""
+        for s in self.streams:
+            s.abort()
+
+    def kill(self) -> None:
+        """Ends the response now, whatever the engine still sends (unfinished completions end as "abort")."""
+        self._queue.put_nowait((self._KILL, None))
+
+    def client_disconnected(self) -> None:
+        self.client_gone = True
+        self.abort()
+
+    def _start_pumps(self) -> None:
+        async def pump(i: int, stream: Any) -> None:
+            try:
+                async for delta in stream:
+                    self._queue.put_nowait((i, delta))
+            finally:
+                self._queue.put_nowait((i, None))
+
+        self._pumps = [asyncio.create_task(pump(i, s)) for i, s in enumerate(self.streams)]
+
+    async def outputs(self) -> AsyncIterator[tuple[int, CompletionOutput]]:
+        """(choice index, new output of that choice) as they arrive; choice index = prompt * n + completion."""
+        metrics = self.state.metrics
+        self._start_pumps()
+        remaining = len(self.streams)
+        try:
+            while remaining:
+                p, delta = await self._queue.get()
+                if p == self._KILL:
+                    for ci, done in enumerate(self.finished):
+                        if not done:
+                            self.finished[ci] = True
+                            metrics.finished("abort")
+                            yield ci, CompletionOutput(index=ci % self.n, finish_reason="abort")
+                    return
+                if delta is None:
+                    remaining -= 1
+                    continue
+                now = time.monotonic()
+                for out in delta.outputs:
+                    ci = p * self.n + out.index
+                    k = len(out.token_ids)
+                    if k:
+                        if not self._first_token:
+                            self._first_token = True
+                            metrics.time_to_first_token.observe(now - self.arrival)
+                        last = self._last_token_time[ci]
+                        if last is not None:
+                            for _ in range(k):
+                                metrics.inter_token_latency.observe((now - last) / k)
+                        self._last_token_time[ci] = now
+                        metrics.generation_tokens.inc(k)
+                    if k or out.finish_reason:
+                        self._release_pending(ci)
+                    if out.finish_reason and not self.finished[ci]:
+                        self.finished[ci] = True
+                        metrics.finished(out.finish_reason)
+                    yield ci, out
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Ends the run: aborts what still generates (its cache pages are freed), settles the counters."""
+        if self._closed:
+            return
+        self._closed = True
+        self.state.inflight -= 1
+        self.state.runs.discard(self)
+        for t in self._pumps:
+            t.cancel()
+        if not all(self.finished):
+            self.abort()
+            for ci, done in enumerate(self.finished):  # no longer watched: they end aborted
+                if not done:
+                    self.finished[ci] = True
+                    self.state.metrics.finished("abort")
+        for ci in range(self.num_choices):
+            self._release_pending(ci)
+        if self._first_token:
+            self.state.metrics.e2e_latency.observe(time.monotonic() - self.arrival)
+
+
+async def _watch_disconnect(request: Request, run: _Run) -> None:
+    """Aborts the run when the client goes away (the ASGI server reports http.disconnect)."""
+    try:
+        while True:
+            message = await request.receive()
+            if message.get("type") == "http.disconnect":
+                run.client_disconnected()
+                return
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # a server without disconnect reporting: rely on send() failing instead
+        return
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+
+
+def _sse(payload: Mapping[str, Any] | str) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {data}\n\n".encode("utf-8")
+
+
+def _json_response(payload: Mapping[str, Any], status: int = 200) -> Response:
+    return Response(json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8"),
+                    status_code=status, media_type="application/json")
+
+
+_PARAM_NAMES = {"n", "temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "min_tokens", "stop",
+                "stop_token_ids", "repetition_penalty", "presence_penalty", "frequency_penalty", "logprobs"}
+
+
+def _sampling_error(e: Exception, renames: Mapping[str, str]) -> APIError:
+    message = str(e)
+    first = message.split(" ", 1)[0].strip(":")
+    param = renames.get(first, first) if first in _PARAM_NAMES else None
+    return APIError(400, message, param=param, code="invalid_value")
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+class _RunStreamingResponse(StreamingResponse):
+    """Server-sent events that close their run however the response ends, even if the body never started
+    (a client gone before the first byte)."""
+
+    def __init__(self, gen: AsyncIterator[bytes], run: _Run) -> None:
+        super().__init__(gen, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._run = run
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._run.close()
+
+
+def _stream_response(gen: AsyncIterator[bytes], run: _Run) -> StreamingResponse:
+    return _RunStreamingResponse(gen, run)
+
+
+class _Choice:
+    """Accumulated state of one choice while its response is built."""
+
+    def __init__(self, index: int, parser: ReasoningParser | None = None) -> None:
+        self.index = index
+        self.parts: list[str] = []
+        self.reasoning_parts: list[str] = []
+        self.content_parts: list[str] = []
+        self.num_tokens = 0
+        self.logprobs: list[TokenLogprobs] = []
+        self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None
+        self.error: str | None = None
+        self.parser = parser
+        self.text_offset = 0
+
+    def add(self, out: CompletionOutput) -> None:
+        self.parts.append(out.text)
+        self.num_tokens += len(out.token_ids)
+        if out.logprobs:
+            self.logprobs.extend(out.logprobs)
+        if out.finish_reason:
+            self.finish_reason, self.stop_reason, self.error = out.finish_reason, out.stop_reason, out.error
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
+# ----------------------------------------------------------------------------------------------- serving
+
+
+class OpenAIServing:
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    @property
+    def engine(self) -> Any:
+        return self.state.engine
+
+    # ---- shared steps
+
+    async def _read_json(self, request: Request) -> dict[str, Any]:
+        raw = await request.body()
+        if not raw.strip():
+            raise APIError(400, "The request body is empty; send a JSON object", code="invalid_json")
+        try:
+            body = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise APIError(400, f"The request body is not valid JSON: {e}", code="invalid_json") from None
+        if not isinstance(body, dict):
+            raise APIError(400, f"The request body must be a JSON object, got {type(body).__name__}",
+                           code="invalid_json")
+        return body
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model not in self.state.options.served_model_names:
+            raise APIError(404, f"The model `{model}` does not exist. This server serves "
+                                f"{', '.join(repr(m) for m in self.state.options.served_model_names)}.",
+                           param="model", code="model_not_found")
+
+    def _check_n(self, n: int | None) -> int:
+        n = 1 if n is None else n
+        if not 1 <= n <= MAX_N:
+            raise APIError(400, f"Invalid value for 'n': must be between 1 and {MAX_N}, got {n}", param="n",
+                           code="invalid_value")
+        return n
+
+    def _max_tokens(self, requested: int | None, prompt_len: int, default: int | None, param: str) -> int:
+        max_len = self.state.max_model_len
+        if prompt_len >= max_len:
+            raise APIError(400, f"This model's maximum context length is {max_len} tokens. However, your prompt "
+                                f"has {prompt_len} tokens (the prompt plus at least one generated token must fit). "
+                                "Please reduce the length of the prompt.",
+                           param="messages" if param == "max_completion_tokens" else "prompt",
+                           code="context_length_exceeded")
+        room = max_len - prompt_len
+        if requested is None:
+            return room if default is None else min(default, room)
+        if requested < 1:
+            raise APIError(400, f"Invalid value for '{param}': must be at least 1, got {requested}", param=param,
+                           code="invalid_value")
+        if requested > room:
+            raise APIError(400, f"This model's maximum context length is {max_len} tokens. However, you requested "
+                                f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} for the "
+                                f"completion). Please reduce the prompt or the completion length.",
+                           param=param, code="context_length_exceeded")
+        return requested
+
+    def _sampling_params(self, req: Any, n: int, max_tokens: int, logprobs: int | None,
+                         renames: Mapping[str, str]) -> SamplingParams:
+        values: dict[str, Any] = {"n": n, "max_tokens": max_tokens, "logprobs": logprobs}
+        for name in ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
+                     "include_stop_str_in_output", "ignore_eos", "repetition_penalty", "presence_penalty",
+                     "frequency_penalty", "min_tokens", "skip_special_tokens"):
+            value = getattr(req, name)
+            if value is not None:
+                values[name] = value
+        try:
+            return SamplingParams(**values)
+        except (ValueError, TypeError) as e:
+            raise _sampling_error(e, renames) from None
+
+    def _admit(self, num_seqs: int) -> None:
+        state = self.state
+        if state.draining:
+            state.metrics.rejected("shutting_down")
+            raise APIError(503, "The server is shutting down and accepts no new requests.", type="server_error",
+                           code="server_shutting_down")
+        try:
+            engine_waiting = int(self.engine.stats().num_waiting)
+        except Exception:
+            engine_waiting = 0
+        waiting = max(engine_waiting, state.pending_seqs)
+        limit = state.options.max_queue_size
+        if waiting + num_seqs > limit:
+            state.metrics.rejected("queue_full")
+            raise APIError(503, f"The server is overloaded: {waiting} sequences are waiting and the queue holds "
+                                f"{limit}. Retry later.", type="server_error", code="server_overloaded")
+
+    def _submit(self, prompts: list[list[int]], params: list[SamplingParams], request_id: str, n: int,
+                arrival: float) -> _Run:
+        self._admit(len(prompts) * n)
+        loop = asyncio.get_running_loop()
+        streams = []
+        try:
+            for i, (ids, p) in enumerate(zip(prompts, params)):
+                rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
+                streams.append(self.engine.submit({"prompt_token_ids": ids}, p, loop=loop, request_id=rid))
+        except ValueError as e:
+            for s in streams:
+                s.abort()
+            raise APIError(400, str(e), code="invalid_value") from None
+        except RuntimeError as e:  # the engine is shut down
+            for s in streams:
+                s.abort()
+            raise APIError(503, f"The engine is not running: {e}", type="server_error",
+                           code="server_shutting_down") from None
+        return _Run(self.state, streams, n, arrival, [len(ids) for ids in prompts])
+
+    @staticmethod
+    def _failure(choices: list[_Choice], run: _Run) -> APIError | None:
+        """The error to answer instead of a body, when a choice failed or was aborted by a shutdown."""
+        for c in choices:
+            if c.finish_reason == "error":
+                return APIError(500, f"Generation failed: {c.error or 'engine error'}", type="server_error",
+                                code="engine_error")
+        if any(c.finish_reason == "abort" for c in choices) and not run.client_gone:
+            return APIError(503, "The request was aborted because the server is shutting down.",
+                            type="server_error", code="server_shutting_down")
+        return None
+
+    async def _collect(self, request: Request, run: _Run, choices: list[_Choice],
+                       on_output: Any = None) -> None:
+        watcher = asyncio.create_task(_watch_disconnect(request, run))
+        try:
+            async for ci, out in run.outputs():
+                choices[ci].add(out)
+                if on_output is not None:
+                    on_output(choices[ci], out)
+        finally:
+            watcher.cancel()
+            run.close()
+
+    def _error_chunk(self, err: APIError) -> bytes:
+        return _sse(err.body())
+
+    # ---- /v1/completions
+
+    def _completion_prompts(self, prompt: Any) -> list[tuple[str | None, list[int]]]:
+        tok = self.engine.tokenizer
+        vocab = int(self.engine.model_config.vocab_size)
+        if isinstance(prompt, str):
+            items: list[Any] = [prompt]
+        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            items = [prompt]
+        else:
+            items = list(prompt)
+        if not items:
+            raise APIError(400, "Invalid value for 'prompt': the list is empty", param="prompt", code="invalid_value")
+        if len(items) > MAX_PROMPTS_PER_REQUEST:
+            raise APIError(400, f"Invalid value for 'prompt': at most {MAX_PROMPTS_PER_REQUEST} prompts per request",
+                           param="prompt", code="invalid_value")
+        out: list[tuple[str | None, list[int]]] = []
+        for i, item in enumerate(items):
+            where = "prompt" if len(items) == 1 else f"prompt[{i}]"
+            if isinstance(item, str):
+                if item == "":
+                    raise APIError(400, f"Invalid value for '{where}': the prompt is empty", param="prompt",
+                                   code="invalid_value")
+                out.append((item, tok.encode(item)))
+            else:
+                ids = list(item)
+                if not ids:
+                    raise APIError(400, f"Invalid value for '{where}': no token ids", param="prompt",
+                                   code="invalid_value")
+                bad = [t for t in ids if not 0 <= t < vocab]
+                if bad:
+                    raise APIError(400, f"Invalid value for '{where}': token ids {bad[:5]} are outside the "
+                                        f"vocabulary [0, {vocab})", param="prompt", code="invalid_value")
+                out.append((None, ids))
+        return out
+
+    def _completion_logprobs(self, entries: list[TokenLogprobs], choice: _Choice) -> dict[str, Any]:
+        tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
+        for e in entries:
+            text, _ = self.state.token_text.get(e.token_id)
+            tokens.append(text)
+            token_logprobs.append(_finite(e.logprob))
+            top_logprobs.append({self.state.token_text.get(t.token_id)[0]: _finite(t.logprob) for t in e.top})
+            offsets.append(choice.text_offset)
+            choice.text_offset += len(text)
+        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
+                "text_offset": offsets}
+
+    async def completions(self, request: Request) -> Response:
+        arrival = time.monotonic()
+        body = await self._read_json(request)
+        check_unsupported(body, "completions")
+        try:
+            req = CompletionRequest.model_validate(body)
+        except ValidationError as e:
+            raise validation_error(e) from None
+        self._check_model(req.model)
+        n = self._check_n(req.n)
+        prompts = self._completion_prompts(req.prompt)
+        params = []
+        for _, ids in prompts:
+            max_tokens = self._max_tokens(req.max_tokens, len(ids), DEFAULT_COMPLETION_MAX_TOKENS, "max_tokens")
+            params.append(self._sampling_params(req, n, max_tokens, req.logprobs, {}))
+        request_id = f"cmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        model = req.model or self.state.model_name
+        echo = bool(req.echo)
+        tok = self.engine.tokenizer
+        echo_texts = [(text if text is not None else tok.decode(ids, skip_special_tokens=False)) if echo else ""
+                      for text, ids in prompts]
+        run = self._submit([ids for _, ids in prompts], params, request_id, n, arrival)
+        choices = [_Choice(i) for i in range(run.num_choices)]
+        for c in choices:
+            c.text_offset = len(echo_texts[c.index // n])
+        want_logprobs = req.logprobs is not None
+        prompt_tokens = sum(run.prompt_lens)
+
+        if not req.stream:
+            try:
+                await self._collect(request, run, choices)
+            except BaseException:
+                run.close()
+                raise
+            failure = self._failure(choices, run)
+            if failure is not None:
+                raise failure
+            data = []
+            for c in choices:
+                data.append({"index": c.index, "text": echo_texts[c.index // n] + c.text,
+                             "logprobs": self._completion_logprobs(c.logprobs, c) if want_logprobs else None,
+                             "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+            return _json_response({"id": request_id, "object": "text_completion", "created": created, "model": model,
+                                   "choices": data,
+                                   "usage": _usage(prompt_tokens, sum(c.num_tokens for c in choices))})
+
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+        def chunk(index: int, text: str, logprobs: Any, finish_reason: str | None,
+                  stop_reason: Any = None) -> bytes:
+            payload: dict[str, Any] = {"id": request_id, "object": "text_completion", "created": created,
+                                       "model": model,
+                                       "choices": [{"index": index, "text": text, "logprobs": logprobs,
+                                                    "finish_reason": finish_reason, "stop_reason": stop_reason}]}
+            if include_usage:
+                payload["usage"] = None
+            return _sse(payload)
+
+        async def stream() -> AsyncIterator[bytes]:
+            watcher = asyncio.create_task(_watch_disconnect(request, run))
+            try:
+                if echo:
+                    for c in choices:
+                        yield chunk(c.index, echo_texts[c.index // n], None, None)
+                async for ci, out in run.outputs():
+                    c = choices[ci]
+                    c.add(out)
+                    if out.finish_reason == "error":
+                        yield self._error_chunk(APIError(500, f"Generation failed: {out.error or 'engine error'}",
+                                                         type="server_error", code="engine_error"))
+                        break
+                    logprobs = self._completion_logprobs(out.logprobs or [], c) if want_logprobs else None
+                    if out.text or out.finish_reason or (logprobs and logprobs["tokens"]):
+                        yield chunk(ci, out.text, logprobs, out.finish_reason, out.stop_reason)
+                if include_usage:
+                    yield _sse({"id": request_id, "object": "text_completion", "created": created, "model": model,
+                                "choices": [], "usage": _usage(prompt_tokens, sum(c.num_tokens for c in choices))})
+                yield _sse("[DONE]")
+            finally:
+                watcher.cancel()
+                run.close()
+
+        return _stream_response(stream(), run)
+
+    # ---- /v1/chat/completions
+
+    def _chat_messages(self, req: ChatCompletionRequest) -> list[dict[str, Any]]:
+        messages = []
+        for i, m in enumerate(req.messages):
+            if m.role not in _CHAT_ROLES:
+                raise APIError(400, f"Invalid value for 'messages[{i}].role': {m.role!r}; expected one of "
+                                    f"{sorted(_CHAT_ROLES)}", param=f"messages[{i}].role", code="invalid_value")
+            content: Any = m.content
+            if isinstance(content, list):
+                texts = []
+                for j, part in enumerate(content):
+                    if part.type != "text" or part.text is None:
+                        raise APIError(400, f"Content parts of type {part.type!r} are not supported: this model "
+                                            "takes text only", param=f"messages[{i}].content[{j}].type",
+                                       code="unsupported_parameter")
+                    texts.append(part.text)
+                content = "\n".join(texts)
+            message: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content}
+            for key in ("name", "reasoning_content", "tool_calls", "tool_call_id"):
+                value = getattr(m, key)
+                if value is not None:
+                    message[key] = value
+            messages.append(message)
+        return messages
+
+    def _render_chat(self, req: ChatCompletionRequest) -> list[int]:
+        import jinja2
+
+        messages = self._chat_messages(req)
+        try:
+            return list(self.engine.render_chat(messages, add_generation_prompt=bool(req.add_generation_prompt),
+                                                chat_template_kwargs=req.chat_template_kwargs))
+        except (ValueError, TypeError, KeyError, jinja2.TemplateError) as e:
+            raise APIError(400, f"The chat template could not render these messages: {e}", param="messages",
+                           code="invalid_value") from None
+
+    def _chat_logprobs(self, entries: list[TokenLogprobs]) -> dict[str, Any]:
+        content = []
+        for e in entries:
+            text, raw = self.state.token_text.get(e.token_id)
+            top = []
+            for t in e.top:
+                t_text, t_raw = self.state.token_text.get(t.token_id)
+                top.append({"token": t_text, "logprob": _finite(t.logprob), "bytes": t_raw})
+            content.append({"token": text, "logprob": _finite(e.logprob), "bytes": raw, "top_logprobs": top})
+        return {"content": content}
+
+    async def chat_completions(self, request: Request) -> Response:
+        arrival = time.monotonic()
+        body = await self._read_json(request)
+        check_unsupported(body, "chat")
+        try:
+            req = ChatCompletionRequest.model_validate(body)
+        except ValidationError as e:
+            raise validation_error(e) from None
+        self._check_model(req.model)
+        n = self._check_n(req.n)
+        if req.top_logprobs is not None and not req.logprobs:
+            raise APIError(400, "'top_logprobs' requires 'logprobs' to be true", param="top_logprobs",
+                           code="invalid_value")
+        if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
+            raise APIError(400, f"Invalid value for 'top_logprobs': must be between 0 and 20, got {req.top_logprobs}",
+                           param="top_logprobs", code="invalid_value")
+        if req.max_tokens is not None and req.max_completion_tokens is not None \
+                and req.max_tokens != req.max_completion_tokens:
+            raise APIError(400, "Give 'max_completion_tokens' or 'max_tokens', not two different values",
+                           param="max_tokens", code="invalid_value")
+        ids = self._render_chat(req)
+        requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        max_tokens = self._max_tokens(requested, len(ids), None, param)
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        params = self._sampling_params(req, n, max_tokens, logprobs, {"logprobs": "top_logprobs"})
+        parser_cls = self.state.options.reasoning_parser
+        opens_reasoning = False
+        if parser_cls is not None:
+            tail = self.engine.tokenizer.decode(ids[-16:], skip_special_tokens=False)
+            opens_reasoning = parser_cls.prompt_opens_reasoning(tail)
+        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        model = req.model or self.state.model_name
+        run = self._submit([ids], [params], request_id, n, arrival)
+        choices = [_Choice(i, parser_cls(opens_reasoning) if parser_cls else None) for i in range(n)]
+        want_logprobs = bool(req.logprobs)
+        prompt_tokens = len(ids)
+
+        if not req.stream:
+            try:
+                await self._collect(request, run, choices)
+            except BaseException:
+                run.close()
+                raise
+            failure = self._failure(choices, run)
+            if failure is not None:
+                raise failure
+            data = []
+            for c in choices:
+                message: dict[str, Any] = {"role": "assistant"}
+                if c.parser is not None:
+                    reasoning, content = c.parser.parse(c.text)
+                    # All reasoning and no answer (max_tokens reached while thinking): content is null.
+                    message["content"] = content if content is not None else ("" if reasoning is None else None)
+                    message["reasoning_content"] = reasoning
+                else:
+                    message["content"] = c.text
+                data.append({"index": c.index, "message": message,
+                             "logprobs": self._chat_logprobs(c.logprobs) if want_logprobs else None,
+                             "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+            return _json_response({"id": request_id, "object": "chat.completion", "created": created, "model": model,
+                                   "choices": data, "usage": _usage(prompt_tokens, sum(c.num_tokens for c in choices))})
+
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+        def chunk(index: int, delta: dict[str, Any], logprobs: Any = None, finish_reason: str | None = None,
+                  stop_reason: Any = None) -> bytes:
+            payload: dict[str, Any] = {"id": request_id, "object": "chat.completion.chunk", "created": created,
+                                       "model": model,
+                                       "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
+                                                    "finish_reason": finish_reason, "stop_reason": stop_reason}]}
+            if include_usage:
+                payload["usage"] = None
+            return _sse(payload)
+
+        async def stream() -> AsyncIterator[bytes]:
+            watcher = asyncio.create_task(_watch_disconnect(request, run))
+            try:
+                for c in choices:
+                    yield chunk(c.index, {"role": "assistant", "content": ""})
+                async for ci, out in run.outputs():
+                    c = choices[ci]
+                    c.add(out)
+                    if out.finish_reason == "error":
+                        yield self._error_chunk(APIError(500, f"Generation failed: {out.error or 'engine error'}",
+                                                         type="server_error", code="engine_error"))
+                        break
+                    delta: dict[str, Any] = {}
+                    if c.parser is not None:
+                        reasoning, content = c.parser.feed(out.text)
+                        if out.finish_reason:
+                            r2, c2 = c.parser.finish()
+                            reasoning, content = reasoning + r2, content + c2
+                        if reasoning:
+                            delta["reasoning_content"] = reasoning
+                        if content:
+                            delta["content"] = content
+                    elif out.text:
+                        delta["content"] = out.text
+                    logprobs = self._chat_logprobs(out.logprobs) if want_logprobs and out.logprobs else None
+                    if delta or logprobs or out.finish_reason:
+                        yield chunk(ci, delta, logprobs, out.finish_reason, out.stop_reason)
+                if include_usage:
+                    yield _sse({"id": request_id, "object": "chat.completion.chunk", "created": created,
+                                "model": model, "choices": [],
+                                "usage": _usage(prompt_tokens, sum(c.num_tokens for c in choices))})
+                yield _sse("[DONE]")
+            finally:
+                watcher.cancel()
+                run.close()
+
+        return _stream_response(stream(), run)

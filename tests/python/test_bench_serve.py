@@ -1,0 +1,113 @@
+"""`deepinfer bench serve`: prompt loading, statistics, and a short run against a real server process."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+pytest.importorskip("httpx")
+pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+
+from deepinfer.bench.serve import _percentile, default_dataset, load_prompts, main, sample_prompts  # noqa: E402
+from test_server import ServerProcess  # noqa: E402
+
+VLLM_KEYS = ["completed", "total_input_tokens", "total_output_tokens", "request_throughput", "output_throughput",
+             "total_token_throughput", "duration", "input_lens", "output_lens", "ttfts", "errors"] + [
+    f"{stat}_{metric}_ms" for metric in ("ttft", "tpot", "itl", "e2el")
+    for stat in ("mean", "median", "std", "p50", "p90", "p99")]
+
+
+def test_load_prompts_formats(tmp_path):
+    cases = {
+        "strings.json": ["one", "two"],
+        "prompts.json": [{"prompt": "one"}, {"prompt": "two"}],
+        "sharegpt.json": [{"id": "a", "conversations": [{"from": "human", "value": "one"},
+                                                          {"from": "gpt", "value": "answer"}]},
+                          {"id": "b", "conversations": [{"from": "system", "value": "sys"},
+                                                        {"from": "human", "value": "two"}]}],
+        "messages.json": [{"messages": [{"role": "user", "content": "one"}]},
+                          {"messages": [{"role": "user", "content": "two"}]}],
+    }
+    for name, data in cases.items():
+        (tmp_path / name).write_text(json.dumps(data))
+        assert load_prompts(tmp_path / name) == ["one", "two"], name
+    (tmp_path / "lines.jsonl").write_text('{"prompt": "one"}\n\n{"prompt": "two"}\n')
+    assert load_prompts(tmp_path / "lines.jsonl") == ["one", "two"]
+    (tmp_path / "empty.json").write_text(json.dumps([{"other": 1}, ""]))
+    with pytest.raises(ValueError, match="no prompts"):
+        load_prompts(tmp_path / "empty.json")
+    assert sample_prompts(["a", "b", "c"], 7, seed=1) == sample_prompts(["a", "b", "c"], 7, seed=1)
+    assert sorted(set(sample_prompts(["a", "b", "c"], 7, seed=1))) == ["a", "b", "c"]
+    assert sample_prompts(["short", "much longer"], 3, 0, max_chars=5) == ["short"] * 3
+
+
+def test_sharegpt_default_dataset():
+    path = default_dataset()
+    if path is None:
+        pytest.skip("the ShareGPT prompts are not beside the repository")
+    prompts = load_prompts(path)
+    assert len(prompts) == 1000 and all(isinstance(p, str) and p for p in prompts)
+
+
+def test_percentile():
+    assert _percentile([], 50) == 0.0
+    assert _percentile([3.0], 99) == 3.0
+    assert _percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert math.isclose(_percentile(list(range(101)), 90), 90.0)
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = ServerProcess("--max-model-len", "512", "--api-key", "bench-key")
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        assert srv.stop() == 0
+
+
+def test_bench_serve_against_the_server(server, tmp_path):
+    dataset = tmp_path / "prompts.json"
+    dataset.write_text(json.dumps(["To be or not to be", "My lord,", "ROMEO:\n", "Once upon a time", "Hark!", "O"]))
+    out = tmp_path / "result.json"
+    code = main(["--base-url", server.base_url, "--api-key", "bench-key", "--dataset", str(dataset),
+                 "--num-prompts", "8", "--request-rate", "40", "--max-tokens", "8", "--ignore-eos",
+                 "--save-result", str(out), "--disable-tqdm", "--percentiles", "95"])
+    assert code == 0
+    result = json.loads(out.read_text())
+    for key in VLLM_KEYS + ["p95_ttft_ms"]:
+        assert key in result, key
+    assert result["completed"] == 8 and result["failed"] == 0 and result["errors"] == []
+    assert result["total_output_tokens"] == 64 and result["total_input_tokens"] > 0
+    assert result["mean_ttft_ms"] > 0 and result["mean_e2el_ms"] >= result["mean_ttft_ms"]
+    assert result["mean_tpot_ms"] > 0 and result["p99_itl_ms"] >= result["p50_itl_ms"] > 0
+    assert result["request_throughput"] > 0 and result["output_throughput"] > 0
+
+    chat_out = tmp_path / "chat.json"
+    code = main(["--base-url", server.base_url + "/v1", "--api-key", "bench-key", "--dataset", str(dataset),
+                 "--endpoint", "chat", "--num-prompts", "4", "--max-tokens", "4", "--ignore-eos",
+                 "--save-result", str(chat_out), "--disable-tqdm", "--no-warmup"])
+    assert code == 0
+    chat = json.loads(chat_out.read_text())
+    assert chat["completed"] == 4 and chat["total_output_tokens"] == 16 and chat["backend"] == "openai-chat"
+
+
+def test_bench_serve_reports_failures(server, tmp_path, capsys):
+    dataset = tmp_path / "prompts.json"
+    dataset.write_text(json.dumps(["hello"]))
+    out = tmp_path / "result.json"
+    # Wrong key: every request fails with 401, and the run says so.
+    code = main(["--base-url", server.base_url, "--api-key", "wrong", "--model", "any", "--dataset", str(dataset),
+                 "--num-prompts", "3", "--max-tokens", "4", "--no-warmup", "--disable-tqdm",
+                 "--save-result", str(out)])
+    assert code == 1
+    result = json.loads(out.read_text())
+    assert result["completed"] == 0 and result["failed"] == 3
+    assert all(e.startswith("HTTP 401") for e in result["errors"])
+    assert "Failed requests:" in capsys.readouterr().out
+    # Nothing listening: a clear error, not a traceback.
+    assert main(["--base-url", "http://127.0.0.1:9", "--dataset", str(dataset), "--num-prompts", "1",
+                 "--disable-tqdm"]) == 1

@@ -1,0 +1,348 @@
+"""Server pieces without a server process: the DeepSeek-R1 reasoning parser, the serve command's options, and the
+HTTP app over a scripted stand-in engine (outputs the real model never writes: <think> blocks, engine errors)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import random
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("prometheus_client")
+pytest.importorskip("yaml")
+httpx = pytest.importorskip("httpx")
+
+from deepinfer.config import EngineConfig, QuantizationConfig  # noqa: E402
+from deepinfer.outputs import CompletionOutput, RequestOutput  # noqa: E402
+from deepinfer.server import create_app  # noqa: E402
+from deepinfer.server.cli import add_serve_arguments, resolve_serve_options, run_serve  # noqa: E402
+from deepinfer.server.reasoning import DeepSeekR1ReasoningParser, get_reasoning_parser  # noqa: E402
+
+# ----------------------------------------------------------------------------------------------- reasoning parser
+
+
+def feed_all(pieces, opens=False):
+    parser = DeepSeekR1ReasoningParser(prompt_opens_reasoning=opens)
+    reasoning, content = "", ""
+    for piece in pieces:
+        r, c = parser.feed(piece)
+        reasoning, content = reasoning + r, content + c
+    r, c = parser.finish()
+    return reasoning + r, content + c, parser.saw_reasoning
+
+
+def splits(text):
+    """The text in one piece, char by char, at every single split point, and in random chunks."""
+    yield [text]
+    yield list(text)
+    for i in range(1, len(text)):
+        yield [text[:i], text[i:]]
+    rng = random.Random(0)
+    for _ in range(20):
+        cuts = sorted(rng.sample(range(1, len(text)), min(4, len(text) - 1)))
+        yield [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)])]
+
+
+@pytest.mark.parametrize("text,opens,reasoning,content", [
+    ("<think>\nLet me think.\n</think>\n\nThe answer is 4.", False, "Let me think.\n", "The answer is 4."),
+    ("  <think>abc</think>xyz", False, "abc", "xyz"),
+    ("Let me think.</think>\n\nFour.", True, "Let me think.", "Four."),
+    ("\nLet me think.</think>Four.", True, "Let me think.", "Four."),
+    ("Just an answer, no thinking.", False, None, "Just an answer, no thinking."),
+    ("Text with </think> but no opening tag", False, None, "Text with </think> but no opening tag"),
+    ("<think>unfinished reasoning", False, "unfinished reasoning", None),
+    ("<think>cut inside the tag </thi", False, "cut inside the tag </thi", None),
+    ("still thinking", True, "still thinking", None),
+    ("<thinking> is not the tag", False, None, "<thinking> is not the tag"),
+    ("<thi", False, None, "<thi"),
+    ("<think></think>only content", False, "", "only content"),
+    ("a < b </think> c < d", True, "a < b ", "c < d"),
+])
+def test_reasoning_parser(text, opens, reasoning, content):
+    one_shot = DeepSeekR1ReasoningParser(prompt_opens_reasoning=opens).parse(text)
+    assert one_shot == (reasoning, content)
+    for pieces in splits(text):
+        r, c, saw = feed_all(pieces, opens)
+        assert (r if saw else None, c or None) == (reasoning, content), pieces
+
+
+def test_reasoning_parser_streams_without_waiting_for_the_end():
+    parser = DeepSeekR1ReasoningParser()
+    assert parser.feed("<thi") == ("", "")          # could still be the tag
+    assert parser.feed("nk>\nStep one. ") == ("Step one. ", "")
+    assert parser.feed("Step two.</") == ("Step two.", "")  # "</" held back: it may start </think>
+    assert parser.feed("think>\n\nDone") == ("", "Done")
+    assert parser.feed(" now.") == ("", " now.")
+    assert parser.finish() == ("", "")
+
+
+def test_prompt_opens_reasoning():
+    opens = DeepSeekR1ReasoningParser.prompt_opens_reasoning
+    assert opens("<｜begin▁of▁sentence｜><｜User｜>hi<｜Assistant｜><think>\n")
+    assert opens("...<think>")
+    assert not opens("<｜User｜>hi<｜Assistant｜>")
+    assert not opens("<think>x</think>\n")
+    assert get_reasoning_parser("deepseek-r1") is DeepSeekR1ReasoningParser
+    assert get_reasoning_parser(None) is None
+    with pytest.raises(ValueError, match="unknown reasoning parser"):
+        get_reasoning_parser("qwen3")
+
+
+# ----------------------------------------------------------------------------------------------- serve options
+
+
+def parse(*argv):
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_every_engine_config_field_has_a_flag():
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    dests = {a.dest for a in parser._actions}
+    for f in dataclasses.fields(EngineConfig):
+        assert f.name in dests, f"EngineConfig.{f.name} has no serve flag"
+    options = {o for a in parser._actions for o in a.option_strings}
+    for flag in ("--model", "--host", "--port", "--api-key", "--served-model-name", "--config", "--reasoning-parser",
+                 "--max-queue-size", "--quantization", "--quantization-config", "--max-model-len"):
+        assert flag in options
+
+
+def test_flags_become_engine_config():
+    args = parse("--model", "/models/v2-lite", "--max-model-len", "4096", "--enforce-eager", "--no-trust-remote-code",
+                 "--cache-memory-gb", "2.5", "--quantization", "fp8", "--served-model-name", "ds", "--port", "9000",
+                 "--max-queue-size", "7", "--seed", "3", "--load-format", "dummy", "--tokenizer", "none")
+    engine, server = resolve_serve_options(args)
+    assert engine == {"model_name_or_path": "/models/v2-lite", "max_model_len": 4096, "enforce_eager": True,
+                      "trust_remote_code": False, "cache_memory_gb": 2.5, "quantization": "fp8",
+                      "served_model_name": "ds", "seed": 3, "load_format": "dummy", "tokenizer": None}
+    assert server["port"] == 9000 and server["max_queue_size"] == 7 and server["host"] == "127.0.0.1"
+    config = EngineConfig.from_dict(engine)
+    assert config.quantization == QuantizationConfig(method="fp8")
+    # Nothing given: defaults only, and EngineConfig's own defaults apply.
+    engine, server = resolve_serve_options(parse())
+    assert engine == {} and server["port"] == 8000 and server["api_key"] is None
+    assert EngineConfig.from_dict(engine) == EngineConfig()
+
+
+def test_yaml_config_and_flag_override(tmp_path, monkeypatch):
+    monkeypatch.delenv("DEEPINFER_API_KEY", raising=False)
+    path = tmp_path / "serve.yaml"
+    path.write_text(
+        "model: /models/r1\n"
+        "max-model-len: 8192\n"
+        "max_num_seqs: 32\n"
+        "page_size: 32\n"
+        "port: 7000\n"
+        "api_key: from-file\n"
+        "reasoning_parser: deepseek-r1\n"
+        "quantization_config:\n"
+        "  method: fp8\n"
+        "  weight_bits: 8\n"
+        "  activation_bits: 8\n"
+        "  group_size: 128\n"
+        "  fuse_quant_dequant: false\n")
+    engine, server = resolve_serve_options(parse("--config", str(path), "--max-model-len", "2048", "--port", "7001"))
+    assert engine["model_name_or_path"] == "/models/r1"
+    assert engine["max_model_len"] == 2048          # the flag wins
+    assert engine["max_num_seqs"] == 32 and engine["page_size"] == 32
+    assert server["port"] == 7001 and server["api_key"] == "from-file" and server["reasoning_parser"] == "deepseek-r1"
+    config = EngineConfig.from_dict(engine)
+    assert config.quantization == QuantizationConfig(method="fp8", weight_bits=8, activation_bits=8, group_size=128,
+                                                     fuse_quant_dequant=False)
+    # A quantization flag replaces the file's quantization_config block.
+    engine, _ = resolve_serve_options(parse("--config", str(path), "--quantization", "none"))
+    assert "quantization_config" not in engine and EngineConfig.from_dict(engine).quantization is None
+    engine, _ = resolve_serve_options(parse("--config", str(path), "--quantization-config", '{"group_size": 64}'))
+    assert engine["quantization_config"] == {"group_size": 64}
+
+
+def test_bad_config_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("DEEPINFER_API_KEY", "from-env")
+    _, server = resolve_serve_options(parse())
+    assert server["api_key"] == "from-env"
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("max_model_len: 1024\nmax_modle_len: 5\n")
+    with pytest.raises(ValueError, match="max_modle_len"):
+        resolve_serve_options(parse("--config", str(unknown)))
+    not_mapping = tmp_path / "list.yaml"
+    not_mapping.write_text("- 1\n- 2\n")
+    with pytest.raises(ValueError, match="mapping"):
+        resolve_serve_options(parse("--config", str(not_mapping)))
+    bad_port = tmp_path / "port.yaml"
+    bad_port.write_text("port: eighty\n")
+    with pytest.raises(ValueError, match="port"):
+        resolve_serve_options(parse("--config", str(bad_port)))
+    # run_serve reports bad options and bad engine values with exit status 2, before loading anything.
+    assert run_serve(parse("--config", str(unknown))) == 2
+    assert run_serve(parse("--page-size", "0")) == 2
+    assert run_serve(parse("--config", str(tmp_path / "missing.yaml"))) == 2
+
+
+# ----------------------------------------------------------------------------------------------- app over a stand-in
+
+
+class FakeTokenizer:
+    """One token per character."""
+
+    def encode(self, text, add_special_tokens=True):
+        return [ord(ch) for ch in text]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(i) for i in ids)
+
+    def convert_ids_to_tokens(self, token_id):
+        return None
+
+
+class FakeStream:
+    def __init__(self, request_id, n, script, finish_reason, error):
+        self.request_id, self.n, self.script = request_id, n, script
+        self.finish_reason, self.error = finish_reason, error
+        self.aborted = False
+
+    def abort(self):
+        self.aborted = True
+
+    async def __aiter__(self):
+        for step, piece in enumerate(self.script):
+            await asyncio.sleep(0)
+            last = step == len(self.script) - 1
+            for i in range(self.n):
+                finish = ("abort" if self.aborted else self.finish_reason) if last else None
+                out = CompletionOutput(index=i, text=piece, token_ids=[ord(piece[0]) if piece else 32],
+                                       finish_reason=finish, error=self.error if finish == "error" else None)
+                yield RequestOutput(request_id=self.request_id, prompt=None, prompt_token_ids=[1], outputs=[out],
+                                    finished=last)
+
+
+class FakeEngine:
+    served_model_name = "fake-r1"
+    max_model_len = 512
+
+    class model_config:
+        vocab_size = 1 << 21
+
+    def __init__(self, script, template_suffix="", finish_reason="length", error=None):
+        self.tokenizer = FakeTokenizer()
+        self.script, self.template_suffix = script, template_suffix
+        self.finish_reason, self.error = finish_reason, error
+        self.streams = []
+
+    def render_chat(self, messages, add_generation_prompt=True, chat_template_kwargs=None):
+        text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>" + self.template_suffix
+        return self.tokenizer.encode(text)
+
+    def submit(self, prompt, params, loop=None, request_id=None):
+        stream = FakeStream(request_id, params.n, self.script, self.finish_reason, self.error)
+        self.streams.append(stream)
+        return stream
+
+    def stats(self):
+        return type("Stats", (), dict(num_running=0, num_waiting=0, num_cache_pages=10, num_free_cache_pages=10,
+                                      num_preemptions=0, num_steps=0, num_prompt_tokens_computed=0,
+                                      num_generated_tokens=0, alive=True))()
+
+
+def call(app, path, body):
+    async def go():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.post(path, json=body)
+
+    return asyncio.run(go())
+
+
+def sse(response):
+    events = [line[len("data: "):] for line in response.text.split("\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+THINKING = ["<th", "ink>\n", "Two and ", "two.</th", "ink>\n\n", "Four", "."]
+
+
+def test_reasoning_content_in_output():
+    app = create_app(FakeEngine(THINKING), reasoning_parser="deepseek-r1")
+    chat = {"model": "fake-r1", "messages": [{"role": "user", "content": "2+2?"}], "n": 2}
+    body = call(app, "/v1/chat/completions", chat).json()
+    for choice in body["choices"]:
+        assert choice["message"] == {"role": "assistant", "reasoning_content": "Two and two.", "content": "Four."}
+    events = sse(call(app, "/v1/chat/completions", {**chat, "stream": True}))
+    for index in (0, 1):
+        deltas = [e["choices"][0]["delta"] for e in events if e["choices"][0]["index"] == index]
+        assert deltas[0] == {"role": "assistant", "content": ""}
+        assert "".join(d.get("reasoning_content", "") for d in deltas) == "Two and two."
+        assert "".join(d.get("content", "") for d in deltas) == "Four."
+        # Reasoning streams before the answer, never mixed into content.
+        first_content = next(i for i, d in enumerate(deltas) if d.get("content"))
+        assert all("reasoning_content" not in d for d in deltas[first_content:])
+    # Without the parser the tags are plain text.
+    plain = create_app(FakeEngine(THINKING))
+    message = call(plain, "/v1/chat/completions", chat).json()["choices"][0]["message"]
+    assert message == {"role": "assistant", "content": "".join(THINKING)}
+
+
+def test_reasoning_opened_by_the_template():
+    engine = FakeEngine(["I ponder", " deeply", "</think>", "\n\nYes."], template_suffix="<think>\n")
+    app = create_app(engine, reasoning_parser="deepseek-r1")
+    chat = {"messages": [{"role": "user", "content": "?"}]}
+    message = call(app, "/v1/chat/completions", chat).json()["choices"][0]["message"]
+    assert message == {"role": "assistant", "reasoning_content": "I ponder deeply", "content": "Yes."}
+    events = sse(call(app, "/v1/chat/completions", {**chat, "stream": True}))
+    deltas = [e["choices"][0]["delta"] for e in events]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "I ponder deeply"
+    assert "".join(d.get("content", "") for d in deltas) == "Yes."
+
+
+def test_engine_errors_are_server_errors():
+    engine = FakeEngine(["partial", " output"], finish_reason="error", error="out of cache pages")
+    app = create_app(engine)
+    r = call(app, "/v1/completions", {"prompt": "hi"})
+    assert r.status_code == 500
+    err = r.json()["error"]
+    assert err["type"] == "server_error" and "out of cache pages" in err["message"]
+    events = sse(call(app, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stream": True}))
+    assert "out of cache pages" in events[-1]["error"]["message"]
+
+
+def test_shutdown_abort_is_503_for_non_streaming():
+    app = create_app(FakeEngine(["a", "b"], finish_reason="abort"))
+    r = call(app, "/v1/completions", {"prompt": "hi"})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "server_shutting_down"
+
+
+def test_draining_refuses_new_requests():
+    app = create_app(FakeEngine(["a"]))
+    app.state.server.begin_drain()
+    r = call(app, "/v1/completions", {"prompt": "hi"})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "server_shutting_down"
+
+    async def health():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+            return await client.get("/health")
+
+    assert asyncio.run(health()).status_code == 503
+
+
+def test_apps_have_their_own_metrics_and_names():
+    a = create_app(FakeEngine(["x"]), served_model_name=["alias-1", "alias-2"])
+    b = create_app(FakeEngine(["y"]))  # a second app in the same process: no registry clash
+    assert call(a, "/v1/completions", {"model": "alias-2", "prompt": "hi"}).status_code == 200
+    assert call(a, "/v1/completions", {"model": "fake-r1", "prompt": "hi"}).status_code == 404
+    assert call(b, "/v1/completions", {"model": "fake-r1", "prompt": "hi"}).status_code == 200
+
+    async def metrics(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+            return (await client.get("/metrics")).text
+
+    text_a, text_b = asyncio.run(metrics(a)), asyncio.run(metrics(b))
+    assert 'deepinfer_request_finished_total{finish_reason="length",model_name="alias-1"} 1.0' in text_a
+    assert 'model_name="fake-r1"' in text_b and "alias-1" not in text_b
+    with pytest.raises(ValueError):
+        create_app(FakeEngine(["x"]), max_queue=0)
