@@ -1059,3 +1059,32 @@ TEST(BackendOpsCuda, RmsNormRejectsHostOrFloatTensors) {
 
 }  // namespace
 }  // namespace deepinfer::op_test
+
+// The CUDA backend on every shared case it supports (float32 tensors), against the CPU reference.
+#ifdef DEEPINFER_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#include "device_memory.h"
+
+namespace deepinfer::op_test {
+namespace {
+
+class SharedCasesCudaVsCpu : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(SharedCasesCudaVsCpu, Case) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  const std::unique_ptr<Backend> cuda = make_cuda_backend();
+  const std::unique_ptr<Backend> cpu = make_cpu_backend();
+  DeviceMemory device_memory;
+  HostMemory host_memory;
+  expect_matches_reference(registry().cases()[GetParam()], *cuda, device_memory, *cpu, host_memory,
+                           /*tolerance_scale=*/10.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(BackendOps, SharedCasesCudaVsCpu, ::testing::Range<size_t>(0, registry().cases().size()),
+                         [](const ::testing::TestParamInfo<size_t>& info) {
+                           return registry().cases()[info.param].name;
+                         });
+
+}  // namespace
+}  // namespace deepinfer::op_test
+#endif  // DEEPINFER_HAVE_CUDA

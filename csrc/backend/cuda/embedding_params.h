@@ -1,0 +1,18 @@
+// Parameters of the embedding gather: out[t, :] = table[token_ids[t], :]. Rows are copied as bytes, so any element
+// type works; a token id outside [0, vocab) gives a zero row (ids are validated before the launch).
+#pragma once
+
+#include <cstdint>
+
+namespace deepinfer::cuda {
+
+struct EmbeddingParams {
+  const int32_t* token_ids = nullptr;  // [num_tokens], device memory
+  const void* table = nullptr;         // [vocab, row_bytes]
+  void* out = nullptr;                 // [num_tokens, row_bytes]
+  int64_t num_tokens = 0;
+  int64_t vocab = 0;
+  int64_t row_bytes = 0;               // bytes of one row: dim * element size
+};
+
+}  // namespace deepinfer::cuda

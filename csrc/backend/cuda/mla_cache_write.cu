@@ -1,0 +1,55 @@
+// Latent-cache write: one block per token copies its latent row into its cache slot in the widest unit the row size
+// and alignment allow (a 576-value bf16 row moves as 72 16-byte accesses).
+#include "backend/cuda/mla_cache_write.cuh"
+
+#include <climits>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/elementwise_vec.cuh"
+#include "backend/cuda/mla_cache_write_params.h"
+
+namespace deepinfer::cuda {
+namespace {
+
+template <typename CopyUnit>
+struct ScatterTraits {
+  static_assert(sizeof(CopyUnit) <= 16, "at most 16-byte accesses");
+  using Unit = CopyUnit;
+  static constexpr int kThreads = 128;
+};
+
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kThreads) mla_cache_write_kernel(
+    __grid_constant__ const MlaCacheWriteParams p) {
+  const int64_t t = blockIdx.x;
+  const int64_t slot = p.slot_mapping[t];
+  if (slot < 0 || slot >= p.num_slots) return;
+  copy_row<typename Traits::Unit>(static_cast<const char*>(p.latent) + t * p.row_bytes,
+                                  static_cast<char*>(p.cache) + slot * p.row_bytes, p.row_bytes);
+}
+
+}  // namespace
+
+void mla_cache_write(const MlaCacheWriteArgs& a, const int32_t* slot_mapping, cudaStream_t stream) {
+  constexpr const char* kOp = "cuda mla_cache_write";
+  DI_CHECK(a.cache.shape.ndim() == 3 && a.latent.shape.ndim() == 2 && a.latent.shape[1] == a.cache.shape[2] &&
+               static_cast<int64_t>(a.slot_mapping.size()) == a.latent.shape[0],
+           kOp, ": latent ", a.latent.shape.str(), " cache ", a.cache.shape.str(), " slots ", a.slot_mapping.size());
+  DI_CHECK(a.latent.dtype == a.cache.dtype, kOp, ": latent is ", dtype_name(a.latent.dtype), " but the cache is ",
+           dtype_name(a.cache.dtype));
+  DI_CHECK(a.latent.device == Device::kCuda && a.cache.device == Device::kCuda, kOp,
+           ": latent and cache must be in device memory");
+  const MlaCacheWriteParams p{.latent = a.latent.data, .cache = a.cache.data, .slot_mapping = slot_mapping,
+                              .num_tokens = a.latent.shape[0], .num_slots = a.cache.shape[0] * a.cache.shape[1],
+                              .row_bytes = a.cache.shape[2] * static_cast<int64_t>(dtype_size(a.cache.dtype))};
+  DI_CHECK(p.num_tokens <= INT_MAX, kOp, ": ", p.num_tokens, " tokens exceed the grid");
+  if (p.num_tokens == 0 || p.row_bytes == 0) return;
+  DI_CHECK(slot_mapping != nullptr, kOp, ": no device slot mapping");
+  dispatch_copy_unit(copy_unit_bytes(p.latent, p.cache, p.row_bytes), [&](auto unit) {
+    using Traits = ScatterTraits<decltype(unit)>;
+    mla_cache_write_kernel<Traits><<<static_cast<unsigned>(p.num_tokens), Traits::kThreads, 0, stream>>>(p);
+    CUDA_TRY(cudaGetLastError());
+  });
+}
+
+}  // namespace deepinfer::cuda

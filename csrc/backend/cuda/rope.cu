@@ -1,0 +1,89 @@
+// Rotary embedding kernel. One thread per (token, group of heads, pair): it computes its pair's cos and sin once
+// (precise sincosf: positions reach 10^5 radians) and rotates that pair in each head of its group. Consecutive
+// threads take consecutive pairs, so a warp's accesses are contiguous; interleaved pairs move as one 4- or 8-byte
+// access when aligned.
+#include "backend/cuda/rope.cuh"
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/elementwise_vec.cuh"
+
+namespace deepinfer::cuda {
+namespace {
+
+template <typename T>
+struct RopeTraits {
+  static_assert(sizeof(T) == 2 || sizeof(T) == 4, "float32 or bfloat16 elements");
+  using Element = T;
+  static constexpr int kThreads = 256;
+  static constexpr int kHeadsPerThread = 4;  // heads that share one sincosf
+};
+
+template <typename T>
+struct alignas(2 * sizeof(T)) Pair {
+  T first, second;
+};
+
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kThreads) rope_kernel(__grid_constant__ const RopeParams p) {
+  using T = typename Traits::Element;
+  T* x = static_cast<T*>(p.x);
+  const int64_t half = p.rot_dim / 2;
+  const int64_t head_groups = (p.num_heads + Traits::kHeadsPerThread - 1) / Traits::kHeadsPerThread;
+  const int64_t items = p.num_tokens * head_groups * half;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * Traits::kThreads;
+  for (int64_t w = static_cast<int64_t>(blockIdx.x) * Traits::kThreads + threadIdx.x; w < items; w += stride) {
+    const int64_t i = w % half;
+    const int64_t rest = w / half;
+    const int64_t group = rest % head_groups;
+    const int64_t t = rest / head_groups;
+    // The angle is rounded to fp32 before cos and sin, like the CPU reference (no contraction into a later op).
+    const float angle = __fmul_rn(static_cast<float>(p.positions[t]), p.inv_freq[i]);
+    float sin_a, cos_a;
+    sincosf(angle, &sin_a, &cos_a);
+    cos_a *= p.attention_scaling;
+    sin_a *= p.attention_scaling;
+    const int64_t h_end = min(p.num_heads, (group + 1) * Traits::kHeadsPerThread);
+    for (int64_t h = group * Traits::kHeadsPerThread; h < h_end; ++h) {
+      T* base = x + t * p.token_stride + h * p.head_stride;
+      T* p0 = p.interleaved ? base + 2 * i : base + i;
+      T* p1 = p.interleaved ? base + 2 * i + 1 : base + i + half;
+      const bool paired = p.interleaved && is_aligned(p0, sizeof(Pair<T>));
+      float x0, x1;
+      if (paired) {
+        const Pair<T> v = *reinterpret_cast<const Pair<T>*>(p0);
+        x0 = to_float(v.first);
+        x1 = to_float(v.second);
+      } else {
+        x0 = to_float(*p0);
+        x1 = to_float(*p1);
+      }
+      const float r0 = x0 * cos_a - x1 * sin_a;
+      const float r1 = x1 * cos_a + x0 * sin_a;
+      if (paired) {
+        *reinterpret_cast<Pair<T>*>(p0) = Pair<T>{from_float<T>(r0), from_float<T>(r1)};
+      } else {
+        *p0 = from_float<T>(r0);
+        *p1 = from_float<T>(r1);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void rope(const RopeParams& p, DType dtype, cudaStream_t stream) {
+  DI_CHECK(p.num_tokens >= 0 && p.num_heads >= 0 && p.rot_dim >= 0 && p.rot_dim % 2 == 0, "cuda rope: ",
+           p.num_tokens, " tokens, ", p.num_heads, " heads, rot_dim ", p.rot_dim, " (must be even)");
+  if (p.num_tokens == 0 || p.num_heads == 0 || p.rot_dim == 0) return;
+  DI_CHECK(p.x != nullptr && p.positions != nullptr && p.inv_freq != nullptr,
+           "cuda rope: x, positions and inv_freq must be device pointers");
+  dispatch_activation(dtype, "cuda rope", [&](auto element) {
+    using Traits = RopeTraits<decltype(element)>;
+    const int64_t head_groups = (p.num_heads + Traits::kHeadsPerThread - 1) / Traits::kHeadsPerThread;
+    const int64_t items = p.num_tokens * head_groups * (p.rot_dim / 2);
+    rope_kernel<Traits><<<grid_blocks(items, Traits::kThreads), Traits::kThreads, 0, stream>>>(p);
+    CUDA_TRY(cudaGetLastError());
+  });
+}
+
+}  // namespace deepinfer::cuda

@@ -1,0 +1,578 @@
+// The CUDA backend against the CPU reference, through the op test harness (op_test_harness.h): guarded device
+// allocations, NaN-filled outputs, read-only inputs checked unchanged, and a normalized-error comparison.
+//
+// Every case runs twice per activation dtype the CUDA backend takes: bfloat16 (the production path; inputs are
+// rounded to bf16 first and the CPU computes in fp32 on exactly those values, so only the GPU's bf16 output rounding
+// and fp32 summation order differ: tolerance 1e-2 of the largest reference value) and float32 (tolerance 1e-5).
+// Copies (embedding, cache write) and untouched elements compare exactly. Skipped without a GPU.
+#ifdef DEEPINFER_HAVE_CUDA
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdint>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/rope.cuh"
+#include "device_memory.h"
+#include "op_test_harness.h"
+
+namespace deepinfer::op_test {
+namespace {
+
+// How a case stores its activations on the device. The CPU reference always gets float32; the values are rounded
+// to the device dtype when the case is built, so both backends start from the same numbers.
+struct Activations {
+  DType device = DType::kBF16;
+
+  DType on(const OpRunner& run) const { return run.device() == Device::kCpu ? DType::kF32 : device; }
+  HostTensor tensor(const OpRunner& run, Shape shape, const std::vector<float>& values) const {
+    return on(run) == DType::kBF16 ? HostTensor::bf16(shape, values) : HostTensor::f32(shape, values);
+  }
+  std::vector<float> round(std::vector<float> values) const {
+    if (device == DType::kBF16) {
+      for (float& v : values) v = bf16_to_float(float_to_bf16(v));
+    }
+    return values;
+  }
+  std::string tag() const { return device == DType::kBF16 ? "bf16" : "f32"; }
+  double tolerance() const { return device == DType::kBF16 ? 1e-2 : 1e-5; }
+};
+
+// Splits a flat buffer into the elements `mask` selects (compared with the threshold) and the rest (compared
+// exactly: the op must leave them untouched).
+Outputs split_by_mask(std::span<const double> values, const std::vector<bool>& mask, const std::string& selected,
+                      const std::string& rest) {
+  Output in{.name = selected, .values = {}}, out{.name = rest, .values = {}, .compare = Compare::kExact};
+  for (size_t i = 0; i < values.size(); ++i) (mask[i] ? in : out).values.push_back(values[i]);
+  return {in, out};
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Cases. Each `run` builds its inputs on the runner and calls the runner's backend; the reference is the CPU backend
+// running the same case.
+
+void add_linear(CaseRegistry& r, Activations act, int64_t m, int64_t n, int64_t k, uint64_t seed) {
+  Rng rng(seed);
+  const std::vector<float> x = act.round(rng.uniform(m * k)), w = act.round(rng.uniform(n * k));
+  r.add({.op = OpKind::kLinear,
+         .name = str_cat("linear_", act.tag(), "_", m, "x", n, "x", k),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView out = run.output({m, n}, act.on(run));
+           run.backend().linear({.x = run.upload(act.tensor(run, {m, k}, x)),
+                                 .w = run.upload(act.tensor(run, {n, k}, w)), .out = out});
+           return {{"out", run.fetch(out)}};
+         },
+         .tolerance = act.tolerance()});
+}
+
+void add_head_linear(CaseRegistry& r, Activations act, int64_t t, int64_t h, int64_t k, int64_t n, uint64_t seed) {
+  Rng rng(seed);
+  const std::vector<float> x = act.round(rng.uniform(t * h * k)), w = act.round(rng.uniform(h * n * k));
+  r.add({.op = OpKind::kHeadLinear,
+         .name = str_cat("head_linear_", act.tag(), "_", t, "x", h, "x", k, "x", n),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView out = run.output({t, h, n}, act.on(run));
+           run.backend().head_linear({.x = run.upload(act.tensor(run, {t, h, k}, x)),
+                                      .w = run.upload(act.tensor(run, {h, n, k}, w)), .out = out});
+           return {{"out", run.fetch(out)}};
+         },
+         .tolerance = act.tolerance()});
+}
+
+void add_embedding(CaseRegistry& r, Activations act, const std::string& tag, int64_t vocab, int64_t dim,
+                   std::vector<int32_t> ids, Expect expect, uint64_t seed) {
+  Rng rng(seed);
+  const std::vector<float> table = act.round(rng.uniform(vocab * dim));
+  const int64_t t = static_cast<int64_t>(ids.size());
+  r.add({.op = OpKind::kEmbedding,
+         .name = str_cat("embedding_", act.tag(), "_", tag),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView out = run.output({t, dim}, act.on(run));
+           run.backend().embedding(
+               {.token_ids = ids, .table = run.upload(act.tensor(run, {vocab, dim}, table)), .out = out});
+           return {{"out", run.fetch(out), Compare::kExact}};
+         },
+         .tolerance = act.tolerance(),
+         .expect = expect});
+}
+
+enum class Placement : uint8_t { kInPlace, kOutOfPlace };
+
+// Rows of `dim` values `row_stride` apart (0 = dim), normalized in place or into a buffer of the same layout; the
+// values between rows must stay untouched.
+void add_rms_norm(CaseRegistry& r, Activations act, int64_t rows, int64_t dim, int64_t row_stride,
+                  Placement placement, uint64_t seed) {
+  Rng rng(seed);
+  const int64_t stride = row_stride == 0 ? dim : row_stride;
+  const std::vector<float> x = act.round(rng.uniform(rows * stride, -3.0f, 3.0f));
+  const std::vector<float> w = rng.uniform(dim, 0.5f, 1.5f);
+  const std::vector<float> prior_out = act.round(rng.uniform(rows * stride));
+  std::vector<bool> head(static_cast<size_t>(rows * stride));
+  for (int64_t i = 0; i < rows * stride; ++i) head[i] = i % stride < dim;
+  const bool in_place = placement == Placement::kInPlace;
+  r.add({.op = OpKind::kRmsNorm,
+         .name = str_cat("rms_norm_", act.tag(), "_", rows, "x", dim, "_stride", row_stride,
+                         in_place ? "_inplace" : ""),
+         .run = [=](OpRunner& run) -> Outputs {
+           const DType dt = act.on(run);
+           const TensorView x_buf = run.upload(act.tensor(run, {rows, stride}, x),
+                                               in_place ? Access::kReadWrite : Access::kReadOnly);
+           const TensorView out_buf =
+               in_place ? x_buf : run.upload(act.tensor(run, {rows, stride}, prior_out), Access::kReadWrite);
+           run.backend().rms_norm({.x = TensorView{x_buf.data, dt, {rows, dim}, run.device()},
+                                   .weight = run.upload(HostTensor::f32({dim}, w)),
+                                   .out = TensorView{out_buf.data, dt, {rows, dim}, run.device()},
+                                   .eps = 1e-6f, .row_stride = row_stride});
+           return split_by_mask(run.fetch(out_buf), head, "normalized", "between_rows");
+         },
+         .tolerance = act.tolerance()});
+}
+
+void add_add_rms_norm(CaseRegistry& r, Activations act, int64_t rows, int64_t dim, uint64_t seed) {
+  Rng rng(seed);
+  const std::vector<float> residual = act.round(rng.uniform(rows * dim, -2.0f, 2.0f));
+  const std::vector<float> x = act.round(rng.uniform(rows * dim));
+  const std::vector<float> w = rng.uniform(dim, 0.5f, 1.5f);
+  r.add({.op = OpKind::kAddRmsNorm,
+         .name = str_cat("add_rms_norm_", act.tag(), "_", rows, "x", dim),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView res = run.upload(act.tensor(run, {rows, dim}, residual), Access::kReadWrite);
+           const TensorView out = run.output({rows, dim}, act.on(run));
+           run.backend().add_rms_norm({.residual = res, .x = run.upload(act.tensor(run, {rows, dim}, x)),
+                                       .weight = run.upload(HostTensor::f32({dim}, w)), .out = out, .eps = 1e-5f});
+           return {{"residual", run.fetch(res)}, {"out", run.fetch(out)}};
+         },
+         .tolerance = act.tolerance()});
+}
+
+void add_silu_mul(CaseRegistry& r, Activations act, int64_t rows, int64_t inter, uint64_t seed) {
+  Rng rng(seed);
+  const std::vector<float> gate_up = act.round(rng.uniform(rows * 2 * inter, -8.0f, 8.0f));
+  r.add({.op = OpKind::kSiluMul,
+         .name = str_cat("silu_mul_", act.tag(), "_", rows, "x", inter),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView out = run.output({rows, inter}, act.on(run));
+           run.backend().silu_mul({.gate_up = run.upload(act.tensor(run, {rows, 2 * inter}, gate_up)), .out = out});
+           return {{"out", run.fetch(out)}};
+         },
+         .tolerance = act.tolerance()});
+}
+
+void add_add(CaseRegistry& r, Activations act, Shape shape, uint64_t seed) {
+  Rng rng(seed);
+  const std::vector<float> x = act.round(rng.uniform(shape.numel())), y = act.round(rng.uniform(shape.numel()));
+  std::string name = str_cat("add_", act.tag());
+  for (int64_t d : shape.dims()) name += str_cat("_", d);
+  r.add({.op = OpKind::kAdd,
+         .name = name,
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView xv = run.upload(act.tensor(run, shape, x), Access::kReadWrite);
+           run.backend().add({.x = xv, .y = run.upload(act.tensor(run, shape, y))});
+           return {{"x", run.fetch(xv)}};
+         },
+         .tolerance = act.tolerance()});
+}
+
+struct RopeLayout {
+  int64_t tokens = 0, heads = 0, rot_dim = 0;
+  int64_t offset = 0;        // the rope slice starts this many elements into each head
+  int64_t head_stride = 0;   // elements; 0 for a single shared head (the k_pe of a latent row)
+  int64_t token_stride = 0;  // elements
+};
+
+// RopeArgs::x is a float pointer, so bfloat16 rows go to the kernel entry point (cuda::rope) with the positions and
+// frequencies uploaded as device arrays; float32 rows go through Backend::rope on both sides.
+void add_rope(CaseRegistry& r, Activations act, const std::string& tag, RopeLayout l, bool interleaved, float scaling,
+              uint64_t seed) {
+  Rng rng(seed);
+  const int64_t size = l.tokens * l.token_stride;
+  const std::vector<float> x = act.round(rng.uniform(size));
+  std::vector<int32_t> positions(static_cast<size_t>(l.tokens));
+  for (int32_t& p : positions) p = rng.integer(0, 163839);
+  if (l.tokens > 0) positions[0] = 0;
+  std::vector<float> inv_freq(static_cast<size_t>(l.rot_dim / 2));
+  for (size_t i = 0; i < inv_freq.size(); ++i) {
+    inv_freq[i] = static_cast<float>(std::pow(10000.0, -2.0 * double(i) / double(l.rot_dim)));
+  }
+  std::vector<bool> rotated(static_cast<size_t>(size), false);
+  for (int64_t t = 0; t < l.tokens; ++t) {
+    for (int64_t h = 0; h < l.heads; ++h) {
+      for (int64_t i = 0; i < l.rot_dim; ++i) rotated[t * l.token_stride + h * l.head_stride + l.offset + i] = true;
+    }
+  }
+  r.add({.op = OpKind::kRope,
+         .name = str_cat("rope_", act.tag(), "_", tag, interleaved ? "_interleaved" : "_half",
+                         scaling == 1.0f ? "" : "_scaled"),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView buf = run.upload(act.tensor(run, {size}, x), Access::kReadWrite);
+           if (act.on(run) == DType::kBF16) {
+             const TensorView pos = run.upload(HostTensor::i32({l.tokens}, positions));
+             const TensorView freq = run.upload(HostTensor::f32({l.rot_dim / 2}, inv_freq));
+             cuda::rope({.x = static_cast<uint16_t*>(buf.data) + l.offset, .positions = pos.as<const int32_t>(),
+                         .inv_freq = freq.as<const float>(), .num_tokens = l.tokens, .num_heads = l.heads,
+                         .rot_dim = l.rot_dim, .token_stride = l.token_stride, .head_stride = l.head_stride,
+                         .attention_scaling = scaling, .interleaved = interleaved},
+                        DType::kBF16, nullptr);
+           } else {
+             run.backend().rope({.x = buf.f32() + l.offset, .num_tokens = l.tokens, .num_heads = l.heads,
+                                 .rot_dim = l.rot_dim, .token_stride = l.token_stride, .head_stride = l.head_stride,
+                                 .positions = positions, .inv_freq = inv_freq, .attention_scaling = scaling,
+                                 .interleaved = interleaved, .device = run.device()});
+           }
+           return split_by_mask(run.fetch(buf), rotated, "rotated", "untouched");
+         },
+         .tolerance = act.tolerance()});
+}
+
+// Latent rows written into a cache of `num_pages` pages at shuffled slots; the other rows keep their prior values.
+void add_mla_cache_write(CaseRegistry& r, Activations act, int64_t num_pages, int64_t page_size, int64_t dim,
+                         int64_t tokens, Expect expect, uint64_t seed) {
+  Rng rng(seed);
+  const std::vector<float> prior = act.round(rng.uniform(num_pages * page_size * dim, 5.0f, 6.0f));
+  const std::vector<float> latent = act.round(rng.uniform(tokens * dim));
+  std::vector<int32_t> all_slots(static_cast<size_t>(num_pages * page_size));
+  std::iota(all_slots.begin(), all_slots.end(), 0);
+  rng.shuffle(all_slots);
+  std::vector<int32_t> slots(all_slots.begin(), all_slots.begin() + tokens);
+  if (expect == Expect::kThrows) slots.back() = static_cast<int32_t>(num_pages * page_size);
+  r.add({.op = OpKind::kMlaCacheWrite,
+         .name = str_cat("mla_cache_write_", act.tag(), "_", tokens, "_tokens_", num_pages, "x", page_size, "x", dim,
+                         expect == Expect::kThrows ? "_rejects_bad_slot" : ""),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView cache =
+               run.upload(act.tensor(run, {num_pages, page_size, dim}, prior), Access::kReadWrite);
+           run.backend().mla_cache_write(
+               {.latent = run.upload(act.tensor(run, {tokens, dim}, latent)), .cache = cache, .slot_mapping = slots});
+           return {{"cache", run.fetch(cache), Compare::kExact}};
+         },
+         .tolerance = act.tolerance(),
+         .expect = expect});
+}
+
+CaseRegistry build_registry() {
+  CaseRegistry r;
+  for (const Activations act : {Activations{DType::kBF16}, Activations{DType::kF32}}) {
+    const uint64_t s = act.device == DType::kBF16 ? 0 : 1000;
+    // GEMMs: decode-sized, odd, empty, and a few hundred rows
+    add_linear(r, act, 1, 64, 128, s + 1);
+    add_linear(r, act, 5, 7, 11, s + 2);
+    add_linear(r, act, 0, 8, 16, s + 3);
+    add_linear(r, act, 33, 130, 257, s + 4);
+    add_linear(r, act, 300, 512, 1024, s + 5);
+    add_head_linear(r, act, 1, 16, 128, 512, s + 10);  // q_nope · W_UK per head (V2-Lite decode)
+    add_head_linear(r, act, 4, 16, 512, 128, s + 11);  // latent · W_UV per head
+    add_head_linear(r, act, 5, 3, 7, 11, s + 12);
+    add_head_linear(r, act, 0, 2, 4, 4, s + 13);
+    add_head_linear(r, act, 9, 128, 64, 32, s + 14);
+    // embedding: odd widths (2-, 4- and 8-byte copies), hidden sizes, repeated ids, no tokens, a bad id
+    add_embedding(r, act, "v50_d7", 50, 7, {3, 0, 49, 3, 17}, Expect::kMatch, s + 20);
+    add_embedding(r, act, "v50_d6", 50, 6, {1, 2, 3}, Expect::kMatch, s + 21);
+    add_embedding(r, act, "v1000_d2048", 1000, 2048, {999, 0, 512, 7, 7, 100, 3}, Expect::kMatch, s + 22);
+    add_embedding(r, act, "v16_d7168", 16, 7168, {15, 1}, Expect::kMatch, s + 23);
+    add_embedding(r, act, "no_tokens", 10, 8, {}, Expect::kMatch, s + 24);
+    add_embedding(r, act, "rejects_id_out_of_range", 10, 8, {1, 10}, Expect::kThrows, s + 25);
+    // RMSNorm: odd, empty, single, hidden sizes, in place, the c_kv half of a 576-wide latent row
+    add_rms_norm(r, act, 5, 7, 0, Placement::kOutOfPlace, s + 30);
+    add_rms_norm(r, act, 0, 16, 0, Placement::kOutOfPlace, s + 31);
+    add_rms_norm(r, act, 1, 1, 0, Placement::kOutOfPlace, s + 32);
+    add_rms_norm(r, act, 3, 4096, 0, Placement::kOutOfPlace, s + 33);
+    add_rms_norm(r, act, 17, 7168, 0, Placement::kInPlace, s + 34);
+    add_rms_norm(r, act, 9, 512, 576, Placement::kInPlace, s + 35);
+    add_rms_norm(r, act, 4, 1537, 1540, Placement::kOutOfPlace, s + 36);
+    // residual add + RMSNorm
+    add_add_rms_norm(r, act, 5, 7, s + 40);
+    add_add_rms_norm(r, act, 0, 16, s + 41);
+    add_add_rms_norm(r, act, 1, 1, s + 42);
+    add_add_rms_norm(r, act, 3, 2048, s + 43);
+    add_add_rms_norm(r, act, 17, 7168, s + 44);
+    add_add_rms_norm(r, act, 4, 1537, s + 45);
+    add_add_rms_norm(r, act, 64, 1024, s + 46);
+    // SiLU · mul: odd, empty, V2-Lite's dense and expert widths
+    add_silu_mul(r, act, 5, 7, s + 50);
+    add_silu_mul(r, act, 0, 8, s + 51);
+    add_silu_mul(r, act, 3, 10944, s + 52);
+    add_silu_mul(r, act, 9, 1408, s + 53);
+    add_silu_mul(r, act, 2, 3, s + 54);
+    // add: odd sizes (vector tail), empty, large
+    add_add(r, act, {7}, s + 60);
+    add_add(r, act, {0}, s + 61);
+    add_add(r, act, {3, 5}, s + 62);
+    add_add(r, act, {17, 7168}, s + 63);
+    add_add(r, act, {1000003}, s + 64);
+    // RoPE: both layouts, YaRN scaling, q slices inside heads, k_pe inside latent rows, odd offsets, many heads
+    for (const bool interleaved : {true, false}) {
+      add_rope(r, act, "q_5x3_nope6_rot8", {.tokens = 5, .heads = 3, .rot_dim = 8, .offset = 6, .head_stride = 17,
+                                            .token_stride = 3 * 17}, interleaved, 1.0f, s + 70);
+      add_rope(r, act, "q_5x3_nope6_rot8", {.tokens = 5, .heads = 3, .rot_dim = 8, .offset = 6, .head_stride = 17,
+                                            .token_stride = 3 * 17}, interleaved, 1.2f, s + 71);
+      add_rope(r, act, "k_pe_7_rank512_rot64", {.tokens = 7, .heads = 1, .rot_dim = 64, .offset = 512,
+                                                .head_stride = 0, .token_stride = 576}, interleaved, 1.0f, s + 72);
+      add_rope(r, act, "q_0_tokens", {.tokens = 0, .heads = 2, .rot_dim = 4, .offset = 0, .head_stride = 4,
+                                      .token_stride = 8}, interleaved, 1.0f, s + 73);
+      add_rope(r, act, "q_2x2_rot2", {.tokens = 2, .heads = 2, .rot_dim = 2, .offset = 1, .head_stride = 3,
+                                      .token_stride = 7}, interleaved, 0.9f, s + 74);
+      add_rope(r, act, "q_3x128_nope128_rot64", {.tokens = 3, .heads = 128, .rot_dim = 64, .offset = 128,
+                                                 .head_stride = 192, .token_stride = 128 * 192}, interleaved, 1.0f,
+               s + 75);
+    }
+    // latent-cache writes: odd rows, empty, one-token pages, DeepSeek's 576-wide rows in 64-token pages, a bad slot
+    add_mla_cache_write(r, act, 7, 4, 10, 9, Expect::kMatch, s + 80);
+    add_mla_cache_write(r, act, 3, 5, 6, 0, Expect::kMatch, s + 81);
+    add_mla_cache_write(r, act, 2, 1, 3, 2, Expect::kMatch, s + 82);
+    add_mla_cache_write(r, act, 5, 64, 576, 100, Expect::kMatch, s + 83);
+    add_mla_cache_write(r, act, 3, 4, 8, 5, Expect::kThrows, s + 84);
+  }
+  return r;
+}
+
+const CaseRegistry& registry() {
+  static const CaseRegistry r = build_registry();
+  return r;
+}
+
+// One CUDA backend and one CPU backend for the whole suite.
+class CudaVsCpu : public ::testing::TestWithParam<size_t> {
+ public:
+  static void SetUpTestSuite() {
+    if (!cuda_device_available()) return;
+    cuda_ = make_cuda_backend();
+    cpu_ = make_cpu_backend();
+  }
+  static void TearDownTestSuite() {
+    cuda_.reset();
+    cpu_.reset();
+  }
+
+ protected:
+  static std::unique_ptr<Backend> cuda_;
+  static std::unique_ptr<Backend> cpu_;
+};
+std::unique_ptr<Backend> CudaVsCpu::cuda_;
+std::unique_ptr<Backend> CudaVsCpu::cpu_;
+
+TEST_P(CudaVsCpu, Case) {
+  if (cuda_ == nullptr) GTEST_SKIP() << "no CUDA device";
+  DeviceMemory device_memory;
+  HostMemory host_memory;
+  expect_matches_reference(registry().cases()[GetParam()], *cuda_, device_memory, *cpu_, host_memory);
+}
+
+INSTANTIATE_TEST_SUITE_P(CudaBackend, CudaVsCpu, ::testing::Range<size_t>(0, registry().cases().size()),
+                         [](const ::testing::TestParamInfo<size_t>& info) {
+                           return registry().cases()[info.param].name;
+                         });
+
+constexpr OpKind kImplemented[] = {OpKind::kEmbedding, OpKind::kRmsNorm, OpKind::kAddRmsNorm, OpKind::kSiluMul,
+                                   OpKind::kAdd,       OpKind::kRope,    OpKind::kMlaCacheWrite};
+constexpr OpKind kGemms[] = {OpKind::kLinear, OpKind::kHeadLinear};
+constexpr OpKind kNotYet[] = {OpKind::kMlaDecode, OpKind::kMlaPrefill, OpKind::kMoeRoute, OpKind::kMoeExperts};
+
+// supports() reports exactly the implemented ops (the GEMMs only with cuBLAS), and every supported op has cases.
+TEST(CudaBackend, ReportsTheOpsItImplements) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  const std::unique_ptr<Backend> cuda = make_cuda_backend();
+  EXPECT_EQ(cuda->device(), Device::kCuda);
+  EXPECT_EQ(cuda->name(), "cuda");
+  for (OpKind op : kImplemented) EXPECT_TRUE(cuda->supports(op)) << op_name(op);
+#ifdef DEEPINFER_HAVE_CUBLAS
+  for (OpKind op : kGemms) EXPECT_TRUE(cuda->supports(op)) << op_name(op);
+#else
+  for (OpKind op : kGemms) EXPECT_FALSE(cuda->supports(op)) << op_name(op);
+#endif
+  for (OpKind op : kNotYet) EXPECT_FALSE(cuda->supports(op)) << op_name(op);
+  for (int i = 0; i <= static_cast<int>(OpKind::kMoeExperts); ++i) {
+    const auto op = static_cast<OpKind>(i);
+    if (cuda->supports(op)) {
+      EXPECT_GT(registry().count(op), 0) << "no CUDA case for " << op_name(op);
+    }
+  }
+}
+
+TEST(CudaBackend, UnimplementedOpsThrow) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  const std::unique_ptr<Backend> cuda = make_cuda_backend();
+  EXPECT_THROW(cuda->mla_decode({}), Error);
+  EXPECT_THROW(cuda->mla_prefill({}), Error);
+  EXPECT_THROW(cuda->moe_route({}), Error);
+  EXPECT_THROW(cuda->moe_experts({}), Error);
+}
+
+// Host tensors, mixed dtypes and unsupported dtypes are rejected before anything is queued.
+TEST(CudaBackend, RejectsHostTensorsAndMixedDtypes) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  const std::unique_ptr<Backend> cuda = make_cuda_backend();
+  DeviceMemory memory;
+  OpRunner run(memory);
+  std::vector<float> host(8, 1.0f);
+  const TensorView host_view{host.data(), DType::kF32, {2, 4}, Device::kCpu};
+  const TensorView dev_f32 = run.upload(HostTensor::f32({2, 4}, host), Access::kReadWrite);
+  const TensorView dev_bf16 = run.upload(HostTensor::bf16({2, 4}, host), Access::kReadWrite);
+  const std::vector<int32_t> host_ids = {0, 1};
+  const TensorView dev_i32 = run.upload(HostTensor::i32({2}, host_ids), Access::kReadWrite);
+  const auto view = [](const TensorView& t, DType dtype, Shape shape) {
+    return TensorView{t.data, dtype, shape, t.device};
+  };
+  EXPECT_THROW(cuda->add({.x = host_view, .y = host_view}), Error);
+  EXPECT_THROW(cuda->add({.x = dev_f32, .y = dev_bf16}), Error);
+  EXPECT_THROW(cuda->add({.x = dev_i32, .y = dev_i32}), Error);
+  EXPECT_THROW(cuda->silu_mul({.gate_up = dev_bf16, .out = view(dev_f32, DType::kF32, {2, 2})}), Error);
+  EXPECT_THROW(cuda->add_rms_norm({.residual = dev_bf16, .x = dev_bf16, .weight = view(dev_bf16, DType::kBF16, {4}),
+                                   .out = dev_f32}),
+               Error);
+  EXPECT_THROW(cuda->rms_norm({.x = dev_bf16, .weight = view(host_view, DType::kF32, {4}), .out = dev_bf16}), Error);
+  EXPECT_THROW(cuda->embedding({.token_ids = host_ids, .table = host_view, .out = dev_f32}), Error);
+  EXPECT_THROW(cuda->rope({.x = host.data(), .num_tokens = 1, .num_heads = 1, .rot_dim = 2, .token_stride = 2,
+                           .head_stride = 2, .positions = std::span<const int32_t>(host_ids).first(1),
+                           .inv_freq = std::span<const float>(host).first(1), .device = Device::kCpu}),
+               Error);
+  EXPECT_THROW(cuda->linear({.x = dev_bf16, .w = dev_f32, .out = view(dev_bf16, DType::kBF16, {2, 2})}), Error);
+  EXPECT_TRUE(run.memory_errors().empty());
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Achieved bandwidth (and GEMM TFLOP/s) of each op at DeepSeek-V3 sizes, beside a device-to-device copy measured in
+// the same run. Disabled in normal runs: the GPU script passes --gtest_also_run_disabled_tests. The backend's stream
+// is its own, so each figure is host time over `kIters` queued launches after a full synchronization: launch cost is
+// hidden as long as one kernel outlasts one launch (tens of microseconds here).
+
+class PerfRunner {
+ public:
+  static constexpr int kWarmup = 3;
+  static constexpr int kIters = 20;
+
+  // Device memory filled with 0x3c bytes (bf16 and fp32 values near 0.0115).
+  TensorView tensor(Shape shape, DType dtype) {
+    const size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
+    void* data = memory_.allocate(bytes);
+    CUDA_TRY(cudaMemset(data, 0x3c, bytes));
+    return {data, dtype, shape, Device::kCuda};
+  }
+
+  // Seconds per call of `op`.
+  template <typename F>
+  double time(F&& op) {
+    for (int i = 0; i < kWarmup; ++i) op();
+    CUDA_TRY(cudaDeviceSynchronize());
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < kIters; ++i) op();
+    CUDA_TRY(cudaDeviceSynchronize());
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / kIters;
+  }
+
+  void report(const std::string& what, double seconds, double bytes, double flops = 0.0) {
+    std::string line = str_cat(what, ": ", seconds * 1e6, " us, ", bytes / seconds / 1e9, " GB/s");
+    if (copy_gbs_ > 0) line += str_cat(" (", 100.0 * bytes / seconds / 1e9 / copy_gbs_, "% of copy)");
+    if (flops > 0) line += str_cat(", ", flops / seconds / 1e12, " TFLOP/s");
+    std::printf("[ perf     ] %s\n", line.c_str());
+  }
+
+  void set_copy_gbs(double gbs) { copy_gbs_ = gbs; }
+
+ private:
+  DeviceMemory memory_;
+  double copy_gbs_ = 0.0;
+};
+
+TEST(CudaBackendPerf, DISABLED_OpsAtModelSizes) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  const std::unique_ptr<Backend> cuda = make_cuda_backend();
+  PerfRunner perf;
+  constexpr DType kBf16 = DType::kBF16;
+  const int64_t tokens = 4096, hidden = 7168;
+  {
+    const size_t bytes = size_t{1} << 30;
+    const TensorView a = perf.tensor({static_cast<int64_t>(bytes)}, DType::kF8E4M3);
+    const TensorView b = perf.tensor({static_cast<int64_t>(bytes)}, DType::kF8E4M3);
+    const double s = perf.time([&] { CUDA_TRY(cudaMemcpyAsync(b.data, a.data, bytes, cudaMemcpyDeviceToDevice)); });
+    perf.report("device-to-device copy 1 GiB (read + write)", s, 2.0 * bytes);
+    perf.set_copy_gbs(2.0 * bytes / s / 1e9);
+  }
+  {
+    const TensorView x = perf.tensor({tokens, hidden}, kBf16), y = perf.tensor({tokens, hidden}, kBf16);
+    perf.report("add bf16 [4096, 7168]", perf.time([&] { cuda->add({.x = x, .y = y}); }), 3.0 * x.bytes());
+  }
+  {
+    const int64_t inter = 18432;
+    const TensorView gate_up = perf.tensor({tokens, 2 * inter}, kBf16), out = perf.tensor({tokens, inter}, kBf16);
+    perf.report("silu_mul bf16 [4096, 2 x 18432]", perf.time([&] { cuda->silu_mul({.gate_up = gate_up, .out = out}); }),
+                double(gate_up.bytes() + out.bytes()));
+  }
+  {
+    const TensorView res = perf.tensor({tokens, hidden}, kBf16), x = perf.tensor({tokens, hidden}, kBf16);
+    const TensorView out = perf.tensor({tokens, hidden}, kBf16), w = perf.tensor({hidden}, DType::kF32);
+    perf.report("add_rms_norm bf16 [4096, 7168]", perf.time([&] {
+      cuda->add_rms_norm({.residual = res, .x = x, .weight = w, .out = out});
+    }), 4.0 * x.bytes());
+    perf.report("rms_norm bf16 [4096, 7168]", perf.time([&] { cuda->rms_norm({.x = x, .weight = w, .out = out}); }),
+                2.0 * x.bytes());
+    for (const int64_t rows : {int64_t{1}, int64_t{64}}) {
+      const TensorView r1 = res.rows(0, rows), x1 = x.rows(0, rows), o1 = out.rows(0, rows);
+      perf.report(str_cat("add_rms_norm bf16 [", rows, ", 7168] (launch-bound)"), perf.time([&] {
+        cuda->add_rms_norm({.residual = r1, .x = x1, .weight = w, .out = o1});
+      }), 4.0 * x1.bytes());
+    }
+  }
+  {
+    const int64_t vocab = 32768;
+    const TensorView table = perf.tensor({vocab, hidden}, kBf16), out = perf.tensor({tokens, hidden}, kBf16);
+    std::vector<int32_t> ids(static_cast<size_t>(tokens));
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 7919) % vocab);
+    perf.report("embedding bf16 4096 tokens x 7168 (with the temporary id upload)",
+                perf.time([&] { cuda->embedding({.token_ids = ids, .table = table, .out = out}); }),
+                2.0 * out.bytes());
+  }
+  {
+    const int64_t cached = 16384, page_size = 64, pages = 2 * cached / page_size;
+    const TensorView latent = perf.tensor({cached, 576}, kBf16), cache = perf.tensor({pages, page_size, 576}, kBf16);
+    std::vector<int32_t> slots(static_cast<size_t>(cached));
+    for (size_t i = 0; i < slots.size(); ++i) slots[i] = static_cast<int32_t>(2 * i);
+    perf.report("mla_cache_write bf16 16384 rows x 576 (with the temporary slot upload)",
+                perf.time([&] { cuda->mla_cache_write({.latent = latent, .cache = cache, .slot_mapping = slots}); }),
+                2.0 * latent.bytes());
+  }
+  {
+    // q of V3 prefill: [4096, 128 heads, 192], the last 64 of each head rotated (bf16 through the kernel entry).
+    const int64_t heads = 128;
+    const TensorView q = perf.tensor({tokens, heads, 192}, kBf16);
+    std::vector<int32_t> host_positions(static_cast<size_t>(tokens));
+    std::iota(host_positions.begin(), host_positions.end(), 0);
+    const TensorView positions = perf.tensor({tokens}, DType::kI32);
+    CUDA_TRY(cudaMemcpy(positions.data, host_positions.data(), tokens * 4, cudaMemcpyHostToDevice));
+    const TensorView inv_freq = perf.tensor({32}, DType::kF32);
+    perf.report("rope bf16 q [4096, 128, 192] rot 64", perf.time([&] {
+      cuda::rope({.x = static_cast<uint16_t*>(q.data) + 128, .positions = positions.as<const int32_t>(),
+                  .inv_freq = inv_freq.as<const float>(), .num_tokens = tokens, .num_heads = heads, .rot_dim = 64,
+                  .token_stride = heads * 192, .head_stride = 192},
+                 kBf16, nullptr);
+    }), 2.0 * tokens * heads * 64 * 2);
+  }
+#ifdef DEEPINFER_HAVE_CUBLAS
+  for (const int64_t m : {int64_t{1}, int64_t{64}, int64_t{4096}}) {
+    const TensorView x = perf.tensor({m, hidden}, kBf16), w = perf.tensor({hidden, hidden}, kBf16);
+    const TensorView out = perf.tensor({m, hidden}, kBf16);
+    perf.report(str_cat("linear bf16 ", m, " x 7168 x 7168"), perf.time([&] { cuda->linear({.x = x, .w = w, .out = out}); }),
+                double(x.bytes() + w.bytes() + out.bytes()), 2.0 * m * hidden * hidden);
+  }
+  {
+    const int64_t heads = 128, t = 64;  // q_nope [64, 128, 128] · W_UK [128, 512, 128]^T
+    const TensorView x = perf.tensor({t, heads, 128}, kBf16), w = perf.tensor({heads, 512, 128}, kBf16);
+    const TensorView out = perf.tensor({t, heads, 512}, kBf16);
+    perf.report("head_linear bf16 64 tokens x 128 heads x 128 -> 512",
+                perf.time([&] { cuda->head_linear({.x = x, .w = w, .out = out}); }),
+                double(x.bytes() + w.bytes() + out.bytes()), 2.0 * t * heads * 128 * 512);
+  }
+#endif
+}
+
+}  // namespace
+}  // namespace deepinfer::op_test
+
+#endif  // DEEPINFER_HAVE_CUDA
