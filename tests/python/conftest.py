@@ -12,6 +12,7 @@ os.environ.setdefault("DEEPINFER_NO_PROGRESS", "1")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SHARED_ASSETS = REPO_ROOT.parent / "shared" / "assets"
 V3_TOKENIZER_DIR = SHARED_ASSETS / "deepseek-v3-tokenizer"
+SHAREGPT_PROMPTS = SHARED_ASSETS / "prompts" / "sharegpt_v3_filtered_1000.json"
 VOCAB = 512
 
 

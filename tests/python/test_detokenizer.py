@@ -4,23 +4,14 @@ from __future__ import annotations
 
 import json
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-ASSETS = REPO / ".." / "shared" / "assets"
-V3_DIR = ASSETS / "deepseek-v3-tokenizer"
-PROMPTS = ASSETS / "prompts" / "sharegpt_v3_filtered_1000.json"
+from conftest import SHAREGPT_PROMPTS as PROMPTS
+from conftest import V3_TOKENIZER_DIR as V3_DIR
 
-try:
-    import deepinfer.detokenizer  # noqa: F401
-except ImportError:
-    sys.path.insert(0, str(REPO / "python"))
-
-from deepinfer.detokenizer import IncrementalDetokenizer, find_stop, held_back_length  # noqa: E402
-from deepinfer.tokenizer import Tokenizer  # noqa: E402
+from deepinfer.detokenizer import IncrementalDetokenizer, find_stop, held_back_length
+from deepinfer.tokenizer import Tokenizer
 
 REPL = "\ufffd"
 

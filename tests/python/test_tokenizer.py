@@ -5,22 +5,14 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-ASSETS = REPO / ".." / "shared" / "assets"
-V3_DIR = ASSETS / "deepseek-v3-tokenizer"
-PROMPTS = ASSETS / "prompts" / "sharegpt_v3_filtered_1000.json"
+from conftest import SHAREGPT_PROMPTS as PROMPTS
+from conftest import V3_TOKENIZER_DIR as V3_DIR
 
-try:
-    import deepinfer.tokenizer  # noqa: F401
-except ImportError:
-    sys.path.insert(0, str(REPO / "python"))
-
-from deepinfer.tokenizer import DEEPSEEK_V3_TOKENIZER_REQUIREMENT, Tokenizer  # noqa: E402
+from deepinfer.tokenizer import DEEPSEEK_V3_TOKENIZER_REQUIREMENT, Tokenizer
 
 needs_assets = pytest.mark.skipif(
     not (V3_DIR / "tokenizer.json").is_file(),
