@@ -17,8 +17,7 @@ import random
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Callable, Union
 

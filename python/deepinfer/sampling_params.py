@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Sequence
 
 from deepinfer import _deepinfer
 

@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-V3_DIR = REPO / ".." / "shared" / "assets" / "deepseek-v3-tokenizer"
+from conftest import V3_TOKENIZER_DIR as V3_DIR
 
-try:
-    import deepinfer.chat  # noqa: F401
-except ImportError:
-    sys.path.insert(0, str(REPO / "python"))
-
-from deepinfer.chat import ChatTemplateError, render_chat_template, select_chat_template  # noqa: E402
-from deepinfer.tokenizer import Tokenizer  # noqa: E402
+from deepinfer.chat import ChatTemplateError, render_chat_template, select_chat_template
+from deepinfer.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")
