@@ -30,7 +30,7 @@ using cuda::DeviceBuffer;
 using cuda::MlaDecodeKernel;
 using cuda::MlaDecodeParams;
 
-constexpr int kHeadDim = 576, kRank = 512, kRopeDim = 64;
+  constexpr int kRank = 512, kRopeDim = 64, kHeadDim = kRank + kRopeDim;
 constexpr double kBf16PeakTflops = 790.0;  // dense bf16 matrix product measured on this GPU model (not in this run)
 
 const char* kernel_name(MlaDecodeKernel k) {
@@ -103,24 +103,25 @@ std::vector<CheckResult> run_check(const CheckCase& c, std::mt19937_64& rng, cud
   for (auto& v : q) v = float_to_bf16(c.q_scale * unit(rng));
   const float scale = 1.0f / std::sqrt(192.0f) * 1.3f;
 
-  // The CPU reference on the same (bf16-rounded) values in fp32.
-  std::vector<float> q_lat(static_cast<size_t>(batch) * heads * kRank), q_pe(static_cast<size_t>(batch) * heads * kRopeDim);
-  for (int64_t r = 0; r < static_cast<int64_t>(batch) * heads; ++r) {
-    for (int d = 0; d < kRank; ++d) q_lat[r * kRank + d] = bf16_to_float(q[r * kHeadDim + d]);
-    for (int d = 0; d < kRopeDim; ++d) q_pe[r * kRopeDim + d] = bf16_to_float(q[r * kHeadDim + kRank + d]);
-  }
+  // The CPU reference on the same (bf16-rounded) values in fp32: q is [batch, heads, 576] = q_latent then q_pe.
+  std::vector<float> q_f(q.size());
+  for (size_t i = 0; i < q.size(); ++i) q_f[i] = bf16_to_float(q[i]);
   std::vector<float> cache_f(cache.size());
   for (size_t i = 0; i < cache.size(); ++i) cache_f[i] = bf16_to_float(cache[i]);
   std::vector<float> ref(static_cast<size_t>(batch) * heads * kRank, 0.0f);
   std::vector<int32_t> query_start(batch + 1);
   std::iota(query_start.begin(), query_start.end(), 0);
   MlaDecodeArgs args{
-      .q_latent = ConstTensorView(q_lat.data(), DType::kF32, Shape{batch, heads, kRank}, Device::kCpu),
-      .q_pe = ConstTensorView(q_pe.data(), DType::kF32, Shape{batch, heads, kRopeDim}, Device::kCpu),
+      .q = ConstTensorView(q_f.data(), DType::kF32, Shape{batch, heads, kHeadDim}, Device::kCpu),
       .cache = ConstTensorView(cache_f.data(), DType::kF32, Shape{num_pages, ps, kHeadDim}, Device::kCpu),
       .out_latent = TensorView{ref.data(), DType::kF32, Shape{batch, heads, kRank}, Device::kCpu},
-      .meta = AttentionMetadata{.query_start = query_start, .context_lens = c.context_lens, .page_table = page_table,
-                                .max_pages_per_seq = max_pages, .num_seqs = batch},
+      .meta = AttentionMetadata{
+          .query_start = ConstTensorView(query_start.data(), DType::kI32, Shape{batch + 1}, Device::kCpu),
+          .context_lens = ConstTensorView(c.context_lens.data(), DType::kI32, Shape{batch}, Device::kCpu),
+          .page_table = ConstTensorView(page_table.data(), DType::kI32, Shape{batch, max_pages}, Device::kCpu),
+          .num_seqs = batch,
+          .max_pages_per_seq = max_pages,
+          .max_context_len = max_ctx},
       .kv_lora_rank = kRank,
       .softmax_scale = scale,
   };

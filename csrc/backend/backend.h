@@ -5,29 +5,56 @@
 #include <memory>
 #include <string_view>
 
+#include "backend/ops/copy.h"
 #include "backend/ops/dense.h"
 #include "backend/ops/mla.h"
 #include "backend/ops/moe.h"
 #include "backend/ops/rope.h"
+#include "core/error.h"
 
 namespace deepinfer {
 
 enum class OpKind : uint8_t {
-  kLinear, kHeadLinear, kEmbedding, kRmsNorm, kAddRmsNorm, kSiluMul, kAdd, kRope,
-  kMlaCacheWrite, kMlaDecode, kMlaPrefill, kMoeRoute, kMoeExperts,
+  kLinear, kHeadLinear, kEmbedding, kGatherRows, kCopyStrided, kRmsNorm, kAddRmsNorm, kSiluMul, kAdd, kRope,
+  kMlaCacheWrite, kMlaDecode, kMlaPrefill, kMoeRoute, kMoeExperts,  // kMoeExperts stays last (tests count on it)
 };
 std::string_view op_name(OpKind op);
+
+// Thrown by a backend for an op it does not implement, or for arguments outside what its kernels take (a dtype, a
+// head size). The op tests report such a case as skipped.
+class UnsupportedOp : public Error {
+ public:
+  using Error::Error;
+};
 
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual Device device() const = 0;
   virtual std::string_view name() const = 0;
+  // Whether the op is implemented at all (for the model's shapes and activation dtype).
   virtual bool supports(OpKind op) const = 0;
 
+  // Memory. The model allocates through these, so its tensors live where the ops run. Every tensor these return
+  // must be destroyed before the backend.
+  virtual DType activation_dtype() const = 0;  // what the model computes in: float32 on the CPU, bfloat16 on CUDA
+  virtual Tensor empty(Shape shape, DType dtype) = 0;  // uninitialized; no per-call device allocation cost
+  virtual Tensor zeros(Shape shape, DType dtype) = 0;
+  // Host -> this device, queued after the work before it. Returns once `host` may be changed or freed.
+  virtual void copy_to_device(ConstTensorView host, TensorView dst) = 0;
+  // This device -> host, after the work queued before it has finished: a synchronizing call.
+  virtual void copy_to_host(ConstTensorView src, TensorView host) = 0;
+  // A host tensor as a tensor of this device with elements of `dtype`: float32 may narrow to bfloat16, any other
+  // dtype must match. Takes `host` so that the CPU can hand it back as it is, with no copy (weights at load time,
+  // the step's index arrays).
+  virtual Tensor upload(Tensor host, DType dtype) = 0;
+
+  // Ops. Arguments are views on this device (ops/*.h say what each computes); outputs are allocated by the caller.
   virtual void linear(const LinearArgs& a) = 0;
   virtual void head_linear(const HeadLinearArgs& a) = 0;
   virtual void embedding(const EmbeddingArgs& a) = 0;
+  virtual void gather_rows(const GatherRowsArgs& a) = 0;
+  virtual void copy_strided(const CopyStridedArgs& a) = 0;
   virtual void rms_norm(const RmsNormArgs& a) = 0;
   virtual void add_rms_norm(const AddRmsNormArgs& a) = 0;
   virtual void silu_mul(const SiluMulArgs& a) = 0;

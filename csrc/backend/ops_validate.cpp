@@ -1,15 +1,70 @@
-// Shape checks of every op's arguments. Each throws with the op name and the offending shapes.
+// Argument checks of every op. Each throws with the op name and the offending shapes or values.
+//
+// Shapes, dtypes and devices are checked always. Values inside index tensors (token ids, slots, pages, query
+// starts, expert ids) are checked only when the tensor is in host memory: validate() never reads device memory, so
+// a device backend can run it on every call.
+#include <initializer_list>
+
 #include "backend/backend.h"
 
 namespace deepinfer {
 namespace {
 
-void expect_f32(const ConstTensorView& t, const char* op, const char* name) {
-  DI_CHECK(t.dtype == DType::kF32, op, ": ", name, " must be float32, got ", dtype_name(t.dtype));
+bool on_host(const ConstTensorView& t) { return t.device == Device::kCpu; }
+
+void expect_dtype(const ConstTensorView& t, DType dtype, const char* op, const char* name) {
+  DI_CHECK(t.dtype == dtype, op, ": ", name, " must be ", dtype_name(dtype), ", got ", dtype_name(t.dtype));
 }
 
 void expect_ndim(const ConstTensorView& t, int ndim, const char* op, const char* name) {
   DI_CHECK(t.shape.ndim() == ndim, op, ": ", name, " must have ", ndim, " dims, got ", t.shape.str());
+}
+
+// float32 or bfloat16, the two activation types.
+void expect_activation(const ConstTensorView& t, const char* op, const char* name) {
+  DI_CHECK(t.dtype == DType::kF32 || t.dtype == DType::kBF16, op, ": ", name,
+           " must be float32 or bfloat16, got ", dtype_name(t.dtype));
+}
+
+void expect_same_dtype(const ConstTensorView& a, const ConstTensorView& b, const char* op, const char* a_name,
+                       const char* b_name) {
+  DI_CHECK(a.dtype == b.dtype, op, ": ", a_name, " is ", dtype_name(a.dtype), " but ", b_name, " is ",
+           dtype_name(b.dtype));
+}
+
+// Every non-empty tensor of an op is on one device (an empty one is never read, and may be a default view).
+void expect_one_device(std::initializer_list<ConstTensorView> tensors, const char* op) {
+  const ConstTensorView* first = nullptr;
+  for (const ConstTensorView& t : tensors) {
+    if (t.numel() == 0) continue;
+    if (first == nullptr) {
+      first = &t;
+    } else {
+      DI_CHECK(t.device == first->device, op, ": tensors on ", device_name(first->device), " and ",
+               device_name(t.device));
+    }
+  }
+}
+
+// A 1-D int32 tensor of `count` entries.
+void expect_index_array(const ConstTensorView& t, int64_t count, const char* op, const char* name) {
+  expect_dtype(t, DType::kI32, op, name);
+  DI_CHECK(t.shape.ndim() == 1 && t.shape[0] == count, op, ": ", name, " ", t.shape.str(), " for ", count,
+           " entries");
+}
+
+// When `t` is on the host: every entry in [0, limit).
+void expect_entries_below(const ConstTensorView& t, int64_t limit, const char* op, const char* what) {
+  if (!on_host(t)) return;
+  const int32_t* v = t.as<int32_t>();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    DI_CHECK(v[i] >= 0 && v[i] < limit, op, ": ", what, " ", v[i], " at [", i, "] outside [0, ", limit, ")");
+  }
+}
+
+// Row stride 0 means dense; otherwise at least the row size.
+void expect_row_stride(int64_t stride, int64_t row, const char* op, const char* name) {
+  DI_CHECK(stride == 0 || stride >= row, op, ": ", name, " ", stride, " < row size ", row);
 }
 
 }  // namespace
@@ -19,6 +74,8 @@ std::string_view op_name(OpKind op) {
     case OpKind::kLinear: return "linear";
     case OpKind::kHeadLinear: return "head_linear";
     case OpKind::kEmbedding: return "embedding";
+    case OpKind::kGatherRows: return "gather_rows";
+    case OpKind::kCopyStrided: return "copy_strided";
     case OpKind::kRmsNorm: return "rms_norm";
     case OpKind::kAddRmsNorm: return "add_rms_norm";
     case OpKind::kSiluMul: return "silu_mul";
@@ -39,6 +96,9 @@ void LinearArgs::validate() const {
   expect_ndim(out, 2, "linear", "out");
   DI_CHECK(x.shape[1] == w.shape[1] && out.shape[0] == x.shape[0] && out.shape[1] == w.shape[0],
            "linear: x ", x.shape.str(), " · w ", w.shape.str(), "^T does not fit out ", out.shape.str());
+  expect_activation(x, "linear", "x");
+  expect_same_dtype(x, out, "linear", "x", "out");
+  expect_one_device({x, w, out}, "linear");
 }
 
 void HeadLinearArgs::validate() const {
@@ -48,81 +108,131 @@ void HeadLinearArgs::validate() const {
   DI_CHECK(x.shape[1] == w.shape[0] && x.shape[2] == w.shape[2] && out.shape[0] == x.shape[0] &&
                out.shape[1] == x.shape[1] && out.shape[2] == w.shape[1],
            "head_linear: x ", x.shape.str(), " w ", w.shape.str(), " out ", out.shape.str());
+  expect_row_stride(x_head_stride, x.shape[2], "head_linear", "x head stride");
+  expect_row_stride(out_head_stride, out.shape[2], "head_linear", "out head stride");
+  expect_activation(x, "head_linear", "x");
+  expect_same_dtype(x, out, "head_linear", "x", "out");
+  expect_one_device({x, w, out}, "head_linear");
 }
 
 void EmbeddingArgs::validate() const {
   expect_ndim(table, 2, "embedding", "table");
-  DI_CHECK(out.shape.ndim() == 2 && out.shape[0] == static_cast<int64_t>(token_ids.size()) &&
-               out.shape[1] == table.shape[1],
-           "embedding: out ", out.shape.str(), " for ", token_ids.size(), " tokens of table ", table.shape.str());
-  for (int32_t id : token_ids) {
-    DI_CHECK(id >= 0 && id < table.shape[0], "embedding: token id ", id, " outside [0, ", table.shape[0], ")");
-  }
+  DI_CHECK(out.shape.ndim() == 2 && out.shape[1] == table.shape[1], "embedding: out ", out.shape.str(),
+           " for table ", table.shape.str());
+  expect_index_array(token_ids, out.shape[0], "embedding", "token_ids");
+  expect_same_dtype(table, out, "embedding", "table", "out");
+  expect_one_device({token_ids, table, out}, "embedding");
+  expect_entries_below(token_ids, table.shape[0], "embedding", "token id");
+}
+
+void GatherRowsArgs::validate() const {
+  expect_ndim(src, 2, "gather_rows", "src");
+  DI_CHECK(out.shape.ndim() == 2 && out.shape[1] == src.shape[1], "gather_rows: out ", out.shape.str(),
+           " for src ", src.shape.str());
+  expect_index_array(indices, out.shape[0], "gather_rows", "indices");
+  expect_same_dtype(src, out, "gather_rows", "src", "out");
+  expect_one_device({src, indices, out}, "gather_rows");
+  expect_entries_below(indices, src.shape[0], "gather_rows", "index");
+}
+
+void CopyStridedArgs::validate() const {
+  expect_ndim(src, 2, "copy_strided", "src");
+  DI_CHECK(dst.shape == src.shape, "copy_strided: src ", src.shape.str(), " dst ", dst.shape.str());
+  expect_row_stride(src_row_stride, src.shape[1], "copy_strided", "src row stride");
+  expect_row_stride(dst_row_stride, dst.shape[1], "copy_strided", "dst row stride");
+  expect_same_dtype(src, dst, "copy_strided", "src", "dst");
+  expect_one_device({src, dst}, "copy_strided");
 }
 
 void RmsNormArgs::validate() const {
-  expect_f32(x, "rms_norm", "x");
   DI_CHECK(x.shape.ndim() == 2 && out.shape == x.shape && weight.numel() == x.shape[1], "rms_norm: x ",
            x.shape.str(), " weight ", weight.shape.str(), " out ", out.shape.str());
-  DI_CHECK(row_stride == 0 || row_stride >= x.shape[1], "rms_norm: row stride ", row_stride, " < row size ",
-           x.shape[1]);
+  expect_row_stride(row_stride, x.shape[1], "rms_norm", "row stride");
+  expect_activation(x, "rms_norm", "x");
+  expect_same_dtype(x, out, "rms_norm", "x", "out");
+  expect_dtype(weight, DType::kF32, "rms_norm", "weight");
+  expect_one_device({x, weight, out}, "rms_norm");
 }
 
 void AddRmsNormArgs::validate() const {
   DI_CHECK(residual.shape.ndim() == 2 && x.shape == residual.shape && out.shape == residual.shape &&
                weight.numel() == residual.shape[1],
            "add_rms_norm: residual ", residual.shape.str(), " x ", x.shape.str(), " out ", out.shape.str());
+  expect_activation(residual, "add_rms_norm", "residual");
+  expect_same_dtype(residual, x, "add_rms_norm", "residual", "x");
+  expect_same_dtype(residual, out, "add_rms_norm", "residual", "out");
+  expect_dtype(weight, DType::kF32, "add_rms_norm", "weight");
+  expect_one_device({residual, x, weight, out}, "add_rms_norm");
 }
 
 void SiluMulArgs::validate() const {
   DI_CHECK(gate_up.shape.ndim() == 2 && out.shape.ndim() == 2 && gate_up.shape[0] == out.shape[0] &&
                gate_up.shape[1] == 2 * out.shape[1],
            "silu_mul: gate_up ", gate_up.shape.str(), " out ", out.shape.str());
+  expect_activation(gate_up, "silu_mul", "gate_up");
+  expect_same_dtype(gate_up, out, "silu_mul", "gate_up", "out");
+  expect_one_device({gate_up, out}, "silu_mul");
 }
 
 void AddArgs::validate() const {
   DI_CHECK(x.numel() == y.numel(), "add: x ", x.shape.str(), " y ", y.shape.str());
+  expect_activation(x, "add", "x");
+  expect_same_dtype(x, y, "add", "x", "y");
+  expect_one_device({x, y}, "add");
 }
 
 void RopeArgs::validate() const {
-  DI_CHECK(rot_dim % 2 == 0 && static_cast<int64_t>(inv_freq.size()) == rot_dim / 2, "rope: rot_dim ", rot_dim,
-           " with ", inv_freq.size(), " frequencies");
-  DI_CHECK(static_cast<int64_t>(positions.size()) == num_tokens, "rope: ", positions.size(), " positions for ",
-           num_tokens, " tokens");
-  DI_CHECK(num_tokens == 0 || x != nullptr, "rope: null input");
+  DI_CHECK(rot_dim >= 0 && rot_dim % 2 == 0 && num_heads >= 0, "rope: rot_dim ", rot_dim, " (must be even), ",
+           num_heads, " heads");
+  expect_dtype(inv_freq, DType::kF32, "rope", "inv_freq");
+  DI_CHECK(inv_freq.shape.ndim() == 1 && inv_freq.shape[0] == rot_dim / 2, "rope: inv_freq ",
+           inv_freq.shape.str(), " for rot_dim ", rot_dim);
+  expect_dtype(positions, DType::kI32, "rope", "positions");
+  expect_ndim(positions, 1, "rope", "positions");
+  DI_CHECK(dtype == DType::kF32 || dtype == DType::kBF16, "rope: x must be float32 or bfloat16, got ",
+           dtype_name(dtype));
+  DI_CHECK(num_tokens() == 0 || num_heads == 0 || rot_dim == 0 || x != nullptr, "rope: null input");
+  DI_CHECK((positions.numel() == 0 || positions.device == device) &&
+               (inv_freq.numel() == 0 || inv_freq.device == device),
+           "rope: x is on ", device_name(device), ", positions on ", device_name(positions.device),
+           ", inv_freq on ", device_name(inv_freq.device));
 }
 
 void MlaCacheWriteArgs::validate() const {
   expect_ndim(cache, 3, "mla_cache_write", "cache");
-  DI_CHECK(latent.shape.ndim() == 2 && latent.shape[1] == cache.shape[2] &&
-               static_cast<int64_t>(slot_mapping.size()) == latent.shape[0],
-           "mla_cache_write: latent ", latent.shape.str(), " cache ", cache.shape.str(), " slots ",
-           slot_mapping.size());
-  const int64_t num_slots = cache.shape[0] * cache.shape[1];
-  for (int32_t slot : slot_mapping) {
-    DI_CHECK(slot >= 0 && slot < num_slots, "mla_cache_write: slot ", slot, " outside [0, ", num_slots, ")");
-  }
+  DI_CHECK(latent.shape.ndim() == 2 && latent.shape[1] == cache.shape[2], "mla_cache_write: latent ",
+           latent.shape.str(), " cache ", cache.shape.str());
+  expect_index_array(slot_mapping, latent.shape[0], "mla_cache_write", "slot_mapping");
+  expect_same_dtype(latent, cache, "mla_cache_write", "latent", "cache");
+  expect_one_device({latent, cache, slot_mapping}, "mla_cache_write");
+  expect_entries_below(slot_mapping, cache.shape[0] * cache.shape[1], "mla_cache_write", "slot");
 }
 
 namespace {
 // `num_rows`: rows of the query/output tensors that query_start indexes.
 void validate_meta(const AttentionMetadata& m, const ConstTensorView& cache, int64_t num_rows, const char* op) {
-  DI_CHECK(m.num_seqs >= 0 && static_cast<int32_t>(m.query_start.size()) >= m.num_seqs + 1 &&
-               static_cast<int32_t>(m.context_lens.size()) >= m.num_seqs,
-           op, ": metadata for ", m.num_seqs, " sequences is too short");
-  DI_CHECK(m.page_table.size() >= static_cast<size_t>(m.num_seqs) * static_cast<size_t>(m.max_pages_per_seq), op,
-           ": page table has ", m.page_table.size(), " entries for ", m.num_seqs, " sequences of ",
-           m.max_pages_per_seq, " pages");
+  DI_CHECK(m.num_seqs >= 0 && m.max_pages_per_seq >= 0 && m.max_context_len >= 0, op, ": ", m.num_seqs,
+           " sequences, ", m.max_pages_per_seq, " pages per sequence, longest context ", m.max_context_len);
+  expect_index_array(m.query_start, m.num_seqs + 1, op, "query_start");
+  expect_index_array(m.context_lens, m.num_seqs, op, "context_lens");
+  expect_dtype(m.page_table, DType::kI32, op, "page_table");
+  DI_CHECK(m.page_table.shape.ndim() == 2 && m.page_table.shape[0] == m.num_seqs &&
+               m.page_table.shape[1] == m.max_pages_per_seq,
+           op, ": page table ", m.page_table.shape.str(), " for ", m.num_seqs, " sequences of ", m.max_pages_per_seq,
+           " pages");
+  expect_one_device({cache, m.query_start, m.context_lens, m.page_table}, op);
+  if (!on_host(m.query_start) || !on_host(m.context_lens) || !on_host(m.page_table)) return;
+
   for (int32_t s = 0; s <= m.num_seqs; ++s) {
-    DI_CHECK(m.query_start[s] >= 0 && m.query_start[s] <= num_rows && (s == 0 || m.query_start[s] >= m.query_start[s - 1]),
-             op, ": query_start[", s, "] = ", m.query_start[s], " is not a non-decreasing row index in [0, ",
-             num_rows, "]");
+    const int32_t begin = m.query_begin(s);
+    DI_CHECK(begin >= 0 && begin <= num_rows && (s == 0 || begin >= m.query_begin(s - 1)), op, ": query_start[",
+             s, "] = ", begin, " is not a non-decreasing row index in [0, ", num_rows, "]");
   }
   const int64_t page_size = cache.shape[1];
   for (int32_t s = 0; s < m.num_seqs; ++s) {
-    const int32_t ctx = m.context_lens[s];
-    DI_CHECK(m.num_queries(s) >= 0 && m.num_queries(s) <= ctx, op, ": sequence ", s, " has ", m.num_queries(s),
-             " queries but a context of ", ctx);
+    const int32_t ctx = m.context_len(s);
+    DI_CHECK(m.num_queries(s) <= ctx && ctx <= m.max_context_len, op, ": sequence ", s, " has ", m.num_queries(s),
+             " queries and a context of ", ctx, " (longest context ", m.max_context_len, ")");
     const int64_t pages = (ctx + page_size - 1) / page_size;
     DI_CHECK(pages <= m.max_pages_per_seq, op, ": sequence ", s, " needs ", pages, " pages, table holds ",
              m.max_pages_per_seq);
@@ -137,12 +247,20 @@ void validate_meta(const AttentionMetadata& m, const ConstTensorView& cache, int
 
 void MlaDecodeArgs::validate() const {
   expect_ndim(cache, 3, "mla_decode", "cache");
-  DI_CHECK(q_latent.shape.ndim() == 3 && q_latent.shape[2] == kv_lora_rank && q_pe.shape.ndim() == 3 &&
-               q_pe.shape[0] == q_latent.shape[0] && q_pe.shape[1] == q_latent.shape[1] &&
-               cache.shape[2] == kv_lora_rank + q_pe.shape[2] && out_latent.shape == q_latent.shape,
-           "mla_decode: q_latent ", q_latent.shape.str(), " q_pe ", q_pe.shape.str(), " cache ", cache.shape.str(),
-           " out ", out_latent.shape.str());
-  validate_meta(meta, cache, q_latent.shape[0], "mla_decode");
+  expect_ndim(q, 3, "mla_decode", "q");
+  DI_CHECK(q.shape[0] == meta.num_seqs && q.shape[2] == cache.shape[2] && kv_lora_rank >= 0 &&
+               kv_lora_rank <= cache.shape[2] && out_latent.shape.ndim() == 3 && out_latent.shape[0] == q.shape[0] &&
+               out_latent.shape[1] == q.shape[1] && out_latent.shape[2] == kv_lora_rank,
+           "mla_decode: q ", q.shape.str(), " for ", meta.num_seqs, " sequences, cache ", cache.shape.str(),
+           " kv_lora_rank ", kv_lora_rank, " out ", out_latent.shape.str());
+  expect_same_dtype(q, cache, "mla_decode", "q", "cache");
+  expect_same_dtype(q, out_latent, "mla_decode", "q", "out_latent");
+  expect_one_device({q, cache, out_latent}, "mla_decode");
+  // Row s of q is sequence s's query; query_start may carry an offset (the decode sequences of a larger batch).
+  const bool host_starts = on_host(meta.query_start) && meta.query_start.numel() > 0;
+  const int64_t first_row = host_starts ? meta.query_begin(0) : 0;
+  validate_meta(meta, cache, first_row + meta.num_seqs, "mla_decode");
+  if (!host_starts) return;
   for (int32_t s = 0; s < meta.num_seqs; ++s) {
     DI_CHECK(meta.num_queries(s) == 1, "mla_decode: sequence ", s, " has ", meta.num_queries(s), " queries");
   }
@@ -150,28 +268,34 @@ void MlaDecodeArgs::validate() const {
 
 void MlaPrefillArgs::validate() const {
   expect_ndim(cache, 3, "mla_prefill", "cache");
+  expect_ndim(q, 3, "mla_prefill", "q");
   const int64_t heads = q.shape[1];
   const int64_t rope_dim = cache.shape[2] - kv_lora_rank;
-  DI_CHECK(q.shape.ndim() == 3 && q.shape[2] == qk_nope_head_dim + rope_dim && out.shape.ndim() == 3 &&
-               out.shape[0] == q.shape[0] && out.shape[1] == heads && out.shape[2] == v_head_dim &&
-               kv_b.shape.ndim() == 2 && kv_b.shape[0] == heads * (qk_nope_head_dim + v_head_dim) &&
-               kv_b.shape[1] == kv_lora_rank,
+  DI_CHECK(q.shape[2] == qk_nope_head_dim + rope_dim && out.shape.ndim() == 3 && out.shape[0] == q.shape[0] &&
+               out.shape[1] == heads && out.shape[2] == v_head_dim && kv_b.shape.ndim() == 2 &&
+               kv_b.shape[0] == heads * (qk_nope_head_dim + v_head_dim) && kv_b.shape[1] == kv_lora_rank,
            "mla_prefill: q ", q.shape.str(), " cache ", cache.shape.str(), " kv_b ", kv_b.shape.str(), " out ",
            out.shape.str());
+  expect_same_dtype(q, cache, "mla_prefill", "q", "cache");
+  expect_same_dtype(q, out, "mla_prefill", "q", "out");
+  expect_one_device({q, cache, kv_b, out}, "mla_prefill");
   validate_meta(meta, cache, q.shape[0], "mla_prefill");
 }
 
 void MoeRouteArgs::validate() const {
-  expect_f32(logits, "moe_route", "logits");
+  expect_dtype(logits, DType::kF32, "moe_route", "logits");
+  expect_ndim(logits, 2, "moe_route", "logits");
   const int64_t num_experts = logits.shape[1];
-  DI_CHECK(logits.shape.ndim() == 2 && topk_ids.shape.ndim() == 2 && topk_ids.shape == topk_weights.shape &&
+  DI_CHECK(topk_ids.shape.ndim() == 2 && topk_ids.shape == topk_weights.shape &&
                topk_ids.shape[0] == logits.shape[0] && topk_ids.shape[1] <= num_experts,
            "moe_route: logits ", logits.shape.str(), " topk ", topk_ids.shape.str());
-  DI_CHECK(topk_ids.dtype == DType::kI32, "moe_route: topk_ids must be int32");
+  expect_dtype(topk_ids, DType::kI32, "moe_route", "topk_ids");
+  expect_dtype(topk_weights, DType::kF32, "moe_route", "topk_weights");
   DI_CHECK(n_group >= 1 && num_experts % n_group == 0 && topk_group >= 1 && topk_group <= n_group,
            "moe_route: ", num_experts, " experts in ", n_group, " groups, keep ", topk_group);
   DI_CHECK(correction_bias.numel() == 0 || correction_bias.numel() == num_experts,
            "moe_route: correction bias ", correction_bias.shape.str(), " for ", num_experts, " experts");
+  expect_one_device({logits, correction_bias, topk_ids, topk_weights}, "moe_route");
   if (method != TopkMethod::kGreedy && n_group > 1) {
     const int64_t per_group = num_experts / n_group;
     DI_CHECK(method != TopkMethod::kNoauxTc || per_group >= 2, "moe_route: noaux_tc scores a group by its top-2 "
@@ -185,13 +309,16 @@ void MoeExpertsArgs::validate() const {
   DI_CHECK(x.shape.ndim() == 2 && w_gate_up.shape.ndim() == 3 && w_down.shape.ndim() == 3 &&
                w_gate_up.shape[2] == x.shape[1] && w_down.shape[1] == x.shape[1] &&
                w_gate_up.shape[1] == 2 * w_down.shape[2] && w_gate_up.shape[0] == w_down.shape[0] &&
-               out.shape == x.shape && topk_ids.shape == topk_weights.shape && topk_ids.shape[0] == x.shape[0],
+               out.shape == x.shape && topk_ids.shape == topk_weights.shape && topk_ids.shape.ndim() == 2 &&
+               topk_ids.shape[0] == x.shape[0],
            "moe_experts: x ", x.shape.str(), " gate_up ", w_gate_up.shape.str(), " down ", w_down.shape.str(),
            " topk ", topk_ids.shape.str(), " out ", out.shape.str());
-  const int32_t* ids = static_cast<const int32_t*>(topk_ids.data);
-  for (int64_t i = 0; i < topk_ids.numel(); ++i) {
-    DI_CHECK(ids[i] >= 0 && ids[i] < w_down.shape[0], "moe_experts: expert id ", ids[i], " out of range");
-  }
+  expect_dtype(topk_ids, DType::kI32, "moe_experts", "topk_ids");
+  expect_dtype(topk_weights, DType::kF32, "moe_experts", "topk_weights");
+  expect_activation(x, "moe_experts", "x");
+  expect_same_dtype(x, out, "moe_experts", "x", "out");
+  expect_one_device({x, w_gate_up, w_down, topk_ids, topk_weights, out}, "moe_experts");
+  expect_entries_below(topk_ids, w_down.shape[0], "moe_experts", "expert id");
 }
 
 }  // namespace deepinfer

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <utility>
 
 namespace deepinfer {
 
@@ -39,11 +40,15 @@ std::string Shape::str() const {
   return out.str();
 }
 
-Buffer::Buffer(void* data, size_t bytes, Device device, Deleter deleter) noexcept
-    : data_(data), bytes_(bytes), device_(device), deleter_(deleter) {}
+Buffer::Buffer(void* data, size_t bytes, Device device, Deleter deleter, void* context) noexcept
+    : data_(data), bytes_(bytes), device_(device), deleter_(deleter), context_(context) {}
 
 Buffer::Buffer(Buffer&& other) noexcept
-    : data_(other.data_), bytes_(other.bytes_), device_(other.device_), deleter_(other.deleter_) {
+    : data_(other.data_),
+      bytes_(other.bytes_),
+      device_(other.device_),
+      deleter_(other.deleter_),
+      context_(other.context_) {
   other.data_ = nullptr;
   other.bytes_ = 0;
 }
@@ -55,6 +60,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     bytes_ = other.bytes_;
     device_ = other.device_;
     deleter_ = other.deleter_;
+    context_ = other.context_;
     other.data_ = nullptr;
     other.bytes_ = 0;
   }
@@ -64,7 +70,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
 Buffer::~Buffer() { reset(); }
 
 void Buffer::reset() noexcept {
-  if (data_ != nullptr && deleter_ != nullptr) deleter_(data_);
+  if (data_ != nullptr && deleter_ != nullptr) deleter_(data_, context_);
   data_ = nullptr;
   bytes_ = 0;
 }
@@ -75,7 +81,7 @@ Buffer allocate_host(size_t bytes) {
   const size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
   void* p = std::aligned_alloc(kAlign, rounded);
   DI_CHECK(p != nullptr, "out of host memory allocating ", bytes, " bytes");
-  return Buffer(p, bytes, Device::kCpu, [](void* q) { std::free(q); });
+  return Buffer(p, bytes, Device::kCpu, [](void* q, void*) { std::free(q); });
 }
 
 float* TensorView::f32() const {
@@ -104,6 +110,21 @@ TensorView TensorView::reshaped(Shape new_shape) const {
   return {data, dtype, new_shape, device};
 }
 
+// Columns [begin, begin + count) of the last dimension: the same rows, `begin` elements further in.
+static Shape with_last(const Shape& s, int64_t begin, int64_t count) {
+  DI_CHECK(s.ndim() >= 1 && begin >= 0 && count >= 0 && begin + count <= s[s.ndim() - 1], "columns [", begin, ", ",
+           begin + count, ") out of range for shape ", s.str());
+  std::array<int64_t, kMaxDims> d{};
+  for (int i = 0; i < s.ndim(); ++i) d[static_cast<size_t>(i)] = s[i];
+  d[static_cast<size_t>(s.ndim() - 1)] = count;
+  return Shape(std::span<const int64_t>(d.data(), static_cast<size_t>(s.ndim())));
+}
+
+TensorView TensorView::columns(int64_t begin, int64_t count) const {
+  const Shape s = with_last(shape, begin, count);
+  return {static_cast<std::byte*>(data) + begin * static_cast<int64_t>(dtype_size(dtype)), dtype, s, device};
+}
+
 const float* ConstTensorView::f32() const {
   DI_CHECK(dtype == DType::kF32, "expected a float32 tensor, got ", dtype_name(dtype));
   return static_cast<const float*>(data);
@@ -122,13 +143,18 @@ ConstTensorView ConstTensorView::reshaped(Shape new_shape) const {
   return {data, dtype, new_shape, device};
 }
 
-Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
-  DI_CHECK(device == Device::kCpu, "device tensors are allocated by the CUDA backend's allocator");
-  Tensor t;
-  t.shape_ = shape;
-  t.dtype_ = dtype;
-  t.buffer_ = allocate_host(static_cast<size_t>(shape.numel()) * dtype_size(dtype));
-  return t;
+ConstTensorView ConstTensorView::columns(int64_t begin, int64_t count) const {
+  const Shape s = with_last(shape, begin, count);
+  return {static_cast<const std::byte*>(data) + begin * static_cast<int64_t>(dtype_size(dtype)), dtype, s, device};
+}
+
+Tensor::Tensor(Buffer buffer, Shape shape, DType dtype) : buffer_(std::move(buffer)), shape_(shape), dtype_(dtype) {
+  DI_CHECK(buffer_.bytes() >= static_cast<size_t>(shape.numel()) * dtype_size(dtype), "a buffer of ",
+           buffer_.bytes(), " bytes cannot hold ", shape.str(), " ", dtype_name(dtype));
+}
+
+Tensor Tensor::empty(Shape shape, DType dtype) {
+  return Tensor(allocate_host(static_cast<size_t>(shape.numel()) * dtype_size(dtype)), shape, dtype);
 }
 
 Tensor Tensor::zeros(Shape shape, DType dtype) {

@@ -8,6 +8,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -15,6 +16,8 @@
 namespace deepinfer {
 
 enum class Device : uint8_t { kCpu, kCuda };
+
+constexpr std::string_view device_name(Device d) { return d == Device::kCpu ? "cpu" : "cuda"; }
 
 constexpr int kMaxDims = 4;
 
@@ -37,12 +40,13 @@ class Shape {
   int ndim_ = 0;
 };
 
-// Raw device memory with a deleter chosen by the allocator that produced it.
+// Raw memory of one device with a deleter chosen by the allocator that produced it. The deleter gets the allocator's
+// `context` back (the CUDA backend's stream, for a stream-ordered free). An empty buffer still names its device.
 class Buffer {
  public:
-  using Deleter = void (*)(void*);
+  using Deleter = void (*)(void* data, void* context);
   Buffer() = default;
-  Buffer(void* data, size_t bytes, Device device, Deleter deleter) noexcept;
+  Buffer(void* data, size_t bytes, Device device, Deleter deleter, void* context = nullptr) noexcept;
   Buffer(Buffer&& other) noexcept;
   Buffer& operator=(Buffer&& other) noexcept;
   Buffer(const Buffer&) = delete;
@@ -59,13 +63,15 @@ class Buffer {
   size_t bytes_ = 0;
   Device device_ = Device::kCpu;
   Deleter deleter_ = nullptr;
+  void* context_ = nullptr;
 };
 
-// 64-byte aligned host memory. Device memory comes from the CUDA backend's caching allocator.
+// 64-byte aligned host memory. Device memory comes from a backend (Backend::empty).
 Buffer allocate_host(size_t bytes);
 
-// A non-owning, contiguous view. Rows of 2-D+ views are contiguous; `row_stride` lets a view select
-// columns of a wider row-major matrix (for example the rope half of a [T, 576] latent).
+// A non-owning view: pointer, dtype, shape, device. Views are contiguous, except those made by columns(): they
+// select a column range of a wider row-major tensor (the rope half of a [T, 576] latent), and the ops that take
+// them are told the real row stride (RmsNormArgs::row_stride, HeadLinearArgs::x_head_stride, ...).
 struct TensorView {
   void* data = nullptr;
   DType dtype = DType::kF32;
@@ -85,6 +91,9 @@ struct TensorView {
   TensorView rows(int64_t begin, int64_t count) const;
   // The same memory with another shape of equal element count.
   TensorView reshaped(Shape new_shape) const;
+  // Elements [begin, begin + count) of the last dimension. The result's innermost rows stay shape[ndim - 1]
+  // elements apart (not `count`): pass that as the row stride of the op. Take rows() and reshaped() before this.
+  TensorView columns(int64_t begin, int64_t count) const;
 };
 
 struct ConstTensorView {
@@ -107,13 +116,17 @@ struct ConstTensorView {
   std::span<const float> f32_span() const { return {f32(), static_cast<size_t>(numel())}; }
   ConstTensorView rows(int64_t begin, int64_t count) const;
   ConstTensorView reshaped(Shape new_shape) const;
+  ConstTensorView columns(int64_t begin, int64_t count) const;
 };
 
-// Owning, move-only tensor.
+// Owning, move-only tensor. Host tensors come from empty() and zeros(); a backend's tensors from Backend::empty(),
+// which wraps its allocator's buffer.
 class Tensor {
  public:
   Tensor() = default;
-  static Tensor empty(Shape shape, DType dtype, Device device = Device::kCpu);
+  // `buffer` holds at least shape.numel() elements of `dtype`.
+  Tensor(Buffer buffer, Shape shape, DType dtype);
+  static Tensor empty(Shape shape, DType dtype);                // host
   static Tensor zeros(Shape shape, DType dtype = DType::kF32);  // host
 
   Tensor(Tensor&&) noexcept = default;

@@ -37,7 +37,7 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& options, const LoadP
 
   LatentCacheShape shape{.num_layers = config.num_hidden_layers, .page_size = options.page_size,
                          .latent_dim = config.latent_dim()};
-  const int64_t page_bytes = shape.bytes_per_page(DType::kF32);
+  const int64_t page_bytes = shape.bytes_per_page(loaded.backend->activation_dtype());
   const int64_t pages = options.num_cache_pages > 0 ? options.num_cache_pages : options.cache_memory_bytes / page_bytes;
   DI_CHECK_ARG(pages >= 1 && pages <= INT32_MAX, "the cache budget of ", options.cache_memory_bytes,
                " bytes holds ", pages, " pages of ", page_bytes, " bytes; raise it");
@@ -61,7 +61,7 @@ Engine::Engine(EngineOptions options, LoadedModel loaded, LatentCacheShape cache
     : options_(std::move(options)),
       backend_(std::move(loaded.backend)),
       model_(std::move(loaded.model)),
-      cache_(cache_shape, Device::kCpu),
+      cache_(cache_shape, *backend_),
       cache_manager_(cache_shape.num_pages, cache_shape.page_size),
       scheduler_config_(scheduler_config),
       scheduler_(scheduler_config, cache_manager_),

@@ -1,36 +1,115 @@
 #include "model/deepseek.h"
 
-#include <cstring>
+#include <algorithm>
+#include <array>
+#include <iterator>
+#include <utility>
 
 namespace deepinfer {
+namespace {
+
+// Matrices go to the backend's activation dtype; norm weights and biases stay float32.
+void upload_weights(ModelWeights& w, Backend& backend) {
+  const DType act = backend.activation_dtype();
+  const auto matrix = [&](Tensor& t) { t = backend.upload(std::move(t), act); };
+  const auto vector = [&](Tensor& t) { t = backend.upload(std::move(t), DType::kF32); };
+  const auto mlp = [&](MlpWeights& m) {
+    matrix(m.gate_up);
+    matrix(m.down);
+  };
+  matrix(w.embed);
+  matrix(w.lm_head);
+  vector(w.norm);
+  for (LayerWeights& layer : w.layers) {
+    vector(layer.input_norm);
+    vector(layer.post_attention_norm);
+    MlaWeights& a = layer.attn;
+    for (Tensor* t : {&a.q_proj, &a.q_a_proj, &a.q_b_proj, &a.kv_a_proj, &a.kv_b_proj, &a.w_uk_t, &a.w_uv, &a.o_proj}) {
+      matrix(*t);
+    }
+    vector(a.q_a_norm);
+    vector(a.kv_a_norm);
+    if (layer.mlp) mlp(*layer.mlp);
+    if (layer.moe) {
+      matrix(layer.moe->gate);
+      vector(layer.moe->correction_bias);
+      matrix(layer.moe->experts_gate_up);
+      matrix(layer.moe->experts_down);
+      if (layer.moe->shared) mlp(*layer.moe->shared);
+    }
+  }
+}
+
+}  // namespace
 
 DeepseekModel::DeepseekModel(ModelConfig config, ModelWeights weights, Backend& backend)
     : config_(std::move(config)),
       weights_(std::move(weights)),
       backend_(backend),
       rope_(compute_rope_tables(config_)),
-      softmax_scale_(static_cast<float>(config_.softmax_scale())) {}
+      softmax_scale_(static_cast<float>(config_.softmax_scale())) {
+  upload_weights(weights_, backend_);
+  const auto half = static_cast<int64_t>(rope_.inv_freq.size());
+  inv_freq_ = backend_.empty({half}, DType::kF32);
+  backend_.copy_to_device(ConstTensorView(rope_.inv_freq.data(), DType::kF32, {half}, Device::kCpu),
+                          inv_freq_.view());
+}
+
+Tensor DeepseekModel::activation(Shape shape) { return backend_.empty(shape, backend_.activation_dtype()); }
 
 Tensor DeepseekModel::linear(const Tensor& x, const Tensor& w) {
-  Tensor out = Tensor::empty({x.shape()[0], w.shape()[0]}, DType::kF32);
+  Tensor out = activation({x.shape()[0], w.shape()[0]});
   backend_.linear({.x = x.cview(), .w = w.cview(), .out = out.view()});
   return out;
 }
 
+// The one place where the step's index arrays cross to the device. They are packed into one host int32 tensor and
+// uploaded together: one host-to-device copy per step on a GPU, none at all on the CPU (upload() hands the host
+// tensor back). Every op of the step then takes views of that tensor.
+DeepseekModel::StepInputs DeepseekModel::upload_step(const ForwardBatch& b) {
+  const std::vector<int32_t>* const parts[] = {&b.token_ids,   &b.positions,    &b.slot_mapping, &b.logits_indices,
+                                               &b.query_start, &b.context_lens, &b.page_table};
+  constexpr size_t kParts = std::size(parts);
+  std::array<int64_t, kParts + 1> offset{};
+  for (size_t i = 0; i < kParts; ++i) offset[i + 1] = offset[i] + static_cast<int64_t>(parts[i]->size());
+  Tensor packed = Tensor::empty({offset[kParts]}, DType::kI32);  // host staging
+  for (size_t i = 0; i < kParts; ++i) {
+    std::copy(parts[i]->begin(), parts[i]->end(), packed.view().as<int32_t>() + offset[i]);
+  }
+
+  StepInputs in{.storage = backend_.upload(std::move(packed), DType::kI32)};
+  const auto part = [&](size_t i) { return in.storage.cview().rows(offset[i], offset[i + 1] - offset[i]); };
+  in.token_ids = part(0);
+  in.positions = part(1);
+  in.slot_mapping = part(2);
+  in.logits_indices = part(3);
+  const ConstTensorView query_start = part(4), context_lens = part(5);
+  const ConstTensorView page_table = part(6).reshaped({b.num_seqs(), b.max_pages_per_seq});
+  const auto sequences = [&](int32_t first, int32_t count) -> AttentionMetadata {
+    return {.query_start = query_start.rows(first, count + 1), .context_lens = context_lens.rows(first, count),
+            .page_table = page_table.rows(first, count), .num_seqs = count,
+            .max_pages_per_seq = b.max_pages_per_seq, .max_context_len = b.max_context_len(first, count)};
+  };
+  in.decode = sequences(0, b.num_decode_seqs);
+  in.prefill = sequences(b.num_decode_seqs, b.num_seqs() - b.num_decode_seqs);
+  return in;
+}
+
 Tensor DeepseekModel::forward(const ForwardBatch& batch, const LatentCache& cache) {
-  batch.validate(static_cast<int32_t>(config_.vocab_size));
   const ModelConfig& c = config_;
+  batch.validate(static_cast<int32_t>(c.vocab_size), cache.shape().num_pages, cache.shape().page_size);
+  const StepInputs in = upload_step(batch);
   const int64_t num_tokens = batch.num_tokens(), d = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
 
-  Tensor residual = Tensor::empty({num_tokens, d}, DType::kF32);            // [T, D]
-  backend_.embedding({.token_ids = batch.token_ids, .table = weights_.embed.cview(), .out = residual.view()});
-  Tensor h = Tensor::empty({num_tokens, d}, DType::kF32);                   // normalized input of each sublayer
+  Tensor residual = activation({num_tokens, d});                            // [T, D]
+  backend_.embedding({.token_ids = in.token_ids, .table = weights_.embed.cview(), .out = residual.view()});
+  Tensor h = activation({num_tokens, d});                                   // normalized input of each sublayer
   backend_.rms_norm({.x = residual.cview(), .weight = weights_.layers[0].input_norm.cview(), .out = h.view(), .eps = eps});
 
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const LayerWeights& layer = weights_.layers[static_cast<size_t>(i)];
-    Tensor attn_out = attention(layer, i, h, batch, cache);               // [T, D]
+    Tensor attn_out = attention(layer, i, h, in, batch, cache);           // [T, D]
     backend_.add_rms_norm({.residual = residual.view(), .x = attn_out.cview(),
                            .weight = layer.post_attention_norm.cview(), .out = h.view(), .eps = eps});
     Tensor ffn_out = layer.moe ? moe(*layer.moe, h) : mlp(*layer.mlp, h);  // [T, D]
@@ -45,21 +124,19 @@ Tensor DeepseekModel::forward(const ForwardBatch& batch, const LatentCache& cach
 
   // Only the rows that sample need the final norm and the vocabulary projection.
   const int64_t num_logits = static_cast<int64_t>(batch.logits_indices.size());
-  Tensor last = Tensor::empty({num_logits, d}, DType::kF32);                // [N, D]
-  for (int64_t r = 0; r < num_logits; ++r) {
-    std::memcpy(last.f32() + r * d, residual.f32() + static_cast<int64_t>(batch.logits_indices[r]) * d,
-                sizeof(float) * d);
-  }
+  Tensor last = activation({num_logits, d});                                // [N, D]
+  backend_.gather_rows({.src = residual.cview(), .indices = in.logits_indices, .out = last.view()});
   backend_.rms_norm({.x = last.cview(), .weight = weights_.norm.cview(), .out = last.view(), .eps = eps});
   return linear(last, weights_.lm_head);                                    // [N, V]
 }
 
 Tensor DeepseekModel::attention(const LayerWeights& layer, int64_t layer_index, const Tensor& h,
-                                const ForwardBatch& batch, const LatentCache& cache) {
+                                const StepInputs& in, const ForwardBatch& batch, const LatentCache& cache) {
   const ModelConfig& c = config_;
   const MlaWeights& w = layer.attn;
   const int64_t t = h.shape()[0], heads = c.num_attention_heads, rank = c.kv_lora_rank;
   const int64_t nope = c.qk_nope_head_dim, rope_dim = c.qk_rope_head_dim, qk_dim = c.qk_head_dim(), v = c.v_head_dim;
+  const int64_t latent_dim = rank + rope_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
 
   // Queries: [T, H, nope + rope], through the q LoRA when the model has one.
@@ -71,64 +148,54 @@ Tensor DeepseekModel::attention(const LayerWeights& layer, int64_t layer_index, 
   } else {
     q = linear(h, w.q_proj);
   }
+  const TensorView q_heads = q.view().reshaped({t, heads, qk_dim});        // [T, H, nope + rope]
   // Latent: [T, rank + rope] = [c_kv | k_pe]; c_kv normalized, k_pe rotated; this row is what the cache keeps.
   Tensor latent = linear(h, w.kv_a_proj);
-  const TensorView c_kv{latent.f32(), DType::kF32, {t, rank}, Device::kCpu};
-  backend_.rms_norm({.x = c_kv, .weight = w.kv_a_norm.cview(), .out = c_kv, .eps = eps, .row_stride = rank + rope_dim});
-  const RopeArgs rope_common{.inv_freq = rope_.inv_freq, .attention_scaling = rope_.attention_scaling,
-                             .interleaved = c.rope.interleaved};
-  RopeArgs q_rope = rope_common;
-  q_rope.x = q.f32() + nope;
-  q_rope.num_tokens = t;
-  q_rope.num_heads = heads;
-  q_rope.rot_dim = rope_dim;
-  q_rope.token_stride = heads * qk_dim;
-  q_rope.head_stride = qk_dim;
-  q_rope.positions = batch.positions;
-  backend_.rope(q_rope);
-  RopeArgs k_rope = q_rope;
-  k_rope.x = latent.f32() + rank;
-  k_rope.num_heads = 1;
-  k_rope.token_stride = rank + rope_dim;
-  k_rope.head_stride = 0;
-  backend_.rope(k_rope);
+  const TensorView c_kv = latent.view().columns(0, rank);                  // [T, rank], rows latent_dim apart
+  backend_.rms_norm({.x = c_kv, .weight = w.kv_a_norm.cview(), .out = c_kv, .eps = eps, .row_stride = latent_dim});
+  // Rotates the rope slices `x` (rows token_stride apart, heads head_stride apart) by each token's position.
+  const auto rope = [&](const TensorView& x, int64_t num_heads, int64_t token_stride, int64_t head_stride) {
+    backend_.rope({.x = x.data, .dtype = x.dtype, .device = x.device, .num_heads = num_heads, .rot_dim = rope_dim,
+                   .token_stride = token_stride, .head_stride = head_stride, .positions = in.positions,
+                   .inv_freq = inv_freq_.cview(), .attention_scaling = rope_.attention_scaling,
+                   .interleaved = c.rope.interleaved});
+  };
+  rope(q_heads.columns(nope, rope_dim), heads, heads * qk_dim, qk_dim);    // q_pe [T, H, rope]
+  rope(latent.view().columns(rank, rope_dim), 1, latent_dim, 0);           // k_pe [T, rope]
 
   const TensorView layer_cache = cache.layer(layer_index);
-  backend_.mla_cache_write({.latent = latent.cview(), .cache = layer_cache, .slot_mapping = batch.slot_mapping});
+  backend_.mla_cache_write({.latent = latent.cview(), .cache = layer_cache, .slot_mapping = in.slot_mapping});
 
-  Tensor attn = Tensor::empty({t, heads, v}, DType::kF32);                  // [T, H, v]
-  const int32_t num_decode = batch.num_decode_seqs;
+  Tensor attn = activation({t, heads, v});                                  // [T, H, v]
+  const int64_t num_decode = batch.num_decode_seqs;
   if (num_decode > 0) {
-    // Absorbed decode: q_latent = q_nope · W_UK per head; attend over the shared latent; out = o_latent · W_UV^T.
-    Tensor q_nope = Tensor::empty({num_decode, heads, nope}, DType::kF32);  // [Td, H, nope]
-    Tensor q_pe = Tensor::empty({num_decode, heads, rope_dim}, DType::kF32);
-    for (int64_t r = 0; r < num_decode * heads; ++r) {
-      std::memcpy(q_nope.f32() + r * nope, q.f32() + r * qk_dim, sizeof(float) * nope);
-      std::memcpy(q_pe.f32() + r * rope_dim, q.f32() + r * qk_dim + nope, sizeof(float) * rope_dim);
-    }
-    Tensor q_latent = Tensor::empty({num_decode, heads, rank}, DType::kF32);
-    backend_.head_linear({.x = q_nope.cview(), .w = w.w_uk_t.cview(), .out = q_latent.view()});
-    Tensor o_latent = Tensor::empty({num_decode, heads, rank}, DType::kF32);
-    backend_.mla_decode({.q_latent = q_latent.cview(), .q_pe = q_pe.cview(), .cache = layer_cache,
-                         .out_latent = o_latent.view(), .meta = batch.attention(0, num_decode), .kv_lora_rank = rank,
-                         .softmax_scale = softmax_scale_});
+    // Absorbed decode. q_abs[s, h] = [q_nope[s, h] · W_UK[h] | q_pe[s, h]], the layout of the decode kernel; attend
+    // over the shared latent; out = o_latent · W_UV^T per head.
+    const TensorView q_dec = q_heads.rows(0, num_decode);                  // [Td, H, nope + rope]
+    Tensor q_abs = activation({num_decode, heads, latent_dim});             // [Td, H, rank + rope]
+    backend_.head_linear({.x = q_dec.columns(0, nope), .w = w.w_uk_t.cview(), .out = q_abs.view().columns(0, rank),
+                          .x_head_stride = qk_dim, .out_head_stride = latent_dim});
+    backend_.copy_strided({.src = q_dec.reshaped({num_decode * heads, qk_dim}).columns(nope, rope_dim),
+                           .dst = q_abs.view().reshaped({num_decode * heads, latent_dim}).columns(rank, rope_dim),
+                           .src_row_stride = qk_dim, .dst_row_stride = latent_dim});
+    Tensor o_latent = activation({num_decode, heads, rank});                // [Td, H, rank]
+    backend_.mla_decode({.q = q_abs.cview(), .cache = layer_cache, .out_latent = o_latent.view(), .meta = in.decode,
+                         .kv_lora_rank = rank, .softmax_scale = softmax_scale_});
     backend_.head_linear({.x = o_latent.cview(), .w = w.w_uv.cview(), .out = attn.view().rows(0, num_decode)});
   }
-  const int32_t num_prefill = batch.num_seqs() - num_decode;
-  if (num_prefill > 0) {
-    backend_.mla_prefill({.q = q.view().reshaped({t, heads, qk_dim}), .cache = layer_cache,
-                          .kv_b = w.kv_b_proj.cview(), .out = attn.view(),
-                          .meta = batch.attention(num_decode, num_prefill), .kv_lora_rank = rank,
-                          .qk_nope_head_dim = nope, .v_head_dim = v, .softmax_scale = softmax_scale_});
+  if (in.prefill.num_seqs > 0) {
+    backend_.mla_prefill({.q = q_heads, .cache = layer_cache, .kv_b = w.kv_b_proj.cview(), .out = attn.view(),
+                          .meta = in.prefill, .kv_lora_rank = rank, .qk_nope_head_dim = nope, .v_head_dim = v,
+                          .softmax_scale = softmax_scale_});
   }
-  Tensor out = Tensor::empty({t, c.hidden_size}, DType::kF32);
+  Tensor out = activation({t, c.hidden_size});                              // [T, D]
   backend_.linear({.x = attn.view().reshaped({t, heads * v}), .w = w.o_proj.cview(), .out = out.view()});
   return out;
 }
 
 Tensor DeepseekModel::mlp(const MlpWeights& w, const Tensor& h) {
   Tensor gate_up = linear(h, w.gate_up);                                    // [T, 2I]
-  Tensor act = Tensor::empty({h.shape()[0], w.down.shape()[1]}, DType::kF32);  // [T, I]
+  Tensor act = activation({h.shape()[0], w.down.shape()[1]});              // [T, I]
   backend_.silu_mul({.gate_up = gate_up.cview(), .out = act.view()});
   return linear(act, w.down);                                               // [T, D]
 }
@@ -137,14 +204,14 @@ Tensor DeepseekModel::moe(const MoeWeights& w, const Tensor& h) {
   const ModelConfig& c = config_;
   const int64_t t = h.shape()[0];
   Tensor router_logits = linear(h, w.gate);                                 // [T, E]
-  Tensor topk_ids = Tensor::empty({t, c.num_experts_per_tok}, DType::kI32);
-  Tensor topk_weights = Tensor::empty({t, c.num_experts_per_tok}, DType::kF32);
+  Tensor topk_ids = backend_.empty({t, c.num_experts_per_tok}, DType::kI32);      // [T, k]
+  Tensor topk_weights = backend_.empty({t, c.num_experts_per_tok}, DType::kF32);  // [T, k]
   backend_.moe_route({.logits = router_logits.cview(), .correction_bias = w.correction_bias.cview(),
                       .topk_ids = topk_ids.view(), .topk_weights = topk_weights.view(), .scoring = c.scoring,
                       .method = c.topk_method, .n_group = c.n_group, .topk_group = c.topk_group,
                       .norm_topk_prob = c.norm_topk_prob,
                       .routed_scaling_factor = static_cast<float>(c.routed_scaling_factor)});
-  Tensor out = Tensor::empty({t, c.hidden_size}, DType::kF32);
+  Tensor out = activation({t, c.hidden_size});                              // [T, D]
   backend_.moe_experts({.x = h.cview(), .w_gate_up = w.experts_gate_up.cview(), .w_down = w.experts_down.cview(),
                         .topk_ids = topk_ids.cview(), .topk_weights = topk_weights.cview(), .out = out.view()});
   if (w.shared) {
@@ -154,18 +221,45 @@ Tensor DeepseekModel::moe(const MoeWeights& w, const Tensor& h) {
   return out;
 }
 
-void ForwardBatch::validate(int32_t vocab_size) const {
+int32_t ForwardBatch::max_context_len(int32_t first, int32_t count) const {
+  int32_t longest = 0;
+  for (int32_t s = first; s < first + count; ++s) longest = std::max(longest, context_lens[static_cast<size_t>(s)]);
+  return longest;
+}
+
+void ForwardBatch::validate(int32_t vocab_size, int32_t num_pages, int32_t page_size) const {
   const size_t t = token_ids.size();
+  const auto seqs = static_cast<size_t>(num_seqs());
   DI_CHECK(positions.size() == t && slot_mapping.size() == t, "forward batch: ", t, " tokens but ",
            positions.size(), " positions and ", slot_mapping.size(), " slots");
-  DI_CHECK(query_start.size() == context_lens.size() + 1 && query_start.back() == static_cast<int32_t>(t),
+  DI_CHECK(query_start.size() == seqs + 1 && query_start.front() == 0 && query_start.back() == static_cast<int32_t>(t),
            "forward batch: query_start does not cover the ", t, " tokens");
-  DI_CHECK(page_table.size() == context_lens.size() * static_cast<size_t>(max_pages_per_seq),
-           "forward batch: page table size ", page_table.size());
+  DI_CHECK(max_pages_per_seq >= 0 && page_table.size() == seqs * static_cast<size_t>(max_pages_per_seq),
+           "forward batch: page table size ", page_table.size(), " for ", seqs, " sequences of ", max_pages_per_seq,
+           " pages");
   DI_CHECK(num_decode_seqs >= 0 && num_decode_seqs <= num_seqs(), "forward batch: ", num_decode_seqs,
            " decode sequences of ", num_seqs());
-  for (int32_t id : token_ids) {
-    DI_CHECK(id >= 0 && id < vocab_size, "forward batch: token id ", id, " outside [0, ", vocab_size, ")");
+  for (size_t s = 0; s < seqs; ++s) {
+    const int32_t queries = query_start[s + 1] - query_start[s], ctx = context_lens[s];
+    DI_CHECK(queries >= 0 && queries <= ctx, "forward batch: sequence ", s, " has ", queries,
+             " queries and a context of ", ctx);
+    DI_CHECK(s >= static_cast<size_t>(num_decode_seqs) || queries == 1, "forward batch: decode sequence ", s, " has ",
+             queries, " queries");
+    const int64_t pages = (static_cast<int64_t>(ctx) + page_size - 1) / page_size;
+    DI_CHECK(pages <= max_pages_per_seq, "forward batch: sequence ", s, " needs ", pages, " pages, the table holds ",
+             max_pages_per_seq);
+    for (int64_t p = 0; p < pages; ++p) {
+      const int32_t page = page_table[s * static_cast<size_t>(max_pages_per_seq) + static_cast<size_t>(p)];
+      DI_CHECK(page >= 0 && page < num_pages, "forward batch: page ", page, " of sequence ", s, " outside [0, ",
+               num_pages, ")");
+    }
+  }
+  const int64_t num_slots = static_cast<int64_t>(num_pages) * page_size;
+  for (size_t i = 0; i < t; ++i) {
+    DI_CHECK(token_ids[i] >= 0 && token_ids[i] < vocab_size, "forward batch: token id ", token_ids[i],
+             " outside [0, ", vocab_size, ")");
+    DI_CHECK(slot_mapping[i] >= 0 && slot_mapping[i] < num_slots, "forward batch: slot ", slot_mapping[i],
+             " outside [0, ", num_slots, ")");
   }
   for (int32_t r : logits_indices) {
     DI_CHECK(r >= 0 && r < static_cast<int32_t>(t), "forward batch: logits row ", r, " of ", t);

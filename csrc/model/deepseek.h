@@ -1,5 +1,5 @@
 // DeepSeek V2/V3: embed -> [MLA + (dense MLP | MoE)] x L -> norm -> lm_head. The math lives here; the device
-// specifics live behind Backend.
+// specifics live behind Backend: the model allocates through it and only ever hands it views.
 #pragma once
 
 #include <memory>
@@ -15,27 +15,43 @@ namespace deepinfer {
 
 class DeepseekModel {
  public:
+  // Uploads `weights` (host, float32) to the backend's device once: matrices in its activation dtype, norm weights
+  // and biases in float32. `backend` must outlive the model.
   DeepseekModel(ModelConfig config, ModelWeights weights, Backend& backend);
 
   const ModelConfig& config() const { return config_; }
   Backend& backend() const { return backend_; }
 
   // Writes the latents of the batch's tokens into `cache`, attends, and returns the logits of
-  // batch.logits_indices as [logits_indices.size(), vocab_size].
+  // batch.logits_indices as [logits_indices.size(), vocab_size], on the backend's device.
   Tensor forward(const ForwardBatch& batch, const LatentCache& cache);
 
  private:
+  // The step's index arrays on the device: one tensor holding all of them, and views of its parts.
+  struct StepInputs {
+    Tensor storage;                   // int32, every array below back to back
+    ConstTensorView token_ids;        // [T]
+    ConstTensorView positions;        // [T]
+    ConstTensorView slot_mapping;     // [T]
+    ConstTensorView logits_indices;   // [N]
+    AttentionMetadata decode;         // sequences [0, num_decode_seqs)
+    AttentionMetadata prefill;        // the rest
+  };
+  StepInputs upload_step(const ForwardBatch& batch);
+
   // h [T, D] -> attention output [T, D]; writes the layer's latents into the cache.
-  Tensor attention(const LayerWeights& layer, int64_t layer_index, const Tensor& h, const ForwardBatch& batch,
-                   const LatentCache& cache);
+  Tensor attention(const LayerWeights& layer, int64_t layer_index, const Tensor& h, const StepInputs& in,
+                   const ForwardBatch& batch, const LatentCache& cache);
   Tensor mlp(const MlpWeights& w, const Tensor& h);
   Tensor moe(const MoeWeights& w, const Tensor& h);
   Tensor linear(const Tensor& x, const Tensor& w);
+  Tensor activation(Shape shape);  // uninitialized, on the backend's device, in its activation dtype
 
   ModelConfig config_;
-  ModelWeights weights_;
+  ModelWeights weights_;  // on the backend's device
   Backend& backend_;
   RopeTables rope_;
+  Tensor inv_freq_;       // [qk_rope_head_dim / 2] float32, on the backend's device
   float softmax_scale_;
 };
 

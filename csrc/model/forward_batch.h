@@ -4,12 +4,13 @@
 #include <cstdint>
 #include <vector>
 
-#include "backend/ops/attention_metadata.h"
-
 namespace deepinfer {
 
 // Decode sequences (one query token each) come first: rows [0, num_decode_seqs) are their tokens, so the absorbed
 // decode path and the decompressing prefill path each see a contiguous range of sequences.
+//
+// Host vectors, filled by the model runner. The model uploads them to the backend's device once per forward
+// (DeepseekModel::upload_step) after validate() has checked every value on the host: device ops do not re-check.
 struct ForwardBatch {
   std::vector<int32_t> token_ids;       // [T]
   std::vector<int32_t> positions;       // [T]
@@ -23,19 +24,12 @@ struct ForwardBatch {
 
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
   int32_t num_seqs() const { return static_cast<int32_t>(context_lens.size()); }
+  // The longest context among sequences [first, first + count).
+  int32_t max_context_len(int32_t first, int32_t count) const;
 
-  // Metadata of sequences [first, first + count).
-  AttentionMetadata attention(int32_t first, int32_t count) const {
-    return {.query_start = std::span<const int32_t>(query_start).subspan(static_cast<size_t>(first)),
-            .context_lens = std::span<const int32_t>(context_lens).subspan(static_cast<size_t>(first)),
-            .page_table = std::span<const int32_t>(page_table)
-                              .subspan(static_cast<size_t>(first) * static_cast<size_t>(max_pages_per_seq)),
-            .max_pages_per_seq = max_pages_per_seq,
-            .num_seqs = count,
-            .seq_offset = first};
-  }
-
-  void validate(int32_t vocab_size) const;  // throws on inconsistent sizes or out-of-range ids
+  // Throws on inconsistent sizes or any value out of range: token ids, slots and the used page-table entries of a
+  // cache of `num_pages` pages of `page_size` tokens, query starts, context lengths, logits rows.
+  void validate(int32_t vocab_size, int32_t num_pages, int32_t page_size) const;
 };
 
 }  // namespace deepinfer

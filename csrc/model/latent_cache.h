@@ -1,9 +1,11 @@
-// The paged latent cache's memory: per layer [num_pages, page_size, kv_lora_rank + rope_dim].
+// The paged latent cache's memory: per layer [num_pages, page_size, kv_lora_rank + rope_dim], on the backend's
+// device, in its activation dtype.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "backend/backend.h"
 #include "core/tensor.h"
 #include "model/config.h"
 
@@ -22,7 +24,8 @@ struct LatentCacheShape {
 
 class LatentCache {
  public:
-  LatentCache(LatentCacheShape shape, Device device);
+  // Allocated (and zeroed) through `backend`, which must outlive the cache.
+  LatentCache(LatentCacheShape shape, Backend& backend);
   const LatentCacheShape& shape() const { return shape_; }
   TensorView layer(int64_t i) const { return layers_[static_cast<size_t>(i)].view(); }
 

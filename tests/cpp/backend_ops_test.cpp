@@ -67,29 +67,40 @@ void add_linear(CaseRegistry& r, int64_t m, int64_t n, int64_t k, uint64_t seed)
          }});
 }
 
-void add_head_linear(CaseRegistry& r, int64_t t, int64_t h, int64_t k, int64_t n, uint64_t seed) {
+// x rows (t, h) `x_stride` elements apart (0 = K) and out rows `out_stride` apart (0 = N), as in the absorbed decode:
+// x the q_nope columns of the queries, out the q_latent columns of the decode query. The values between out rows
+// must stay untouched.
+void add_head_linear(CaseRegistry& r, int64_t t, int64_t h, int64_t k, int64_t n, int64_t x_stride,
+                     int64_t out_stride, uint64_t seed) {
   Rng rng(seed);
-  const std::vector<float> x = rng.uniform(t * h * k), w = rng.uniform(h * n * k);
+  const int64_t xs = x_stride == 0 ? k : x_stride, os = out_stride == 0 ? n : out_stride;
+  const std::vector<float> x = rng.uniform(t * h * xs), w = rng.uniform(h * n * k);
+  const std::vector<float> prior_out = rng.uniform(t * h * os, 7.0f, 8.0f);
+  std::vector<bool> written(static_cast<size_t>(t * h * os));
+  for (int64_t i = 0; i < t * h * os; ++i) written[i] = i % os < n;
   r.add({.op = OpKind::kHeadLinear,
-         .name = str_cat("head_linear_", t, "x", h, "x", k, "x", n),
+         .name = str_cat("head_linear_", t, "x", h, "x", k, "x", n, x_stride ? str_cat("_xstride", x_stride) : "",
+                         out_stride ? str_cat("_outstride", out_stride) : ""),
          .run = [=](OpRunner& run) -> Outputs {
-           const TensorView out = run.output({t, h, n}, DType::kF32);
-           run.backend().head_linear({.x = run.upload(HostTensor::f32({t, h, k}, x)),
-                                      .w = run.upload(HostTensor::f32({h, n, k}, w)), .out = out});
-           return {{"out", run.fetch(out)}};
+           const TensorView x_buf = run.upload(HostTensor::f32({t, h, xs}, x));
+           const TensorView out_buf = run.upload(HostTensor::f32({t, h, os}, prior_out), Access::kReadWrite);
+           run.backend().head_linear({.x = x_buf.columns(0, k), .w = run.upload(HostTensor::f32({h, n, k}, w)),
+                                      .out = out_buf.columns(0, n), .x_head_stride = x_stride,
+                                      .out_head_stride = out_stride});
+           return split_by_mask(run.fetch(out_buf), written, "out", "between_rows");
          },
          .naive = [=]() -> Outputs {
-           std::vector<double> out(t * h * n);
+           std::vector<double> out = widen(prior_out);
            for (int64_t i = 0; i < t; ++i) {
              for (int64_t hh = 0; hh < h; ++hh) {
                for (int64_t j = 0; j < n; ++j) {
                  double acc = 0.0;
-                 for (int64_t p = 0; p < k; ++p) acc += double(x[(i * h + hh) * k + p]) * w[(hh * n + j) * k + p];
-                 out[(i * h + hh) * n + j] = acc;
+                 for (int64_t p = 0; p < k; ++p) acc += double(x[(i * h + hh) * xs + p]) * w[(hh * n + j) * k + p];
+                 out[(i * h + hh) * os + j] = acc;
                }
              }
            }
-           return {{"out", out}};
+           return split_by_mask(out, written, "out", "between_rows");
          }});
 }
 
@@ -102,8 +113,8 @@ void add_embedding(CaseRegistry& r, const std::string& tag, int64_t vocab, int64
          .name = str_cat("embedding_", tag),
          .run = [=](OpRunner& run) -> Outputs {
            const TensorView out = run.output({t, dim}, DType::kF32);
-           run.backend().embedding(
-               {.token_ids = ids, .table = run.upload(HostTensor::f32({vocab, dim}, table)), .out = out});
+           run.backend().embedding({.token_ids = run.upload(HostTensor::i32({t}, ids)),
+                                    .table = run.upload(HostTensor::f32({vocab, dim}, table)), .out = out});
            return {{"out", run.fetch(out), Compare::kExact}};
          },
          .naive = [=]() -> Outputs {
@@ -113,6 +124,70 @@ void add_embedding(CaseRegistry& r, const std::string& tag, int64_t vocab, int64
            }
            return {{"out", out, Compare::kExact}};
          },
+         .expect = expect});
+}
+
+// out[i] = src[indices[i]]: the logits rows out of the hidden states (repeats allowed).
+void add_gather_rows(CaseRegistry& r, const std::string& tag, int64_t rows, int64_t dim, std::vector<int32_t> indices,
+                     Expect expect, uint64_t seed) {
+  Rng rng(seed);
+  const std::vector<float> src = rng.uniform(rows * dim);
+  const int64_t m = static_cast<int64_t>(indices.size());
+  r.add({.op = OpKind::kGatherRows,
+         .name = str_cat("gather_rows_", tag),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView out = run.output({m, dim}, DType::kF32);
+           run.backend().gather_rows({.src = run.upload(HostTensor::f32({rows, dim}, src)),
+                                      .indices = run.upload(HostTensor::i32({m}, indices)), .out = out});
+           return {{"out", run.fetch(out), Compare::kExact}};
+         },
+         .naive = [=]() -> Outputs {
+           std::vector<double> out;
+           for (int32_t i : indices) {
+             for (int64_t d = 0; d < dim; ++d) out.push_back(src[i * dim + d]);
+           }
+           return {{"out", out, Compare::kExact}};
+         },
+         .expect = expect});
+}
+
+// A [rows, cols] block copied from columns [src_col, src_col + cols) of rows `src_stride` wide into columns
+// [dst_col, ...) of rows `dst_stride` wide; the rest of dst keeps its values.
+struct StridedCopy {
+  int64_t rows = 0, cols = 0;
+  int64_t src_stride = 0, src_col = 0;
+  int64_t dst_stride = 0, dst_col = 0;
+};
+
+void add_copy_strided(CaseRegistry& r, const std::string& tag, StridedCopy l, Expect expect, uint64_t seed) {
+  Rng rng(seed);
+  const std::vector<float> src = rng.uniform(l.rows * l.src_stride);
+  const std::vector<float> prior = rng.uniform(l.rows * l.dst_stride, 5.0f, 6.0f);
+  std::vector<bool> copied(static_cast<size_t>(l.rows * l.dst_stride));
+  for (int64_t i = 0; i < l.rows * l.dst_stride; ++i) {
+    copied[i] = i % l.dst_stride >= l.dst_col && i % l.dst_stride < l.dst_col + l.cols;
+  }
+  r.add({.op = OpKind::kCopyStrided,
+         .name = str_cat("copy_strided_", tag),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView src_buf = run.upload(HostTensor::f32({l.rows, l.src_stride}, src));
+           const TensorView dst_buf = run.upload(HostTensor::f32({l.rows, l.dst_stride}, prior), Access::kReadWrite);
+           run.backend().copy_strided({.src = src_buf.columns(l.src_col, l.cols),
+                                       .dst = dst_buf.columns(l.dst_col, l.cols),
+                                       .src_row_stride = expect == Expect::kThrows ? l.cols - 1 : l.src_stride,
+                                       .dst_row_stride = l.dst_stride});
+           return split_by_mask(run.fetch(dst_buf), copied, "copied", "untouched");
+         },
+         .naive = [=]() -> Outputs {
+           std::vector<double> dst = widen(prior);
+           for (int64_t i = 0; i < l.rows; ++i) {
+             for (int64_t j = 0; j < l.cols; ++j) {
+               dst[i * l.dst_stride + l.dst_col + j] = src[i * l.src_stride + l.src_col + j];
+             }
+           }
+           return split_by_mask(dst, copied, "copied", "untouched");
+         },
+         .tolerance = 0.0,
          .expect = expect});
 }
 
@@ -258,10 +333,12 @@ void add_rope(CaseRegistry& r, const std::string& tag, RopeLayout l, bool interl
          .name = str_cat("rope_", tag, interleaved ? "_interleaved" : "_half", scaling == 1.0f ? "" : "_scaled"),
          .run = [=](OpRunner& run) -> Outputs {
            const TensorView buf = run.upload(HostTensor::f32({size}, x), Access::kReadWrite);
-           run.backend().rope({.x = buf.f32() + l.offset, .num_tokens = l.tokens, .num_heads = l.heads,
-                               .rot_dim = l.rot_dim, .token_stride = l.token_stride, .head_stride = l.head_stride,
-                               .positions = positions, .inv_freq = inv_freq, .attention_scaling = scaling,
-                               .interleaved = interleaved, .device = run.device()});
+           run.backend().rope({.x = buf.columns(l.offset, size - l.offset).data, .dtype = DType::kF32,
+                               .device = run.device(), .num_heads = l.heads, .rot_dim = l.rot_dim,
+                               .token_stride = l.token_stride, .head_stride = l.head_stride,
+                               .positions = run.upload(HostTensor::i32({l.tokens}, positions)),
+                               .inv_freq = run.upload(HostTensor::f32({l.rot_dim / 2}, inv_freq)),
+                               .attention_scaling = scaling, .interleaved = interleaved});
            return split_by_mask(run.fetch(buf), rotated, "rotated", "untouched");
          },
          .naive = [=]() -> Outputs {
@@ -308,9 +385,15 @@ struct PagedBatch {
   int32_t num_seqs() const { return static_cast<int32_t>(context_lens.size()); }
   int64_t num_queries() const { return query_start.back(); }
   int64_t poisoned_slots() const { return num_pages * page_size - static_cast<int64_t>(slots.size()); }
-  AttentionMetadata meta() const {
-    return {.query_start = query_start, .context_lens = context_lens, .page_table = page_table,
-            .max_pages_per_seq = max_pages, .num_seqs = num_seqs()};
+  // The metadata, its arrays uploaded to the runner's memory.
+  AttentionMetadata meta(OpRunner& run) const {
+    const int32_t seqs = num_seqs();
+    return {.query_start = run.upload(HostTensor::i32({seqs + 1}, query_start)),
+            .context_lens = run.upload(HostTensor::i32({seqs}, context_lens)),
+            .page_table = run.upload(HostTensor::i32({seqs, max_pages}, page_table)),
+            .num_seqs = seqs,
+            .max_pages_per_seq = max_pages,
+            .max_context_len = context_lens.empty() ? 0 : *std::max_element(context_lens.begin(), context_lens.end())};
   }
 };
 
@@ -357,7 +440,7 @@ TensorView write_paged_cache(OpRunner& run, const PagedBatch& b) {
       run.upload(HostTensor::f32({b.num_pages, b.page_size, b.latent_dim}, poison), Access::kReadWrite);
   const int64_t tokens = static_cast<int64_t>(b.slots.size());
   run.backend().mla_cache_write({.latent = run.upload(HostTensor::f32({tokens, b.latent_dim}, b.latents)),
-                                 .cache = cache, .slot_mapping = b.slots});
+                                 .cache = cache, .slot_mapping = run.upload(HostTensor::i32({tokens}, b.slots))});
   return cache;
 }
 
@@ -457,8 +540,9 @@ void add_mla_cache_write(CaseRegistry& r, int64_t num_pages, int64_t page_size, 
          .name = str_cat("mla_cache_write_", tokens, "_tokens_", num_pages, "x", page_size, "x", dim),
          .run = [=](OpRunner& run) -> Outputs {
            const TensorView cache = run.upload(HostTensor::f32({num_pages, page_size, dim}, prior), Access::kReadWrite);
-           run.backend().mla_cache_write(
-               {.latent = run.upload(HostTensor::f32({tokens, dim}, latent)), .cache = cache, .slot_mapping = slots});
+           run.backend().mla_cache_write({.latent = run.upload(HostTensor::f32({tokens, dim}, latent)),
+                                          .cache = cache,
+                                          .slot_mapping = run.upload(HostTensor::i32({tokens}, slots))});
            return {{"cache", run.fetch(cache), Compare::kExact}};
          },
          .naive = [=]() -> Outputs {
@@ -481,11 +565,7 @@ void add_mla_decode(CaseRegistry& r, const MlaDims& d, const std::vector<int32_t
   const std::vector<float> q = rng.uniform(seqs * d.heads * d.qk_dim());
   const float w_range = static_cast<float>(std::sqrt(3.0 / double(d.rank)));
   const std::vector<float> kv_b = rng.uniform(d.heads * (d.nope + d.v) * d.rank, -w_range, w_range);
-  std::vector<float> q_nope, q_pe, w_uk_t, w_uv;
-  for (int64_t i = 0; i < seqs * d.heads; ++i) {
-    q_nope.insert(q_nope.end(), q.begin() + i * d.qk_dim(), q.begin() + i * d.qk_dim() + d.nope);
-    q_pe.insert(q_pe.end(), q.begin() + i * d.qk_dim() + d.nope, q.begin() + (i + 1) * d.qk_dim());
-  }
+  std::vector<float> w_uk_t, w_uv;
   split_kv_b(d, kv_b, w_uk_t, w_uv);
   const float scale = static_cast<float>(mla_scale(d));
   std::string lens;
@@ -494,20 +574,28 @@ void add_mla_decode(CaseRegistry& r, const MlaDims& d, const std::vector<int32_t
          .name = str_cat("mla_decode_absorbed_", d.str(), "_ctx", lens),
          .run = [=](OpRunner& run) -> Outputs {
            const TensorView cache = write_paged_cache(run, b);
+           const AttentionMetadata meta = b.meta(run);
            Backend& be = run.backend();
-           const TensorView q_latent = run.output({seqs, d.heads, d.rank}, DType::kF32);
-           be.head_linear({.x = run.upload(HostTensor::f32({seqs, d.heads, d.nope}, q_nope)),
-                           .w = run.upload(HostTensor::f32({d.heads, d.rank, d.nope}, w_uk_t)), .out = q_latent});
+           // The model's pipeline: q_abs [S, H, rank + rope] = [q_nope · W_UK | q_pe], built in place by a strided
+           // head_linear and a strided copy, then the decode, then W_UV.
+           const TensorView q_in = run.upload(HostTensor::f32({seqs, d.heads, d.qk_dim()}, q));
+           const TensorView q_abs = run.output({seqs, d.heads, d.latent_dim()}, DType::kF32);
+           be.head_linear({.x = q_in.columns(0, d.nope),
+                           .w = run.upload(HostTensor::f32({d.heads, d.rank, d.nope}, w_uk_t)),
+                           .out = q_abs.columns(0, d.rank), .x_head_stride = d.qk_dim(),
+                           .out_head_stride = d.latent_dim()});
+           be.copy_strided({.src = q_in.reshaped({seqs * d.heads, d.qk_dim()}).columns(d.nope, d.rope),
+                            .dst = q_abs.reshaped({seqs * d.heads, d.latent_dim()}).columns(d.rank, d.rope),
+                            .src_row_stride = d.qk_dim(), .dst_row_stride = d.latent_dim()});
            const TensorView o_latent = run.output({seqs, d.heads, d.rank}, DType::kF32);
-           be.mla_decode({.q_latent = q_latent, .q_pe = run.upload(HostTensor::f32({seqs, d.heads, d.rope}, q_pe)),
-                          .cache = cache, .out_latent = o_latent, .meta = b.meta(), .kv_lora_rank = d.rank,
+           be.mla_decode({.q = q_abs, .cache = cache, .out_latent = o_latent, .meta = meta, .kv_lora_rank = d.rank,
                           .softmax_scale = scale});
            const TensorView out = run.output({seqs, d.heads, d.v}, DType::kF32);
            be.head_linear({.x = o_latent, .w = run.upload(HostTensor::f32({d.heads, d.v, d.rank}, w_uv)), .out = out});
            const TensorView out_prefill = run.output({seqs, d.heads, d.v}, DType::kF32);
-           be.mla_prefill({.q = run.upload(HostTensor::f32({seqs, d.heads, d.qk_dim()}, q)), .cache = cache,
+           be.mla_prefill({.q = q_in, .cache = cache,
                            .kv_b = run.upload(HostTensor::f32({d.heads * (d.nope + d.v), d.rank}, kv_b)),
-                           .out = out_prefill, .meta = b.meta(), .kv_lora_rank = d.rank, .qk_nope_head_dim = d.nope,
+                           .out = out_prefill, .meta = meta, .kv_lora_rank = d.rank, .qk_nope_head_dim = d.nope,
                            .v_head_dim = d.v, .softmax_scale = scale});
            return {{"latent_out", run.fetch(o_latent)},
                    {"out_absorbed", run.fetch(out)},
@@ -543,7 +631,7 @@ void add_mla_prefill(CaseRegistry& r, const MlaDims& d, const std::vector<int32_
            run.backend().mla_prefill({.q = run.upload(HostTensor::f32({tokens, d.heads, d.qk_dim()}, q)),
                                       .cache = cache,
                                       .kv_b = run.upload(HostTensor::f32({d.heads * (d.nope + d.v), d.rank}, kv_b)),
-                                      .out = out, .meta = b.meta(), .kv_lora_rank = d.rank,
+                                      .out = out, .meta = b.meta(run), .kv_lora_rank = d.rank,
                                       .qk_nope_head_dim = d.nope, .v_head_dim = d.v, .softmax_scale = scale});
            return {{"out", run.fetch(out)}, poisoned_rows(run, cache, d.latent_dim())};
          },
@@ -553,7 +641,8 @@ void add_mla_prefill(CaseRegistry& r, const MlaDims& d, const std::vector<int32_
          }});
 }
 
-// validate() must reject a page id out of range in a used page-table entry (and a decode sequence with two queries).
+// validate() must reject a page id out of range in a used page-table entry (and a decode sequence with two queries)
+// when the metadata is in host memory.
 enum class BadMeta : uint8_t { kPageTooLarge, kPageNegative, kTwoQueries };
 
 void add_mla_bad_meta(CaseRegistry& r, OpKind op, BadMeta bad, uint64_t seed) {
@@ -573,24 +662,23 @@ void add_mla_bad_meta(CaseRegistry& r, OpKind op, BadMeta bad, uint64_t seed) {
            const std::vector<float> cache_values(static_cast<size_t>(b.num_pages * d.page_size * d.latent_dim()), 0.5f);
            const TensorView cache = run.upload(HostTensor::f32({b.num_pages, d.page_size, d.latent_dim()}, cache_values));
            if (op == OpKind::kMlaDecode) {
-             const std::vector<float> q_latent(static_cast<size_t>(tokens * d.heads * d.rank), 0.1f);
-             const std::vector<float> q_pe(static_cast<size_t>(tokens * d.heads * d.rope), 0.1f);
-             run.backend().mla_decode({.q_latent = run.upload(HostTensor::f32({tokens, d.heads, d.rank}, q_latent)),
-                                       .q_pe = run.upload(HostTensor::f32({tokens, d.heads, d.rope}, q_pe)),
-                                       .cache = cache, .out_latent = run.output({tokens, d.heads, d.rank}, DType::kF32),
-                                       .meta = b.meta(), .kv_lora_rank = d.rank});
+             const int64_t seqs = b.num_seqs();  // one query row per sequence; query_start says otherwise
+             const std::vector<float> q(static_cast<size_t>(seqs * d.heads * d.latent_dim()), 0.1f);
+             run.backend().mla_decode({.q = run.upload(HostTensor::f32({seqs, d.heads, d.latent_dim()}, q)),
+                                       .cache = cache, .out_latent = run.output({seqs, d.heads, d.rank}, DType::kF32),
+                                       .meta = b.meta(run), .kv_lora_rank = d.rank});
            } else {
              const std::vector<float> q(static_cast<size_t>(tokens * d.heads * d.qk_dim()), 0.1f);
              const std::vector<float> kv_b(static_cast<size_t>(d.heads * (d.nope + d.v) * d.rank), 0.1f);
              run.backend().mla_prefill({.q = run.upload(HostTensor::f32({tokens, d.heads, d.qk_dim()}, q)),
                                         .cache = cache,
                                         .kv_b = run.upload(HostTensor::f32({d.heads * (d.nope + d.v), d.rank}, kv_b)),
-                                        .out = run.output({tokens, d.heads, d.v}, DType::kF32), .meta = b.meta(),
+                                        .out = run.output({tokens, d.heads, d.v}, DType::kF32), .meta = b.meta(run),
                                         .kv_lora_rank = d.rank, .qk_nope_head_dim = d.nope, .v_head_dim = d.v});
            }
            return {};
          },
-         .expect = Expect::kThrows});
+         .expect = Expect::kThrowsOnHost});
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -777,15 +865,34 @@ CaseRegistry build_registry() {
   add_linear(r, 0, 7, 11, 4);
   add_linear(r, 5, 0, 11, 5);
   add_linear(r, 5, 7, 0, 6);
-  add_head_linear(r, 5, 7, 11, 3, 10);
-  add_head_linear(r, 1, 1, 1, 1, 11);
-  add_head_linear(r, 3, 16, 128, 64, 12);
-  add_head_linear(r, 0, 3, 5, 7, 13);
+  add_head_linear(r, 5, 7, 11, 3, 0, 0, 10);
+  add_head_linear(r, 1, 1, 1, 1, 0, 0, 11);
+  add_head_linear(r, 3, 16, 128, 64, 0, 0, 12);
+  add_head_linear(r, 0, 3, 5, 7, 0, 0, 13);
+  add_head_linear(r, 4, 3, 6, 10, 9, 13, 14);   // q_nope of [T, H, 6 + 3] into q_latent of [T, H, 10 + 3]
+  add_head_linear(r, 3, 5, 16, 32, 24, 0, 15);  // strided input only
+  add_head_linear(r, 2, 4, 7, 5, 0, 8, 16);     // strided output only
   // embedding: random ids including both ends; no tokens; ids outside [0, V) throw
   add_embedding(r, "13x7", 13, 7, {0, 12, 5, 5, 3}, Expect::kMatch, 20);
   add_embedding(r, "no_tokens", 13, 7, {}, Expect::kMatch, 21);
-  add_embedding(r, "rejects_id_V", 13, 7, {0, 13}, Expect::kThrows, 22);
-  add_embedding(r, "rejects_id_minus_1", 13, 7, {-1}, Expect::kThrows, 23);
+  add_embedding(r, "rejects_id_V", 13, 7, {0, 13}, Expect::kThrowsOnHost, 22);
+  add_embedding(r, "rejects_id_minus_1", 13, 7, {-1}, Expect::kThrowsOnHost, 23);
+  // gather_rows: repeated and unordered rows, one row, no rows, an index outside [0, N)
+  add_gather_rows(r, "9x5_of_7", 9, 5, {8, 0, 3, 3, 7, 1, 2}, Expect::kMatch, 140);
+  add_gather_rows(r, "one_of_1", 1, 3, {0}, Expect::kMatch, 141);
+  add_gather_rows(r, "none", 4, 6, {}, Expect::kMatch, 142);
+  add_gather_rows(r, "rejects_index_N", 4, 6, {1, 4}, Expect::kThrowsOnHost, 143);
+  // copy_strided: q_pe into the decode query, odd widths and offsets, dense to strided, no rows, a bad stride
+  add_copy_strided(r, "q_pe_into_q_abs", {.rows = 6, .cols = 4, .src_stride = 12, .src_col = 8, .dst_stride = 20,
+                                          .dst_col = 16}, Expect::kMatch, 144);
+  add_copy_strided(r, "odd", {.rows = 5, .cols = 3, .src_stride = 7, .src_col = 1, .dst_stride = 5, .dst_col = 2},
+                   Expect::kMatch, 145);
+  add_copy_strided(r, "dense_src", {.rows = 3, .cols = 4, .src_stride = 4, .src_col = 0, .dst_stride = 9,
+                                    .dst_col = 5}, Expect::kMatch, 146);
+  add_copy_strided(r, "no_rows", {.rows = 0, .cols = 4, .src_stride = 6, .src_col = 2, .dst_stride = 4,
+                                  .dst_col = 0}, Expect::kMatch, 147);
+  add_copy_strided(r, "rejects_short_stride", {.rows = 2, .cols = 3, .src_stride = 5, .src_col = 0, .dst_stride = 3,
+                                               .dst_col = 0}, Expect::kThrows, 148);
   // rms_norm: odd, zero rows, one column, strided rows of a wider buffer (the c_kv half of a latent row), in place
   add_rms_norm(r, 5, 7, 0, Placement::kOutOfPlace, 1e-6f, 1.0f, 30);
   add_rms_norm(r, 5, 7, 0, Placement::kInPlace, 1e-6f, 50.0f, 31);
@@ -940,6 +1047,35 @@ TEST(BackendOps, HarnessCatchesBadWritesAndNaN) {
   EXPECT_FALSE(compare_outputs({{"out", {1.0, 2.0, 3.001}}}, ref, 1e-5).empty());
   EXPECT_TRUE(compare_outputs({{"out", {1.0, 2.0, 3.00001}}}, ref, 1e-5).empty());
   EXPECT_FALSE(compare_outputs({{"out", {1.0, 2.0, std::numeric_limits<double>::infinity()}}}, ref, 1e-5).empty());
+}
+
+// The CPU backend's memory is host memory: an upload that needs no conversion hands the tensor back (no copy), a
+// float32 -> bfloat16 upload narrows like float_to_bf16, and copies are plain copies.
+TEST(BackendOps, CpuMemoryIsHostMemory) {
+  const std::unique_ptr<Backend> cpu = make_cpu_backend();
+  EXPECT_EQ(cpu->activation_dtype(), DType::kF32);
+  Tensor host = Tensor::empty({4}, DType::kI32);
+  for (int32_t i = 0; i < 4; ++i) host.view().as<int32_t>()[i] = 10 * i;
+  const void* data = host.view().data;
+  const Tensor same = cpu->upload(std::move(host), DType::kI32);
+  EXPECT_EQ(same.view().data, data);
+  EXPECT_EQ(same.view().as<int32_t>()[3], 30);
+
+  Tensor weights = Tensor::empty({3}, DType::kF32);
+  const float values[] = {1.0f, 3.14159f, -1e-3f};
+  std::copy(std::begin(values), std::end(values), weights.f32());
+  const Tensor narrowed = cpu->upload(std::move(weights), DType::kBF16);
+  ASSERT_EQ(narrowed.dtype(), DType::kBF16);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(narrowed.view().as<uint16_t>()[i], float_to_bf16(values[i]));
+
+  const Tensor zeros = cpu->zeros({2, 3}, DType::kF32);
+  for (float v : zeros.f32_span()) EXPECT_EQ(v, 0.0f);
+  Tensor dst = cpu->empty({3}, DType::kF32);
+  cpu->copy_to_device(ConstTensorView(values, DType::kF32, {3}, Device::kCpu), dst.view());
+  std::vector<float> back(3);
+  cpu->copy_to_host(dst.cview(), TensorView{back.data(), DType::kF32, {3}, Device::kCpu});
+  EXPECT_EQ(back, std::vector<float>(std::begin(values), std::end(values)));
+  EXPECT_THROW(cpu->copy_to_host(dst.cview(), TensorView{back.data(), DType::kF32, {2}, Device::kCpu}), Error);
 }
 
 // The V3 masking property, stated directly: experts of dropped groups are never chosen, although group 0 holds the

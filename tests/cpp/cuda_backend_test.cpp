@@ -4,11 +4,14 @@
 // Every case runs twice per activation dtype the CUDA backend takes: bfloat16 (the production path; inputs are
 // rounded to bf16 first and the CPU computes in fp32 on exactly those values, so only the GPU's bf16 output rounding
 // and fp32 summation order differ: tolerance 1e-2 of the largest reference value) and float32 (tolerance 1e-5).
-// Copies (embedding, cache write) and untouched elements compare exactly. Skipped without a GPU.
+// Copies (embedding, gathers, strided copies, cache write) and untouched elements compare exactly. Index arrays
+// (ids, positions, slots, attention metadata) are device tensors, as the model passes them. MLA decode runs in
+// bfloat16 only (its kernel's type). Skipped without a GPU.
 #ifdef DEEPINFER_HAVE_CUDA
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -20,7 +23,6 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/rope.cuh"
 #include "device_memory.h"
 #include "op_test_harness.h"
 
@@ -73,16 +75,27 @@ void add_linear(CaseRegistry& r, Activations act, int64_t m, int64_t n, int64_t 
          .tolerance = act.tolerance()});
 }
 
-void add_head_linear(CaseRegistry& r, Activations act, int64_t t, int64_t h, int64_t k, int64_t n, uint64_t seed) {
+// x rows (t, h) `x_stride` elements apart (0 = K), out rows `out_stride` apart (0 = N); the values between out rows
+// must stay untouched.
+void add_head_linear(CaseRegistry& r, Activations act, int64_t t, int64_t h, int64_t k, int64_t n, uint64_t seed,
+                     int64_t x_stride = 0, int64_t out_stride = 0) {
   Rng rng(seed);
-  const std::vector<float> x = act.round(rng.uniform(t * h * k)), w = act.round(rng.uniform(h * n * k));
+  const int64_t xs = x_stride == 0 ? k : x_stride, os = out_stride == 0 ? n : out_stride;
+  const std::vector<float> x = act.round(rng.uniform(t * h * xs)), w = act.round(rng.uniform(h * n * k));
+  const std::vector<float> prior_out = act.round(rng.uniform(t * h * os, 7.0f, 8.0f));
+  std::vector<bool> written(static_cast<size_t>(t * h * os));
+  for (int64_t i = 0; i < t * h * os; ++i) written[i] = i % os < n;
   r.add({.op = OpKind::kHeadLinear,
-         .name = str_cat("head_linear_", act.tag(), "_", t, "x", h, "x", k, "x", n),
+         .name = str_cat("head_linear_", act.tag(), "_", t, "x", h, "x", k, "x", n,
+                         x_stride ? str_cat("_xstride", x_stride) : "",
+                         out_stride ? str_cat("_outstride", out_stride) : ""),
          .run = [=](OpRunner& run) -> Outputs {
-           const TensorView out = run.output({t, h, n}, act.on(run));
-           run.backend().head_linear({.x = run.upload(act.tensor(run, {t, h, k}, x)),
-                                      .w = run.upload(act.tensor(run, {h, n, k}, w)), .out = out});
-           return {{"out", run.fetch(out)}};
+           const TensorView x_buf = run.upload(act.tensor(run, {t, h, xs}, x));
+           const TensorView out_buf = run.upload(act.tensor(run, {t, h, os}, prior_out), Access::kReadWrite);
+           run.backend().head_linear({.x = x_buf.columns(0, k), .w = run.upload(act.tensor(run, {h, n, k}, w)),
+                                      .out = out_buf.columns(0, n), .x_head_stride = x_stride,
+                                      .out_head_stride = out_stride});
+           return split_by_mask(run.fetch(out_buf), written, "out", "between_rows");
          },
          .tolerance = act.tolerance()});
 }
@@ -96,12 +109,54 @@ void add_embedding(CaseRegistry& r, Activations act, const std::string& tag, int
          .name = str_cat("embedding_", act.tag(), "_", tag),
          .run = [=](OpRunner& run) -> Outputs {
            const TensorView out = run.output({t, dim}, act.on(run));
-           run.backend().embedding(
-               {.token_ids = ids, .table = run.upload(act.tensor(run, {vocab, dim}, table)), .out = out});
+           run.backend().embedding({.token_ids = run.upload(HostTensor::i32({t}, ids)),
+                                    .table = run.upload(act.tensor(run, {vocab, dim}, table)), .out = out});
            return {{"out", run.fetch(out), Compare::kExact}};
          },
          .tolerance = act.tolerance(),
          .expect = expect});
+}
+
+// out[i] = src[indices[i]]: the sampling rows out of the last hidden states.
+void add_gather_rows(CaseRegistry& r, Activations act, int64_t rows, int64_t dim, std::vector<int32_t> indices,
+                     uint64_t seed) {
+  Rng rng(seed);
+  const std::vector<float> src = act.round(rng.uniform(rows * dim));
+  const int64_t m = static_cast<int64_t>(indices.size());
+  r.add({.op = OpKind::kGatherRows,
+         .name = str_cat("gather_rows_", act.tag(), "_", m, "_of_", rows, "x", dim),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView out = run.output({m, dim}, act.on(run));
+           run.backend().gather_rows({.src = run.upload(act.tensor(run, {rows, dim}, src)),
+                                      .indices = run.upload(HostTensor::i32({m}, indices)), .out = out});
+           return {{"out", run.fetch(out), Compare::kExact}};
+         },
+         .tolerance = act.tolerance()});
+}
+
+// Columns [src_col, src_col + cols) of `rows` rows src_stride wide into columns [dst_col, ...) of rows dst_stride
+// wide; the rest of dst keeps its values.
+struct StridedCopy {
+  int64_t rows = 0, cols = 0;
+  int64_t src_stride = 0, src_col = 0;
+  int64_t dst_stride = 0, dst_col = 0;
+};
+
+void add_copy_strided(CaseRegistry& r, Activations act, const std::string& tag, StridedCopy l, uint64_t seed) {
+  Rng rng(seed);
+  const std::vector<float> src = act.round(rng.uniform(l.rows * l.src_stride));
+  const std::vector<float> prior = act.round(rng.uniform(l.rows * l.dst_stride, 5.0f, 6.0f));
+  r.add({.op = OpKind::kCopyStrided,
+         .name = str_cat("copy_strided_", act.tag(), "_", tag),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView src_buf = run.upload(act.tensor(run, {l.rows, l.src_stride}, src));
+           const TensorView dst_buf = run.upload(act.tensor(run, {l.rows, l.dst_stride}, prior), Access::kReadWrite);
+           run.backend().copy_strided({.src = src_buf.columns(l.src_col, l.cols),
+                                       .dst = dst_buf.columns(l.dst_col, l.cols), .src_row_stride = l.src_stride,
+                                       .dst_row_stride = l.dst_stride});
+           return {{"dst", run.fetch(dst_buf), Compare::kExact}};
+         },
+         .tolerance = act.tolerance()});
 }
 
 enum class Placement : uint8_t { kInPlace, kOutOfPlace };
@@ -188,8 +243,6 @@ struct RopeLayout {
   int64_t token_stride = 0;  // elements
 };
 
-// RopeArgs::x is a float pointer, so bfloat16 rows go to the kernel entry point (cuda::rope) with the positions and
-// frequencies uploaded as device arrays; float32 rows go through Backend::rope on both sides.
 void add_rope(CaseRegistry& r, Activations act, const std::string& tag, RopeLayout l, bool interleaved, float scaling,
               uint64_t seed) {
   Rng rng(seed);
@@ -213,20 +266,12 @@ void add_rope(CaseRegistry& r, Activations act, const std::string& tag, RopeLayo
                          scaling == 1.0f ? "" : "_scaled"),
          .run = [=](OpRunner& run) -> Outputs {
            const TensorView buf = run.upload(act.tensor(run, {size}, x), Access::kReadWrite);
-           if (act.on(run) == DType::kBF16) {
-             const TensorView pos = run.upload(HostTensor::i32({l.tokens}, positions));
-             const TensorView freq = run.upload(HostTensor::f32({l.rot_dim / 2}, inv_freq));
-             cuda::rope({.x = static_cast<uint16_t*>(buf.data) + l.offset, .positions = pos.as<const int32_t>(),
-                         .inv_freq = freq.as<const float>(), .num_tokens = l.tokens, .num_heads = l.heads,
-                         .rot_dim = l.rot_dim, .token_stride = l.token_stride, .head_stride = l.head_stride,
-                         .attention_scaling = scaling, .interleaved = interleaved},
-                        DType::kBF16, nullptr);
-           } else {
-             run.backend().rope({.x = buf.f32() + l.offset, .num_tokens = l.tokens, .num_heads = l.heads,
-                                 .rot_dim = l.rot_dim, .token_stride = l.token_stride, .head_stride = l.head_stride,
-                                 .positions = positions, .inv_freq = inv_freq, .attention_scaling = scaling,
-                                 .interleaved = interleaved, .device = run.device()});
-           }
+           run.backend().rope({.x = buf.columns(l.offset, size - l.offset).data, .dtype = buf.dtype,
+                               .device = run.device(), .num_heads = l.heads, .rot_dim = l.rot_dim,
+                               .token_stride = l.token_stride, .head_stride = l.head_stride,
+                               .positions = run.upload(HostTensor::i32({l.tokens}, positions)),
+                               .inv_freq = run.upload(HostTensor::f32({l.rot_dim / 2}, inv_freq)),
+                               .attention_scaling = scaling, .interleaved = interleaved});
            return split_by_mask(run.fetch(buf), rotated, "rotated", "untouched");
          },
          .tolerance = act.tolerance()});
@@ -234,27 +279,88 @@ void add_rope(CaseRegistry& r, Activations act, const std::string& tag, RopeLayo
 
 // Latent rows written into a cache of `num_pages` pages at shuffled slots; the other rows keep their prior values.
 void add_mla_cache_write(CaseRegistry& r, Activations act, int64_t num_pages, int64_t page_size, int64_t dim,
-                         int64_t tokens, Expect expect, uint64_t seed) {
+                         int64_t tokens, uint64_t seed) {
   Rng rng(seed);
   const std::vector<float> prior = act.round(rng.uniform(num_pages * page_size * dim, 5.0f, 6.0f));
   const std::vector<float> latent = act.round(rng.uniform(tokens * dim));
   std::vector<int32_t> all_slots(static_cast<size_t>(num_pages * page_size));
   std::iota(all_slots.begin(), all_slots.end(), 0);
   rng.shuffle(all_slots);
-  std::vector<int32_t> slots(all_slots.begin(), all_slots.begin() + tokens);
-  if (expect == Expect::kThrows) slots.back() = static_cast<int32_t>(num_pages * page_size);
+  const std::vector<int32_t> slots(all_slots.begin(), all_slots.begin() + tokens);
   r.add({.op = OpKind::kMlaCacheWrite,
-         .name = str_cat("mla_cache_write_", act.tag(), "_", tokens, "_tokens_", num_pages, "x", page_size, "x", dim,
-                         expect == Expect::kThrows ? "_rejects_bad_slot" : ""),
+         .name = str_cat("mla_cache_write_", act.tag(), "_", tokens, "_tokens_", num_pages, "x", page_size, "x", dim),
          .run = [=](OpRunner& run) -> Outputs {
            const TensorView cache =
                run.upload(act.tensor(run, {num_pages, page_size, dim}, prior), Access::kReadWrite);
-           run.backend().mla_cache_write(
-               {.latent = run.upload(act.tensor(run, {tokens, dim}, latent)), .cache = cache, .slot_mapping = slots});
+           run.backend().mla_cache_write({.latent = run.upload(act.tensor(run, {tokens, dim}, latent)),
+                                          .cache = cache,
+                                          .slot_mapping = run.upload(HostTensor::i32({tokens}, slots))});
            return {{"cache", run.fetch(cache), Compare::kExact}};
          },
-         .tolerance = act.tolerance(),
-         .expect = expect});
+         .tolerance = act.tolerance()});
+}
+
+// Absorbed MLA decode over a paged cache at DeepSeek's latent width (512 + 64), bfloat16: the cache is NaN-poisoned,
+// then each sequence's latents are written through mla_cache_write at scattered pages; unused page-table entries
+// hold -1 or out-of-range ids. q [S, H, 576] is given directly (q_latent | q_pe); the CPU computes on the same
+// bf16-rounded values in fp32. A long context makes the kernel split the context and combine partials.
+void add_mla_decode(CaseRegistry& r, int64_t heads, int64_t page_size, std::vector<int32_t> context_lens,
+                    uint64_t seed) {
+  constexpr int64_t kRank = 512, kDim = 576;
+  const Activations act{DType::kBF16};
+  Rng rng(seed);
+  const auto seqs = static_cast<int32_t>(context_lens.size());
+  int64_t used_pages = 0, max_needed = 0;
+  for (int32_t ctx : context_lens) {
+    used_pages += (ctx + page_size - 1) / page_size;
+    max_needed = std::max<int64_t>(max_needed, (ctx + page_size - 1) / page_size);
+  }
+  const int64_t num_pages = used_pages + 3;  // spare pages stay poisoned
+  const auto max_pages = static_cast<int32_t>(max_needed + 2);
+  std::vector<int32_t> pool(static_cast<size_t>(num_pages));
+  std::iota(pool.begin(), pool.end(), 0);
+  rng.shuffle(pool);
+  std::vector<int32_t> page_table(static_cast<size_t>(seqs) * max_pages), slots, query_start(1, 0);
+  size_t next_page = 0;
+  for (int32_t s = 0; s < seqs; ++s) {
+    const int64_t pages = (context_lens[s] + page_size - 1) / page_size;
+    for (int32_t p = 0; p < max_pages; ++p) {
+      page_table[static_cast<size_t>(s) * max_pages + p] =
+          p < pages ? pool[next_page++] : (p % 2 == 0 ? -1 : static_cast<int32_t>(num_pages + 7));
+    }
+    for (int32_t j = 0; j < context_lens[s]; ++j) {
+      slots.push_back(static_cast<int32_t>(page_table[static_cast<size_t>(s) * max_pages + j / page_size] * page_size +
+                                           j % page_size));
+    }
+    query_start.push_back(s + 1);
+  }
+  const auto tokens = static_cast<int64_t>(slots.size());
+  const std::vector<float> latents = act.round(rng.uniform(tokens * kDim));
+  const std::vector<float> q = act.round(rng.uniform(seqs * heads * kDim));
+  const int32_t max_context = context_lens.empty() ? 0 : *std::max_element(context_lens.begin(), context_lens.end());
+  const float scale = 1.0f / std::sqrt(192.0f);
+  std::string lens;
+  for (int32_t c : context_lens) lens += str_cat("_", c);
+  r.add({.op = OpKind::kMlaDecode,
+         .name = str_cat("mla_decode_bf16_h", heads, "_ps", page_size, "_ctx", lens),
+         .run = [=](OpRunner& run) -> Outputs {
+           const std::vector<float> poison(static_cast<size_t>(num_pages * page_size * kDim), std::nanf(""));
+           const TensorView cache =
+               run.upload(act.tensor(run, {num_pages, page_size, kDim}, poison), Access::kReadWrite);
+           run.backend().mla_cache_write({.latent = run.upload(act.tensor(run, {tokens, kDim}, latents)),
+                                          .cache = cache,
+                                          .slot_mapping = run.upload(HostTensor::i32({tokens}, slots))});
+           const AttentionMetadata meta{.query_start = run.upload(HostTensor::i32({seqs + 1}, query_start)),
+                                        .context_lens = run.upload(HostTensor::i32({seqs}, context_lens)),
+                                        .page_table = run.upload(HostTensor::i32({seqs, max_pages}, page_table)),
+                                        .num_seqs = seqs, .max_pages_per_seq = max_pages,
+                                        .max_context_len = max_context};
+           const TensorView out = run.output({seqs, heads, kRank}, act.on(run));
+           run.backend().mla_decode({.q = run.upload(act.tensor(run, {seqs, heads, kDim}, q)), .cache = cache,
+                                     .out_latent = out, .meta = meta, .kv_lora_rank = kRank, .softmax_scale = scale});
+           return {{"out_latent", run.fetch(out)}};
+         },
+         .tolerance = act.tolerance()});
 }
 
 CaseRegistry build_registry() {
@@ -272,13 +378,26 @@ CaseRegistry build_registry() {
     add_head_linear(r, act, 5, 3, 7, 11, s + 12);
     add_head_linear(r, act, 0, 2, 4, 4, s + 13);
     add_head_linear(r, act, 9, 128, 64, 32, s + 14);
-    // embedding: odd widths (2-, 4- and 8-byte copies), hidden sizes, repeated ids, no tokens, a bad id
+    add_head_linear(r, act, 3, 16, 128, 512, s + 15, 192, 576);  // the decode query: q_nope cols into q_latent cols
+    add_head_linear(r, act, 2, 128, 128, 512, s + 16, 192, 576);
+    add_head_linear(r, act, 4, 3, 5, 7, s + 17, 9, 11);         // odd strides (unaligned rows)
+    // embedding: odd widths (2-, 4- and 8-byte copies), hidden sizes, repeated ids, no tokens. (Ids out of range are
+    // rejected on the host before the upload: validate() does not read device memory.)
     add_embedding(r, act, "v50_d7", 50, 7, {3, 0, 49, 3, 17}, Expect::kMatch, s + 20);
     add_embedding(r, act, "v50_d6", 50, 6, {1, 2, 3}, Expect::kMatch, s + 21);
     add_embedding(r, act, "v1000_d2048", 1000, 2048, {999, 0, 512, 7, 7, 100, 3}, Expect::kMatch, s + 22);
     add_embedding(r, act, "v16_d7168", 16, 7168, {15, 1}, Expect::kMatch, s + 23);
     add_embedding(r, act, "no_tokens", 10, 8, {}, Expect::kMatch, s + 24);
-    add_embedding(r, act, "rejects_id_out_of_range", 10, 8, {1, 10}, Expect::kThrows, s + 25);
+    // gather_rows (the logits rows) and strided copies (q_pe into the decode query): odd widths, repeats, empty
+    add_gather_rows(r, act, 9, 7, {8, 0, 3, 3}, s + 25);
+    add_gather_rows(r, act, 300, 7168, {299, 0, 17, 150}, s + 26);
+    add_gather_rows(r, act, 4, 16, {}, s + 27);
+    add_copy_strided(r, act, "q_pe_16heads", {.rows = 3 * 16, .cols = 64, .src_stride = 192, .src_col = 128,
+                                             .dst_stride = 576, .dst_col = 512}, s + 28);
+    add_copy_strided(r, act, "odd", {.rows = 5, .cols = 3, .src_stride = 7, .src_col = 1, .dst_stride = 5,
+                                     .dst_col = 2}, s + 29);
+    add_copy_strided(r, act, "no_rows", {.rows = 0, .cols = 4, .src_stride = 8, .src_col = 0, .dst_stride = 4,
+                                         .dst_col = 0}, s + 37);
     // RMSNorm: odd, empty, single, hidden sizes, in place, the c_kv half of a 576-wide latent row
     add_rms_norm(r, act, 5, 7, 0, Placement::kOutOfPlace, s + 30);
     add_rms_norm(r, act, 0, 16, 0, Placement::kOutOfPlace, s + 31);
@@ -324,12 +443,20 @@ CaseRegistry build_registry() {
                s + 75);
     }
     // latent-cache writes: odd rows, empty, one-token pages, DeepSeek's 576-wide rows in 64-token pages, a bad slot
-    add_mla_cache_write(r, act, 7, 4, 10, 9, Expect::kMatch, s + 80);
-    add_mla_cache_write(r, act, 3, 5, 6, 0, Expect::kMatch, s + 81);
-    add_mla_cache_write(r, act, 2, 1, 3, 2, Expect::kMatch, s + 82);
-    add_mla_cache_write(r, act, 5, 64, 576, 100, Expect::kMatch, s + 83);
-    add_mla_cache_write(r, act, 3, 4, 8, 5, Expect::kThrows, s + 84);
+    add_mla_cache_write(r, act, 7, 4, 10, 9, s + 80);
+    add_mla_cache_write(r, act, 3, 5, 6, 0, s + 81);
+    add_mla_cache_write(r, act, 2, 1, 3, 2, s + 82);
+    add_mla_cache_write(r, act, 5, 64, 576, 100, s + 83);
   }
+  // MLA decode, bfloat16: V2-Lite (16 heads, the narrow kernel), 32 heads, V3 (128 heads, the wide kernel); contexts
+  // of 1, page-aligned and not, odd page sizes; long contexts that split (the workspace grows as cases run).
+  add_mla_decode(r, 16, 64, {1, 64, 65, 130, 1000}, 90);
+  add_mla_decode(r, 16, 16, {17, 33, 5}, 91);
+  add_mla_decode(r, 32, 7, {40, 3}, 92);
+  add_mla_decode(r, 128, 64, {5, 300, 2049}, 93);
+  add_mla_decode(r, 16, 64, {5000}, 94);
+  add_mla_decode(r, 128, 64, {4096, 1}, 95);
+  add_mla_decode(r, 16, 1, {9, 2}, 96);
   return r;
 }
 
@@ -370,10 +497,12 @@ INSTANTIATE_TEST_SUITE_P(CudaBackend, CudaVsCpu, ::testing::Range<size_t>(0, reg
                            return registry().cases()[info.param].name;
                          });
 
-constexpr OpKind kImplemented[] = {OpKind::kEmbedding, OpKind::kRmsNorm, OpKind::kAddRmsNorm, OpKind::kSiluMul,
-                                   OpKind::kAdd,       OpKind::kRope,    OpKind::kMlaCacheWrite};
+constexpr OpKind kImplemented[] = {OpKind::kEmbedding, OpKind::kGatherRows, OpKind::kCopyStrided,
+                                   OpKind::kRmsNorm,   OpKind::kAddRmsNorm, OpKind::kSiluMul,
+                                   OpKind::kAdd,       OpKind::kRope,       OpKind::kMlaCacheWrite,
+                                   OpKind::kMlaDecode};
 constexpr OpKind kGemms[] = {OpKind::kLinear, OpKind::kHeadLinear};
-constexpr OpKind kNotYet[] = {OpKind::kMlaDecode, OpKind::kMlaPrefill, OpKind::kMoeRoute, OpKind::kMoeExperts};
+constexpr OpKind kNotYet[] = {OpKind::kMlaPrefill, OpKind::kMoeRoute, OpKind::kMoeExperts};
 
 // supports() reports exactly the implemented ops (the GEMMs only with cuBLAS), and every supported op has cases.
 TEST(CudaBackend, ReportsTheOpsItImplements) {
@@ -399,10 +528,49 @@ TEST(CudaBackend, ReportsTheOpsItImplements) {
 TEST(CudaBackend, UnimplementedOpsThrow) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
   const std::unique_ptr<Backend> cuda = make_cuda_backend();
-  EXPECT_THROW(cuda->mla_decode({}), Error);
-  EXPECT_THROW(cuda->mla_prefill({}), Error);
-  EXPECT_THROW(cuda->moe_route({}), Error);
-  EXPECT_THROW(cuda->moe_experts({}), Error);
+  EXPECT_THROW(cuda->mla_prefill({}), UnsupportedOp);
+  EXPECT_THROW(cuda->moe_route({}), UnsupportedOp);
+  EXPECT_THROW(cuda->moe_experts({}), UnsupportedOp);
+}
+
+// The memory functions: stream-ordered device tensors, zeros, copies both ways, and uploads that narrow float32 to
+// bfloat16 the way the host conversion does.
+TEST(CudaBackend, MemoryRoundTrips) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  const std::unique_ptr<Backend> cuda = make_cuda_backend();
+  EXPECT_EQ(cuda->activation_dtype(), DType::kBF16);
+  {
+    const Tensor none = cuda->empty({0, 5}, DType::kBF16);
+    EXPECT_EQ(none.device(), Device::kCuda);
+    EXPECT_EQ(none.numel(), 0);
+  }
+  const std::vector<float> values = {1.0f, -2.5f, 3.14159f, 1e-3f, 65504.0f, -0.0f, 7.0f};
+  const auto n = static_cast<int64_t>(values.size());
+  const ConstTensorView host_values{values.data(), DType::kF32, {n}, Device::kCpu};
+  Tensor dev = cuda->empty({n}, DType::kF32);
+  EXPECT_EQ(dev.device(), Device::kCuda);
+  cuda->copy_to_device(host_values, dev.view());
+  std::vector<float> back(values.size());
+  cuda->copy_to_host(dev.cview(), TensorView{back.data(), DType::kF32, {n}, Device::kCpu});
+  EXPECT_EQ(back, values);
+
+  Tensor host = Tensor::empty({n}, DType::kF32);
+  std::copy(values.begin(), values.end(), host.f32());
+  const Tensor narrowed = cuda->upload(std::move(host), DType::kBF16);
+  EXPECT_EQ(narrowed.device(), Device::kCuda);
+  EXPECT_EQ(narrowed.dtype(), DType::kBF16);
+  std::vector<uint16_t> bits(values.size());
+  cuda->copy_to_host(narrowed.cview(), TensorView{bits.data(), DType::kBF16, {n}, Device::kCpu});
+  for (size_t i = 0; i < values.size(); ++i) EXPECT_EQ(bits[i], float_to_bf16(values[i])) << i;
+
+  const Tensor zeros = cuda->zeros({3, 1000}, DType::kBF16);
+  std::vector<uint16_t> zero_bits(3000, 0xffff);
+  cuda->copy_to_host(zeros.cview(), TensorView{zero_bits.data(), DType::kBF16, {3, 1000}, Device::kCpu});
+  EXPECT_TRUE(std::all_of(zero_bits.begin(), zero_bits.end(), [](uint16_t b) { return b == 0; }));
+
+  EXPECT_THROW(cuda->copy_to_device(host_values, TensorView{back.data(), DType::kF32, {n}, Device::kCpu}), Error);
+  EXPECT_THROW(cuda->copy_to_host(dev.cview(), TensorView{bits.data(), DType::kBF16, {n}, Device::kCpu}), Error);
+  EXPECT_THROW(cuda->upload(Tensor::empty({2}, DType::kI32), DType::kF32), Error);
 }
 
 // Host tensors, mixed dtypes and unsupported dtypes are rejected before anything is queued.
@@ -428,10 +596,22 @@ TEST(CudaBackend, RejectsHostTensorsAndMixedDtypes) {
                                    .out = dev_f32}),
                Error);
   EXPECT_THROW(cuda->rms_norm({.x = dev_bf16, .weight = view(host_view, DType::kF32, {4}), .out = dev_bf16}), Error);
-  EXPECT_THROW(cuda->embedding({.token_ids = host_ids, .table = host_view, .out = dev_f32}), Error);
-  EXPECT_THROW(cuda->rope({.x = host.data(), .num_tokens = 1, .num_heads = 1, .rot_dim = 2, .token_stride = 2,
-                           .head_stride = 2, .positions = std::span<const int32_t>(host_ids).first(1),
-                           .inv_freq = std::span<const float>(host).first(1), .device = Device::kCpu}),
+  const ConstTensorView host_ids_view{host_ids.data(), DType::kI32, {2}, Device::kCpu};
+  const TensorView dev_table = view(dev_f32, DType::kF32, {2, 4});
+  EXPECT_THROW(cuda->embedding({.token_ids = host_ids_view, .table = dev_table, .out = dev_f32}), Error);
+  EXPECT_THROW(cuda->embedding({.token_ids = dev_i32, .table = host_view, .out = dev_f32}), Error);
+  EXPECT_THROW(cuda->gather_rows({.src = dev_table, .indices = host_ids_view, .out = dev_f32}), Error);
+  EXPECT_THROW(cuda->copy_strided({.src = host_view, .dst = dev_f32}), Error);
+  EXPECT_THROW(cuda->copy_strided({.src = dev_bf16, .dst = dev_f32}), Error);
+  const ConstTensorView host_freq{host.data(), DType::kF32, {1}, Device::kCpu};
+  EXPECT_THROW(cuda->rope({.x = host.data(), .dtype = DType::kF32, .device = Device::kCpu, .num_heads = 1,
+                           .rot_dim = 2, .token_stride = 2, .head_stride = 2,
+                           .positions = ConstTensorView{host_ids.data(), DType::kI32, {1}, Device::kCpu},
+                           .inv_freq = host_freq}),
+               Error);
+  EXPECT_THROW(cuda->rope({.x = dev_f32.data, .dtype = DType::kF32, .device = Device::kCuda, .num_heads = 1,
+                           .rot_dim = 2, .token_stride = 2, .head_stride = 2, .positions = dev_i32.rows(0, 1),
+                           .inv_freq = host_freq}),
                Error);
   EXPECT_THROW(cuda->linear({.x = dev_bf16, .w = dev_f32, .out = view(dev_bf16, DType::kBF16, {2, 2})}), Error);
   EXPECT_TRUE(run.memory_errors().empty());
@@ -523,23 +703,27 @@ TEST(CudaBackendPerf, DISABLED_OpsAtModelSizes) {
   {
     const int64_t vocab = 32768;
     const TensorView table = perf.tensor({vocab, hidden}, kBf16), out = perf.tensor({tokens, hidden}, kBf16);
-    std::vector<int32_t> ids(static_cast<size_t>(tokens));
-    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 7919) % vocab);
-    perf.report("embedding bf16 4096 tokens x 7168 (with the temporary id upload)",
+    std::vector<int32_t> host_ids(static_cast<size_t>(tokens));
+    for (size_t i = 0; i < host_ids.size(); ++i) host_ids[i] = static_cast<int32_t>((i * 7919) % vocab);
+    const TensorView ids = perf.tensor({tokens}, DType::kI32);
+    CUDA_TRY(cudaMemcpy(ids.data, host_ids.data(), tokens * 4, cudaMemcpyHostToDevice));
+    perf.report("embedding bf16 4096 tokens x 7168",
                 perf.time([&] { cuda->embedding({.token_ids = ids, .table = table, .out = out}); }),
                 2.0 * out.bytes());
   }
   {
     const int64_t cached = 16384, page_size = 64, pages = 2 * cached / page_size;
     const TensorView latent = perf.tensor({cached, 576}, kBf16), cache = perf.tensor({pages, page_size, 576}, kBf16);
-    std::vector<int32_t> slots(static_cast<size_t>(cached));
-    for (size_t i = 0; i < slots.size(); ++i) slots[i] = static_cast<int32_t>(2 * i);
-    perf.report("mla_cache_write bf16 16384 rows x 576 (with the temporary slot upload)",
+    std::vector<int32_t> host_slots(static_cast<size_t>(cached));
+    for (size_t i = 0; i < host_slots.size(); ++i) host_slots[i] = static_cast<int32_t>(2 * i);
+    const TensorView slots = perf.tensor({cached}, DType::kI32);
+    CUDA_TRY(cudaMemcpy(slots.data, host_slots.data(), cached * 4, cudaMemcpyHostToDevice));
+    perf.report("mla_cache_write bf16 16384 rows x 576",
                 perf.time([&] { cuda->mla_cache_write({.latent = latent, .cache = cache, .slot_mapping = slots}); }),
                 2.0 * latent.bytes());
   }
   {
-    // q of V3 prefill: [4096, 128 heads, 192], the last 64 of each head rotated (bf16 through the kernel entry).
+    // q of V3 prefill: [4096, 128 heads, 192], the last 64 of each head rotated.
     const int64_t heads = 128;
     const TensorView q = perf.tensor({tokens, heads, 192}, kBf16);
     std::vector<int32_t> host_positions(static_cast<size_t>(tokens));
@@ -548,10 +732,9 @@ TEST(CudaBackendPerf, DISABLED_OpsAtModelSizes) {
     CUDA_TRY(cudaMemcpy(positions.data, host_positions.data(), tokens * 4, cudaMemcpyHostToDevice));
     const TensorView inv_freq = perf.tensor({32}, DType::kF32);
     perf.report("rope bf16 q [4096, 128, 192] rot 64", perf.time([&] {
-      cuda::rope({.x = static_cast<uint16_t*>(q.data) + 128, .positions = positions.as<const int32_t>(),
-                  .inv_freq = inv_freq.as<const float>(), .num_tokens = tokens, .num_heads = heads, .rot_dim = 64,
-                  .token_stride = heads * 192, .head_stride = 192},
-                 kBf16, nullptr);
+      cuda->rope({.x = q.reshaped({tokens, heads * 192}).columns(128, 64).data, .dtype = kBf16,
+                  .device = Device::kCuda, .num_heads = heads, .rot_dim = 64, .token_stride = heads * 192,
+                  .head_stride = 192, .positions = positions, .inv_freq = inv_freq});
     }), 2.0 * tokens * heads * 64 * 2);
   }
 #ifdef DEEPINFER_HAVE_CUBLAS

@@ -8,6 +8,8 @@
 // The runner allocates every tensor with guard bytes around it, fills outputs with NaN before the op, and checks
 // afterwards that no guard byte changed and that no read-only input was written. The comparison fails on any NaN,
 // on an infinity on one side only, and when max|got - ref| / max(max|ref|, tiny) exceeds the case's threshold.
+// A case the backend under test declines (it throws UnsupportedOp: a dtype or head size its kernels do not take) is
+// reported as skipped.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -263,7 +265,10 @@ struct Output {
 };
 using Outputs = std::vector<Output>;
 
-enum class Expect : uint8_t { kMatch, kThrows };
+// kThrows: `run` must throw deepinfer::Error on every backend (a shape or dtype check). kThrowsOnHost: the same
+// where the runner's memory is the host; the check reads values of index tensors (token ids, slots, pages), which
+// validate() does only in host memory, so a device backend skips the case.
+enum class Expect : uint8_t { kMatch, kThrows, kThrowsOnHost };
 
 struct OpCase {
   OpKind op = OpKind::kLinear;
@@ -271,7 +276,7 @@ struct OpCase {
   std::function<Outputs(OpRunner&)> run;   // builds the inputs on the runner, runs the op, fetches the outputs
   std::function<Outputs()> naive;          // the same outputs from the naive formula (unused for kThrows)
   double tolerance = 1e-5;                 // normalized error allowed for kNormalized outputs
-  Expect expect = Expect::kMatch;          // kThrows: `run` must throw deepinfer::Error (validation)
+  Expect expect = Expect::kMatch;          // kThrows*: `run` must throw deepinfer::Error (validation)
 };
 
 class CaseRegistry {
@@ -347,32 +352,46 @@ inline std::vector<std::string> compare_outputs(const Outputs& got, const Output
   return errors;
 }
 
+// What running a case on one backend gave.
+struct CaseRun {
+  std::optional<Outputs> outputs;  // empty when the case threw (as expected or not) or was declined
+  std::optional<std::string> unsupported;  // the backend declined the case (UnsupportedOp): report it as skipped
+};
+
+inline bool expects_throw(const OpCase& c, const OpRunner& runner) {
+  return c.expect == Expect::kThrows || (c.expect == Expect::kThrowsOnHost && runner.device() == Device::kCpu);
+}
+
 // Runs the case on `runner`; for kThrows checks that it throws. Adds a failure per memory problem.
-// Returns the outputs, or nothing when the case threw (as expected or not).
-inline std::optional<Outputs> run_checked(const OpCase& c, OpRunner& runner) {
-  std::optional<Outputs> outputs;
-  if (c.expect == Expect::kThrows) {
-    EXPECT_THROW(c.run(runner), Error) << c.name << " on " << runner.backend().name() << ": expected a throw";
-  } else {
-    try {
-      outputs = c.run(runner);
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << c.name << " on " << runner.backend().name() << " threw: " << e.what();
+inline CaseRun run_checked(const OpCase& c, OpRunner& runner) {
+  CaseRun result;
+  const std::string where = str_cat(c.name, " on ", runner.backend().name());
+  try {
+    if (expects_throw(c, runner)) {
+      c.run(runner);
+      ADD_FAILURE() << where << ": expected a throw";
+    } else {
+      result.outputs = c.run(runner);
     }
+  } catch (const UnsupportedOp& e) {
+    result.unsupported = e.what();
+  } catch (const Error& e) {
+    if (!expects_throw(c, runner)) ADD_FAILURE() << where << " threw: " << e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << where << " threw a " << (expects_throw(c, runner) ? "non-deepinfer exception: " : "") << e.what();
   }
-  for (const std::string& e : runner.memory_errors()) {
-    ADD_FAILURE() << c.name << " on " << runner.backend().name() << ": " << e;
-  }
-  return outputs;
+  for (const std::string& e : runner.memory_errors()) ADD_FAILURE() << where << ": " << e;
+  return result;
 }
 
 // The backend (normally the CPU reference) against the case's naive formula.
 inline void expect_matches_naive(const OpCase& c, Backend& backend, Memory& memory) {
   if (!backend.supports(c.op)) GTEST_SKIP() << backend.name() << " does not support " << op_name(c.op);
   OpRunner runner(backend, memory);
-  const std::optional<Outputs> got = run_checked(c, runner);
-  if (!got) return;
-  for (const std::string& e : compare_outputs(*got, c.naive(), c.tolerance)) {
+  const CaseRun got = run_checked(c, runner);
+  if (got.unsupported) GTEST_SKIP() << backend.name() << " declined: " << *got.unsupported;
+  if (!got.outputs) return;
+  for (const std::string& e : compare_outputs(*got.outputs, c.naive(), c.tolerance)) {
     ADD_FAILURE() << c.name << " on " << backend.name() << " vs naive: " << e;
   }
 }
@@ -381,12 +400,16 @@ inline void expect_matches_naive(const OpCase& c, Backend& backend, Memory& memo
 inline void expect_matches_reference(const OpCase& c, Backend& test, Memory& test_memory, Backend& reference,
                                      Memory& reference_memory, double tolerance_scale = 1.0) {
   if (!test.supports(c.op)) GTEST_SKIP() << test.name() << " does not support " << op_name(c.op);
+  if (c.expect == Expect::kThrowsOnHost && test_memory.device() != Device::kCpu) {
+    GTEST_SKIP() << "a value check: validate() reads index tensors only in host memory";
+  }
   OpRunner test_runner(test, test_memory);
   OpRunner reference_runner(reference, reference_memory);
-  const std::optional<Outputs> got = run_checked(c, test_runner);
-  const std::optional<Outputs> ref = run_checked(c, reference_runner);
-  if (!got || !ref) return;
-  for (const std::string& e : compare_outputs(*got, *ref, c.tolerance * tolerance_scale)) {
+  const CaseRun got = run_checked(c, test_runner);
+  if (got.unsupported) GTEST_SKIP() << test.name() << " declined: " << *got.unsupported;
+  const CaseRun ref = run_checked(c, reference_runner);
+  if (!got.outputs || !ref.outputs) return;
+  for (const std::string& e : compare_outputs(*got.outputs, *ref.outputs, c.tolerance * tolerance_scale)) {
     ADD_FAILURE() << c.name << " on " << test.name() << " vs " << reference.name() << ": " << e;
   }
 }

@@ -5,9 +5,17 @@
 
 namespace deepinfer::cpu {
 
+// The CPU ops read and write host memory only (validate() has already checked that all tensors share a device).
+inline void expect_host(const ConstTensorView& t, const char* op) {
+  DI_CHECK(t.device == Device::kCpu || t.numel() == 0, "cpu ", op, ": tensors must be in host memory, got one on ",
+           device_name(t.device));
+}
+
 void linear(const LinearArgs& a);
 void head_linear(const HeadLinearArgs& a);
 void embedding(const EmbeddingArgs& a);
+void gather_rows(const GatherRowsArgs& a);
+void copy_strided(const CopyStridedArgs& a);
 void rms_norm(const RmsNormArgs& a);
 void add_rms_norm(const AddRmsNormArgs& a);
 void silu_mul(const SiluMulArgs& a);

@@ -9,6 +9,7 @@ namespace deepinfer::cpu {
 
 void linear(const LinearArgs& a) {
   a.validate();
+  expect_host(a.out, "linear");
   sgemm({.m = a.x.shape[0], .n = a.w.shape[0], .k = a.x.shape[1], .a = a.x.f32(), .lda = a.x.shape[1],
          .b = a.w.f32(), .ldb = a.w.shape[1], .transpose_b = Transpose::kYes, .c = a.out.f32(),
          .ldc = a.out.shape[1]});
@@ -16,21 +17,27 @@ void linear(const LinearArgs& a) {
 
 void head_linear(const HeadLinearArgs& a) {
   a.validate();
+  expect_host(a.out, "head_linear");
   const int64_t tokens = a.x.shape[0], heads = a.x.shape[1], in = a.x.shape[2], out = a.w.shape[1];
-  // One strided GEMM per head: rows of x for head h are `heads * in` apart.
+  const int64_t x_stride = a.x_head_stride == 0 ? in : a.x_head_stride;
+  const int64_t out_stride = a.out_head_stride == 0 ? out : a.out_head_stride;
+  // One strided GEMM per head: the rows of head h are `heads * stride` apart in both x and out.
   for (int64_t h = 0; h < heads; ++h) {
-    sgemm({.m = tokens, .n = out, .k = in, .a = a.x.f32() + h * in, .lda = heads * in, .b = a.w.f32() + h * out * in,
-           .ldb = in, .transpose_b = Transpose::kYes, .c = a.out.f32() + h * out, .ldc = heads * out});
+    sgemm({.m = tokens, .n = out, .k = in, .a = a.x.f32() + h * x_stride, .lda = heads * x_stride,
+           .b = a.w.f32() + h * out * in, .ldb = in, .transpose_b = Transpose::kYes, .c = a.out.f32() + h * out_stride,
+           .ldc = heads * out_stride});
   }
 }
 
 void embedding(const EmbeddingArgs& a) {
   a.validate();
+  expect_host(a.out, "embedding");
   const int64_t dim = a.table.shape[1];
   const float* table = a.table.f32();
+  const int32_t* ids = a.token_ids.as<int32_t>();
   float* out = a.out.f32();
-  for (size_t t = 0; t < a.token_ids.size(); ++t) {
-    std::memcpy(out + static_cast<int64_t>(t) * dim, table + a.token_ids[t] * dim, sizeof(float) * dim);
+  for (int64_t t = 0; t < a.out.shape[0]; ++t) {
+    std::memcpy(out + t * dim, table + static_cast<int64_t>(ids[t]) * dim, sizeof(float) * dim);
   }
 }
 
@@ -45,6 +52,7 @@ void normalize_row(const float* x, const float* w, float* out, int64_t dim, floa
 
 void rms_norm(const RmsNormArgs& a) {
   a.validate();
+  expect_host(a.x, "rms_norm");
   const int64_t rows = a.x.shape[0], dim = a.x.shape[1];
   const int64_t stride = a.row_stride == 0 ? dim : a.row_stride;
 #pragma omp parallel for schedule(static)
@@ -55,6 +63,7 @@ void rms_norm(const RmsNormArgs& a) {
 
 void add_rms_norm(const AddRmsNormArgs& a) {
   a.validate();
+  expect_host(a.residual, "add_rms_norm");
   const int64_t rows = a.residual.shape[0], dim = a.residual.shape[1];
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
@@ -67,6 +76,7 @@ void add_rms_norm(const AddRmsNormArgs& a) {
 
 void silu_mul(const SiluMulArgs& a) {
   a.validate();
+  expect_host(a.out, "silu_mul");
   const int64_t rows = a.out.shape[0], inter = a.out.shape[1];
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
@@ -79,6 +89,7 @@ void silu_mul(const SiluMulArgs& a) {
 
 void add(const AddArgs& a) {
   a.validate();
+  expect_host(a.x, "add");
   float* x = a.x.f32();
   const float* y = a.y.f32();
   const int64_t n = a.x.numel();

@@ -33,24 +33,26 @@ void softmax_in_place(std::span<float> scores) {
 
 void mla_cache_write(const MlaCacheWriteArgs& a) {
   a.validate();
+  expect_host(a.cache, "mla_cache_write");
   const int64_t dim = a.cache.shape[2];
-  for (size_t t = 0; t < a.slot_mapping.size(); ++t) {
-    std::memcpy(a.cache.f32() + static_cast<int64_t>(a.slot_mapping[t]) * dim,
-                a.latent.f32() + static_cast<int64_t>(t) * dim, sizeof(float) * dim);
+  const int32_t* slots = a.slot_mapping.as<int32_t>();
+  for (int64_t t = 0; t < a.latent.shape[0]; ++t) {
+    std::memcpy(a.cache.f32() + static_cast<int64_t>(slots[t]) * dim, a.latent.f32() + t * dim, sizeof(float) * dim);
   }
 }
 
 void mla_decode(const MlaDecodeArgs& a) {
   a.validate();
-  const int64_t heads = a.q_latent.shape[1], rank = a.kv_lora_rank, rope_dim = a.q_pe.shape[2];
+  expect_host(a.q, "mla_decode");
+  const int64_t heads = a.q.shape[1], dim = a.q.shape[2], rank = a.kv_lora_rank, rope_dim = dim - rank;
   const AttentionMetadata& m = a.meta;
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int32_t s = 0; s < m.num_seqs; ++s) {
     for (int64_t h = 0; h < heads; ++h) {
-      const int64_t row = m.query_start[s];
-      const int32_t ctx = m.context_lens[s];
-      const float* q_lat = a.q_latent.f32() + (row * heads + h) * rank;
-      const float* q_pe = a.q_pe.f32() + (row * heads + h) * rope_dim;
+      const int64_t row = s;  // one query per sequence
+      const int32_t ctx = m.context_len(s);
+      const float* q_lat = a.q.f32() + (row * heads + h) * dim;
+      const float* q_pe = q_lat + rank;
       std::vector<float> scores(static_cast<size_t>(ctx));
       for (int64_t j = 0; j < ctx; ++j) {
         const float* kv = cached_row(a.cache, m, s, j);
@@ -72,11 +74,12 @@ void mla_decode(const MlaDecodeArgs& a) {
 
 void mla_prefill(const MlaPrefillArgs& a) {
   a.validate();
+  expect_host(a.q, "mla_prefill");
   const AttentionMetadata& m = a.meta;
   const int64_t heads = a.q.shape[1], rank = a.kv_lora_rank, nope = a.qk_nope_head_dim, vdim = a.v_head_dim;
   const int64_t rope_dim = a.cache.shape[2] - rank, qk_dim = nope + rope_dim, kv_width = heads * (nope + vdim);
   for (int32_t s = 0; s < m.num_seqs; ++s) {
-    const int32_t ctx = m.context_lens[s];
+    const int32_t ctx = m.context_len(s);
     const int32_t num_q = m.num_queries(s);
     if (num_q == 0) continue;
     // Gather the sequence's latents, then decompress: kv[j] = c_kv[j] · kv_b^T -> [H, nope + v].
@@ -93,7 +96,7 @@ void mla_prefill(const MlaPrefillArgs& a) {
 #pragma omp parallel for collapse(2) schedule(dynamic)
     for (int64_t h = 0; h < heads; ++h) {
       for (int32_t i = 0; i < num_q; ++i) {
-        const int64_t row = m.query_start[s] + i;
+        const int64_t row = m.query_begin(s) + i;
         const float* q = a.q.f32() + (row * heads + h) * qk_dim;
         const int64_t visible = first_pos + i + 1;  // causal: keys [0, position]
         std::vector<float> scores(static_cast<size_t>(visible));

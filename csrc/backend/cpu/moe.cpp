@@ -26,6 +26,7 @@ std::vector<int64_t> top_indices(std::span<const float> values, int64_t k) {
 
 void moe_route(const MoeRouteArgs& a) {
   a.validate();
+  expect_host(a.logits, "moe_route");
   const int64_t tokens = a.logits.shape[0], experts = a.logits.shape[1], top_k = a.topk_ids.shape[1];
   const int64_t per_group = experts / a.n_group;
   const float kNegInf = -std::numeric_limits<float>::infinity();
@@ -82,6 +83,7 @@ void moe_route(const MoeRouteArgs& a) {
 
 void moe_experts(const MoeExpertsArgs& a) {
   a.validate();
+  expect_host(a.x, "moe_experts");
   const int64_t tokens = a.x.shape[0], dim = a.x.shape[1], experts = a.w_down.shape[0];
   const int64_t inter = a.w_down.shape[2], top_k = a.topk_ids.shape[1];
   const int32_t* ids = a.topk_ids.as<int32_t>();

@@ -1,70 +1,78 @@
-// The CUDA backend: validates each op's arguments on the host (shapes, dtypes, device; never reading device memory)
-// and queues its kernel, or its cuBLAS call, on the backend's stream.
+// The CUDA backend: validates each op's arguments on the host (shapes, dtypes, devices; never reading device memory)
+// and queues its kernel, or its cuBLAS call, on the backend's stream. Index arrays (token ids, positions, slots,
+// attention metadata) arrive as device tensors: no op copies anything from the host.
 #include "backend/cuda/cuda_backend.h"
 
-#include <algorithm>
 #include <climits>
 #include <cstddef>
-#include <cstring>
-#include <span>
+#include <cstdint>
 #include <utility>
-#include <vector>
 
 #include <cuda_runtime_api.h>
 
+#include "backend/cuda/copy_strided.cuh"
 #include "backend/cuda/cublas_handle.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_stream.h"
-#include "backend/cuda/device_buffer.h"
 #include "backend/cuda/elementwise.cuh"
 #include "backend/cuda/embedding.cuh"
 #include "backend/cuda/mla_cache_write.cuh"
+#include "backend/cuda/mla_decode.cuh"
 #include "backend/cuda/norm_residual.cuh"
 #include "backend/cuda/rms_norm.cuh"
 #include "backend/cuda/rope.cuh"
+#include "core/half.h"
 
 namespace deepinfer {
 namespace {
 
-// TEMPORARY: device copies of the host arrays some op arguments still carry as spans (EmbeddingArgs::token_ids,
-// RopeArgs::positions and inv_freq, MlaCacheWriteArgs::slot_mapping). Each staged op costs one host-to-device copy
-// from pageable memory, which may wait for the stream and cannot be captured in a CUDA graph. It goes away once those
-// arguments are device arrays, uploaded once per step with the rest of the batch metadata.
-class HostArrayStaging {
+// What the MLA decode kernel takes (mla_decode_params.h): DeepSeek's 512-wide latent plus 64 rope values per row,
+// bfloat16, heads in multiples of 16.
+constexpr int64_t kDecodeRank = 512;
+constexpr int64_t kDecodeRowDim = 576;
+constexpr int64_t kDecodeHeadMultiple = 16;
+
+// A memory pool of the current device for stream-ordered allocations. Its release threshold is unlimited, so memory
+// freed into it stays cached for the next allocation instead of going back to the driver at each synchronization:
+// once the first steps have run, the model's per-step tensors cost no device allocation.
+class MemoryPool {
  public:
-  static constexpr size_t kInitialBytes = size_t{1} << 20;
-  static constexpr size_t kAlignment = 16;
-
-  explicit HostArrayStaging(cudaStream_t stream) : stream_(stream), device_(kInitialBytes, stream) {}
-
-  // Copies `first` and `second` to the device in one transfer and returns their device addresses. They stay valid
-  // for the work queued on the stream until the next call.
-  template <typename A, typename B = std::byte>
-  std::pair<const A*, const B*> stage(std::span<const A> first, std::span<const B> second = {}) {
-    const size_t second_offset = round_up(first.size_bytes());
-    const size_t total = second_offset + second.size_bytes();
-    if (total == 0) return {nullptr, nullptr};
-    host_.resize(total);
-    if (!first.empty()) std::memcpy(host_.data(), first.data(), first.size_bytes());
-    if (!second.empty()) std::memcpy(host_.data() + second_offset, second.data(), second.size_bytes());
-    if (total > device_.bytes()) {
-      // The old buffer is freed in stream order, after the work that still reads it.
-      device_ = cuda::DeviceBuffer(std::max(total, 2 * device_.bytes()), stream_);
+  MemoryPool() {
+    int device = 0;
+    CUDA_TRY(cudaGetDevice(&device));
+    cudaMemPoolProps props = {};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    CUDA_TRY(cudaMemPoolCreate(&pool_, &props));
+    uint64_t threshold = UINT64_MAX;
+    const cudaError_t status = cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold);
+    if (status != cudaSuccess) {
+      cudaMemPoolDestroy(pool_);
+      CUDA_TRY(status);
     }
-    // From pageable memory: the call returns once `host_` has been read, so it can be refilled right away.
-    CUDA_TRY(cudaMemcpyAsync(device_.data(), host_.data(), total, cudaMemcpyHostToDevice, stream_));
-    const auto* base = static_cast<const std::byte*>(device_.data());
-    return {first.empty() ? nullptr : reinterpret_cast<const A*>(base),
-            second.empty() ? nullptr : reinterpret_cast<const B*>(base + second_offset)};
   }
+  MemoryPool(const MemoryPool&) = delete;
+  MemoryPool& operator=(const MemoryPool&) = delete;
+  // Allocations still outstanding keep the pool's memory until they are freed.
+  ~MemoryPool() { cudaMemPoolDestroy(pool_); }
+
+  cudaMemPool_t get() const { return pool_; }
 
  private:
-  static size_t round_up(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
-
-  cudaStream_t stream_;
-  cuda::DeviceBuffer device_;
-  std::vector<std::byte> host_;
+  cudaMemPool_t pool_ = nullptr;
 };
+
+// The deleter of the backend's buffers: a stream-ordered free, after the work already queued on the backend's
+// stream (the buffer's context).
+void free_on_stream(void* data, void* stream) {
+  // A destructor cannot report a failure; after a fault the context is lost anyway.
+  cudaFreeAsync(data, static_cast<cudaStream_t>(stream));
+}
+
+void check_on_device(const ConstTensorView& t, const char* op, const char* name) {
+  DI_CHECK(t.device == Device::kCuda || t.numel() == 0, op, ": ", name, " must be in device memory");
+}
 
 void check_gemm_operands(const ConstTensorView& x, const ConstTensorView& w, const ConstTensorView& out,
                          const char* op) {
@@ -88,13 +96,17 @@ class CudaBackend final : public Backend {
  public:
   // The device must already be current (make_cuda_backend makes it so).
   CudaBackend()
-      : staging_(stream_.get())
 #ifdef DEEPINFER_HAVE_CUBLAS
-        ,
-        cublas_(stream_.get())
+      : cublas_(stream_.get())
 #endif
   {
+    int device = 0;
+    CUDA_TRY(cudaGetDevice(&device));
+    CUDA_TRY(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device));
   }
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+  ~CudaBackend() override { cudaStreamSynchronize(stream_.get()); }
 
   Device device() const override { return Device::kCuda; }
   std::string_view name() const override { return "cuda"; }
@@ -109,18 +121,16 @@ class CudaBackend final : public Backend {
         return false;
 #endif
       case OpKind::kEmbedding:
+      case OpKind::kGatherRows:
+      case OpKind::kCopyStrided:
       case OpKind::kRmsNorm:
       case OpKind::kAddRmsNorm:
       case OpKind::kSiluMul:
       case OpKind::kAdd:
       case OpKind::kRope:
       case OpKind::kMlaCacheWrite:
+      case OpKind::kMlaDecode:  // bfloat16, DeepSeek's 512 + 64 latent, heads in multiples of 16
         return true;
-      // TODO(mla_decode): wire cuda::mla_decode (mla_decode.cuh) once it is finished. It takes q as one
-      // [T, H, 576] tensor (q_latent | q_pe) and device page tables / context lengths, while MlaDecodeArgs holds
-      // q_latent and q_pe apart and its AttentionMetadata as host spans; the args need device metadata first, and
-      // the backend a persistent split workspace of mla_decode_workspace_bytes().
-      case OpKind::kMlaDecode:
       // TODO: MLA prefill (causal attention over prefix + new tokens, q/k 192, v 128), MoE routing and the grouped
       // expert GEMMs.
       case OpKind::kMlaPrefill:
@@ -130,6 +140,60 @@ class CudaBackend final : public Backend {
     }
     return false;
   }
+
+  // ---------------------------------------------------------------------------------------------------------------
+  // Memory
+
+  DType activation_dtype() const override { return DType::kBF16; }
+
+  Tensor empty(Shape shape, DType dtype) override {
+    const size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
+    void* data = nullptr;
+    if (bytes > 0) CUDA_TRY(cudaMallocFromPoolAsync(&data, bytes, pool_.get(), stream_.get()));
+    return Tensor(Buffer(data, bytes, Device::kCuda, &free_on_stream, stream_.get()), shape, dtype);
+  }
+
+  Tensor zeros(Shape shape, DType dtype) override {
+    Tensor t = empty(shape, dtype);
+    const TensorView v = t.view();
+    if (v.bytes() > 0) CUDA_TRY(cudaMemsetAsync(v.data, 0, v.bytes(), stream_.get()));
+    return t;
+  }
+
+  // From pageable host memory the copy returns once the driver has staged the source, so `host` may be reused.
+  // TODO(graphs): a pinned staging buffer, so the per-step upload can run asynchronously and be captured.
+  void copy_to_device(ConstTensorView host, TensorView dst) override {
+    check_copy(host, dst, Device::kCpu, Device::kCuda, "cuda copy_to_device");
+    if (dst.bytes() > 0) {
+      CUDA_TRY(cudaMemcpyAsync(dst.data, host.data, dst.bytes(), cudaMemcpyHostToDevice, stream_.get()));
+    }
+  }
+
+  void copy_to_host(ConstTensorView src, TensorView host) override {
+    check_copy(src, host, Device::kCuda, Device::kCpu, "cuda copy_to_host");
+    if (host.bytes() == 0) return;
+    CUDA_TRY(cudaMemcpyAsync(host.data, src.data, host.bytes(), cudaMemcpyDeviceToHost, stream_.get()));
+    stream_.synchronize();
+  }
+
+  Tensor upload(Tensor host, DType dtype) override {
+    DI_CHECK(host.device() == Device::kCpu, "cuda upload: the source must be a host tensor");
+    if (host.dtype() != dtype) {
+      DI_CHECK(host.dtype() == DType::kF32 && dtype == DType::kBF16, "cuda upload: cannot convert ",
+               dtype_name(host.dtype()), " to ", dtype_name(dtype));
+      Tensor narrowed = Tensor::empty(host.shape(), DType::kBF16);
+      const float* src = host.f32();
+      auto* bits = narrowed.view().as<uint16_t>();
+      for (int64_t i = 0; i < host.numel(); ++i) bits[i] = float_to_bf16(src[i]);
+      host = std::move(narrowed);
+    }
+    Tensor out = empty(host.shape(), dtype);
+    copy_to_device(host.cview(), out.view());
+    return out;
+  }
+
+  // ---------------------------------------------------------------------------------------------------------------
+  // Ops
 
   void linear(const LinearArgs& a) override {
     constexpr const char* kOp = "cuda linear";
@@ -151,7 +215,7 @@ class CudaBackend final : public Backend {
                           static_cast<int>(k), &beta, a.out.data, type, static_cast<int>(n), CUBLAS_COMPUTE_32F,
                           CUBLAS_GEMM_DEFAULT));
 #else
-    DI_CHECK(false, kOp, ": this build has no cuBLAS");
+    throw UnsupportedOp(str_cat(kOp, ": this build has no cuBLAS"));
 #endif
   }
 
@@ -161,31 +225,48 @@ class CudaBackend final : public Backend {
     check_gemm_operands(a.x, a.w, a.out, kOp);
 #ifdef DEEPINFER_HAVE_CUBLAS
     const int64_t tokens = a.x.shape[0], heads = a.x.shape[1], k = a.x.shape[2], n = a.w.shape[1];
+    const int64_t x_stride = a.x_head_stride == 0 ? k : a.x_head_stride;
+    const int64_t out_stride = a.out_head_stride == 0 ? n : a.out_head_stride;
     if (tokens == 0 || heads == 0 || n == 0) return;
-    if (k == 0) {
-      CUDA_TRY(cudaMemsetAsync(a.out.data, 0, a.out.bytes(), stream_.get()));
+    if (k == 0) {  // every (token, head) row of out is N zeros, rows out_stride apart
+      const size_t elem = dtype_size(a.out.dtype);
+      CUDA_TRY(cudaMemset2DAsync(a.out.data, static_cast<size_t>(out_stride) * elem, 0, static_cast<size_t>(n) * elem,
+                                 static_cast<size_t>(tokens * heads), stream_.get()));
       return;
     }
     // Head h: out[:, h, :] = x[:, h, :] · w[h]^T. Column-major per head: out_h^T[N, T] = w_h^T · x_h^T, where x_h is
-    // K x T with ld H*K starting at h*K, w_h is K x N (ld K) at h*N*K, and out_h is N x T with ld H*N at h*N.
+    // K x T with ld H*x_stride starting at h*x_stride, w_h is K x N (ld K) at h*N*K, and out_h is N x T with ld
+    // H*out_stride at h*out_stride.
     const float alpha = 1.0f, beta = 0.0f;
     const cudaDataType_t type = cuda_type(a.x.dtype);
     CUDA_TRY(cublasGemmStridedBatchedEx(
         cublas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, gemm_int(n, kOp, "N"), gemm_int(tokens, kOp, "T"),
         gemm_int(k, kOp, "K"), &alpha, a.w.data, type, static_cast<int>(k), n * k, a.x.data, type,
-        gemm_int(heads * k, kOp, "H*K"), k, &beta, a.out.data, type, gemm_int(heads * n, kOp, "H*N"), n,
-        gemm_int(heads, kOp, "H"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        gemm_int(heads * x_stride, kOp, "H * x head stride"), x_stride, &beta, a.out.data, type,
+        gemm_int(heads * out_stride, kOp, "H * out head stride"), out_stride, gemm_int(heads, kOp, "H"),
+        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 #else
-    DI_CHECK(false, kOp, ": this build has no cuBLAS");
+    throw UnsupportedOp(str_cat(kOp, ": this build has no cuBLAS"));
 #endif
   }
 
   void embedding(const EmbeddingArgs& a) override {
-    a.validate();  // shapes, and every token id in range (the ids are still on the host)
-    cuda::embedding(a, staging_.stage(a.token_ids).first, stream_.get());
+    a.validate();  // shapes and dtypes; the ids are device memory, checked on the host before their upload
+    cuda::embedding(a, stream_.get());
+  }
+
+  void gather_rows(const GatherRowsArgs& a) override {
+    a.validate();
+    cuda::gather_rows(a, stream_.get());
+  }
+
+  void copy_strided(const CopyStridedArgs& a) override {
+    a.validate();
+    cuda::copy_strided(a, stream_.get());
   }
 
   void rms_norm(const RmsNormArgs& a) override {
+    a.validate();
     if (a.x.dtype == DType::kF32) {
       cuda::rms_norm_f32(a, stream_.get());
     } else {
@@ -193,42 +274,103 @@ class CudaBackend final : public Backend {
     }
   }
 
-  void add_rms_norm(const AddRmsNormArgs& a) override { cuda::add_rms_norm(a, stream_.get()); }
-  void silu_mul(const SiluMulArgs& a) override { cuda::silu_mul(a, stream_.get()); }
-  void add(const AddArgs& a) override { cuda::add(a, stream_.get()); }
+  void add_rms_norm(const AddRmsNormArgs& a) override {
+    a.validate();
+    cuda::add_rms_norm(a, stream_.get());
+  }
 
-  // RopeArgs::x is a float pointer, so this path rotates float32 tensors; bfloat16 tensors go through cuda::rope
-  // (rope.cuh) until RopeArgs carries a dtype.
+  void silu_mul(const SiluMulArgs& a) override {
+    a.validate();
+    cuda::silu_mul(a, stream_.get());
+  }
+
+  void add(const AddArgs& a) override {
+    a.validate();
+    cuda::add(a, stream_.get());
+  }
+
   void rope(const RopeArgs& a) override {
     a.validate();
-    DI_CHECK(a.device == Device::kCuda, "cuda rope: x must be in device memory");
-    if (a.num_tokens == 0 || a.num_heads == 0 || a.rot_dim == 0) return;
-    const auto [positions, inv_freq] = staging_.stage(a.positions, a.inv_freq);
-    cuda::rope({.x = a.x, .positions = positions, .inv_freq = inv_freq, .num_tokens = a.num_tokens,
-                .num_heads = a.num_heads, .rot_dim = a.rot_dim, .token_stride = a.token_stride,
-                .head_stride = a.head_stride, .attention_scaling = a.attention_scaling,
-                .interleaved = a.interleaved},
-               DType::kF32, stream_.get());
+    DI_CHECK(a.device == Device::kCuda, "cuda rope: x, positions and inv_freq must be in device memory");
+    if (a.num_tokens() == 0 || a.num_heads == 0 || a.rot_dim == 0) return;
+    cuda::rope({.x = a.x, .positions = a.positions.as<int32_t>(), .inv_freq = a.inv_freq.as<float>(),
+                .num_tokens = a.num_tokens(), .num_heads = a.num_heads, .rot_dim = a.rot_dim,
+                .token_stride = a.token_stride, .head_stride = a.head_stride,
+                .attention_scaling = a.attention_scaling, .interleaved = a.interleaved},
+               a.dtype, stream_.get());
   }
 
   void mla_cache_write(const MlaCacheWriteArgs& a) override {
-    a.validate();  // shapes, and every slot in range (the slots are still on the host)
-    cuda::mla_cache_write(a, staging_.stage(a.slot_mapping).first, stream_.get());
+    a.validate();  // shapes and dtypes; the slots are device memory, checked on the host before their upload
+    cuda::mla_cache_write(a, stream_.get());
   }
 
-  void mla_decode(const MlaDecodeArgs&) override { unsupported(OpKind::kMlaDecode); }
+  void mla_decode(const MlaDecodeArgs& a) override {
+    constexpr const char* kOp = "cuda mla_decode";
+    a.validate();  // shapes and dtypes; the metadata is device memory, checked on the host before its upload
+    check_on_device(a.q, kOp, "q");
+    check_on_device(a.cache, kOp, "cache");
+    check_on_device(a.out_latent, kOp, "out_latent");
+    check_on_device(a.meta.context_lens, kOp, "context_lens");
+    check_on_device(a.meta.page_table, kOp, "page_table");
+    const int64_t seqs = a.meta.num_seqs, heads = a.q.shape[1];
+    if (seqs == 0 || heads == 0) return;
+    if (a.q.dtype != DType::kBF16 || a.kv_lora_rank != kDecodeRank || a.q.shape[2] != kDecodeRowDim ||
+        heads % kDecodeHeadMultiple != 0) {
+      throw UnsupportedOp(str_cat(kOp, ": the kernel takes bfloat16 rows of ", kDecodeRank, " + ",
+                                  kDecodeRowDim - kDecodeRank, " values and heads in multiples of ",
+                                  kDecodeHeadMultiple, "; got ", dtype_name(a.q.dtype), " rows of ", a.kv_lora_rank,
+                                  " + ", a.q.shape[2] - a.kv_lora_rank, " values and ", heads, " heads"));
+    }
+    DI_CHECK(a.cache.shape[1] <= INT32_MAX && heads <= INT32_MAX, kOp, ": page size ", a.cache.shape[1], ", ",
+             heads, " heads");
+    cuda::MlaDecodeParams p{.q = a.q.as<uint16_t>(),
+                            .cache = a.cache.as<uint16_t>(),
+                            .page_table = a.meta.page_table.as<int32_t>(),
+                            .context_lens = a.meta.context_lens.as<int32_t>(),
+                            .out = a.out_latent.as<uint16_t>(),
+                            .workspace = nullptr,
+                            .batch = a.meta.num_seqs,
+                            .num_heads = static_cast<int32_t>(heads),
+                            .page_size = static_cast<int32_t>(a.cache.shape[1]),
+                            .max_pages_per_seq = a.meta.max_pages_per_seq,
+                            .max_context_len = a.meta.max_context_len,
+                            .num_sms = num_sms_,
+                            .softmax_scale = a.softmax_scale};
+    // The split partials live in one workspace the backend owns, grown to the largest decode seen so far and never
+    // shrunk (the old one is freed in stream order, after the work that still reads it). It is sized from host
+    // values only (batch, heads, max_context_len), so no step waits for the device. A CUDA graph captured later must
+    // be replayed only with decodes that fit the workspace it captured.
+    const size_t bytes = cuda::mla_decode_workspace_bytes(p);
+    if (bytes > workspace_.view().bytes()) {
+      workspace_ = empty({static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float))}, DType::kF32);
+    }
+    p.workspace = bytes > 0 ? workspace_.view().data : nullptr;
+    cuda::mla_decode(p, stream_.get());
+  }
+
   void mla_prefill(const MlaPrefillArgs&) override { unsupported(OpKind::kMlaPrefill); }
   void moe_route(const MoeRouteArgs&) override { unsupported(OpKind::kMoeRoute); }
   void moe_experts(const MoeExpertsArgs&) override { unsupported(OpKind::kMoeExperts); }
 
  private:
   [[noreturn]] static void unsupported(OpKind op) {
-    throw Error(str_cat("the cuda backend does not implement ", op_name(op), " yet"));
+    throw UnsupportedOp(str_cat("the cuda backend does not implement ", op_name(op), " yet"));
   }
 
-  // Declared first, destroyed last: the buffers below free themselves in its order.
+  static void check_copy(const ConstTensorView& src, const ConstTensorView& dst, Device src_device,
+                         Device dst_device, const char* op) {
+    DI_CHECK(src.dtype == dst.dtype && src.numel() == dst.numel(), op, ": ", src.shape.str(), " ",
+             dtype_name(src.dtype), " into ", dst.shape.str(), " ", dtype_name(dst.dtype));
+    DI_CHECK((src.device == src_device || src.numel() == 0) && (dst.device == dst_device || dst.numel() == 0), op,
+             ": from ", device_name(src.device), " to ", device_name(dst.device), " memory");
+  }
+
+  // Declared first, destroyed last: everything below frees its memory in its order.
   cuda::CudaStream stream_;
-  HostArrayStaging staging_;
+  MemoryPool pool_;
+  int num_sms_ = 0;
+  Tensor workspace_;  // MLA decode split partials (see mla_decode)
 #ifdef DEEPINFER_HAVE_CUBLAS
   cuda::CublasHandle cublas_;
 #endif

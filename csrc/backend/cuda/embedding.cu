@@ -1,4 +1,5 @@
-// Embedding gather: one block per token copies its table row in the widest unit the row size and alignment allow.
+// Row gathers (embedding lookup, gather_rows): one block per output row copies its source row in the widest unit the
+// row size and alignment allow.
 #include "backend/cuda/embedding.cuh"
 
 #include <climits>
@@ -33,28 +34,36 @@ __global__ void __launch_bounds__(Traits::kThreads) embedding_kernel(__grid_cons
   copy_row<typename Traits::Unit>(static_cast<const char*>(p.table) + id * p.row_bytes, dst, p.row_bytes);
 }
 
-}  // namespace
-
-void embedding(const EmbeddingArgs& a, const int32_t* token_ids, cudaStream_t stream) {
-  constexpr const char* kOp = "cuda embedding";
-  DI_CHECK(a.table.shape.ndim() == 2 && a.out.shape.ndim() == 2 &&
-               a.out.shape[0] == static_cast<int64_t>(a.token_ids.size()) && a.out.shape[1] == a.table.shape[1],
-           kOp, ": out ", a.out.shape.str(), " for ", a.token_ids.size(), " tokens of table ", a.table.shape.str());
-  DI_CHECK(a.table.dtype == a.out.dtype, kOp, ": table is ", dtype_name(a.table.dtype), " but out is ",
-           dtype_name(a.out.dtype));
-  DI_CHECK(a.table.device == Device::kCuda && a.out.device == Device::kCuda, kOp,
-           ": table and out must be in device memory");
-  const EmbeddingParams p{.token_ids = token_ids, .table = a.table.data, .out = a.out.data,
-                          .num_tokens = a.out.shape[0], .vocab = a.table.shape[0],
-                          .row_bytes = a.table.shape[1] * static_cast<int64_t>(dtype_size(a.table.dtype))};
-  DI_CHECK(p.num_tokens <= INT_MAX, kOp, ": ", p.num_tokens, " tokens exceed the grid");
+// Checks the views (device, dtypes, shapes; throws deepinfer::Error) and queues the gather.
+void gather(const ConstTensorView& table, const ConstTensorView& ids, const TensorView& out, const char* op,
+            cudaStream_t stream) {
+  DI_CHECK(table.shape.ndim() == 2 && out.shape.ndim() == 2 && ids.shape.ndim() == 1 &&
+               out.shape[0] == ids.shape[0] && out.shape[1] == table.shape[1],
+           op, ": out ", out.shape.str(), " for ", ids.shape.str(), " ids of ", table.shape.str());
+  DI_CHECK(table.dtype == out.dtype && ids.dtype == DType::kI32, op, ": table is ", dtype_name(table.dtype),
+           ", out ", dtype_name(out.dtype), ", ids ", dtype_name(ids.dtype), " (must be int32)");
+  DI_CHECK(table.device == Device::kCuda && out.device == Device::kCuda && ids.device == Device::kCuda, op,
+           ": table, ids and out must be in device memory");
+  const EmbeddingParams p{.token_ids = ids.as<int32_t>(), .table = table.data, .out = out.data,
+                          .num_tokens = out.shape[0], .vocab = table.shape[0],
+                          .row_bytes = table.shape[1] * static_cast<int64_t>(dtype_size(table.dtype))};
+  DI_CHECK(p.num_tokens <= INT_MAX, op, ": ", p.num_tokens, " rows exceed the grid");
   if (p.num_tokens == 0 || p.row_bytes == 0) return;
-  DI_CHECK(token_ids != nullptr, kOp, ": no device token ids");
   dispatch_copy_unit(copy_unit_bytes(p.table, p.out, p.row_bytes), [&](auto unit) {
     using Traits = GatherTraits<decltype(unit)>;
     embedding_kernel<Traits><<<static_cast<unsigned>(p.num_tokens), Traits::kThreads, 0, stream>>>(p);
     CUDA_TRY(cudaGetLastError());
   });
+}
+
+}  // namespace
+
+void embedding(const EmbeddingArgs& a, cudaStream_t stream) {
+  gather(a.table, a.token_ids, a.out, "cuda embedding", stream);
+}
+
+void gather_rows(const GatherRowsArgs& a, cudaStream_t stream) {
+  gather(a.src, a.indices, a.out, "cuda gather_rows", stream);
 }
 
 }  // namespace deepinfer::cuda

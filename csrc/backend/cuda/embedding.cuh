@@ -1,16 +1,17 @@
-// Embedding lookup on CUDA: a row gather from the table in device memory (any element type; out has the table's).
+// Row gathers on CUDA: the embedding lookup and gather_rows, from a table in device memory (any element type; out
+// has the table's), by int32 ids in device memory.
 #pragma once
-
-#include <cstdint>
 
 #include <cuda_runtime_api.h>
 
+#include "backend/ops/copy.h"
 #include "backend/ops/dense.h"
 
 namespace deepinfer::cuda {
 
-// `token_ids` is the device copy of a.token_ids (EmbeddingArgs holds a host span; the ids it names are the ones
-// checked). Checks the views (device, dtypes, shapes; throws deepinfer::Error) and queues the kernel on `stream`.
-void embedding(const EmbeddingArgs& a, const int32_t* token_ids, cudaStream_t stream);
+// Check the views (device, dtypes, shapes; throw deepinfer::Error) and queue the kernel on `stream`. The ids are not
+// read on the host: an id outside the table gives a zero row (ForwardBatch::validate checks them before upload).
+void embedding(const EmbeddingArgs& a, cudaStream_t stream);
+void gather_rows(const GatherRowsArgs& a, cudaStream_t stream);
 
 }  // namespace deepinfer::cuda

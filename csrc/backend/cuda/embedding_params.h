@@ -1,5 +1,6 @@
-// Parameters of the embedding gather: out[t, :] = table[token_ids[t], :]. Rows are copied as bytes, so any element
-// type works; a token id outside [0, vocab) gives a zero row (ids are validated before the launch).
+// Parameters of the row gather (embedding, gather_rows): out[t, :] = table[token_ids[t], :]. Rows are copied as
+// bytes, so any element type works; an id outside [0, vocab) gives a zero row (ids are validated on the host before
+// they are uploaded).
 #pragma once
 
 #include <cstdint>

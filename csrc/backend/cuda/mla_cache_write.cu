@@ -30,21 +30,24 @@ __global__ void __launch_bounds__(Traits::kThreads) mla_cache_write_kernel(
 
 }  // namespace
 
-void mla_cache_write(const MlaCacheWriteArgs& a, const int32_t* slot_mapping, cudaStream_t stream) {
+void mla_cache_write(const MlaCacheWriteArgs& a, cudaStream_t stream) {
   constexpr const char* kOp = "cuda mla_cache_write";
   DI_CHECK(a.cache.shape.ndim() == 3 && a.latent.shape.ndim() == 2 && a.latent.shape[1] == a.cache.shape[2] &&
-               static_cast<int64_t>(a.slot_mapping.size()) == a.latent.shape[0],
-           kOp, ": latent ", a.latent.shape.str(), " cache ", a.cache.shape.str(), " slots ", a.slot_mapping.size());
-  DI_CHECK(a.latent.dtype == a.cache.dtype, kOp, ": latent is ", dtype_name(a.latent.dtype), " but the cache is ",
-           dtype_name(a.cache.dtype));
-  DI_CHECK(a.latent.device == Device::kCuda && a.cache.device == Device::kCuda, kOp,
-           ": latent and cache must be in device memory");
-  const MlaCacheWriteParams p{.latent = a.latent.data, .cache = a.cache.data, .slot_mapping = slot_mapping,
-                              .num_tokens = a.latent.shape[0], .num_slots = a.cache.shape[0] * a.cache.shape[1],
+               a.slot_mapping.shape.ndim() == 1 && a.slot_mapping.shape[0] == a.latent.shape[0],
+           kOp, ": latent ", a.latent.shape.str(), " cache ", a.cache.shape.str(), " slots ",
+           a.slot_mapping.shape.str());
+  DI_CHECK(a.latent.dtype == a.cache.dtype && a.slot_mapping.dtype == DType::kI32, kOp, ": latent is ",
+           dtype_name(a.latent.dtype), ", the cache ", dtype_name(a.cache.dtype), ", the slots ",
+           dtype_name(a.slot_mapping.dtype), " (must be int32)");
+  DI_CHECK(a.latent.device == Device::kCuda && a.cache.device == Device::kCuda &&
+               a.slot_mapping.device == Device::kCuda,
+           kOp, ": latent, cache and slot_mapping must be in device memory");
+  const MlaCacheWriteParams p{.latent = a.latent.data, .cache = a.cache.data,
+                              .slot_mapping = a.slot_mapping.as<int32_t>(), .num_tokens = a.latent.shape[0],
+                              .num_slots = a.cache.shape[0] * a.cache.shape[1],
                               .row_bytes = a.cache.shape[2] * static_cast<int64_t>(dtype_size(a.cache.dtype))};
   DI_CHECK(p.num_tokens <= INT_MAX, kOp, ": ", p.num_tokens, " tokens exceed the grid");
   if (p.num_tokens == 0 || p.row_bytes == 0) return;
-  DI_CHECK(slot_mapping != nullptr, kOp, ": no device slot mapping");
   dispatch_copy_unit(copy_unit_bytes(p.latent, p.cache, p.row_bytes), [&](auto unit) {
     using Traits = ScatterTraits<decltype(unit)>;
     mla_cache_write_kernel<Traits><<<static_cast<unsigned>(p.num_tokens), Traits::kThreads, 0, stream>>>(p);

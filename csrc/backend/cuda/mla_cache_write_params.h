@@ -1,6 +1,6 @@
 // Parameters of the latent-cache write: cache row slot_mapping[t] = latent row t, for every token t. Rows are copied
 // as bytes (the cache holds the latent's element type). A slot outside [0, num_slots) is skipped: -1 marks a
-// padding token, as in other engines (slots are validated before the launch).
+// padding token, as in other engines (slots are validated on the host before they are uploaded).
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,8 @@
 // Dense ops: linear layers, embedding lookup, RMSNorm, SiLU-gated MLP activation.
+//
+// Activations are float32 or bfloat16 (all of one op's activations the same dtype; the CPU backend computes in
+// float32, the CUDA backend takes both); norm weights are float32. Every tensor of an op is on one device.
 #pragma once
-
-#include <span>
 
 #include "core/tensor.h"
 
@@ -16,18 +17,24 @@ struct LinearArgs {
 };
 
 // out[t, h, :] = x[t, h, :] · w[h]^T for every head h: x [T, H, K], w [H, N, K], out [T, H, N].
-// MLA's absorbed decode multiplies queries and outputs by per-head slices of kv_b_proj this way.
+// MLA's absorbed decode multiplies queries and outputs by per-head slices of kv_b_proj this way. The head rows of x
+// and out may be wider than K and N: row (t, h) of x starts at element (t * H + h) * x_head_stride, so x can be the
+// q_nope columns of a [T, H, nope + rope] query and out the q_latent columns of a [T, H, rank + rope] one (views
+// from TensorView::columns).
 struct HeadLinearArgs {
-  ConstTensorView x;
-  ConstTensorView w;
-  TensorView out;
+  ConstTensorView x;            // [T, H, K]
+  ConstTensorView w;            // [H, N, K]
+  TensorView out;               // [T, H, N]
+  int64_t x_head_stride = 0;    // elements; 0 = K
+  int64_t out_head_stride = 0;  // elements; 0 = N
   void validate() const;
 };
 
+// out[t] = table[token_ids[t]]
 struct EmbeddingArgs {
-  std::span<const int32_t> token_ids;  // [T]
-  ConstTensorView table;               // [V, D]
-  TensorView out;                      // [T, D]
+  ConstTensorView token_ids;  // [T] int32, each in [0, V)
+  ConstTensorView table;      // [V, D]
+  TensorView out;             // [T, D]
   void validate() const;
 };
 
@@ -35,7 +42,7 @@ struct EmbeddingArgs {
 // the c_kv half of a [T, kv_lora_rank + rope] latent can be normalized in place.
 struct RmsNormArgs {
   ConstTensorView x;       // [T, D]
-  ConstTensorView weight;  // [D]
+  ConstTensorView weight;  // [D] float32
   TensorView out;          // [T, D]
   float eps = 1e-6f;
   int64_t row_stride = 0;
@@ -46,7 +53,7 @@ struct RmsNormArgs {
 struct AddRmsNormArgs {
   TensorView residual;     // [T, D], updated in place
   ConstTensorView x;       // [T, D]
-  ConstTensorView weight;  // [D]
+  ConstTensorView weight;  // [D] float32
   TensorView out;          // [T, D]
   float eps = 1e-6f;
   void validate() const;

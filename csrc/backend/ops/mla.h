@@ -5,7 +5,6 @@
 #pragma once
 
 #include <cstdint>
-#include <span>
 
 #include "backend/ops/attention_metadata.h"
 #include "core/tensor.h"
@@ -14,20 +13,20 @@ namespace deepinfer {
 
 // cache[slot / page_size, slot % page_size, :] = latent[t, :] for every token t.
 struct MlaCacheWriteArgs {
-  ConstTensorView latent;              // [T, latent_dim]
-  TensorView cache;                    // [num_pages, page_size, latent_dim]
-  std::span<const int32_t> slot_mapping;  // [T]
+  ConstTensorView latent;        // [T, latent_dim]
+  TensorView cache;              // [num_pages, page_size, latent_dim]
+  ConstTensorView slot_mapping;  // [T] int32, each in [0, num_pages * page_size)
   void validate() const;
 };
 
-// Absorbed decode: each sequence has one query; all heads share the latent rows of its pages.
+// Absorbed decode: each sequence has one query, row s of q; all heads share the latent rows of its pages.
 //   scores[h, j] = scale * (q_latent[h] · c_kv[j] + q_pe[h] · k_pe[j]);  out[h] = softmax(scores[h]) · c_kv
+// q is one tensor, q_latent (q_nope · W_UK) then the rotated q_pe in each head row, as the CUDA kernel reads it.
 struct MlaDecodeArgs {
-  ConstTensorView q_latent;   // [T, H, kv_lora_rank]   q_nope already multiplied by W_UK
-  ConstTensorView q_pe;       // [T, H, rope_dim]       rotated
+  ConstTensorView q;          // [S, H, kv_lora_rank + rope_dim]
   ConstTensorView cache;      // [num_pages, page_size, kv_lora_rank + rope_dim]
-  TensorView out_latent;      // [T, H, kv_lora_rank]
-  AttentionMetadata meta;     // sequences with exactly one query each; rows = query_start
+  TensorView out_latent;      // [S, H, kv_lora_rank]
+  AttentionMetadata meta;     // S sequences of exactly one query each (query_start 0, 1, ..., S up to an offset)
   int64_t kv_lora_rank = 0;
   float softmax_scale = 1.0f;
   void validate() const;

@@ -31,7 +31,7 @@ struct MoeExpertsArgs {
   ConstTensorView x;             // [T, D]
   ConstTensorView w_gate_up;     // [E, 2I, D]  gate rows then up rows
   ConstTensorView w_down;        // [E, D, I]
-  ConstTensorView topk_ids;      // [T, top_k] int32
+  ConstTensorView topk_ids;      // [T, top_k] int32, each in [0, E)
   ConstTensorView topk_weights;  // [T, top_k] float32
   TensorView out;                // [T, D]  overwritten
   void validate() const;
