@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Builds the fused MoE test + microbenchmark for sm_90a with nvcc and runs it; logs and the JSON go to $OUT
+# (default ./out/moe). Run from the repository root on a Hopper GPU machine (CUDA 13, gcc, no other deps; cuBLAS is
+# loaded at run time for the GEMM-peak ceiling when the machine has it).
+#   BENCH_COMMIT / BENCH_DATE / BENCH_COMMAND: recorded in the JSON (git is used when available).
+#   MOE_BENCH_ARGS: extra arguments for the program (e.g. --quick).
+#   MOE_BENCH_BIN: a moe_bench built elsewhere with this script; used when it starts here, else rebuilt.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-out/moe}
+BUILD=${BUILD:-build/moe_bench}
+mkdir -p "$OUT" "$BUILD"
+
+export BENCH_COMMIT=${BENCH_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+export BENCH_DATE=${BENCH_DATE:-$(date -u +%Y-%m-%dT%H:%M:%SZ)}
+export BENCH_COMMAND=${BENCH_COMMAND:-benchmarks/gpu/run_moe.sh}
+
+NVCC=${NVCC:-nvcc}
+FLAGS=(-std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc --expt-relaxed-constexpr -Xcompiler -fopenmp
+       -lineinfo)
+SOURCES=(
+  benchmarks/kernels/moe_bench.cu
+  csrc/backend/cuda/moe_route.cu
+  csrc/backend/cuda/moe_experts.cu
+  csrc/backend/cuda/instantiations/moe_small_gate_up.cu
+  csrc/backend/cuda/instantiations/moe_small_down.cu
+  csrc/backend/cuda/instantiations/moe_grouped_gate_up.cu
+  csrc/backend/cuda/instantiations/moe_grouped_down.cu
+  csrc/backend/cuda/cuda_stream.cpp
+  csrc/backend/cuda/device_buffer.cpp
+)
+
+build() {
+  pids=()
+  for src in "${SOURCES[@]}"; do
+    obj="$BUILD/$(basename "${src%.*}").o"
+    "$NVCC" "${FLAGS[@]}" -Xptxas -v -c "$src" -o "$obj" > "$obj.log" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || { cat "$BUILD"/*.o.log; exit 1; }; done
+  grep -h -E "registers|spill|C75" "$BUILD"/moe_*.o.log || true
+  "$NVCC" "${FLAGS[@]}" "$BUILD"/*.o -o "$BUILD/moe_bench" -ldl
+  for k in small_gate_up small_down grouped_gate_up grouped_down; do  # the instructions each kernel really uses
+    echo "sass $k: $(cuobjdump --dump-sass "$BUILD/moe_$k.o" 2>/dev/null |
+      grep -oE '\b(HGMMA|HMMA|LDGSTS|LDG|LDL|STL|BAR|DEPBAR)\b' | sort | uniq -c | tr -s ' \n' ' ')"
+  done
+}
+
+BIN="$BUILD/moe_bench"
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv || true
+  "$NVCC" --version | tail -n 2 || true
+  if [[ -n "${MOE_BENCH_BIN:-}" && -x "${MOE_BENCH_BIN}" ]] && "${MOE_BENCH_BIN}" --probe; then
+    BIN="$MOE_BENCH_BIN"
+    echo "using prebuilt $BIN"
+  else
+    build
+  fi
+  echo "$BIN" > "$OUT/bin_path"
+} 2>&1 | tee "$OUT/build.log"
+BIN=$(cat "$OUT/bin_path")
+
+# cuBLAS for the GEMM-peak ceiling: the toolkit's, or the one Python's CUDA wheels carry.
+for d in /usr/local/cuda/lib64 $(find /opt /usr/local /usr/lib -maxdepth 9 -name 'libcublas.so*' -path '*nvidia*' \
+                                 -printf '%h\n' 2>/dev/null | sort -u | head -n 2); do
+  [[ -d "$d" ]] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+done
+
+"$BIN" --json "$OUT/moe_h200.json" ${MOE_BENCH_ARGS:-} 2>&1 | tee "$OUT/run.log"

@@ -1,0 +1,101 @@
+// Between the MoE launchers (moe_route.cu, moe_experts.cu) and the expert GEMM instantiations
+// (instantiations/moe_*.cu). Not part of the op's interface; the benchmark uses it to time single stages.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/moe_params.h"
+
+namespace deepinfer::cuda::moe_detail {
+
+constexpr int kMaxExperts = 256;
+constexpr int kMaxTopK = 8;
+constexpr int kMaxGroups = 32;          // one lane a group
+constexpr int kRouteThreads = 256;      // 8 warps
+constexpr int kRouteWarps = kRouteThreads / 32;
+constexpr int kRouteTokensPerBlock = 32;  // 4 tokens a warp; with top_k <= 8 a block's pairs fit one per thread
+constexpr int kFusedScatterMaxBlocks = 4;  // up to this many route blocks, the last one also scatters
+constexpr int kRowAlign = 128;          // each expert's row range is padded to the grouped kernel's M tile
+constexpr int kCombineThreads = 256;
+constexpr int kDownColsPerCta = 32;        // output columns of a small-M down CTA
+constexpr int kFusedCombineMaxTokens = 32;  // up to this many tokens the small-M down kernel also combines
+
+static_assert(kRouteTokensPerBlock * kMaxTopK <= kRouteThreads, "one pair per thread in the scatter");
+static_assert(kMaxExperts <= kRouteThreads, "one thread per expert in the scan");
+
+// What the kernels get: the caller's parameters plus the workspace carved into arrays.
+struct MoeKernelParams {
+  MoeParams p;
+  int32_t* counter = nullptr;         // [1]: route blocks finished; zero between calls
+  int32_t* count_accum = nullptr;     // [E]: rows per expert summed over route blocks; zero between calls
+  int32_t* col_done = nullptr;        // [hidden / 32]: small-M down CTAs finished per column block; zero between calls
+  int32_t* block_counts = nullptr;    // [route_blocks, E]: each route block's histogram
+  int32_t* expert_counts = nullptr;   // [E]: rows (pairs) per expert
+  int32_t* expert_offsets = nullptr;  // [E + 1]: first padded row of each expert; [E] = padded total (x kRowAlign)
+  int32_t* active_experts = nullptr;  // [E + 1]: experts with rows, ascending; [E] = their number
+  int32_t* row_pair = nullptr;        // [max_rows]: pair t * top_k + j of each row; padding rows undefined
+  uint16_t* act = nullptr;            // [num_tokens * top_k, inter] bf16, by pair
+  uint16_t* y = nullptr;              // [num_tokens * top_k, hidden] bf16, by pair
+  int32_t route_blocks = 0;
+  int32_t fused_scatter = 0;          // 1: the last route block scatters all pairs (no scatter kernel)
+  int32_t max_rows = 0;               // padded rows the workspace holds
+  int32_t max_active = 0;             // min(E, num_tokens * top_k): the grid's expert dimension (small-M path)
+  int32_t down_prefetch = 0;          // 1: the small-M gate/up kernel prefetches W_down of its expert into L2
+  int32_t fused_combine = 0;          // 1: the last small-M down CTA of each column block combines it (no combine kernel)
+};
+
+// Byte offsets of the workspace arrays (256-byte aligned). The zeroed header (counter, count_accum, col_done) comes
+// first and depends only on the expert count and hidden size, so a workspace serves any token count up to the one it
+// was sized for.
+struct MoeWorkspaceLayout {
+  size_t counter = 0, count_accum = 0, col_done = 0, block_counts = 0, expert_counts = 0, expert_offsets = 0, active_experts = 0,
+         row_pair = 0, act = 0, y = 0;
+  size_t zeroed_bytes = 0;  // [0, zeroed_bytes) must be zero between calls
+  size_t total_bytes = 0;
+  int32_t route_blocks = 0, max_rows = 0;
+};
+
+MoeWorkspaceLayout moe_workspace_layout(const MoeParams& p);
+
+// Resolves the workspace pointers and derived values (no checks).
+MoeKernelParams make_kernel_params(const MoeParams& p);
+
+// Parameter checks shared by the entry points (throws deepinfer::Error).
+void check_common(const MoeParams& p);
+void check_experts(const MoeParams& p, MoeExpertsPath path);
+
+// Whether the small-M gate/up kernel prefetches W_down into L2 (p.down_prefetch, kAuto: when the active experts'
+// W_down fits well inside L2).
+bool use_down_prefetch(const MoeParams& p, int32_t max_active);
+
+// Stage launchers (programmatic dependent launches on `stream`).
+void launch_route(const MoeKernelParams& kp, cudaStream_t stream);  // route (+ scatter)
+void launch_small_gate_up(const MoeKernelParams& kp, cudaStream_t stream);
+void launch_small_down(const MoeKernelParams& kp, cudaStream_t stream);
+void launch_grouped_gate_up(const MoeKernelParams& kp, cudaStream_t stream);
+void launch_grouped_down(const MoeKernelParams& kp, cudaStream_t stream);
+void launch_combine(const MoeKernelParams& kp, cudaStream_t stream);
+
+// Launches `kernel` as a programmatic dependent of the previous work on `stream`: it may be scheduled while that
+// work drains and waits for it at griddepcontrol.wait (every MoE kernel does so before touching memory).
+template <typename Kernel>
+void launch_pdl(Kernel kernel, dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
+                const MoeKernelParams& kp) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  CUDA_TRY(cudaLaunchKernelEx(&config, kernel, kp));
+}
+
+}  // namespace deepinfer::cuda::moe_detail

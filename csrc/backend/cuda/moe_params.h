@@ -1,0 +1,62 @@
+// Parameters of the fused MoE kernels: routing on the device, token -> expert alignment, the routed experts' SwiGLU
+// FFN as grouped GEMMs, and the weighted combine. Semantics are the CPU reference's (backend/cpu/moe.cpp):
+//
+//   routing (V3): s = sigmoid(logits); choice = s + correction_bias; group score = sum of the top-2 choices of the
+//                 group; the best topk_group groups are kept (others -inf); top_k experts by choice
+//   routing (V2): s = softmax(logits); greedy, or group-limited (group score = max choice)
+//   weight[t, j] = s[t, id[t, j]] (divided by the sum of the k weights when normalized) * routed_scaling_factor
+//   out[t] = add[t] + sum_j weight[t, j] * W_down[e] · (silu(W_gate[e] · x[t]) * (W_up[e] · x[t])),  e = id[t, j]
+//
+// Ties between equal scores go to the lower index, as in the reference. All tensors are contiguous; bf16 values are
+// stored as their 16-bit patterns (uint16_t).
+#pragma once
+
+#include <cstdint>
+
+namespace deepinfer::cuda {
+
+enum class MoeScoring : uint8_t { kSoftmax, kSigmoid };
+enum class MoeTopkMethod : uint8_t { kGreedy, kGroupLimitedGreedy, kNoauxTc };
+enum class MoeNormalize : uint8_t { kNo, kYes };  // norm_topk_prob
+
+// Which expert kernels run. kAuto picks by the average rows per expert; the others exist for tests and benchmarks.
+enum class MoeExpertsPath : uint8_t {
+  kAuto,
+  kSmallM,   // few rows per expert: weights streamed once, split-K GEMV-style tiles on mma.sync (decode)
+  kGrouped,  // many rows per expert: 128 x 256 tiles on warpgroup MMA, persistent over all experts (prefill)
+};
+
+// Whether the small-M gate/up kernel also pulls the active experts' down weights into L2 for the next kernel.
+enum class MoeDownPrefetch : uint8_t { kAuto, kOff, kOn };
+
+struct MoeParams {
+  // Routing. With router_logits null, topk_ids / topk_weights are inputs and only the alignment runs.
+  const float* router_logits = nullptr;    // [num_tokens, num_experts] fp32
+  const float* correction_bias = nullptr;  // [num_experts] fp32, or null (V3's e_score_correction_bias)
+  int32_t* topk_ids = nullptr;             // [num_tokens, top_k]: written by routing, in selection order
+  float* topk_weights = nullptr;           // [num_tokens, top_k]: written by routing
+  // Experts.
+  const uint16_t* x = nullptr;          // [num_tokens, hidden] bf16
+  const uint16_t* w_gate_up = nullptr;  // [num_experts, 2 * inter, hidden] bf16: gate rows, then up rows
+  const uint16_t* w_down = nullptr;     // [num_experts, hidden, inter] bf16
+  const uint16_t* add = nullptr;        // [num_tokens, hidden] bf16 or null: added to the output (shared experts)
+  uint16_t* out = nullptr;              // [num_tokens, hidden] bf16, overwritten
+  // moe_workspace_bytes(*this) bytes, 256-byte aligned; moe_workspace_init once before its first use.
+  void* workspace = nullptr;
+  int32_t num_tokens = 0;
+  int32_t hidden = 0;  // D
+  int32_t inter = 0;   // I (moe_intermediate_size)
+  int32_t num_experts = 0;
+  int32_t top_k = 0;
+  int32_t n_group = 1;
+  int32_t topk_group = 1;
+  float routed_scaling_factor = 1.0f;
+  MoeScoring scoring = MoeScoring::kSigmoid;
+  MoeTopkMethod method = MoeTopkMethod::kNoauxTc;
+  MoeNormalize normalize = MoeNormalize::kNo;
+  MoeExpertsPath path = MoeExpertsPath::kAuto;
+  MoeDownPrefetch down_prefetch = MoeDownPrefetch::kAuto;
+  int32_t num_sms = 132;  // multiprocessors of the device (cudaDevAttrMultiProcessorCount)
+};
+
+}  // namespace deepinfer::cuda

@@ -1,0 +1,413 @@
+// MoE routing and token -> expert alignment on the device: the workspace layout, parameter checks, the route kernel
+// (scores, group limit, top-k, weights, histograms; its last block scans) and the stable scatter of pairs into rows.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cub/block/block_scan.cuh>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/moe.cuh"
+#include "backend/cuda/moe_internal.h"
+#include "backend/cuda/moe_ptx.cuh"
+#include "core/error.h"
+
+namespace deepinfer::cuda {
+namespace moe_detail {
+namespace {
+
+constexpr int kExpertsPerLane = kMaxExperts / 32;  // expert e sits on lane e % 32, slot e / 32
+
+using BlockScan = cub::BlockScan<int32_t, kRouteThreads>;
+
+struct RouteSmem {
+  int32_t hist[kMaxExperts];                        // this block's pairs per expert
+  float choice[kRouteWarps][kMaxExperts];           // a warp's token: selection scores (for the group scores)
+  float score[kRouteWarps][kMaxExperts];            // a warp's token: unbiased scores (for the weights)
+  int32_t warp_hist[kRouteWarps][kMaxExperts];      // scatter: pairs per expert in each warp of the chunk
+  int32_t base[kMaxExperts];                        // scatter: first row of the chunk's pairs of each expert
+  int32_t offsets[kMaxExperts];                     // padded first row of each expert
+  int32_t chunk_ids[kRouteThreads];                 // this block's pairs' expert ids (pair - first pair of block)
+  typename BlockScan::TempStorage scan;
+  int32_t is_last;
+};
+
+__device__ __forceinline__ bool better(float v1, int e1, float v2, int e2) {
+  return v1 > v2 || (v1 == v2 && e1 < e2);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// One warp routes one token from its logits (expert lane + 32 j in logits[j], -inf past the experts): writes its
+// top_k ids (selection order) and weights, and counts its pairs in `hist`.
+__device__ void route_token(const MoeKernelParams& kp, int token, const float (&logits)[kExpertsPerLane], RouteSmem& s,
+                            int warp, int lane) {
+  const MoeParams& p = kp.p;
+  const int num_experts = p.num_experts, top_k = p.top_k;
+  float* choice = s.choice[warp];
+  float* score = s.score[warp];
+  float v[kExpertsPerLane];
+#pragma unroll
+  for (int j = 0; j < kExpertsPerLane; ++j) v[j] = logits[j];
+  if (p.scoring == MoeScoring::kSoftmax) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kExpertsPerLane; ++j) mx = fmaxf(mx, v[j]);
+    mx = warp_max(mx);
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kExpertsPerLane; ++j) {
+      v[j] = lane + 32 * j < num_experts ? expf(v[j] - mx) : 0.0f;
+      sum += v[j];
+    }
+    sum = warp_sum(sum);
+#pragma unroll
+    for (int j = 0; j < kExpertsPerLane; ++j) v[j] = v[j] / sum;
+  } else {
+#pragma unroll
+    for (int j = 0; j < kExpertsPerLane; ++j) v[j] = 1.0f / (1.0f + expf(-v[j]));
+  }
+  float c[kExpertsPerLane];  // selection scores
+#pragma unroll
+  for (int j = 0; j < kExpertsPerLane; ++j) {
+    const int e = lane + 32 * j;
+    c[j] = -INFINITY;
+    if (e < num_experts) {
+      score[e] = v[j];
+      c[j] = v[j] + (p.correction_bias != nullptr ? p.correction_bias[e] : 0.0f);
+      choice[e] = c[j];
+    }
+  }
+  __syncwarp();
+  if (p.method != MoeTopkMethod::kGreedy && p.n_group > 1) {
+    // Lane g scores group g; groups ranked by score, ties to the lower index; all but the best topk_group masked.
+    const int per_group = num_experts / p.n_group;
+    float group_score = -INFINITY;
+    if (lane < p.n_group) {
+      const float* members = choice + lane * per_group;
+      if (p.method == MoeTopkMethod::kNoauxTc) {
+        float best = -INFINITY, second = -INFINITY;
+        for (int i = 0; i < per_group; ++i) {
+          const float m = members[i];
+          if (m > best) {
+            second = best;
+            best = m;
+          } else if (m > second) {
+            second = m;
+          }
+        }
+        group_score = best + second;
+      } else {
+        for (int i = 0; i < per_group; ++i) group_score = fmaxf(group_score, members[i]);
+      }
+    }
+    int rank = 0;
+    for (int g = 0; g < p.n_group; ++g) {
+      const float other = __shfl_sync(0xffffffffu, group_score, g);
+      rank += (other > group_score || (other == group_score && g < lane)) ? 1 : 0;
+    }
+    const uint32_t keep = __ballot_sync(0xffffffffu, lane < p.n_group && rank < p.topk_group);
+#pragma unroll
+    for (int j = 0; j < kExpertsPerLane; ++j) {
+      const int e = lane + 32 * j;
+      if (e < num_experts && ((keep >> (e / per_group)) & 1u) == 0) c[j] = -INFINITY;
+    }
+  }
+  // top_k rounds of a warp arg-max (value descending, index ascending).
+  uint32_t taken = 0;
+  int my_id = 0;
+  for (int r = 0; r < top_k; ++r) {
+    float best_v = -INFINITY;
+    int best_e = 0x7fffffff;
+#pragma unroll
+    for (int j = 0; j < kExpertsPerLane; ++j) {
+      const int e = lane + 32 * j;
+      if (e < num_experts && ((taken >> j) & 1u) == 0 && better(c[j], e, best_v, best_e)) {
+        best_v = c[j];
+        best_e = e;
+      }
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      const float other_v = __shfl_xor_sync(0xffffffffu, best_v, offset);
+      const int other_e = __shfl_xor_sync(0xffffffffu, best_e, offset);
+      if (better(other_v, other_e, best_v, best_e)) {
+        best_v = other_v;
+        best_e = other_e;
+      }
+    }
+    if ((best_e & 31) == lane) taken |= 1u << (best_e >> 5);
+    if (lane == r) my_id = best_e;
+  }
+  const float w = lane < top_k ? score[my_id] : 0.0f;
+  const float sum = warp_sum(w);
+  const float norm = p.normalize == MoeNormalize::kYes ? 1.0f / (sum + 1e-20f) : 1.0f;
+  if (lane < top_k) {
+    const int64_t pair = static_cast<int64_t>(token) * top_k + lane;
+    p.topk_ids[pair] = my_id;
+    p.topk_weights[pair] = w * (norm * p.routed_scaling_factor);
+    s.chunk_ids[(token - blockIdx.x * kRouteTokensPerBlock) * top_k + lane] = my_id;
+    atomicAdd(&s.hist[my_id], 1);
+  }
+  __syncwarp();  // choice / score are reused by the warp's next token
+}
+
+// Places the pairs of route block `b` (tokens 32 b .. +32) into their experts' rows, in pair order:
+// row_pair[offsets[e] + (pairs of e in earlier blocks) + (pairs of e earlier in this block)] = pair.
+// Needs s.offsets (and s.chunk_ids when b is this block); every thread of the block calls it.
+__device__ void scatter_chunk(const MoeKernelParams& kp, int b, RouteSmem& s) {
+  const MoeParams& p = kp.p;
+  const int num_experts = p.num_experts;
+  const int tid = threadIdx.x, warp = tid >> 5;
+  for (int e = tid; e < num_experts; e += kRouteThreads) {
+    int sum0 = 0, sum1 = 0, sum2 = 0, sum3 = 0;  // independent sums: many loads in flight
+    int b2 = 0;
+#pragma unroll 4
+    for (; b2 + 4 <= b; b2 += 4) {
+      sum0 += __ldcg(&kp.block_counts[(b2 + 0) * num_experts + e]);
+      sum1 += __ldcg(&kp.block_counts[(b2 + 1) * num_experts + e]);
+      sum2 += __ldcg(&kp.block_counts[(b2 + 2) * num_experts + e]);
+      sum3 += __ldcg(&kp.block_counts[(b2 + 3) * num_experts + e]);
+    }
+    for (; b2 < b; ++b2) sum0 += __ldcg(&kp.block_counts[b2 * num_experts + e]);
+    s.base[e] = s.offsets[e] + sum0 + sum1 + sum2 + sum3;
+  }
+  for (int i = tid; i < kRouteWarps * kMaxExperts; i += kRouteThreads) (&s.warp_hist[0][0])[i] = 0;
+  __syncthreads();
+  const int64_t num_pairs = static_cast<int64_t>(p.num_tokens) * p.top_k;
+  const int64_t pair = static_cast<int64_t>(b) * kRouteTokensPerBlock * p.top_k + tid;
+  int e = -1;
+  if (tid < kRouteTokensPerBlock * p.top_k && pair < num_pairs) {
+    e = b == static_cast<int>(blockIdx.x) ? s.chunk_ids[tid] : __ldcg(&p.topk_ids[pair]);
+    if (e < 0 || e >= num_experts) e = -1;  // an invalid id gets no row (the combine skips it too)
+  }
+  const uint32_t peers = __match_any_sync(0xffffffffu, e);
+  const int rank = __popc(peers & lanemask_lt());
+  if (e >= 0 && rank == 0) s.warp_hist[warp][e] = __popc(peers);
+  __syncthreads();
+  if (e >= 0) {
+    int row = s.base[e] + rank;
+    for (int w = 0; w < warp; ++w) row += s.warp_hist[w][e];
+    kp.row_pair[row] = static_cast<int32_t>(pair);
+  }
+  __syncthreads();  // shared arrays are reused by the next chunk
+}
+
+// Grid: one block per 32 tokens. Routes (or reads the given ids), counts pairs per expert; the last block to finish
+// turns the counts into padded offsets and the active-expert list, resets the counters, and with kp.fused_scatter
+// also scatters every block's pairs. A grid of one block skips the global counters. Padding rows of row_pair are
+// left undefined: no kernel reads past an expert's count.
+__global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(const __grid_constant__ MoeKernelParams kp) {
+  __shared__ RouteSmem s;
+  const MoeParams& p = kp.p;
+  const int num_experts = p.num_experts, top_k = p.top_k;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  for (int e = tid; e < num_experts; e += kRouteThreads) s.hist[e] = 0;
+  __syncthreads();
+  griddep_wait();
+  griddep_launch_dependents();
+
+  constexpr int kTokensPerWarp = kRouteTokensPerBlock / kRouteWarps;
+  const int first_token = blockIdx.x * kRouteTokensPerBlock + warp * kTokensPerWarp;
+  if (p.router_logits != nullptr) {
+    float logits[kTokensPerWarp][kExpertsPerLane];  // all of the warp's loads in flight at once
+#pragma unroll
+    for (int i = 0; i < kTokensPerWarp; ++i) {
+      const int token = first_token + i;
+#pragma unroll
+      for (int j = 0; j < kExpertsPerLane; ++j) {
+        const int e = lane + 32 * j;
+        logits[i][j] = (token < p.num_tokens && e < num_experts)
+                           ? p.router_logits[static_cast<int64_t>(token) * num_experts + e]
+                           : -INFINITY;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kTokensPerWarp; ++i) {
+      if (first_token + i < p.num_tokens) route_token(kp, first_token + i, logits[i], s, warp, lane);
+    }
+  } else {
+    for (int i = 0; i < kTokensPerWarp; ++i) {
+      const int token = first_token + i;
+      if (token >= p.num_tokens || lane >= top_k) continue;
+      const int e = p.topk_ids[static_cast<int64_t>(token) * top_k + lane];
+      s.chunk_ids[(warp * kTokensPerWarp + i) * top_k + lane] = e;
+      if (e >= 0 && e < num_experts) atomicAdd(&s.hist[e], 1);
+    }
+  }
+  __syncthreads();
+  const bool single_block = gridDim.x == 1;
+  if (!single_block) {
+    for (int e = tid; e < num_experts; e += kRouteThreads) {
+      const int count = s.hist[e];
+      kp.block_counts[blockIdx.x * num_experts + e] = count;
+      if (count > 0) atomicAdd(&kp.count_accum[e], count);
+    }
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) s.is_last = atomicAdd(kp.counter, 1) == static_cast<int>(gridDim.x) - 1;
+    __syncthreads();
+    if (!s.is_last) return;
+    __threadfence();
+  }
+
+  // The last block: every block's counts are in place.
+  int count = 0;
+  if (tid < num_experts) count = single_block ? s.hist[tid] : atomicExch(&kp.count_accum[tid], 0);
+  const int padded = (count + kRowAlign - 1) / kRowAlign * kRowAlign;
+  int offset = 0, total_rows = 0;
+  BlockScan(s.scan).ExclusiveSum(padded, offset, total_rows);
+  __syncthreads();  // the scan storage is reused
+  int active_pos = 0, num_active = 0;
+  BlockScan(s.scan).ExclusiveSum(count > 0 ? 1 : 0, active_pos, num_active);
+  if (tid < num_experts) {
+    kp.expert_counts[tid] = count;
+    kp.expert_offsets[tid] = offset;
+    s.offsets[tid] = offset;
+    if (count > 0) kp.active_experts[active_pos] = tid;
+  }
+  if (tid == 0) {
+    kp.expert_offsets[num_experts] = total_rows;
+    kp.active_experts[num_experts] = num_active;
+    if (!single_block) *kp.counter = 0;
+  }
+  if (kp.fused_scatter) {
+    __syncthreads();
+    for (int b = 0; b < static_cast<int>(gridDim.x); ++b) scatter_chunk(kp, b, s);
+  }
+}
+
+// Grid: one block per route block (larger batches).
+__global__ void __launch_bounds__(kRouteThreads) moe_scatter_kernel(const __grid_constant__ MoeKernelParams kp) {
+  __shared__ RouteSmem s;
+  griddep_wait();
+  griddep_launch_dependents();
+  for (int e = threadIdx.x; e < kp.p.num_experts; e += kRouteThreads) s.offsets[e] = __ldcg(&kp.expert_offsets[e]);
+  const int64_t pair = static_cast<int64_t>(blockIdx.x) * kRouteTokensPerBlock * kp.p.top_k + threadIdx.x;
+  if (threadIdx.x < kRouteTokensPerBlock * kp.p.top_k && pair < static_cast<int64_t>(kp.p.num_tokens) * kp.p.top_k) {
+    s.chunk_ids[threadIdx.x] = __ldcg(&kp.p.topk_ids[pair]);
+  }
+  __syncthreads();
+  scatter_chunk(kp, blockIdx.x, s);
+}
+
+size_t align_256(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
+
+}  // namespace
+
+MoeWorkspaceLayout moe_workspace_layout(const MoeParams& p) {
+  MoeWorkspaceLayout l;
+  const size_t experts = static_cast<size_t>(std::max(p.num_experts, 0));
+  const size_t tokens = static_cast<size_t>(std::max(p.num_tokens, 0));
+  const size_t pairs = tokens * static_cast<size_t>(std::max(p.top_k, 0));
+  l.route_blocks = static_cast<int32_t>((tokens + kRouteTokensPerBlock - 1) / kRouteTokensPerBlock);
+  l.max_rows = static_cast<int32_t>(pairs + std::min(experts, pairs) * (kRowAlign - 1));
+  size_t at = 0;
+  const auto take = [&](size_t bytes) {
+    const size_t offset = at;
+    at = align_256(at + bytes);
+    return offset;
+  };
+  l.counter = take(sizeof(int32_t));
+  l.count_accum = take(experts * sizeof(int32_t));
+  l.col_done = take(static_cast<size_t>(std::max(p.hidden, 0) / kDownColsPerCta) * sizeof(int32_t));
+  l.zeroed_bytes = at;
+  l.block_counts = take(static_cast<size_t>(l.route_blocks) * experts * sizeof(int32_t));
+  l.expert_counts = take(experts * sizeof(int32_t));
+  l.expert_offsets = take((experts + 1) * sizeof(int32_t));
+  l.active_experts = take((experts + 1) * sizeof(int32_t));
+  l.row_pair = take(static_cast<size_t>(l.max_rows) * sizeof(int32_t));
+  l.act = take(pairs * static_cast<size_t>(std::max(p.inter, 0)) * 2);
+  l.y = take(pairs * static_cast<size_t>(std::max(p.hidden, 0)) * 2);
+  l.total_bytes = at;
+  return l;
+}
+
+MoeKernelParams make_kernel_params(const MoeParams& p) {
+  const MoeWorkspaceLayout l = moe_workspace_layout(p);
+  uint8_t* ws = static_cast<uint8_t*>(p.workspace);
+  MoeKernelParams kp;
+  kp.p = p;
+  kp.counter = reinterpret_cast<int32_t*>(ws + l.counter);
+  kp.count_accum = reinterpret_cast<int32_t*>(ws + l.count_accum);
+  kp.col_done = reinterpret_cast<int32_t*>(ws + l.col_done);
+  kp.block_counts = reinterpret_cast<int32_t*>(ws + l.block_counts);
+  kp.expert_counts = reinterpret_cast<int32_t*>(ws + l.expert_counts);
+  kp.expert_offsets = reinterpret_cast<int32_t*>(ws + l.expert_offsets);
+  kp.active_experts = reinterpret_cast<int32_t*>(ws + l.active_experts);
+  kp.row_pair = reinterpret_cast<int32_t*>(ws + l.row_pair);
+  kp.act = reinterpret_cast<uint16_t*>(ws + l.act);
+  kp.y = reinterpret_cast<uint16_t*>(ws + l.y);
+  kp.route_blocks = l.route_blocks;
+  kp.fused_scatter = l.route_blocks <= kFusedScatterMaxBlocks ? 1 : 0;
+  kp.max_rows = l.max_rows;
+  kp.max_active = static_cast<int32_t>(
+      std::min<int64_t>(p.num_experts, static_cast<int64_t>(p.num_tokens) * p.top_k));
+  return kp;
+}
+
+void check_common(const MoeParams& p) {
+  DI_CHECK(p.num_tokens >= 0 && p.num_tokens <= (1 << 24), "moe: num_tokens ", p.num_tokens, " outside [0, 2^24]");
+  DI_CHECK(p.num_experts >= 1 && p.num_experts <= kMaxExperts, "moe: ", p.num_experts, " experts outside [1, ",
+           kMaxExperts, "]");
+  DI_CHECK(p.top_k >= 1 && p.top_k <= kMaxTopK && p.top_k <= p.num_experts, "moe: top_k ", p.top_k,
+           " outside [1, min(", kMaxTopK, ", experts ", p.num_experts, ")]");
+  DI_CHECK(p.workspace != nullptr && reinterpret_cast<uintptr_t>(p.workspace) % 256 == 0,
+           "moe: a 256-byte aligned workspace of ", moe_workspace_bytes(p), " bytes is required");
+  DI_CHECK(p.topk_ids != nullptr && p.topk_weights != nullptr, "moe: topk_ids and topk_weights are required");
+  if (p.router_logits != nullptr) {
+    DI_CHECK(p.n_group >= 1 && p.n_group <= kMaxGroups && p.num_experts % p.n_group == 0, "moe: n_group ", p.n_group,
+             " must divide ", p.num_experts, " experts and be at most ", kMaxGroups);
+    if (p.method != MoeTopkMethod::kGreedy && p.n_group > 1) {
+      DI_CHECK(p.topk_group >= 1 && p.topk_group <= p.n_group &&
+                   static_cast<int64_t>(p.topk_group) * (p.num_experts / p.n_group) >= p.top_k,
+               "moe: topk_group ", p.topk_group, " of ", p.n_group, " groups leaves fewer than top_k ", p.top_k,
+               " experts");
+    }
+  }
+}
+
+void check_experts(const MoeParams& p, MoeExpertsPath path) {
+  DI_CHECK(p.x != nullptr && p.w_gate_up != nullptr && p.w_down != nullptr && p.out != nullptr,
+           "moe: null expert tensor pointer");
+  const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  DI_CHECK(aligned(p.x) && aligned(p.w_gate_up) && aligned(p.w_down) && aligned(p.out) && aligned(p.add),
+           "moe: x, weights, add and out must be 16-byte aligned");
+  DI_CHECK(p.hidden > 0 && p.hidden % 32 == 0 && p.inter > 0 && p.inter % 32 == 0, "moe: hidden ", p.hidden,
+           " and inter ", p.inter, " must be positive multiples of 32");
+  if (path == MoeExpertsPath::kGrouped) {
+    DI_CHECK(p.hidden % 256 == 0 && p.inter % 128 == 0, "moe: the grouped kernels need hidden % 256 == 0 (",
+             p.hidden, ") and inter % 128 == 0 (", p.inter, ")");
+  }
+}
+
+void launch_route(const MoeKernelParams& kp, cudaStream_t stream) {
+  launch_pdl(moe_route_kernel, dim3(kp.route_blocks), dim3(kRouteThreads), 0, stream, kp);
+  if (!kp.fused_scatter) launch_pdl(moe_scatter_kernel, dim3(kp.route_blocks), dim3(kRouteThreads), 0, stream, kp);
+}
+
+}  // namespace moe_detail
+
+size_t moe_workspace_bytes(const MoeParams& p) { return moe_detail::moe_workspace_layout(p).total_bytes; }
+
+void moe_workspace_init(const MoeParams& p, cudaStream_t stream) {
+  DI_CHECK(p.workspace != nullptr, "moe_workspace_init: null workspace");
+  CUDA_TRY(cudaMemsetAsync(p.workspace, 0, moe_detail::moe_workspace_layout(p).zeroed_bytes, stream));
+}
+
+void moe_route_align(const MoeParams& p, cudaStream_t stream) {
+  moe_detail::check_common(p);
+  if (p.num_tokens == 0) return;
+  moe_detail::launch_route(moe_detail::make_kernel_params(p), stream);
+}
+
+}  // namespace deepinfer::cuda

@@ -1,0 +1,226 @@
+// Device code of the small-M expert kernels (decode: few rows per expert); included only by
+// instantiations/moe_small_*.cu.
+//
+// Memory-bound: every active expert's weights are read once, at full bandwidth, straight from global memory into
+// registers (16-byte loads, no shared-memory staging). The weight rows are the M dimension of mma.sync m16n8k16 and
+// the expert's rows (tokens) the N dimension, 8 a tile:
+//   CTA = (column block, active expert). 8 warps = 2 tiles of 16 weight rows x 4 slices of K.
+//   gate/up: 16 act columns a CTA; warp row tile 0 holds gate rows i0 .. +16, tile 1 the up rows I + i0 .. +16.
+//   down:    32 output columns a CTA; the two row tiles are rows d0 .. +16 and d0 + 16 .. +16 of W_down.
+// The K slices' partial sums meet in shared memory; the epilogue applies silu(gate) * up (gate/up) and writes
+// bf16 rows of act or y, addressed by pair.
+//
+// K order inside an MMA is free as long as A and B agree: for every 32-wide K chunk, lane (g, t) loads 16 bytes
+// (k = 8t .. 8t+7) of weight rows g and g + 8 and of row g of the activations, and feeds k = 8t .. 8t+3 to the first
+// m16n8k16 and 8t+4 .. 8t+7 to the second, in the fragment slots of k = 2t, 2t+1, 2t+8, 2t+9.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/moe_internal.h"
+#include "backend/cuda/moe_ptx.cuh"
+
+namespace deepinfer::cuda::moe_detail {
+
+enum class GemmKind : uint8_t { kGateUp, kDown };
+
+template <GemmKind kKindValue, int kTokenTilesValue>
+struct SmallTraits {
+  static constexpr GemmKind kKind = kKindValue;
+  static constexpr bool kGateUp = kKindValue == GemmKind::kGateUp;
+  static constexpr int kTokenTiles = kTokenTilesValue;   // n8 tiles of expert rows per pass
+  static constexpr int kRowsPerPass = 8 * kTokenTiles;
+  static constexpr int kThreads = 256;
+  static constexpr int kKSplit = 4;                      // warps along K
+  static constexpr int kRowTiles = 2;                    // m16 tiles of weight rows
+  static constexpr int kUnroll = kTokenTiles == 1 ? 3 : 4;  // K chunks loaded before their MMAs
+  static constexpr int kOutCols = kGateUp ? 16 : kDownColsPerCta;  // output columns of a CTA
+  static constexpr int kMinBlocks = kTokenTiles == 1 ? 4 : 2;  // CTAs per SM: <= 64 / 128 registers
+  static_assert(kKSplit * kRowTiles * 32 == kThreads, "8 warps: 2 row tiles x 4 K slices");
+  static_assert(kTokenTiles >= 1 && kTokenTiles <= 4, "at most 32 rows a pass");
+  static_assert(kOutCols == 32 || kGateUp, "the fused combine covers the down CTA's 32 columns, 2 a thread");
+};
+
+// The combine of the columns [col0, col0 + 32) of every token, by the last down CTA of the column block:
+// out[t, c] = add[t, c] + sum_j weight[t, j] * y[t * top_k + j, c], slots in order (as the combine kernel).
+template <typename T>
+__device__ void combine_columns(const MoeKernelParams& kp, int col0) {
+  const MoeParams& p = kp.p;
+  for (int idx = threadIdx.x; idx < p.num_tokens * 16; idx += T::kThreads) {
+    const int token = idx / 16, col = col0 + (idx % 16) * 2;
+    float acc0 = 0.0f, acc1 = 0.0f;
+    for (int j = 0; j < p.top_k; ++j) {
+      const int64_t pair = static_cast<int64_t>(token) * p.top_k + j;
+      const int e = __ldcg(&p.topk_ids[pair]);
+      if (e < 0 || e >= p.num_experts) continue;
+      const float w = __ldcg(&p.topk_weights[pair]);
+      if (w == 0.0f) continue;
+      const uint32_t v = __ldcg(reinterpret_cast<const unsigned int*>(kp.y + pair * p.hidden + col));
+      acc0 = fmaf(w, bf16_lo(v), acc0);
+      acc1 = fmaf(w, bf16_hi(v), acc1);
+    }
+    const int64_t at = static_cast<int64_t>(token) * p.hidden + col;
+    if (p.add != nullptr) {
+      const uint32_t a = __ldcg(reinterpret_cast<const unsigned int*>(p.add + at));
+      acc0 += bf16_lo(a);
+      acc1 += bf16_hi(a);
+    }
+    *reinterpret_cast<uint32_t*>(p.out + at) = pack_bf16x2(acc0, acc1);
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) moe_small_gemm_kernel(const __grid_constant__ MoeKernelParams kp) {
+  __shared__ float red[T::kKSplit][T::kRowTiles][16][T::kRowsPerPass + 1];
+  __shared__ int32_t pair_s[T::kRowsPerPass];
+  __shared__ int32_t is_last;
+  griddep_wait();
+  griddep_launch_dependents();
+  const MoeParams& p = kp.p;
+  const int slot = blockIdx.y;
+  const int num_active = __ldcg(&kp.active_experts[p.num_experts]);
+  if (slot >= num_active) return;
+  const int e = __ldcg(&kp.active_experts[slot]);
+  const int count = __ldcg(&kp.expert_counts[e]);
+  const int row0 = __ldcg(&kp.expert_offsets[e]);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int h = warp & 1, ks = warp >> 1;
+
+  const int k_dim = T::kGateUp ? p.hidden : p.inter;
+  const int64_t w_row = T::kGateUp
+                            ? static_cast<int64_t>(e) * 2 * p.inter + h * p.inter + blockIdx.x * T::kOutCols
+                            : static_cast<int64_t>(e) * p.hidden + blockIdx.x * T::kOutCols + h * 16;
+  const uint16_t* w_lo = (T::kGateUp ? p.w_gate_up : p.w_down) + (w_row + g) * k_dim + 8 * t;
+  const uint16_t* w_hi = w_lo + 8 * static_cast<int64_t>(k_dim);
+  const int num_chunks = k_dim / 32;
+
+  if constexpr (T::kGateUp) {
+    if (kp.down_prefetch) {  // this CTA's share of W_down[e] into L2, for the down kernel that follows
+      const char* base = reinterpret_cast<const char*>(p.w_down + static_cast<int64_t>(e) * p.hidden * p.inter);
+      const int64_t bytes = static_cast<int64_t>(p.hidden) * p.inter * 2;
+      const int64_t per_cta = (bytes / gridDim.x + 127) / 128 * 128;
+      const int64_t begin = blockIdx.x * per_cta, end = min(bytes, begin + per_cta);
+      for (int64_t at = begin + tid * 128; at < end; at += T::kThreads * 128) prefetch_l2_evict_last(base + at);
+    }
+  }
+
+  for (int p0 = 0; p0 < count; p0 += T::kRowsPerPass) {
+    if (tid < T::kRowsPerPass) pair_s[tid] = p0 + tid < count ? __ldcg(&kp.row_pair[row0 + p0 + tid]) : -1;
+    __syncthreads();
+    const uint16_t* src[T::kTokenTiles];
+#pragma unroll
+    for (int nt = 0; nt < T::kTokenTiles; ++nt) {
+      const int pair = pair_s[8 * nt + g];
+      if (pair < 0) {
+        src[nt] = nullptr;
+      } else if constexpr (T::kGateUp) {
+        src[nt] = p.x + static_cast<int64_t>(pair / p.top_k) * p.hidden + 8 * t;
+      } else {
+        src[nt] = kp.act + static_cast<int64_t>(pair) * p.inter + 8 * t;
+      }
+    }
+    float acc[T::kTokenTiles][4];
+#pragma unroll
+    for (int nt = 0; nt < T::kTokenTiles; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+
+    int c = ks;  // this warp's chunks: ks, ks + kKSplit, ...; groups of kUnroll, then the rest one by one
+    for (; c + (T::kUnroll - 1) * T::kKSplit < num_chunks; c += T::kKSplit * T::kUnroll) {
+      uint4 a_lo[T::kUnroll], a_hi[T::kUnroll], b[T::kUnroll][T::kTokenTiles];
+#pragma unroll
+      for (int u = 0; u < T::kUnroll; ++u) {
+        a_lo[u] = ld_stream_16(w_lo + (c + u * T::kKSplit) * 32);
+        a_hi[u] = ld_stream_16(w_hi + (c + u * T::kKSplit) * 32);
+      }
+#pragma unroll
+      for (int u = 0; u < T::kUnroll; ++u) {
+#pragma unroll
+        for (int nt = 0; nt < T::kTokenTiles; ++nt) {
+          b[u][nt] = src[nt] != nullptr ? ld_cg_16(src[nt] + (c + u * T::kKSplit) * 32) : make_uint4(0u, 0u, 0u, 0u);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < T::kUnroll; ++u) {
+#pragma unroll
+        for (int nt = 0; nt < T::kTokenTiles; ++nt) {
+          mma_bf16_16816(acc[nt], a_lo[u].x, a_hi[u].x, a_lo[u].y, a_hi[u].y, b[u][nt].x, b[u][nt].y);
+          mma_bf16_16816(acc[nt], a_lo[u].z, a_hi[u].z, a_lo[u].w, a_hi[u].w, b[u][nt].z, b[u][nt].w);
+        }
+      }
+    }
+    for (; c < num_chunks; c += T::kKSplit) {
+      const uint4 a_lo = ld_stream_16(w_lo + c * 32), a_hi = ld_stream_16(w_hi + c * 32);
+#pragma unroll
+      for (int nt = 0; nt < T::kTokenTiles; ++nt) {
+        const uint4 b = src[nt] != nullptr ? ld_cg_16(src[nt] + c * 32) : make_uint4(0u, 0u, 0u, 0u);
+        mma_bf16_16816(acc[nt], a_lo.x, a_hi.x, a_lo.y, a_hi.y, b.x, b.y);
+        mma_bf16_16816(acc[nt], a_lo.z, a_hi.z, a_lo.w, a_hi.w, b.z, b.w);
+      }
+    }
+    // Accumulator (row g / g + 8 of the row tile, rows 2t, 2t + 1 of the token tile) -> red[ks][h][feature][row].
+#pragma unroll
+    for (int nt = 0; nt < T::kTokenTiles; ++nt) {
+      red[ks][h][g][8 * nt + 2 * t] = acc[nt][0];
+      red[ks][h][g][8 * nt + 2 * t + 1] = acc[nt][1];
+      red[ks][h][g + 8][8 * nt + 2 * t] = acc[nt][2];
+      red[ks][h][g + 8][8 * nt + 2 * t + 1] = acc[nt][3];
+    }
+    __syncthreads();
+    if constexpr (T::kGateUp) {
+      // 16 act columns (8 pairs) x kRowsPerPass rows.
+      for (int idx = tid; idx < T::kRowsPerPass * 8; idx += T::kThreads) {
+        const int n = idx / 8, col = (idx % 8) * 2;
+        const int pair = pair_s[n];
+        if (pair < 0) continue;
+        float gate0 = 0.0f, gate1 = 0.0f, up0 = 0.0f, up1 = 0.0f;
+#pragma unroll
+        for (int s = 0; s < T::kKSplit; ++s) {
+          gate0 += red[s][0][col][n];
+          gate1 += red[s][0][col + 1][n];
+          up0 += red[s][1][col][n];
+          up1 += red[s][1][col + 1][n];
+        }
+        *reinterpret_cast<uint32_t*>(kp.act + static_cast<int64_t>(pair) * p.inter + blockIdx.x * T::kOutCols + col) =
+            pack_bf16x2(silu(gate0) * up0, silu(gate1) * up1);
+      }
+    } else {
+      // 32 output columns (16 pairs) x kRowsPerPass rows.
+      for (int idx = tid; idx < T::kRowsPerPass * 16; idx += T::kThreads) {
+        const int n = idx / 16, col = (idx % 16) * 2;
+        const int pair = pair_s[n];
+        if (pair < 0) continue;
+        const int tile = col / 16, f = col % 16;
+        float v0 = 0.0f, v1 = 0.0f;
+#pragma unroll
+        for (int s = 0; s < T::kKSplit; ++s) {
+          v0 += red[s][tile][f][n];
+          v1 += red[s][tile][f + 1][n];
+        }
+        *reinterpret_cast<uint32_t*>(kp.y + static_cast<int64_t>(pair) * p.hidden + blockIdx.x * T::kOutCols + col) =
+            pack_bf16x2(v0, v1);
+      }
+    }
+    __syncthreads();  // pair_s and red are reused by the next pass
+  }
+  if constexpr (!T::kGateUp) {
+    if (kp.fused_combine) {  // the last of the column block's num_active CTAs combines it
+      __threadfence();
+      __syncthreads();
+      if (tid == 0) is_last = atomicAdd(&kp.col_done[blockIdx.x], 1) == num_active - 1;
+      __syncthreads();
+      if (!is_last) return;
+      __threadfence();
+      combine_columns<T>(kp, blockIdx.x * T::kOutCols);
+      if (tid == 0) kp.col_done[blockIdx.x] = 0;
+    }
+  }
+}
+
+// Grid (output column blocks, max_active experts); experts past the active count exit at once.
+template <typename T>
+void launch_small_gemm(const MoeKernelParams& kp, cudaStream_t stream) {
+  const int out_cols = T::kGateUp ? kp.p.inter : kp.p.hidden;
+  launch_pdl(moe_small_gemm_kernel<T>, dim3(out_cols / T::kOutCols, kp.max_active), dim3(T::kThreads), 0, stream,
+             kp);
+}
+
+}  // namespace deepinfer::cuda::moe_detail
