@@ -8,6 +8,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/mla_decode_internal.h"
+#include "backend/cuda/ptx.cuh"
 #include "core/error.h"
 
 namespace deepinfer::cuda {
@@ -55,7 +56,7 @@ __global__ void __launch_bounds__(kCombineThreads) mla_decode_combine_kernel(con
   __shared__ float weights[mla_detail::kMaxForcedSplits];
   __shared__ float scratch[kCombineWarps];
   __shared__ float4 group_acc[kGroups][kCols / 4];
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the attention grid's partials are complete and visible
+  ptx::griddep_wait();  // the attention grid's partials are complete and visible
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t rows = static_cast<int64_t>(p.batch) * p.num_heads;

@@ -24,8 +24,11 @@
 
 #include "backend/cuda/mla_decode_internal.h"
 #include "backend/cuda/mla_decode_params.h"
+#include "backend/cuda/ptx.cuh"
 
 namespace deepinfer::cuda::mla_detail {
+
+using namespace ::deepinfer::cuda::ptx;  // NOLINT: the shared PTX wrappers
 
 template <int kHeadsPerCta, int kNumStages>
 struct MlaDecodeTraits {
@@ -54,19 +57,6 @@ using WideTraits = MlaDecodeTraits<kWideHeads, 2>;
 // ---------------------------------------------------------------------------------------------------------------
 // PTX wrappers
 
-__device__ __forceinline__ uint32_t smem_addr(const void* ptr) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
-}
-
-// 16-byte global -> shared copy; src_bytes 0 writes 16 zero bytes and reads nothing.
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, uint32_t src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -156,7 +146,7 @@ __device__ __forceinline__ void load_kv_tile(uint32_t dst, const MlaDecodeParams
 
 // Lets the split-combine kernel (launched as a programmatic dependent) start its launch while this grid finishes.
 __device__ __forceinline__ void allow_dependent_launch() {
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  griddep_launch_dependents();
 }
 
 // ---------------------------------------------------------------------------------------------------------------

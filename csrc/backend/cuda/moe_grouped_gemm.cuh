@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) moe_grouped_gemm_kernel(const 
         wgmma_fence();
 #pragma unroll
         for (int k16 = 0; k16 < T::kBlockK / 16; ++k16) {  // +32 bytes a k16 step: +2 in the descriptor
-          wgmma_m64n256k16_ss(acc, desc_a + 2 * k16, desc_b + 2 * k16, (kb > 0 || k16 > 0) ? 1 : 0);
+          wgmma_m64n256k16_bf16<BLayout::kKMajor>(acc, desc_a + 2 * k16, desc_b + 2 * k16, (kb > 0 || k16 > 0) ? 1 : 0);
         }
         wgmma_commit();
       }
