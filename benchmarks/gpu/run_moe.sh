@@ -11,7 +11,8 @@ OUT=${OUT:-out/moe}
 BUILD=${BUILD:-build/moe_bench}
 mkdir -p "$OUT" "$BUILD"
 
-export BENCH_COMMIT=${BENCH_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+# The GPU machine may get the tree without its git history: pass BENCH_COMMIT there.
+export BENCH_COMMIT=${BENCH_COMMIT:-$(git rev-parse --verify -q HEAD 2>/dev/null || echo unknown)}
 export BENCH_DATE=${BENCH_DATE:-$(date -u +%Y-%m-%dT%H:%M:%SZ)}
 export BENCH_COMMAND=${BENCH_COMMAND:-benchmarks/gpu/run_moe.sh}
 
