@@ -8,6 +8,9 @@
 #include <nanobind/stl/vector.h>
 
 #include "engine/engine.h"
+#ifdef DEEPINFER_HAVE_CUDA
+#include "backend/cuda/device_info.h"
+#endif
 #include "engine/sequence_scorer.h"
 
 namespace nb = nanobind;
@@ -34,6 +37,14 @@ LoadProgress python_progress(nb::object callback) {
     nb::gil_scoped_acquire gil;
     callback(done, total);
   };
+}
+
+int visible_cuda_devices() {
+#ifdef DEEPINFER_HAVE_CUDA
+  return cuda::device_count();
+#else
+  return 0;
+#endif
 }
 
 }  // namespace
@@ -78,6 +89,7 @@ NB_MODULE(_deepinfer, m) {
       .def_rw("seed", &EngineOptions::seed)
       .def_rw("page_size", &EngineOptions::page_size)
       .def_rw("cache_memory_bytes", &EngineOptions::cache_memory_bytes)
+      .def_rw("gpu_memory_utilization", &EngineOptions::gpu_memory_utilization)
       .def_rw("num_cache_pages", &EngineOptions::num_cache_pages)
       .def_rw("max_model_len", &EngineOptions::max_model_len)
       .def_rw("max_num_seqs", &EngineOptions::max_num_seqs)
@@ -99,6 +111,8 @@ NB_MODULE(_deepinfer, m) {
       .def_ro("bos_token_id", &ModelConfig::bos_token_id)
       .def_prop_ro("latent_dim", &ModelConfig::latent_dim)
       .def_prop_ro("fp8", [](const ModelConfig& c) { return c.fp8.enabled; });
+  m.def("cuda_device_count", &visible_cuda_devices,
+        "CUDA devices this build can use: 0 without the CUDA backend or without a GPU.");
   m.def("load_model_config", [](const std::string& path) { return load_model_config(path); }, "model_dir"_a);
 
   nb::class_<TokenLogprob>(m, "TokenLogprob")

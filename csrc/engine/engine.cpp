@@ -5,6 +5,11 @@
 
 #include "engine/model_runner.h"
 
+#ifdef DEEPINFER_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device_info.h"
+#endif
+
 namespace deepinfer {
 
 void EngineOptions::validate() const {
@@ -17,16 +22,55 @@ void EngineOptions::validate() const {
   DI_CHECK_ARG(max_model_len >= 0, "max_model_len must be >= 0, got ", max_model_len);
   DI_CHECK_ARG(max_num_seqs > 0, "max_num_seqs must be > 0, got ", max_num_seqs);
   DI_CHECK_ARG(max_num_batched_tokens > 0, "max_num_batched_tokens must be > 0, got ", max_num_batched_tokens);
+  DI_CHECK_ARG(gpu_memory_utilization > 0.0 && gpu_memory_utilization <= 1.0,
+               "gpu_memory_utilization must be in (0, 1], got ", gpu_memory_utilization);
 }
+
+namespace {
+
+std::unique_ptr<Backend> make_backend(const std::string& device) {
+  if (device == "cpu") return make_cpu_backend();
+#ifdef DEEPINFER_HAVE_CUDA
+  DI_CHECK_ARG(cuda::device_count() > 0, "device 'cuda': no CUDA device is visible");
+  return make_cuda_backend();
+#else
+  throw InvalidArgument("device 'cuda': this build has no CUDA backend (it was built without nvcc)");
+#endif
+}
+
+// Pages the latent cache gets: a fixed count, the CPU budget, or on a GPU what gpu_memory_utilization leaves after
+// the weights and a reserve for the largest step's activations.
+int64_t cache_pages(const EngineOptions& options, const ModelConfig& config, int64_t page_bytes) {
+  if (options.num_cache_pages > 0) return options.num_cache_pages;
+  if (options.device == "cpu") return options.cache_memory_bytes / page_bytes;
+#ifdef DEEPINFER_HAVE_CUDA
+  const cuda::DeviceMemory mem = cuda::device_memory(0);
+  const int64_t used = mem.total_bytes - mem.free_bytes;  // weights, the CUDA context, other processes
+  // Activations of one step: a handful of [tokens, max(hidden, q, kv, intermediate, vocab)] tensors, generously.
+  const int64_t widest = std::max({config.hidden_size, config.num_attention_heads * config.qk_head_dim(),
+                                   config.intermediate_size, config.vocab_size,
+                                   config.n_routed_experts * config.moe_intermediate_size / 4});
+  const int64_t activation_reserve = int64_t{16} * options.max_num_batched_tokens * widest * 4 + (int64_t{1} << 30);
+  const auto budget = static_cast<int64_t>(options.gpu_memory_utilization * static_cast<double>(mem.total_bytes)) -
+                      used - activation_reserve;
+  DI_CHECK_ARG(budget >= page_bytes, "gpu_memory_utilization ", options.gpu_memory_utilization, " of ",
+               mem.total_bytes >> 20, " MiB leaves no room for the latent cache (", used >> 20, " MiB in use, ",
+               activation_reserve >> 20, " MiB reserved for activations)");
+  return budget / page_bytes;
+#else
+  return 0;
+#endif
+}
+
+}  // namespace
 
 LoadedModel load_model(const EngineOptions& options, const LoadProgress& progress) {
   options.validate();
-  DI_CHECK_ARG(options.device == "cpu", "device 'cuda': the CUDA backend cannot run models yet; use device='cpu'");
   ModelConfig config = load_model_config(options.model_path);
   auto source = options.load_format == LoadFormat::kDummy ? make_dummy_source(options.seed)
                                                           : open_checkpoint_source(options.model_path, config);
   ModelWeights weights = load_weights(config, *source, progress);
-  LoadedModel loaded{.backend = make_cpu_backend()};
+  LoadedModel loaded{.backend = make_backend(options.device)};
   loaded.model = std::make_unique<DeepseekModel>(std::move(config), std::move(weights), *loaded.backend);
   return loaded;
 }
@@ -38,9 +82,9 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& options, const LoadP
   LatentCacheShape shape{.num_layers = config.num_hidden_layers, .page_size = options.page_size,
                          .latent_dim = config.latent_dim()};
   const int64_t page_bytes = shape.bytes_per_page(loaded.backend->activation_dtype());
-  const int64_t pages = options.num_cache_pages > 0 ? options.num_cache_pages : options.cache_memory_bytes / page_bytes;
-  DI_CHECK_ARG(pages >= 1 && pages <= INT32_MAX, "the cache budget of ", options.cache_memory_bytes,
-               " bytes holds ", pages, " pages of ", page_bytes, " bytes; raise it");
+  const int64_t pages = cache_pages(options, config, page_bytes);
+  DI_CHECK_ARG(pages >= 1 && pages <= INT32_MAX, "the cache budget holds ", pages, " pages of ", page_bytes,
+               " bytes; raise it");
   shape.num_pages = static_cast<int32_t>(pages);
   const int64_t capacity_tokens = pages * options.page_size;
   int64_t max_len = options.max_model_len;
@@ -223,7 +267,7 @@ void Engine::step_once() {
   uint64_t prompt_tokens = 0;
   try {
     PreparedBatch prepared = prepare_batch(plan, options_.page_size);
-    Tensor logits = model_->forward(prepared.batch, cache_);  // [num sampling chunks, V]
+    Tensor logits = model_->logits_on_host(model_->forward(prepared.batch, cache_));  // [sampling chunks, V]
     const int64_t vocab = model_->config().vocab_size;
     for (size_t i = 0; i < prepared.sampling_chunks.size(); ++i) {
       const Request& r = *prepared.sampling_chunks[i]->request;

@@ -29,7 +29,8 @@ struct EngineOptions {
   std::string device = "cpu";                // "cpu" or "cuda"
   uint64_t seed = 0;                         // seeds dummy weights and requests without a seed
   int32_t page_size = 64;
-  int64_t cache_memory_bytes = int64_t{1} << 30;  // latent cache budget when num_cache_pages == 0
+  int64_t cache_memory_bytes = int64_t{1} << 30;  // CPU: latent cache budget when num_cache_pages == 0
+  double gpu_memory_utilization = 0.9;       // CUDA: fraction of the GPU for weights + working memory + cache
   int32_t num_cache_pages = 0;
   int32_t max_model_len = 0;                 // 0: min(max_position_embeddings, what the cache holds)
   int32_t max_num_seqs = 256;

@@ -42,7 +42,7 @@ std::vector<float> SequenceScorer::last_logits(std::span<const int32_t> tokens, 
       b.slot_mapping.push_back(pages[static_cast<size_t>(pos / page_size)] * page_size + pos % page_size);
     }
     b.logits_indices = {count - 1};
-    Tensor out = loaded_.model->forward(b, cache);
+    Tensor out = loaded_.model->logits_on_host(loaded_.model->forward(b, cache));
     logits.assign(out.f32_span().begin(), out.f32_span().end());
     done += count;
   }

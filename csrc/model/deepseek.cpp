@@ -63,6 +63,20 @@ Tensor DeepseekModel::linear(const Tensor& x, const Tensor& w) {
   return out;
 }
 
+Tensor DeepseekModel::linear_f32(const Tensor& x, const Tensor& w) {
+  Tensor out = backend_.empty({x.shape()[0], w.shape()[0]}, DType::kF32);
+  backend_.linear({.x = x.cview(), .w = w.cview(), .out = out.view()});
+  return out;
+}
+
+Tensor DeepseekModel::logits_on_host(Tensor logits) const {
+  DI_CHECK(logits.dtype() == DType::kF32, "logits must be float32, got ", dtype_name(logits.dtype()));
+  if (logits.device() == Device::kCpu) return logits;
+  Tensor host = Tensor::empty(logits.shape(), DType::kF32);
+  backend_.copy_to_host(logits.cview(), host.view());  // the step's one device-to-host copy
+  return host;
+}
+
 // The one place where the step's index arrays cross to the device. They are packed into one host int32 tensor and
 // uploaded together: one host-to-device copy per step on a GPU, none at all on the CPU (upload() hands the host
 // tensor back). Every op of the step then takes views of that tensor.
@@ -127,7 +141,7 @@ Tensor DeepseekModel::forward(const ForwardBatch& batch, const LatentCache& cach
   Tensor last = activation({num_logits, d});                                // [N, D]
   backend_.gather_rows({.src = residual.cview(), .indices = in.logits_indices, .out = last.view()});
   backend_.rms_norm({.x = last.cview(), .weight = weights_.norm.cview(), .out = last.view(), .eps = eps});
-  return linear(last, weights_.lm_head);                                    // [N, V]
+  return linear_f32(last, weights_.lm_head);                                // [N, V] float32
 }
 
 Tensor DeepseekModel::attention(const LayerWeights& layer, int64_t layer_index, const Tensor& h,
@@ -203,7 +217,7 @@ Tensor DeepseekModel::mlp(const MlpWeights& w, const Tensor& h) {
 Tensor DeepseekModel::moe(const MoeWeights& w, const Tensor& h) {
   const ModelConfig& c = config_;
   const int64_t t = h.shape()[0];
-  Tensor router_logits = linear(h, w.gate);                                 // [T, E]
+  Tensor router_logits = linear_f32(h, w.gate);                             // [T, E] float32
   Tensor topk_ids = backend_.empty({t, c.num_experts_per_tok}, DType::kI32);      // [T, k]
   Tensor topk_weights = backend_.empty({t, c.num_experts_per_tok}, DType::kF32);  // [T, k]
   backend_.moe_route({.logits = router_logits.cview(), .correction_bias = w.correction_bias.cview(),

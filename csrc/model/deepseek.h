@@ -25,6 +25,8 @@ class DeepseekModel {
   // Writes the latents of the batch's tokens into `cache`, attends, and returns the logits of
   // batch.logits_indices as [logits_indices.size(), vocab_size], on the backend's device.
   Tensor forward(const ForwardBatch& batch, const LatentCache& cache);
+  // The logits forward() returned, as float32 in host memory for the sampler (a copy only on a GPU).
+  Tensor logits_on_host(Tensor logits) const;
 
  private:
   // The step's index arrays on the device: one tensor holding all of them, and views of its parts.
@@ -45,6 +47,7 @@ class DeepseekModel {
   Tensor mlp(const MlpWeights& w, const Tensor& h);
   Tensor moe(const MoeWeights& w, const Tensor& h);
   Tensor linear(const Tensor& x, const Tensor& w);
+  Tensor linear_f32(const Tensor& x, const Tensor& w);  // float32 output whatever the activation dtype
   Tensor activation(Shape shape);  // uninitialized, on the backend's device, in its activation dtype
 
   ModelConfig config_;

@@ -178,7 +178,7 @@ class DeepInferenceEngine:
         elif kwargs:
             raise TypeError("pass either an EngineConfig or keyword arguments, not both")
         self.config = config
-        device = self._choose_device(config)
+        self.device = device = self._choose_device(config)
         model_dir, implied_format = resolve_model_path(config.model_name_or_path)
         load_format = config.load_format if config.load_format != "auto" else (implied_format or "safetensors")
         self.model_dir = model_dir
@@ -196,6 +196,7 @@ class DeepInferenceEngine:
         options.seed = config.seed
         options.page_size = config.page_size
         options.cache_memory_bytes = int(config.cache_memory_gb * (1 << 30))
+        options.gpu_memory_utilization = float(config.gpu_memory_utilization)
         options.num_cache_pages = config.num_cache_pages
         options.max_model_len = config.max_model_len or 0
         options.max_num_seqs = config.max_num_seqs
@@ -226,14 +227,18 @@ class DeepInferenceEngine:
     @staticmethod
     def _choose_device(config: EngineConfig) -> str:
         if config.tensor_parallel_size > 1:
-            raise ValueError(f"tensor_parallel_size={config.tensor_parallel_size} needs the CUDA backend with NCCL, "
-                             "which this build cannot run yet; use tensor_parallel_size=1")
-        if config.device == "cuda":
-            raise ValueError("device='cuda': the CUDA backend cannot run models in this build yet; use device='cpu'")
-        if config.dtype not in ("auto", "float32"):
-            raise ValueError(f"dtype={config.dtype!r}: the CPU backend computes in float32 (bf16/fp16/fp8 weights are "
-                             "widened at load); use dtype='auto' or 'float32'")
-        return "cpu"
+            raise ValueError(f"tensor_parallel_size={config.tensor_parallel_size} needs NCCL across GPUs, which this "
+                             "build cannot do yet; use tensor_parallel_size=1")
+        gpus = _deepinfer.cuda_device_count()
+        if config.device == "cuda" and gpus == 0:
+            raise ValueError("device='cuda': no CUDA device is visible, or this build has no CUDA backend "
+                             "(it was built without nvcc); use device='cpu'")
+        device = "cuda" if config.device == "cuda" or (config.device == "auto" and gpus > 0) else "cpu"
+        allowed = ("auto", "bfloat16") if device == "cuda" else ("auto", "float32")
+        if config.dtype not in allowed:
+            raise ValueError(f"dtype={config.dtype!r}: the {device.upper()} backend computes in "
+                             f"{allowed[1]}; use dtype='auto' or {allowed[1]!r}")
+        return device
 
     def _check_quantization(self, config: EngineConfig) -> None:
         q = config.quantization
