@@ -239,3 +239,17 @@ def test_shutdown_ends_running_and_queued_requests_as_aborted(checkpoints):
     assert any(s.snapshot().finish_reason == "abort" for s in streams)
     with pytest.raises(RuntimeError, match="shut down"):
         e.submit("x")
+
+
+def test_device_choice_without_a_gpu(checkpoints):
+    from deepinfer import _deepinfer
+
+    if _deepinfer.cuda_device_count() > 0:
+        pytest.skip("a GPU is visible")
+    path = str(checkpoints["v2"])
+    with pytest.raises(ValueError, match="no CUDA device"):
+        DeepInferenceEngine(EngineConfig(model_name_or_path=path, device="cuda"))
+    with pytest.raises(ValueError, match="computes in float32"):
+        DeepInferenceEngine(EngineConfig(model_name_or_path=path, dtype="bfloat16"))
+    with DeepInferenceEngine(EngineConfig(model_name_or_path=path, max_model_len=64)) as e:
+        assert e.device == "cpu"  # "auto" falls back to the CPU

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Builds the Python extension with the CUDA backend on a GPU machine and runs the engine on the GPU against the CPU
+# (benchmarks/gpu/engine_parity.py). Needs nanobind and scikit-build-core installed; JSON_INCLUDE points at a folder
+# with nlohmann/json.hpp where the CMake package is missing. Logs and the JSON go to $OUT (default out/engine_parity).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-out/engine_parity}
+mkdir -p "$OUT"
+OUT=$(realpath "$OUT")
+defines=(-C cmake.define.DEEPINFER_CUDA=ON -C build-dir=build/gpu-wheel)
+if [[ -n "${JSON_INCLUDE:-}" ]]; then defines+=(-C "cmake.define.DEEPINFER_JSON_INCLUDE_DIR=$(realpath "$JSON_INCLUDE")"); fi
+start=$(date +%s)
+python3 -m pip install -q --no-build-isolation --no-deps --target "$OUT/../site" "${defines[@]}" . > "$OUT/build.log" 2>&1 \
+  || { tail -n 40 "$OUT/build.log"; exit 1; }
+echo "build: $(( $(date +%s) - start )) s"
+PYTHONPATH="$(realpath "$OUT/../site")" python3 benchmarks/gpu/engine_parity.py --out "$OUT" 2>&1 | tee "$OUT/parity.log"
