@@ -5,8 +5,9 @@
 // rounded to bf16 first and the CPU computes in fp32 on exactly those values, so only the GPU's bf16 output rounding
 // and fp32 summation order differ: tolerance 1e-2 of the largest reference value) and float32 (tolerance 1e-5).
 // Copies (embedding, gathers, strided copies, cache write) and untouched elements compare exactly. Index arrays
-// (ids, positions, slots, attention metadata) are device tensors, as the model passes them. MLA decode runs in
-// bfloat16 only (its kernel's type). Skipped without a GPU.
+// (ids, positions, slots, attention metadata) are device tensors, as the model passes them. MLA decode and prefill
+// and the MoE experts run in bfloat16 only (their kernels' type); MoE routing takes fp32 logits. Skipped without a
+// GPU.
 #ifdef DEEPINFER_HAVE_CUDA
 
 #include <gtest/gtest.h>
@@ -363,6 +364,155 @@ void add_mla_decode(CaseRegistry& r, int64_t heads, int64_t page_size, std::vect
          .tolerance = act.tolerance()});
 }
 
+// MLA prefill at DeepSeek's dims (rank 512, rope 64, q/k head 128 + 64, v head 128), bfloat16: sequence s has
+// queries[s] new tokens at the end of context_lens[s] cached ones (chunked prefill over a cached prefix when fewer).
+// The cache is NaN-poisoned, then every context's latents are written through mla_cache_write at scattered pages;
+// unused page-table entries hold -1 or out-of-range ids. The CPU computes on the same bf16-rounded values in fp32.
+void add_mla_prefill(CaseRegistry& r, int64_t heads, int64_t page_size, std::vector<int32_t> context_lens,
+                     std::vector<int32_t> queries, uint64_t seed) {
+  constexpr int64_t kRank = 512, kDim = 576, kNope = 128, kQk = 192, kV = 128;
+  const Activations act{DType::kBF16};
+  Rng rng(seed);
+  const auto seqs = static_cast<int32_t>(context_lens.size());
+  int64_t used_pages = 0, max_needed = 0;
+  for (int32_t ctx : context_lens) {
+    used_pages += (ctx + page_size - 1) / page_size;
+    max_needed = std::max<int64_t>(max_needed, (ctx + page_size - 1) / page_size);
+  }
+  const int64_t num_pages = used_pages + 3;  // spare pages stay poisoned
+  const auto max_pages = static_cast<int32_t>(max_needed + 2);
+  std::vector<int32_t> pool(static_cast<size_t>(num_pages));
+  std::iota(pool.begin(), pool.end(), 0);
+  rng.shuffle(pool);
+  std::vector<int32_t> page_table(static_cast<size_t>(seqs) * max_pages), slots, query_start(1, 0);
+  size_t next_page = 0;
+  for (int32_t s = 0; s < seqs; ++s) {
+    const int64_t pages = (context_lens[s] + page_size - 1) / page_size;
+    for (int32_t p = 0; p < max_pages; ++p) {
+      page_table[static_cast<size_t>(s) * max_pages + p] =
+          p < pages ? pool[next_page++] : (p % 2 == 0 ? -1 : static_cast<int32_t>(num_pages + 7));
+    }
+    for (int32_t j = 0; j < context_lens[s]; ++j) {
+      slots.push_back(static_cast<int32_t>(page_table[static_cast<size_t>(s) * max_pages + j / page_size] * page_size +
+                                           j % page_size));
+    }
+    query_start.push_back(query_start.back() + queries[s]);
+  }
+  const auto cached = static_cast<int64_t>(slots.size());
+  const int64_t tokens = query_start.back();
+  const std::vector<float> latents = act.round(rng.uniform(cached * kDim));
+  const std::vector<float> q = act.round(rng.uniform(tokens * heads * kQk));
+  const float w_range = static_cast<float>(std::sqrt(3.0 / double(kRank)));
+  const std::vector<float> kv_b = act.round(rng.uniform(heads * (kNope + kV) * kRank, -w_range, w_range));
+  const int32_t max_context = context_lens.empty() ? 0 : *std::max_element(context_lens.begin(), context_lens.end());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kQk));
+  std::string lens;
+  for (int32_t s = 0; s < seqs; ++s) lens += str_cat("_", queries[s], "of", context_lens[s]);
+  r.add({.op = OpKind::kMlaPrefill,
+         .name = str_cat("mla_prefill_bf16_h", heads, "_ps", page_size, "_q", lens),
+         .run = [=](OpRunner& run) -> Outputs {
+           const std::vector<float> poison(static_cast<size_t>(num_pages * page_size * kDim), std::nanf(""));
+           const TensorView cache =
+               run.upload(act.tensor(run, {num_pages, page_size, kDim}, poison), Access::kReadWrite);
+           run.backend().mla_cache_write({.latent = run.upload(act.tensor(run, {cached, kDim}, latents)),
+                                          .cache = cache,
+                                          .slot_mapping = run.upload(HostTensor::i32({cached}, slots))});
+           const AttentionMetadata meta{.query_start = run.upload(HostTensor::i32({seqs + 1}, query_start)),
+                                        .context_lens = run.upload(HostTensor::i32({seqs}, context_lens)),
+                                        .page_table = run.upload(HostTensor::i32({seqs, max_pages}, page_table)),
+                                        .num_seqs = seqs, .max_pages_per_seq = max_pages,
+                                        .max_context_len = max_context};
+           const TensorView out = run.output({tokens, heads, kV}, act.on(run));
+           run.backend().mla_prefill({.q = run.upload(act.tensor(run, {tokens, heads, kQk}, q)), .cache = cache,
+                                      .kv_b = run.upload(act.tensor(run, {heads * (kNope + kV), kRank}, kv_b)),
+                                      .out = out, .meta = meta, .kv_lora_rank = kRank, .qk_nope_head_dim = kNope,
+                                      .v_head_dim = kV, .softmax_scale = scale});
+           return {{"out", run.fetch(out)}};
+         },
+         .tolerance = act.tolerance()});
+}
+
+// MoE routing from fp32 router logits (the same on both activation dtypes). The order of a token's experts is not
+// part of the contract: both sides are sorted by expert id per token before the comparison.
+struct MoeRouteCase {
+  std::string tag;
+  int64_t tokens = 0, experts = 0, top_k = 1, n_group = 1, topk_group = 1;
+  ExpertScoring scoring = ExpertScoring::kSigmoid;
+  TopkMethod method = TopkMethod::kNoauxTc;
+  bool norm_topk_prob = false;
+  float routed_scaling_factor = 1.0f;
+  bool bias = false;
+};
+
+void add_moe_route(CaseRegistry& r, const MoeRouteCase& c, uint64_t seed) {
+  Rng rng(seed);
+  const std::vector<float> logits = rng.uniform(c.tokens * c.experts, -4.0f, 4.0f);
+  const std::vector<float> bias = c.bias ? rng.uniform(c.experts, -0.5f, 0.5f) : std::vector<float>{};
+  r.add({.op = OpKind::kMoeRoute,
+         .name = str_cat("moe_route_", c.tag, "_t", c.tokens),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView ids = run.output({c.tokens, c.top_k}, DType::kI32);
+           const TensorView weights = run.output({c.tokens, c.top_k}, DType::kF32);
+           run.backend().moe_route(
+               {.logits = run.upload(HostTensor::f32({c.tokens, c.experts}, logits)),
+                .correction_bias = c.bias ? ConstTensorView(run.upload(HostTensor::f32({c.experts}, bias)))
+                                          : ConstTensorView{},
+                .topk_ids = ids, .topk_weights = weights, .scoring = c.scoring, .method = c.method,
+                .n_group = c.n_group, .topk_group = c.topk_group, .norm_topk_prob = c.norm_topk_prob,
+                .routed_scaling_factor = c.routed_scaling_factor});
+           const std::vector<double> id_values = run.fetch(ids), weight_values = run.fetch(weights);
+           Output id_out{.name = "ids", .values = {}, .compare = Compare::kExact}, weight_out{.name = "weights",
+                                                                                            .values = {}};
+           for (int64_t t = 0; t < c.tokens; ++t) {
+             std::vector<std::pair<double, double>> pairs;
+             for (int64_t k = 0; k < c.top_k; ++k) {
+               pairs.emplace_back(id_values[t * c.top_k + k], weight_values[t * c.top_k + k]);
+             }
+             std::sort(pairs.begin(), pairs.end());
+             for (const auto& [id, w] : pairs) {
+               id_out.values.push_back(id);
+               weight_out.values.push_back(w);
+             }
+           }
+           return {id_out, weight_out};
+         },
+         .tolerance = 1e-5});
+}
+
+// Routed experts on given ids, bfloat16 x and weights (the kernels' type): out[t] = sum_k w[t, k] * FFN_e(x[t]).
+// The kernels keep the SwiGLU activations and each pair's down output in bfloat16, hence the bf16 tolerance.
+void add_moe_experts(CaseRegistry& r, int64_t tokens, int64_t dim, int64_t inter, int64_t experts, int64_t top_k,
+                     uint64_t seed) {
+  const Activations act{DType::kBF16};
+  Rng rng(seed);
+  const float x_range = 1.0f, w_range = static_cast<float>(std::sqrt(3.0 / double(dim)));
+  const float down_range = static_cast<float>(std::sqrt(3.0 / double(inter)));
+  const std::vector<float> x = act.round(rng.uniform(tokens * dim, -x_range, x_range));
+  const std::vector<float> w_gate_up = act.round(rng.uniform(experts * 2 * inter * dim, -w_range, w_range));
+  const std::vector<float> w_down = act.round(rng.uniform(experts * dim * inter, -down_range, down_range));
+  std::vector<int32_t> ids;
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<int32_t> perm(static_cast<size_t>(experts));
+    std::iota(perm.begin(), perm.end(), 0);
+    rng.shuffle(perm);
+    ids.insert(ids.end(), perm.begin(), perm.begin() + top_k);
+  }
+  const std::vector<float> weights = rng.uniform(tokens * top_k, 0.0f, 1.0f);
+  r.add({.op = OpKind::kMoeExperts,
+         .name = str_cat("moe_experts_bf16_t", tokens, "_d", dim, "_i", inter, "_e", experts, "_k", top_k),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView out = run.output({tokens, dim}, act.on(run));
+           run.backend().moe_experts({.x = run.upload(act.tensor(run, {tokens, dim}, x)),
+                                      .w_gate_up = run.upload(act.tensor(run, {experts, 2 * inter, dim}, w_gate_up)),
+                                      .w_down = run.upload(act.tensor(run, {experts, dim, inter}, w_down)),
+                                      .topk_ids = run.upload(HostTensor::i32({tokens, top_k}, ids)),
+                                      .topk_weights = run.upload(HostTensor::f32({tokens, top_k}, weights)),
+                                      .out = out});
+           return {{"out", run.fetch(out)}};
+         },
+         .tolerance = act.tolerance()});
+}
+
 CaseRegistry build_registry() {
   CaseRegistry r;
   for (const Activations act : {Activations{DType::kBF16}, Activations{DType::kF32}}) {
@@ -457,6 +607,45 @@ CaseRegistry build_registry() {
   add_mla_decode(r, 16, 64, {5000}, 94);
   add_mla_decode(r, 128, 64, {4096, 1}, 95);
   add_mla_decode(r, 16, 1, {9, 2}, 96);
+  // MLA prefill, bfloat16 at DeepSeek's dims: V2-Lite's 16 heads and V3's 128; full prompts, chunked prefill over a
+  // cached prefix (one or many query tiles), context 1, a sequence without queries, page sizes that do not divide
+  // 64 (7, 1) or the contexts, long contexts (the workspace grows as cases run).
+  add_mla_prefill(r, 16, 64, {70, 65, 1, 200}, {70, 9, 1, 130}, 160);
+  add_mla_prefill(r, 16, 7, {100, 33}, {100, 17}, 161);
+  add_mla_prefill(r, 128, 64, {300, 64}, {300, 1}, 162);
+  add_mla_prefill(r, 16, 16, {50, 20, 130}, {0, 20, 65}, 163);
+  add_mla_prefill(r, 32, 1, {9, 3}, {5, 3}, 164);
+  add_mla_prefill(r, 16, 64, {1000}, {1000}, 165);
+  add_mla_prefill(r, 16, 64, {2049, 5}, {129, 5}, 166);
+  add_mla_prefill(r, 128, 32, {1}, {1}, 167);
+  // MoE routing: V3 (sigmoid, bias, 8 groups keep 4, top-8 of 256) with one and several route blocks, V2-Lite
+  // (softmax, greedy, top-6 of 64), V2 group-limited; no tokens.
+  const MoeRouteCase v3{.tag = "v3_e256_g8_keep4_k8", .tokens = 7, .experts = 256, .top_k = 8, .n_group = 8,
+                        .topk_group = 4, .scoring = ExpertScoring::kSigmoid, .method = TopkMethod::kNoauxTc,
+                        .norm_topk_prob = true, .routed_scaling_factor = 2.5f, .bias = true};
+  add_moe_route(r, v3, 140);
+  MoeRouteCase v3_many = v3;
+  v3_many.tokens = 300;  // more route blocks than the fused scatter takes
+  add_moe_route(r, v3_many, 141);
+  MoeRouteCase v3_none = v3;
+  v3_none.tokens = 0;
+  add_moe_route(r, v3_none, 142);
+  add_moe_route(r, {.tag = "v2_lite_greedy_e64_k6", .tokens = 33, .experts = 64, .top_k = 6,
+                    .scoring = ExpertScoring::kSoftmax, .method = TopkMethod::kGreedy, .routed_scaling_factor = 1.0f},
+                143);
+  add_moe_route(r, {.tag = "v2_group_limited_e160_g8_keep3_k6", .tokens = 20, .experts = 160, .top_k = 6,
+                    .n_group = 8, .topk_group = 3, .scoring = ExpertScoring::kSoftmax,
+                    .method = TopkMethod::kGroupLimitedGreedy, .norm_topk_prob = false,
+                    .routed_scaling_factor = 16.0f},
+                144);
+  // MoE experts, bfloat16: decode-sized (fused combine), experts without tokens, V2-Lite's intermediate width and
+  // top-6, more than 32 tokens (separate combine), enough rows per expert for the grouped kernels, no tokens.
+  add_moe_experts(r, 5, 256, 128, 8, 2, 150);
+  add_moe_experts(r, 2, 64, 32, 16, 2, 151);
+  add_moe_experts(r, 1, 1024, 1408, 8, 6, 152);
+  add_moe_experts(r, 64, 96, 32, 4, 3, 153);
+  add_moe_experts(r, 300, 512, 256, 16, 4, 154);
+  add_moe_experts(r, 0, 64, 32, 4, 2, 155);
   return r;
 }
 
@@ -500,9 +689,8 @@ INSTANTIATE_TEST_SUITE_P(CudaBackend, CudaVsCpu, ::testing::Range<size_t>(0, reg
 constexpr OpKind kImplemented[] = {OpKind::kEmbedding, OpKind::kGatherRows, OpKind::kCopyStrided,
                                    OpKind::kRmsNorm,   OpKind::kAddRmsNorm, OpKind::kSiluMul,
                                    OpKind::kAdd,       OpKind::kRope,       OpKind::kMlaCacheWrite,
-                                   OpKind::kMlaDecode};
-constexpr OpKind kGemms[] = {OpKind::kLinear, OpKind::kHeadLinear};
-constexpr OpKind kNotYet[] = {OpKind::kMlaPrefill, OpKind::kMoeRoute, OpKind::kMoeExperts};
+                                   OpKind::kMlaDecode, OpKind::kMoeRoute,   OpKind::kMoeExperts};
+constexpr OpKind kGemms[] = {OpKind::kLinear, OpKind::kHeadLinear, OpKind::kMlaPrefill};  // need cuBLAS
 
 // supports() reports exactly the implemented ops (the GEMMs only with cuBLAS), and every supported op has cases.
 TEST(CudaBackend, ReportsTheOpsItImplements) {
@@ -516,21 +704,12 @@ TEST(CudaBackend, ReportsTheOpsItImplements) {
 #else
   for (OpKind op : kGemms) EXPECT_FALSE(cuda->supports(op)) << op_name(op);
 #endif
-  for (OpKind op : kNotYet) EXPECT_FALSE(cuda->supports(op)) << op_name(op);
   for (int i = 0; i <= static_cast<int>(OpKind::kMoeExperts); ++i) {
     const auto op = static_cast<OpKind>(i);
     if (cuda->supports(op)) {
       EXPECT_GT(registry().count(op), 0) << "no CUDA case for " << op_name(op);
     }
   }
-}
-
-TEST(CudaBackend, UnimplementedOpsThrow) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
-  const std::unique_ptr<Backend> cuda = make_cuda_backend();
-  EXPECT_THROW(cuda->mla_prefill({}), UnsupportedOp);
-  EXPECT_THROW(cuda->moe_route({}), UnsupportedOp);
-  EXPECT_THROW(cuda->moe_experts({}), UnsupportedOp);
 }
 
 // The memory functions: stream-ordered device tensors, zeros, copies both ways, and uploads that narrow float32 to
@@ -753,6 +932,48 @@ TEST(CudaBackendPerf, DISABLED_OpsAtModelSizes) {
                 double(x.bytes() + w.bytes() + out.bytes()), 2.0 * t * heads * 128 * 512);
   }
 #endif
+}
+
+// MLA prefill (gather, decompression GEMM and causal attention together) at V2-Lite (16 heads) and V3 (128 heads)
+// dims, full prompts of 1 x 4096 and 4 x 1024 tokens in 64-token pages. FLOPs: the decompression GEMM
+// (2 * rows * H * 256 * 512) plus the causal attention (2 * (192 + 128) per visible (query, key) pair and head).
+TEST(CudaBackendPerf, DISABLED_MlaPrefill) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  const std::unique_ptr<Backend> cuda = make_cuda_backend();
+  if (!cuda->supports(OpKind::kMlaPrefill)) GTEST_SKIP() << "mla_prefill needs cuBLAS";
+  PerfRunner perf;
+  constexpr DType kBf16 = DType::kBF16;
+  constexpr int64_t kPage = 64;
+  for (const int64_t heads : {int64_t{16}, int64_t{128}}) {
+    for (const auto& [seqs, len] : {std::pair<int32_t, int32_t>{1, 4096}, std::pair<int32_t, int32_t>{4, 1024}}) {
+      const int64_t tokens = int64_t{seqs} * len, pages_per_seq = len / kPage;
+      const TensorView cache = perf.tensor({seqs * pages_per_seq, kPage, 576}, kBf16);
+      const TensorView q = perf.tensor({tokens, heads, 192}, kBf16);
+      const TensorView kv_b = perf.tensor({heads * 256, 512}, kBf16);
+      const TensorView out = perf.tensor({tokens, heads, 128}, kBf16);
+      std::vector<int32_t> starts(static_cast<size_t>(seqs) + 1), lens(static_cast<size_t>(seqs), len);
+      std::vector<int32_t> table(static_cast<size_t>(seqs * pages_per_seq));
+      for (int32_t s = 0; s <= seqs; ++s) starts[s] = s * len;
+      std::iota(table.begin(), table.end(), 0);
+      const TensorView d_starts = perf.tensor({seqs + 1}, DType::kI32), d_lens = perf.tensor({seqs}, DType::kI32);
+      const TensorView d_table = perf.tensor({seqs, pages_per_seq}, DType::kI32);
+      CUDA_TRY(cudaMemcpy(d_starts.data, starts.data(), d_starts.bytes(), cudaMemcpyHostToDevice));
+      CUDA_TRY(cudaMemcpy(d_lens.data, lens.data(), d_lens.bytes(), cudaMemcpyHostToDevice));
+      CUDA_TRY(cudaMemcpy(d_table.data, table.data(), d_table.bytes(), cudaMemcpyHostToDevice));
+      const AttentionMetadata meta{.query_start = d_starts, .context_lens = d_lens, .page_table = d_table,
+                                   .num_seqs = seqs, .max_pages_per_seq = static_cast<int32_t>(pages_per_seq),
+                                   .max_context_len = len};
+      const double attention_flops = double(heads) * seqs * (double(len) * (len + 1) / 2) * 2.0 * (192 + 128);
+      const double gemm_flops = 2.0 * tokens * heads * 256 * 512;
+      const double seconds = perf.time([&] {
+        cuda->mla_prefill({.q = q, .cache = cache, .kv_b = kv_b, .out = out, .meta = meta, .kv_lora_rank = 512,
+                           .qk_nope_head_dim = 128, .v_head_dim = 128, .softmax_scale = 0.07f});
+      });
+      perf.report(str_cat("mla_prefill bf16 ", heads, " heads, ", seqs, " x ", len, " tokens (attention ",
+                          attention_flops / seconds / 1e12, " TFLOP/s of the total time)"),
+                  seconds, double(q.bytes() + out.bytes() + cache.bytes()), attention_flops + gemm_flops);
+    }
+  }
 }
 
 }  // namespace

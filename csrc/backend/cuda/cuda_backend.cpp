@@ -3,6 +3,7 @@
 // attention metadata) arrive as device tensors: no op copies anything from the host.
 #include "backend/cuda/cuda_backend.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
@@ -18,6 +19,8 @@
 #include "backend/cuda/embedding.cuh"
 #include "backend/cuda/mla_cache_write.cuh"
 #include "backend/cuda/mla_decode.cuh"
+#include "backend/cuda/mla_prefill.cuh"
+#include "backend/cuda/moe.cuh"
 #include "backend/cuda/norm_residual.cuh"
 #include "backend/cuda/rms_norm.cuh"
 #include "backend/cuda/rope.cuh"
@@ -76,9 +79,11 @@ void check_on_device(const ConstTensorView& t, const char* op, const char* name)
 
 void check_gemm_operands(const ConstTensorView& x, const ConstTensorView& w, const ConstTensorView& out,
                          const char* op) {
-  DI_CHECK(x.dtype == w.dtype && out.dtype == x.dtype && (x.dtype == DType::kBF16 || x.dtype == DType::kF32), op,
-           ": x, w and out must all be bfloat16 (or all float32), got ", dtype_name(x.dtype), ", ",
-           dtype_name(w.dtype), " and ", dtype_name(out.dtype));
+  // out may be float32 from bfloat16 inputs: router and vocabulary logits keep full precision.
+  DI_CHECK(x.dtype == w.dtype && (out.dtype == x.dtype || out.dtype == DType::kF32) &&
+               (x.dtype == DType::kBF16 || x.dtype == DType::kF32),
+           op, ": x and w must both be bfloat16 (or both float32) and out the same or float32, got ",
+           dtype_name(x.dtype), ", ", dtype_name(w.dtype), " and ", dtype_name(out.dtype));
   DI_CHECK(x.device == Device::kCuda && w.device == Device::kCuda && out.device == Device::kCuda, op,
            ": x, w and out must be in device memory");
 }
@@ -115,6 +120,7 @@ class CudaBackend final : public Backend {
     switch (op) {
       case OpKind::kLinear:
       case OpKind::kHeadLinear:
+      case OpKind::kMlaPrefill:  // bfloat16, DeepSeek's dims (rank 512, rope 64, nope 128, v 128); cuBLAS decompresses
 #ifdef DEEPINFER_HAVE_CUBLAS
         return true;
 #else
@@ -130,13 +136,9 @@ class CudaBackend final : public Backend {
       case OpKind::kRope:
       case OpKind::kMlaCacheWrite:
       case OpKind::kMlaDecode:  // bfloat16, DeepSeek's 512 + 64 latent, heads in multiples of 16
+      case OpKind::kMoeRoute:   // up to 256 experts, top_k up to 8
+      case OpKind::kMoeExperts: // bfloat16, hidden and intermediate sizes in multiples of 32
         return true;
-      // TODO: MLA prefill (causal attention over prefix + new tokens, q/k 192, v 128), MoE routing and the grouped
-      // expert GEMMs.
-      case OpKind::kMlaPrefill:
-      case OpKind::kMoeRoute:
-      case OpKind::kMoeExperts:
-        return false;
     }
     return false;
   }
@@ -212,7 +214,8 @@ class CudaBackend final : public Backend {
     const cudaDataType_t type = cuda_type(a.x.dtype);
     CUDA_TRY(cublasGemmEx(cublas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, gemm_int(n, kOp, "N"), gemm_int(m, kOp, "M"),
                           gemm_int(k, kOp, "K"), &alpha, a.w.data, type, static_cast<int>(k), a.x.data, type,
-                          static_cast<int>(k), &beta, a.out.data, type, static_cast<int>(n), CUBLAS_COMPUTE_32F,
+                          static_cast<int>(k), &beta, a.out.data, cuda_type(a.out.dtype), static_cast<int>(n),
+                          CUBLAS_COMPUTE_32F,
                           CUBLAS_GEMM_DEFAULT));
 #else
     throw UnsupportedOp(str_cat(kOp, ": this build has no cuBLAS"));
@@ -242,7 +245,7 @@ class CudaBackend final : public Backend {
     CUDA_TRY(cublasGemmStridedBatchedEx(
         cublas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, gemm_int(n, kOp, "N"), gemm_int(tokens, kOp, "T"),
         gemm_int(k, kOp, "K"), &alpha, a.w.data, type, static_cast<int>(k), n * k, a.x.data, type,
-        gemm_int(heads * x_stride, kOp, "H * x head stride"), x_stride, &beta, a.out.data, type,
+        gemm_int(heads * x_stride, kOp, "H * x head stride"), x_stride, &beta, a.out.data, cuda_type(a.out.dtype),
         gemm_int(heads * out_stride, kOp, "H * out head stride"), out_stride, gemm_int(heads, kOp, "H"),
         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 #else
@@ -349,13 +352,200 @@ class CudaBackend final : public Backend {
     cuda::mla_decode(p, stream_.get());
   }
 
-  void mla_prefill(const MlaPrefillArgs&) override { unsupported(OpKind::kMlaPrefill); }
-  void moe_route(const MoeRouteArgs&) override { unsupported(OpKind::kMoeRoute); }
-  void moe_experts(const MoeExpertsArgs&) override { unsupported(OpKind::kMoeExperts); }
+  // Decompressing prefill: gather each prefill sequence's latent rows (row s * max_context_len + j of the workspace),
+  // decompress them with one cuBLAS GEMM (kv = c_kv · kv_b^T: per head 128 k_nope then 128 v columns), then the causal
+  // flash-attention kernel reads q, the kv rows and the latents' k_pe.
+  void mla_prefill(const MlaPrefillArgs& a) override {
+    constexpr const char* kOp = "cuda mla_prefill";
+    a.validate();  // shapes and dtypes; the metadata is device memory, checked on the host before its upload
+    check_on_device(a.q, kOp, "q");
+    check_on_device(a.cache, kOp, "cache");
+    check_on_device(a.kv_b, kOp, "kv_b");
+    check_on_device(a.out, kOp, "out");
+    check_on_device(a.meta.query_start, kOp, "query_start");
+    check_on_device(a.meta.context_lens, kOp, "context_lens");
+    check_on_device(a.meta.page_table, kOp, "page_table");
+    const int64_t tokens = a.q.shape[0], heads = a.q.shape[1];
+    const int64_t seqs = a.meta.num_seqs, max_ctx = a.meta.max_context_len;
+    if (tokens == 0 || heads == 0 || seqs == 0 || max_ctx == 0) return;
+    if (a.q.dtype != DType::kBF16 || a.kv_b.dtype != DType::kBF16 || a.kv_lora_rank != cuda::kMlaPrefillRank ||
+        a.cache.shape[2] != cuda::kMlaPrefillRank + cuda::kMlaPrefillRope ||
+        a.qk_nope_head_dim != cuda::kMlaPrefillNope || a.v_head_dim != cuda::kMlaPrefillV) {
+      throw UnsupportedOp(str_cat(kOp, ": the kernels take bfloat16 q, cache and kv_b at DeepSeek's dims (rank ",
+                                  cuda::kMlaPrefillRank, ", rope ", cuda::kMlaPrefillRope, ", nope ",
+                                  cuda::kMlaPrefillNope, ", v ", cuda::kMlaPrefillV, "); got ",
+                                  dtype_name(a.q.dtype), " q, ", dtype_name(a.kv_b.dtype), " kv_b, rank ",
+                                  a.kv_lora_rank, ", rope ", a.cache.shape[2] - a.kv_lora_rank, ", nope ",
+                                  a.qk_nope_head_dim, ", v ", a.v_head_dim));
+    }
+#ifdef DEEPINFER_HAVE_CUBLAS
+    const int64_t row_dim = a.cache.shape[2], kv_width = heads * (a.qk_nope_head_dim + a.v_head_dim);
+    const int64_t rows = seqs * max_ctx;  // a host-side bound: the gather leaves rows past each context unwritten
+    DI_CHECK(rows <= INT32_MAX && kv_width <= INT32_MAX && heads <= INT32_MAX && a.cache.shape[1] <= INT32_MAX,
+             kOp, ": ", seqs, " sequences x longest context ", max_ctx, ", ", heads, " heads, page size ",
+             a.cache.shape[1]);
+    // Workspace: latents [rows, 576], then kv [rows, H * 256], bf16, 256-byte aligned parts. Owned by the backend,
+    // grown to the largest prefill seen so far and never shrunk (the old buffer is freed in stream order); sized from
+    // host values only, so no call waits for the device.
+    const auto align = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
+    const size_t latent_bytes = align(static_cast<size_t>(rows * row_dim) * sizeof(uint16_t));
+    const size_t kv_bytes = align(static_cast<size_t>(rows * kv_width) * sizeof(uint16_t));
+    const size_t bytes = latent_bytes + kv_bytes + 256;
+    if (bytes > prefill_workspace_.view().bytes()) {
+      prefill_workspace_ = empty({static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float))}, DType::kF32);
+    }
+    auto* base = reinterpret_cast<uint8_t*>(align(reinterpret_cast<uintptr_t>(prefill_workspace_.view().data)));
+    auto* latents = reinterpret_cast<uint16_t*>(base);
+    auto* kv = reinterpret_cast<uint16_t*>(base + latent_bytes);
+
+    cuda::mla_prefill_gather({.cache = a.cache.as<uint16_t>(),
+                              .page_table = a.meta.page_table.as<int32_t>(),
+                              .context_lens = a.meta.context_lens.as<int32_t>(),
+                              .query_start = a.meta.query_start.as<int32_t>(),
+                              .latents = latents,
+                              .num_seqs = a.meta.num_seqs,
+                              .page_size = static_cast<int32_t>(a.cache.shape[1]),
+                              .max_pages_per_seq = a.meta.max_pages_per_seq,
+                              .max_context_len = a.meta.max_context_len},
+                             stream_.get());
+    // Row-major kv[rows, N] = latents[rows, :512] (row stride 576) · kv_b[N, 512]^T; column-major as in linear().
+    const float alpha = 1.0f, beta = 0.0f;
+    CUDA_TRY(cublasGemmEx(cublas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(kv_width), static_cast<int>(rows),
+                          static_cast<int>(a.kv_lora_rank), &alpha, a.kv_b.data, CUDA_R_16BF,
+                          static_cast<int>(a.kv_lora_rank), latents, CUDA_R_16BF, static_cast<int>(row_dim), &beta, kv,
+                          CUDA_R_16BF, static_cast<int>(kv_width), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    cuda::mla_prefill_attention({.q = a.q.as<uint16_t>(),
+                                 .latents = latents,
+                                 .kv = kv,
+                                 .context_lens = a.meta.context_lens.as<int32_t>(),
+                                 .query_start = a.meta.query_start.as<int32_t>(),
+                                 .out = a.out.as<uint16_t>(),
+                                 .num_seqs = a.meta.num_seqs,
+                                 .num_heads = static_cast<int32_t>(heads),
+                                 .max_context_len = a.meta.max_context_len,
+                                 .max_queries = static_cast<int32_t>(std::min<int64_t>(tokens, max_ctx)),
+                                 .softmax_scale = a.softmax_scale},
+                                stream_.get());
+#else
+    throw UnsupportedOp(str_cat(kOp, ": this build has no cuBLAS"));
+#endif
+  }
+  // Routing runs the fused route + alignment kernels (moe_route_align): the alignment it also leaves in its workspace
+  // is unused here, since moe_experts takes the ids as an input and aligns them itself.
+  void moe_route(const MoeRouteArgs& a) override {
+    constexpr const char* kOp = "cuda moe_route";
+    a.validate();  // shapes and dtypes only
+    check_on_device(a.logits, kOp, "logits");
+    check_on_device(a.correction_bias, kOp, "correction_bias");
+    check_on_device(a.topk_ids, kOp, "topk_ids");
+    check_on_device(a.topk_weights, kOp, "topk_weights");
+    const int64_t tokens = a.logits.shape[0], experts = a.logits.shape[1], top_k = a.topk_ids.shape[1];
+    if (tokens == 0 || top_k == 0) return;
+    check_moe_sizes(experts, top_k, kOp);
+    DI_CHECK(tokens <= (int64_t{1} << 24), kOp, ": ", tokens, " tokens");
+    cuda::MoeParams p{.router_logits = a.logits.as<float>(),
+                      .correction_bias = a.correction_bias.numel() > 0 ? a.correction_bias.as<float>() : nullptr,
+                      .topk_ids = a.topk_ids.as<int32_t>(),
+                      .topk_weights = a.topk_weights.as<float>(),
+                      .num_tokens = static_cast<int32_t>(tokens),
+                      .num_experts = static_cast<int32_t>(experts),
+                      .top_k = static_cast<int32_t>(top_k),
+                      .n_group = static_cast<int32_t>(a.n_group),
+                      .topk_group = static_cast<int32_t>(a.topk_group),
+                      .routed_scaling_factor = a.routed_scaling_factor,
+                      .scoring = a.scoring == ExpertScoring::kSoftmax ? cuda::MoeScoring::kSoftmax
+                                                                      : cuda::MoeScoring::kSigmoid,
+                      .method = a.method == TopkMethod::kGreedy             ? cuda::MoeTopkMethod::kGreedy
+                                : a.method == TopkMethod::kGroupLimitedGreedy ? cuda::MoeTopkMethod::kGroupLimitedGreedy
+                                                                              : cuda::MoeTopkMethod::kNoauxTc,
+                      .normalize = a.norm_topk_prob ? cuda::MoeNormalize::kYes : cuda::MoeNormalize::kNo,
+                      .num_sms = num_sms_};
+    p.workspace = moe_route_ws_.prepare(*this, p);
+    cuda::moe_route_align(p, stream_.get());
+  }
+
+  // The experts take the given ids (the "given ids" mode of the fused kernels: with no router logits, the first
+  // kernel only aligns the (token, slot) pairs by expert), then the grouped SwiGLU GEMMs and the weighted combine.
+  void moe_experts(const MoeExpertsArgs& a) override {
+    constexpr const char* kOp = "cuda moe_experts";
+    a.validate();  // shapes and dtypes; the ids are device memory, checked on the host before their upload
+    check_on_device(a.x, kOp, "x");
+    check_on_device(a.w_gate_up, kOp, "w_gate_up");
+    check_on_device(a.w_down, kOp, "w_down");
+    check_on_device(a.topk_ids, kOp, "topk_ids");
+    check_on_device(a.topk_weights, kOp, "topk_weights");
+    check_on_device(a.out, kOp, "out");
+    const int64_t tokens = a.x.shape[0], hidden = a.x.shape[1], experts = a.w_gate_up.shape[0];
+    const int64_t inter = a.w_down.shape[2], top_k = a.topk_ids.shape[1];
+    if (tokens == 0) return;
+    if (a.x.dtype != DType::kBF16 || a.w_gate_up.dtype != DType::kBF16 || a.w_down.dtype != DType::kBF16 ||
+        hidden % 32 != 0 || inter % 32 != 0 || hidden == 0 || inter == 0 || top_k == 0) {
+      throw UnsupportedOp(str_cat(kOp, ": the kernels take bfloat16 x and weights with hidden and intermediate sizes "
+                                  "in positive multiples of 32; got ", dtype_name(a.x.dtype), " x, ",
+                                  dtype_name(a.w_gate_up.dtype), " weights, hidden ", hidden, ", intermediate ",
+                                  inter, ", top_k ", top_k));
+    }
+    check_moe_sizes(experts, top_k, kOp);
+    DI_CHECK(tokens <= (int64_t{1} << 24) && hidden <= INT32_MAX && inter <= INT32_MAX, kOp, ": ", tokens,
+             " tokens, hidden ", hidden, ", intermediate ", inter);
+    cuda::MoeParams p{.router_logits = nullptr,
+                      // Inputs in this mode: the kernels read them and never write them.
+                      .topk_ids = const_cast<int32_t*>(a.topk_ids.as<int32_t>()),
+                      .topk_weights = const_cast<float*>(a.topk_weights.as<float>()),
+                      .x = a.x.as<uint16_t>(),
+                      .w_gate_up = a.w_gate_up.as<uint16_t>(),
+                      .w_down = a.w_down.as<uint16_t>(),
+                      .add = nullptr,
+                      .out = a.out.as<uint16_t>(),
+                      .num_tokens = static_cast<int32_t>(tokens),
+                      .hidden = static_cast<int32_t>(hidden),
+                      .inter = static_cast<int32_t>(inter),
+                      .num_experts = static_cast<int32_t>(experts),
+                      .top_k = static_cast<int32_t>(top_k),
+                      .num_sms = num_sms_};
+    p.workspace = moe_experts_ws_.prepare(*this, p);
+    cuda::moe_forward(p, stream_.get());
+  }
 
  private:
-  [[noreturn]] static void unsupported(OpKind op) {
-    throw UnsupportedOp(str_cat("the cuda backend does not implement ", op_name(op), " yet"));
+  // The fused MoE kernels' workspace: owned by the backend, grown to the largest call seen so far and never shrunk
+  // (the old buffer is freed in stream order, after the work that still reads it). It is sized from host values only
+  // (tokens, experts, top_k, hidden, intermediate), so no call waits for the device. A CUDA graph captured later must
+  // use a workspace pre-sized for the largest batch it replays (run one eager call of that size before capturing):
+  // growing it inside a capture would allocate. Its zeroed header (completion counter and count accumulators) is
+  // re-zeroed whenever the buffer is new or the header's layout (experts, hidden) changes; every call leaves it zero.
+  struct MoeWorkspace {
+    Tensor buffer;
+    int32_t experts = -1;
+    int32_t hidden = -1;
+
+    void* prepare(CudaBackend& be, const cuda::MoeParams& p) {
+      constexpr size_t kAlign = 256;  // the kernels want a 256-byte aligned workspace
+      const size_t bytes = cuda::moe_workspace_bytes(p) + kAlign;
+      bool fresh = false;
+      if (bytes > buffer.view().bytes()) {
+        buffer = be.empty({static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float))}, DType::kF32);
+        fresh = true;
+      }
+      const auto base = reinterpret_cast<uintptr_t>(buffer.view().data);
+      void* aligned = reinterpret_cast<void*>((base + kAlign - 1) / kAlign * kAlign);
+      if (fresh || experts != p.num_experts || hidden != p.hidden) {
+        cuda::MoeParams init = p;
+        init.workspace = aligned;
+        cuda::moe_workspace_init(init, be.stream_.get());
+        experts = p.num_experts;
+        hidden = p.hidden;
+      }
+      return aligned;
+    }
+  };
+
+  static void check_moe_sizes(int64_t experts, int64_t top_k, const char* op) {
+    constexpr int64_t kMaxExperts = 256, kMaxTopK = 8;
+    if (experts < 1 || experts > kMaxExperts || top_k < 1 || top_k > kMaxTopK) {
+      throw UnsupportedOp(str_cat(op, ": the kernels take 1 to ", kMaxExperts, " experts and top_k 1 to ", kMaxTopK,
+                                  "; got ", experts, " experts, top_k ", top_k));
+    }
   }
 
   static void check_copy(const ConstTensorView& src, const ConstTensorView& dst, Device src_device,
@@ -371,6 +561,9 @@ class CudaBackend final : public Backend {
   MemoryPool pool_;
   int num_sms_ = 0;
   Tensor workspace_;  // MLA decode split partials (see mla_decode)
+  Tensor prefill_workspace_;  // MLA prefill gathered latents and decompressed k_nope | v (see mla_prefill)
+  MoeWorkspace moe_route_ws_;    // routing (its alignment output is unused)
+  MoeWorkspace moe_experts_ws_;  // alignment, activations and per-pair outputs of the experts
 #ifdef DEEPINFER_HAVE_CUBLAS
   cuda::CublasHandle cublas_;
 #endif

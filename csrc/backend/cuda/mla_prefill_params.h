@@ -1,0 +1,48 @@
+// Parameters of the MLA prefill kernels over the paged bf16 latent cache (DeepSeek dims: kv_lora_rank 512, rope 64,
+// qk_nope 128, v 128). Semantics are the CPU reference's (backend/cpu/mla.cpp, mla_prefill):
+//
+//   For sequence s with n = query_start[s+1] - query_start[s] > 0 queries and context c = context_lens[s], query i
+//   (row query_start[s] + i) sits at position c - n + i and sees keys j <= that position. Key j's latent row is
+//   cache[page_table[s, j / page_size], j % page_size, :] = c_kv (512) | k_pe (64); for head h
+//     k_nope[j, h] | v[j, h] = c_kv[j] · kv_b[h * 256 .. h * 256 + 256)^T  (128 k_nope rows, then 128 v rows)
+//     score = softmax_scale * (q[row, h, :128] · k_nope[j, h] + q[row, h, 128:] · k_pe[j])
+//     out[row, h, :] = softmax over j of score, times v[j, h]
+//
+// Three steps share one workspace: gather (each sequence's latent rows into `latents`, rows s * max_context_len + j),
+// a cuBLAS GEMM (kv = latents[:, :512] · kv_b^T), then the attention kernel. All tensors are contiguous; bf16 values
+// are stored as their 16-bit patterns (uint16_t).
+#pragma once
+
+#include <cstdint>
+
+namespace deepinfer::cuda {
+
+// Step 1: the gather.
+struct MlaPrefillGatherParams {
+  const uint16_t* cache = nullptr;         // [num_pages, page_size, 576]
+  const int32_t* page_table = nullptr;     // [num_seqs, max_pages_per_seq]; only the first ceil(ctx / page_size) read
+  const int32_t* context_lens = nullptr;   // [num_seqs], device memory
+  const int32_t* query_start = nullptr;    // [num_seqs + 1], device memory: sequences without queries are skipped
+  uint16_t* latents = nullptr;             // [num_seqs * max_context_len, 576]; rows past a context are not written
+  int32_t num_seqs = 0;
+  int32_t page_size = 64;                  // tokens per page, any positive value
+  int32_t max_pages_per_seq = 0;           // row length of page_table
+  int32_t max_context_len = 0;             // host-side upper bound of context_lens
+};
+
+// Step 3: causal attention over the decompressed keys and values.
+struct MlaPrefillAttentionParams {
+  const uint16_t* q = nullptr;             // [num_tokens, num_heads, 192]: q_nope (128) then rotated q_pe (64)
+  const uint16_t* latents = nullptr;       // [num_seqs * max_context_len, 576]: the gather's rows (k_pe at 512)
+  const uint16_t* kv = nullptr;            // [num_seqs * max_context_len, num_heads * 256]: k_nope | v per head
+  const int32_t* context_lens = nullptr;   // [num_seqs], device memory
+  const int32_t* query_start = nullptr;    // [num_seqs + 1], device memory
+  uint16_t* out = nullptr;                 // [num_tokens, num_heads, 128]
+  int32_t num_seqs = 0;
+  int32_t num_heads = 0;
+  int32_t max_context_len = 0;             // host-side upper bound of context_lens (the row stride of a sequence)
+  int32_t max_queries = 0;                 // host-side upper bound of any sequence's query count (sizes the grid)
+  float softmax_scale = 1.0f;
+};
+
+}  // namespace deepinfer::cuda
