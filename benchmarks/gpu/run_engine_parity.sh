@@ -14,3 +14,8 @@ python3 -m pip install -q --no-build-isolation --no-deps --target "$OUT/../site"
   || { tail -n 40 "$OUT/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 PYTHONPATH="$(realpath "$OUT/../site")" python3 benchmarks/gpu/engine_parity.py --out "$OUT" 2>&1 | tee "$OUT/parity.log"
+# Decode throughput against the roofline, when asked (DECODE_SHAPES="v2-lite-2l ..."):
+for shape in ${DECODE_SHAPES:-}; do
+  PYTHONPATH="$(realpath "$OUT/../site")" python3 benchmarks/gpu/decode_bench.py --shape "$shape" --out "$OUT" \
+    ${DECODE_ARGS:-} 2>&1 | tee -a "$OUT/decode.log"
+done
