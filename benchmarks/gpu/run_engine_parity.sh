@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds the Python extension with the CUDA backend on a GPU machine and runs the engine on the GPU against the CPU
-# (benchmarks/gpu/engine_parity.py; RUN_PARITY=0 skips it), then the decode benchmark for DECODE_SHAPES. Needs nanobind and scikit-build-core installed; JSON_INCLUDE points at a folder
-# with nlohmann/json.hpp where the CMake package is missing. Logs and the JSON go to $OUT (default out/engine_parity).
+# Builds the Python extension with the CUDA backend on a GPU machine, runs the engine on the GPU against the CPU
+# (benchmarks/gpu/engine_parity.py; RUN_PARITY=0 skips it), then the decode benchmark for each of DECODE_SHAPES.
+# Needs nanobind and scikit-build-core installed; JSON_INCLUDE points at a folder with nlohmann/json.hpp where the
+# CMake package is missing. Logs and the JSON go to $OUT (default out/engine_parity).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-out/engine_parity}
