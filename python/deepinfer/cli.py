@@ -123,28 +123,29 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--system", default=None, help="system prompt")
     chat.set_defaults(func=cmd_chat)
 
-    try:
-        from deepinfer.server.cli import add_serve_arguments, run_serve
-    except ImportError as e:  # the server's dependencies are optional
-        serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs deepinfer[server])")
-        serve.set_defaults(func=lambda _a, _e=e: _missing("serve", _e))
-    else:
-        serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
-        add_serve_arguments(serve)
-        serve.set_defaults(func=run_serve)
-
+    _add_server_command(sub, "serve", "OpenAI-compatible HTTP server", "deepinfer.server.cli", "add_serve_arguments",
+                        "run_serve")
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
-    try:
-        from deepinfer.bench.serve import add_bench_serve_arguments, run_bench_serve
-    except ImportError as e:
-        bs = bench_sub.add_parser("serve", help="load test of an OpenAI-compatible endpoint (needs deepinfer[server])")
-        bs.set_defaults(func=lambda _a, _e=e: _missing("bench serve", _e))
-    else:
-        bs = bench_sub.add_parser("serve", help="Poisson-arrival load test of an OpenAI-compatible endpoint")
-        add_bench_serve_arguments(bs)
-        bs.set_defaults(func=run_bench_serve)
+    _add_server_command(bench_sub, "serve", "Poisson-arrival load test of an OpenAI-compatible endpoint",
+                        "deepinfer.bench.serve", "add_bench_serve_arguments", "run_bench_serve")
     return parser
+
+
+def _add_server_command(sub, name: str, help_text: str, module: str, add_arguments: str, run: str) -> None:
+    """A subcommand whose module needs the optional `server` dependencies: without them it still appears in
+    --help and, when run, says what to install instead of failing at import."""
+    import importlib
+
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        p = sub.add_parser(name, help=f"{help_text} (needs deepinfer[server])")
+        p.set_defaults(func=lambda _args, _e=e: _missing(name, _e))
+        return
+    p = sub.add_parser(name, help=help_text)
+    getattr(mod, add_arguments)(p)
+    p.set_defaults(func=getattr(mod, run))
 
 
 def _missing(what: str, error: Exception) -> int:
