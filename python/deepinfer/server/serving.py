@@ -285,6 +285,16 @@ def _sse(payload: Mapping[str, Any] | str) -> bytes:
     return f"data: {data}\n\n".encode("utf-8")
 
 
+def _stream_chunk(request_id: str, object_name: str, created: int, model: str, include_usage: bool,
+                  choice: dict[str, Any]) -> bytes:
+    """One server-sent chunk carrying one choice; `usage` is null on every chunk but the last when asked for."""
+    payload: dict[str, Any] = {"id": request_id, "object": object_name, "created": created, "model": model,
+                               "choices": [choice]}
+    if include_usage:
+        payload["usage"] = None
+    return _sse(payload)
+
+
 def _json_response(payload: Mapping[str, Any], status: int = 200) -> Response:
     return Response(json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8"),
                     status_code=status, media_type="application/json")
@@ -592,13 +602,9 @@ class OpenAIServing:
 
         def chunk(index: int, text: str, logprobs: Any, finish_reason: str | None,
                   stop_reason: Any = None) -> bytes:
-            payload: dict[str, Any] = {"id": request_id, "object": "text_completion", "created": created,
-                                       "model": model,
-                                       "choices": [{"index": index, "text": text, "logprobs": logprobs,
-                                                    "finish_reason": finish_reason, "stop_reason": stop_reason}]}
-            if include_usage:
-                payload["usage"] = None
-            return _sse(payload)
+            return _stream_chunk(request_id, "text_completion", created, model, include_usage,
+                                 {"index": index, "text": text, "logprobs": logprobs,
+                                  "finish_reason": finish_reason, "stop_reason": stop_reason})
 
         async def stream() -> AsyncIterator[bytes]:
             watcher = asyncio.create_task(_watch_disconnect(request, run))
@@ -742,13 +748,9 @@ class OpenAIServing:
 
         def chunk(index: int, delta: dict[str, Any], logprobs: Any = None, finish_reason: str | None = None,
                   stop_reason: Any = None) -> bytes:
-            payload: dict[str, Any] = {"id": request_id, "object": "chat.completion.chunk", "created": created,
-                                       "model": model,
-                                       "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
-                                                    "finish_reason": finish_reason, "stop_reason": stop_reason}]}
-            if include_usage:
-                payload["usage"] = None
-            return _sse(payload)
+            return _stream_chunk(request_id, "chat.completion.chunk", created, model, include_usage,
+                                 {"index": index, "delta": delta, "logprobs": logprobs,
+                                  "finish_reason": finish_reason, "stop_reason": stop_reason})
 
         async def stream() -> AsyncIterator[bytes]:
             watcher = asyncio.create_task(_watch_disconnect(request, run))
