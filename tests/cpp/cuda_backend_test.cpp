@@ -237,13 +237,6 @@ void add_add(CaseRegistry& r, Activations act, Shape shape, uint64_t seed) {
          .tolerance = act.tolerance()});
 }
 
-struct RopeLayout {
-  int64_t tokens = 0, heads = 0, rot_dim = 0;
-  int64_t offset = 0;        // the rope slice starts this many elements into each head
-  int64_t head_stride = 0;   // elements; 0 for a single shared head (the k_pe of a latent row)
-  int64_t token_stride = 0;  // elements
-};
-
 void add_rope(CaseRegistry& r, Activations act, const std::string& tag, RopeLayout l, bool interleaved, float scaling,
               uint64_t seed) {
   Rng rng(seed);
@@ -252,16 +245,8 @@ void add_rope(CaseRegistry& r, Activations act, const std::string& tag, RopeLayo
   std::vector<int32_t> positions(static_cast<size_t>(l.tokens));
   for (int32_t& p : positions) p = rng.integer(0, 163839);
   if (l.tokens > 0) positions[0] = 0;
-  std::vector<float> inv_freq(static_cast<size_t>(l.rot_dim / 2));
-  for (size_t i = 0; i < inv_freq.size(); ++i) {
-    inv_freq[i] = static_cast<float>(std::pow(10000.0, -2.0 * double(i) / double(l.rot_dim)));
-  }
-  std::vector<bool> rotated(static_cast<size_t>(size), false);
-  for (int64_t t = 0; t < l.tokens; ++t) {
-    for (int64_t h = 0; h < l.heads; ++h) {
-      for (int64_t i = 0; i < l.rot_dim; ++i) rotated[t * l.token_stride + h * l.head_stride + l.offset + i] = true;
-    }
-  }
+  const std::vector<float> inv_freq = rope_inv_freq(l.rot_dim);
+  const std::vector<bool> rotated = rope_rotated_mask(l);
   r.add({.op = OpKind::kRope,
          .name = str_cat("rope_", act.tag(), "_", tag, interleaved ? "_interleaved" : "_half",
                          scaling == 1.0f ? "" : "_scaled"),

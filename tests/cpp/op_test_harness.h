@@ -414,4 +414,32 @@ inline void expect_matches_reference(const OpCase& c, Backend& test, Memory& tes
   }
 }
 
+// Where a rope case's rotated elements sit in its flat input: tokens x heads slices of rot_dim values.
+struct RopeLayout {
+  int64_t tokens = 0, heads = 0, rot_dim = 0;
+  int64_t offset = 0;        // the rope slice starts this many elements into each head
+  int64_t head_stride = 0;   // elements; 0 for a single shared head (the k_pe of a latent row)
+  int64_t token_stride = 0;  // elements
+};
+
+// DeepSeek's default rope frequencies: 10000^(-2i / rot_dim).
+inline std::vector<float> rope_inv_freq(int64_t rot_dim) {
+  std::vector<float> inv_freq(static_cast<size_t>(rot_dim / 2));
+  for (size_t i = 0; i < inv_freq.size(); ++i) {
+    inv_freq[i] = static_cast<float>(std::pow(10000.0, -2.0 * double(i) / double(rot_dim)));
+  }
+  return inv_freq;
+}
+
+// true for the elements a rope op rotates; the rest must come out untouched.
+inline std::vector<bool> rope_rotated_mask(const RopeLayout& l) {
+  std::vector<bool> rotated(static_cast<size_t>(l.tokens * l.token_stride), false);
+  for (int64_t t = 0; t < l.tokens; ++t) {
+    for (int64_t h = 0; h < l.heads; ++h) {
+      for (int64_t i = 0; i < l.rot_dim; ++i) rotated[t * l.token_stride + h * l.head_stride + l.offset + i] = true;
+    }
+  }
+  return rotated;
+}
+
 }  // namespace deepinfer::op_test
