@@ -488,6 +488,17 @@ class OpenAIServing:
                             type="server_error", code="server_shutting_down")
         return None
 
+    async def _collect_or_fail(self, request: Request, run: _Run, choices: list[_Choice]) -> None:
+        """Waits for every choice of a non-streaming request; raises the request's failure, if it had one."""
+        try:
+            await self._collect(request, run, choices)
+        except BaseException:
+            run.close()
+            raise
+        failure = self._failure(choices, run)
+        if failure is not None:
+            raise failure
+
     async def _collect(self, request: Request, run: _Run, choices: list[_Choice],
                        on_output: Any = None) -> None:
         watcher = asyncio.create_task(_watch_disconnect(request, run))
@@ -581,14 +592,7 @@ class OpenAIServing:
         prompt_tokens = sum(run.prompt_lens)
 
         if not req.stream:
-            try:
-                await self._collect(request, run, choices)
-            except BaseException:
-                run.close()
-                raise
-            failure = self._failure(choices, run)
-            if failure is not None:
-                raise failure
+            await self._collect_or_fail(request, run, choices)
             data = []
             for c in choices:
                 data.append({"index": c.index, "text": echo_texts[c.index // n] + c.text,
@@ -720,14 +724,7 @@ class OpenAIServing:
         prompt_tokens = len(ids)
 
         if not req.stream:
-            try:
-                await self._collect(request, run, choices)
-            except BaseException:
-                run.close()
-                raise
-            failure = self._failure(choices, run)
-            if failure is not None:
-                raise failure
+            await self._collect_or_fail(request, run, choices)
             data = []
             for c in choices:
                 message: dict[str, Any] = {"role": "assistant"}
