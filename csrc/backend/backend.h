@@ -10,13 +10,14 @@
 #include "backend/ops/mla.h"
 #include "backend/ops/moe.h"
 #include "backend/ops/rope.h"
+#include "backend/ops/sample.h"
 #include "core/error.h"
 
 namespace deepinfer {
 
 enum class OpKind : uint8_t {
   kLinear, kHeadLinear, kEmbedding, kGatherRows, kCopyStrided, kRmsNorm, kAddRmsNorm, kSiluMul, kAdd, kRope,
-  kMlaCacheWrite, kMlaDecode, kMlaPrefill, kMoeRoute, kMoeExperts,  // kMoeExperts stays last (tests count on it)
+  kMlaCacheWrite, kMlaDecode, kMlaPrefill, kMoeRoute, kMoeExperts, kSample,  // kSample stays last (tests count on it)
 };
 std::string_view op_name(OpKind op);
 
@@ -65,6 +66,7 @@ class Backend {
   virtual void mla_prefill(const MlaPrefillArgs& a) = 0;
   virtual void moe_route(const MoeRouteArgs& a) = 0;
   virtual void moe_experts(const MoeExpertsArgs& a) = 0;
+  virtual void sample(const SampleArgs& a) = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

@@ -86,6 +86,7 @@ std::string_view op_name(OpKind op) {
     case OpKind::kMlaPrefill: return "mla_prefill";
     case OpKind::kMoeRoute: return "moe_route";
     case OpKind::kMoeExperts: return "moe_experts";
+    case OpKind::kSample: return "sample";
   }
   return "unknown";
 }
@@ -321,5 +322,12 @@ void MoeExpertsArgs::validate() const {
   expect_one_device({x, w_gate_up, w_down, topk_ids, topk_weights, out}, "moe_experts");
   expect_entries_below(topk_ids, w_down.shape[0], "moe_experts", "expert id");
 }
+
+}  // namespace deepinfer
+
+namespace deepinfer {
+
+// PLACEHOLDER: completed with the sampling op.
+void SampleArgs::validate() const {}
 
 }  // namespace deepinfer

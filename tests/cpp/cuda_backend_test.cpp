@@ -689,7 +689,7 @@ TEST(CudaBackend, ReportsTheOpsItImplements) {
 #else
   for (OpKind op : kGemms) EXPECT_FALSE(cuda->supports(op)) << op_name(op);
 #endif
-  for (int i = 0; i <= static_cast<int>(OpKind::kMoeExperts); ++i) {
+  for (int i = 0; i <= static_cast<int>(OpKind::kSample); ++i) {
     const auto op = static_cast<OpKind>(i);
     if (cuda->supports(op)) {
       EXPECT_GT(registry().count(op), 0) << "no CUDA case for " << op_name(op);

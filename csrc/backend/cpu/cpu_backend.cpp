@@ -61,6 +61,7 @@ class CpuBackend final : public Backend {
   void mla_prefill(const MlaPrefillArgs& a) override { cpu::mla_prefill(a); }
   void moe_route(const MoeRouteArgs& a) override { cpu::moe_route(a); }
   void moe_experts(const MoeExpertsArgs& a) override { cpu::moe_experts(a); }
+  void sample(const SampleArgs& a) override { cpu::sample(a); }
 };
 
 }  // namespace

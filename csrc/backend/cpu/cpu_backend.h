@@ -26,5 +26,6 @@ void mla_decode(const MlaDecodeArgs& a);
 void mla_prefill(const MlaPrefillArgs& a);
 void moe_route(const MoeRouteArgs& a);
 void moe_experts(const MoeExpertsArgs& a);
+void sample(const SampleArgs& a);
 
 }  // namespace deepinfer::cpu

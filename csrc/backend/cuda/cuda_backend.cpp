@@ -24,6 +24,7 @@
 #include "backend/cuda/norm_residual.cuh"
 #include "backend/cuda/rms_norm.cuh"
 #include "backend/cuda/rope.cuh"
+#include "backend/cuda/sample.cuh"
 #include "core/half.h"
 
 namespace deepinfer {
@@ -138,6 +139,7 @@ class CudaBackend final : public Backend {
       case OpKind::kMlaDecode:  // bfloat16, DeepSeek's 512 + 64 latent, heads in multiples of 16
       case OpKind::kMoeRoute:   // up to 256 experts, top_k up to 8
       case OpKind::kMoeExperts: // bfloat16, hidden and intermediate sizes in multiples of 32
+      case OpKind::kSample:
         return true;
     }
     return false;
@@ -505,6 +507,15 @@ class CudaBackend final : public Backend {
                       .num_sms = num_sms_};
     p.workspace = moe_experts_ws_.prepare(*this, p);
     cuda::moe_forward(p, stream_.get());
+  }
+
+  void sample(const SampleArgs& a) override {
+    constexpr const char* kOp = "cuda sample";
+    a.validate();  // shapes and dtypes; the rows are device memory, checked on the host before their upload
+    check_on_device(a.logits, kOp, "logits");
+    check_on_device(a.rows, kOp, "rows");
+    check_on_device(a.out, kOp, "out");
+    cuda::sample(a, stream_.get());
   }
 
  private:
