@@ -2,6 +2,7 @@
 // the reference every other backend is tested against.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string_view>
 
@@ -28,6 +29,15 @@ class UnsupportedOp : public Error {
   using Error::Error;
 };
 
+// Work recorded once and replayed as one launch (a CUDA graph); see Backend::capture.
+class StepGraph {
+ public:
+  virtual ~StepGraph() = default;
+  // Queues the recorded work again, after the work already queued. Returns false, queuing nothing, when the graph no
+  // longer holds because the backend re-planned memory it uses (a workspace grew): capture it again then.
+  [[nodiscard]] virtual bool replay() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -49,6 +59,19 @@ class Backend {
   // dtype must match. Takes `host` so that the CPU can hand it back as it is, with no copy (weights at load time,
   // the step's index arrays).
   virtual Tensor upload(Tensor host, DType dtype) = 0;
+  // Host memory that copy_to_device reads asynchronously (page-locked on a GPU), for the step's uploads: its contents
+  // must stay unchanged until the next copy_to_host, which waits for everything queued before it.
+  virtual Tensor staging(Shape shape, DType dtype) { return Tensor::empty(shape, dtype); }
+
+  // Graphs. capture() runs `work` (ops queued on this backend) once as usual, which sizes every workspace it needs,
+  // then records it for replay. The tensors `work` allocates while recorded come from memory the backend keeps for
+  // its graphs: those still alive after capture() stay valid, rewritten by each replay of their graph, as long as the
+  // graph holds; they may share memory with other graphs' temporaries, so read them before replaying another graph.
+  // `work` must not synchronize with the host. Returns nullptr when this backend has no graphs (the CPU).
+  virtual std::unique_ptr<StepGraph> capture(const std::function<void()>& work) {
+    static_cast<void>(work);
+    return nullptr;
+  }
 
   // Ops. Arguments are views on this device (ops/*.h say what each computes); outputs are allocated by the caller.
   virtual void linear(const LinearArgs& a) = 0;

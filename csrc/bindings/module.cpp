@@ -94,6 +94,7 @@ NB_MODULE(_deepinfer, m) {
       .def_rw("max_model_len", &EngineOptions::max_model_len)
       .def_rw("max_num_seqs", &EngineOptions::max_num_seqs)
       .def_rw("max_num_batched_tokens", &EngineOptions::max_num_batched_tokens)
+      .def_rw("enforce_eager", &EngineOptions::enforce_eager)
       .def("validate", &EngineOptions::validate);
 
   nb::class_<ModelConfig>(m, "ModelConfig", "The parsed config.json (read-only summary).")
@@ -144,6 +145,8 @@ NB_MODULE(_deepinfer, m) {
       .def_ro("num_steps", &EngineStats::num_steps)
       .def_ro("num_prompt_tokens_computed", &EngineStats::num_prompt_tokens_computed)
       .def_ro("num_generated_tokens", &EngineStats::num_generated_tokens)
+      .def_ro("num_graph_replays", &EngineStats::num_graph_replays)
+      .def_ro("num_graphs", &EngineStats::num_graphs)
       .def_ro("alive", &EngineStats::alive);
 
   nb::class_<Engine>(m, "Engine", "The engine; its step loop runs in a C++ thread.")

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "engine/model_runner.h"
+#include "engine/sampling_inputs.h"
 
 #ifdef DEEPINFER_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -38,26 +39,55 @@ std::unique_ptr<Backend> make_backend(const std::string& device) {
 #endif
 }
 
+// The working memory of the largest step, measured: one prefill of max_num_batched_tokens tokens (capped by the
+// model's positions) into a cache of just the pages it needs. The CUDA backend's pool keeps the memory it took, so
+// afterwards the device's used memory counts the weights, the step's peak activations and workspaces together.
+void profile_largest_step(DeepseekModel& model, const EngineOptions& options) {
+  const ModelConfig& c = model.config();
+  const auto tokens = static_cast<int32_t>(
+      std::min<int64_t>(options.max_num_batched_tokens, c.max_position_embeddings - 1));
+  const int32_t pages = (tokens + options.page_size - 1) / options.page_size;
+  LatentCache cache({.num_layers = c.num_hidden_layers, .num_pages = pages, .page_size = options.page_size,
+                     .latent_dim = c.latent_dim()},
+                    model.backend());
+  ForwardBatch b;
+  b.max_pages_per_seq = pages;
+  b.query_start = {0, tokens};
+  b.context_lens = {tokens};
+  for (int32_t p = 0; p < pages; ++p) b.page_table.push_back(p);
+  for (int32_t pos = 0; pos < tokens; ++pos) {
+    b.token_ids.push_back(pos % static_cast<int32_t>(c.vocab_size));
+    b.positions.push_back(pos);
+    b.slot_mapping.push_back(pos);
+  }
+  b.logits_indices = {tokens - 1};
+  model.logits_on_host(model.forward(b, cache));  // waits for the step
+}
+
 // Pages the latent cache gets: a fixed count, the CPU budget, or on a GPU what gpu_memory_utilization leaves after
-// the weights and a reserve for the largest step's activations.
-int64_t cache_pages(const EngineOptions& options, const ModelConfig& config, int64_t page_bytes) {
+// the weights, the largest step's measured working memory, and the decode graphs' memory.
+int64_t cache_pages(const EngineOptions& options, const ModelConfig& config, DeepseekModel& model, int64_t page_bytes,
+                    bool graphs) {
   if (options.num_cache_pages > 0) return options.num_cache_pages;
   if (options.device == "cpu") return options.cache_memory_bytes / page_bytes;
 #ifdef DEEPINFER_HAVE_CUDA
+  profile_largest_step(model, options);
   const cuda::DeviceMemory mem = cuda::device_memory(0);
-  const int64_t used = mem.total_bytes - mem.free_bytes;  // weights, the CUDA context, other processes
-  // Activations of one step: a handful of [tokens, max(hidden, q, kv, intermediate, vocab)] tensors, generously.
-  const int64_t widest = std::max({config.hidden_size, config.num_attention_heads * config.qk_head_dim(),
-                                   config.intermediate_size, config.vocab_size,
-                                   config.n_routed_experts * config.moe_intermediate_size / 4});
-  const int64_t activation_reserve = int64_t{16} * options.max_num_batched_tokens * widest * 4 + (int64_t{1} << 30);
+  const int64_t used = mem.total_bytes - mem.free_bytes;  // weights, working memory, the CUDA context, other processes
+  // Graphs record their tensors in memory of their own: a decode step's, dominated by its float32 logits (twice:
+  // the largest graph's and the ones other graphs keep). Plus room for the sampler, staging and fragmentation.
+  const int64_t graph_reserve =
+      graphs ? int64_t{2} * options.max_num_seqs * config.vocab_size * 4 + (int64_t{256} << 20) : 0;
+  const int64_t reserve = graph_reserve + (int64_t{512} << 20);
   const auto budget = static_cast<int64_t>(options.gpu_memory_utilization * static_cast<double>(mem.total_bytes)) -
-                      used - activation_reserve;
+                      used - reserve;
   DI_CHECK_ARG(budget >= page_bytes, "gpu_memory_utilization ", options.gpu_memory_utilization, " of ",
-               mem.total_bytes >> 20, " MiB leaves no room for the latent cache (", used >> 20, " MiB in use, ",
-               activation_reserve >> 20, " MiB reserved for activations)");
+               mem.total_bytes >> 20, " MiB leaves no room for the latent cache (", used >> 20,
+               " MiB in use after a step of ", options.max_num_batched_tokens, " tokens, ", reserve >> 20,
+               " MiB reserved for graphs and workspaces)");
   return budget / page_bytes;
 #else
+  static_cast<void>(config), static_cast<void>(model), static_cast<void>(graphs);
   return 0;
 #endif
 }
@@ -82,10 +112,15 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& options, const LoadP
   LatentCacheShape shape{.num_layers = config.num_hidden_layers, .page_size = options.page_size,
                          .latent_dim = config.latent_dim()};
   const int64_t page_bytes = shape.bytes_per_page(loaded.backend->activation_dtype());
-  const int64_t pages = cache_pages(options, config, page_bytes);
+  // Decode graphs pad their batches with rows that read and write one page no request owns.
+  const bool graphs = options.device == "cuda" && !options.enforce_eager;
+  const int64_t pages = cache_pages(options, config, *loaded.model, page_bytes, graphs);
   DI_CHECK_ARG(pages >= 1 && pages <= INT32_MAX, "the cache budget holds ", pages, " pages of ", page_bytes,
                " bytes; raise it");
   shape.num_pages = static_cast<int32_t>(pages);
+  const int32_t scratch_page = graphs ? static_cast<int32_t>(pages) : -1;
+  DI_CHECK_ARG(!graphs || pages + 1 <= INT32_MAX, "the cache budget holds too many pages");
+  if (graphs) shape.num_pages += 1;
   const int64_t capacity_tokens = pages * options.page_size;
   int64_t max_len = options.max_model_len;
   if (max_len == 0) max_len = std::min<int64_t>(config.max_position_embeddings, capacity_tokens);
@@ -97,21 +132,27 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& options, const LoadP
                         .max_num_batched_tokens = options.max_num_batched_tokens,
                         .max_model_len = static_cast<int32_t>(max_len)};
   sched.validate();
-  return std::unique_ptr<Engine>(new Engine(options, std::move(loaded), shape, sched));
+  return std::unique_ptr<Engine>(new Engine(options, std::move(loaded), shape, scratch_page, sched));
 }
 
-Engine::Engine(EngineOptions options, LoadedModel loaded, LatentCacheShape cache_shape,
+Engine::Engine(EngineOptions options, LoadedModel loaded, LatentCacheShape cache_shape, int32_t scratch_page,
                SchedulerConfig scheduler_config)
     : options_(std::move(options)),
       backend_(std::move(loaded.backend)),
       model_(std::move(loaded.model)),
       cache_(cache_shape, *backend_),
-      cache_manager_(cache_shape.num_pages, cache_shape.page_size),
+      // The scratch page, when there is one, is the last: the cache manager hands out the pages before it.
+      cache_manager_(scratch_page >= 0 ? scratch_page : cache_shape.num_pages, cache_shape.page_size),
       scheduler_config_(scheduler_config),
       scheduler_(scheduler_config, cache_manager_),
+      runner_(*model_, cache_,
+              {.use_graphs = scratch_page >= 0,
+               .max_graph_batch = options_.max_num_seqs,
+               .max_graph_pages = (scheduler_config.max_model_len + cache_shape.page_size - 1) / cache_shape.page_size,
+               .scratch_page = scratch_page}),
       seed_rng_(options_.seed) {
-  stats_.num_cache_pages = cache_shape.num_pages;
-  stats_.num_free_cache_pages = cache_shape.num_pages;
+  stats_.num_cache_pages = cache_manager_.num_free_pages();
+  stats_.num_free_cache_pages = cache_manager_.num_free_pages();
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -198,7 +239,7 @@ void Engine::loop() {
     scheduler_.abort(id);
     ids.push_back(id);
   }
-  rngs_.clear();
+  seeds_.clear();
   for (uint64_t id : ids) emit({.id = id, .finished = true, .finish_reason = FinishReason::kAbort});
   {
     std::lock_guard lock(mutex_);
@@ -226,14 +267,14 @@ void Engine::admit_pending() {
     const uint64_t seed = request->params.seed ? *request->params.seed : seed_rng_();
     try {
       scheduler_.add(std::move(request));
-      rngs_.insert_or_assign(p.id, std::mt19937_64(seed));
+      seeds_.insert_or_assign(p.id, seed);
     } catch (const std::exception& e) {
       emit({.id = p.id, .finished = true, .finish_reason = FinishReason::kError, .error = e.what()});
     }
   }
   for (uint64_t id : aborts) {
     if (scheduler_.abort(id)) {
-      rngs_.erase(id);
+      seeds_.erase(id);
       emit({.id = id, .finished = true, .finish_reason = FinishReason::kAbort});
     }
   }
@@ -248,7 +289,7 @@ void Engine::fail_plan(const SchedulePlan& plan, const std::string& message) {
   for (const auto& chunk : plan.chunks) {
     const uint64_t id = chunk.request->id;
     if (scheduler_.abort(id)) {
-      rngs_.erase(id);
+      seeds_.erase(id);
       emit({.id = id, .finished = true, .finish_reason = FinishReason::kError, .error = message});
     }
   }
@@ -263,21 +304,22 @@ void Engine::step_once() {
     return;
   }
   std::vector<int32_t> sampled;
-  std::vector<SampleResult> results;
+  std::vector<SampledToken> results;  // in plan order of the sampling chunks
   uint64_t prompt_tokens = 0;
   try {
     PreparedBatch prepared = prepare_batch(plan, options_.page_size);
-    Tensor logits = model_->logits_on_host(model_->forward(prepared.batch, cache_));  // [sampling chunks, V]
-    const int64_t vocab = model_->config().vocab_size;
+    // The sampling rows go in logits-row order, which puts decode sequences first.
+    std::vector<const Request*> row_request(prepared.sampling_chunks.size());
     for (size_t i = 0; i < prepared.sampling_chunks.size(); ++i) {
-      const Request& r = *prepared.sampling_chunks[i]->request;
-      std::span<float> row = logits.f32_span().subspan(
-          static_cast<size_t>(prepared.logits_row_of_sampling_chunk[i]) * static_cast<size_t>(vocab),
-          static_cast<size_t>(vocab));
-      SamplingContext ctx{.params = r.params, .prompt_token_ids = r.prompt_token_ids,
-                          .output_token_ids = r.output_token_ids, .eos_token_ids = r.eos_token_ids,
-                          .rng = rngs_.at(r.id)};
-      results.push_back(sample_token(row, ctx));
+      row_request[static_cast<size_t>(prepared.logits_row_of_sampling_chunk[i])] = prepared.sampling_chunks[i]->request;
+    }
+    const auto vocab = static_cast<int32_t>(model_->config().vocab_size);
+    for (const Request* r : row_request) {
+      append_sampling_inputs(*r, seeds_.at(r->id), vocab, prepared.batch.sampling);
+    }
+    const std::vector<SampledToken> rows = runner_.execute(prepared.batch);  // the step's one device-to-host copy
+    for (size_t i = 0; i < prepared.sampling_chunks.size(); ++i) {
+      results.push_back(rows[static_cast<size_t>(prepared.logits_row_of_sampling_chunk[i])]);
       sampled.push_back(results.back().token);
     }
     for (const auto& chunk : plan.chunks) {
@@ -311,15 +353,17 @@ void Engine::step_once() {
                              .num_preemptions = ci.num_preemptions};
     if (u.new_token >= 0) {
       delta.new_token_ids.push_back(u.new_token);
-      if (ci.wants_logprobs) delta.logprobs.push_back(results[ci.result]);
+      if (ci.wants_logprobs) delta.logprobs.push_back(SampleResult::from(results[ci.result]));
     }
-    if (u.finished) rngs_.erase(u.id);
+    if (u.finished) seeds_.erase(u.id);
     emit(std::move(delta));
   }
   std::lock_guard lock(mutex_);
   stats_.num_steps += 1;
   stats_.num_prompt_tokens_computed += prompt_tokens;
   stats_.num_generated_tokens += sampled.size();
+  stats_.num_graph_replays = static_cast<uint64_t>(runner_.num_graph_replays());
+  stats_.num_graphs = runner_.num_graphs();
   stats_.num_preemptions = scheduler_.total_preemptions();
   stats_.num_running = scheduler_.num_running();
   stats_.num_waiting = scheduler_.num_waiting();

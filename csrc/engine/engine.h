@@ -15,7 +15,8 @@
 
 #include "backend/backend.h"
 #include "engine/cache_manager.h"
-#include "engine/sampler.h"
+#include "engine/sample_result.h"
+#include "engine/step_runner.h"
 #include "engine/scheduler.h"
 #include "model/deepseek.h"
 
@@ -35,6 +36,7 @@ struct EngineOptions {
   int32_t max_model_len = 0;                 // 0: min(max_position_embeddings, what the cache holds)
   int32_t max_num_seqs = 256;
   int32_t max_num_batched_tokens = 8192;
+  bool enforce_eager = false;                // CUDA: no decode graphs
 
   void validate() const;
 };
@@ -58,6 +60,8 @@ struct EngineStats {
   uint64_t num_steps = 0;
   uint64_t num_prompt_tokens_computed = 0;
   uint64_t num_generated_tokens = 0;
+  uint64_t num_graph_replays = 0;            // decode steps that replayed a recorded graph
+  int64_t num_graphs = 0;                    // graphs recorded so far
   bool alive = true;
 };
 
@@ -90,7 +94,8 @@ class Engine {
   void shutdown();
 
  private:
-  Engine(EngineOptions options, LoadedModel loaded, LatentCacheShape cache_shape, SchedulerConfig scheduler_config);
+  Engine(EngineOptions options, LoadedModel loaded, LatentCacheShape cache_shape, int32_t scratch_page,
+         SchedulerConfig scheduler_config);
   void loop();
   void step_once();
   void admit_pending();
@@ -104,7 +109,8 @@ class Engine {
   CacheManager cache_manager_;
   SchedulerConfig scheduler_config_;
   Scheduler scheduler_;                              // touched only by the step thread
-  std::unordered_map<uint64_t, std::mt19937_64> rngs_;  // per request
+  StepRunner runner_;                                // touched only by the step thread
+  std::unordered_map<uint64_t, uint64_t> seeds_;     // per request: its own seed, or one drawn at admission
   std::mt19937_64 seed_rng_;
 
   struct PendingRequest {

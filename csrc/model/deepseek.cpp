@@ -77,43 +77,21 @@ Tensor DeepseekModel::logits_on_host(Tensor logits) const {
   return host;
 }
 
-// The one place where the step's index arrays cross to the device. They are packed into one host int32 tensor and
-// uploaded together: one host-to-device copy per step on a GPU, none at all on the CPU (upload() hands the host
-// tensor back). Every op of the step then takes views of that tensor.
-DeepseekModel::StepInputs DeepseekModel::upload_step(const ForwardBatch& b) {
-  const std::vector<int32_t>* const parts[] = {&b.token_ids,   &b.positions,    &b.slot_mapping, &b.logits_indices,
-                                               &b.query_start, &b.context_lens, &b.page_table};
-  constexpr size_t kParts = std::size(parts);
-  std::array<int64_t, kParts + 1> offset{};
-  for (size_t i = 0; i < kParts; ++i) offset[i + 1] = offset[i] + static_cast<int64_t>(parts[i]->size());
-  Tensor packed = Tensor::empty({offset[kParts]}, DType::kI32);  // host staging
-  for (size_t i = 0; i < kParts; ++i) {
-    std::copy(parts[i]->begin(), parts[i]->end(), packed.view().as<int32_t>() + offset[i]);
-  }
-
-  StepInputs in{.storage = backend_.upload(std::move(packed), DType::kI32)};
-  const auto part = [&](size_t i) { return in.storage.cview().rows(offset[i], offset[i + 1] - offset[i]); };
-  in.token_ids = part(0);
-  in.positions = part(1);
-  in.slot_mapping = part(2);
-  in.logits_indices = part(3);
-  const ConstTensorView query_start = part(4), context_lens = part(5);
-  const ConstTensorView page_table = part(6).reshaped({b.num_seqs(), b.max_pages_per_seq});
-  const auto sequences = [&](int32_t first, int32_t count) -> AttentionMetadata {
-    return {.query_start = query_start.rows(first, count + 1), .context_lens = context_lens.rows(first, count),
-            .page_table = page_table.rows(first, count), .num_seqs = count,
-            .max_pages_per_seq = b.max_pages_per_seq, .max_context_len = b.max_context_len(first, count)};
-  };
-  in.decode = sequences(0, b.num_decode_seqs);
-  in.prefill = sequences(b.num_decode_seqs, b.num_seqs() - b.num_decode_seqs);
-  return in;
+// The eager path: one host-to-device copy of the packed arrays (none on the CPU, where upload() hands the host tensor
+// back), then the step.
+Tensor DeepseekModel::forward(const ForwardBatch& batch, const LatentCache& cache) {
+  batch.validate(static_cast<int32_t>(config_.vocab_size), cache.shape().num_pages, cache.shape().page_size);
+  std::vector<int32_t> packed;
+  const StepLayout layout = pack_step(batch, packed);
+  Tensor host = Tensor::empty({layout.total()}, DType::kI32);
+  std::copy(packed.begin(), packed.end(), host.view().as<int32_t>());
+  const Tensor device = backend_.upload(std::move(host), DType::kI32);
+  return run(bind_step(device.cview(), layout, batch), cache);
 }
 
-Tensor DeepseekModel::forward(const ForwardBatch& batch, const LatentCache& cache) {
+Tensor DeepseekModel::run(const StepInputs& in, const LatentCache& cache) {
   const ModelConfig& c = config_;
-  batch.validate(static_cast<int32_t>(c.vocab_size), cache.shape().num_pages, cache.shape().page_size);
-  const StepInputs in = upload_step(batch);
-  const int64_t num_tokens = batch.num_tokens(), d = c.hidden_size;
+  const int64_t num_tokens = in.num_tokens, d = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
 
   Tensor residual = activation({num_tokens, d});                            // [T, D]
@@ -123,7 +101,7 @@ Tensor DeepseekModel::forward(const ForwardBatch& batch, const LatentCache& cach
 
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const LayerWeights& layer = weights_.layers[static_cast<size_t>(i)];
-    Tensor attn_out = attention(layer, i, h, in, batch, cache);           // [T, D]
+    Tensor attn_out = attention(layer, i, h, in, cache);                  // [T, D]
     backend_.add_rms_norm({.residual = residual.view(), .x = attn_out.cview(),
                            .weight = layer.post_attention_norm.cview(), .out = h.view(), .eps = eps});
     Tensor ffn_out = layer.moe ? moe(*layer.moe, h) : mlp(*layer.mlp, h);  // [T, D]
@@ -137,7 +115,7 @@ Tensor DeepseekModel::forward(const ForwardBatch& batch, const LatentCache& cach
   }
 
   // Only the rows that sample need the final norm and the vocabulary projection.
-  const int64_t num_logits = static_cast<int64_t>(batch.logits_indices.size());
+  const int64_t num_logits = in.num_logits;
   Tensor last = activation({num_logits, d});                                // [N, D]
   backend_.gather_rows({.src = residual.cview(), .indices = in.logits_indices, .out = last.view()});
   backend_.rms_norm({.x = last.cview(), .weight = weights_.norm.cview(), .out = last.view(), .eps = eps});
@@ -145,7 +123,7 @@ Tensor DeepseekModel::forward(const ForwardBatch& batch, const LatentCache& cach
 }
 
 Tensor DeepseekModel::attention(const LayerWeights& layer, int64_t layer_index, const Tensor& h,
-                                const StepInputs& in, const ForwardBatch& batch, const LatentCache& cache) {
+                                const StepInputs& in, const LatentCache& cache) {
   const ModelConfig& c = config_;
   const MlaWeights& w = layer.attn;
   const int64_t t = h.shape()[0], heads = c.num_attention_heads, rank = c.kv_lora_rank;
@@ -181,7 +159,7 @@ Tensor DeepseekModel::attention(const LayerWeights& layer, int64_t layer_index, 
   backend_.mla_cache_write({.latent = latent.cview(), .cache = layer_cache, .slot_mapping = in.slot_mapping});
 
   Tensor attn = activation({t, heads, v});                                  // [T, H, v]
-  const int64_t num_decode = batch.num_decode_seqs;
+  const int64_t num_decode = in.num_decode_seqs;
   if (num_decode > 0) {
     // Absorbed decode. q_abs[s, h] = [q_nope[s, h] · W_UK[h] | q_pe[s, h]], the layout of the decode kernel; attend
     // over the shared latent; out = o_latent · W_UV^T per head.
@@ -278,6 +256,14 @@ void ForwardBatch::validate(int32_t vocab_size, int32_t num_pages, int32_t page_
   for (int32_t r : logits_indices) {
     DI_CHECK(r >= 0 && r < static_cast<int32_t>(t), "forward batch: logits row ", r, " of ", t);
   }
+  if (decode_context_bound > 0) {
+    DI_CHECK(decode_context_bound >= max_context_len(0, num_decode_seqs) &&
+                 decode_context_bound <= static_cast<int64_t>(max_pages_per_seq) * page_size,
+             "forward batch: decode context bound ", decode_context_bound, " below the longest decode context ",
+             max_context_len(0, num_decode_seqs), " or beyond the page table's ", max_pages_per_seq, " pages");
+  }
+  DI_CHECK(sampling.penalty_tokens.size() == sampling.penalty_counts.size(), "forward batch: ",
+           sampling.penalty_tokens.size(), " penalty tokens but ", sampling.penalty_counts.size(), " counts");
 }
 
 }  // namespace deepinfer

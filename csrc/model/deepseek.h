@@ -9,6 +9,7 @@
 #include "model/forward_batch.h"
 #include "model/latent_cache.h"
 #include "model/rope_scaling.h"
+#include "model/step_inputs.h"
 #include "model/weights.h"
 
 namespace deepinfer {
@@ -23,27 +24,19 @@ class DeepseekModel {
   Backend& backend() const { return backend_; }
 
   // Writes the latents of the batch's tokens into `cache`, attends, and returns the logits of
-  // batch.logits_indices as [logits_indices.size(), vocab_size], on the backend's device.
+  // batch.logits_indices as [logits_indices.size(), vocab_size] float32, on the backend's device. Validates the batch
+  // on the host and uploads its arrays.
   Tensor forward(const ForwardBatch& batch, const LatentCache& cache);
+  // The same on inputs already on the device (bind_step): queues device work only, never waits for the device, so a
+  // backend can record it as a graph.
+  Tensor run(const StepInputs& in, const LatentCache& cache);
   // The logits forward() returned, as float32 in host memory for the sampler (a copy only on a GPU).
   Tensor logits_on_host(Tensor logits) const;
 
  private:
-  // The step's index arrays on the device: one tensor holding all of them, and views of its parts.
-  struct StepInputs {
-    Tensor storage;                   // int32, every array below back to back
-    ConstTensorView token_ids;        // [T]
-    ConstTensorView positions;        // [T]
-    ConstTensorView slot_mapping;     // [T]
-    ConstTensorView logits_indices;   // [N]
-    AttentionMetadata decode;         // sequences [0, num_decode_seqs)
-    AttentionMetadata prefill;        // the rest
-  };
-  StepInputs upload_step(const ForwardBatch& batch);
-
   // h [T, D] -> attention output [T, D]; writes the layer's latents into the cache.
   Tensor attention(const LayerWeights& layer, int64_t layer_index, const Tensor& h, const StepInputs& in,
-                   const ForwardBatch& batch, const LatentCache& cache);
+                   const LatentCache& cache);
   Tensor mlp(const MlpWeights& w, const Tensor& h);
   Tensor moe(const MoeWeights& w, const Tensor& h);
   Tensor linear(const Tensor& x, const Tensor& w);

@@ -11,6 +11,14 @@ namespace deepinfer {
 //
 // Host vectors, filled by the model runner. The model uploads them to the backend's device once per forward
 // (DeepseekModel::upload_step) after validate() has checked every value on the host: device ops do not re-check.
+// The sampling inputs of the rows of logits_indices (backend/ops/sample.h), uploaded with the index arrays.
+struct SamplingBatch {
+  std::vector<int32_t> rows;            // [N * kSamplingRowWords]: the SamplingRow of each logits row
+  std::vector<int32_t> penalty_tokens;  // [P]
+  std::vector<int32_t> penalty_counts;  // [P]
+  std::vector<int32_t> masked_tokens;   // [M]
+};
+
 struct ForwardBatch {
   std::vector<int32_t> token_ids;       // [T]
   std::vector<int32_t> positions;       // [T]
@@ -21,6 +29,10 @@ struct ForwardBatch {
   int32_t max_pages_per_seq = 0;
   int32_t num_decode_seqs = 0;
   std::vector<int32_t> logits_indices;  // rows whose next-token logits are wanted
+  // A bound on the decode sequences' contexts given to the attention kernel instead of their longest (0 = the
+  // longest): a recorded graph keeps the split plan it was recorded with, so it is recorded for a bound.
+  int32_t decode_context_bound = 0;
+  SamplingBatch sampling;               // empty when nothing samples from this step's logits on the device
 
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
   int32_t num_seqs() const { return static_cast<int32_t>(context_lens.size()); }

@@ -201,6 +201,7 @@ class DeepInferenceEngine:
         options.max_model_len = config.max_model_len or 0
         options.max_num_seqs = config.max_num_seqs
         options.max_num_batched_tokens = config.max_num_batched_tokens
+        options.enforce_eager = config.enforce_eager
         self._core = _deepinfer.Engine.create(options, self._load_progress(self.model_config.num_hidden_layers))
 
         self._ids = itertools.count()

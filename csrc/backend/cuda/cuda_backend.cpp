@@ -17,6 +17,7 @@
 #include "backend/cuda/cuda_stream.h"
 #include "backend/cuda/elementwise.cuh"
 #include "backend/cuda/embedding.cuh"
+#include "backend/cuda/graph_arena.h"
 #include "backend/cuda/mla_cache_write.cuh"
 #include "backend/cuda/mla_decode.cuh"
 #include "backend/cuda/mla_prefill.cuh"
@@ -73,6 +74,31 @@ void free_on_stream(void* data, void* stream) {
   // A destructor cannot report a failure; after a fault the context is lost anyway.
   cudaFreeAsync(data, static_cast<cudaStream_t>(stream));
 }
+
+void free_pinned(void* data, void*) { cudaFreeHost(data); }
+
+// A recorded step. It holds while the backend's graph generation is the one it was recorded in: the generation
+// moves on whenever memory a graph may have recorded (a workspace, the graph arena) is replaced.
+class CudaStepGraph final : public StepGraph {
+ public:
+  CudaStepGraph(cudaGraphExec_t exec, cudaStream_t stream, const uint64_t& generation)
+      : exec_(exec), stream_(stream), generation_(generation), recorded_in_(generation) {}
+  CudaStepGraph(const CudaStepGraph&) = delete;
+  CudaStepGraph& operator=(const CudaStepGraph&) = delete;
+  ~CudaStepGraph() override { cudaGraphExecDestroy(exec_); }
+
+  bool replay() override {
+    if (generation_ != recorded_in_) return false;
+    CUDA_TRY(cudaGraphLaunch(exec_, stream_));
+    return true;
+  }
+
+ private:
+  cudaGraphExec_t exec_;
+  cudaStream_t stream_;
+  const uint64_t& generation_;  // the backend's, which outlives its graphs
+  uint64_t recorded_in_;
+};
 
 void check_on_device(const ConstTensorView& t, const char* op, const char* name) {
   DI_CHECK(t.device == Device::kCuda || t.numel() == 0, op, ": ", name, " must be in device memory");
@@ -150,11 +176,60 @@ class CudaBackend final : public Backend {
 
   DType activation_dtype() const override { return DType::kBF16; }
 
+  // While a graph is recorded, tensors come from the graph arena (see capture()).
   Tensor empty(Shape shape, DType dtype) override {
     const size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
+    if (recording_) {
+      return Tensor(Buffer(arena_.allocate(bytes), bytes, Device::kCuda, &cuda::GraphArena::release, &arena_), shape,
+                    dtype);
+    }
     void* data = nullptr;
     if (bytes > 0) CUDA_TRY(cudaMallocFromPoolAsync(&data, bytes, pool_.get(), stream_.get()));
     return Tensor(Buffer(data, bytes, Device::kCuda, &free_on_stream, stream_.get()), shape, dtype);
+  }
+
+  Tensor staging(Shape shape, DType dtype) override {
+    const size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
+    void* data = nullptr;
+    if (bytes > 0) CUDA_TRY(cudaHostAlloc(&data, bytes, cudaHostAllocDefault));
+    return Tensor(Buffer(data, bytes, Device::kCpu, &free_pinned), shape, dtype);
+  }
+
+  // The warm-up run sizes the workspaces and tells how much memory the step takes (the pool's high-water mark); the
+  // arena reserves that much, then the same work is recorded with its tensors in the arena.
+  std::unique_ptr<StepGraph> capture(const std::function<void()>& work) override {
+    DI_CHECK(!recording_, "cuda capture: already recording a graph");
+    cudaMemPool_t pool = pool_.get();
+    uint64_t used_before = 0, zero = 0;
+    CUDA_TRY(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used_before));
+    CUDA_TRY(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
+    work();
+    stream_.synchronize();
+    uint64_t used_high = 0;
+    CUDA_TRY(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &used_high));
+    if (arena_.reserve(static_cast<size_t>(used_high > used_before ? used_high - used_before : 0))) {
+      ++graph_generation_;
+    }
+
+    cudaGraph_t graph = nullptr;
+    CUDA_TRY(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal));
+    recording_ = true;
+    try {
+      work();
+    } catch (...) {
+      recording_ = false;
+      cudaStreamEndCapture(stream_.get(), &graph);  // ends the invalidated capture; its error is the one thrown
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      cudaGetLastError();
+      throw;
+    }
+    recording_ = false;
+    CUDA_TRY(cudaStreamEndCapture(stream_.get(), &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    CUDA_TRY(status);
+    return std::make_unique<CudaStepGraph>(exec, stream_.get(), graph_generation_);
   }
 
   Tensor zeros(Shape shape, DType dtype) override {
@@ -164,8 +239,8 @@ class CudaBackend final : public Backend {
     return t;
   }
 
-  // From pageable host memory the copy returns once the driver has staged the source, so `host` may be reused.
-  // TODO(graphs): a pinned staging buffer, so the per-step upload can run asynchronously and be captured.
+  // From pageable host memory the copy returns once the driver has staged the source, so `host` may be reused; from
+  // a staging tensor (page-locked) it returns at once.
   void copy_to_device(ConstTensorView host, TensorView dst) override {
     check_copy(host, dst, Device::kCpu, Device::kCuda, "cuda copy_to_device");
     if (dst.bytes() > 0) {
@@ -348,7 +423,7 @@ class CudaBackend final : public Backend {
     // be replayed only with decodes that fit the workspace it captured.
     const size_t bytes = cuda::mla_decode_workspace_bytes(p);
     if (bytes > workspace_.view().bytes()) {
-      workspace_ = empty({static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float))}, DType::kF32);
+      workspace_ = workspace(bytes);
     }
     p.workspace = bytes > 0 ? workspace_.view().data : nullptr;
     cuda::mla_decode(p, stream_.get());
@@ -394,7 +469,7 @@ class CudaBackend final : public Backend {
     const size_t kv_bytes = align(static_cast<size_t>(rows * kv_width) * sizeof(uint16_t));
     const size_t bytes = latent_bytes + kv_bytes + 256;
     if (bytes > prefill_workspace_.view().bytes()) {
-      prefill_workspace_ = empty({static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float))}, DType::kF32);
+      prefill_workspace_ = workspace(bytes);
     }
     auto* base = reinterpret_cast<uint8_t*>(align(reinterpret_cast<uintptr_t>(prefill_workspace_.view().data)));
     auto* latents = reinterpret_cast<uint16_t*>(base);
@@ -519,6 +594,14 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // A workspace the backend keeps across calls (grown, never shrunk). Graphs may have recorded the one it replaces,
+  // so they stop holding; and none may grow while a graph is recorded (the warm-up run has sized them).
+  Tensor workspace(size_t bytes) {
+    DI_CHECK(!recording_, "cuda backend: a workspace of ", bytes, " bytes had to grow while a graph was recorded");
+    ++graph_generation_;
+    return empty({static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float))}, DType::kF32);
+  }
+
   // The fused MoE kernels' workspace: owned by the backend, grown to the largest call seen so far and never shrunk
   // (the old buffer is freed in stream order, after the work that still reads it). It is sized from host values only
   // (tokens, experts, top_k, hidden, intermediate), so no call waits for the device. A CUDA graph captured later must
@@ -535,7 +618,7 @@ class CudaBackend final : public Backend {
       const size_t bytes = cuda::moe_workspace_bytes(p) + kAlign;
       bool fresh = false;
       if (bytes > buffer.view().bytes()) {
-        buffer = be.empty({static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float))}, DType::kF32);
+        buffer = be.workspace(bytes);
         fresh = true;
       }
       const auto base = reinterpret_cast<uintptr_t>(buffer.view().data);
@@ -570,6 +653,9 @@ class CudaBackend final : public Backend {
   // Declared first, destroyed last: everything below frees its memory in its order.
   cuda::CudaStream stream_;
   MemoryPool pool_;
+  cuda::GraphArena arena_{stream_.get()};
+  bool recording_ = false;
+  uint64_t graph_generation_ = 0;
   int num_sms_ = 0;
   Tensor workspace_;  // MLA decode split partials (see mla_decode)
   Tensor prefill_workspace_;  // MLA prefill gathered latents and decompressed k_nope | v (see mla_prefill)

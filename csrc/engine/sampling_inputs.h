@@ -1,0 +1,17 @@
+// A request's row of the device sampling op (backend/ops/sample.h): its parameters, where its random stream is,
+// the penalties that apply to its tokens and the tokens it may not produce yet.
+#pragma once
+
+#include <cstdint>
+
+#include "engine/request.h"
+#include "model/forward_batch.h"
+
+namespace deepinfer {
+
+// Appends the row of `request` (about to sample its next token) to `out`. `seed` is the request's (its own, or one
+// the engine drew for it at admission): with the output length as the counter, its draws depend on nothing else in
+// the batch, and a preempted request recomputed later draws the same numbers again.
+void append_sampling_inputs(const Request& request, uint64_t seed, int32_t vocab_size, SamplingBatch& out);
+
+}  // namespace deepinfer

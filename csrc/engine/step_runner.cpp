@@ -1,0 +1,164 @@
+#include "engine/step_runner.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace deepinfer {
+
+std::vector<int32_t> graph_batch_buckets(int32_t max_batch) {
+  // Fine steps where a padded row costs the most (small batches), coarser ones above.
+  std::vector<int32_t> buckets;
+  for (int32_t b = 1; b <= max_batch;) {
+    buckets.push_back(b);
+    b = b < 8 ? b * 2 : b < 64 ? b + 8 : b < 128 ? b + 16 : b + 32;
+  }
+  if (buckets.empty() || buckets.back() != max_batch) buckets.push_back(max_batch);
+  return buckets;
+}
+
+ForwardBatch pad_decode_batch(const ForwardBatch& batch, std::span<const int32_t> buckets, int32_t max_pages,
+                              int32_t scratch_page, int32_t page_size) {
+  const int32_t seqs = batch.num_seqs();
+  DI_CHECK(seqs > 0 && batch.num_decode_seqs == seqs && batch.num_tokens() == seqs, "pad_decode_batch: not a pure "
+           "decode batch (", seqs, " sequences, ", batch.num_decode_seqs, " decoding, ", batch.num_tokens(), " tokens)");
+  const auto bucket = std::lower_bound(buckets.begin(), buckets.end(), seqs);
+  DI_CHECK(bucket != buckets.end(), "pad_decode_batch: ", seqs, " sequences exceed the largest bucket");
+  const int32_t padded = *bucket;
+  const int32_t longest = batch.max_context_len(0, seqs);
+  const auto needed = static_cast<uint32_t>((longest + page_size - 1) / page_size);
+  const int32_t width = std::min(static_cast<int32_t>(std::bit_ceil(std::max(needed, 8u))), max_pages);
+  DI_CHECK(static_cast<int32_t>(needed) <= width, "pad_decode_batch: a context of ", longest, " tokens needs ", needed,
+           " pages; graphs hold ", max_pages);
+
+  ForwardBatch out;
+  out.token_ids = batch.token_ids;
+  out.positions = batch.positions;
+  out.slot_mapping = batch.slot_mapping;
+  out.query_start = batch.query_start;
+  out.context_lens = batch.context_lens;
+  out.logits_indices = batch.logits_indices;
+  out.sampling = batch.sampling;
+  out.num_decode_seqs = padded;
+  out.max_pages_per_seq = width;
+  out.decode_context_bound = width * page_size;
+  out.page_table.assign(static_cast<size_t>(padded) * static_cast<size_t>(width), -1);
+  for (int32_t s = 0; s < seqs; ++s) {
+    const auto row = batch.page_table.begin() + static_cast<ptrdiff_t>(s) * batch.max_pages_per_seq;
+    std::copy(row, row + std::min(width, batch.max_pages_per_seq),
+              out.page_table.begin() + static_cast<ptrdiff_t>(s) * width);
+  }
+  for (int32_t s = seqs; s < padded; ++s) {
+    out.token_ids.push_back(0);
+    out.positions.push_back(0);
+    out.slot_mapping.push_back(scratch_page * page_size);
+    out.query_start.push_back(s + 1);
+    out.context_lens.push_back(1);
+    out.logits_indices.push_back(s);
+    out.page_table[static_cast<size_t>(s) * static_cast<size_t>(width)] = scratch_page;
+  }
+  return out;
+}
+
+StepRunner::StepRunner(DeepseekModel& model, const LatentCache& cache, StepRunnerOptions options)
+    : model_(model), backend_(model.backend()), cache_(cache), options_(options) {
+  if (options_.use_graphs) {
+    DI_CHECK(options_.scratch_page >= 0 && options_.scratch_page < cache.shape().num_pages && options_.max_graph_pages > 0 &&
+                 options_.max_graph_batch > 0,
+             "step runner: graphs need a scratch page inside the cache (", options_.scratch_page, " of ",
+             cache.shape().num_pages, "), a page-table width (", options_.max_graph_pages, ") and a batch (",
+             options_.max_graph_batch, ")");
+    buckets_ = graph_batch_buckets(options_.max_graph_batch);
+    // The index arrays of the largest graph: 4 per token, query starts, context lengths, the page table.
+    const int64_t b = buckets_.back();
+    graph_inputs_ = backend_.empty({b * 6 + 1 + b * options_.max_graph_pages}, DType::kI32);
+  }
+}
+
+StepRunner::~StepRunner() = default;
+
+bool StepRunner::graph_eligible(const ForwardBatch& batch) const {
+  const int32_t seqs = batch.num_seqs();
+  return options_.use_graphs && seqs > 0 && seqs <= options_.max_graph_batch && batch.num_decode_seqs == seqs &&
+         batch.num_tokens() == seqs && static_cast<int32_t>(batch.logits_indices.size()) == seqs;
+}
+
+void StepRunner::upload(const std::vector<int32_t>& packed, TensorView dst) {
+  const auto n = static_cast<int64_t>(packed.size());
+  DI_CHECK(dst.numel() >= n, "step runner: ", n, " packed elements for a buffer of ", dst.numel());
+  if (staging_.numel() < n) staging_ = backend_.staging({std::max<int64_t>(n, 2 * staging_.numel())}, DType::kI32);
+  std::copy(packed.begin(), packed.end(), staging_.view().as<int32_t>());
+  backend_.copy_to_device(staging_.cview().rows(0, n), dst.rows(0, n));
+}
+
+ConstTensorView StepRunner::replay_graph(const ForwardBatch& padded, const StepLayout& layout) {
+  const StepInputs in = bind_step(graph_inputs_.cview(), layout, padded);
+  Graph& g = graphs_[{padded.num_seqs(), padded.max_pages_per_seq}];
+  if (g.graph == nullptr || !g.graph->replay()) {
+    // capture() runs the work twice: once as usual (sizing workspaces), once recorded.
+    Tensor warm_up;
+    int calls = 0;
+    g.graph = backend_.capture([&] { (calls++ == 0 ? warm_up : g.logits) = model_.run(in, cache_); });
+    if (g.graph == nullptr) {  // this backend has no graphs: the step ran eagerly
+      graphs_.erase({padded.num_seqs(), padded.max_pages_per_seq});
+      options_.use_graphs = false;
+      return {};
+    }
+    DI_CHECK(g.graph->replay(), "step runner: a graph stopped holding right after its capture");
+  }
+  ++num_replays_;
+  return g.logits.cview();
+}
+
+std::vector<SampledToken> StepRunner::execute(const ForwardBatch& batch) {
+  const ModelConfig& c = model_.config();
+  const LatentCacheShape& shape = cache_.shape();
+  batch.validate(static_cast<int32_t>(c.vocab_size), shape.num_pages, shape.page_size);
+  const auto n = static_cast<int64_t>(batch.logits_indices.size());
+  const SamplingBatch& sb = batch.sampling;
+  const auto host_view = [](const std::vector<int32_t>& v) {
+    return ConstTensorView(v.data(), DType::kI32, {static_cast<int64_t>(v.size())}, Device::kCpu);
+  };
+  // The sampling inputs are checked here, on the host: the device op trusts them.
+  SampleArgs{.logits = ConstTensorView(nullptr, DType::kF32, Shape{n, c.vocab_size}, Device::kCpu),
+             .rows = host_view(sb.rows).reshaped({static_cast<int64_t>(sb.rows.size()) / kSamplingRowWords,
+                                                  kSamplingRowWords}),
+             .penalty_tokens = host_view(sb.penalty_tokens),
+             .penalty_counts = host_view(sb.penalty_counts),
+             .masked_tokens = host_view(sb.masked_tokens),
+             .out = TensorView{nullptr, DType::kI32, Shape{n, kSampledTokenWords}, Device::kCpu}}
+      .validate();
+
+  Tensor eager_inputs, eager_logits;
+  ConstTensorView logits;
+  StepInputs in;
+  if (graph_eligible(batch)) {
+    const ForwardBatch padded = pad_decode_batch(batch, buckets_, options_.max_graph_pages, options_.scratch_page,
+                                                 shape.page_size);
+    const StepLayout layout = pack_step(padded, packed_);
+    if (layout.total() <= graph_inputs_.numel()) {
+      upload(packed_, graph_inputs_.view());
+      logits = replay_graph(padded, layout);
+      in = bind_step(graph_inputs_.cview(), layout, padded);
+    }
+  }
+  if (logits.data == nullptr) {
+    const StepLayout layout = pack_step(batch, packed_);
+    eager_inputs = backend_.empty({layout.total()}, DType::kI32);
+    upload(packed_, eager_inputs.view());
+    in = bind_step(eager_inputs.cview(), layout, batch);
+    eager_logits = model_.run(in, cache_);
+    logits = eager_logits.cview();
+  }
+
+  Tensor out = backend_.empty({n, kSampledTokenWords}, DType::kI32);
+  backend_.sample({.logits = logits.rows(0, n), .rows = in.sampling_rows, .penalty_tokens = in.penalty_tokens,
+                   .penalty_counts = in.penalty_counts, .masked_tokens = in.masked_tokens, .out = out.view()});
+  std::vector<SampledToken> tokens(static_cast<size_t>(n));
+  backend_.copy_to_host(out.cview(), TensorView{tokens.data(), DType::kI32, Shape{n, kSampledTokenWords}, Device::kCpu});
+  return tokens;
+}
+
+}  // namespace deepinfer

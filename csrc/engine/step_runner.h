@@ -1,0 +1,74 @@
+// Runs one step of the model and samples its tokens on the device: the step's arrays go up in one host-to-device
+// copy from staging memory, the sampled tokens come back in its one device-to-host copy. Pure decode steps replay a
+// graph recorded for their batch-size and context bucket (CUDA graphs), unless graphs are off.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/deepseek.h"
+#include "model/latent_cache.h"
+
+namespace deepinfer {
+
+struct StepRunnerOptions {
+  bool use_graphs = false;
+  int32_t max_graph_batch = 256;  // decode batches up to this many sequences replay graphs
+  int32_t max_graph_pages = 0;    // page-table width of the largest context bucket (max_model_len in pages)
+  int32_t scratch_page = -1;      // a cache page no request owns: the padding rows of a graph's batch write there
+};
+
+// The decode batch sizes graphs are recorded for, up to `max_batch` (always included).
+std::vector<int32_t> graph_batch_buckets(int32_t max_batch);
+
+// A pure decode batch padded to the smallest bucket that holds it, with rows that read and write only
+// `scratch_page`, and its page table widened or narrowed to a power of two (at least 8, at most `max_pages`) that
+// covers its longest context; decode_context_bound is that width in tokens. The graph of that shape serves it. The
+// rows that sample are the same (the first ones); the padding rows' logits exist but nothing samples them.
+ForwardBatch pad_decode_batch(const ForwardBatch& batch, std::span<const int32_t> buckets, int32_t max_pages,
+                              int32_t scratch_page, int32_t page_size);
+
+class StepRunner {
+ public:
+  StepRunner(DeepseekModel& model, const LatentCache& cache, StepRunnerOptions options);
+  ~StepRunner();
+  StepRunner(const StepRunner&) = delete;
+  StepRunner& operator=(const StepRunner&) = delete;
+
+  // Runs `batch` (batch.sampling filled in for each logits row) and returns one SampledToken per logits row.
+  // Validates the batch and its sampling inputs on the host first.
+  std::vector<SampledToken> execute(const ForwardBatch& batch);
+
+  int64_t num_graphs() const { return static_cast<int64_t>(graphs_.size()); }
+  int64_t num_graph_replays() const { return num_replays_; }
+
+ private:
+  struct Graph {
+    std::unique_ptr<StepGraph> graph;
+    Tensor logits;  // [padded batch, V], in the backend's graph memory
+  };
+  using GraphKey = std::pair<int32_t, int32_t>;  // padded batch, page-table width
+
+  bool graph_eligible(const ForwardBatch& batch) const;
+  // Copies the packed arrays into `dst` (device) through the staging buffer.
+  void upload(const std::vector<int32_t>& packed, TensorView dst);
+  ConstTensorView replay_graph(const ForwardBatch& padded, const StepLayout& layout);
+
+  DeepseekModel& model_;
+  Backend& backend_;
+  const LatentCache& cache_;
+  StepRunnerOptions options_;
+  std::vector<int32_t> buckets_;
+  std::vector<int32_t> packed_;   // host scratch for pack_step
+  Tensor staging_;                // page-locked on a GPU
+  Tensor graph_inputs_;           // device: the packed arrays every graph reads (its address is recorded)
+  std::map<GraphKey, Graph> graphs_;
+  int64_t num_replays_ = 0;
+};
+
+}  // namespace deepinfer

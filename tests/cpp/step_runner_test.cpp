@@ -1,0 +1,173 @@
+// The step runner's host side: graph batch buckets, and padded decode batches (what a decode graph runs) giving the
+// real rows the same logits as the batch unpadded, on the CPU reference backend.
+#include "engine/step_runner.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <numeric>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/engine.h"
+#include "safetensors_writer.h"
+
+namespace deepinfer {
+namespace {
+
+using test::TempDir;
+
+TEST(GraphBatchBuckets, CoverEveryBatchUpToTheMaximum) {
+  for (int32_t max_batch : {1, 7, 8, 9, 64, 100, 256, 1000}) {
+    const std::vector<int32_t> b = graph_batch_buckets(max_batch);
+    ASSERT_FALSE(b.empty());
+    EXPECT_EQ(b.front(), 1);
+    EXPECT_EQ(b.back(), max_batch);
+    EXPECT_TRUE(std::is_sorted(b.begin(), b.end()));
+    EXPECT_EQ(std::adjacent_find(b.begin(), b.end()), b.end()) << "duplicate bucket";
+    // Padding wastes at most a quarter of a bucket above 8 sequences.
+    for (size_t i = 1; i < b.size(); ++i) {
+      if (b[i - 1] >= 8) EXPECT_LE(b[i] - b[i - 1], std::max(8, b[i - 1] / 4 + 1)) << b[i - 1] << " -> " << b[i];
+    }
+  }
+  EXPECT_EQ(graph_batch_buckets(12), (std::vector<int32_t>{1, 2, 4, 8, 12}));
+}
+
+// A small DeepSeek-V3 layout (MLA with q_lora, one dense layer, one MoE layer) with random weights.
+class PaddedDecodeTest : public ::testing::Test {
+ protected:
+  static constexpr int32_t kPageSize = 4;
+  static constexpr int32_t kPages = 40;
+
+  void SetUp() override {
+    const nlohmann::json config = {
+        {"architectures", {"DeepseekV3ForCausalLM"}}, {"vocab_size", 96}, {"hidden_size", 64},
+        {"intermediate_size", 96}, {"moe_intermediate_size", 32}, {"num_hidden_layers", 2},
+        {"num_attention_heads", 4}, {"q_lora_rank", 32}, {"kv_lora_rank", 32}, {"qk_nope_head_dim", 16},
+        {"qk_rope_head_dim", 8}, {"v_head_dim", 16}, {"n_routed_experts", 8}, {"n_shared_experts", 1},
+        {"num_experts_per_tok", 2}, {"n_group", 2}, {"topk_group", 1}, {"first_k_dense_replace", 1},
+        {"norm_topk_prob", true}, {"routed_scaling_factor", 2.0}, {"max_position_embeddings", 256},
+        {"eos_token_id", 1}};
+    std::ofstream(dir_.path() / "config.json") << config.dump();
+    EngineOptions options;
+    options.model_path = dir_.path().string();
+    options.load_format = LoadFormat::kDummy;
+    options.seed = 5;
+    loaded_ = load_model(options);
+    cache_ = std::make_unique<LatentCache>(
+        LatentCacheShape{.num_layers = 2, .num_pages = kPages, .page_size = kPageSize,
+                         .latent_dim = loaded_.model->config().latent_dim()},
+        *loaded_.backend);
+  }
+
+  // Prefills sequence s (pages 4s .. 4s+3, 16 tokens of room) with `len` tokens.
+  void prefill(int32_t s, int32_t len) {
+    ForwardBatch b;
+    b.max_pages_per_seq = 4;
+    b.query_start = {0, len};
+    b.context_lens = {len};
+    b.page_table = pages_of(s);
+    for (int32_t pos = 0; pos < len; ++pos) {
+      b.token_ids.push_back((7 * s + 3 * pos + 2) % 96);
+      b.positions.push_back(pos);
+      b.slot_mapping.push_back(slot(s, pos));
+    }
+    b.logits_indices = {len - 1};
+    loaded_.model->forward(b, *cache_);
+  }
+  static std::vector<int32_t> pages_of(int32_t s) { return {4 * s, 4 * s + 1, 4 * s + 2, 4 * s + 3}; }
+  static int32_t slot(int32_t s, int32_t pos) { return pages_of(s)[static_cast<size_t>(pos / kPageSize)] * kPageSize + pos % kPageSize; }
+
+  // One decode step of sequences 0..n-1 with contexts ctx[s] (the new token at position ctx[s] - 1).
+  static ForwardBatch decode_batch(const std::vector<int32_t>& ctx) {
+    ForwardBatch b;
+    const auto n = static_cast<int32_t>(ctx.size());
+    b.num_decode_seqs = n;
+    b.max_pages_per_seq = 4;
+    b.query_start.push_back(0);
+    for (int32_t s = 0; s < n; ++s) {
+      b.token_ids.push_back((11 * s + 5) % 96);
+      b.positions.push_back(ctx[static_cast<size_t>(s)] - 1);
+      b.slot_mapping.push_back(slot(s, ctx[static_cast<size_t>(s)] - 1));
+      b.query_start.push_back(s + 1);
+      b.context_lens.push_back(ctx[static_cast<size_t>(s)]);
+      const std::vector<int32_t> pages = pages_of(s);
+      b.page_table.insert(b.page_table.end(), pages.begin(), pages.end());
+      b.logits_indices.push_back(s);
+    }
+    return b;
+  }
+
+  TempDir dir_{"step_runner_test"};
+  LoadedModel loaded_;
+  std::unique_ptr<LatentCache> cache_;
+};
+
+TEST_F(PaddedDecodeTest, PaddedRowsLeaveTheRealRowsLogitsUnchanged) {
+  const std::vector<int32_t> prompt = {5, 9, 3};
+  for (int32_t s = 0; s < 3; ++s) prefill(s, prompt[static_cast<size_t>(s)]);
+  const std::vector<int32_t> ctx = {6, 10, 4};  // after the decode token's write
+  const ForwardBatch plain = decode_batch(ctx);
+  const std::vector<int32_t> buckets = graph_batch_buckets(16);
+  const int32_t scratch = kPages - 1;
+  const ForwardBatch padded = pad_decode_batch(plain, buckets, /*max_pages=*/16, scratch, kPageSize);
+
+  ASSERT_EQ(padded.num_seqs(), 4);  // bucket of 3
+  EXPECT_EQ(padded.max_pages_per_seq, 8);  // at least 8 pages wide
+  EXPECT_EQ(padded.decode_context_bound, 8 * kPageSize);
+  EXPECT_EQ(padded.slot_mapping.back(), scratch * kPageSize);
+  EXPECT_EQ(padded.page_table[3 * 8], scratch);
+  EXPECT_EQ(padded.logits_indices, (std::vector<int32_t>{0, 1, 2, 3}));
+
+  // The plain step first (it writes the decode tokens' latents), then the padded one over the same cache: the same
+  // writes again, so both see identical caches.
+  const Tensor a = loaded_.model->forward(plain, *cache_);
+  const Tensor b = loaded_.model->forward(padded, *cache_);
+  ASSERT_EQ(b.shape()[0], 4);
+  const int64_t vocab = a.shape()[1];
+  for (int64_t r = 0; r < 3; ++r) {
+    double max_ref = 0.0, max_diff = 0.0;
+    for (int64_t v = 0; v < vocab; ++v) {
+      const float x = a.f32()[r * vocab + v], y = b.f32()[r * vocab + v];
+      max_ref = std::max(max_ref, std::abs(static_cast<double>(x)));
+      max_diff = std::max(max_diff, std::abs(static_cast<double>(x) - y));
+    }
+    EXPECT_LE(max_diff, 1e-5 * max_ref) << "row " << r;
+  }
+}
+
+TEST_F(PaddedDecodeTest, RejectsBatchesNoGraphServes) {
+  const std::vector<int32_t> buckets = graph_batch_buckets(2);
+  EXPECT_THROW(pad_decode_batch(decode_batch({3, 3, 3}), buckets, 16, kPages - 1, kPageSize), Error);  // 3 > 2
+  EXPECT_THROW(pad_decode_batch(decode_batch({16}), buckets, 2, kPages - 1, kPageSize), Error);  // 4 pages > 2
+  ForwardBatch prefill_batch = decode_batch({3});
+  prefill_batch.num_decode_seqs = 0;
+  EXPECT_THROW(pad_decode_batch(prefill_batch, buckets, 16, kPages - 1, kPageSize), Error);
+}
+
+// The eager runner samples greedily what the logits say, through the backend's sample op.
+TEST_F(PaddedDecodeTest, RunnerSamplesTheGreedyTokenOfEachRow) {
+  for (int32_t s = 0; s < 2; ++s) prefill(s, 4);
+  ForwardBatch batch = decode_batch({5, 5});
+  const Tensor logits = loaded_.model->forward(batch, *cache_);
+  for (int32_t s = 0; s < 2; ++s) {
+    SamplingRow row;  // greedy
+    const auto* words = reinterpret_cast<const int32_t*>(&row);
+    batch.sampling.rows.insert(batch.sampling.rows.end(), words, words + kSamplingRowWords);
+  }
+  StepRunner runner(*loaded_.model, *cache_, {});
+  const std::vector<SampledToken> tokens = runner.execute(batch);
+  ASSERT_EQ(tokens.size(), 2u);
+  const int64_t vocab = logits.shape()[1];
+  for (int64_t r = 0; r < 2; ++r) {
+    const float* row = logits.f32() + r * vocab;
+    EXPECT_EQ(tokens[static_cast<size_t>(r)].token, std::max_element(row, row + vocab) - row);
+  }
+  EXPECT_EQ(runner.num_graphs(), 0);
+}
+
+}  // namespace
+}  // namespace deepinfer
