@@ -65,8 +65,8 @@ ForwardBatch pad_decode_batch(const ForwardBatch& batch, std::span<const int32_t
 StepRunner::StepRunner(DeepseekModel& model, const LatentCache& cache, StepRunnerOptions options)
     : model_(model), backend_(model.backend()), cache_(cache), options_(options) {
   if (options_.use_graphs) {
-    DI_CHECK(options_.scratch_page >= 0 && options_.scratch_page < cache.shape().num_pages && options_.max_graph_pages > 0 &&
-                 options_.max_graph_batch > 0,
+    DI_CHECK(options_.scratch_page >= 0 && options_.scratch_page < cache.shape().num_pages &&
+                 options_.max_graph_pages > 0 && options_.max_graph_batch > 0,
              "step runner: graphs need a scratch page inside the cache (", options_.scratch_page, " of ",
              cache.shape().num_pages, "), a page-table width (", options_.max_graph_pages, ") and a batch (",
              options_.max_graph_batch, ")");
@@ -145,10 +145,20 @@ std::vector<SampledToken> StepRunner::execute(const ForwardBatch& batch) {
     }
   }
   if (logits.data == nullptr) {
-    const StepLayout layout = pack_step(batch, packed_);
+    // A pure decode step run eagerly takes the context bucket a graph would (no padded rows): the attention splits
+    // its work the same way, so eager and graph steps of one shape compute the same numbers.
+    const int32_t seqs = batch.num_seqs();
+    const bool decode = seqs > 0 && batch.num_decode_seqs == seqs && batch.num_tokens() == seqs &&
+                        options_.max_graph_pages > 0 && batch.max_context_len(0, seqs) <=
+                        static_cast<int64_t>(options_.max_graph_pages) * shape.page_size;
+    const int32_t one_bucket[] = {seqs};
+    const ForwardBatch bucketed =
+        decode ? pad_decode_batch(batch, one_bucket, options_.max_graph_pages, -1, shape.page_size) : ForwardBatch{};
+    const ForwardBatch& run_batch = decode ? bucketed : batch;
+    const StepLayout layout = pack_step(run_batch, packed_);
     eager_inputs = backend_.empty({layout.total()}, DType::kI32);
     upload(packed_, eager_inputs.view());
-    in = bind_step(eager_inputs.cview(), layout, batch);
+    in = bind_step(eager_inputs.cview(), layout, run_batch);
     eager_logits = model_.run(in, cache_);
     logits = eager_logits.cview();
   }

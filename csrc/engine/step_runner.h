@@ -19,7 +19,8 @@ namespace deepinfer {
 struct StepRunnerOptions {
   bool use_graphs = false;
   int32_t max_graph_batch = 256;  // decode batches up to this many sequences replay graphs
-  int32_t max_graph_pages = 0;    // page-table width of the largest context bucket (max_model_len in pages)
+  int32_t max_graph_pages = 0;    // page-table width of the largest context bucket (max_model_len in pages); 0 =
+                                  // decode steps keep their own width (no buckets)
   int32_t scratch_page = -1;      // a cache page no request owns: the padding rows of a graph's batch write there
 };
 
