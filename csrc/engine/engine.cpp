@@ -99,8 +99,10 @@ LoadedModel load_model(const EngineOptions& options, const LoadProgress& progres
   ModelConfig config = load_model_config(options.model_path);
   auto source = options.load_format == LoadFormat::kDummy ? make_dummy_source(options.seed)
                                                           : open_checkpoint_source(options.model_path, config);
-  ModelWeights weights = load_weights(config, *source, progress);
   LoadedModel loaded{.backend = make_backend(options.device)};
+  // Each weight goes to the device as it is read: the host never holds the model.
+  const std::unique_ptr<WeightSink> sink = make_backend_sink(*loaded.backend);
+  ModelWeights weights = load_weights(config, *source, *sink, progress);
   loaded.model = std::make_unique<DeepseekModel>(std::move(config), std::move(weights), *loaded.backend);
   return loaded;
 }

@@ -36,17 +36,17 @@ void widen_16bit(std::span<const std::byte> bytes, std::span<float> out) {
 float bf16_bits_to_float(uint16_t bits) { return bf16_to_float(bits); }
 float half_bits_to_float(uint16_t bits) { return half_to_float(bits); }
 
-// F32 / F16 / BF16 -> fp32; the caller checked the sizes.
-void widen_float(const TensorInfo& t, std::span<float> out) {
-  switch (t.dtype) {
+// F32 / F16 / BF16 elements -> fp32; the caller checked the sizes (`bytes` holds out.size() elements).
+void widen_float(DType dtype, std::span<const std::byte> bytes, std::span<float> out) {
+  switch (dtype) {
     case DType::kF32:
-      if (!out.empty()) std::memcpy(out.data(), t.bytes.data(), out.size() * sizeof(float));
+      if (!out.empty()) std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
       return;
-    case DType::kF16: widen_16bit<half_bits_to_float>(t.bytes, out); return;
-    case DType::kBF16: widen_16bit<bf16_bits_to_float>(t.bytes, out); return;
+    case DType::kF16: widen_16bit<half_bits_to_float>(bytes, out); return;
+    case DType::kBF16: widen_16bit<bf16_bits_to_float>(bytes, out); return;
     default: break;
   }
-  DI_CHECK(false, "internal: widen_float called for ", dtype_name(t.dtype));
+  DI_CHECK(false, "internal: widen_float called for ", dtype_name(dtype));
 }
 
 bool is_16_or_32_bit_float(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
@@ -145,6 +145,12 @@ std::vector<std::string> Checkpoint::names() const {
 
 void Checkpoint::read_f32(std::string_view name, std::span<const int64_t> expected_shape, std::span<float> out,
                           std::array<int64_t, 2> fp8_block) const {
+  const int64_t rows = expected_shape.empty() ? 1 : expected_shape[0];
+  read_rows_f32(name, expected_shape, 0, rows, out, fp8_block);
+}
+
+void Checkpoint::read_rows_f32(std::string_view name, std::span<const int64_t> expected_shape, int64_t first_row,
+                               int64_t num_rows, std::span<float> out, std::array<int64_t, 2> fp8_block) const {
   const Entry& e = entry(name);
   const TensorInfo& t = *e.tensor;
   const std::filesystem::path& file = files_[e.file_index].path();
@@ -152,11 +158,26 @@ void Checkpoint::read_f32(std::string_view name, std::span<const int64_t> expect
   DI_CHECK(std::equal(t.shape.begin(), t.shape.end(), expected_shape.begin(), expected_shape.end()), "tensor ",
            name, " in ", file, " has shape ", shape_str(t.shape), ", expected ", shape_str(expected_shape));
   const int64_t numel = t.numel();
-  DI_CHECK(static_cast<int64_t>(out.size()) == numel, "output for tensor ", name, " holds ", out.size(),
-           " floats, but shape ", shape_str(t.shape), " has ", numel, " elements");
+  const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
+  const int64_t row_elems = rows == 0 ? 0 : numel / rows;
+  DI_CHECK(first_row >= 0 && num_rows >= 0 && first_row + num_rows <= rows, "rows [", first_row, ", ",
+           first_row + num_rows, ") out of range for tensor ", name, " of shape ", shape_str(t.shape));
+  const int64_t count = num_rows * row_elems;
+  if (num_rows == rows) {
+    DI_CHECK(static_cast<int64_t>(out.size()) == count, "output for tensor ", name, " holds ", out.size(),
+             " floats, but shape ", shape_str(t.shape), " has ", count, " elements");
+  } else {
+    DI_CHECK(static_cast<int64_t>(out.size()) == count, "output for rows [", first_row, ", ",
+             first_row + num_rows, ") of tensor ", name, " holds ", out.size(), " floats, but they have ", count,
+             " elements (shape ", shape_str(t.shape), ")");
+  }
 
   if (is_16_or_32_bit_float(t.dtype)) {
-    widen_float(t, out);
+    const auto elem_bytes = static_cast<size_t>(dtype_size(t.dtype));
+    widen_float(t.dtype,
+                t.bytes.subspan(static_cast<size_t>(first_row * row_elems) * elem_bytes,
+                                static_cast<size_t>(count) * elem_bytes),
+                out);
     return;
   }
   DI_CHECK(t.dtype == DType::kF8E4M3, "tensor ", name, " in file ", file, " has dtype ", dtype_name(t.dtype),
@@ -172,7 +193,6 @@ void Checkpoint::read_f32(std::string_view name, std::span<const int64_t> expect
            scale_name, " in checkpoint ", dir_);
   const TensorInfo& scale = *scale_it->second.tensor;
   const std::filesystem::path& scale_file = files_[scale_it->second.file_index].path();
-  const int64_t rows = t.shape[0];
   const int64_t cols = t.shape[1];
   const std::array<int64_t, 2> scale_shape = {(rows + fp8_block[0] - 1) / fp8_block[0],
                                               (cols + fp8_block[1] - 1) / fp8_block[1]};
@@ -182,10 +202,12 @@ void Checkpoint::read_f32(std::string_view name, std::span<const int64_t> expect
            "scale tensor ", scale_name, " in file ", scale_file, " has shape ", shape_str(scale.shape),
            ", expected ", shape_str(scale_shape), " for FP8 tensor ", name, " of shape ", shape_str(t.shape),
            " in ", fp8_block[0], "x", fp8_block[1], " blocks");
+  // The scales are small (one per 128x128 block): widen them all, and let the dequantization pick the rows.
   std::vector<float> scale_inv(static_cast<size_t>(scale_shape[0] * scale_shape[1]));
-  widen_float(scale, scale_inv);
+  widen_float(scale.dtype, scale.bytes, scale_inv);
   const std::span<const uint8_t> codes(reinterpret_cast<const uint8_t*>(t.bytes.data()), t.bytes.size());
-  dequantize_fp8_blocks(codes, rows, cols, scale_inv, fp8_block, out);
+  dequantize_fp8_rows({.codes = codes, .rows = rows, .cols = cols, .scale_inv = scale_inv, .block = fp8_block},
+                      first_row, num_rows, out);
 }
 
 }  // namespace deepinfer

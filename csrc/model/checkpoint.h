@@ -54,6 +54,12 @@ class Checkpoint {
                 std::array<int64_t, 2> fp8_block = {128, 128}) const {
     read_f32(name, std::span<const int64_t>(expected_shape.begin(), expected_shape.size()), out, fp8_block);
   }
+  // Rows [first_row, first_row + num_rows) of dimension 0 of the same read (a 0-D tensor is one row), for
+  // callers that place a large tensor piece by piece (one expert of a fused [E, 2I, D] tensor). `expected_shape`
+  // is the whole tensor's shape; `out` holds num_rows * (elements per row) floats. Equals the matching part of
+  // read_f32's output bit for bit, for any range (FP8 ranges need not align to the scale blocks).
+  void read_rows_f32(std::string_view name, std::span<const int64_t> expected_shape, int64_t first_row,
+                     int64_t num_rows, std::span<float> out, std::array<int64_t, 2> fp8_block = {128, 128}) const;
 
  private:
   struct Entry {

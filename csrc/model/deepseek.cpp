@@ -8,11 +8,16 @@
 namespace deepinfer {
 namespace {
 
-// Matrices go to the backend's activation dtype; norm weights and biases stay float32.
+// Matrices go to the backend's activation dtype; norm weights and biases stay float32. Weights a backend sink
+// already placed stay where they are.
 void upload_weights(ModelWeights& w, Backend& backend) {
   const DType act = backend.activation_dtype();
-  const auto matrix = [&](Tensor& t) { t = backend.upload(std::move(t), act); };
-  const auto vector = [&](Tensor& t) { t = backend.upload(std::move(t), DType::kF32); };
+  const auto place = [&](Tensor& t, DType dtype) {
+    if (t.device() == backend.device() && t.dtype() == dtype) return;  // already placed (a backend sink)
+    t = backend.upload(std::move(t), dtype);
+  };
+  const auto matrix = [&](Tensor& t) { place(t, act); };
+  const auto vector = [&](Tensor& t) { place(t, DType::kF32); };
   const auto mlp = [&](MlpWeights& m) {
     matrix(m.gate_up);
     matrix(m.down);

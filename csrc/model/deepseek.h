@@ -16,8 +16,9 @@ namespace deepinfer {
 
 class DeepseekModel {
  public:
-  // Uploads `weights` (host, float32) to the backend's device once: matrices in its activation dtype, norm weights
-  // and biases in float32. `backend` must outlive the model.
+  // Takes `weights` placed on the backend's device by a backend sink (load_weights with make_backend_sink), or
+  // host float32 ones, which it uploads once: matrices in the activation dtype, norm weights and biases in float32.
+  // `backend` must outlive the model.
   DeepseekModel(ModelConfig config, ModelWeights weights, Backend& backend);
 
   const ModelConfig& config() const { return config_; }

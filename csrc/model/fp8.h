@@ -53,12 +53,25 @@ inline constexpr std::array<float, 256> kE4m3ToFloat = detail::make_e4m3_table()
 
 constexpr float e4m3_to_float(uint8_t code) { return kE4m3ToFloat[code]; }
 
-// Dequantizes a block-scaled FP8 weight of shape [rows, cols]:
-//   out[r][c] = e4m3(weight[r][c]) * scale_inv[r / block[0]][c / block[1]]
+// A block-scaled FP8 weight as DeepSeek stores it: e4m3 codes and one fp32 scale_inv per block.
+struct Fp8BlockWeight {
+  std::span<const uint8_t> codes;         // [rows, cols] e4m3 codes, row-major
+  int64_t rows = 0;
+  int64_t cols = 0;
+  std::span<const float> scale_inv;       // [ceil(rows / block[0]), ceil(cols / block[1])], row-major
+  std::array<int64_t, 2> block = {128, 128};
+};
+
+// Dequantizes rows [first_row, first_row + num_rows) of `w` into `out` ([num_rows, cols]):
+//   out[r - first_row][c] = e4m3(codes[r][c]) * scale_inv[r / block[0]][c / block[1]]
+// The range need not be aligned to the blocks. Throws deepinfer::Error when the sizes or the range do not match.
+void dequantize_fp8_rows(const Fp8BlockWeight& w, int64_t first_row, int64_t num_rows, std::span<float> out);
+
+// Dequantizes a whole block-scaled FP8 weight of shape [rows, cols] (dequantize_fp8_rows over every row).
 // weight: [rows, cols] e4m3 codes, row-major.
 // scale_inv: [ceil(rows / block[0]), ceil(cols / block[1])], row-major.
 // out: [rows, cols].
-// Throws deepinfer::Error when the sizes do not match.
+// Throws like dequantize_fp8_rows.
 void dequantize_fp8_blocks(std::span<const uint8_t> weight, int64_t rows, int64_t cols,
                            std::span<const float> scale_inv, std::array<int64_t, 2> block,
                            std::span<float> out);

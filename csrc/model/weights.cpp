@@ -1,8 +1,11 @@
 #include "model/weights.h"
 
-#include <cstring>
-#include <random>
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <string_view>
 
+#include "core/error.h"
 #include "model/checkpoint.h"
 
 namespace deepinfer {
@@ -14,8 +17,9 @@ class CheckpointSource final : public WeightSource {
       : checkpoint_(std::move(checkpoint)), fp8_block_{config.fp8.block_rows, config.fp8.block_cols} {}
 
   bool contains(const std::string& name) const override { return checkpoint_.contains(name); }
-  void read(const std::string& name, std::span<const int64_t> shape, std::span<float> out) const override {
-    checkpoint_.read_f32(name, shape, out, fp8_block_);
+  void read_rows(const std::string& name, std::span<const int64_t> shape, int64_t first_row, int64_t num_rows,
+                 std::span<float> out) const override {
+    checkpoint_.read_rows_f32(name, shape, first_row, num_rows, out, fp8_block_);
   }
 
  private:
@@ -23,46 +27,173 @@ class CheckpointSource final : public WeightSource {
   std::array<int64_t, 2> fp8_block_;
 };
 
+// ---------------------------------------------------------------------------------------------- dummy weights
+//
+// Value i of a matrix is 0.02 * z, z a standard normal made by Box–Muller from the two 32-bit halves of
+// h = mix64(key + i * kGolden), key = mix64(fnv1a64(name) ^ mix64(seed)) (a splitmix64 stream per tensor). Each
+// value depends on its index alone, so any row range equals the same rows of a whole read. The logarithm, sine and
+// square root are polynomials and Newton steps in plain float arithmetic: the compiler vectorizes them, and the
+// values do not depend on the platform's libm.
+
+constexpr float kDummyStd = 0.02f;
+constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ull;
+constexpr int64_t kNormalBlock = 256;  // values made together; blocks start at multiples of this index
+
+// 64-bit FNV-1a: stable across platforms and standard libraries (std::hash is implementation-defined).
+constexpr uint64_t fnv1a64(std::string_view s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const char c : s) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
+  return h;
+}
+
+// splitmix64's finalizer: a bijection of 64-bit integers that mixes every input bit into every output bit.
+constexpr uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// ln(u) for normal u > 0, to about 1e-7: u = 2^e * m with m in [sqrt(1/2), sqrt(2)), and
+// ln(m) = 2 atanh(s) = 2 (s + s^3/3 + ... + s^9/9) with s = (m - 1) / (m + 1), |s| < 0.172.
+inline float log_approx(float u) {
+  constexpr uint32_t kSqrtHalfBits = 0x3f3504f3u;  // sqrt(1/2)
+  const uint32_t shifted = std::bit_cast<uint32_t>(u) - kSqrtHalfBits;
+  const int32_t e = static_cast<int32_t>(shifted) >> 23;
+  const float m = std::bit_cast<float>((shifted & 0x007fffffu) + kSqrtHalfBits);
+  const float s = (m - 1.0f) / (m + 1.0f);
+  const float s2 = s * s;
+  const float p = 2.0f + s2 * (2.0f / 3 + s2 * (2.0f / 5 + s2 * (2.0f / 7 + s2 * (2.0f / 9))));
+  return static_cast<float>(e) * 0.693147180559945f + s * p;
+}
+
+// sin(2 pi b) for b in [-1/4, 1/4], to about 1e-7 (Taylor series through y^11).
+inline float sin_2pi_approx(float b) {
+  const float y = 6.283185307179586f * b;
+  const float y2 = y * y;
+  return y * (1.0f + y2 * (-1.0f / 6 +
+                           y2 * (1.0f / 120 + y2 * (-1.0f / 5040 + y2 * (1.0f / 362880 + y2 * (-1.0f / 39916800))))));
+}
+
+// sqrt(x) for normal x > 0: three Newton steps on 1/sqrt(x) from the classic bit-level estimate.
+inline float sqrt_approx(float x) {
+  float y = std::bit_cast<float>(0x5f3759dfu - (std::bit_cast<uint32_t>(x) >> 1));
+  for (int k = 0; k < 3; ++k) y = y * (1.5f - 0.5f * x * y * y);
+  return x * y;
+}
+
+// Box–Muller on two 32-bit halves (their top 24 bits, what a float holds): u1 in (0, 1), u2 in [0, 1),
+// z = sqrt(-2 ln u1) * cos(2 pi u2), with cos(2 pi u2) = sin(2 pi (|u2 - 1/2| - 1/4)). |z| < 5.9.
+inline float standard_normal(uint32_t hi, uint32_t lo) {
+  const float u1 = (static_cast<float>(static_cast<int32_t>(hi >> 8)) + 0.5f) * 0x1p-24f;
+  const float u2 = static_cast<float>(static_cast<int32_t>(lo >> 8)) * 0x1p-24f;
+  return sqrt_approx(-2.0f * log_approx(u1)) * sin_2pi_approx(std::fabs(u2 - 0.5f) - 0.25f);
+}
+
+// Values [block * kNormalBlock, (block + 1) * kNormalBlock) of stream `key` into `out` (kNormalBlock floats, 64-byte
+// aligned). The hashes are 64-bit scalar work; the rest is one vectorized loop over fixed-size aligned arrays (no
+// peeled remainder), so every value is computed the same way whichever range it was asked for.
+void normal_block(uint64_t key, int64_t block, float* out) {
+  alignas(64) uint32_t hi[kNormalBlock];
+  alignas(64) uint32_t lo[kNormalBlock];
+  const auto base = static_cast<uint64_t>(block * kNormalBlock);
+  for (int64_t j = 0; j < kNormalBlock; ++j) {
+    const uint64_t h = mix64(key + (base + static_cast<uint64_t>(j)) * kGolden);
+    hi[j] = static_cast<uint32_t>(h >> 32);
+    lo[j] = static_cast<uint32_t>(h);
+  }
+#pragma omp simd aligned(hi, lo, out : 64)
+  for (int64_t j = 0; j < kNormalBlock; ++j) out[j] = kDummyStd * standard_normal(hi[j], lo[j]);
+}
+
+// out[j] = value first + j of stream `key`.
+void fill_normal(uint64_t key, int64_t first, std::span<float> out) {
+  const auto count = static_cast<int64_t>(out.size());
+  if (count == 0) return;
+  const int64_t first_block = first / kNormalBlock;
+  const int64_t end_block = (first + count + kNormalBlock - 1) / kNormalBlock;
+  float* dst = out.data();
+#pragma omp parallel for schedule(static) if (count >= 4 * kNormalBlock)
+  for (int64_t b = first_block; b < end_block; ++b) {
+    alignas(64) float values[kNormalBlock];
+    normal_block(key, b, values);
+    const int64_t begin = std::max(b * kNormalBlock, first), end = std::min((b + 1) * kNormalBlock, first + count);
+    std::copy(values + (begin - b * kNormalBlock), values + (end - b * kNormalBlock), dst + (begin - first));
+  }
+}
+
 class DummySource final : public WeightSource {
  public:
-  explicit DummySource(uint64_t seed) : seed_(seed) {}
+  explicit DummySource(uint64_t seed) : seed_key_(mix64(seed)) {}
   bool contains(const std::string&) const override { return true; }
-  void read(const std::string& name, std::span<const int64_t> shape, std::span<float> out) const override {
+  void read_rows(const std::string& name, std::span<const int64_t> shape, int64_t first_row, int64_t num_rows,
+                 std::span<float> out) const override {
+    const Shape s(shape);
+    const int64_t rows = s.ndim() == 0 ? 1 : s[0];
+    const int64_t row_elems = rows == 0 ? 0 : s.numel() / rows;
+    DI_CHECK(first_row >= 0 && num_rows >= 0 && first_row + num_rows <= rows, "rows [", first_row, ", ",
+             first_row + num_rows, ") out of range for tensor ", name, " of shape ", s.str());
+    DI_CHECK(static_cast<int64_t>(out.size()) == num_rows * row_elems, "output for rows [", first_row, ", ",
+             first_row + num_rows, ") of tensor ", name, " holds ", out.size(), " floats, but they have ",
+             num_rows * row_elems, " elements (shape ", s.str(), ")");
     const bool is_norm = name.find("norm") != std::string::npos;
     const bool is_bias = name.find("bias") != std::string::npos;
     if (is_norm || is_bias) {
       std::fill(out.begin(), out.end(), is_norm ? 1.0f : 0.0f);
       return;
     }
-    std::mt19937_64 rng(seed_ ^ std::hash<std::string>{}(name));
-    std::normal_distribution<float> normal(0.0f, 0.02f);
-    for (float& v : out) v = normal(rng);
+    fill_normal(mix64(fnv1a64(name) ^ seed_key_), first_row * row_elems, out);
   }
 
  private:
-  uint64_t seed_;
+  uint64_t seed_key_;
 };
 
+// ---------------------------------------------------------------------------------------------- the loader
+
+int64_t num_rows(const Shape& s) { return s.ndim() == 0 ? 1 : s[0]; }
+int64_t row_elems(const Shape& s) { return num_rows(s) == 0 ? 0 : s.numel() / num_rows(s); }
+
+// Reads tensors piece by piece into one reusable host buffer and hands each piece to the sink.
 class Loader {
  public:
-  Loader(const WeightSource& source, const LoadProgress& progress, int64_t total)
-      : source_(source), progress_(progress), total_(total) {}
+  Loader(const WeightSource& source, WeightSink& sink, const LoadProgress& progress, int64_t total)
+      : source_(source), sink_(sink), progress_(progress), total_(total) {}
 
-  Tensor read(const std::string& name, Shape shape) {
-    Tensor t = Tensor::empty(shape, DType::kF32);
-    source_.read(name, shape.dims(), t.f32_span());
+  Tensor allocate(Shape shape, WeightRole role) { return sink_.allocate(shape, role); }
+  void write(Tensor& dst, int64_t offset, std::span<const float> values) { sink_.write(dst, offset, values); }
+
+  // Tensor `name` of `shape`, placed.
+  Tensor read(const std::string& name, Shape shape, WeightRole role = WeightRole::kMatrix) {
+    Tensor t = allocate(shape, role);
+    copy(name, shape, t, 0);
     return t;
   }
-  // Two [rows, cols] tensors stacked into one [2 * rows, cols] (gate and up projections).
-  Tensor read_stacked(const std::string& first, const std::string& second, int64_t rows, int64_t cols) {
-    Tensor t = Tensor::empty({2 * rows, cols}, DType::kF32);
-    const int64_t shape[] = {rows, cols};
-    source_.read(first, shape, t.f32_span().subspan(0, static_cast<size_t>(rows * cols)));
-    source_.read(second, shape, t.f32_span().subspan(static_cast<size_t>(rows * cols)));
-    return t;
+  // All of source tensor `name` (of `shape`) into `dst`, from element `offset` on.
+  void copy(const std::string& name, Shape shape, Tensor& dst, int64_t offset) {
+    copy_rows(name, shape, 0, num_rows(shape), dst, offset);
   }
+  // Rows [first_row, first_row + count) of source tensor `name` into `dst` from element `offset` on: chunks of
+  // whole rows of at most kLoadChunkFloats values, or one row at a time when a row is larger.
+  void copy_rows(const std::string& name, Shape shape, int64_t first_row, int64_t count, Tensor& dst,
+                 int64_t offset) {
+    const int64_t row = row_elems(shape);
+    const int64_t rows_per_chunk = std::max<int64_t>(1, kLoadChunkFloats / std::max<int64_t>(row, 1));
+    if (count == 0) source_.read_rows(name, shape.dims(), first_row, 0, {});  // still checks name and shape
+    for (int64_t done = 0; done < count; done += rows_per_chunk) {
+      const int64_t n = std::min(rows_per_chunk, count - done);
+      write(dst, offset + done * row, read_rows(name, shape, first_row + done, n));
+    }
+  }
+  // Rows [first_row, first_row + count) of source tensor `name`, in the loader's buffer (valid until the next read).
+  std::span<const float> read_rows(const std::string& name, Shape shape, int64_t first_row, int64_t count) {
+    const int64_t n = count * row_elems(shape);
+    if (static_cast<int64_t>(buffer_.size()) < n) buffer_.resize(static_cast<size_t>(n));
+    const std::span<float> values(buffer_.data(), static_cast<size_t>(n));
+    source_.read_rows(name, shape.dims(), first_row, count, values);
+    return values;
+  }
+
   bool contains(const std::string& name) const { return source_.contains(name); }
-  const WeightSource& source() const { return source_; }
   void step() {
     ++done_;
     if (progress_) progress_(done_, total_);
@@ -70,14 +201,19 @@ class Loader {
 
  private:
   const WeightSource& source_;
+  WeightSink& sink_;
   const LoadProgress& progress_;
   int64_t total_;
   int64_t done_ = 0;
+  std::vector<float> buffer_;  // the float32 values on their way from the source to the sink
 };
 
+// gate_proj and up_proj [inter, dim] stacked into gate_up [2 * inter, dim].
 MlpWeights load_mlp(Loader& loader, const std::string& prefix, int64_t dim, int64_t inter) {
   MlpWeights w;
-  w.gate_up = loader.read_stacked(prefix + "gate_proj.weight", prefix + "up_proj.weight", inter, dim);
+  w.gate_up = loader.allocate({2 * inter, dim}, WeightRole::kMatrix);
+  loader.copy(prefix + "gate_proj.weight", {inter, dim}, w.gate_up, 0);
+  loader.copy(prefix + "up_proj.weight", {inter, dim}, w.gate_up, inter * dim);
   w.down = loader.read(prefix + "down_proj.weight", {dim, inter});
   return w;
 }
@@ -88,26 +224,33 @@ MlaWeights load_mla(Loader& loader, const ModelConfig& c, const std::string& p) 
   MlaWeights w;
   if (c.q_lora_rank) {
     w.q_a_proj = loader.read(p + "q_a_proj.weight", {*c.q_lora_rank, d});
-    w.q_a_norm = loader.read(p + "q_a_layernorm.weight", {*c.q_lora_rank});
+    w.q_a_norm = loader.read(p + "q_a_layernorm.weight", {*c.q_lora_rank}, WeightRole::kVector);
     w.q_b_proj = loader.read(p + "q_b_proj.weight", {h * c.qk_head_dim(), *c.q_lora_rank});
   } else {
     w.q_proj = loader.read(p + "q_proj.weight", {h * c.qk_head_dim(), d});
   }
   w.kv_a_proj = loader.read(p + "kv_a_proj_with_mqa.weight", {c.latent_dim(), d});
-  w.kv_a_norm = loader.read(p + "kv_a_layernorm.weight", {rank});
-  w.kv_b_proj = loader.read(p + "kv_b_proj.weight", {h * (nope + v), rank});
-  w.o_proj = loader.read(p + "o_proj.weight", {d, h * v});
-  // Split kv_b_proj per head into W_UK (transposed to [rank, nope]) and W_UV ([v, rank]) for the absorbed form.
-  w.w_uk_t = Tensor::empty({h, rank, nope}, DType::kF32);
-  w.w_uv = Tensor::empty({h, v, rank}, DType::kF32);
-  const float* kv_b = w.kv_b_proj.f32();
+  w.kv_a_norm = loader.read(p + "kv_a_layernorm.weight", {rank}, WeightRole::kVector);
+
+  // kv_b_proj, one head at a time: its nope + v rows are placed as they are, and split into W_UK (transposed to
+  // [rank, nope]) and W_UV ([v, rank]) for the absorbed form.
+  const Shape kv_b_shape{h * (nope + v), rank};
+  w.kv_b_proj = loader.allocate(kv_b_shape, WeightRole::kMatrix);
+  w.w_uk_t = loader.allocate({h, rank, nope}, WeightRole::kMatrix);
+  w.w_uv = loader.allocate({h, v, rank}, WeightRole::kMatrix);
+  std::vector<float> uk_t(static_cast<size_t>(rank * nope));  // [rank, nope]
   for (int64_t head = 0; head < h; ++head) {
-    const float* rows = kv_b + head * (nope + v) * rank;
+    const std::span<const float> rows = loader.read_rows(p + "kv_b_proj.weight", kv_b_shape, head * (nope + v),
+                                                         nope + v);  // [nope + v, rank]
+    const float* k_rows = rows.data();                               // [nope, rank]
+    loader.write(w.kv_b_proj, head * (nope + v) * rank, rows);
     for (int64_t i = 0; i < nope; ++i) {
-      for (int64_t r = 0; r < rank; ++r) w.w_uk_t.f32()[(head * rank + r) * nope + i] = rows[i * rank + r];
+      for (int64_t r = 0; r < rank; ++r) uk_t[static_cast<size_t>(r * nope + i)] = k_rows[i * rank + r];
     }
-    std::memcpy(w.w_uv.f32() + head * v * rank, rows + nope * rank, sizeof(float) * v * rank);
+    loader.write(w.w_uk_t, head * rank * nope, uk_t);
+    loader.write(w.w_uv, head * v * rank, rows.subspan(static_cast<size_t>(nope * rank)));  // [v, rank]
   }
+  w.o_proj = loader.read(p + "o_proj.weight", {d, h * v});
   return w;
 }
 
@@ -115,27 +258,24 @@ MoeWeights load_moe(Loader& loader, const ModelConfig& c, const std::string& p) 
   const int64_t d = c.hidden_size, e = c.n_routed_experts, inter = c.moe_intermediate_size;
   MoeWeights w;
   w.gate = loader.read(p + "gate.weight", {e, d});
-  if (c.version == ModelVersion::kV3) w.correction_bias = loader.read(p + "gate.e_score_correction_bias", {e});
-  w.experts_gate_up = Tensor::empty({e, 2 * inter, d}, DType::kF32);
-  w.experts_down = Tensor::empty({e, d, inter}, DType::kF32);
+  if (c.version == ModelVersion::kV3) {
+    w.correction_bias = loader.read(p + "gate.e_score_correction_bias", {e}, WeightRole::kVector);
+  }
+  // One expert at a time, into its slice of the stacked tensors.
+  w.experts_gate_up = loader.allocate({e, 2 * inter, d}, WeightRole::kMatrix);
+  w.experts_down = loader.allocate({e, d, inter}, WeightRole::kMatrix);
   if (loader.contains(p + "experts.gate_up_proj") && !loader.contains(p + "experts.0.gate_proj.weight")) {
-    // transformers 5 may store the experts fused: gate_up_proj [E, 2I, D], down_proj [E, D, I].
-    const int64_t gate_up_shape[] = {e, 2 * inter, d};
-    const int64_t down_shape[] = {e, d, inter};
-    loader.source().read(p + "experts.gate_up_proj", gate_up_shape, w.experts_gate_up.f32_span());
-    loader.source().read(p + "experts.down_proj", down_shape, w.experts_down.f32_span());
+    // transformers 5 may store the experts fused: gate_up_proj [E, 2I, D], down_proj [E, D, I]; row x is expert x.
+    for (int64_t x = 0; x < e; ++x) {
+      loader.copy_rows(p + "experts.gate_up_proj", {e, 2 * inter, d}, x, 1, w.experts_gate_up, x * 2 * inter * d);
+      loader.copy_rows(p + "experts.down_proj", {e, d, inter}, x, 1, w.experts_down, x * d * inter);
+    }
   } else {
     for (int64_t x = 0; x < e; ++x) {
       const std::string ep = p + "experts." + std::to_string(x) + ".";
-      const int64_t shape[] = {inter, d};
-      const auto gate_up = w.experts_gate_up.f32_span().subspan(static_cast<size_t>(x * 2 * inter * d),
-                                                                static_cast<size_t>(2 * inter * d));
-      loader.source().read(ep + "gate_proj.weight", shape, gate_up.subspan(0, static_cast<size_t>(inter * d)));
-      loader.source().read(ep + "up_proj.weight", shape, gate_up.subspan(static_cast<size_t>(inter * d)));
-      const int64_t down_shape[] = {d, inter};
-      loader.source().read(ep + "down_proj.weight", down_shape,
-                           w.experts_down.f32_span().subspan(static_cast<size_t>(x * d * inter),
-                                                             static_cast<size_t>(d * inter)));
+      loader.copy(ep + "gate_proj.weight", {inter, d}, w.experts_gate_up, x * 2 * inter * d);
+      loader.copy(ep + "up_proj.weight", {inter, d}, w.experts_gate_up, (x * 2 + 1) * inter * d);
+      loader.copy(ep + "down_proj.weight", {d, inter}, w.experts_down, x * d * inter);
     }
   }
   if (c.n_shared_experts > 0) w.shared = load_mlp(loader, p + "shared_experts.", d, c.n_shared_experts * inter);
@@ -150,8 +290,9 @@ std::unique_ptr<WeightSource> open_checkpoint_source(const std::filesystem::path
 
 std::unique_ptr<WeightSource> make_dummy_source(uint64_t seed) { return std::make_unique<DummySource>(seed); }
 
-ModelWeights load_weights(const ModelConfig& c, const WeightSource& source, const LoadProgress& progress) {
-  Loader loader(source, progress, c.num_hidden_layers + 2);
+ModelWeights load_weights(const ModelConfig& c, const WeightSource& source, WeightSink& sink,
+                          const LoadProgress& progress) {
+  Loader loader(source, sink, progress, c.num_hidden_layers + 2);
   ModelWeights w;
   const int64_t d = c.hidden_size;
   w.embed = loader.read("model.embed_tokens.weight", {c.vocab_size, d});
@@ -160,8 +301,8 @@ ModelWeights load_weights(const ModelConfig& c, const WeightSource& source, cons
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     LayerWeights layer;
-    layer.input_norm = loader.read(p + "input_layernorm.weight", {d});
-    layer.post_attention_norm = loader.read(p + "post_attention_layernorm.weight", {d});
+    layer.input_norm = loader.read(p + "input_layernorm.weight", {d}, WeightRole::kVector);
+    layer.post_attention_norm = loader.read(p + "post_attention_layernorm.weight", {d}, WeightRole::kVector);
     layer.attn = load_mla(loader, c, p + "self_attn.");
     if (c.is_moe_layer(i)) {
       layer.moe = load_moe(loader, c, p + "mlp.");
@@ -171,15 +312,17 @@ ModelWeights load_weights(const ModelConfig& c, const WeightSource& source, cons
     w.layers.push_back(std::move(layer));
     loader.step();
   }
-  w.norm = loader.read("model.norm.weight", {d});
-  if (c.tie_word_embeddings && !source.contains("lm_head.weight")) {
-    w.lm_head = Tensor::empty({c.vocab_size, d}, DType::kF32);
-    std::memcpy(w.lm_head.f32(), w.embed.f32(), sizeof(float) * c.vocab_size * d);
-  } else {
-    w.lm_head = loader.read("lm_head.weight", {c.vocab_size, d});
-  }
+  w.norm = loader.read("model.norm.weight", {d}, WeightRole::kVector);
+  // Tied embeddings: lm_head is the embedding, read and placed a second time.
+  const bool tied = c.tie_word_embeddings && !source.contains("lm_head.weight");
+  w.lm_head = loader.read(tied ? "model.embed_tokens.weight" : "lm_head.weight", {c.vocab_size, d});
   loader.step();
   return w;
+}
+
+ModelWeights load_weights(const ModelConfig& c, const WeightSource& source, const LoadProgress& progress) {
+  const std::unique_ptr<WeightSink> sink = make_host_sink();
+  return load_weights(c, source, *sink, progress);
 }
 
 }  // namespace deepinfer

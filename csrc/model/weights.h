@@ -1,9 +1,11 @@
-// The weights of a DeepSeek V2/V3 model, widened to fp32 for the CPU backend, in the layouts the ops expect.
+// The weights of a DeepSeek V2/V3 model in the layouts the ops expect, placed by a WeightSink: host float32 (the CPU
+// backend, tests) or a backend's device.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -11,6 +13,7 @@
 
 #include "core/tensor.h"
 #include "model/config.h"
+#include "model/weight_sink.h"
 
 namespace deepinfer {
 
@@ -60,17 +63,37 @@ class WeightSource {
  public:
   virtual ~WeightSource() = default;
   virtual bool contains(const std::string& name) const = 0;
-  // Fills `out` (fp32, `shape`) from tensor `name`; throws naming the tensor on a missing tensor or wrong shape.
-  virtual void read(const std::string& name, std::span<const int64_t> shape, std::span<float> out) const = 0;
+  // Fills `out` (fp32) with rows [first_row, first_row + num_rows) of dimension 0 of tensor `name`, whose whole
+  // shape is `shape` (a 0-D tensor is one row): num_rows * product(shape[1:]) values, row-major. They equal the
+  // same rows of a whole read bit for bit, so a large tensor can be read piece by piece (one expert at a time).
+  // Throws naming the tensor on a missing tensor, a wrong shape, a range outside the tensor or a wrong `out` size.
+  virtual void read_rows(const std::string& name, std::span<const int64_t> shape, int64_t first_row,
+                         int64_t num_rows, std::span<float> out) const = 0;
+  // The whole tensor (read_rows over every row): `out` holds product(shape) values.
+  void read(const std::string& name, std::span<const int64_t> shape, std::span<float> out) const {
+    read_rows(name, shape, 0, shape.empty() ? 1 : shape[0], out);
+  }
 };
 
 std::unique_ptr<WeightSource> open_checkpoint_source(const std::filesystem::path& dir, const ModelConfig& config);
-// Deterministic random weights: N(0, 0.02) for matrices, 1 for norms, 0 for biases.
+// Deterministic random weights: value i of matrix `name` is 0.02 * a standard normal made from a 64-bit hash of
+// (seed, FNV-1a of the name, i), in plain float arithmetic (no std::hash, no libm); norm weights are 1, biases 0.
+// Generated in parallel (OpenMP), any row range on its own.
 std::unique_ptr<WeightSource> make_dummy_source(uint64_t seed);
 
 using LoadProgress = std::function<void(int64_t done, int64_t total)>;
 
-// Loads the main model's layers (MTP layers stored after them are skipped).
+// The most float32 values the loader reads at once from a tensor whose rows are at most this wide (64 MiB).
+inline constexpr int64_t kLoadChunkFloats = int64_t{1} << 24;
+
+// Loads the main model's layers (MTP layers stored after them are skipped), placing every tensor through `sink` as
+// soon as it is read. The host holds at most one piece of float32 values at a time: a chunk of whole rows of up to
+// kLoadChunkFloats, one row when a row is larger (one expert of a fused [E, 2I, D] tensor), one expert's tensor, or
+// one head of kv_b_proj (from which w_uk_t and w_uv are derived on the host). A tied lm_head reads the embedding
+// again.
+ModelWeights load_weights(const ModelConfig& config, const WeightSource& source, WeightSink& sink,
+                          const LoadProgress& progress = {});
+// The same into host float32 tensors (make_host_sink()).
 ModelWeights load_weights(const ModelConfig& config, const WeightSource& source, const LoadProgress& progress = {});
 
 }  // namespace deepinfer
