@@ -28,37 +28,13 @@ os.environ.setdefault("DEEPINFER_NO_PROGRESS", "1")
 from deepinfer import DeepInferenceEngine, EngineConfig, SamplingParams  # noqa: E402
 from deepinfer.default_model import TRAINED_MODEL_DIR  # noqa: E402
 
-V2_LITE = {"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "vocab_size": 102400,
-           "hidden_size": 2048, "intermediate_size": 10944, "moe_intermediate_size": 1408, "num_hidden_layers": 27,
-           "num_attention_heads": 16, "kv_lora_rank": 512, "q_lora_rank": None, "qk_nope_head_dim": 128,
-           "qk_rope_head_dim": 64, "v_head_dim": 128, "n_shared_experts": 2, "n_routed_experts": 64,
-           "num_experts_per_tok": 6, "first_k_dense_replace": 1, "topk_method": "greedy", "n_group": 1,
-           "topk_group": 1, "routed_scaling_factor": 1.0, "norm_topk_prob": False, "max_position_embeddings": 163840,
-           "rope_theta": 10000.0, "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
-                                                   "beta_fast": 32, "beta_slow": 1, "mscale": 0.707,
-                                                   "mscale_all_dim": 0.707},
-           "rms_norm_eps": 1e-6, "bos_token_id": 0, "eos_token_id": 1, "tie_word_embeddings": False}
+from bench_common import V2_LITE, step_bytes  # noqa: E402  (the shapes and the roofline bytes live there)
+
 SHAPES = {"v2-lite": V2_LITE, "v2-lite-2l": {**V2_LITE, "num_hidden_layers": 2},
           "v2-lite-8l": {**V2_LITE, "num_hidden_layers": 8},
           # For checking this script on a CPU: V2-Lite's attention dims, small everything else.
           "smoke": {**V2_LITE, "num_hidden_layers": 2, "vocab_size": 4096, "hidden_size": 256,
                     "intermediate_size": 512, "moe_intermediate_size": 128, "n_routed_experts": 8}}
-
-
-def step_bytes(c: dict, batch: int, context: int) -> tuple[float, float]:
-    d, layers = c["hidden_size"], c["num_hidden_layers"]
-    h, rank, rope, nope, v = (c["num_attention_heads"], c["kv_lora_rank"], c["qk_rope_head_dim"],
-                              c["qk_nope_head_dim"], c["v_head_dim"])
-    q = d * h * (nope + rope) if c.get("q_lora_rank") is None else (
-        d * c["q_lora_rank"] + c["q_lora_rank"] * h * (nope + rope))
-    attn = q + d * (rank + rope) + rank * h * (nope + v) + h * v * d
-    dense_mlp = 3 * d * c["intermediate_size"]
-    experts = min(c["n_routed_experts"], batch * c["num_experts_per_tok"])
-    moe = 3 * d * c["moe_intermediate_size"] * (experts + c["n_shared_experts"]) + d * c["n_routed_experts"]
-    dense_layers = c["first_k_dense_replace"]
-    params = layers * attn + dense_layers * dense_mlp + (layers - dense_layers) * moe + c["vocab_size"] * d
-    cache = batch * context * (rank + rope) * layers
-    return 2.0 * params, 2.0 * cache  # bf16
 
 
 def main() -> int:

@@ -1,0 +1,171 @@
+"""What the GPU benchmark scripts share: the benchmark shapes, the bytes a decode step must read, and the
+metadata every result file records (GPU, commit, date, command).
+
+Imports nothing heavy (no torch, no deepinfer), so both the engine's and transformers' processes can use it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+# DeepSeek-V2-Lite's config.json fields (15.7B parameters, 2.4B active).
+V2_LITE = {"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "vocab_size": 102400,
+           "hidden_size": 2048, "intermediate_size": 10944, "moe_intermediate_size": 1408, "num_hidden_layers": 27,
+           "num_attention_heads": 16, "kv_lora_rank": 512, "q_lora_rank": None, "qk_nope_head_dim": 128,
+           "qk_rope_head_dim": 64, "v_head_dim": 128, "n_shared_experts": 2, "n_routed_experts": 64,
+           "num_experts_per_tok": 6, "first_k_dense_replace": 1, "topk_method": "greedy", "n_group": 1,
+           "topk_group": 1, "routed_scaling_factor": 1.0, "norm_topk_prob": False, "max_position_embeddings": 163840,
+           "rope_theta": 10000.0,
+           "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32,
+                            "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707},
+           "rms_norm_eps": 1e-6, "bos_token_id": 0, "eos_token_id": 1, "tie_word_embeddings": False}
+
+# DeepSeek-V3's layer dimensions (671B, 37B active); a slice keeps the first `num_hidden_layers` layers, of which the
+# first 3 are dense as in V3 (4 layers = 3 dense + 1 MoE = 15.1B parameters, 30 GB in bf16).
+V3_SLICE_LAYERS = 4
+V3_SLICE = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "vocab_size": 129280,
+            "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+            "num_hidden_layers": V3_SLICE_LAYERS, "num_attention_heads": 128, "num_key_value_heads": 128,
+            "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+            "v_head_dim": 128, "n_shared_experts": 1, "n_routed_experts": 256, "num_experts_per_tok": 8,
+            "first_k_dense_replace": 3, "moe_layer_freq": 1, "n_group": 8, "topk_group": 4, "topk_method": "noaux_tc",
+            "scoring_func": "sigmoid", "norm_topk_prob": True, "routed_scaling_factor": 2.5,
+            "num_nextn_predict_layers": 0, "max_position_embeddings": 163840, "rope_theta": 10000.0,
+            "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32,
+                             "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+            "rms_norm_eps": 1e-6, "bos_token_id": 0, "eos_token_id": 1, "tie_word_embeddings": False}
+
+# For checking the scripts on a CPU: V2-Lite's attention dims, small everything else.
+SMOKE = {**V2_LITE, "num_hidden_layers": 2, "vocab_size": 4096, "hidden_size": 256, "intermediate_size": 512,
+         "moe_intermediate_size": 128, "n_routed_experts": 8}
+
+
+def shape_config(name: str, v3_layers: int = V3_SLICE_LAYERS) -> dict:
+    """config.json of a benchmark shape: v2-lite, v3-slice (with `v3_layers` layers) or smoke."""
+    if name == "v2-lite":
+        return dict(V2_LITE)
+    if name == "v3-slice":
+        if v3_layers < 1:
+            raise ValueError(f"v3-slice needs at least 1 layer, got {v3_layers}")
+        return {**V3_SLICE, "num_hidden_layers": v3_layers,
+                "first_k_dense_replace": min(V3_SLICE["first_k_dense_replace"], v3_layers)}
+    if name == "smoke":
+        return dict(SMOKE)
+    raise ValueError(f"unknown shape {name!r}: v2-lite, v3-slice or smoke")
+
+
+SHAPE_NAMES = ("v2-lite", "v3-slice", "smoke")
+
+
+def step_bytes(c: dict, batch: int, context: int) -> tuple[float, float]:
+    """(weight bytes, latent-cache bytes) one bf16 decode step of `batch` sequences of `context` tokens must read.
+
+    Weights: every layer's MLA projections (q or q_a/q_b, kv_a, kv_b, o), the dense MLPs of the first layers,
+    per MoE layer the router, the shared experts and min(E, batch x top_k) routed experts (an upper bound on the
+    distinct experts a step touches), and lm_head. Not counted: the embedding rows (batch x hidden) and the norms.
+    Cache: batch x context tokens x (kv_lora_rank + qk_rope_head_dim) values per layer.
+    """
+    return _step_bytes(c, batch, context, min(c["n_routed_experts"], batch * c["num_experts_per_tok"]))
+
+
+def expected_active_experts(c: dict, batch: int) -> float:
+    """Distinct routed experts `batch` tokens hit when each picks top_k of E uniformly at random (random weights
+    route close to that): E * (1 - C(E-1, k) / C(E, k))^batch = E * (1 - (1 - k/E)^batch)."""
+    e, k = c["n_routed_experts"], c["num_experts_per_tok"]
+    return e * (1.0 - (1.0 - k / e) ** batch)
+
+
+def step_bytes_expected(c: dict, batch: int, context: int) -> tuple[float, float]:
+    """step_bytes with the expected number of distinct experts instead of the upper bound min(E, batch x k)."""
+    return _step_bytes(c, batch, context, expected_active_experts(c, batch))
+
+
+def _step_bytes(c: dict, batch: int, context: int, experts: float) -> tuple[float, float]:
+    d, layers = c["hidden_size"], c["num_hidden_layers"]
+    h, rank, rope, nope, v = (c["num_attention_heads"], c["kv_lora_rank"], c["qk_rope_head_dim"],
+                              c["qk_nope_head_dim"], c["v_head_dim"])
+    q = d * h * (nope + rope) if c.get("q_lora_rank") is None else (
+        d * c["q_lora_rank"] + c["q_lora_rank"] * h * (nope + rope))
+    attn = q + d * (rank + rope) + rank * h * (nope + v) + h * v * d
+    dense_mlp = 3 * d * c["intermediate_size"]
+    moe = 3 * d * c["moe_intermediate_size"] * (experts + c["n_shared_experts"]) + d * c["n_routed_experts"]
+    dense_layers = min(c["first_k_dense_replace"], layers)
+    params = layers * attn + dense_layers * dense_mlp + (layers - dense_layers) * moe + c["vocab_size"] * d
+    cache = batch * context * (rank + rope) * layers
+    return 2.0 * params, 2.0 * cache  # bf16
+
+
+def parameter_count(c: dict) -> int:
+    """Parameters of the model (embedding and lm_head included, norms left out)."""
+    weights, _ = _step_bytes(c, 1, 0, c["n_routed_experts"])
+    return int(weights / 2 + c["vocab_size"] * c["hidden_size"])
+
+
+# ---------------------------------------------------------------------------------------------------- metadata
+
+
+def gpu_info() -> dict:
+    """The first GPU as nvidia-smi names it (no CUDA context is created), or the CPU when there is none."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout.strip().splitlines()
+        name, driver, memory = (s.strip() for s in out[0].split(","))
+        return {"gpu": name, "driver": driver, "gpu_memory": memory}
+    except (OSError, subprocess.SubprocessError, IndexError, ValueError):
+        import platform
+        return {"gpu": None, "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count()}
+
+
+def commit_id() -> str:
+    """BENCH_COMMIT when given (the GPU machine gets the tree without .git), else git's HEAD, else 'unknown'."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown"
+
+
+def run_metadata() -> dict:
+    """GPU, commit, date and command, for the top of every result file."""
+    script = Path(sys.argv[0]).resolve()
+    try:
+        script_name = str(script.relative_to(REPO))
+    except ValueError:
+        script_name = script.name
+    meta = {**gpu_info(), "commit": commit_id(),
+            "date": os.environ.get("BENCH_DATE")
+            or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "command": shlex.join(["python3", script_name, *sys.argv[1:]])}
+    if os.environ.get("BENCH_COMMAND"):
+        meta["driver_command"] = os.environ["BENCH_COMMAND"]
+    return meta
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Writes atomically (a result file is rewritten after every case, so a killed run leaves a valid file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+def read_floors(path: Path | None) -> dict:
+    """floors.json from floors.py, or {} when it is missing or unreadable."""
+    if path is None or not Path(path).is_file():
+        return {}
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
