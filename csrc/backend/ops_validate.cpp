@@ -3,7 +3,11 @@
 // Shapes, dtypes and devices are checked always. Values inside index tensors (token ids, slots, pages, query
 // starts, expert ids) are checked only when the tensor is in host memory: validate() never reads device memory, so
 // a device backend can run it on every call.
+#include <cmath>
+#include <cstring>
 #include <initializer_list>
+#include <limits>
+#include <vector>
 
 #include "backend/backend.h"
 
@@ -326,8 +330,81 @@ void MoeExpertsArgs::validate() const {
 }  // namespace deepinfer
 
 namespace deepinfer {
+namespace {
 
-// PLACEHOLDER: completed with the sampling op.
-void SampleArgs::validate() const {}
+// One row's parameters (host memory): ranges inside their arrays, penalty tokens distinct within the row.
+void validate_sampling_row(const SamplingRow& p, int64_t row, int64_t vocab, int64_t num_penalties,
+                           int64_t num_masked, const int32_t* penalty_tokens, std::vector<uint8_t>& seen) {
+  DI_CHECK(std::isfinite(p.temperature) && p.temperature >= 0.0f, "sample: row ", row, " temperature ",
+           p.temperature, " must be finite and >= 0");
+  DI_CHECK(p.top_p > 0.0f && p.top_p <= 1.0f, "sample: row ", row, " top_p ", p.top_p, " outside (0, 1]");
+  DI_CHECK(p.top_k >= 0, "sample: row ", row, " top_k ", p.top_k, " must be >= 0 (0 = off)");
+  DI_CHECK(p.log_min_p <= 0.0f, "sample: row ", row, " log_min_p ", p.log_min_p,
+           " must be <= 0 (log of min_p in [0, 1]; -inf = off)");
+  DI_CHECK(p.num_logprobs >= -1 && p.num_logprobs <= kMaxTopLogprobs, "sample: row ", row, " num_logprobs ",
+           p.num_logprobs, " outside [-1, ", kMaxTopLogprobs, "]");
+  DI_CHECK(std::isfinite(p.repetition_penalty) && p.repetition_penalty > 0.0f, "sample: row ", row,
+           " repetition_penalty ", p.repetition_penalty, " must be finite and > 0");
+  DI_CHECK(std::isfinite(p.presence_penalty) && std::isfinite(p.frequency_penalty), "sample: row ", row,
+           " presence_penalty ", p.presence_penalty, " and frequency_penalty ", p.frequency_penalty,
+           " must be finite");
+  DI_CHECK(p.penalty_begin >= 0 && p.penalty_begin <= p.penalty_end && p.penalty_end <= num_penalties,
+           "sample: row ", row, " penalty range [", p.penalty_begin, ", ", p.penalty_end, ") outside the ",
+           num_penalties, " penalty tokens");
+  DI_CHECK(p.mask_begin >= 0 && p.mask_begin <= p.mask_end && p.mask_end <= num_masked, "sample: row ", row,
+           " mask range [", p.mask_begin, ", ", p.mask_end, ") outside the ", num_masked, " masked tokens");
+  if (p.penalty_begin == p.penalty_end) return;
+  // Penalties apply once per token (the device applies them as it reads each token's logit).
+  seen.assign(static_cast<size_t>(vocab), 0);
+  for (int32_t j = p.penalty_begin; j < p.penalty_end; ++j) {
+    const int32_t t = penalty_tokens[j];
+    DI_CHECK(seen[static_cast<size_t>(t)] == 0, "sample: row ", row, " lists penalty token ", t,
+             " twice (at [", j, "])");
+    seen[static_cast<size_t>(t)] = 1;
+  }
+}
+
+}  // namespace
+
+void SampleArgs::validate() const {
+  expect_dtype(logits, DType::kF32, "sample", "logits");
+  expect_ndim(logits, 2, "sample", "logits");
+  const int64_t num_rows = logits.shape[0], vocab = logits.shape[1];
+  DI_CHECK(vocab >= 1 && vocab <= std::numeric_limits<int32_t>::max(), "sample: logits ", logits.shape.str(),
+           " must have a vocabulary of 1 to 2^31 - 1 tokens");
+  expect_dtype(rows, DType::kI32, "sample", "rows");
+  DI_CHECK(rows.shape.ndim() == 2 && rows.shape[0] == num_rows && rows.shape[1] == kSamplingRowWords, "sample: rows ",
+           rows.shape.str(), " for logits ", logits.shape.str(), ": expected [", num_rows, ", ", kSamplingRowWords,
+           "]");
+  expect_dtype(out, DType::kI32, "sample", "out");
+  DI_CHECK(out.shape.ndim() == 2 && out.shape[0] == num_rows && out.shape[1] == kSampledTokenWords, "sample: out ",
+           out.shape.str(), " for logits ", logits.shape.str(), ": expected [", num_rows, ", ", kSampledTokenWords,
+           "]");
+  // The token lists may be default (empty) views when no row has penalties or masks.
+  const auto expect_list = [](const ConstTensorView& t, int64_t count, const char* name) {
+    if (t.numel() == 0 && count == 0) return;
+    expect_index_array(t, count, "sample", name);
+  };
+  expect_list(penalty_tokens, penalty_tokens.numel(), "penalty_tokens");
+  expect_list(penalty_counts, penalty_tokens.numel(), "penalty_counts");
+  expect_list(masked_tokens, masked_tokens.numel(), "masked_tokens");
+  expect_one_device({logits, rows, penalty_tokens, penalty_counts, masked_tokens, out}, "sample");
+  expect_entries_below(penalty_tokens, vocab, "sample", "penalty token");
+  expect_entries_below(masked_tokens, vocab, "sample", "masked token");
+  if (on_host(penalty_counts)) {
+    const int32_t* counts = penalty_counts.as<int32_t>();
+    for (int64_t j = 0; j < penalty_counts.numel(); ++j) {
+      DI_CHECK(counts[j] >= 0, "sample: penalty count ", counts[j], " at [", j, "] is negative");
+    }
+  }
+  if (!on_host(rows)) return;  // then the token lists are in host memory too (one device)
+  std::vector<uint8_t> seen;
+  for (int64_t r = 0; r < num_rows; ++r) {
+    SamplingRow p;
+    std::memcpy(static_cast<void*>(&p), rows.as<int32_t>() + r * kSamplingRowWords, sizeof p);
+    validate_sampling_row(p, r, vocab, penalty_tokens.numel(), masked_tokens.numel(), penalty_tokens.as<int32_t>(),
+                          seen);
+  }
+}
 
 }  // namespace deepinfer

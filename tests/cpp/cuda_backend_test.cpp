@@ -498,6 +498,82 @@ void add_moe_experts(CaseRegistry& r, int64_t tokens, int64_t dim, int64_t inter
          .tolerance = act.tolerance()});
 }
 
+// Sampling from fp32 logits (the same for both activation dtypes): token ids exact, logprobs within 1e-5. Real
+// vocabularies (V3's 129280, V2's 102400) with 64 rows of mixed parameters run the radix selects at full size; flat
+// logits send the top-p rows through the path that re-reads the row, ties put the boundaries inside runs of equal
+// values. The batch is built inside `run` (twice, the same from its seed) so the registry holds no large inputs.
+enum class LogitShape : uint8_t { kUniform, kModelLike, kTies };
+
+std::vector<float> sample_logits(Rng& rng, int64_t vocab, LogitShape shape) {
+  if (shape == LogitShape::kUniform) return random_logits(rng, vocab, 4.0f);
+  if (shape == LogitShape::kTies) return random_logits(rng, vocab, 4.0f, 0.25f);
+  // A bell of standard deviation ~2.3 (a sum of four uniforms) and a dozen tokens 8 to 14 above it.
+  std::vector<float> l(static_cast<size_t>(vocab), 0.0f);
+  for (int k = 0; k < 4; ++k) {
+    const std::vector<float> u = rng.uniform(vocab, -2.0f, 2.0f);
+    for (size_t i = 0; i < l.size(); ++i) l[i] += u[i];
+  }
+  for (int j = 0; j < 12; ++j) l[static_cast<size_t>(rng.integer(0, static_cast<int32_t>(vocab) - 1))] += 8.0f + 0.5f * j;
+  return l;
+}
+
+// The parameter mix the large cases cycle through, row by row.
+std::vector<SamplingRow> mixed_sampling_params() {
+  return {{.temperature = 0.0f},
+          {.temperature = 0.0f, .num_logprobs = 20},
+          {.temperature = 1.0f},
+          {.temperature = 0.6f, .top_p = 0.95f},
+          {.temperature = 0.8f, .top_k = 50, .top_p = 0.9f},
+          {.temperature = 1.0f, .top_k = 1},
+          {.temperature = 1.0f, .top_k = 5000},  // more than the shared-memory buffer: re-reads the row
+          {.temperature = 0.7f, .top_k = 20000, .top_p = 0.8f},
+          {.temperature = 1.0f, .log_min_p = std::log(0.05f)},
+          {.temperature = 0.9f, .top_k = 40, .top_p = 0.9f, .log_min_p = std::log(0.02f), .num_logprobs = 5},
+          {.temperature = 1.0f, .top_p = 0.5f},
+          {.temperature = 1.5f, .top_p = 0.99f},
+          {.temperature = 0.3f},
+          {.temperature = 1.0f, .top_p = 0.2f, .num_logprobs = 0},
+          {.temperature = 2.0f, .top_k = 200, .top_p = 0.7f, .num_logprobs = 20}};
+}
+
+SampleBatch mixed_sample_batch(int64_t vocab, int64_t rows, LogitShape shape, uint64_t seed) {
+  Rng rng(seed);
+  const std::vector<SamplingRow> mix = mixed_sampling_params();
+  SampleBatch b{.vocab = vocab};
+  // Every fourth row also has penalties (a long prompt: 3000 distinct tokens, 200 of them in the output) and masks
+  // (an EOS and stop ids, before min_tokens).
+  std::vector<int32_t> perm(static_cast<size_t>(vocab));
+  std::iota(perm.begin(), perm.end(), 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    SamplingRow p = mix[static_cast<size_t>(r) % mix.size()];
+    p.seed = static_cast<uint64_t>(r) * 31 + seed;
+    p.step = static_cast<int32_t>(r) * 7;
+    std::vector<std::pair<int32_t, int32_t>> penalties;
+    std::vector<int32_t> masked;
+    if (r % 4 == 3) {
+      p.repetition_penalty = 1.2f;
+      p.presence_penalty = 0.3f;
+      p.frequency_penalty = 0.2f;
+      rng.shuffle(perm);
+      const int64_t prompt = std::min<int64_t>(3000, vocab / 2);
+      for (int64_t j = 0; j < prompt; ++j) penalties.emplace_back(perm[j], j < prompt / 15 ? 1 + j % 4 : 0);
+      masked = {perm[static_cast<size_t>(vocab) - 1], perm[static_cast<size_t>(vocab) - 2]};
+    }
+    b.add(sample_logits(rng, vocab, shape), p, penalties, masked);
+  }
+  return b;
+}
+
+void add_sample(CaseRegistry& r, int64_t vocab, int64_t rows, LogitShape shape, uint64_t seed) {
+  const char* shape_tag = shape == LogitShape::kUniform ? "uniform" : shape == LogitShape::kTies ? "ties" : "model";
+  r.add({.op = OpKind::kSample,
+         .name = str_cat("sample_v", vocab, "_n", rows, "_", shape_tag),
+         .run = [=](OpRunner& run) -> Outputs {
+           return run_sample_batch(run, mixed_sample_batch(vocab, rows, shape, seed));
+         },
+         .tolerance = 1e-5});
+}
+
 CaseRegistry build_registry() {
   CaseRegistry r;
   for (const Activations act : {Activations{DType::kBF16}, Activations{DType::kF32}}) {
@@ -631,6 +707,15 @@ CaseRegistry build_registry() {
   add_moe_experts(r, 64, 96, 32, 4, 3, 153);
   add_moe_experts(r, 300, 512, 256, 16, 4, 154);
   add_moe_experts(r, 0, 64, 32, 4, 2, 155);
+  // Sampling: V3's and V2's vocabularies with 64 mixed rows, one row alone, ties, small and odd vocabularies.
+  add_sample(r, 129280, 64, LogitShape::kModelLike, 170);
+  add_sample(r, 129280, 64, LogitShape::kUniform, 171);
+  add_sample(r, 102400, 64, LogitShape::kModelLike, 172);
+  add_sample(r, 129280, 16, LogitShape::kTies, 173);
+  add_sample(r, 129280, 1, LogitShape::kModelLike, 174);
+  add_sample(r, 5003, 33, LogitShape::kUniform, 175);
+  add_sample(r, 1029, 45, LogitShape::kTies, 176);
+  add_sample(r, 130, 30, LogitShape::kModelLike, 177);
   return r;
 }
 
@@ -674,7 +759,8 @@ INSTANTIATE_TEST_SUITE_P(CudaBackend, CudaVsCpu, ::testing::Range<size_t>(0, reg
 constexpr OpKind kImplemented[] = {OpKind::kEmbedding, OpKind::kGatherRows, OpKind::kCopyStrided,
                                    OpKind::kRmsNorm,   OpKind::kAddRmsNorm, OpKind::kSiluMul,
                                    OpKind::kAdd,       OpKind::kRope,       OpKind::kMlaCacheWrite,
-                                   OpKind::kMlaDecode, OpKind::kMoeRoute,   OpKind::kMoeExperts};
+                                   OpKind::kMlaDecode, OpKind::kMoeRoute,   OpKind::kMoeExperts,
+                                   OpKind::kSample};
 constexpr OpKind kGemms[] = {OpKind::kLinear, OpKind::kHeadLinear, OpKind::kMlaPrefill};  // need cuBLAS
 
 // supports() reports exactly the implemented ops (the GEMMs only with cuBLAS), and every supported op has cases.

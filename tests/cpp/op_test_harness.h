@@ -25,6 +25,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -412,6 +413,95 @@ inline void expect_matches_reference(const OpCase& c, Backend& test, Memory& tes
   for (const std::string& e : compare_outputs(*got.outputs, *ref.outputs, c.tolerance * tolerance_scale)) {
     ADD_FAILURE() << c.name << " on " << test.name() << " vs " << reference.name() << ": " << e;
   }
+}
+
+// The SampledToken rows of a sampling op's output as named outputs: token ids and counts compared exactly, logprobs
+// with the case's threshold. Unused entries are zero on both sides.
+inline Outputs sampled_token_outputs(const HostTensor& out) {
+  DI_CHECK(out.dtype == DType::kI32 && out.bytes.size() % sizeof(SampledToken) == 0, "sampled tokens: ",
+           dtype_name(out.dtype), " ", out.shape.str());
+  Output token{.name = "token", .values = {}, .compare = Compare::kExact};
+  Output counts{.name = "num_top_and_reserved", .values = {}, .compare = Compare::kExact};
+  Output top_ids{.name = "top_ids", .values = {}, .compare = Compare::kExact};
+  Output logprob{.name = "logprob", .values = {}};
+  Output top_logprobs{.name = "top_logprobs", .values = {}};
+  for (size_t r = 0; r < out.bytes.size() / sizeof(SampledToken); ++r) {
+    SampledToken t;
+    std::memcpy(static_cast<void*>(&t), out.bytes.data() + r * sizeof t, sizeof t);
+    token.values.push_back(t.token);
+    counts.values.push_back(t.num_top);
+    counts.values.push_back(t.reserved);
+    logprob.values.push_back(t.logprob);
+    for (int j = 0; j < kMaxTopLogprobs; ++j) {
+      top_ids.values.push_back(t.top_ids[j]);
+      top_logprobs.values.push_back(t.top_logprobs[j]);
+    }
+  }
+  return {token, counts, top_ids, logprob, top_logprobs};
+}
+
+// One sampling call: rows of logits, their parameters, and the token lists their ranges point into.
+struct SampleBatch {
+  int64_t vocab = 0;
+  std::vector<float> logits;  // [rows, vocab]
+  std::vector<SamplingRow> rows;
+  std::vector<int32_t> penalty_tokens, penalty_counts, masked_tokens;
+
+  int64_t num_rows() const { return static_cast<int64_t>(rows.size()); }
+  // Appends a row: its logits, its parameters, its (token, output count) penalties and its masked tokens.
+  void add(std::span<const float> row_logits, SamplingRow p,
+           const std::vector<std::pair<int32_t, int32_t>>& penalties = {}, const std::vector<int32_t>& masked = {}) {
+    DI_CHECK(static_cast<int64_t>(row_logits.size()) == vocab, row_logits.size(), " logits for vocab ", vocab);
+    logits.insert(logits.end(), row_logits.begin(), row_logits.end());
+    p.penalty_begin = static_cast<int32_t>(penalty_tokens.size());
+    for (const auto& [token, count] : penalties) {
+      penalty_tokens.push_back(token);
+      penalty_counts.push_back(count);
+    }
+    p.penalty_end = static_cast<int32_t>(penalty_tokens.size());
+    p.mask_begin = static_cast<int32_t>(masked_tokens.size());
+    masked_tokens.insert(masked_tokens.end(), masked.begin(), masked.end());
+    p.mask_end = static_cast<int32_t>(masked_tokens.size());
+    rows.push_back(p);
+  }
+  std::vector<int32_t> row_words() const {
+    std::vector<int32_t> words(rows.size() * kSamplingRowWords);
+    if (!rows.empty()) {
+      std::memcpy(words.data(), static_cast<const void*>(rows.data()), rows.size() * sizeof(SamplingRow));
+    }
+    return words;
+  }
+};
+
+// Logits uniform in [-range, range], rounded to multiples of `quantum` when it is positive (ties on purpose).
+inline std::vector<float> random_logits(Rng& rng, int64_t vocab, float range, float quantum = 0.0f) {
+  std::vector<float> l = rng.uniform(vocab, -range, range);
+  if (quantum > 0.0f) {
+    for (float& v : l) v = std::round(v / quantum) * quantum;
+  }
+  return l;
+}
+
+// Each row of `params` with its own random logits.
+inline SampleBatch random_sample_batch(int64_t vocab, const std::vector<SamplingRow>& params, uint64_t seed,
+                                       float range = 4.0f, float quantum = 0.0f) {
+  Rng rng(seed);
+  SampleBatch b{.vocab = vocab};
+  for (const SamplingRow& p : params) b.add(random_logits(rng, vocab, range, quantum), p);
+  return b;
+}
+
+// Uploads the batch, runs the sampling op on the runner's backend, and returns its outputs.
+inline Outputs run_sample_batch(OpRunner& run, const SampleBatch& b) {
+  const int64_t n = b.num_rows();
+  const auto list = [](const std::vector<int32_t>& v) { return HostTensor::i32({static_cast<int64_t>(v.size())}, v); };
+  const TensorView out = run.output({n, kSampledTokenWords}, DType::kI32);
+  run.backend().sample({.logits = run.upload(HostTensor::f32({n, b.vocab}, b.logits)),
+                        .rows = run.upload(HostTensor::i32({n, kSamplingRowWords}, b.row_words())),
+                        .penalty_tokens = run.upload(list(b.penalty_tokens)),
+                        .penalty_counts = run.upload(list(b.penalty_counts)),
+                        .masked_tokens = run.upload(list(b.masked_tokens)), .out = out});
+  return sampled_token_outputs(run.download(out));
 }
 
 // Where a rope case's rotated elements sit in its flat input: tokens x heads slices of rot_dim values.
