@@ -71,9 +71,11 @@ StepRunner::StepRunner(DeepseekModel& model, const LatentCache& cache, StepRunne
              cache.shape().num_pages, "), a page-table width (", options_.max_graph_pages, ") and a batch (",
              options_.max_graph_batch, ")");
     buckets_ = graph_batch_buckets(options_.max_graph_batch);
-    // The index arrays of the largest graph: 4 per token, query starts, context lengths, the page table.
+    // The arrays of the largest graph's steps: 4 index arrays per token, query starts, context lengths, the page
+    // table, a sampling row per token, room for penalty and mask lists, and each array's alignment padding.
     const int64_t b = buckets_.back();
-    graph_inputs_ = backend_.empty({b * 6 + 1 + b * options_.max_graph_pages}, DType::kI32);
+    graph_inputs_ = backend_.empty({b * (6 + kSamplingRowWords) + b * options_.max_graph_pages + (int64_t{1} << 16)},
+                                   DType::kI32);
   }
 }
 

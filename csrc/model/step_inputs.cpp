@@ -12,12 +12,17 @@ StepLayout pack_step(const ForwardBatch& b, std::vector<int32_t>& out) {
       &b.query_start,   &b.context_lens,   &b.page_table,             &b.sampling.rows,
       &b.sampling.penalty_tokens, &b.sampling.penalty_counts, &b.sampling.masked_tokens};
   StepLayout layout;
+  int64_t end = 0;
   for (size_t i = 0; i < StepLayout::kNumParts; ++i) {
-    layout.offset[i + 1] = layout.offset[i] + static_cast<int64_t>(parts[i]->size());
+    layout.start[i] = (end + StepLayout::kAlignment - 1) / StepLayout::kAlignment * StepLayout::kAlignment;
+    layout.count[i] = static_cast<int64_t>(parts[i]->size());
+    end = layout.start[i] + layout.count[i];
   }
-  out.clear();
-  out.reserve(static_cast<size_t>(layout.total()));
-  for (const auto* part : parts) out.insert(out.end(), part->begin(), part->end());
+  layout.packed_size = end;
+  out.assign(static_cast<size_t>(end), 0);
+  for (size_t i = 0; i < StepLayout::kNumParts; ++i) {
+    std::copy(parts[i]->begin(), parts[i]->end(), out.begin() + static_cast<std::ptrdiff_t>(layout.start[i]));
+  }
   return layout;
 }
 

@@ -13,18 +13,21 @@ namespace deepinfer {
 
 // Where each array starts in the packed buffer (elements). The index arrays come first, in an order that depends
 // only on the batch's shape (tokens, sequences, page-table width), so a graph recorded for one shape finds them at
-// the same place in every later step of that shape; the sampling inputs follow.
+// the same place in every later step of that shape; the sampling inputs follow. Every array starts at a multiple of
+// kAlignment elements (16 bytes), since kernels load some of them (the sampling rows) as vectors or structs.
 struct StepLayout {
   enum Part : uint8_t {
     kTokenIds, kPositions, kSlotMapping, kLogitsIndices, kQueryStart, kContextLens, kPageTable,
     kSamplingRows, kPenaltyTokens, kPenaltyCounts, kMaskedTokens, kNumParts,
   };
-  std::array<int64_t, kNumParts + 1> offset{};
+  static constexpr int64_t kAlignment = 4;
+  std::array<int64_t, kNumParts> start{};
+  std::array<int64_t, kNumParts> count{};
+  int64_t packed_size = 0;  // elements, padding included
 
-  int64_t begin(Part p) const { return offset[p]; }
-  int64_t size(Part p) const { return offset[p + 1] - offset[p]; }
-  int64_t total() const { return offset[kNumParts]; }
-  int64_t index_arrays_size() const { return offset[kSamplingRows]; }
+  int64_t begin(Part p) const { return start[p]; }
+  int64_t size(Part p) const { return count[p]; }
+  int64_t total() const { return packed_size; }
 };
 
 // Appends the batch's arrays to `out` (cleared first) and returns their layout.

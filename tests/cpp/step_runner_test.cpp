@@ -36,6 +36,32 @@ TEST(GraphBatchBuckets, CoverEveryBatchUpToTheMaximum) {
   EXPECT_EQ(graph_batch_buckets(12), (std::vector<int32_t>{1, 2, 4, 8, 12}));
 }
 
+TEST(PackStep, EveryArrayStartsSixteenBytesAligned) {
+  ForwardBatch b;
+  b.token_ids = {1, 2, 3};
+  b.positions = {0, 1, 2};
+  b.slot_mapping = {4, 5, 6};
+  b.logits_indices = {2};
+  b.query_start = {0, 3};
+  b.context_lens = {3};
+  b.page_table = {1};
+  b.max_pages_per_seq = 1;
+  b.sampling.rows.assign(kSamplingRowWords, 7);
+  b.sampling.penalty_tokens = {9};
+  b.sampling.penalty_counts = {1};
+  std::vector<int32_t> packed;
+  const StepLayout layout = pack_step(b, packed);
+  EXPECT_EQ(static_cast<int64_t>(packed.size()), layout.total());
+  for (int p = 0; p < StepLayout::kNumParts; ++p) {
+    const auto part = static_cast<StepLayout::Part>(p);
+    EXPECT_EQ(layout.begin(part) % 4, 0) << "part " << p;
+  }
+  EXPECT_EQ(packed[static_cast<size_t>(layout.begin(StepLayout::kSamplingRows))], 7);
+  EXPECT_EQ(layout.size(StepLayout::kSamplingRows), kSamplingRowWords);
+  EXPECT_EQ(packed[static_cast<size_t>(layout.begin(StepLayout::kPenaltyCounts))], 1);
+  EXPECT_EQ(layout.size(StepLayout::kMaskedTokens), 0);
+}
+
 // A small DeepSeek-V3 layout (MLA with q_lora, one dense layer, one MoE layer) with random weights.
 class PaddedDecodeTest : public ::testing::Test {
  protected:

@@ -144,6 +144,88 @@ struct Draw {
   }
 };
 
+// Pass 1 over this CTA's share of the row: the largest l' with its first index, the largest raw logit (kRaw, ranked),
+// and (kDraw) the draw's winner.
+struct Pass1 {
+  float best_l;
+  int32_t best_i;
+  uint64_t raw_best;
+  uint64_t winner;
+};
+
+template <bool kRaw, bool kDraw>
+__device__ __noinline__ Pass1 pass_1(const Row& row, Draw draw) {
+  Pass1 one{.best_l = kNegInf, .best_i = 0, .raw_best = 0, .winner = 0};
+  sample_row::scan_row<kRaw, true>(row, [&](int32_t i, float x) {
+    const uint64_t rank = ranked(order_key(x), i);
+    one.raw_best = rank > one.raw_best ? rank : one.raw_best;
+  }, [&](int32_t i, float l) {
+    if (l > one.best_l || (l == one.best_l && i < one.best_i)) {
+      one.best_l = l;
+      one.best_i = i;
+    }
+    if constexpr (kDraw) draw.offer_logit(l, i, kNoFloor);
+  });
+  one.winner = draw.winner;
+  return one;
+}
+
+// What pass 2 does with the unmasked tokens besides the logprobs: nothing, copy the candidates, or draw.
+enum class Pass2Values : uint8_t { kNone, kCopy, kDraw };
+
+struct Pass2In {
+  uint32_t copy_floor, win_floor;
+  float max_raw;
+  uint64_t gather_floor;
+  int32_t num_top, top_reserve, capacity;
+};
+struct Pass2 {
+  float sum_exp;       // sum of exp(l - max_raw) over the CTA's share (kRaw)
+  uint64_t num_below;  // tokens below copy_floor (kCopy)
+  uint64_t winner;     // the draw's (kDraw)
+};
+
+// Pass 2 over this CTA's share of the row: the logprob sum and gather (kRaw), and the candidates or the draw.
+template <bool kRaw, Pass2Values kValues>
+__device__ __noinline__ Pass2 pass_2(const Row& row, const Pass2In& in, Draw draw, const Buffers& b,
+                                     KernelShared& sh) {
+  Pass2 two{.sum_exp = 0.0f, .num_below = 0, .winner = draw.winner};
+  const Floor copy_at = sample_row::floor_of(row, in.copy_floor), win_at = sample_row::floor_of(row, in.win_floor);
+  sample_row::scan_row<kRaw, kValues != Pass2Values::kNone>(row, [&](int32_t i, float x) {
+    two.sum_exp += expf(x - in.max_raw);
+    if (in.num_top > 0) {
+      const uint32_t key = order_key(x);
+      if (ranked(key, i) >= in.gather_floor) {
+        const int slot = sample_group::append_slot(&sh.num_top);
+        if (slot < in.top_reserve) b.top[slot] = make_uint2(key, static_cast<uint32_t>(i));
+      }
+    }
+  }, [&](int32_t i, float l) {
+    if constexpr (kValues == Pass2Values::kDraw) {
+      if (l >= win_at.logit) draw.offer_logit(l, i, in.win_floor);
+    } else {
+      const uint32_t key = l < copy_at.logit ? 0u : order_key(sample_row::scaled(row, l));
+      if (key < in.copy_floor) {
+        ++two.num_below;
+        return;
+      }
+      const int slot = sample_group::append_slot(&sh.num_candidates);
+      if (slot < in.capacity) b.candidates[slot] = make_uint2(key, static_cast<uint32_t>(i));
+    }
+  });
+  two.winner = draw.winner;
+  return two;
+}
+
+// The draw over this CTA's share of the row, for tokens at or above the floor: its winner.
+__device__ __noinline__ uint64_t draw_over_row(const Row& row, Draw draw, uint32_t floor) {
+  const Floor at = sample_row::floor_of(row, floor);
+  sample_row::scan_row<false, true>(row, [](int32_t, float) {}, [&](int32_t i, float l) {
+    if (l >= at.logit) draw.offer_logit(l, i, floor);
+  });
+  return draw.winner;
+}
+
 // This CTA's sum of the masses of its tokens with s in [low, high): a pass over its share of the row.
 __device__ __noinline__ uint64_t exact_mass_between(const Row& row, uint32_t low, uint32_t high, float max_s) {
   const Floor at = sample_row::floor_of(row, low);
@@ -247,24 +329,12 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(__grid_constant__ c
 
   // Pass 1: the largest l' and its first index (the first index of -inf when every token is masked) and the raw
   // maximum; with temperature alone, the draw.
-  float best_l = kNegInf;
-  int32_t best_i = 0;
-  uint64_t raw_best = 0;
-  const auto on_value_1 = [&](int32_t i, float l) {
-    if (l > best_l || (l == best_l && i < best_i)) {
-      best_l = l;
-      best_i = i;
-    }
-    if (draw_in_pass_1) draw.offer_logit(l, i, kNoFloor);
-  };
-  if (want_logprobs) {
-    sample_row::scan_row<true, true>(row, [&](int32_t i, float x) {
-      const uint64_t rank = ranked(order_key(x), i);
-      raw_best = rank > raw_best ? rank : raw_best;
-    }, on_value_1);
-  } else {
-    sample_row::scan_row<false, true>(row, [](int32_t, float) {}, on_value_1);
-  }
+  const Pass1 one = want_logprobs ? (draw_in_pass_1 ? pass_1<true, true>(row, draw) : pass_1<true, false>(row, draw))
+                                  : (draw_in_pass_1 ? pass_1<false, true>(row, draw) : pass_1<false, false>(row, draw));
+  const float best_l = one.best_l;
+  const int32_t best_i = one.best_i;
+  const uint64_t raw_best = one.raw_best;
+  draw.winner = one.winner;
   const uint64_t thread_best = ranked(order_key(best_l), best_i);
   const uint64_t best = g.max(thread_best);
   int32_t token = ranked_index(best);
@@ -316,45 +386,29 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(__grid_constant__ c
 
   // Pass 2: the logprob sum and gather; the candidates at or above copy_floor and how many tokens lie below it
   // (with top-k or top-p); the draw (min_p alone).
-  const Floor copy_at = sample_row::floor_of(row, copy_floor), win_at = sample_row::floor_of(row, win_floor);
   if (tid == 0) {
     sh.num_candidates = 0;
     sh.num_top = 0;
   }
   __syncthreads();
-  float sum_exp = 0.0f;
-  uint64_t num_below = 0;
-  const auto on_raw_2 = [&](int32_t i, float x) {
-    sum_exp += expf(x - max_raw);
-    if (num_top > 0) {
-      const uint32_t key = order_key(x);
-      if (ranked(key, i) >= gather_floor) {
-        const int slot = sample_group::append_slot(&sh.num_top);
-        if (slot < top_reserve) b.top[slot] = make_uint2(key, static_cast<uint32_t>(i));
-      }
-    }
-  };
-  const auto on_value_2 = [&](int32_t i, float l) {
-    if (draw_in_pass_2) {
-      if (l >= win_at.logit) draw.offer_logit(l, i, win_floor);
-      return;
-    }
-    const uint32_t key = l < copy_at.logit ? 0u : order_key(sample_row::scaled(row, l));
-    if (key < copy_floor) {
-      ++num_below;
-      return;
-    }
-    const int slot = sample_group::append_slot(&sh.num_candidates);
-    if (slot < capacity) b.candidates[slot] = make_uint2(key, static_cast<uint32_t>(i));
-  };
-  const bool pass_2_values = thresholds || (sampling && draw_in_pass_2);
-  if (want_logprobs && pass_2_values) {
-    sample_row::scan_row<true, true>(row, on_raw_2, on_value_2);
+  const Pass2In in{.copy_floor = copy_floor, .win_floor = win_floor, .max_raw = max_raw,
+                   .gather_floor = gather_floor, .num_top = num_top, .top_reserve = top_reserve,
+                   .capacity = capacity};
+  Pass2 two{.sum_exp = 0.0f, .num_below = 0, .winner = draw.winner};
+  if (want_logprobs && thresholds) {
+    two = pass_2<true, Pass2Values::kCopy>(row, in, draw, b, sh);
+  } else if (want_logprobs && sampling && draw_in_pass_2) {
+    two = pass_2<true, Pass2Values::kDraw>(row, in, draw, b, sh);
   } else if (want_logprobs) {
-    sample_row::scan_row<true, false>(row, on_raw_2, on_value_2);
-  } else if (pass_2_values) {
-    sample_row::scan_row<false, true>(row, on_raw_2, on_value_2);
+    two = pass_2<true, Pass2Values::kNone>(row, in, draw, b, sh);
+  } else if (thresholds) {
+    two = pass_2<false, Pass2Values::kCopy>(row, in, draw, b, sh);
+  } else if (sampling && draw_in_pass_2) {
+    two = pass_2<false, Pass2Values::kDraw>(row, in, draw, b, sh);
   }
+  const float sum_exp = two.sum_exp;
+  const uint64_t num_below = two.num_below;
+  draw.winner = two.winner;
   __syncthreads();
   const int32_t num_copied = sh.num_candidates;
   Candidates candidates{b.candidates, min(num_copied, capacity), num_copied <= capacity};
@@ -427,10 +481,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(__grid_constant__ c
         if (e.x >= floor) draw.offer_key(e.x, static_cast<int32_t>(e.y));
       }
     } else {
-      const Floor at = sample_row::floor_of(row, floor);
-      sample_row::scan_row<false, true>(row, [](int32_t, float) {}, [&](int32_t i, float l) {
-        if (l >= at.logit) draw.offer_logit(l, i, floor);
-      });
+      draw.winner = draw_over_row(row, draw, floor);
     }
     token = ranked_index(g.max(draw.winner));
   }

@@ -72,7 +72,7 @@ __device__ __forceinline__ void scan_row(const Row& row, OnRaw&& on_raw, OnValue
   const int32_t tid = static_cast<int32_t>(threadIdx.x);
   if (row.takes_head && tid < row.head) visit(tid, __ldg(row.logits + tid));
   const auto* vec = reinterpret_cast<const float4*>(row.logits + row.head);
-  constexpr int kUnroll = 8;  // loads in flight per thread: 64 KB per CTA
+  constexpr int kUnroll = 4;  // loads in flight per thread: 32 KB per CTA
   for (int32_t base = row.vec_begin + tid; base < row.vec_end; base += kUnroll * kThreads) {
     float4 x[kUnroll];
 #pragma unroll
