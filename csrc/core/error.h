@@ -1,7 +1,10 @@
 // Errors with context. Library code throws; it never exits or aborts.
 #pragma once
 
+#include <charconv>
 #include <sstream>
+#include <string_view>
+#include <type_traits>
 #include <stdexcept>
 #include <string>
 
@@ -19,12 +22,35 @@ class InvalidArgument : public Error {
   using Error::Error;
 };
 
-// Concatenates any streamable values: str_cat("page ", 812, " of ", 800).
+namespace detail {
+// Text and numbers are appended directly (numbers through std::to_chars: no stream, no locale, so a message can be
+// built whatever global locale the host process installed); anything else through its operator<<.
+template <typename T>
+void append_part(std::string& out, const T& value) {
+  if constexpr (std::is_convertible_v<const T&, std::string_view>) {
+    out += std::string_view(value);
+  } else if constexpr (std::is_same_v<T, char>) {
+    out += value;
+  } else if constexpr (std::is_same_v<T, bool>) {
+    out += value ? '1' : '0';
+  } else if constexpr (std::is_integral_v<T> || std::is_floating_point_v<T>) {
+    char buffer[64];
+    const auto result = std::to_chars(buffer, buffer + sizeof buffer, value);
+    out.append(buffer, result.ptr);
+  } else {
+    std::ostringstream stream;
+    stream << value;
+    out += stream.str();
+  }
+}
+}  // namespace detail
+
+// Concatenates text, numbers and other streamable values: str_cat("page ", 812, " of ", 800).
 template <typename... Parts>
 std::string str_cat(const Parts&... parts) {
-  std::ostringstream out;
-  (out << ... << parts);
-  return out.str();
+  std::string out;
+  (detail::append_part(out, parts), ...);
+  return out;
 }
 
 namespace detail {

@@ -203,6 +203,8 @@ class DeepInferenceEngine:
         options.max_num_batched_tokens = config.max_num_batched_tokens
         options.enforce_eager = config.enforce_eager
         self._core = _deepinfer.Engine.create(options, self._load_progress(self.model_config.num_hidden_layers))
+        self._max_model_len = self._core.max_model_len
+        self._final_stats = None
 
         self._ids = itertools.count()
         self._seed_rng = random.Random(config.seed)
@@ -221,7 +223,7 @@ class DeepInferenceEngine:
     @property
     def max_model_len(self) -> int:
         """The longest prompt + output this engine serves, in tokens."""
-        return self._core.max_model_len
+        return self._max_model_len
 
     # ------------------------------------------------------------------ setup
 
@@ -333,7 +335,7 @@ class DeepInferenceEngine:
                 except Exception:
                     for c in stream.completions:  # all of the request's completions or none
                         self._by_core_id.pop(c.core_id, None)
-                        self._core.abort(c.core_id)
+                        self._abort_core(c.core_id)
                     raise
                 stream.completions.append(completion)
                 self._by_core_id[core_id] = (stream, completion)
@@ -342,7 +344,7 @@ class DeepInferenceEngine:
     def _abort_stream(self, stream: RequestStream) -> None:
         for c in stream.completions:
             if not c.finished:
-                self._core.abort(c.core_id)
+                self._abort_core(c.core_id)
 
     def abort(self, stream: RequestStream) -> None:
         self._abort_stream(stream)
@@ -393,7 +395,7 @@ class DeepInferenceEngine:
             c.finished, c.finish_reason = True, "stop"
             c.stop_reason = _first_completed_stop(c.decoded, c.params.stop)
             if not d.finished:
-                self._core.abort(c.core_id)  # the core would keep generating: free its pages now
+                self._abort_core(c.core_id)  # the core would keep generating: free its pages now
         elif d.finished:
             c.finished, c.finish_reason = True, d.finish_reason
             c.error = d.error or None
@@ -519,17 +521,27 @@ class DeepInferenceEngine:
             if not s.finished:
                 s.abort()
 
+    def _abort_core(self, core_id: int) -> None:
+        core = self._core
+        if core is not None:  # after shutdown nothing runs any more
+            core.abort(core_id)
+
     def stats(self) -> Any:
-        return self._core.stats()
+        core = self._core
+        return core.stats() if core is not None else self._final_stats
 
     def shutdown(self) -> None:
-        """Aborts what is still running and stops the engine's threads. Idempotent."""
+        """Aborts what is still running, stops the engine's threads and frees its memory (the model, the cache: on a
+        GPU at once, not whenever the garbage collector gets to this object). Idempotent; stats() stays readable."""
         if self._closed:
             return
         self._closed = True
         self._core.shutdown()  # the step thread ends every request it still holds as aborted
         self._closing = True
         self._dispatcher.join(timeout=10)
+        if not self._dispatcher.is_alive():
+            self._final_stats = self._core.stats()
+            self._core = None  # the last reference: the C++ engine, its backend and device memory go now
 
     def __enter__(self) -> "DeepInferenceEngine":
         return self

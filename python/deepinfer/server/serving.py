@@ -76,7 +76,7 @@ class ServerState:
         value = getattr(self.engine, "max_model_len", None)
         if isinstance(value, int):
             return value
-        return int(self.engine._core.max_model_len)
+        return int(self.engine.max_model_len)
 
     def begin_drain(self) -> None:
         """Stop admitting requests (503); those in flight go on."""
