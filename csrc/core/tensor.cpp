@@ -2,7 +2,6 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <sstream>
 #include <utility>
 
 namespace deepinfer {
@@ -33,11 +32,9 @@ bool Shape::operator==(const Shape& other) const {
 }
 
 std::string Shape::str() const {
-  std::ostringstream out;
-  out << "[";
-  for (int i = 0; i < ndim_; ++i) out << (i ? ", " : "") << dims_[static_cast<size_t>(i)];
-  out << "]";
-  return out.str();
+  std::string out = "[";
+  for (int i = 0; i < ndim_; ++i) out += str_cat(i ? ", " : "", dims_[static_cast<size_t>(i)]);
+  return out + "]";
 }
 
 Buffer::Buffer(void* data, size_t bytes, Device device, Deleter deleter, void* context) noexcept
