@@ -56,7 +56,6 @@ using sample_group::ranked;
 using sample_group::ranked_index;
 using sample_group::ranked_key;
 using sample_row::Candidates;
-using sample_row::counters;
 using sample_row::Floor;
 using sample_row::level_shift;
 using sample_row::level_width;
@@ -75,9 +74,23 @@ static_assert(offsetof(SampledToken, top_ids) == 4 * sizeof(int32_t) &&
               offsetof(SampledToken, top_logprobs) == (4 + kMaxTopLogprobs) * sizeof(int32_t),
               "the kernel writes SampledToken words by offset");
 
+struct KernelShared {
+  GroupShared group;
+  int num_candidates;
+  int num_top;
+};
+
+// Where a CTA's candidates and logprob tokens live in dynamic shared memory, after the two bitmaps.
+struct Buffers {
+  uint32_t* masked_bits;
+  uint32_t* special_bits;
+  uint2* candidates;  // [candidate_capacity - top_reserve]
+  uint2* top;         // [top_reserve]
+};
+
 // The row's share of this CTA: a slice of the float4 body, the head on rank 0 and the tail on the last rank.
 template <int kCluster>
-__device__ Row row_share(const SampleParams& p, const SamplingRow& params, int64_t r, int32_t bitmap_words,
+__device__ Row row_share(const SampleParams& p, const SamplingRow& params, int64_t r, const Buffers& b,
                          int32_t penalty_begin, int32_t penalty_end, bool has_special) {
   const int rank = Group<kCluster>::rank();
   const float* logits = p.logits + r * p.vocab;
@@ -88,7 +101,7 @@ __device__ Row row_share(const SampleParams& p, const SamplingRow& params, int64
   return {.logits = logits, .vocab = p.vocab, .temperature = params.temperature,
           .repetition_penalty = params.repetition_penalty, .presence_penalty = params.presence_penalty,
           .frequency_penalty = params.frequency_penalty, .penalty_tokens = p.penalty_tokens,
-          .penalty_counts = p.penalty_counts, .bitmap_words = bitmap_words,
+          .penalty_counts = p.penalty_counts, .masked_bits = b.masked_bits, .special_bits = b.special_bits,
           .has_special = has_special, .head = head, .takes_head = rank == 0, .takes_tail = rank == kCluster - 1,
           .vec_begin = min(num_vec, rank * per_rank), .vec_end = min(num_vec, (rank + 1) * per_rank),
           .penalty_first = penalty_begin + rank, .penalty_step = kCluster, .penalty_end = penalty_end};
@@ -98,7 +111,7 @@ __device__ Row row_share(const SampleParams& p, const SamplingRow& params, int64
 // could still reach the best so far, judged with a cheap bound on the noise first: -log(-log u) <= -log(1 - u), one
 // fast log, with room for its error and the exact one's.
 struct Draw {
-  float temperature;
+  const Row* row;
   uint64_t rng_key;
   float max_s, log_min_p;  // min_p: s - max_s >= log_min_p
   float inv_t;             // 1 / temperature, for the bound only
@@ -126,7 +139,7 @@ struct Draw {
   // A token known by its logit l' (a scan of the row): s is computed only when the token could win.
   __device__ __forceinline__ void offer_logit(float l, int32_t i, uint32_t floor) {
     if (l * inv_t + noise_bound(i) < reach()) return;
-    const float s = sample_row::scaled(temperature, l);
+    const float s = sample_row::scaled(*row, l);
     if (order_key(s) >= floor) exact(s, i);
   }
 };
@@ -141,7 +154,7 @@ struct Pass1 {
 };
 
 template <bool kRaw, bool kDraw>
-__device__ __noinline__ Pass1 pass_1(Row row, Draw draw) {
+__device__ __noinline__ Pass1 pass_1(const Row& row, Draw draw) {
   Pass1 one{.best_l = kNegInf, .best_i = 0, .raw_best = 0, .winner = 0};
   sample_row::scan_row<kRaw, true>(row, [&](int32_t i, float x) {
     const uint64_t rank = ranked(order_key(x), i);
@@ -174,31 +187,30 @@ struct Pass2 {
 
 // Pass 2 over this CTA's share of the row: the logprob sum and gather (kRaw), and the candidates or the draw.
 template <bool kRaw, Pass2Values kValues>
-__device__ __noinline__ Pass2 pass_2(Row row, Pass2In in, Draw draw) {
+__device__ __noinline__ Pass2 pass_2(const Row& row, const Pass2In& in, Draw draw, const Buffers& b,
+                                     KernelShared& sh) {
   Pass2 two{.sum_exp = 0.0f, .num_below = 0, .winner = draw.winner};
-  uint2* candidates = sample_row::candidate_entries(row.bitmap_words);
-  uint2* top = candidates + in.capacity;
   const Floor copy_at = sample_row::floor_of(row, in.copy_floor), win_at = sample_row::floor_of(row, in.win_floor);
   sample_row::scan_row<kRaw, kValues != Pass2Values::kNone>(row, [&](int32_t i, float x) {
     two.sum_exp += expf(x - in.max_raw);
     if (in.num_top > 0) {
       const uint32_t key = order_key(x);
       if (ranked(key, i) >= in.gather_floor) {
-        const int slot = sample_group::append_slot(&counters.num_top);
-        if (slot < in.top_reserve) top[slot] = make_uint2(key, static_cast<uint32_t>(i));
+        const int slot = sample_group::append_slot(&sh.num_top);
+        if (slot < in.top_reserve) b.top[slot] = make_uint2(key, static_cast<uint32_t>(i));
       }
     }
   }, [&](int32_t i, float l) {
     if constexpr (kValues == Pass2Values::kDraw) {
       if (l >= win_at.logit) draw.offer_logit(l, i, in.win_floor);
     } else {
-      const uint32_t key = l < copy_at.logit ? 0u : order_key(sample_row::scaled(row.temperature, l));
+      const uint32_t key = l < copy_at.logit ? 0u : order_key(sample_row::scaled(row, l));
       if (key < in.copy_floor) {
         ++two.num_below;
         return;
       }
-      const int slot = sample_group::append_slot(&counters.num_candidates);
-      if (slot < in.capacity) candidates[slot] = make_uint2(key, static_cast<uint32_t>(i));
+      const int slot = sample_group::append_slot(&sh.num_candidates);
+      if (slot < in.capacity) b.candidates[slot] = make_uint2(key, static_cast<uint32_t>(i));
     }
   });
   two.winner = draw.winner;
@@ -206,7 +218,7 @@ __device__ __noinline__ Pass2 pass_2(Row row, Pass2In in, Draw draw) {
 }
 
 // The draw over this CTA's share of the row, for tokens at or above the floor: its winner.
-__device__ __noinline__ uint64_t draw_over_row(Row row, Draw draw, uint32_t floor) {
+__device__ __noinline__ uint64_t draw_over_row(const Row& row, Draw draw, uint32_t floor) {
   const Floor at = sample_row::floor_of(row, floor);
   sample_row::scan_row<false, true>(row, [](int32_t, float) {}, [&](int32_t i, float l) {
     if (l >= at.logit) draw.offer_logit(l, i, floor);
@@ -215,12 +227,12 @@ __device__ __noinline__ uint64_t draw_over_row(Row row, Draw draw, uint32_t floo
 }
 
 // This CTA's sum of the masses of its tokens with s in [low, high): a pass over its share of the row.
-__device__ __noinline__ uint64_t exact_mass_between(Row row, uint32_t low, uint32_t high, float max_s) {
+__device__ __noinline__ uint64_t exact_mass_between(const Row& row, uint32_t low, uint32_t high, float max_s) {
   const Floor at = sample_row::floor_of(row, low);
   uint64_t mass = 0;
   sample_row::scan_row<false, true>(row, [](int32_t, float) {}, [&](int32_t, float l) {
     if (l < at.logit) return;
-    const float s = sample_row::scaled(row.temperature, l);
+    const float s = sample_row::scaled(row, l);
     const uint32_t key = order_key(s);
     if (key >= low && key < high) mass += counter_rng::softmax_mass(__fsub_rn(s, max_s));
   });
@@ -235,13 +247,12 @@ __device__ __forceinline__ uint32_t bucket_floor(uint32_t prefix, int level) { r
 // candidates fall short. Between levels, a group still reading the row copies the candidates once they are known
 // to fit.
 template <int kCluster, bool kMass, typename TargetOf>
-__device__ __noinline__ uint32_t radix_select(Row row, Candidates& c, Floor floor, float max_s, TargetOf target_of,
-                                              int32_t capacity) {
-  Group<kCluster> g;
+__device__ __noinline__ uint32_t radix_select(Group<kCluster>& g, const Row& row, Candidates& c, Floor floor, float max_s,
+                                 TargetOf target_of, const Buffers& b, int32_t capacity, KernelShared& sh) {
   uint32_t prefix = 0;
   uint64_t target = 0, count_above = 0;
   for (int level = 0; level < 3; ++level) {
-    sample_row::radix_histogram<kMass>(row, c, floor, level, prefix, max_s);
+    sample_row::radix_histogram<kMass>(row, c, floor, level, prefix, max_s, g.sh);
     const BinPick pick = g.template pick_bin<kMass>([&](uint64_t total) { return level == 0 ? target_of(total) : target; });
     if (!pick.found) return kNoFloor;
     prefix = (prefix << level_width(level)) | pick.bin;
@@ -249,7 +260,7 @@ __device__ __noinline__ uint32_t radix_select(Row row, Candidates& c, Floor floo
     count_above += pick.above.count;
     if (!c.in_shared && count_above + pick.in_bin.count <= uint64_t(capacity) && level < 2) {
       const uint32_t key = max(floor.key, bucket_floor(prefix, level));
-      c = sample_row::compact(row, capacity, sample_row::floor_of(row, key));
+      c = sample_row::compact(row, b.candidates, capacity, sample_row::floor_of(row, key), &sh.num_candidates);
       c.in_shared = !g.any(!c.in_shared);
     }
   }
@@ -258,15 +269,18 @@ __device__ __noinline__ uint32_t radix_select(Row row, Candidates& c, Floor floo
 
 template <int kCluster>
 __global__ void __launch_bounds__(kThreads, 1) sample_kernel(__grid_constant__ const SampleParams p) {
-  Group<kCluster> g;
+  extern __shared__ __align__(16) unsigned char dynamic_shared[];
+  __shared__ KernelShared sh;
+  Group<kCluster> g{sh.group};
   const int64_t r = blockIdx.x / kCluster;
   const int32_t tid = static_cast<int32_t>(threadIdx.x), vocab = p.vocab;
 
   SamplingRow params;
   {
-    int32_t words[kSamplingRowWords];  // word loads: the rows need only the alignment of int32
+    int4 words[4];
+    const auto* src = reinterpret_cast<const int4*>(p.rows + r * kSamplingRowWords);
 #pragma unroll
-    for (int w = 0; w < kSamplingRowWords; ++w) words[w] = __ldg(p.rows + r * kSamplingRowWords + w);
+    for (int w = 0; w < 4; ++w) words[w] = __ldg(src + w);
     memcpy(static_cast<void*>(&params), words, sizeof params);
   }
   // Ranges are checked on the host only when the rows are host memory: clamp them, so bad rows cannot read outside.
@@ -281,24 +295,25 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(__grid_constant__ c
   const bool want_logprobs = params.num_logprobs >= 0;
   const int32_t num_top = want_logprobs ? min(min(params.num_logprobs, kMaxTopLogprobs), vocab) : 0;
   const int32_t top_reserve = num_top * p.tokens_per_thread;
-  const int32_t capacity = p.candidate_capacity - top_reserve;  // then the logprob gather's top_reserve entries
-  uint32_t* const masked_bits = sample_row::masked_bits();
-  uint32_t* const special_bits = sample_row::special_bits(bitmap_words);
-  uint2* const entries = sample_row::candidate_entries(bitmap_words);
-  uint2* const top_entries = entries + capacity;
-  const Row row = row_share<kCluster>(p, params, r, bitmap_words, penalty_begin, penalty_end, has_special);
+  Buffers b;
+  b.masked_bits = reinterpret_cast<uint32_t*>(dynamic_shared);
+  b.special_bits = b.masked_bits + bitmap_words;
+  b.candidates = reinterpret_cast<uint2*>(b.special_bits + bitmap_words);
+  const int32_t capacity = p.candidate_capacity - top_reserve;
+  b.top = b.candidates + capacity;
+  const Row row = row_share<kCluster>(p, params, r, b, penalty_begin, penalty_end, has_special);
   if (has_special) {  // every CTA marks the whole row's lists (they are short)
-    for (int32_t w = tid; w < 2 * bitmap_words; w += kThreads) masked_bits[w] = 0;
+    for (int32_t w = tid; w < 2 * bitmap_words; w += kThreads) b.masked_bits[w] = 0;
     __syncthreads();
     for (int32_t j = mask_begin + tid; j < mask_end; j += kThreads) {
       const int32_t t = p.masked_tokens[j];
       if (t < 0 || t >= vocab) continue;
-      atomicOr(&masked_bits[t >> 5], 1u << (t & 31));
-      atomicOr(&special_bits[t >> 5], 1u << (t & 31));
+      atomicOr(&b.masked_bits[t >> 5], 1u << (t & 31));
+      atomicOr(&b.special_bits[t >> 5], 1u << (t & 31));
     }
     for (int32_t j = penalty_begin + tid; j < penalty_end; j += kThreads) {
       const int32_t t = p.penalty_tokens[j];
-      if (t >= 0 && t < vocab) atomicOr(&special_bits[t >> 5], 1u << (t & 31));
+      if (t >= 0 && t < vocab) atomicOr(&b.special_bits[t >> 5], 1u << (t & 31));
     }
   }
   const bool top_k_on = !greedy && params.top_k > 0 && params.top_k < vocab;
@@ -308,7 +323,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(__grid_constant__ c
   const bool draw_in_pass_1 = !greedy && !top_k_on && !top_p_on && !min_p_on;
   const bool draw_in_pass_2 = !greedy && !top_k_on && !top_p_on && min_p_on;
   const uint64_t rng_key = counter_rng::stream_key(params.seed, params.step);
-  Draw draw{.temperature = params.temperature, .rng_key = rng_key, .max_s = 0.0f, .log_min_p = kNegInf,
+  Draw draw{.row = &row, .rng_key = rng_key, .max_s = 0.0f, .log_min_p = kNegInf,
             .inv_t = greedy ? 0.0f : 1.0f / params.temperature, .winner = 0, .best_score = kNegInf};
   __syncthreads();
 
@@ -351,7 +366,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(__grid_constant__ c
       copy_floor = floor;
       if (params.top_k <= kThreads) {
         const float tau = key_value(ranked_key(
-            sample_group::nth_largest(thread_best, params.top_k, reinterpret_cast<uint64_t*>(entries))));
+            sample_group::nth_largest(thread_best, params.top_k, reinterpret_cast<uint64_t*>(b.candidates))));
         copy_floor = max(floor, order_key(__fdiv_rn(tau, params.temperature)));
       }
     } else if (top_p_on) {
@@ -367,13 +382,13 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(__grid_constant__ c
   // The logprob gather threshold: the num_top-th largest per-thread maximum of this CTA. The candidate buffer is its
   // scratch.
   const uint64_t gather_floor =
-      num_top > 0 ? sample_group::nth_largest(raw_best, num_top, reinterpret_cast<uint64_t*>(entries)) : ~0ull;
+      num_top > 0 ? sample_group::nth_largest(raw_best, num_top, reinterpret_cast<uint64_t*>(b.candidates)) : ~0ull;
 
   // Pass 2: the logprob sum and gather; the candidates at or above copy_floor and how many tokens lie below it
   // (with top-k or top-p); the draw (min_p alone).
   if (tid == 0) {
-    counters.num_candidates = 0;
-    counters.num_top = 0;
+    sh.num_candidates = 0;
+    sh.num_top = 0;
   }
   __syncthreads();
   const Pass2In in{.copy_floor = copy_floor, .win_floor = win_floor, .max_raw = max_raw,
@@ -381,22 +396,22 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(__grid_constant__ c
                    .capacity = capacity};
   Pass2 two{.sum_exp = 0.0f, .num_below = 0, .winner = draw.winner};
   if (want_logprobs && thresholds) {
-    two = pass_2<true, Pass2Values::kCopy>(row, in, draw);
+    two = pass_2<true, Pass2Values::kCopy>(row, in, draw, b, sh);
   } else if (want_logprobs && sampling && draw_in_pass_2) {
-    two = pass_2<true, Pass2Values::kDraw>(row, in, draw);
+    two = pass_2<true, Pass2Values::kDraw>(row, in, draw, b, sh);
   } else if (want_logprobs) {
-    two = pass_2<true, Pass2Values::kNone>(row, in, draw);
+    two = pass_2<true, Pass2Values::kNone>(row, in, draw, b, sh);
   } else if (thresholds) {
-    two = pass_2<false, Pass2Values::kCopy>(row, in, draw);
+    two = pass_2<false, Pass2Values::kCopy>(row, in, draw, b, sh);
   } else if (sampling && draw_in_pass_2) {
-    two = pass_2<false, Pass2Values::kDraw>(row, in, draw);
+    two = pass_2<false, Pass2Values::kDraw>(row, in, draw, b, sh);
   }
   const float sum_exp = two.sum_exp;
   const uint64_t num_below = two.num_below;
   draw.winner = two.winner;
   __syncthreads();
-  const int32_t num_copied = counters.num_candidates;
-  Candidates candidates{min(num_copied, capacity), num_copied <= capacity};
+  const int32_t num_copied = sh.num_candidates;
+  Candidates candidates{b.candidates, min(num_copied, capacity), num_copied <= capacity};
   if (thresholds) candidates.in_shared = !g.any(!candidates.in_shared);  // the group reads one way
   if (sampling && draw_in_pass_2) token = ranked_index(g.max(draw.winner));
 
@@ -405,15 +420,15 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(__grid_constant__ c
   if (want_logprobs) {
     log_norm = static_cast<double>(max_raw) + log(g.sum(static_cast<double>(sum_exp)));
     // Each gathered token's rank among the group's gathered tokens (they include the top num_top): its slot.
-    const int32_t gathered = min(counters.num_top, top_reserve);
+    const int32_t gathered = min(sh.num_top, top_reserve);
     g.sync();  // every CTA's list is complete
     for (int32_t a = tid; a < gathered; a += kThreads) {
-      const uint2 e = top_entries[a];
+      const uint2 e = b.top[a];
       const uint64_t rank_a = ranked(e.x, static_cast<int32_t>(e.y));
       int32_t rank = 0;
       for (int c = 0; c < kCluster; ++c) {
-        const uint2* list = Group<kCluster>::at_rank(top_entries, c);
-        const int32_t n = min(Group<kCluster>::at_rank(&counters, c)->num_top, top_reserve);
+        const uint2* list = Group<kCluster>::at_rank(b.top, c);
+        const int32_t n = min(*Group<kCluster>::at_rank(&sh.num_top, c), top_reserve);
         for (int32_t j = 0; j < n; ++j) rank += ranked(list[j].x, static_cast<int32_t>(list[j].y)) > rank_a;
       }
       if (rank < num_top) {
@@ -429,8 +444,8 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(__grid_constant__ c
     // keeps every token that can still win or carry mass).
     if (top_k_on) {
       const auto k = static_cast<uint64_t>(params.top_k);
-      floor = max(floor, radix_select<kCluster, false>(row, candidates, sample_row::floor_of(row, floor), max_s,
-                                                      [&](uint64_t) { return k; }, capacity));
+      floor = max(floor, radix_select<kCluster, false>(g, row, candidates, sample_row::floor_of(row, floor), max_s,
+                                                      [&](uint64_t) { return k; }, b, capacity, sh));
     }
     // top-p over what top-k keeps: the largest threshold whose tokens hold the target share of the mass. Without
     // top-k, the mass below the floor counts in the total: bounded by its token count first, computed exactly only
@@ -439,9 +454,9 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(__grid_constant__ c
       const float top_p = params.top_p;
       const Floor at = sample_row::floor_of(row, floor);
       const auto select = [&](uint64_t below) {
-        return radix_select<kCluster, true>(row, candidates, at, max_s, [&](uint64_t total) {
+        return radix_select<kCluster, true>(g, row, candidates, at, max_s, [&](uint64_t total) {
           return counter_rng::top_p_target(top_p, total + below);
-        }, capacity);
+        }, b, capacity, sh);
       };
       const uint64_t count_below = top_k_on ? 0 : g.sum(num_below);
       uint32_t threshold = 0;
@@ -462,7 +477,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(__grid_constant__ c
     floor = max(floor, win_floor);
     if (candidates.in_shared) {
       for (int32_t j = tid; j < candidates.count; j += kThreads) {
-        const uint2 e = entries[j];
+        const uint2 e = candidates.entries[j];
         if (e.x >= floor) draw.offer_key(e.x, static_cast<int32_t>(e.y));
       }
     } else {

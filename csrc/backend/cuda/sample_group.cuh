@@ -100,14 +100,11 @@ __device__ __forceinline__ uint64_t nth_largest(uint64_t v, int n, uint64_t* scr
   return result;
 }
 
-// The collectives' shared memory, one per CTA. A variable (not a pointer passed around) so that the compiler knows
-// every access is a shared-memory one.
-static __shared__ GroupShared group_shared;
-
 // The CTAs of one row. Every member function is a collective: all threads of all kCluster CTAs call it.
 template <int kCluster>
 struct Group {
   static_assert(kCluster == 1 || kCluster == 2 || kCluster == 4 || kCluster == 8, "a portable cluster size");
+  GroupShared& sh;
 
   __device__ static int rank() {
     if constexpr (kCluster == 1) {
@@ -134,7 +131,6 @@ struct Group {
   }
 
   __device__ uint64_t max(uint64_t v) {
-    GroupShared& sh = group_shared;
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) {
       const uint64_t other = __shfl_xor_sync(0xffffffffu, static_cast<unsigned long long>(v), offset);
@@ -158,7 +154,6 @@ struct Group {
   }
 
   __device__ double sum(double v) {
-    GroupShared& sh = group_shared;
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
     if (threadIdx.x % 32 == 0) sh.warp_f64[threadIdx.x / 32] = v;
@@ -178,7 +173,6 @@ struct Group {
 
   // Exact: integer sums in any order.
   __device__ uint64_t sum(uint64_t v) {
-    GroupShared& sh = group_shared;
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, static_cast<unsigned long long>(v), offset);
     if (threadIdx.x % 32 == 0) sh.warp_u64[threadIdx.x / 32] = v;
@@ -204,7 +198,6 @@ struct Group {
   // CTAs add their non-zero bins into rank 0's histogram (histograms are sparse), and every CTA scans rank 0's.
   template <bool kByMass, typename TargetOf>
   __device__ __noinline__ BinPick pick_bin(TargetOf target_of) {
-    GroupShared& sh = group_shared;
     sync();  // every histogram of the group is complete
     if constexpr (kCluster > 1) {
       if (rank() != 0) {

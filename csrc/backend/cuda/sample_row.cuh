@@ -14,16 +14,6 @@ using sample_group::kThreads;
 using sample_group::order_key;
 using sample_group::key_value;
 
-// The kernel's dynamic shared memory: the row's two bitmaps (bitmap_words words each), then the candidates.
-extern __shared__ __align__(16) unsigned char dynamic_shared[];
-
-// The lengths of the CTA's shared lists.
-struct Counters {
-  int num_candidates;
-  int num_top;
-};
-static __shared__ Counters counters;
-
 // The row as one CTA of its group reads it.
 struct Row {
   const float* __restrict__ logits;  // the row
@@ -32,8 +22,8 @@ struct Row {
   float repetition_penalty, presence_penalty, frequency_penalty;
   const int32_t* __restrict__ penalty_tokens;
   const int32_t* __restrict__ penalty_counts;
-  int32_t bitmap_words;  // dynamic shared memory: the masked tokens, then the masked or penalized ones (which the
-                         // main loop skips)
+  const uint32_t* masked_bits;   // shared memory: the row's masked tokens
+  const uint32_t* special_bits;  // shared memory: masked or penalized tokens, which the main loop skips
   bool has_special;
   // This CTA's share: the scalar head (before the first 16-byte boundary) on rank 0, float4s [vec_begin, vec_end)
   // of the aligned body, the scalar tail on the last rank, and the penalty entries penalty_first, + penalty_step, ...
@@ -44,15 +34,10 @@ struct Row {
   int32_t penalty_first, penalty_step, penalty_end;
 };
 
-__device__ __forceinline__ uint32_t* masked_bits() { return reinterpret_cast<uint32_t*>(dynamic_shared); }
-__device__ __forceinline__ uint32_t* special_bits(int32_t bitmap_words) { return masked_bits() + bitmap_words; }
-__device__ __forceinline__ uint2* candidate_entries(int32_t bitmap_words) {
-  return reinterpret_cast<uint2*>(dynamic_shared) + bitmap_words;  // after two bitmaps of bitmap_words words
-}
 __device__ __forceinline__ bool test_bit(const uint32_t* bits, int32_t i) { return (bits[i >> 5] >> (i & 31)) & 1u; }
 
 // The CPU reference's float operations, each rounded once (no contraction into FMAs).
-__device__ __forceinline__ float scaled(float temperature, float l) { return __fdiv_rn(l, temperature); }
+__device__ __forceinline__ float scaled(const Row& row, float l) { return __fdiv_rn(l, row.temperature); }
 __device__ __forceinline__ float penalized(const Row& row, float l, int32_t count) {
   l = l > 0.0f ? __fdiv_rn(l, row.repetition_penalty) : __fmul_rn(l, row.repetition_penalty);
   if (count > 0) {
@@ -81,7 +66,7 @@ __device__ __forceinline__ void scan_row(const Row& row, OnRaw&& on_raw, OnValue
   const auto visit = [&](int32_t i, float x) {
     if constexpr (kRaw) on_raw(i, x);
     if constexpr (kValues) {
-      if (!row.has_special || !test_bit(special_bits(row.bitmap_words), i)) on_value(i, x);
+      if (!row.has_special || !test_bit(row.special_bits, i)) on_value(i, x);
     }
   };
   const int32_t tid = static_cast<int32_t>(threadIdx.x);
@@ -116,7 +101,7 @@ __device__ __forceinline__ void scan_row(const Row& row, OnRaw&& on_raw, OnValue
       for (int32_t j = row.penalty_first + tid * row.penalty_step; j < row.penalty_end;
            j += kThreads * row.penalty_step) {
         const int32_t t = row.penalty_tokens[j];
-        if (t < 0 || t >= row.vocab || test_bit(masked_bits(), t)) continue;
+        if (t < 0 || t >= row.vocab || test_bit(row.masked_bits, t)) continue;
         on_value(t, penalized(row, __ldg(row.logits + t), row.penalty_counts[j]));
       }
     }
@@ -126,7 +111,8 @@ __device__ __forceinline__ void scan_row(const Row& row, OnRaw&& on_raw, OnValue
 // The tokens a step visits: the (key of s, index) pairs this CTA copied to shared memory, or its share of the row,
 // read again.
 struct Candidates {
-  int32_t count;  // entries at candidate_entries(row.bitmap_words)
+  const uint2* entries;
+  int32_t count;
   bool in_shared;
 };
 
@@ -134,36 +120,35 @@ struct Candidates {
 template <typename F>
 __device__ __forceinline__ void visit_candidates(const Row& row, const Candidates& c, Floor floor, F&& f) {
   if (c.in_shared) {
-    const uint2* entries = candidate_entries(row.bitmap_words);
     for (int32_t j = static_cast<int32_t>(threadIdx.x); j < c.count; j += kThreads) {
-      const uint2 e = entries[j];
+      const uint2 e = c.entries[j];
       if (e.x >= floor.key) f(e.x, static_cast<int32_t>(e.y));
     }
   } else {
     scan_row<false, true>(row, [](int32_t, float) {}, [&](int32_t i, float l) {
       if (l < floor.logit) return;
-      const uint32_t key = order_key(scaled(row.temperature, l));
+      const uint32_t key = order_key(scaled(row, l));
       if (key >= floor.key) f(key, i);
     });
   }
 }
 
-// Copies this CTA's tokens at or above the floor to its candidate entries (capacity of them); in_shared is false
-// where they did not fit (then the whole group must keep reading the row).
-__device__ __noinline__ Candidates compact(Row row, int32_t capacity, Floor floor) {
-  if (threadIdx.x == 0) counters.num_candidates = 0;
+// Copies this CTA's tokens at or above the floor into `buffer`; in_shared is false where they did not fit (then the
+// whole group must keep reading the row: see compact_group).
+__device__ __noinline__ Candidates compact(const Row& row, uint2* buffer, int32_t capacity, Floor floor,
+                                           int* counter) {
+  if (threadIdx.x == 0) *counter = 0;
   __syncthreads();
-  uint2* entries = candidate_entries(row.bitmap_words);
   scan_row<false, true>(row, [](int32_t, float) {}, [&](int32_t i, float l) {
     if (l < floor.logit) return;
-    const uint32_t key = order_key(scaled(row.temperature, l));
+    const uint32_t key = order_key(scaled(row, l));
     if (key < floor.key) return;
-    const int slot = sample_group::append_slot(&counters.num_candidates);
-    if (slot < capacity) entries[slot] = make_uint2(key, static_cast<uint32_t>(i));
+    const int slot = sample_group::append_slot(counter);
+    if (slot < capacity) buffer[slot] = make_uint2(key, static_cast<uint32_t>(i));
   });
   __syncthreads();
-  const int32_t n = counters.num_candidates;
-  return {n < capacity ? n : capacity, n <= capacity};
+  const int32_t n = *counter;
+  return {buffer, n < capacity ? n : capacity, n <= capacity};
 }
 
 // The digit of a radix level (0, 1, 2: 11, 11 and 10 bits from the top) and the bits above it.
@@ -173,9 +158,8 @@ __host__ __device__ constexpr int level_width(int level) { return level == 2 ? 1
 // Adds this CTA's candidates at or above the floor that match `prefix` in the digits above `level` to its histogram
 // of counts (and kMass: of masses exp(s - max_s)). The caller picks the bin over the group (Group::pick_bin).
 template <bool kMass>
-__device__ __noinline__ void radix_histogram(Row row, Candidates c, Floor floor, int level, uint32_t prefix,
-                                             float max_s) {
-  sample_group::GroupShared& sh = sample_group::group_shared;
+__device__ __noinline__ void radix_histogram(const Row& row, const Candidates& c, Floor floor, int level,
+                                             uint32_t prefix, float max_s, sample_group::GroupShared& sh) {
   for (int b = static_cast<int>(threadIdx.x); b < kBins; b += kThreads) {
     sh.count[b] = 0;
     if constexpr (kMass) sh.mass[b] = 0;
