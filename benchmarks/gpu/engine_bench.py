@@ -13,11 +13,12 @@ runs the decode table again when time is left.
 
 - Decode table, --batches x --contexts: `batch` requests of `context` random tokens are submitted together
   (temperature 0, ignore_eos). The engine's counters (stats(): steps, prompt tokens computed, running requests)
-  are polled every ~0.2 ms; the full-batch decode window opens at the first poll where every prompt token has
+  are polled every ~0.2 ms (and the engine's own step clock, decode_step_seconds, is recorded beside); the full-batch decode window opens at the first poll where every prompt token has
   been computed and all `batch` requests are running, its first --skip-steps steps are dropped (graph capture of
   a new bucket), and the next --decode-steps steps are timed; then the requests are aborted. max_tokens is set so
   that no request finishes inside the window although running requests decode while later ones still prefill.
-  Reported: ms/step (mean over the window; the median step too), decode tok/s = batch / ms per step, the prefill
+  Reported: ms/step (mean over the window; the median step too; and the engine's own clock of its decode steps,
+  engine_ms_per_decode_step, which leaves out the host's gaps between steps), decode tok/s = batch / ms per step, the prefill
   throughput of the batch (batch x context / time to the window), and the roofline floor of a step: (bf16 weight
   bytes a step must read + latent cache bytes) / the copy bandwidth in floors.json (--copy-gbps when absent).
   Weight bytes count MLA projections, dense MLPs, per MoE layer the router, the shared experts and min(E,
@@ -161,10 +162,12 @@ def poll_decode_window(engine, streams, batch: int, target_prompt: int, skip: in
         if window is None and s.num_prompt_tokens_computed >= target_prompt and s.num_running == batch:
             window = (t, s.num_steps)
         if window is not None and t0 is None and s.num_steps >= window[1] + skip:
-            t0 = (t, s.num_steps, s.num_generated_tokens, getattr(s, "num_graph_replays", 0))
+            t0 = (t, s.num_steps, s.num_generated_tokens, getattr(s, "num_graph_replays", 0),
+                  getattr(s, "decode_step_seconds", 0.0), getattr(s, "num_decode_steps", 0))
             change_times = [(t, s.num_steps)]
         if t0 is not None and s.num_steps >= t0[1] + steps:
-            t1 = (t, s.num_steps, s.num_generated_tokens, getattr(s, "num_graph_replays", 0))
+            t1 = (t, s.num_steps, s.num_generated_tokens, getattr(s, "num_graph_replays", 0),
+                  getattr(s, "decode_step_seconds", 0.0), getattr(s, "num_decode_steps", 0))
             break
         if window is not None and s.num_running < batch:
             return {"status": "error: a request finished inside the decode window (max_tokens too small)"}
@@ -181,6 +184,8 @@ def poll_decode_window(engine, streams, batch: int, target_prompt: int, skip: in
             "ms_per_step_median": 1e3 * statistics.median(per_step) if per_step else None,
             "decode_tokens_per_s": (t1[2] - t0[2]) / (t1[0] - t0[0]),
             "graph_replays_in_window": t1[3] - t0[3],
+            # The engine's own clock: time inside the window's decode steps, without the gaps between steps.
+            "engine_ms_per_decode_step": (1e3 * (t1[4] - t0[4]) / (t1[5] - t0[5])) if t1[5] > t0[5] else None,
             "prefill_s": window[0] - t_submit if window else None}
 
 

@@ -145,6 +145,9 @@ NB_MODULE(_deepinfer, m) {
       .def_ro("num_steps", &EngineStats::num_steps)
       .def_ro("num_prompt_tokens_computed", &EngineStats::num_prompt_tokens_computed)
       .def_ro("num_generated_tokens", &EngineStats::num_generated_tokens)
+      .def_ro("step_seconds", &EngineStats::step_seconds)
+      .def_ro("num_decode_steps", &EngineStats::num_decode_steps)
+      .def_ro("decode_step_seconds", &EngineStats::decode_step_seconds)
       .def_ro("num_graph_replays", &EngineStats::num_graph_replays)
       .def_ro("num_graphs", &EngineStats::num_graphs)
       .def_ro("alive", &EngineStats::alive);

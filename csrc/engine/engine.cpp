@@ -298,6 +298,7 @@ void Engine::fail_plan(const SchedulePlan& plan, const std::string& message) {
 }
 
 void Engine::step_once() {
+  const auto started = std::chrono::steady_clock::now();
   SchedulePlan plan = scheduler_.schedule();
   if (plan.empty()) {
     // Nothing fits this step (should not happen with validated requests); wait briefly for aborts or shutdown.
@@ -360,8 +361,16 @@ void Engine::step_once() {
     if (u.finished) seeds_.erase(u.id);
     emit(std::move(delta));
   }
+  const bool pure_decode = std::all_of(plan.chunks.begin(), plan.chunks.end(),
+                                      [](const ScheduledChunk& c) { return c.num_tokens == 1; });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   std::lock_guard lock(mutex_);
   stats_.num_steps += 1;
+  stats_.step_seconds += seconds;
+  if (pure_decode) {
+    stats_.num_decode_steps += 1;
+    stats_.decode_step_seconds += seconds;
+  }
   stats_.num_prompt_tokens_computed += prompt_tokens;
   stats_.num_generated_tokens += sampled.size();
   stats_.num_graph_replays = static_cast<uint64_t>(runner_.num_graph_replays());

@@ -60,6 +60,9 @@ struct EngineStats {
   uint64_t num_steps = 0;
   uint64_t num_prompt_tokens_computed = 0;
   uint64_t num_generated_tokens = 0;
+  double step_seconds = 0.0;                 // wall time inside steps (host work, device work, the token copy)
+  uint64_t num_decode_steps = 0;             // steps whose every sequence decoded one token
+  double decode_step_seconds = 0.0;          // their share of step_seconds
   uint64_t num_graph_replays = 0;            // decode steps that replayed a recorded graph
   int64_t num_graphs = 0;                    // graphs recorded so far
   bool alive = true;

@@ -253,3 +253,17 @@ def test_device_choice_without_a_gpu(checkpoints):
         DeepInferenceEngine(EngineConfig(model_name_or_path=path, dtype="bfloat16"))
     with DeepInferenceEngine(EngineConfig(model_name_or_path=path, max_model_len=64)) as e:
         assert e.device == "cpu"  # "auto" falls back to the CPU
+
+
+def test_stats_time_the_steps_and_count_decode_steps(engine):
+    before = engine.stats()
+    engine.generate([PROMPTS[0], PROMPTS[1]], temperature=0.0, max_tokens=12, ignore_eos=True)
+    after = engine.stats()
+    steps = after.num_steps - before.num_steps
+    decode_steps = after.num_decode_steps - before.num_decode_steps
+    # Two prompts prefill (one step or a few), then both decode together: at least 10 pure decode steps.
+    assert 10 <= decode_steps < steps
+    decode_s = after.decode_step_seconds - before.decode_step_seconds
+    step_s = after.step_seconds - before.step_seconds
+    assert 0.0 < decode_s < step_s
+    assert after.num_graph_replays == 0  # the CPU has no graphs

@@ -246,7 +246,8 @@ class FakeEngine:
     def stats(self):
         return type("Stats", (), dict(num_running=0, num_waiting=0, num_cache_pages=10, num_free_cache_pages=10,
                                       num_preemptions=0, num_steps=0, num_prompt_tokens_computed=0,
-                                      num_generated_tokens=0, alive=True))()
+                                      num_generated_tokens=0, step_seconds=0.0, num_decode_steps=0,
+                                      decode_step_seconds=0.0, alive=True))()
 
 
 def call(app, path, body):
