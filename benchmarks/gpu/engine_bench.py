@@ -13,7 +13,7 @@ runs the decode table again when time is left.
 
 - Decode table, --batches x --contexts: `batch` requests of `context` random tokens are submitted together
   (temperature 0, ignore_eos). The engine's counters (stats(): steps, prompt tokens computed, running requests)
-  are polled every ~0.2 ms (and the engine's own step clock, decode_step_seconds, is recorded beside); the full-batch decode window opens at the first poll where every prompt token has
+  are polled every ~0.2 ms; the full-batch decode window opens at the first poll where every prompt token has
   been computed and all `batch` requests are running, its first --skip-steps steps are dropped (graph capture of
   a new bucket), and the next --decode-steps steps are timed; then the requests are aborted. max_tokens is set so
   that no request finishes inside the window although running requests decode while later ones still prefill.
