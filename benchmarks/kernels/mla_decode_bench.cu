@@ -210,17 +210,6 @@ __global__ void fill_random_bf16(uint16_t* data, int64_t n, uint64_t seed) {
   }
 }
 
-// Reads a buffer larger than L2 without writing it: evicts the kernel's data and leaves only clean lines, so no
-// write-back of the flush itself lands inside the timed region (a memset flush would leave ~50 MB dirty).
-__global__ void read_flush(const int4* data, int64_t n, int* sink) {
-  int4 acc = make_int4(0, 0, 0, 0);
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int4 v = __ldcg(data + i);
-    acc.x ^= v.x, acc.y ^= v.y, acc.z ^= v.z, acc.w ^= v.w;
-  }
-  if ((acc.x & acc.y & acc.z & acc.w) == 0x7fffffff) *sink = 1;  // keeps the loads; practically never true
-}
 
 
 

@@ -83,16 +83,6 @@ void fill(uint16_t* data, int64_t n, uint64_t seed, int scale_log2, cudaStream_t
   CUDA_TRY(cudaGetLastError());
 }
 
-// Reads a buffer larger than L2 without writing it (no dirty lines are written back inside a timed region).
-__global__ void read_flush(const int4* data, int64_t n, int* sink) {
-  int4 acc = make_int4(0, 0, 0, 0);
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int4 v = __ldcg(data + i);
-    acc.x ^= v.x, acc.y ^= v.y, acc.z ^= v.z, acc.w ^= v.w;
-  }
-  if ((acc.x & acc.y & acc.z & acc.w) == 0x7fffffff) *sink = 1;
-}
 
 // ---------------------------------------------------------------------------------------------------------------
 // Model shapes

@@ -25,22 +25,13 @@
 namespace deepinfer {
 namespace {
 
+using bench::read_flush;
 using bench::time_ms;
 using cuda::CudaStream;
 using cuda::DeviceBuffer;
 
 constexpr int64_t kVocab = 129280;
 
-// Reads a buffer larger than L2 without writing it, so the timed call starts with cold logits and no dirty lines.
-__global__ void read_flush(const int4* data, int64_t n, int* sink) {
-  int4 acc = make_int4(0, 0, 0, 0);
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int4 v = __ldcg(data + i);
-    acc.x ^= v.x, acc.y ^= v.y, acc.z ^= v.z, acc.w ^= v.w;
-  }
-  if ((acc.x & acc.y & acc.z & acc.w) == 0x7fffffff) *sink = 1;  // keeps the loads; practically never true
-}
 
 struct Config {
   const char* name;
