@@ -75,6 +75,7 @@ class EngineConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     load_format: str = "auto"                  # "auto" | "safetensors" | "dummy" (random weights from config.json)
+    generation_config: str = "auto"            # "auto": unset sampling values from generation_config.json; "none"
     served_model_name: str | None = None
     trust_remote_code: bool = False            # accepted for compatibility; DeepInfer never runs remote code
 
@@ -112,6 +113,8 @@ class EngineConfig:
         require(self.load_format in ("auto", "safetensors", "dummy"),
                 f"load_format must be 'auto', 'safetensors' or 'dummy', got {self.load_format!r}")
         require(isinstance(self.seed, int) and self.seed >= 0, f"seed must be an integer >= 0, got {self.seed!r}")
+        require(self.generation_config in ("auto", "none"),
+                f"generation_config must be 'auto' or 'none', got {self.generation_config!r}")
         if self.quantization is not None:
             self.quantization.validate()
 

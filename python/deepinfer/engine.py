@@ -25,6 +25,7 @@ from deepinfer import _deepinfer
 from deepinfer.config import EngineConfig
 from deepinfer.default_model import default_model
 from deepinfer.detokenizer import IncrementalDetokenizer, find_stop
+from deepinfer.generation_defaults import load_generation_defaults
 from deepinfer.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput, TokenLogprobs
 from deepinfer.sampling_params import SamplingParams
 from deepinfer.tokenizer import Tokenizer
@@ -186,6 +187,9 @@ class DeepInferenceEngine:
         self.model_config = _deepinfer.load_model_config(str(model_dir))
         self._check_quantization(config)
         self.tokenizer = self._load_tokenizer(config, model_dir)
+        # What the checkpoint recommends for values a request leaves unset (generation_config.json).
+        self.generation_defaults = load_generation_defaults(model_dir, config.generation_config)
+        SamplingParams(**self.generation_defaults)  # a bad value in the file fails here, naming the field
         self.served_model_name = config.served_model_name or (
             config.model_name_or_path or ("deepinfer-demo-v3" if not self.is_random_model else "deepinfer-random-tiny-v3"))
 
@@ -320,7 +324,7 @@ class DeepInferenceEngine:
         request cannot be served. With `loop`, the stream is iterated with `async for` on that event loop."""
         if self._closed:
             raise RuntimeError("the engine is shut down")
-        params = params or SamplingParams()
+        params = params or self.default_sampling_params()
         text, prompt_ids = self._prompt_ids(prompt)
         self._check_length(prompt_ids, params)
         rid = request_id or f"req-{next(self._ids)}"
@@ -421,9 +425,14 @@ class DeepInferenceEngine:
     def _params(self, sampling_params: SamplingParams | None, kwargs: dict[str, Any]) -> SamplingParams:
         if sampling_params is not None and not isinstance(sampling_params, SamplingParams):
             raise TypeError(f"sampling_params must be SamplingParams, got {type(sampling_params).__name__}")
-        if kwargs:
-            return SamplingParams.from_kwargs(sampling_params, **kwargs)
-        return sampling_params or SamplingParams()
+        if sampling_params is None:
+            return SamplingParams.from_kwargs(self.default_sampling_params(), **kwargs)
+        return SamplingParams.from_kwargs(sampling_params, **kwargs) if kwargs else sampling_params
+
+    def default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the checkpoint's generation_config.json values (see EngineConfig.generation_config);
+        what generate(), chat(), stream() and submit() use when given no sampling parameters."""
+        return SamplingParams(**self.generation_defaults)
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,

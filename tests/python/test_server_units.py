@@ -347,3 +347,24 @@ def test_apps_have_their_own_metrics_and_names():
     assert 'model_name="fake-r1"' in text_b and "alias-1" not in text_b
     with pytest.raises(ValueError):
         create_app(FakeEngine(["x"]), max_queue=0)
+
+
+def test_unset_sampling_values_come_from_the_generation_config():
+    class RecordingEngine(FakeEngine):
+        def submit(self, prompt, params, loop=None, request_id=None):
+            self.params.append(params)
+            return super().submit(prompt, params, loop=loop, request_id=request_id)
+
+    engine = RecordingEngine(["ok"])
+    engine.params = []
+    engine.generation_defaults = {"temperature": 0.6, "top_p": 0.95, "max_tokens": 7}
+    app = create_app(engine)
+    assert call(app, "/v1/completions", {"model": "fake-r1", "prompt": "hi"}).status_code == 200
+    assert call(app, "/v1/completions", {"model": "fake-r1", "prompt": "hi", "temperature": 0.1,
+                                         "max_tokens": 3}).status_code == 200
+    assert call(app, "/v1/chat/completions", {"model": "fake-r1", "messages": [{"role": "user", "content": "x"}],
+                                              "top_p": 0.5}).status_code == 200
+    first, second, chat = engine.params
+    assert (first.temperature, first.top_p) == (0.6, 0.95)
+    assert (second.temperature, second.top_p, second.max_tokens) == (0.1, 0.95, 3)  # what the request sets wins
+    assert (chat.temperature, chat.top_p) == (0.6, 0.5)

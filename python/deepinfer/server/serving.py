@@ -427,7 +427,10 @@ class OpenAIServing:
 
     def _sampling_params(self, req: Any, n: int, max_tokens: int, logprobs: int | None,
                          renames: Mapping[str, str]) -> SamplingParams:
-        values: dict[str, Any] = {"n": n, "max_tokens": max_tokens, "logprobs": logprobs}
+        # The checkpoint's recommended values (generation_config.json) for what the request leaves unset.
+        defaults = getattr(self.state.engine, "generation_defaults", {})
+        values: dict[str, Any] = {k: v for k, v in defaults.items() if k != "max_tokens"}
+        values.update({"n": n, "max_tokens": max_tokens, "logprobs": logprobs})
         for name in ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
                      "include_stop_str_in_output", "ignore_eos", "repetition_penalty", "presence_penalty",
                      "frequency_penalty", "min_tokens", "skip_special_tokens"):
