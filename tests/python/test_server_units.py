@@ -368,3 +368,30 @@ def test_unset_sampling_values_come_from_the_generation_config():
     assert (first.temperature, first.top_p) == (0.6, 0.95)
     assert (second.temperature, second.top_p, second.max_tokens) == (0.1, 0.95, 3)  # what the request sets wins
     assert (chat.temperature, chat.top_p) == (0.6, 0.5)
+
+
+def test_cors_is_off_by_default_and_follows_allowed_origins():
+    async def preflight_and_get(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            pre = await client.options("/v1/completions", headers={
+                "Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization, content-type"})
+            got = await client.get("/v1/models", headers={"Origin": "https://app.example"})
+            other = await client.get("/v1/models", headers={"Origin": "https://evil.example"})
+            return pre, got, other
+
+    pre, got, other = asyncio.run(preflight_and_get(create_app(FakeEngine(["a"]))))
+    assert "access-control-allow-origin" not in got.headers and pre.status_code == 405
+    app = create_app(FakeEngine(["a"]), allowed_origins=["https://app.example"], allow_credentials=True)
+    pre, got, other = asyncio.run(preflight_and_get(app))
+    assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "https://app.example"
+    assert "POST" in pre.headers["access-control-allow-methods"]
+    assert got.status_code == 200 and got.headers["access-control-allow-origin"] == "https://app.example"
+    assert got.headers["access-control-allow-credentials"] == "true"
+    assert "access-control-allow-origin" not in other.headers
+
+    _, server = resolve_serve_options(parse("--allowed-origins", "https://a.example", "*", "--allow-credentials"))
+    assert server["allowed_origins"] == ["https://a.example", "*"] and server["allow_credentials"] is True
+    _, server = resolve_serve_options(parse())
+    assert server["allowed_origins"] == [] and server["allow_credentials"] is False

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -41,13 +42,16 @@ def _error_response(err: APIError) -> JSONResponse:
 
 def create_app(engine: Any, *, api_key: str | None = None, max_queue: int = DEFAULT_MAX_QUEUE_SIZE,
                reasoning_parser: str | type[ReasoningParser] | None = None,
-               served_model_name: str | Sequence[str] | None = None) -> FastAPI:
+               served_model_name: str | Sequence[str] | None = None,
+               allowed_origins: Sequence[str] = (), allow_credentials: bool = False) -> FastAPI:
     """An ASGI app serving ``engine``. The caller owns the engine (and shuts it down).
 
     ``max_queue`` bounds the sequences waiting for their first token; past it requests get 503.
     ``reasoning_parser`` ("deepseek-r1") splits chat outputs into ``reasoning_content`` and ``content``.
     ``served_model_name`` names the model in the API (default: the engine's served_model_name); requests naming
     another model get 404.
+    ``allowed_origins`` (e.g. ["https://app.example"] or ["*"]) lets browsers on those origins call the API: CORS
+    headers on every answer, preflight requests answered; none by default (same-origin only).
     """
     if isinstance(reasoning_parser, str):
         reasoning_parser = get_reasoning_parser(reasoning_parser)
@@ -70,6 +74,9 @@ def create_app(engine: Any, *, api_key: str | None = None, max_queue: int = DEFA
     app = FastAPI(title="DeepInfer", version=deepinfer.__version__, docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.server = state
+    if allowed_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_credentials=allow_credentials,
+                           allow_methods=["*"], allow_headers=["*"])
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:

@@ -42,6 +42,8 @@ SERVER_DEFAULTS: dict[str, Any] = {
     "shutdown_timeout": 30.0,
     "log_level": "info",
     "access_log": True,
+    "allowed_origins": [],
+    "allow_credentials": False,
 }
 API_KEY_ENV = "DEEPINFER_API_KEY"
 _REASONING_PARSERS = ("deepseek-r1",)
@@ -152,6 +154,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                         help=f"(default {SERVER_DEFAULTS['log_level']})")
     server.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=S,
                         help="log one line per HTTP request (default on)")
+    server.add_argument("--allowed-origins", nargs="+", metavar="ORIGIN", default=S,
+                        help="origins whose browser pages may call the API (CORS), e.g. https://app.example or '*' "
+                             "(default: none)")
+    server.add_argument("--allow-credentials", action=argparse.BooleanOptionalAction, default=S,
+                        help="let those origins send cookies and Authorization headers (default off)")
 
     engine = parser.add_argument_group("engine", "EngineConfig fields (see deepinfer.EngineConfig)")
     taken = {opt for action in parser._actions for opt in action.option_strings}
@@ -236,6 +243,14 @@ def resolve_serve_options(args: argparse.Namespace) -> tuple[dict[str, Any], dic
         raise ValueError(f"max_queue_size must be an integer >= 1, got {server['max_queue_size']!r}")
     if not isinstance(server["shutdown_timeout"], (int, float)) or server["shutdown_timeout"] < 0:
         raise ValueError(f"shutdown_timeout must be a number >= 0, got {server['shutdown_timeout']!r}")
+    origins = server["allowed_origins"]
+    if isinstance(origins, str):
+        origins = [origins]
+    if not isinstance(origins, list) or not all(isinstance(o, str) and o for o in origins):
+        raise ValueError(f"allowed_origins must be a list of origins, got {server['allowed_origins']!r}")
+    server["allowed_origins"] = origins
+    if not isinstance(server["allow_credentials"], bool):
+        raise ValueError(f"allow_credentials must be true or false, got {server['allow_credentials']!r}")
     if server["log_level"] not in _LOG_LEVELS:
         raise ValueError(f"log_level must be one of {list(_LOG_LEVELS)}, got {server['log_level']!r}")
     return engine_values, server
@@ -376,7 +391,8 @@ def run_serve(args: argparse.Namespace) -> int:
         from deepinfer.server.app import create_app
 
         app = create_app(engine, api_key=server["api_key"], max_queue=server["max_queue_size"],
-                         reasoning_parser=server["reasoning_parser"])
+                         reasoning_parser=server["reasoning_parser"], allowed_origins=server["allowed_origins"],
+                         allow_credentials=server["allow_credentials"])
         if on_main:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
