@@ -96,18 +96,22 @@ void StepRunner::upload(const std::vector<int32_t>& packed, TensorView dst) {
 }
 
 ConstTensorView StepRunner::replay_graph(const ForwardBatch& padded, const StepLayout& layout) {
-  const StepInputs in = bind_step(graph_inputs_.cview(), layout, padded);
-  Graph& g = graphs_[{padded.num_seqs(), padded.max_pages_per_seq}];
+  const GraphKey key{padded.num_seqs(), padded.max_pages_per_seq};
+  Graph& g = graphs_[key];
   if (g.graph == nullptr || !g.graph->replay()) {
-    // capture() runs the work twice: once as usual (sizing workspaces), once recorded.
-    Tensor warm_up;
-    int calls = 0;
-    g.graph = backend_.capture([&] { (calls++ == 0 ? warm_up : g.logits) = model_.run(in, cache_); });
+    // The recorded work reads only what outlives this call: the graph's entry (its inputs are views of
+    // graph_inputs_, at offsets that depend on the key alone) and the model. capture() runs it twice: once as usual
+    // (sizing workspaces; its logits land in g.warm_up) and once recorded (into g.logits, in graph memory).
+    g.inputs = bind_step(graph_inputs_.cview(), layout, padded);
+    g.runs = 0;
+    g.graph = backend_.capture([this, &g] { (g.runs++ == 0 ? g.warm_up : g.logits) = model_.run(g.inputs, cache_); });
+    g.warm_up = Tensor();
     if (g.graph == nullptr) {  // this backend has no graphs: the step ran eagerly
-      graphs_.erase({padded.num_seqs(), padded.max_pages_per_seq});
+      graphs_.erase(key);
       options_.use_graphs = false;
       return {};
     }
+    ++num_captures_;
     DI_CHECK(g.graph->replay(), "step runner: a graph stopped holding right after its capture");
   }
   ++num_replays_;

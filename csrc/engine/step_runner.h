@@ -47,11 +47,15 @@ class StepRunner {
 
   int64_t num_graphs() const { return static_cast<int64_t>(graphs_.size()); }
   int64_t num_graph_replays() const { return num_replays_; }
+  int64_t num_graph_captures() const { return num_captures_; }  // more than num_graphs() when graphs were renewed
 
  private:
   struct Graph {
     std::unique_ptr<StepGraph> graph;
-    Tensor logits;  // [padded batch, V], in the backend's graph memory
+    StepInputs inputs;  // views of graph_inputs_ laid out for this graph's key
+    Tensor logits;      // [padded batch, V], in the backend's graph memory
+    Tensor warm_up;     // the capture's first, unrecorded run's logits (freed after the capture)
+    int runs = 0;       // runs of the work since the last capture began
   };
   using GraphKey = std::pair<int32_t, int32_t>;  // padded batch, page-table width
 
@@ -70,6 +74,7 @@ class StepRunner {
   Tensor graph_inputs_;           // device: the packed arrays every graph reads (its address is recorded)
   std::map<GraphKey, Graph> graphs_;
   int64_t num_replays_ = 0;
+  int64_t num_captures_ = 0;
 };
 
 }  // namespace deepinfer

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
+#include "model/weights.h"
 #include "safetensors_writer.h"
 
 namespace deepinfer {
@@ -193,6 +194,156 @@ TEST_F(PaddedDecodeTest, RunnerSamplesTheGreedyTokenOfEachRow) {
     EXPECT_EQ(tokens[static_cast<size_t>(r)].token, std::max_element(row, row + vocab) - row);
   }
   EXPECT_EQ(runner.num_graphs(), 0);
+}
+
+// The CPU backend with "graphs": capture() runs the work twice as the CUDA backend does, and a replay runs it
+// again (it holds while the test leaves the generation alone). It lets the runner's graph path — buckets, padding
+// rows on the scratch page, inputs laid out per key, renewal of graphs that stopped holding — run in CI.
+class FakeGraphBackend final : public Backend {
+ public:
+  FakeGraphBackend() : cpu_(make_cpu_backend()) {}
+  Device device() const override { return cpu_->device(); }
+  std::string_view name() const override { return "fake-graphs"; }
+  bool supports(OpKind op) const override { return cpu_->supports(op); }
+  DType activation_dtype() const override { return cpu_->activation_dtype(); }
+  Tensor empty(Shape shape, DType dtype) override { return cpu_->empty(shape, dtype); }
+  Tensor zeros(Shape shape, DType dtype) override { return cpu_->zeros(shape, dtype); }
+  void copy_to_device(ConstTensorView host, TensorView dst) override { cpu_->copy_to_device(host, dst); }
+  void copy_to_host(ConstTensorView src, TensorView host) override { cpu_->copy_to_host(src, host); }
+  Tensor upload(Tensor host, DType dtype) override { return cpu_->upload(std::move(host), dtype); }
+  void linear(const LinearArgs& a) override { cpu_->linear(a); }
+  void head_linear(const HeadLinearArgs& a) override { cpu_->head_linear(a); }
+  void embedding(const EmbeddingArgs& a) override { cpu_->embedding(a); }
+  void gather_rows(const GatherRowsArgs& a) override { cpu_->gather_rows(a); }
+  void copy_strided(const CopyStridedArgs& a) override { cpu_->copy_strided(a); }
+  void rms_norm(const RmsNormArgs& a) override { cpu_->rms_norm(a); }
+  void add_rms_norm(const AddRmsNormArgs& a) override { cpu_->add_rms_norm(a); }
+  void silu_mul(const SiluMulArgs& a) override { cpu_->silu_mul(a); }
+  void add(const AddArgs& a) override { cpu_->add(a); }
+  void rope(const RopeArgs& a) override { cpu_->rope(a); }
+  void mla_cache_write(const MlaCacheWriteArgs& a) override { cpu_->mla_cache_write(a); }
+  void mla_decode(const MlaDecodeArgs& a) override { cpu_->mla_decode(a); }
+  void mla_prefill(const MlaPrefillArgs& a) override { cpu_->mla_prefill(a); }
+  void moe_route(const MoeRouteArgs& a) override { cpu_->moe_route(a); }
+  void moe_experts(const MoeExpertsArgs& a) override { cpu_->moe_experts(a); }
+  void sample(const SampleArgs& a) override { cpu_->sample(a); }
+
+  std::unique_ptr<StepGraph> capture(const std::function<void()>& work) override {
+    work();  // the warm-up run
+    work();  // the "recorded" one
+    ++captures;
+    return std::make_unique<Graph>(work, generation);
+  }
+
+  int captures = 0;
+  uint64_t generation = 0;  // bumping it makes every graph stop holding
+
+ private:
+  class Graph final : public StepGraph {
+   public:
+    Graph(std::function<void()> work, const uint64_t& generation)
+        : work_(std::move(work)), generation_(generation), recorded_in_(generation) {}
+    bool replay() override {
+      if (generation_ != recorded_in_) return false;
+      work_();
+      return true;
+    }
+
+   private:
+    std::function<void()> work_;
+    const uint64_t& generation_;
+    uint64_t recorded_in_;
+  };
+  std::unique_ptr<Backend> cpu_;
+};
+
+class GraphPathTest : public PaddedDecodeTest {
+ protected:
+  void SetUp() override {
+    PaddedDecodeTest::SetUp();  // the eager model and cache on the CPU backend
+    EngineOptions options;
+    options.model_path = dir_.path().string();
+    const ModelConfig config = load_model_config(options.model_path);
+    graph_model_ = std::make_unique<DeepseekModel>(config, load_weights(config, *make_dummy_source(5)), fake_);
+    graph_cache_ = std::make_unique<LatentCache>(cache_->shape(), fake_);
+  }
+
+  // Prefills sequence s with the same tokens into both caches.
+  void prefill_both(int32_t s, int32_t len) {
+    prefill(s, len);
+    std::swap(loaded_.model, graph_model_owner());
+    std::swap(cache_, graph_cache_);
+    prefill(s, len);
+    std::swap(loaded_.model, graph_model_owner());
+    std::swap(cache_, graph_cache_);
+  }
+  std::unique_ptr<DeepseekModel>& graph_model_owner() { return graph_model_; }
+
+  // Greedy rows that also ask for the top 5 logprobs: those show any change of the logits, not only of the argmax.
+  static void add_greedy_rows(ForwardBatch& b) {
+    for (int32_t s = 0; s < b.num_seqs(); ++s) {
+      SamplingRow row;
+      row.num_logprobs = 5;
+      const auto* words = reinterpret_cast<const int32_t*>(&row);
+      b.sampling.rows.insert(b.sampling.rows.end(), words, words + kSamplingRowWords);
+    }
+  }
+
+  static void expect_same(const SampledToken& got, const SampledToken& want, size_t step) {
+    EXPECT_EQ(got.token, want.token) << "step " << step;
+    ASSERT_EQ(got.num_top, 5);
+    ASSERT_EQ(want.num_top, 5);
+    for (int i = 0; i < 5; ++i) {
+      EXPECT_EQ(got.top_ids[i], want.top_ids[i]) << "step " << step;
+      EXPECT_NEAR(got.top_logprobs[i], want.top_logprobs[i], 1e-5) << "step " << step;
+    }
+  }
+
+  FakeGraphBackend fake_;
+  std::unique_ptr<DeepseekModel> graph_model_;
+  std::unique_ptr<LatentCache> graph_cache_;
+};
+
+TEST_F(GraphPathTest, ReplaysGiveTheEagerTokensAndRenewStaleGraphs) {
+  for (int32_t s = 0; s < 5; ++s) prefill_both(s, 3 + 2 * s);
+  StepRunner eager(*loaded_.model, *cache_, {.max_graph_batch = 8, .max_graph_pages = 4});
+  StepRunner graphs(*graph_model_, *graph_cache_,
+                    {.use_graphs = true, .max_graph_batch = 8, .max_graph_pages = 4, .scratch_page = kPages - 1});
+  // Batches of 3, 2, 5 and 3 sequences again (buckets 4, 2, 8, 4), contexts growing by one each step.
+  std::vector<int32_t> ctx = {4, 6, 8, 10, 12};
+  const std::vector<int32_t> sizes = {3, 2, 5, 3};
+  for (size_t step = 0; step < sizes.size(); ++step) {
+    ForwardBatch b = decode_batch(std::vector<int32_t>(ctx.begin(), ctx.begin() + sizes[step]));
+    add_greedy_rows(b);
+    const std::vector<SampledToken> want = eager.execute(b);
+    const std::vector<SampledToken> got = graphs.execute(b);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t r = 0; r < got.size(); ++r) expect_same(got[r], want[r], step);
+    for (int32_t s = 0; s < sizes[step]; ++s) ++ctx[static_cast<size_t>(s)];
+  }
+  EXPECT_EQ(graphs.num_graphs(), 3);  // (4, 8 pages), (2, 8), (8, 8): the 4th step replayed the first
+  EXPECT_EQ(graphs.num_graph_replays(), 4);
+  EXPECT_EQ(fake_.captures, 3);
+  EXPECT_EQ(eager.num_graphs(), 0);
+
+  // A graph that stopped holding (a workspace it recorded was replaced) is recorded again, under the same key.
+  fake_.generation += 1;
+  ForwardBatch b = decode_batch(std::vector<int32_t>(ctx.begin(), ctx.begin() + 2));
+  add_greedy_rows(b);
+  const std::vector<SampledToken> want = eager.execute(b);
+  const std::vector<SampledToken> got = graphs.execute(b);
+  expect_same(got[0], want[0], 4);
+  expect_same(got[1], want[1], 4);
+  EXPECT_EQ(graphs.num_graphs(), 3);
+  EXPECT_EQ(graphs.num_graph_captures(), 4);
+  EXPECT_EQ(graphs.num_graph_replays(), 5);
+
+  // Mixed steps (a prefill chunk beside decodes) never take a graph.
+  ForwardBatch mixed = decode_batch({ctx[0] + 1});
+  mixed.num_decode_seqs = 0;  // its one chunk is a 1-token prefill: not a pure decode step
+  add_greedy_rows(mixed);
+  graphs.execute(mixed);
+  EXPECT_EQ(graphs.num_graph_replays(), 5);
 }
 
 }  // namespace
