@@ -74,8 +74,8 @@ int64_t cache_pages(const EngineOptions& options, const ModelConfig& config, Dee
   profile_largest_step(model, options);
   const cuda::DeviceMemory mem = cuda::device_memory(0);
   const int64_t used = mem.total_bytes - mem.free_bytes;  // weights, working memory, the CUDA context, other processes
-  // Graphs record their tensors in memory of their own: a decode step's, dominated by its float32 logits (twice:
-  // the largest graph's and the ones other graphs keep). Plus room for the sampler, staging and fragmentation.
+  // Decode graphs: the logits buffer they all write ([max_num_seqs, V] float32) and the arena for a decode step's
+  // temporaries (far less than the prefill measured above), with room to spare. Plus the sampler and fragmentation.
   const int64_t graph_reserve =
       graphs ? int64_t{2} * options.max_num_seqs * config.vocab_size * 4 + (int64_t{256} << 20) : 0;
   const int64_t reserve = graph_reserve + (int64_t{512} << 20);

@@ -76,6 +76,7 @@ StepRunner::StepRunner(DeepseekModel& model, const LatentCache& cache, StepRunne
     const int64_t b = buckets_.back();
     graph_inputs_ = backend_.empty({b * (6 + kSamplingRowWords) + b * options_.max_graph_pages + (int64_t{1} << 16)},
                                    DType::kI32);
+    graph_logits_ = backend_.empty({b, model.config().vocab_size}, DType::kF32);
   }
 }
 
@@ -97,16 +98,15 @@ void StepRunner::upload(const std::vector<int32_t>& packed, TensorView dst) {
 
 ConstTensorView StepRunner::replay_graph(const ForwardBatch& padded, const StepLayout& layout) {
   const GraphKey key{padded.num_seqs(), padded.max_pages_per_seq};
+  const TensorView logits = graph_logits_.view().rows(0, padded.num_seqs());
   Graph& g = graphs_[key];
   if (g.graph == nullptr || !g.graph->replay()) {
     // The recorded work reads only what outlives this call: the graph's entry (its inputs are views of
-    // graph_inputs_, at offsets that depend on the key alone) and the model. capture() runs it twice: once as usual
-    // (sizing workspaces; its logits land in g.warm_up) and once recorded (into g.logits, in graph memory).
+    // graph_inputs_, at offsets that depend on the key alone), the model and the shared logits buffer. Graphs replay
+    // one at a time and the sampler reads the logits right after, so every graph writes them to the same place.
     g.inputs = bind_step(graph_inputs_.cview(), layout, padded);
-    g.runs = 0;
-    g.graph = backend_.capture([this, &g] { (g.runs++ == 0 ? g.warm_up : g.logits) = model_.run(g.inputs, cache_); });
-    g.warm_up = Tensor();
-    if (g.graph == nullptr) {  // this backend has no graphs: the step ran eagerly
+    g.graph = backend_.capture([this, &g, logits] { model_.run_into(g.inputs, cache_, logits); });
+    if (g.graph == nullptr) {  // this backend has no graphs (nothing ran): the caller runs the step eagerly
       graphs_.erase(key);
       options_.use_graphs = false;
       return {};
@@ -115,7 +115,7 @@ ConstTensorView StepRunner::replay_graph(const ForwardBatch& padded, const StepL
     DI_CHECK(g.graph->replay(), "step runner: a graph stopped holding right after its capture");
   }
   ++num_replays_;
-  return g.logits.cview();
+  return logits;
 }
 
 std::vector<SampledToken> StepRunner::execute(const ForwardBatch& batch) {

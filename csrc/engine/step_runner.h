@@ -53,9 +53,6 @@ class StepRunner {
   struct Graph {
     std::unique_ptr<StepGraph> graph;
     StepInputs inputs;  // views of graph_inputs_ laid out for this graph's key
-    Tensor logits;      // [padded batch, V], in the backend's graph memory
-    Tensor warm_up;     // the capture's first, unrecorded run's logits (freed after the capture)
-    int runs = 0;       // runs of the work since the last capture began
   };
   using GraphKey = std::pair<int32_t, int32_t>;  // padded batch, page-table width
 
@@ -72,6 +69,7 @@ class StepRunner {
   std::vector<int32_t> packed_;   // host scratch for pack_step
   Tensor staging_;                // page-locked on a GPU
   Tensor graph_inputs_;           // device: the packed arrays every graph reads (its address is recorded)
+  Tensor graph_logits_;           // device: [largest bucket, V] float32, where every graph writes its logits
   std::map<GraphKey, Graph> graphs_;
   int64_t num_replays_ = 0;
   int64_t num_captures_ = 0;

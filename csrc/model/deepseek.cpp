@@ -95,7 +95,17 @@ Tensor DeepseekModel::forward(const ForwardBatch& batch, const LatentCache& cach
 }
 
 Tensor DeepseekModel::run(const StepInputs& in, const LatentCache& cache) {
+  Tensor logits = backend_.empty({in.num_logits, config_.vocab_size}, DType::kF32);
+  run_into(in, cache, logits.view());
+  return logits;
+}
+
+void DeepseekModel::run_into(const StepInputs& in, const LatentCache& cache, TensorView logits) {
   const ModelConfig& c = config_;
+  DI_CHECK(logits.dtype == DType::kF32 && logits.shape.ndim() == 2 && logits.shape[0] == in.num_logits &&
+               logits.shape[1] == c.vocab_size,
+           "model: logits ", logits.shape.str(), " ", dtype_name(logits.dtype), " for ", in.num_logits, " rows of ",
+           c.vocab_size, " float32 values");
   const int64_t num_tokens = in.num_tokens, d = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
 
@@ -124,7 +134,7 @@ Tensor DeepseekModel::run(const StepInputs& in, const LatentCache& cache) {
   Tensor last = activation({num_logits, d});                                // [N, D]
   backend_.gather_rows({.src = residual.cview(), .indices = in.logits_indices, .out = last.view()});
   backend_.rms_norm({.x = last.cview(), .weight = weights_.norm.cview(), .out = last.view(), .eps = eps});
-  return linear_f32(last, weights_.lm_head);                                // [N, V] float32
+  backend_.linear({.x = last.cview(), .w = weights_.lm_head.cview(), .out = logits});  // [N, V] float32
 }
 
 Tensor DeepseekModel::attention(const LayerWeights& layer, int64_t layer_index, const Tensor& h,

@@ -31,6 +31,9 @@ class DeepseekModel {
   // The same on inputs already on the device (bind_step): queues device work only, never waits for the device, so a
   // backend can record it as a graph.
   Tensor run(const StepInputs& in, const LatentCache& cache);
+  // The same, writing the logits into `logits` ([logits rows, vocab_size] float32, on the device): a recorded graph
+  // keeps writing where it was recorded to write.
+  void run_into(const StepInputs& in, const LatentCache& cache, TensorView logits);
   // The logits forward() returned, as float32 in host memory for the sampler (a copy only on a GPU).
   Tensor logits_on_host(Tensor logits) const;
 

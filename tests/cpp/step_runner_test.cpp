@@ -338,6 +338,15 @@ TEST_F(GraphPathTest, ReplaysGiveTheEagerTokensAndRenewStaleGraphs) {
   EXPECT_EQ(graphs.num_graph_captures(), 4);
   EXPECT_EQ(graphs.num_graph_replays(), 5);
 
+  // A backend without graphs (the CPU's capture() records nothing): the runner falls back to eager steps.
+  StepRunner no_graphs(*loaded_.model, *cache_,
+                       {.use_graphs = true, .max_graph_batch = 8, .max_graph_pages = 4, .scratch_page = kPages - 1});
+  const std::vector<SampledToken> fallback = no_graphs.execute(b);
+  expect_same(fallback[0], want[0], 5);
+  expect_same(fallback[1], want[1], 5);
+  EXPECT_EQ(no_graphs.num_graphs(), 0);
+  EXPECT_EQ(no_graphs.num_graph_replays(), 0);
+
   // Mixed steps (a prefill chunk beside decodes) never take a graph.
   ForwardBatch mixed = decode_batch({ctx[0] + 1});
   mixed.num_decode_seqs = 0;  // its one chunk is a 1-token prefill: not a pure decode step

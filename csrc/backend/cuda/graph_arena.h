@@ -1,7 +1,7 @@
 // Device memory for the tensors allocated while a CUDA graph is recorded. A recorded graph keeps the addresses it
 // was given, so they must not come from the stream-ordered pool (whose blocks move on to other tensors): they come
 // from this arena instead, which only the backend's graphs use. Graphs replay one at a time on one stream, so every
-// graph's temporaries may start at the same offset; what outlives a capture (a step's logits) stays reserved.
+// graph's temporaries may start at the same offset; a tensor that outlives its capture stays reserved.
 #pragma once
 
 #include <cstddef>
