@@ -4,17 +4,8 @@
 #   BENCH_COMMIT / BENCH_DATE: recorded in the JSON (git is used when available).
 #   MLA_BENCH_ARGS: extra arguments for the program (e.g. --quick).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-OUT=${OUT:-out/mla_decode}
-BUILD=${BUILD:-build/mla_decode_bench}
-mkdir -p "$OUT" "$BUILD"
-
-# The GPU machine may get the tree without its git history: pass BENCH_COMMIT there.
-export BENCH_COMMIT=${BENCH_COMMIT:-$(git rev-parse --verify -q HEAD 2>/dev/null || echo unknown)}
-export BENCH_DATE=${BENCH_DATE:-$(date -u +%Y-%m-%dT%H:%M:%SZ)}
-export BENCH_COMMAND=${BENCH_COMMAND:-benchmarks/gpu/run_mla_decode.sh}
-
-NVCC=${NVCC:-nvcc}
+source "$(dirname "$0")/kernel_bench_env.sh"
+kernel_bench_env mla_decode
 FLAGS=(-std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc -Xcompiler -fopenmp -lineinfo)
 SOURCES=(
   benchmarks/kernels/mla_decode_bench.cu

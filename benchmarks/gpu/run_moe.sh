@@ -6,17 +6,8 @@
 #   MOE_BENCH_ARGS: extra arguments for the program (e.g. --quick).
 #   MOE_BENCH_BIN: a moe_bench built elsewhere with this script; used when it starts here, else rebuilt.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-OUT=${OUT:-out/moe}
-BUILD=${BUILD:-build/moe_bench}
-mkdir -p "$OUT" "$BUILD"
-
-# The GPU machine may get the tree without its git history: pass BENCH_COMMIT there.
-export BENCH_COMMIT=${BENCH_COMMIT:-$(git rev-parse --verify -q HEAD 2>/dev/null || echo unknown)}
-export BENCH_DATE=${BENCH_DATE:-$(date -u +%Y-%m-%dT%H:%M:%SZ)}
-export BENCH_COMMAND=${BENCH_COMMAND:-benchmarks/gpu/run_moe.sh}
-
-NVCC=${NVCC:-nvcc}
+source "$(dirname "$0")/kernel_bench_env.sh"
+kernel_bench_env moe
 FLAGS=(-std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc --expt-relaxed-constexpr -Xcompiler -fopenmp
        -lineinfo)
 SOURCES=(

@@ -3,15 +3,8 @@
 # ./out/sample). Run from the repository root on a Hopper GPU machine (CUDA 13, gcc with OpenMP, no other deps).
 #   BENCH_COMMIT / BENCH_DATE: recorded in the JSON (git is used when available).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-OUT=${OUT:-out/sample}
-BUILD=${BUILD:-build/sample_bench}
-mkdir -p "$OUT" "$BUILD"
-export BENCH_COMMIT=${BENCH_COMMIT:-$(git rev-parse --verify -q HEAD 2>/dev/null || echo unknown)}
-export BENCH_DATE=${BENCH_DATE:-$(date -u +%Y-%m-%dT%H:%M:%SZ)}
-export BENCH_COMMAND=${BENCH_COMMAND:-benchmarks/gpu/run_sample.sh}
-
-NVCC=${NVCC:-nvcc}
+source "$(dirname "$0")/kernel_bench_env.sh"
+kernel_bench_env sample
 FLAGS=(-std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc --expt-relaxed-constexpr -Xcompiler -fopenmp -lineinfo)
 SOURCES=(benchmarks/kernels/sample_bench.cu csrc/backend/cuda/sample.cu csrc/backend/cuda/cuda_stream.cpp
          csrc/backend/cuda/device_buffer.cpp csrc/backend/cpu/sample.cpp csrc/backend/ops_validate.cpp
