@@ -39,6 +39,7 @@ std::unique_ptr<Backend> make_backend(const std::string& device) {
 #endif
 }
 
+#ifdef DEEPINFER_HAVE_CUDA
 // The working memory of the largest step, measured: one prefill of max_num_batched_tokens tokens (capped by the
 // model's positions) into a cache of just the pages it needs. The CUDA backend's pool keeps the memory it took, so
 // afterwards the device's used memory counts the weights, the step's peak activations and workspaces together.
@@ -63,6 +64,7 @@ void profile_largest_step(DeepseekModel& model, const EngineOptions& options) {
   b.logits_indices = {tokens - 1};
   model.logits_on_host(model.forward(b, cache));  // waits for the step
 }
+#endif  // DEEPINFER_HAVE_CUDA
 
 // Pages the latent cache gets: a fixed count, the CPU budget, or on a GPU what gpu_memory_utilization leaves after
 // the weights, the largest step's measured working memory, and the decode graphs' memory.
@@ -309,8 +311,10 @@ void Engine::step_once() {
   std::vector<int32_t> sampled;
   std::vector<SampledToken> results;  // in plan order of the sampling chunks
   uint64_t prompt_tokens = 0;
+  bool pure_decode = false;
   try {
     PreparedBatch prepared = prepare_batch(plan, options_.page_size);
+    pure_decode = prepared.batch.is_pure_decode();
     // The sampling rows go in logits-row order, which puts decode sequences first.
     std::vector<const Request*> row_request(prepared.sampling_chunks.size());
     for (size_t i = 0; i < prepared.sampling_chunks.size(); ++i) {
@@ -361,8 +365,6 @@ void Engine::step_once() {
     if (u.finished) seeds_.erase(u.id);
     emit(std::move(delta));
   }
-  const bool pure_decode = std::all_of(plan.chunks.begin(), plan.chunks.end(),
-                                      [](const ScheduledChunk& c) { return c.num_tokens == 1; });
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   std::lock_guard lock(mutex_);
   stats_.num_steps += 1;

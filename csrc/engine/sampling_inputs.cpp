@@ -42,7 +42,9 @@ void append_sampling_inputs(const Request& r, uint64_t seed, int32_t vocab_size,
   // Before min_tokens, the tokens that would end the request cannot be drawn.
   row.mask_begin = row.mask_end = static_cast<int32_t>(out.masked_tokens.size());
   if (r.num_output_tokens() < p.min_tokens) {
-    if (!p.ignore_eos) out.masked_tokens.insert(out.masked_tokens.end(), r.eos_token_ids.begin(), r.eos_token_ids.end());
+    if (!p.ignore_eos) {
+      out.masked_tokens.insert(out.masked_tokens.end(), r.eos_token_ids.begin(), r.eos_token_ids.end());
+    }
     out.masked_tokens.insert(out.masked_tokens.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
     row.mask_end = static_cast<int32_t>(out.masked_tokens.size());
   }

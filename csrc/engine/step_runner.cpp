@@ -22,8 +22,8 @@ std::vector<int32_t> graph_batch_buckets(int32_t max_batch) {
 ForwardBatch pad_decode_batch(const ForwardBatch& batch, std::span<const int32_t> buckets, int32_t max_pages,
                               int32_t scratch_page, int32_t page_size) {
   const int32_t seqs = batch.num_seqs();
-  DI_CHECK(seqs > 0 && batch.num_decode_seqs == seqs && batch.num_tokens() == seqs, "pad_decode_batch: not a pure "
-           "decode batch (", seqs, " sequences, ", batch.num_decode_seqs, " decoding, ", batch.num_tokens(), " tokens)");
+  DI_CHECK(batch.is_pure_decode(), "pad_decode_batch: not a pure decode batch (", seqs, " sequences, ",
+           batch.num_decode_seqs, " decoding, ", batch.num_tokens(), " tokens)");
   const auto bucket = std::lower_bound(buckets.begin(), buckets.end(), seqs);
   DI_CHECK(bucket != buckets.end(), "pad_decode_batch: ", seqs, " sequences exceed the largest bucket");
   const int32_t padded = *bucket;
@@ -84,8 +84,8 @@ StepRunner::~StepRunner() = default;
 
 bool StepRunner::graph_eligible(const ForwardBatch& batch) const {
   const int32_t seqs = batch.num_seqs();
-  return options_.use_graphs && seqs > 0 && seqs <= options_.max_graph_batch && batch.num_decode_seqs == seqs &&
-         batch.num_tokens() == seqs && static_cast<int32_t>(batch.logits_indices.size()) == seqs;
+  return options_.use_graphs && batch.is_pure_decode() && seqs <= options_.max_graph_batch &&
+         static_cast<int32_t>(batch.logits_indices.size()) == seqs;
 }
 
 void StepRunner::upload(const std::vector<int32_t>& packed, TensorView dst) {
@@ -154,9 +154,9 @@ std::vector<SampledToken> StepRunner::execute(const ForwardBatch& batch) {
     // A pure decode step run eagerly takes the context bucket a graph would (no padded rows): the attention splits
     // its work the same way, so eager and graph steps of one shape compute the same numbers.
     const int32_t seqs = batch.num_seqs();
-    const bool decode = seqs > 0 && batch.num_decode_seqs == seqs && batch.num_tokens() == seqs &&
-                        options_.max_graph_pages > 0 && batch.max_context_len(0, seqs) <=
-                        static_cast<int64_t>(options_.max_graph_pages) * shape.page_size;
+    const int64_t longest_bucket = static_cast<int64_t>(options_.max_graph_pages) * shape.page_size;
+    const bool decode =
+        batch.is_pure_decode() && longest_bucket > 0 && batch.max_context_len(0, seqs) <= longest_bucket;
     const int32_t one_bucket[] = {seqs};
     const ForwardBatch bucketed =
         decode ? pad_decode_batch(batch, one_bucket, options_.max_graph_pages, -1, shape.page_size) : ForwardBatch{};
@@ -173,7 +173,8 @@ std::vector<SampledToken> StepRunner::execute(const ForwardBatch& batch) {
   backend_.sample({.logits = logits.rows(0, n), .rows = in.sampling_rows, .penalty_tokens = in.penalty_tokens,
                    .penalty_counts = in.penalty_counts, .masked_tokens = in.masked_tokens, .out = out.view()});
   std::vector<SampledToken> tokens(static_cast<size_t>(n));
-  backend_.copy_to_host(out.cview(), TensorView{tokens.data(), DType::kI32, Shape{n, kSampledTokenWords}, Device::kCpu});
+  backend_.copy_to_host(out.cview(),
+                        TensorView{tokens.data(), DType::kI32, Shape{n, kSampledTokenWords}, Device::kCpu});
   return tokens;
 }
 

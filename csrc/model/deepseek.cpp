@@ -1,8 +1,6 @@
 #include "model/deepseek.h"
 
 #include <algorithm>
-#include <array>
-#include <iterator>
 #include <utility>
 
 namespace deepinfer {

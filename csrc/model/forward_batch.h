@@ -36,6 +36,8 @@ struct ForwardBatch {
 
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
   int32_t num_seqs() const { return static_cast<int32_t>(context_lens.size()); }
+  // Every sequence decodes one token (no prefill chunk): the steps decode graphs serve.
+  bool is_pure_decode() const { return num_seqs() > 0 && num_decode_seqs == num_seqs() && num_tokens() == num_seqs(); }
   // The longest context among sequences [first, first + count).
   int32_t max_context_len(int32_t first, int32_t count) const;
 

@@ -31,7 +31,9 @@ TEST(GraphBatchBuckets, CoverEveryBatchUpToTheMaximum) {
     EXPECT_EQ(std::adjacent_find(b.begin(), b.end()), b.end()) << "duplicate bucket";
     // Padding wastes at most a quarter of a bucket above 8 sequences.
     for (size_t i = 1; i < b.size(); ++i) {
-      if (b[i - 1] >= 8) EXPECT_LE(b[i] - b[i - 1], std::max(8, b[i - 1] / 4 + 1)) << b[i - 1] << " -> " << b[i];
+      if (b[i - 1] >= 8) {
+        EXPECT_LE(b[i] - b[i - 1], std::max(8, b[i - 1] / 4 + 1)) << b[i - 1] << " -> " << b[i];
+      }
     }
   }
   EXPECT_EQ(graph_batch_buckets(12), (std::vector<int32_t>{1, 2, 4, 8, 12}));
@@ -106,7 +108,9 @@ class PaddedDecodeTest : public ::testing::Test {
     loaded_.model->forward(b, *cache_);
   }
   static std::vector<int32_t> pages_of(int32_t s) { return {4 * s, 4 * s + 1, 4 * s + 2, 4 * s + 3}; }
-  static int32_t slot(int32_t s, int32_t pos) { return pages_of(s)[static_cast<size_t>(pos / kPageSize)] * kPageSize + pos % kPageSize; }
+  static int32_t slot(int32_t s, int32_t pos) {
+    return pages_of(s)[static_cast<size_t>(pos / kPageSize)] * kPageSize + pos % kPageSize;
+  }
 
   // One decode step of sequences 0..n-1 with contexts ctx[s] (the new token at position ctx[s] - 1).
   static ForwardBatch decode_batch(const std::vector<int32_t>& ctx) {

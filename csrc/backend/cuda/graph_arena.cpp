@@ -5,7 +5,9 @@
 namespace deepinfer::cuda {
 namespace {
 
-size_t align_up(size_t bytes) { return (bytes + GraphArena::kAlignment - 1) / GraphArena::kAlignment * GraphArena::kAlignment; }
+size_t align_up(size_t bytes) {
+  return (bytes + GraphArena::kAlignment - 1) / GraphArena::kAlignment * GraphArena::kAlignment;
+}
 
 }  // namespace
 

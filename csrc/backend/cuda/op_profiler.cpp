@@ -27,7 +27,8 @@ OpProfiler::~OpProfiler() {
   std::fprintf(stderr, "%-44s %10s %12s %10s %7s\n", "op", "calls", "total ms", "us/call", "share");
   for (const auto& [label, t] : rows) {
     std::fprintf(stderr, "%-44s %10lld %12.3f %10.2f %6.1f%%\n", label.c_str(), static_cast<long long>(t.calls), t.ms,
-                 1000.0 * t.ms / static_cast<double>(std::max<int64_t>(t.calls, 1)), 100.0 * t.ms / std::max(all, 1e-9));
+                 1000.0 * t.ms / static_cast<double>(std::max<int64_t>(t.calls, 1)),
+                 100.0 * t.ms / std::max(all, 1e-9));
   }
   for (const Pending& p : pending_) {
     cudaEventDestroy(p.start);
