@@ -121,24 +121,26 @@ void HeadLinearArgs::validate() const {
   expect_one_device({x, w, out}, "head_linear");
 }
 
+namespace {
+// out[i] = src[indices[i]]: what embedding and gather_rows both check.
+void validate_row_gather(const ConstTensorView& src, const ConstTensorView& indices, const ConstTensorView& out,
+                         const char* op, const char* src_name, const char* indices_name, const char* index_name) {
+  expect_ndim(src, 2, op, src_name);
+  DI_CHECK(out.shape.ndim() == 2 && out.shape[1] == src.shape[1], op, ": out ", out.shape.str(), " for ", src_name,
+           " ", src.shape.str());
+  expect_index_array(indices, out.shape[0], op, indices_name);
+  expect_same_dtype(src, out, op, src_name, "out");
+  expect_one_device({src, indices, out}, op);
+  expect_entries_below(indices, src.shape[0], op, index_name);
+}
+}  // namespace
+
 void EmbeddingArgs::validate() const {
-  expect_ndim(table, 2, "embedding", "table");
-  DI_CHECK(out.shape.ndim() == 2 && out.shape[1] == table.shape[1], "embedding: out ", out.shape.str(),
-           " for table ", table.shape.str());
-  expect_index_array(token_ids, out.shape[0], "embedding", "token_ids");
-  expect_same_dtype(table, out, "embedding", "table", "out");
-  expect_one_device({token_ids, table, out}, "embedding");
-  expect_entries_below(token_ids, table.shape[0], "embedding", "token id");
+  validate_row_gather(table, token_ids, out, "embedding", "table", "token_ids", "token id");
 }
 
 void GatherRowsArgs::validate() const {
-  expect_ndim(src, 2, "gather_rows", "src");
-  DI_CHECK(out.shape.ndim() == 2 && out.shape[1] == src.shape[1], "gather_rows: out ", out.shape.str(),
-           " for src ", src.shape.str());
-  expect_index_array(indices, out.shape[0], "gather_rows", "indices");
-  expect_same_dtype(src, out, "gather_rows", "src", "out");
-  expect_one_device({src, indices, out}, "gather_rows");
-  expect_entries_below(indices, src.shape[0], "gather_rows", "index");
+  validate_row_gather(src, indices, out, "gather_rows", "src", "indices", "index");
 }
 
 void CopyStridedArgs::validate() const {
