@@ -378,6 +378,18 @@ class OpenAIServing:
 
     # ---- shared steps
 
+    async def _parse(self, request: Request, model: Any, endpoint: str) -> tuple[Any, int]:
+        """The request's JSON body as ``model`` (a pydantic request class), after the checks every generation endpoint
+        makes: unsupported parameters, the model name, n. Returns the request and its n."""
+        body = await self._read_json(request)
+        check_unsupported(body, endpoint)
+        try:
+            req = model.model_validate(body)
+        except ValidationError as e:
+            raise validation_error(e) from None
+        self._check_model(req.model)
+        return req, self._check_n(req.n)
+
     async def _read_json(self, request: Request) -> dict[str, Any]:
         raw = await request.body()
         if not raw.strip():
@@ -567,14 +579,7 @@ class OpenAIServing:
 
     async def completions(self, request: Request) -> Response:
         arrival = time.monotonic()
-        body = await self._read_json(request)
-        check_unsupported(body, "completions")
-        try:
-            req = CompletionRequest.model_validate(body)
-        except ValidationError as e:
-            raise validation_error(e) from None
-        self._check_model(req.model)
-        n = self._check_n(req.n)
+        req, n = await self._parse(request, CompletionRequest, "completions")
         prompts = self._completion_prompts(req.prompt)
         params = []
         for _, ids in prompts:
@@ -689,14 +694,7 @@ class OpenAIServing:
 
     async def chat_completions(self, request: Request) -> Response:
         arrival = time.monotonic()
-        body = await self._read_json(request)
-        check_unsupported(body, "chat")
-        try:
-            req = ChatCompletionRequest.model_validate(body)
-        except ValidationError as e:
-            raise validation_error(e) from None
-        self._check_model(req.model)
-        n = self._check_n(req.n)
+        req, n = await self._parse(request, ChatCompletionRequest, "chat")
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "'top_logprobs' requires 'logprobs' to be true", param="top_logprobs",
                            code="invalid_value")
