@@ -189,7 +189,7 @@ class DeepInferenceEngine:
         self.tokenizer = self._load_tokenizer(config, model_dir)
         # What the checkpoint recommends for values a request leaves unset (generation_config.json).
         self.generation_defaults = load_generation_defaults(model_dir, config.generation_config)
-        SamplingParams(**self.generation_defaults)  # a bad value in the file fails here, naming the field
+        self._default_params = SamplingParams(**self.generation_defaults)  # a bad value fails here, naming the field
         self.served_model_name = config.served_model_name or (
             config.model_name_or_path or ("deepinfer-demo-v3" if not self.is_random_model else "deepinfer-random-tiny-v3"))
 
@@ -324,7 +324,7 @@ class DeepInferenceEngine:
         request cannot be served. With `loop`, the stream is iterated with `async for` on that event loop."""
         if self._closed:
             raise RuntimeError("the engine is shut down")
-        params = params or self.default_sampling_params()
+        params = params or self._default_params
         text, prompt_ids = self._prompt_ids(prompt)
         self._check_length(prompt_ids, params)
         rid = request_id or f"req-{next(self._ids)}"
@@ -426,7 +426,7 @@ class DeepInferenceEngine:
         if sampling_params is not None and not isinstance(sampling_params, SamplingParams):
             raise TypeError(f"sampling_params must be SamplingParams, got {type(sampling_params).__name__}")
         if sampling_params is None:
-            return SamplingParams.from_kwargs(self.default_sampling_params(), **kwargs)
+            return SamplingParams.from_kwargs(self._default_params, **kwargs) if kwargs else self._default_params
         return SamplingParams.from_kwargs(sampling_params, **kwargs) if kwargs else sampling_params
 
     def default_sampling_params(self) -> SamplingParams:
