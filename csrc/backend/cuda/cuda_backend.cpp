@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -278,7 +279,8 @@ class CudaBackend final : public Backend {
   // Ops
 
   void linear(const LinearArgs& a) override {
-    const auto timing = profiler_.scope(!recording_, profiler_.enabled() ? str_cat("linear [", a.w.shape[0], " x ", a.w.shape[1], "] M=", a.x.shape[0]) : std::string());
+    const auto timing =
+        timed([&] { return str_cat("linear [", a.w.shape[0], " x ", a.w.shape[1], "] M=", a.x.shape[0]); });
     constexpr const char* kOp = "cuda linear";
     a.validate();
     check_gemm_operands(a.x, a.w, a.out, kOp);
@@ -304,7 +306,7 @@ class CudaBackend final : public Backend {
   }
 
   void head_linear(const HeadLinearArgs& a) override {
-    const auto timing = profiler_.scope(!recording_, profiler_.enabled() ? str_cat("head_linear ", a.w.shape.str(), " T=", a.x.shape[0]) : std::string());
+    const auto timing = timed([&] { return str_cat("head_linear ", a.w.shape.str(), " T=", a.x.shape[0]); });
     constexpr const char* kOp = "cuda head_linear";
     a.validate();
     check_gemm_operands(a.x, a.w, a.out, kOp);
@@ -336,25 +338,25 @@ class CudaBackend final : public Backend {
   }
 
   void embedding(const EmbeddingArgs& a) override {
-    const auto timing = profiler_.scope(!recording_, "embedding");
+    const auto timing = timed("embedding");
     a.validate();  // shapes and dtypes; the ids are device memory, checked on the host before their upload
     cuda::embedding(a, stream_.get());
   }
 
   void gather_rows(const GatherRowsArgs& a) override {
-    const auto timing = profiler_.scope(!recording_, "gather_rows");
+    const auto timing = timed("gather_rows");
     a.validate();
     cuda::gather_rows(a, stream_.get());
   }
 
   void copy_strided(const CopyStridedArgs& a) override {
-    const auto timing = profiler_.scope(!recording_, "copy_strided");
+    const auto timing = timed("copy_strided");
     a.validate();
     cuda::copy_strided(a, stream_.get());
   }
 
   void rms_norm(const RmsNormArgs& a) override {
-    const auto timing = profiler_.scope(!recording_, "rms_norm");
+    const auto timing = timed("rms_norm");
     a.validate();
     if (a.x.dtype == DType::kF32) {
       cuda::rms_norm_f32(a, stream_.get());
@@ -364,25 +366,25 @@ class CudaBackend final : public Backend {
   }
 
   void add_rms_norm(const AddRmsNormArgs& a) override {
-    const auto timing = profiler_.scope(!recording_, "add_rms_norm");
+    const auto timing = timed("add_rms_norm");
     a.validate();
     cuda::add_rms_norm(a, stream_.get());
   }
 
   void silu_mul(const SiluMulArgs& a) override {
-    const auto timing = profiler_.scope(!recording_, "silu_mul");
+    const auto timing = timed("silu_mul");
     a.validate();
     cuda::silu_mul(a, stream_.get());
   }
 
   void add(const AddArgs& a) override {
-    const auto timing = profiler_.scope(!recording_, "add");
+    const auto timing = timed("add");
     a.validate();
     cuda::add(a, stream_.get());
   }
 
   void rope(const RopeArgs& a) override {
-    const auto timing = profiler_.scope(!recording_, "rope");
+    const auto timing = timed("rope");
     a.validate();
     DI_CHECK(a.device == Device::kCuda, "cuda rope: x, positions and inv_freq must be in device memory");
     if (a.num_tokens() == 0 || a.num_heads == 0 || a.rot_dim == 0) return;
@@ -394,13 +396,13 @@ class CudaBackend final : public Backend {
   }
 
   void mla_cache_write(const MlaCacheWriteArgs& a) override {
-    const auto timing = profiler_.scope(!recording_, "mla_cache_write");
+    const auto timing = timed("mla_cache_write");
     a.validate();  // shapes and dtypes; the slots are device memory, checked on the host before their upload
     cuda::mla_cache_write(a, stream_.get());
   }
 
   void mla_decode(const MlaDecodeArgs& a) override {
-    const auto timing = profiler_.scope(!recording_, "mla_decode");
+    const auto timing = timed("mla_decode");
     constexpr const char* kOp = "cuda mla_decode";
     a.validate();  // shapes and dtypes; the metadata is device memory, checked on the host before its upload
     check_on_device(a.q, kOp, "q");
@@ -448,7 +450,7 @@ class CudaBackend final : public Backend {
   // decompress them with one cuBLAS GEMM (kv = c_kv · kv_b^T: per head 128 k_nope then 128 v columns), then the causal
   // flash-attention kernel reads q, the kv rows and the latents' k_pe.
   void mla_prefill(const MlaPrefillArgs& a) override {
-    const auto timing = profiler_.scope(!recording_, "mla_prefill");
+    const auto timing = timed("mla_prefill");
     constexpr const char* kOp = "cuda mla_prefill";
     a.validate();  // shapes and dtypes; the metadata is device memory, checked on the host before its upload
     check_on_device(a.q, kOp, "q");
@@ -526,7 +528,7 @@ class CudaBackend final : public Backend {
   // Routing runs the fused route + alignment kernels (moe_route_align): the alignment it also leaves in its workspace
   // is unused here, since moe_experts takes the ids as an input and aligns them itself.
   void moe_route(const MoeRouteArgs& a) override {
-    const auto timing = profiler_.scope(!recording_, "moe_route");
+    const auto timing = timed("moe_route");
     constexpr const char* kOp = "cuda moe_route";
     a.validate();  // shapes and dtypes only
     check_on_device(a.logits, kOp, "logits");
@@ -561,7 +563,7 @@ class CudaBackend final : public Backend {
   // The experts take the given ids (the "given ids" mode of the fused kernels: with no router logits, the first
   // kernel only aligns the (token, slot) pairs by expert), then the grouped SwiGLU GEMMs and the weighted combine.
   void moe_experts(const MoeExpertsArgs& a) override {
-    const auto timing = profiler_.scope(!recording_, "moe_experts");
+    const auto timing = timed("moe_experts");
     constexpr const char* kOp = "cuda moe_experts";
     a.validate();  // shapes and dtypes; the ids are device memory, checked on the host before their upload
     check_on_device(a.x, kOp, "x");
@@ -603,7 +605,7 @@ class CudaBackend final : public Backend {
   }
 
   void sample(const SampleArgs& a) override {
-    const auto timing = profiler_.scope(!recording_, "sample");
+    const auto timing = timed("sample");
     constexpr const char* kOp = "cuda sample";
     a.validate();  // shapes and dtypes; the rows are device memory, checked on the host before their upload
     check_on_device(a.logits, kOp, "logits");
@@ -613,6 +615,15 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // Brackets an op for the profiler, never while a graph is recorded. A label built from the op's shapes comes as a
+  // callable, run only when profiling.
+  cuda::OpProfiler::Scope timed(const char* label) { return profiler_.scope(!recording_, label); }
+  template <std::invocable Label>
+  cuda::OpProfiler::Scope timed(const Label& label) {
+    const bool on = profiler_.enabled() && !recording_;
+    return profiler_.scope(on, on ? label() : std::string());
+  }
+
   // A workspace the backend keeps across calls (grown, never shrunk). Graphs may have recorded the one it replaces,
   // so they stop holding; and none may grow while a graph is recorded (the warm-up run has sized them).
   Tensor workspace(size_t bytes) {
