@@ -5,6 +5,7 @@
 #include <cmath>
 #include <string_view>
 
+#include "core/counter_rng.h"
 #include "core/error.h"
 #include "model/checkpoint.h"
 
@@ -36,7 +37,8 @@ class CheckpointSource final : public WeightSource {
 // values do not depend on the platform's libm.
 
 constexpr float kDummyStd = 0.02f;
-constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ull;
+using counter_rng::kGolden;
+using counter_rng::mix64;  // the same splitmix64 finalizer the sampler's counter RNG uses
 constexpr int64_t kNormalBlock = 256;  // values made together; blocks start at multiples of this index
 
 // 64-bit FNV-1a: stable across platforms and standard libraries (std::hash is implementation-defined).
@@ -44,13 +46,6 @@ constexpr uint64_t fnv1a64(std::string_view s) {
   uint64_t h = 0xcbf29ce484222325ull;
   for (const char c : s) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
   return h;
-}
-
-// splitmix64's finalizer: a bijection of 64-bit integers that mixes every input bit into every output bit.
-constexpr uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
 }
 
 // ln(u) for normal u > 0, to about 1e-7: u = 2^e * m with m in [sqrt(1/2), sqrt(2)), and
