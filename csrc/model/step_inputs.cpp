@@ -1,6 +1,7 @@
 #include "model/step_inputs.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "backend/ops/sample.h"
 
@@ -42,7 +43,9 @@ StepInputs bind_step(ConstTensorView packed, const StepLayout& layout, const For
     return {.query_start = query_start.rows(first, count + 1), .context_lens = context_lens.rows(first, count),
             .page_table = page_table.rows(first, count), .num_seqs = count,
             .max_pages_per_seq = b.max_pages_per_seq,
-            .max_context_len = bound > 0 ? bound : b.max_context_len(first, count)};
+            .max_context_len = bound > 0 ? bound : b.max_context_len(first, count),
+            .total_context_len = std::accumulate(b.context_lens.begin() + first,
+                                                 b.context_lens.begin() + first + count, int64_t{0})};
   };
   in.decode = sequences(0, b.num_decode_seqs, b.decode_context_bound);
   in.prefill = sequences(b.num_decode_seqs, b.num_seqs() - b.num_decode_seqs, 0);

@@ -379,7 +379,8 @@ struct PagedBatch {
             .page_table = run.upload(HostTensor::i32({seqs, max_pages}, page_table)),
             .num_seqs = seqs,
             .max_pages_per_seq = max_pages,
-            .max_context_len = context_lens.empty() ? 0 : *std::max_element(context_lens.begin(), context_lens.end())};
+            .max_context_len = context_lens.empty() ? 0 : *std::max_element(context_lens.begin(), context_lens.end()),
+            .total_context_len = std::accumulate(context_lens.begin(), context_lens.end(), int64_t{0})};
   }
 };
 

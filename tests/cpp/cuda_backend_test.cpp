@@ -406,7 +406,9 @@ void add_mla_prefill(CaseRegistry& r, int64_t heads, int64_t page_size, std::vec
                                         .context_lens = run.upload(HostTensor::i32({seqs}, context_lens)),
                                         .page_table = run.upload(HostTensor::i32({seqs, max_pages}, page_table)),
                                         .num_seqs = seqs, .max_pages_per_seq = max_pages,
-                                        .max_context_len = max_context};
+                                        .max_context_len = max_context,
+                                        .total_context_len = std::accumulate(context_lens.begin(),
+                                                                             context_lens.end(), int64_t{0})};
            const TensorView out = run.output({tokens, heads, kV}, act.on(run));
            run.backend().mla_prefill({.q = run.upload(act.tensor(run, {tokens, heads, kQk}, q)), .cache = cache,
                                       .kv_b = run.upload(act.tensor(run, {heads * (kNope + kV), kRank}, kv_b)),

@@ -446,7 +446,7 @@ class CudaBackend final : public Backend {
     cuda::mla_decode(p, stream_.get());
   }
 
-  // Decompressing prefill: gather each prefill sequence's latent rows (row s * max_context_len + j of the workspace),
+  // Decompressing prefill: gather each prefill sequence's latent rows (the sequences' contexts back to back),
   // decompress them with one cuBLAS GEMM (kv = c_kv · kv_b^T: per head 128 k_nope then 128 v columns), then the causal
   // flash-attention kernel reads q, the kv rows and the latents' k_pe.
   void mla_prefill(const MlaPrefillArgs& a) override {
@@ -475,7 +475,8 @@ class CudaBackend final : public Backend {
     }
 #ifdef DEEPINFER_HAVE_CUBLAS
     const int64_t row_dim = a.cache.shape[2], kv_width = heads * (a.qk_nope_head_dim + a.v_head_dim);
-    const int64_t rows = seqs * max_ctx;  // a host-side bound: the gather leaves rows past each context unwritten
+    // The workspace holds every sequence's context back to back; without the host-side sum, its bound.
+    const int64_t rows = a.meta.total_context_len > 0 ? a.meta.total_context_len : seqs * max_ctx;
     DI_CHECK(rows <= INT32_MAX && kv_width <= INT32_MAX && heads <= INT32_MAX && a.cache.shape[1] <= INT32_MAX,
              kOp, ": ", seqs, " sequences x longest context ", max_ctx, ", ", heads, " heads, page size ",
              a.cache.shape[1]);

@@ -27,7 +27,7 @@ __global__ void __launch_bounds__(kGatherThreads) mla_prefill_gather_kernel(
   if (p.query_start[s + 1] == p.query_start[s] || j >= p.context_lens[s]) return;
   const int32_t page = p.page_table[static_cast<int64_t>(s) * p.max_pages_per_seq + j / p.page_size];
   const int64_t src_row = static_cast<int64_t>(page) * p.page_size + j % p.page_size;
-  const int64_t dst_row = static_cast<int64_t>(s) * p.max_context_len + j;
+  const int64_t dst_row = mla_prefill_detail::first_row(p.context_lens, s) + j;
   const uint4 v = __ldg(reinterpret_cast<const uint4*>(p.cache + src_row * T::kLatent) + c);
   reinterpret_cast<uint4*>(p.latents + dst_row * T::kLatent)[c] = v;
 }

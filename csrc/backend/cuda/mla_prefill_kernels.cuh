@@ -23,6 +23,14 @@
 
 namespace deepinfer::cuda::mla_prefill_detail {
 
+// The workspace row of sequence s's key 0: the contexts before it, summed (a few hundred sequences at most, read
+// from L1/L2; the workspace holds the sum of the contexts, not num_seqs x the longest).
+__device__ __forceinline__ int64_t first_row(const int32_t* context_lens, int s) {
+  int64_t row = 0;
+  for (int i = 0; i < s; ++i) row += context_lens[i];
+  return row;
+}
+
 struct MlaPrefillTraits {
   static constexpr int kNope = 128;
   static constexpr int kRope = 64;
@@ -144,7 +152,7 @@ __global__ void __launch_bounds__(T::kThreads) mla_prefill_attention_kernel(
   uint16_t* sv = sk + 2 * T::kKElems;      // two buffers
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int64_t seq_row0 = static_cast<int64_t>(s) * p.max_context_len;
+  const int64_t seq_row0 = first_row(p.context_lens, s);
   const int64_t kv_stride = static_cast<int64_t>(p.num_heads) * T::kKvWidth;
   const TileLoader<T> loader{.latents = p.latents + seq_row0 * T::kLatent,
                              .kv = p.kv + seq_row0 * kv_stride + static_cast<int64_t>(h) * T::kKvWidth,

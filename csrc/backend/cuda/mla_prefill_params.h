@@ -8,7 +8,8 @@
 //     score = softmax_scale * (q[row, h, :128] · k_nope[j, h] + q[row, h, 128:] · k_pe[j])
 //     out[row, h, :] = softmax over j of score, times v[j, h]
 //
-// Three steps share one workspace: gather (each sequence's latent rows into `latents`, rows s * max_context_len + j),
+// Three steps share one workspace: gather (each sequence's latent rows into `latents`: sequence s's key j at row
+// start(s) + j, start(s) = context_lens[0] + ... + context_lens[s - 1], so the rows are the sum of the contexts),
 // a cuBLAS GEMM (kv = latents[:, :512] · kv_b^T), then the attention kernel. All tensors are contiguous; bf16 values
 // are stored as their 16-bit patterns (uint16_t).
 #pragma once
@@ -23,7 +24,7 @@ struct MlaPrefillGatherParams {
   const int32_t* page_table = nullptr;     // [num_seqs, max_pages_per_seq]; only the first ceil(ctx / page_size) read
   const int32_t* context_lens = nullptr;   // [num_seqs], device memory
   const int32_t* query_start = nullptr;    // [num_seqs + 1], device memory: sequences without queries are skipped
-  uint16_t* latents = nullptr;             // [num_seqs * max_context_len, 576]; rows past a context are not written
+  uint16_t* latents = nullptr;             // [sum of context_lens, 576]
   int32_t num_seqs = 0;
   int32_t page_size = 64;                  // tokens per page, any positive value
   int32_t max_pages_per_seq = 0;           // row length of page_table
@@ -33,14 +34,14 @@ struct MlaPrefillGatherParams {
 // Step 3: causal attention over the decompressed keys and values.
 struct MlaPrefillAttentionParams {
   const uint16_t* q = nullptr;             // [num_tokens, num_heads, 192]: q_nope (128) then rotated q_pe (64)
-  const uint16_t* latents = nullptr;       // [num_seqs * max_context_len, 576]: the gather's rows (k_pe at 512)
-  const uint16_t* kv = nullptr;            // [num_seqs * max_context_len, num_heads * 256]: k_nope | v per head
+  const uint16_t* latents = nullptr;       // [sum of context_lens, 576]: the gather's rows (k_pe at 512)
+  const uint16_t* kv = nullptr;            // [sum of context_lens, num_heads * 256]: k_nope | v per head
   const int32_t* context_lens = nullptr;   // [num_seqs], device memory
   const int32_t* query_start = nullptr;    // [num_seqs + 1], device memory
   uint16_t* out = nullptr;                 // [num_tokens, num_heads, 128]
   int32_t num_seqs = 0;
   int32_t num_heads = 0;
-  int32_t max_context_len = 0;             // host-side upper bound of context_lens (the row stride of a sequence)
+  int32_t max_context_len = 0;             // host-side upper bound of context_lens
   int32_t max_queries = 0;                 // host-side upper bound of any sequence's query count (sizes the grid)
   float softmax_scale = 1.0f;
 };

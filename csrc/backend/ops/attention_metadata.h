@@ -21,6 +21,7 @@ struct AttentionMetadata {
   int32_t num_seqs = 0;
   int32_t max_pages_per_seq = 0;
   int32_t max_context_len = 0;   // >= every context_lens[s]; the CUDA decode picks its split count from it
+  int64_t total_context_len = 0; // the sum of context_lens (0 = not given: a backend bounds it by num_seqs x max)
 
   // Element reads: host tensors only (the CPU backend and validate()).
   int32_t query_begin(int32_t s) const { return query_start.as<int32_t>()[s]; }
