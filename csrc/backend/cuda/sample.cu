@@ -4,28 +4,34 @@
 // Pass 1 reads the row (float4 loads) and applies penalties and masks as the logits are read: a bitmap in shared
 // memory marks the row's masked and penalized tokens, the main loop skips them and a loop over the row's short
 // penalty list supplies the penalized logits l'. It finds the largest l' (its first index is the greedy token;
-// s = l' / temperature is monotone in l', so the largest s is max(l') / temperature and the k-th largest s is the k-th
-// largest l' divided), the raw maximum (logprobs) and, with top_k, a histogram of the top 11 key bits of l'.
+// s = l' / temperature is monotone in l', so the largest s is max(l') / temperature) and the raw maximum (logprobs).
+// With temperature alone it also runs the draw (below), so such a row is read once.
 //
-// A sampled row then needs only the tokens that can still matter, all above one floor F on s:
+// A row with top-k or top-p then needs only the tokens that can still matter, all at or above one floor on s:
 //   - a token below max(s) - 24 neither carries top-p mass (its fixed-point mass is 0) nor can win the Gumbel race;
 //   - without top-p, a token whose s plus the largest possible noise stays below the argmax token's own score cannot
 //     win, nor can one that fails min_p;
-//   - with top-p, the threshold L lies above max(s) + log((1 - top_p) / V): the tokens below hold less than
-//     1 - top_p of the mass together. Their mass still counts in the total: pass 2 sums it;
-//   - with top_k, the k-th largest s lies in the histogram bucket of pass 1, so F need not go below that bucket.
-// Pass 2 divides only the logits that can reach F, and copies the (key of s, index) pairs at or above F into shared
-// memory when they fit (the usual case); every later step works there. When they do not fit, the steps read the row
-// again (from L2 for small batches) until a narrower floor fits. The thresholds are radix selects over
+//   - with top-k, the k-th largest s is at least the k-th largest per-thread maximum of each CTA (divided by the
+//     temperature), so each CTA copies only its tokens above that;
+//   - with top-p alone, the threshold lies above max(s) + log((1 - top_p) / V): the tokens below hold less than
+//     1 - top_p of the mass together. Their mass still counts in the total: pass 2 counts them, which bounds it, and
+//     only when the bound leaves the threshold open is their exact mass summed (one more read of the row).
+// Pass 2 divides only the logits that can reach the floor, and copies the (key of s, index) pairs at or above it into
+// shared memory when they fit (the usual case); every later step works there. When they do not fit, the steps read
+// the row again (from L2 for small batches) until a narrower floor fits. The thresholds are radix selects over
 // order-preserving keys of s (digits of 11, 11 and 10 bits; bins count tokens for top-k and sum fixed-point masses
-// for top-p): exactly the values the CPU reference compares. The draw visits the kept tokens with a cheap upper bound
-// on each one's noise first and computes the exact noise (core/counter_rng.h) only for tokens that could still win.
+// for top-p): exactly the values the CPU reference compares.
+//
+// The draw gives each thread a running best score and offers it tokens: a cheap upper bound on a token's noise
+// (one fast log) drops most of them, and the exact noise (core/counter_rng.h) is computed only for tokens that could
+// still win. min_p alone draws in pass 2, once max(s) is known.
 //
 // Logprobs: pass 2 sums exp(l - max) and gathers the tokens ranked at or above the N-th largest of the CTA's per-thread
 // maxima: they include the CTA's top N, and number at most N threads' worth of tokens. Each gathered token's rank
 // among all the group's gathered tokens is then counted directly.
 //
-// Nothing is allocated and `logits` is only read: the op can be captured in a CUDA graph.
+// Nothing is allocated and `logits` is only read: the op can be captured in a CUDA graph. The loops live in
+// __noinline__ functions that take the row by value, so their registers hold it (no local-memory reloads per token).
 #include "backend/cuda/sample.cuh"
 
 #include <algorithm>
@@ -66,7 +72,7 @@ constexpr int32_t kMaxCandidates = 16384;  // 128 KB of (key, index) pairs per C
 constexpr float kNoiseSpan = 24.0f;        // no token below max(s) - kNoiseSpan matters (see above)
 static_assert(kNoiseSpan > counter_rng::kGumbelMax - counter_rng::kGumbelMin + 4.0f, "room for the noise");
 static_assert(kNoiseSpan > -counter_rng::kMassCutoff, "tokens below the span have no top-p mass");
-constexpr float kTopPSlack = 3.0f;         // how far below the top-p bound the candidates reach (see below)
+constexpr float kTopPSlack = 3.0f;         // how far below the top-p bound the candidates reach (see above)
 constexpr float kNegInf = -__builtin_huge_valf();
 constexpr uint32_t kNoFloor = 0x007FFFFFu;  // the key of -inf: below every value
 
@@ -239,7 +245,7 @@ __device__ __noinline__ uint64_t exact_mass_between(const Row& row, uint32_t low
   return mass;
 }
 
-// The bin a key falls in at radix level `level`, and the smallest key of the bucket `prefix` names after it.
+// The smallest key of the bucket that `prefix` (the digits chosen up to radix level `level`) names.
 __device__ __forceinline__ uint32_t bucket_floor(uint32_t prefix, int level) { return prefix << level_shift(level); }
 
 // One threshold by radix select over the group's candidates at or above `floor`: the largest key whose candidates
