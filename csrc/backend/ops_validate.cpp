@@ -76,6 +76,7 @@ void expect_row_stride(int64_t stride, int64_t row, const char* op, const char* 
 std::string_view op_name(OpKind op) {
   switch (op) {
     case OpKind::kLinear: return "linear";
+    case OpKind::kLinearSiluMul: return "linear_silu_mul";
     case OpKind::kHeadLinear: return "head_linear";
     case OpKind::kEmbedding: return "embedding";
     case OpKind::kGatherRows: return "gather_rows";
@@ -105,6 +106,19 @@ void LinearArgs::validate() const {
   // out is x's dtype, or float32 (router and vocabulary logits keep full precision from bf16 activations).
   if (out.dtype != DType::kF32) expect_same_dtype(x, out, "linear", "x", "out");
   expect_one_device({x, w, out}, "linear");
+}
+
+void LinearSiluMulArgs::validate() const {
+  expect_ndim(x, 2, "linear_silu_mul", "x");
+  expect_ndim(w, 2, "linear_silu_mul", "w");
+  expect_ndim(out, 2, "linear_silu_mul", "out");
+  DI_CHECK(x.shape[1] == w.shape[1] && w.shape[0] % 2 == 0 && out.shape[0] == x.shape[0] &&
+               out.shape[1] == w.shape[0] / 2,
+           "linear_silu_mul: x ", x.shape.str(), " · w ", w.shape.str(), "^T (gate rows, then as many up rows) "
+           "does not fit out ", out.shape.str());
+  expect_activation(x, "linear_silu_mul", "x");
+  expect_same_dtype(x, out, "linear_silu_mul", "x", "out");
+  expect_one_device({x, w, out}, "linear_silu_mul");
 }
 
 void HeadLinearArgs::validate() const {

@@ -199,10 +199,13 @@ Tensor DeepseekModel::attention(const LayerWeights& layer, int64_t layer_index, 
 }
 
 Tensor DeepseekModel::mlp(const MlpWeights& w, const Tensor& h) {
-  Tensor gate_up = linear(h, w.gate_up);                                    // [T, 2I]
-  Tensor act = activation({h.shape()[0], w.down.shape()[1]});              // [T, I]
-  backend_.silu_mul({.gate_up = gate_up.cview(), .out = act.view()});
-  return linear(act, w.down);                                               // [T, D]
+  return linear(mlp_act(w, h), w.down);                                     // [T, D]
+}
+
+Tensor DeepseekModel::mlp_act(const MlpWeights& w, const Tensor& h) {
+  Tensor act = activation({h.shape()[0], w.down.shape()[1]});              // [T, I] = silu(gate) * up
+  backend_.linear_silu_mul({.x = h.cview(), .w = w.gate_up.cview(), .out = act.view()});
+  return act;
 }
 
 Tensor DeepseekModel::moe(const MoeWeights& w, const Tensor& h) {
@@ -219,9 +222,9 @@ Tensor DeepseekModel::moe(const MoeWeights& w, const Tensor& h) {
   Tensor out = activation({t, c.hidden_size});                              // [T, D]
   backend_.moe_experts({.x = h.cview(), .w_gate_up = w.experts_gate_up.cview(), .w_down = w.experts_down.cview(),
                         .topk_ids = topk_ids.cview(), .topk_weights = topk_weights.cview(), .out = out.view()});
-  if (w.shared) {
-    Tensor shared = mlp(*w.shared, h);                                      // shared experts see every token
-    backend_.add({.x = out.view(), .y = shared.cview()});
+  if (w.shared) {  // the shared experts see every token; their down projection adds into the routed output
+    const Tensor act = mlp_act(*w.shared, h);
+    backend_.linear({.x = act.cview(), .w = w.shared->down.cview(), .out = out.view(), .accumulate = true});
   }
   return out;
 }

@@ -68,6 +68,57 @@ void add_linear(CaseRegistry& r, int64_t m, int64_t n, int64_t k, uint64_t seed)
          }});
 }
 
+// out += x · w^T: the product added to what out holds.
+void add_linear_accumulate(CaseRegistry& r, int64_t m, int64_t n, int64_t k, uint64_t seed) {
+  Rng rng(seed);
+  const std::vector<float> x = rng.uniform(m * k), w = rng.uniform(n * k), prior = rng.uniform(m * n, -3.0f, 3.0f);
+  r.add({.op = OpKind::kLinear,
+         .name = str_cat("linear_accumulate_", m, "x", n, "x", k),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView out = run.upload(HostTensor::f32({m, n}, prior), Access::kReadWrite);
+           run.backend().linear({.x = run.upload(HostTensor::f32({m, k}, x)),
+                                 .w = run.upload(HostTensor::f32({n, k}, w)), .out = out, .accumulate = true});
+           return {{"out", run.fetch(out)}};
+         },
+         .naive = [=]() -> Outputs {
+           std::vector<double> out = widen(prior);
+           for (int64_t i = 0; i < m; ++i) {
+             for (int64_t j = 0; j < n; ++j) {
+               for (int64_t p = 0; p < k; ++p) out[i * n + j] += double(x[i * k + p]) * w[j * k + p];
+             }
+           }
+           return {{"out", out}};
+         }});
+}
+
+// out[i, j] = silu(x_i · w_j) * (x_i · w_{I + j}): gate rows first, then as many up rows.
+void add_linear_silu_mul(CaseRegistry& r, int64_t m, int64_t inter, int64_t k, uint64_t seed) {
+  Rng rng(seed);
+  const std::vector<float> x = rng.uniform(m * k), w = rng.uniform(2 * inter * k);
+  r.add({.op = OpKind::kLinearSiluMul,
+         .name = str_cat("linear_silu_mul_", m, "x", inter, "x", k),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView out = run.output({m, inter}, DType::kF32);
+           run.backend().linear_silu_mul({.x = run.upload(HostTensor::f32({m, k}, x)),
+                                          .w = run.upload(HostTensor::f32({2 * inter, k}, w)), .out = out});
+           return {{"out", run.fetch(out)}};
+         },
+         .naive = [=]() -> Outputs {
+           std::vector<double> out(m * inter);
+           for (int64_t i = 0; i < m; ++i) {
+             for (int64_t j = 0; j < inter; ++j) {
+               double gate = 0.0, up = 0.0;
+               for (int64_t p = 0; p < k; ++p) {
+                 gate += double(x[i * k + p]) * w[j * k + p];
+                 up += double(x[i * k + p]) * w[(inter + j) * k + p];
+               }
+               out[i * inter + j] = gate / (1.0 + std::exp(-gate)) * up;
+             }
+           }
+           return {{"out", out}};
+         }});
+}
+
 // x rows (t, h) `x_stride` elements apart (0 = K) and out rows `out_stride` apart (0 = N), as in the absorbed decode:
 // x the q_nope columns of the queries, out the q_latent columns of the decode query. The values between out rows
 // must stay untouched.
@@ -1147,6 +1198,11 @@ CaseRegistry build_registry() {
   add_linear(r, 0, 7, 11, 4);
   add_linear(r, 5, 0, 11, 5);
   add_linear(r, 5, 7, 0, 6);
+  add_linear_accumulate(r, 4, 9, 13, 7);
+  add_linear_accumulate(r, 2, 3, 0, 8);
+  add_linear_silu_mul(r, 5, 7, 11, 9);
+  add_linear_silu_mul(r, 1, 1, 1, 13);
+  add_linear_silu_mul(r, 0, 4, 3, 14);
   add_head_linear(r, 5, 7, 11, 3, 0, 0, 10);
   add_head_linear(r, 1, 1, 1, 1, 0, 0, 11);
   add_head_linear(r, 3, 16, 128, 64, 0, 0, 12);

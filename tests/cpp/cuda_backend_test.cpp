@@ -62,15 +62,44 @@ Outputs split_by_mask(std::span<const double> values, const std::vector<bool>& m
 // Cases. Each `run` builds its inputs on the runner and calls the runner's backend; the reference is the CPU backend
 // running the same case.
 
-void add_linear(CaseRegistry& r, Activations act, int64_t m, int64_t n, int64_t k, uint64_t seed) {
+// How a linear case writes its output: bf16 activations may give float32 out (router and vocabulary logits), and
+// out may start with values the product is added to (the shared experts' down projection).
+struct LinearOut {
+  bool f32 = false;
+  bool accumulate = false;
+};
+
+void add_linear(CaseRegistry& r, Activations act, int64_t m, int64_t n, int64_t k, uint64_t seed,
+                LinearOut o = {}) {
   Rng rng(seed);
   const std::vector<float> x = act.round(rng.uniform(m * k)), w = act.round(rng.uniform(n * k));
+  const Activations out_act = o.f32 ? Activations{DType::kF32} : act;
+  const std::vector<float> prior = out_act.round(rng.uniform(m * n, -4.0f, 4.0f));
   r.add({.op = OpKind::kLinear,
-         .name = str_cat("linear_", act.tag(), "_", m, "x", n, "x", k),
+         .name = str_cat("linear_", act.tag(), "_", m, "x", n, "x", k, o.f32 ? "_out_f32" : "",
+                         o.accumulate ? "_accumulate" : ""),
          .run = [=](OpRunner& run) -> Outputs {
-           const TensorView out = run.output({m, n}, act.on(run));
+           const TensorView out = o.accumulate
+                                      ? run.upload(out_act.tensor(run, {m, n}, prior), Access::kReadWrite)
+                                      : run.output({m, n}, out_act.on(run));
            run.backend().linear({.x = run.upload(act.tensor(run, {m, k}, x)),
-                                 .w = run.upload(act.tensor(run, {n, k}, w)), .out = out});
+                                 .w = run.upload(act.tensor(run, {n, k}, w)), .out = out,
+                                 .accumulate = o.accumulate});
+           return {{"out", run.fetch(out)}};
+         },
+         .tolerance = act.tolerance()});
+}
+
+// out = silu(x · gate^T) * (x · up^T), w = [gate; up].
+void add_linear_silu_mul(CaseRegistry& r, Activations act, int64_t m, int64_t inter, int64_t k, uint64_t seed) {
+  Rng rng(seed);
+  const std::vector<float> x = act.round(rng.uniform(m * k)), w = act.round(rng.uniform(2 * inter * k));
+  r.add({.op = OpKind::kLinearSiluMul,
+         .name = str_cat("linear_silu_mul_", act.tag(), "_", m, "x", inter, "x", k),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView out = run.output({m, inter}, act.on(run));
+           run.backend().linear_silu_mul({.x = run.upload(act.tensor(run, {m, k}, x)),
+                                          .w = run.upload(act.tensor(run, {2 * inter, k}, w)), .out = out});
            return {{"out", run.fetch(out)}};
          },
          .tolerance = act.tolerance()});
@@ -586,6 +615,28 @@ CaseRegistry build_registry() {
     add_linear(r, act, 0, 8, 16, s + 3);
     add_linear(r, act, 33, 130, 257, s + 4);
     add_linear(r, act, 300, 512, 1024, s + 5);
+    // Decode-sized GEMMs (the skinny kernel on bf16, cuBLAS past 16 tokens or when K is not a multiple of 32):
+    // V2-Lite's kv_a and o_proj, float32 router logits, N not a multiple of 16, short K, accumulation into out.
+    add_linear(r, act, 1, 576, 2048, s + 100);
+    add_linear(r, act, 3, 2048, 2048, s + 101);
+    add_linear(r, act, 8, 7, 64, s + 102);
+    add_linear(r, act, 9, 130, 96, s + 103);
+    add_linear(r, act, 16, 64, 2048, s + 104, {.f32 = true});
+    add_linear(r, act, 1, 64, 7168, s + 105, {.f32 = true});
+    add_linear(r, act, 1, 2048, 1408, s + 106, {.accumulate = true});
+    add_linear(r, act, 12, 40, 2816, s + 107, {.accumulate = true});
+    add_linear(r, act, 17, 40, 256, s + 108, {.accumulate = true});
+    add_linear(r, act, 2, 24, 33, s + 109, {.accumulate = true});
+    add_linear(r, act, 4, 33, 0, s + 110, {.accumulate = true});
+    add_linear_silu_mul(r, act, 1, 1408, 2048, s + 111);  // V2-Lite's expert width
+    add_linear_silu_mul(r, act, 5, 40, 96, s + 112);
+    add_linear_silu_mul(r, act, 16, 7, 64, s + 113);
+    add_linear_silu_mul(r, act, 20, 24, 128, s + 114);
+    add_linear_silu_mul(r, act, 3, 5, 33, s + 115);
+    add_linear_silu_mul(r, act, 0, 8, 64, s + 116);
+    add_head_linear(r, act, 1, 16, 128, 512, s + 117, 192, 576);  // the absorbed decode's exact strides
+    add_head_linear(r, act, 16, 16, 512, 128, s + 118);
+    add_head_linear(r, act, 11, 4, 64, 40, s + 119, 72, 48);
     add_head_linear(r, act, 1, 16, 128, 512, s + 10);  // q_nope · W_UK per head (V2-Lite decode)
     add_head_linear(r, act, 4, 16, 512, 128, s + 11);  // latent · W_UV per head
     add_head_linear(r, act, 5, 3, 7, 11, s + 12);

@@ -12,7 +12,7 @@ void linear(const LinearArgs& a) {
   expect_host(a.out, "linear");
   sgemm({.m = a.x.shape[0], .n = a.w.shape[0], .k = a.x.shape[1], .a = a.x.f32(), .lda = a.x.shape[1],
          .b = a.w.f32(), .ldb = a.w.shape[1], .transpose_b = Transpose::kYes, .c = a.out.f32(),
-         .ldc = a.out.shape[1]});
+         .ldc = a.out.shape[1], .beta = a.accumulate ? 1.0f : 0.0f});
 }
 
 void head_linear(const HeadLinearArgs& a) {

@@ -8,6 +8,8 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -15,6 +17,7 @@
 
 #include "backend/cuda/copy_strided.cuh"
 #include "backend/cuda/cublas_handle.h"
+#include "backend/cuda/skinny_gemm.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_stream.h"
 #include "backend/cuda/elementwise.cuh"
@@ -127,6 +130,12 @@ int gemm_int(int64_t v, const char* op, const char* what) {
 cudaDataType_t cuda_type(DType t) { return t == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F; }
 #endif
 
+// DEEPINFER_SKINNY_GEMM=0 sends every GEMM to cuBLAS, so one build can compare the two.
+bool skinny_gemm_enabled_from_env() {
+  const char* flag = std::getenv("DEEPINFER_SKINNY_GEMM");
+  return flag == nullptr || std::strcmp(flag, "0") != 0;
+}
+
 class CudaBackend final : public Backend {
  public:
   // The device must already be current (make_cuda_backend makes it so).
@@ -149,6 +158,7 @@ class CudaBackend final : public Backend {
   bool supports(OpKind op) const override {
     switch (op) {
       case OpKind::kLinear:
+      case OpKind::kLinearSiluMul:
       case OpKind::kHeadLinear:
       case OpKind::kMlaPrefill:  // bfloat16, DeepSeek's dims (rank 512, rope 64, nope 128, v 128); cuBLAS decompresses
 #ifdef DEEPINFER_HAVE_CUBLAS
@@ -284,16 +294,25 @@ class CudaBackend final : public Backend {
     constexpr const char* kOp = "cuda linear";
     a.validate();
     check_gemm_operands(a.x, a.w, a.out, kOp);
-#ifdef DEEPINFER_HAVE_CUBLAS
     const int64_t m = a.x.shape[0], n = a.w.shape[0], k = a.x.shape[1];
     if (m == 0 || n == 0) return;
     if (k == 0) {
-      CUDA_TRY(cudaMemsetAsync(a.out.data, 0, a.out.bytes(), stream_.get()));
+      if (!a.accumulate) CUDA_TRY(cudaMemsetAsync(a.out.data, 0, a.out.bytes(), stream_.get()));
       return;
     }
+    const cuda::SkinnyGemmParams skinny{
+        .x = static_cast<const uint16_t*>(a.x.data), .w = static_cast<const uint16_t*>(a.w.data), .out = a.out.data,
+        .out_f32 = a.out.dtype == DType::kF32,
+        .epilogue = a.accumulate ? cuda::SkinnyEpilogue::kAccumulate : cuda::SkinnyEpilogue::kStore,
+        .tokens = m, .n_out = n, .k_dim = k, .x_row_stride = k, .out_row_stride = n};
+    if (use_skinny(a.x.dtype, skinny)) {
+      cuda::skinny_gemm(skinny, stream_.get());
+      return;
+    }
+#ifdef DEEPINFER_HAVE_CUBLAS
     // Row-major out[M, N] = x[M, K] · w[N, K]^T is, column-major, out^T[N, M] = w^T · x^T: cuBLAS sees w as a
     // column-major K x N matrix (ld K) to transpose, x as K x M (ld K), and out as N x M (ld N).
-    const float alpha = 1.0f, beta = 0.0f;
+    const float alpha = 1.0f, beta = a.accumulate ? 1.0f : 0.0f;
     const cudaDataType_t type = cuda_type(a.x.dtype);
     CUDA_TRY(cublasGemmEx(cublas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, gemm_int(n, kOp, "N"), gemm_int(m, kOp, "M"),
                           gemm_int(k, kOp, "K"), &alpha, a.w.data, type, static_cast<int>(k), a.x.data, type,
@@ -303,6 +322,22 @@ class CudaBackend final : public Backend {
 #else
     throw UnsupportedOp(str_cat(kOp, ": this build has no cuBLAS"));
 #endif
+  }
+
+  void linear_silu_mul(const LinearSiluMulArgs& a) override {
+    a.validate();
+    check_gemm_operands(a.x, a.w, a.out, "cuda linear_silu_mul");
+    const int64_t m = a.x.shape[0], inter = a.out.shape[1], k = a.x.shape[1];
+    const cuda::SkinnyGemmParams skinny{
+        .x = static_cast<const uint16_t*>(a.x.data), .w = static_cast<const uint16_t*>(a.w.data), .out = a.out.data,
+        .epilogue = cuda::SkinnyEpilogue::kSiluMul, .tokens = m, .n_out = inter, .k_dim = k, .x_row_stride = k,
+        .out_row_stride = inter};
+    if (m == 0 || inter == 0 || !use_skinny(a.x.dtype, skinny)) {
+      Backend::linear_silu_mul(a);  // cuBLAS, then the silu_mul kernel
+      return;
+    }
+    const auto timing = timed([&] { return str_cat("linear_silu_mul [", a.w.shape[0], " x ", k, "] M=", m); });
+    cuda::skinny_gemm(skinny, stream_.get());
   }
 
   void head_linear(const HeadLinearArgs& a) override {
@@ -319,6 +354,15 @@ class CudaBackend final : public Backend {
       const size_t elem = dtype_size(a.out.dtype);
       CUDA_TRY(cudaMemset2DAsync(a.out.data, static_cast<size_t>(out_stride) * elem, 0, static_cast<size_t>(n) * elem,
                                  static_cast<size_t>(tokens * heads), stream_.get()));
+      return;
+    }
+    const cuda::SkinnyGemmParams skinny{
+        .x = static_cast<const uint16_t*>(a.x.data), .w = static_cast<const uint16_t*>(a.w.data), .out = a.out.data,
+        .out_f32 = a.out.dtype == DType::kF32, .tokens = tokens, .heads = heads, .n_out = n, .k_dim = k,
+        .x_row_stride = heads * x_stride, .x_head_stride = x_stride, .w_head_stride = n * k,
+        .out_row_stride = heads * out_stride, .out_head_stride = out_stride};
+    if (use_skinny(a.x.dtype, skinny)) {
+      cuda::skinny_gemm(skinny, stream_.get());
       return;
     }
     // Head h: out[:, h, :] = x[:, h, :] · w[h]^T. Column-major per head: out_h^T[N, T] = w_h^T · x_h^T, where x_h is
@@ -616,6 +660,12 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // Decode-sized bf16 GEMMs go to the skinny kernel, which streams the weights at close to full bandwidth where
+  // cuBLAS pays several microseconds of fixed cost per call.
+  bool use_skinny(DType dtype, const cuda::SkinnyGemmParams& p) const {
+    return skinny_enabled_ && dtype == DType::kBF16 && cuda::skinny_gemm_fits(p);
+  }
+
   // Brackets an op for the profiler, never while a graph is recorded. A label built from the op's shapes comes as a
   // callable, run only when profiling.
   cuda::OpProfiler::Scope timed(const char* label) { return profiler_.scope(!recording_, label); }
@@ -689,6 +739,7 @@ class CudaBackend final : public Backend {
   bool recording_ = false;
   uint64_t graph_generation_ = 0;
   int num_sms_ = 0;
+  const bool skinny_enabled_ = skinny_gemm_enabled_from_env();
   Tensor workspace_;  // MLA decode split partials (see mla_decode)
   Tensor prefill_workspace_;  // MLA prefill gathered latents and decompressed k_nope | v (see mla_prefill)
   MoeWorkspace moe_route_ws_;    // routing (its alignment output is unused)

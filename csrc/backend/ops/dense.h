@@ -9,10 +9,22 @@
 namespace deepinfer {
 
 // out[M, N] = x[M, K] · w[N, K]^T   (w in Hugging Face's [out_features, in_features] layout)
+// With accumulate, out[M, N] += x · w^T instead: the shared experts' down projection adds into the routed experts'
+// output without a separate add (and with one rounding of the sum).
 struct LinearArgs {
   ConstTensorView x;
   ConstTensorView w;
   TensorView out;
+  bool accumulate = false;
+  void validate() const;
+};
+
+// The gated MLP's first half in one op: out[M, I] = silu(x · w[0:I]^T) * (x · w[I:2I]^T), w = [gate; up] as the
+// model stores gate_up_proj. Backends without a fused kernel run linear then silu_mul.
+struct LinearSiluMulArgs {
+  ConstTensorView x;  // [M, K]
+  ConstTensorView w;  // [2I, K]
+  TensorView out;     // [M, I]
   void validate() const;
 };
 

@@ -1,0 +1,208 @@
+// Skinny GEMM kernel: weights streamed once through mma.sync, tokens as the MMA's 8-wide N side.
+//
+// A CTA has 8 warps and computes `tiles` tiles of 16 weight rows (1, 2, 4 or 8; 8 / tiles warps share a tile and
+// split its K range). Each warp walks its K range in 32-wide steps; a lane loads 16 contiguous bytes of weight row r
+// and of row r + 8 (r = lane / 4) and 16 bytes of x for token lane / 4, which feed two m16n8k16 MMAs. An MMA's K
+// order is fixed by the fragment layout, but a dot product does not care in which order its terms come: lane q
+// (= lane % 4) gives physical k 8q..8q+3 to the first MMA's k slots {2q, 2q+1, 2q+8, 2q+9} and 8q+4..8q+7 to the
+// second's, so A and B agree and every load is one 16-byte vector. Four steps of loads are issued before their MMAs,
+// so a CTA has 32 KB of weights in flight. The warps of a tile add their fp32 partial tiles through shared memory in
+// a fixed order (deterministic) and the epilogue writes the tokens that exist.
+#include "backend/cuda/skinny_gemm.cuh"
+
+#include <cuda_bf16.h>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/moe_ptx.cuh"
+#include "core/error.h"
+
+namespace deepinfer::cuda {
+namespace {
+
+using moe_detail::bf16_hi;
+using moe_detail::bf16_lo;
+using moe_detail::ld_stream_16;
+using moe_detail::mma_bf16_16816;
+using moe_detail::silu;
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kStepK = 32;    // K elements one warp consumes per step (two MMAs)
+constexpr int kUnroll = 4;    // steps whose loads are in flight together
+constexpr int kMinStepsPerWarp = 4;
+
+__device__ __forceinline__ uint4 load_or_zero(const uint16_t* ptr, bool valid) {
+  return valid ? ld_stream_16(ptr) : make_uint4(0u, 0u, 0u, 0u);
+}
+
+// x is small and read by every CTA: a plain read-only load keeps it in L1/L2.
+__device__ __forceinline__ uint4 load_x(const uint16_t* ptr, bool valid) {
+  return valid ? __ldg(reinterpret_cast<const uint4*>(ptr)) : make_uint4(0u, 0u, 0u, 0u);
+}
+
+template <int kNT>
+__device__ __forceinline__ void mma_step(float (&acc)[kNT][4], const uint4& wa, const uint4& wb,
+                                         const uint4 (&xv)[kNT]) {
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+    mma_bf16_16816(acc[nt], wa.x, wb.x, wa.y, wb.y, xv[nt].x, xv[nt].y);
+    mma_bf16_16816(acc[nt], wa.z, wb.z, wa.w, wb.w, xv[nt].z, xv[nt].w);
+  }
+}
+
+template <bool kF32>
+__device__ __forceinline__ float load_out(const void* out, int64_t i) {
+  if constexpr (kF32) {
+    return static_cast<const float*>(out)[i];
+  } else {
+    return __bfloat162float(static_cast<const __nv_bfloat16*>(out)[i]);
+  }
+}
+
+template <bool kF32>
+__device__ __forceinline__ void store_out(void* out, int64_t i, float v) {
+  if constexpr (kF32) {
+    static_cast<float*>(out)[i] = v;
+  } else {
+    static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(v);
+  }
+}
+
+// kNT: 8-token MMA column tiles (1 or 2). Grid (row-tile groups, heads).
+template <int kNT, SkinnyEpilogue kEpilogue, bool kF32>
+__global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const __grid_constant__ SkinnyGemmParams p,
+                                                               int tiles) {
+  __shared__ float partial[kWarps][kNT][32][4];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warps_per_tile = kWarps / tiles, tile = warp / warps_per_tile, slice = warp % warps_per_tile;
+  // kSiluMul pairs gate tile g with up tile g (n_out rows further): the first half of the tiles are gates.
+  const int groups = kEpilogue == SkinnyEpilogue::kSiluMul ? tiles / 2 : tiles;
+  const int64_t head = blockIdx.y;
+  const int64_t group_row = (static_cast<int64_t>(blockIdx.x) * groups + tile % groups) * 16;  // output column
+  const int64_t row_offset = tile < groups ? 0 : p.n_out;
+  const int r = lane / 4, q = lane % 4;
+
+  const uint16_t* w_row = p.w + head * p.w_head_stride + (row_offset + group_row + r) * p.k_dim + q * 8;
+  const bool valid_a = group_row + r < p.n_out, valid_b = group_row + r + 8 < p.n_out;
+  const uint16_t* x_row[kNT];
+  bool valid_x[kNT];
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+    const int token = nt * 8 + r;
+    valid_x[nt] = token < p.tokens;
+    x_row[nt] = p.x + (valid_x[nt] ? token : 0) * p.x_row_stride + head * p.x_head_stride + q * 8;
+  }
+  const int64_t row_b_offset = 8 * p.k_dim;
+
+  const int64_t steps = p.k_dim / kStepK;
+  const int64_t step_begin = steps * slice / warps_per_tile, step_end = steps * (slice + 1) / warps_per_tile;
+
+  float acc[kNT][4] = {};
+  int64_t s = step_begin;
+  for (; s + kUnroll <= step_end; s += kUnroll) {
+    uint4 wa[kUnroll], wb[kUnroll], xv[kUnroll][kNT];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t k = (s + u) * kStepK;
+      wa[u] = load_or_zero(w_row + k, valid_a);
+      wb[u] = load_or_zero(w_row + row_b_offset + k, valid_b);
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) xv[u][nt] = load_x(x_row[nt] + k, valid_x[nt]);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) mma_step<kNT>(acc, wa[u], wb[u], xv[u]);
+  }
+  for (; s < step_end; ++s) {
+    const int64_t k = s * kStepK;
+    const uint4 wa = load_or_zero(w_row + k, valid_a), wb = load_or_zero(w_row + row_b_offset + k, valid_b);
+    uint4 xv[kNT];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) xv[nt] = load_x(x_row[nt] + k, valid_x[nt]);
+    mma_step<kNT>(acc, wa, wb, xv);
+  }
+
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) partial[warp][nt][lane][i] = acc[nt][i];
+  }
+  __syncthreads();
+
+  // Output element (group, nt, fragment lane, register): register i of lane l holds row l / 4 + 8 * (i / 2) and
+  // token nt * 8 + 2 * (l % 4) + i % 2 of the tile's 16 x 8 accumulator.
+  const int outputs = groups * kNT * 128;
+  for (int idx = threadIdx.x; idx < outputs; idx += kThreads) {
+    const int group = idx / (kNT * 128), nt = (idx / 128) % kNT, l = (idx / 4) % 32, i = idx % 4;
+    const int row = l / 4 + 8 * (i / 2), token = nt * 8 + 2 * (l % 4) + i % 2;
+    const int64_t col = (static_cast<int64_t>(blockIdx.x) * groups + group) * 16 + row;
+    if (token >= p.tokens || col >= p.n_out) continue;
+    const auto tile_sum = [&](int t) {
+      float sum = 0.0f;
+      for (int w = 0; w < warps_per_tile; ++w) sum += partial[t * warps_per_tile + w][nt][l][i];
+      return sum;
+    };
+    const int64_t o = token * p.out_row_stride + head * p.out_head_stride + col;
+    if constexpr (kEpilogue == SkinnyEpilogue::kSiluMul) {
+      store_out<kF32>(p.out, o, silu(tile_sum(group)) * tile_sum(group + groups));
+    } else if constexpr (kEpilogue == SkinnyEpilogue::kAccumulate) {
+      store_out<kF32>(p.out, o, load_out<kF32>(p.out, o) + tile_sum(group));
+    } else {
+      store_out<kF32>(p.out, o, tile_sum(group));
+    }
+  }
+}
+
+template <int kNT, SkinnyEpilogue kEpilogue>
+void launch_for_output(const SkinnyGemmParams& p, dim3 grid, int tiles, cudaStream_t stream) {
+  if (p.out_f32) {
+    skinny_gemm_kernel<kNT, kEpilogue, true><<<grid, kThreads, 0, stream>>>(p, tiles);
+  } else {
+    skinny_gemm_kernel<kNT, kEpilogue, false><<<grid, kThreads, 0, stream>>>(p, tiles);
+  }
+}
+
+template <int kNT>
+void launch_for_tokens(const SkinnyGemmParams& p, dim3 grid, int tiles, cudaStream_t stream) {
+  switch (p.epilogue) {
+    case SkinnyEpilogue::kStore: launch_for_output<kNT, SkinnyEpilogue::kStore>(p, grid, tiles, stream); break;
+    case SkinnyEpilogue::kAccumulate:
+      launch_for_output<kNT, SkinnyEpilogue::kAccumulate>(p, grid, tiles, stream);
+      break;
+    case SkinnyEpilogue::kSiluMul: launch_for_output<kNT, SkinnyEpilogue::kSiluMul>(p, grid, tiles, stream); break;
+  }
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+}  // namespace
+
+bool skinny_gemm_fits(const SkinnyGemmParams& p) {
+  const bool one_head_gate_up = p.epilogue != SkinnyEpilogue::kSiluMul || p.heads == 1;
+  return p.tokens >= 1 && p.tokens <= kSkinnyMaxTokens && p.heads >= 1 && p.heads <= 65535 && p.n_out >= 1 &&
+         p.k_dim > 0 && p.k_dim % kStepK == 0 && one_head_gate_up && aligned16(p.x) && aligned16(p.w) &&
+         p.x_row_stride % 8 == 0 && p.x_head_stride % 8 == 0 && p.w_head_stride % 8 == 0;
+}
+
+void skinny_gemm(const SkinnyGemmParams& p, cudaStream_t stream) {
+  DI_CHECK(skinny_gemm_fits(p), "skinny_gemm: ", p.tokens, " tokens, K ", p.k_dim, ", ", p.heads,
+           " heads: needs 1..", kSkinnyMaxTokens, " tokens, K a multiple of ", kStepK,
+           " and 16-byte aligned rows (use cuBLAS)");
+  // Enough K steps per warp to keep loads in flight: short K gives each tile fewer warps and the CTA more tiles.
+  const int64_t steps = p.k_dim / kStepK;
+  int warps_per_tile = kWarps;
+  while (warps_per_tile > 1 && steps < int64_t{kMinStepsPerWarp} * warps_per_tile) warps_per_tile /= 2;
+  if (p.epilogue == SkinnyEpilogue::kSiluMul && warps_per_tile == kWarps) warps_per_tile = kWarps / 2;
+  const int tiles = kWarps / warps_per_tile;
+  const int groups = p.epilogue == SkinnyEpilogue::kSiluMul ? tiles / 2 : tiles;
+  const int64_t blocks = (p.n_out + 16 * groups - 1) / (16 * groups);
+  DI_CHECK(blocks <= INT32_MAX, "skinny_gemm: ", p.n_out, " output columns are too many");
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(p.heads));
+  if (p.tokens <= 8) {
+    launch_for_tokens<1>(p, grid, tiles, stream);
+  } else {
+    launch_for_tokens<2>(p, grid, tiles, stream);
+  }
+  CUDA_TRY(cudaGetLastError());
+}
+
+}  // namespace deepinfer::cuda

@@ -1,0 +1,24 @@
+// Skinny GEMM on CUDA (sm_90a): decode-sized token counts against bf16 weights read once at full bandwidth, where
+// cuBLAS spends several microseconds of fixed cost per call. The CUDA backend routes linear, head_linear and the
+// gated MLP projection here when skinny_gemm_fits() holds, and to cuBLAS otherwise.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "backend/cuda/skinny_gemm_params.h"
+
+namespace deepinfer::cuda {
+
+// The most tokens the kernel takes (two 8-column MMA tiles).
+inline constexpr int64_t kSkinnyMaxTokens = 16;
+
+// Whether the kernel takes these operands: 1..kSkinnyMaxTokens tokens, K a positive multiple of 32, every x row,
+// head slice and weight row 16-byte aligned. Anything else goes to cuBLAS.
+bool skinny_gemm_fits(const SkinnyGemmParams& p);
+
+// Queues the kernel on `stream`; throws deepinfer::Error when !skinny_gemm_fits(p).
+void skinny_gemm(const SkinnyGemmParams& p, cudaStream_t stream);
+
+}  // namespace deepinfer::cuda

@@ -1,0 +1,174 @@
+// Decode-sized GEMMs on the GPU: the skinny kernel against cuBLAS (a second backend made with
+// DEEPINFER_SKINNY_GEMM=0), at DeepSeek-V2-Lite's and V3's projection shapes and 1..16 tokens, beside a
+// device-to-device copy measured in the same run. Disabled in normal runs (the GPU script passes
+// --gtest_also_run_disabled_tests).
+//
+// Timing: each figure is one CUDA graph of kCalls calls, replayed kReplays times after a warm-up replay, over host
+// time with the device synchronized around it (a replay is one launch, so launch cost does not hide in the figure).
+// The calls cycle through enough copies of the weight matrix to exceed the L2 cache twice over, so every call reads
+// its weights from HBM as a decode step does.
+#ifdef DEEPINFER_HAVE_CUDA
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "core/error.h"
+#include "device_memory.h"
+
+namespace deepinfer::op_test {
+namespace {
+
+constexpr int kCalls = 20;
+constexpr int kReplays = 10;
+constexpr size_t kColdBytes = size_t{256} << 20;  // weight copies cycled per graph: well past the 50-60 MB L2
+
+class GemmPerf {
+ public:
+  TensorView tensor(Shape shape, DType dtype) {
+    const size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
+    void* data = memory_.allocate(bytes);
+    CUDA_TRY(cudaMemset(data, 0x3c, bytes));  // bf16 values near 0.0115: finite sums
+    return {data, dtype, shape, Device::kCuda};
+  }
+
+  // Seconds per call of op(copy) over kCalls calls recorded in one graph, copy = call % copies.
+  double time(Backend& backend, int copies, const std::function<void(int)>& op) {
+    std::unique_ptr<StepGraph> graph = backend.capture([&] {
+      for (int i = 0; i < kCalls; ++i) op(i % copies);
+    });
+    DI_CHECK(graph != nullptr, "the CUDA backend records graphs");
+    DI_CHECK(graph->replay(), "a fresh graph replays");
+    CUDA_TRY(cudaDeviceSynchronize());
+    const auto start = std::chrono::steady_clock::now();
+    for (int r = 0; r < kReplays; ++r) DI_CHECK(graph->replay(), "the graph still holds");
+    CUDA_TRY(cudaDeviceSynchronize());
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / (kReplays * kCalls);
+  }
+
+  double copy_gbs() {
+    const size_t bytes = size_t{1} << 30;
+    const TensorView a = tensor({static_cast<int64_t>(bytes)}, DType::kF8E4M3);
+    const TensorView b = tensor({static_cast<int64_t>(bytes)}, DType::kF8E4M3);
+    double best = 0.0;
+    for (int i = 0; i < 5; ++i) {
+      CUDA_TRY(cudaDeviceSynchronize());
+      const auto start = std::chrono::steady_clock::now();
+      CUDA_TRY(cudaMemcpy(b.data, a.data, bytes, cudaMemcpyDeviceToDevice));
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      best = std::max(best, 2.0 * bytes / s / 1e9);
+    }
+    return best;
+  }
+
+ private:
+  DeviceMemory memory_;
+};
+
+struct GemmShape {
+  const char* name;
+  int64_t n;  // weight rows (linear_silu_mul: gate + up rows)
+  int64_t k;
+  enum Kind { kLinear, kLinearF32, kAccumulate, kSiluMul } kind = kLinear;
+};
+
+TEST(CudaGemmPerf, DISABLED_SkinnyVsCublas) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  const std::unique_ptr<Backend> skinny = make_cuda_backend();
+  ::setenv("DEEPINFER_SKINNY_GEMM", "0", 1);
+  const std::unique_ptr<Backend> cublas = make_cuda_backend();
+  ::unsetenv("DEEPINFER_SKINNY_GEMM");
+  GemmPerf perf;
+  const double copy = perf.copy_gbs();
+  std::printf("[ perf     ] device-to-device copy: %.0f GB/s\n", copy);
+  const std::vector<GemmShape> shapes = {
+      {"v2-lite q_proj", 3072, 2048},
+      {"v2-lite kv_a_proj", 576, 2048},
+      {"v2-lite o_proj", 2048, 2048},
+      {"v2-lite router (f32 out)", 64, 2048, GemmShape::kLinearF32},
+      {"v2-lite shared gate_up+silu", 5632, 2048, GemmShape::kSiluMul},
+      {"v2-lite shared down (+=)", 2048, 2816, GemmShape::kAccumulate},
+      {"v2-lite lm_head (f32 out)", 102400, 2048, GemmShape::kLinearF32},
+      {"v3 q_a_proj", 1536, 7168},
+      {"v3 q_b_proj", 24576, 1536},
+      {"v3 kv_a_proj", 576, 7168},
+      {"v3 o_proj", 7168, 16384},
+      {"v3 shared gate_up+silu", 4096, 7168, GemmShape::kSiluMul},
+  };
+  constexpr DType kBf16 = DType::kBF16;
+  for (const GemmShape& s : shapes) {
+    const size_t w_bytes = static_cast<size_t>(s.n * s.k) * 2;
+    const int copies = static_cast<int>(std::min<size_t>(kCalls, std::max<size_t>(1, kColdBytes / w_bytes + 1)));
+    std::vector<TensorView> weights;
+    for (int c = 0; c < copies; ++c) weights.push_back(perf.tensor({s.n, s.k}, kBf16));
+    for (const int64_t m : {int64_t{1}, int64_t{4}, int64_t{8}, int64_t{16}}) {
+      const TensorView x = perf.tensor({m, s.k}, kBf16);
+      const int64_t out_cols = s.kind == GemmShape::kSiluMul ? s.n / 2 : s.n;
+      const TensorView out = perf.tensor({m, out_cols}, s.kind == GemmShape::kLinearF32 ? DType::kF32 : kBf16);
+      const auto op_on = [&](Backend& b) {
+        return [&b, &s, &weights, x, out](int c) {
+          if (s.kind == GemmShape::kSiluMul) {
+            b.linear_silu_mul({.x = x, .w = weights[static_cast<size_t>(c)], .out = out});
+          } else {
+            b.linear({.x = x, .w = weights[static_cast<size_t>(c)], .out = out,
+                      .accumulate = s.kind == GemmShape::kAccumulate});
+          }
+        };
+      };
+      const double t_skinny = perf.time(*skinny, copies, op_on(*skinny));
+      const double t_cublas = perf.time(*cublas, copies, op_on(*cublas));
+      const double bytes = static_cast<double>(w_bytes + x.bytes() + out.bytes());
+      const double floor_us = bytes / (copy * 1e9) * 1e6;
+      std::printf("[ perf     ] %-30s M=%-3lld %9.1f MB | skinny %8.2f us %6.0f GB/s %5.1f%% | cuBLAS %8.2f us %6.0f "
+                  "GB/s %5.1f%% | floor %7.2f us\n",
+                  s.name, static_cast<long long>(m), bytes / 1e6, t_skinny * 1e6, bytes / t_skinny / 1e9,
+                  100.0 * bytes / t_skinny / 1e9 / copy, t_cublas * 1e6, bytes / t_cublas / 1e9,
+                  100.0 * bytes / t_cublas / 1e9 / copy, floor_us);
+    }
+  }
+  {  // the absorbed decode's per-head products: q_nope · W_UK (V2-Lite 16 heads, V3 128) and o_latent · W_UV
+    struct HeadShape {
+      const char* name;
+      int64_t heads, n, k;
+    };
+    for (const HeadShape& h : {HeadShape{"v2-lite W_UK", 16, 512, 128}, HeadShape{"v2-lite W_UV", 16, 128, 512},
+                               HeadShape{"v3 W_UK", 128, 512, 128}, HeadShape{"v3 W_UV", 128, 128, 512}}) {
+      const size_t w_bytes = static_cast<size_t>(h.heads * h.n * h.k) * 2;
+      const int copies = static_cast<int>(std::min<size_t>(kCalls, kColdBytes / w_bytes + 1));
+      std::vector<TensorView> weights;
+      for (int c = 0; c < copies; ++c) weights.push_back(perf.tensor({h.heads, h.n, h.k}, kBf16));
+      for (const int64_t t : {int64_t{1}, int64_t{8}, int64_t{16}}) {
+        const TensorView x = perf.tensor({t, h.heads, h.k}, kBf16), out = perf.tensor({t, h.heads, h.n}, kBf16);
+        const auto op_on = [&](Backend& b) {
+          return [&b, &weights, x, out](int c) {
+            b.head_linear({.x = x, .w = weights[static_cast<size_t>(c)], .out = out});
+          };
+        };
+        const double t_skinny = perf.time(*skinny, copies, op_on(*skinny));
+        const double t_cublas = perf.time(*cublas, copies, op_on(*cublas));
+        const double bytes = static_cast<double>(w_bytes + x.bytes() + out.bytes());
+        std::printf("[ perf     ] %-30s T=%-3lld %9.1f MB | skinny %8.2f us %5.1f%% of copy | cuBLAS %8.2f us %5.1f%% "
+                    "of copy\n",
+                    h.name, static_cast<long long>(t), bytes / 1e6, t_skinny * 1e6,
+                    100.0 * bytes / t_skinny / 1e9 / copy, t_cublas * 1e6, 100.0 * bytes / t_cublas / 1e9 / copy);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace deepinfer::op_test
+
+#endif  // DEEPINFER_HAVE_CUDA
