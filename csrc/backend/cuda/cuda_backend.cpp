@@ -356,15 +356,6 @@ class CudaBackend final : public Backend {
                                  static_cast<size_t>(tokens * heads), stream_.get()));
       return;
     }
-    const cuda::SkinnyGemmParams skinny{
-        .x = static_cast<const uint16_t*>(a.x.data), .w = static_cast<const uint16_t*>(a.w.data), .out = a.out.data,
-        .out_f32 = a.out.dtype == DType::kF32, .tokens = tokens, .heads = heads, .n_out = n, .k_dim = k,
-        .x_row_stride = heads * x_stride, .x_head_stride = x_stride, .w_head_stride = n * k,
-        .out_row_stride = heads * out_stride, .out_head_stride = out_stride};
-    if (use_skinny(a.x.dtype, skinny)) {
-      cuda::skinny_gemm(skinny, stream_.get());
-      return;
-    }
     // Head h: out[:, h, :] = x[:, h, :] · w[h]^T. Column-major per head: out_h^T[N, T] = w_h^T · x_h^T, where x_h is
     // K x T with ld H*x_stride starting at h*x_stride, w_h is K x N (ld K) at h*N*K, and out_h is N x T with ld
     // H*out_stride at h*out_stride.
@@ -660,10 +651,17 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  // Decode-sized bf16 GEMMs go to the skinny kernel, which streams the weights at close to full bandwidth where
-  // cuBLAS pays several microseconds of fixed cost per call.
+  // Decode-sized bf16 GEMMs go to the skinny kernel where it beat cuBLAS on an H200 (benchmarks/results/
+  // skinny_gemm_h200.md, graph-replayed, weights cold in L2): up to 8 tokens and weights up to 48 MB (V2-Lite's
+  // projections: 4.0 vs 6.0 us for kv_a, 5.2 vs 6.1 us for o_proj), and the gated MLP projection at any size up to
+  // 8 tokens (it also saves the silu_mul kernel). cuBLAS keeps 16 tokens, the large matrices (lm_head, V3's o_proj
+  // and q_b_proj: 4.0-4.2 TB/s against the skinny kernel's 3.1-3.7) and the per-head products.
   bool use_skinny(DType dtype, const cuda::SkinnyGemmParams& p) const {
-    return skinny_enabled_ && dtype == DType::kBF16 && cuda::skinny_gemm_fits(p);
+    constexpr int64_t kMaxTokens = cuda::kSkinnyMaxTokens, kMaxWeightBytes = int64_t{48} << 20;
+    const int64_t w_rows = p.epilogue == cuda::SkinnyEpilogue::kSiluMul ? 2 * p.n_out : p.n_out;
+    const bool small_weights = p.heads * w_rows * p.k_dim * 2 <= kMaxWeightBytes;
+    return skinny_enabled_ && dtype == DType::kBF16 && p.tokens <= kMaxTokens &&
+           (small_weights || p.epilogue == cuda::SkinnyEpilogue::kSiluMul) && cuda::skinny_gemm_fits(p);
   }
 
   // Brackets an op for the profiler, never while a graph is recorded. A label built from the op's shapes comes as a

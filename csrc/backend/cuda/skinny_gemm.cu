@@ -197,11 +197,8 @@ void skinny_gemm(const SkinnyGemmParams& p, cudaStream_t stream) {
   const int64_t blocks = (p.n_out + 16 * groups - 1) / (16 * groups);
   DI_CHECK(blocks <= INT32_MAX, "skinny_gemm: ", p.n_out, " output columns are too many");
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(p.heads));
-  if (p.tokens <= 8) {
-    launch_for_tokens<1>(p, grid, tiles, stream);
-  } else {
-    launch_for_tokens<2>(p, grid, tiles, stream);
-  }
+  static_assert(kSkinnyMaxTokens == 8, "one 8-token MMA column tile");
+  launch_for_tokens<1>(p, grid, tiles, stream);
   CUDA_TRY(cudaGetLastError());
 }
 

@@ -24,7 +24,7 @@ struct SkinnyGemmParams {
   bool out_f32 = false;
   SkinnyEpilogue epilogue = SkinnyEpilogue::kStore;
   int64_t tokens = 0;           // 1..kSkinnyMaxTokens
-  int64_t heads = 1;
+  int64_t heads = 1;            // grid.y; the backend sends only one-head products (cuBLAS's batched GEMM was faster)
   int64_t n_out = 0;            // output columns per head (kSiluMul: half of w's rows)
   int64_t k_dim = 0;            // a multiple of 32
   int64_t x_row_stride = 0;
