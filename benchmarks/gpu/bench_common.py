@@ -29,8 +29,9 @@ V2_LITE = {"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v
            "rms_norm_eps": 1e-6, "bos_token_id": 0, "eos_token_id": 1, "tie_word_embeddings": False}
 
 # DeepSeek-V3's layer dimensions (671B, 37B active); a slice keeps the first `num_hidden_layers` layers, of which the
-# first 3 are dense as in V3 (4 layers = 3 dense + 1 MoE = 15.1B parameters, 30 GB in bf16).
-V3_SLICE_LAYERS = 4
+# first 3 are dense as in V3. 7 layers (3 dense + 4 MoE = 49.6B parameters, 99 GB in bf16) is as many as fit one
+# H200 with room left for the latent cache of batch 256 at 8k context (about 17 GB at 0.9 memory utilization).
+V3_SLICE_LAYERS = 7
 V3_SLICE = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "vocab_size": 129280,
             "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
             "num_hidden_layers": V3_SLICE_LAYERS, "num_attention_heads": 128, "num_key_value_heads": 128,

@@ -27,7 +27,7 @@
 #   HF_SITE        where the other .whl/ wheels (transformers 5.24) go (default /tmp/site); first on PYTHONPATH of
 #                  the torch/transformers processes only
 #   BUILD_DIR      the build folder (default build/gpu-all); JOBS: compile jobs (default: all cores)
-#   GTEST_FILTER   optests filter (default *Cuda*); V3_SLICE_LAYERS: layers of the v3-slice shape (default 4)
+#   GTEST_FILTER   optests filter (default *Cuda*); V3_SLICE_LAYERS: layers of the v3-slice shape (default 7)
 #   PARITY_ARGS, HF_ARGS, ENGINE_ARGS   extra arguments for hf_parity.py, hf_baseline.py, engine_bench.py
 #   SMOKE=1        the whole pipeline on a CPU machine: CPU build, CPU op tests, small CPU variants of every script,
 #                  no kernels step (checks this script without spending GPU time)
@@ -46,7 +46,7 @@ export SITE=$(realpath -m "${SITE:-build/gpu-site}")
 export HF_SITE=$(realpath -m "${HF_SITE:-/tmp/site}")
 export BUILD_DIR=$(realpath -m "${BUILD_DIR:-build/gpu-all}")
 export JOBS=${JOBS:-$(nproc)}
-export V3_SLICE_LAYERS=${V3_SLICE_LAYERS:-4}
+export V3_SLICE_LAYERS=${V3_SLICE_LAYERS:-7}
 export PARITY_WORK=${PARITY_WORK:-/tmp/deepinfer_parity}
 export BENCH_COMMIT=${BENCH_COMMIT:-$(git rev-parse --verify -q HEAD 2>/dev/null || echo unknown)}
 export BENCH_DATE=${BENCH_DATE:-$(date -u +%Y-%m-%dT%H:%M:%SZ)}
