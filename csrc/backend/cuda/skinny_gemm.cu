@@ -5,8 +5,8 @@
 // and of row r + 8 (r = lane / 4) and 16 bytes of x for token lane / 4, which feed two m16n8k16 MMAs. An MMA's K
 // order is fixed by the fragment layout, but a dot product does not care in which order its terms come: lane q
 // (= lane % 4) gives physical k 8q..8q+3 to the first MMA's k slots {2q, 2q+1, 2q+8, 2q+9} and 8q+4..8q+7 to the
-// second's, so A and B agree and every load is one 16-byte vector. Four steps of loads are issued before their MMAs,
-// so a CTA has 32 KB of weights in flight. The warps of a tile add their fp32 partial tiles through shared memory in
+// second's, so A and B agree and every load is one 16-byte vector. Loads go out four steps at a time, the next four
+// while the current four multiply, so a CTA has up to 64 KB of weights in flight. The warps of a tile add their fp32 partial tiles through shared memory in
 // a fixed order (deterministic) and the epilogue writes the tokens that exist.
 #include "backend/cuda/skinny_gemm.cuh"
 
@@ -97,28 +97,41 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const __grid_cons
   const int64_t steps = p.k_dim / kStepK;
   const int64_t step_begin = steps * slice / warps_per_tile, step_end = steps * (slice + 1) / warps_per_tile;
 
-  float acc[kNT][4] = {};
-  int64_t s = step_begin;
-  for (; s + kUnroll <= step_end; s += kUnroll) {
-    uint4 wa[kUnroll], wb[kUnroll], xv[kUnroll][kNT];
+  // Weights are never written by a kernel, so the first group of weight loads goes out before the wait on the
+  // previous kernel (programmatic dependent launch); x, its output, is read only after it. Later groups are
+  // software-pipelined: the next group's weights are in flight while the current group multiplies. Steps past the
+  // warp's range load zeros, which add nothing.
+  uint4 wa[kUnroll], wb[kUnroll];
+  const auto load_weights = [&](int64_t first) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t k = (s + u) * kStepK;
-      wa[u] = load_or_zero(w_row + k, valid_a);
-      wb[u] = load_or_zero(w_row + row_b_offset + k, valid_b);
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) xv[u][nt] = load_x(x_row[nt] + k, valid_x[nt]);
+      const bool in_range = first + u < step_end;
+      const int64_t k = (first + u) * kStepK;
+      wa[u] = load_or_zero(w_row + k, in_range && valid_a);
+      wb[u] = load_or_zero(w_row + row_b_offset + k, in_range && valid_b);
     }
+  };
+  load_weights(step_begin);
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
+
+  float acc[kNT][4] = {};
+  for (int64_t s = step_begin; s < step_end; s += kUnroll) {
+    uint4 xv[kUnroll][kNT];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) mma_step<kNT>(acc, wa[u], wb[u], xv[u]);
-  }
-  for (; s < step_end; ++s) {
-    const int64_t k = s * kStepK;
-    const uint4 wa = load_or_zero(w_row + k, valid_a), wb = load_or_zero(w_row + row_b_offset + k, valid_b);
-    uint4 xv[kNT];
+    for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) xv[nt] = load_x(x_row[nt] + k, valid_x[nt]);
-    mma_step<kNT>(acc, wa, wb, xv);
+      for (int nt = 0; nt < kNT; ++nt) xv[u][nt] = load_x(x_row[nt] + (s + u) * kStepK, s + u < step_end && valid_x[nt]);
+    }
+    uint4 cur_a[kUnroll], cur_b[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      cur_a[u] = wa[u];
+      cur_b[u] = wb[u];
+    }
+    if (s + kUnroll < step_end) load_weights(s + kUnroll);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) mma_step<kNT>(acc, cur_a[u], cur_b[u], xv[u]);
   }
 
 #pragma unroll
