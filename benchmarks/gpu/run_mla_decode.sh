@@ -13,12 +13,14 @@ SOURCES=(
   csrc/backend/cuda/instantiations/mla_decode_narrow.cu
   csrc/backend/cuda/instantiations/mla_decode_wide.cu
   csrc/backend/cuda/instantiations/mla_decode_wide_wgmma.cu
+  csrc/backend/cuda/launch.cpp
   csrc/backend/cuda/cuda_stream.cpp
   csrc/backend/cuda/device_buffer.cpp
   csrc/backend/cpu/mla.cpp
   csrc/backend/cpu/gemm.cpp
   csrc/backend/ops_validate.cpp
   csrc/core/tensor.cpp
+  csrc/core/env_flag.cpp
 )
 
 {

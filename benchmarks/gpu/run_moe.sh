@@ -18,8 +18,10 @@ SOURCES=(
   csrc/backend/cuda/instantiations/moe_small_down.cu
   csrc/backend/cuda/instantiations/moe_grouped_gate_up.cu
   csrc/backend/cuda/instantiations/moe_grouped_down.cu
+  csrc/backend/cuda/launch.cpp
   csrc/backend/cuda/cuda_stream.cpp
   csrc/backend/cuda/device_buffer.cpp
+  csrc/core/env_flag.cpp
 )
 
 build() {

@@ -8,6 +8,8 @@
 #include "backend/cuda/copy_strided_params.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/elementwise_vec.cuh"
+#include "backend/cuda/launch.h"
+#include "backend/cuda/ptx.cuh"
 
 namespace deepinfer::cuda {
 namespace {
@@ -21,6 +23,8 @@ struct CopyTraits {
 
 template <typename Traits>
 __global__ void __launch_bounds__(Traits::kThreads) copy_strided_kernel(__grid_constant__ const CopyStridedParams p) {
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
   using Unit = typename Traits::Unit;
   const int64_t units_per_row = p.row_bytes / static_cast<int64_t>(sizeof(Unit));
   const int64_t items = p.rows * units_per_row;
@@ -58,8 +62,8 @@ void copy_strided(const CopyStridedArgs& a, cudaStream_t stream) {
   dispatch_copy_unit(unit, [&](auto u) {
     using Traits = CopyTraits<decltype(u)>;
     const int64_t items = p.rows * (p.row_bytes / static_cast<int64_t>(sizeof(u)));
-    copy_strided_kernel<Traits><<<grid_blocks(items, Traits::kThreads), Traits::kThreads, 0, stream>>>(p);
-    CUDA_TRY(cudaGetLastError());
+    launch_pdl(copy_strided_kernel<Traits>,
+               {.grid = dim3(grid_blocks(items, Traits::kThreads)), .block = dim3(Traits::kThreads)}, stream, p);
   });
 }
 

@@ -5,6 +5,8 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/elementwise_params.h"
 #include "backend/cuda/elementwise_vec.cuh"
+#include "backend/cuda/launch.h"
+#include "backend/cuda/ptx.cuh"
 
 namespace deepinfer::cuda {
 namespace {
@@ -22,6 +24,8 @@ __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
 
 template <typename Traits>
 __global__ void __launch_bounds__(Traits::kThreads) add_kernel(__grid_constant__ const AddParams p) {
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
   using T = typename Traits::Element;
   T* x = static_cast<T*>(p.x);
   const T* y = static_cast<const T*>(p.y);
@@ -44,6 +48,8 @@ __global__ void __launch_bounds__(Traits::kThreads) add_kernel(__grid_constant__
 
 template <typename Traits>
 __global__ void __launch_bounds__(Traits::kThreads) silu_mul_kernel(__grid_constant__ const SiluMulParams p) {
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
   using T = typename Traits::Element;
   const T* gate_up = static_cast<const T*>(p.gate_up);
   T* out = static_cast<T*>(p.out);
@@ -72,15 +78,16 @@ __global__ void __launch_bounds__(Traits::kThreads) silu_mul_kernel(__grid_const
 
 template <typename Traits>
 void launch_add(const AddParams& p, cudaStream_t stream) {
-  add_kernel<Traits><<<grid_blocks(p.n / Traits::kVec, Traits::kThreads), Traits::kThreads, 0, stream>>>(p);
-  CUDA_TRY(cudaGetLastError());
+  launch_pdl(add_kernel<Traits>,
+             {.grid = dim3(grid_blocks(p.n / Traits::kVec, Traits::kThreads)), .block = dim3(Traits::kThreads)},
+             stream, p);
 }
 
 template <typename Traits>
 void launch_silu_mul(const SiluMulParams& p, cudaStream_t stream) {
   const int64_t items = p.rows * (p.inter / Traits::kVec);
-  silu_mul_kernel<Traits><<<grid_blocks(items, Traits::kThreads), Traits::kThreads, 0, stream>>>(p);
-  CUDA_TRY(cudaGetLastError());
+  launch_pdl(silu_mul_kernel<Traits>,
+             {.grid = dim3(grid_blocks(items, Traits::kThreads)), .block = dim3(Traits::kThreads)}, stream, p);
 }
 
 void check_on_device(const ConstTensorView& t, const char* op, const char* name) {

@@ -7,6 +7,8 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/elementwise_vec.cuh"
 #include "backend/cuda/embedding_params.h"
+#include "backend/cuda/launch.h"
+#include "backend/cuda/ptx.cuh"
 
 namespace deepinfer::cuda {
 namespace {
@@ -20,6 +22,8 @@ struct GatherTraits {
 
 template <typename Traits>
 __global__ void __launch_bounds__(Traits::kThreads) embedding_kernel(__grid_constant__ const EmbeddingParams p) {
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
   const int64_t t = blockIdx.x;
   const int32_t id = p.token_ids[t];
   auto* dst = static_cast<char*>(p.out) + t * p.row_bytes;
@@ -51,8 +55,8 @@ void gather(const ConstTensorView& table, const ConstTensorView& ids, const Tens
   if (p.num_tokens == 0 || p.row_bytes == 0) return;
   dispatch_copy_unit(copy_unit_bytes(p.table, p.out, p.row_bytes), [&](auto unit) {
     using Traits = GatherTraits<decltype(unit)>;
-    embedding_kernel<Traits><<<static_cast<unsigned>(p.num_tokens), Traits::kThreads, 0, stream>>>(p);
-    CUDA_TRY(cudaGetLastError());
+    launch_pdl(embedding_kernel<Traits>,
+               {.grid = dim3(static_cast<unsigned>(p.num_tokens)), .block = dim3(Traits::kThreads)}, stream, p);
   });
 }
 

@@ -6,7 +6,9 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/elementwise_vec.cuh"
+#include "backend/cuda/launch.h"
 #include "backend/cuda/mla_cache_write_params.h"
+#include "backend/cuda/ptx.cuh"
 
 namespace deepinfer::cuda {
 namespace {
@@ -21,6 +23,8 @@ struct ScatterTraits {
 template <typename Traits>
 __global__ void __launch_bounds__(Traits::kThreads) mla_cache_write_kernel(
     __grid_constant__ const MlaCacheWriteParams p) {
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
   const int64_t t = blockIdx.x;
   const int64_t slot = p.slot_mapping[t];
   if (slot < 0 || slot >= p.num_slots) return;
@@ -50,8 +54,8 @@ void mla_cache_write(const MlaCacheWriteArgs& a, cudaStream_t stream) {
   if (p.num_tokens == 0 || p.row_bytes == 0) return;
   dispatch_copy_unit(copy_unit_bytes(p.latent, p.cache, p.row_bytes), [&](auto unit) {
     using Traits = ScatterTraits<decltype(unit)>;
-    mla_cache_write_kernel<Traits><<<static_cast<unsigned>(p.num_tokens), Traits::kThreads, 0, stream>>>(p);
-    CUDA_TRY(cudaGetLastError());
+    launch_pdl(mla_cache_write_kernel<Traits>,
+               {.grid = dim3(static_cast<unsigned>(p.num_tokens)), .block = dim3(Traits::kThreads)}, stream, p);
   });
 }
 

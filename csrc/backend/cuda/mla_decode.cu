@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launch.h"
 #include "backend/cuda/mla_decode_internal.h"
 #include "backend/cuda/ptx.cuh"
 #include "core/error.h"
@@ -57,6 +58,7 @@ __global__ void __launch_bounds__(kCombineThreads) mla_decode_combine_kernel(con
   __shared__ float scratch[kCombineWarps];
   __shared__ float4 group_acc[kGroups][kCols / 4];
   ptx::griddep_wait();  // the attention grid's partials are complete and visible
+  ptx::griddep_launch_dependents();
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t rows = static_cast<int64_t>(p.batch) * p.num_heads;
@@ -107,21 +109,14 @@ __global__ void __launch_bounds__(kCombineThreads) mla_decode_combine_kernel(con
   *reinterpret_cast<uint2*>(p.out + row * kValueDim + blockIdx.y * kCols + col_in_block) = packed;
 }
 
-// The combine as a programmatic dependent launch: it may start launching while the attention grid drains (each
-// attention CTA allows it once its main loop is done) and waits for that grid's memory at griddepcontrol.wait.
+// The combine may start launching while the attention grid drains (each attention CTA allows it once its main loop
+// is done) and waits for that grid's memory at griddep_wait.
 template <int kColGroups>
 void launch_combine(const MlaDecodeParams& p, cudaStream_t stream) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(static_cast<int64_t>(p.batch) * p.num_heads), kColGroups);
-  config.blockDim = dim3(kCombineThreads);
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  cudaLaunchAttribute attribute = {};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  CUDA_TRY(cudaLaunchKernelEx(&config, mla_decode_combine_kernel<kColGroups>, p));
+  launch_pdl(mla_decode_combine_kernel<kColGroups>,
+             {.grid = dim3(static_cast<unsigned>(static_cast<int64_t>(p.batch) * p.num_heads), kColGroups),
+              .block = dim3(kCombineThreads)},
+             stream, p);
 }
 
 }  // namespace

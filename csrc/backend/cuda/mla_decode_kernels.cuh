@@ -144,7 +144,9 @@ __device__ __forceinline__ void load_kv_tile(uint32_t dst, const MlaDecodeParams
   }
 }
 
-// Lets the split-combine kernel (launched as a programmatic dependent) start its launch while this grid finishes.
+// Lets the next kernel (the split-combine, or the next op's) start its launch while this grid finishes. Called once
+// the main loop is done (ptx.cuh's rule allows any point after griddep_wait): the next grid's CTAs, resident while
+// they wait, then share the SMs with this grid's only during its epilogue.
 __device__ __forceinline__ void allow_dependent_launch() {
   griddep_launch_dependents();
 }
@@ -268,6 +270,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_narrow_kernel(const __
   using L = NarrowSmem<T>;
   constexpr int kKSteps = kHeadDim / 2 / 16;  // 18 k16 steps per k-half
   extern __shared__ __align__(128) uint8_t smem[];
+  griddep_wait();  // q and the cache come from earlier kernels; the trigger is allow_dependent_launch()
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int h0 = blockIdx.x * T::kHeads, split = blockIdx.y, b = blockIdx.z;
@@ -438,6 +441,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wide_kernel(const __gr
   using L = WideSmem<T>;
   constexpr int kKSteps = kHeadDim / 16;  // 36
   extern __shared__ __align__(128) uint8_t smem[];
+  griddep_wait();  // q and the cache come from earlier kernels; the trigger is allow_dependent_launch()
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int h0 = blockIdx.x * T::kHeads, split = blockIdx.y, b = blockIdx.z;

@@ -182,6 +182,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   static_assert(T::kHeads == 64 && kThreads == 256, "two warpgroups over 64 heads");
   using L = WideSmem<T>;
   extern __shared__ __align__(16) uint8_t smem_raw[];
+  griddep_wait();  // q and the cache come from earlier kernels; the trigger is allow_dependent_launch()
   const uint32_t raw_addr = smem_addr(smem_raw);
   uint8_t* smem = smem_raw + ((1024u - (raw_addr & 1023u)) & 1023u);
 

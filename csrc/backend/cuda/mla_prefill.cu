@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launch.h"
 #include "backend/cuda/mla_prefill_kernels.cuh"
 
 namespace deepinfer::cuda {
@@ -19,6 +20,8 @@ constexpr int kGatherThreads = 256;
 
 __global__ void __launch_bounds__(kGatherThreads) mla_prefill_gather_kernel(
     const __grid_constant__ MlaPrefillGatherParams p) {
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
   using T = mla_prefill_detail::MlaPrefillTraits;
   constexpr int kChunksPerRow = T::kLatent / T::kChunk;  // 72
   const int s = blockIdx.y;
@@ -48,8 +51,7 @@ void mla_prefill_gather(const MlaPrefillGatherParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((chunks + kGatherThreads - 1) /
                                         kGatherThreads),
                   p.num_seqs);
-  mla_prefill_gather_kernel<<<grid, kGatherThreads, 0, stream>>>(p);
-  CUDA_TRY(cudaGetLastError());
+  launch_pdl(mla_prefill_gather_kernel, {.grid = grid, .block = dim3(kGatherThreads)}, stream, p);
 }
 
 void mla_prefill_attention(const MlaPrefillAttentionParams& p, cudaStream_t stream) {

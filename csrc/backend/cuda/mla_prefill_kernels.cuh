@@ -133,6 +133,8 @@ __global__ void __launch_bounds__(T::kThreads) mla_prefill_attention_kernel(
   constexpr int kPSteps = T::kBlockN / 16; // k-steps of O = P · V
   constexpr int kOTiles = T::kV / 8;       // n-tiles of O
   constexpr float kLog2e = 1.4426950408889634f;
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
 
   const int s = blockIdx.z, h = blockIdx.y;
   const int tile = gridDim.x - 1 - blockIdx.x;  // the longest (last) query tiles start first

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launch.h"
 #include "backend/cuda/moe.cuh"
 #include "backend/cuda/moe_internal.h"
 #include "backend/cuda/moe_ptx.cuh"
@@ -72,7 +73,8 @@ __global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(const __gr
 void launch_combine(const MoeKernelParams& kp, cudaStream_t stream) {
   const int chunks = kp.p.hidden / 8;
   const int column_blocks = (chunks + kCombineThreads - 1) / kCombineThreads;
-  launch_pdl(moe_combine_kernel, dim3(kp.p.num_tokens, column_blocks), dim3(kCombineThreads), 0, stream, kp);
+  launch_pdl(moe_combine_kernel, {.grid = dim3(kp.p.num_tokens, column_blocks), .block = dim3(kCombineThreads)},
+             stream, kp);
 }
 
 bool use_down_prefetch(const MoeParams& p, int32_t max_active) {

@@ -18,6 +18,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launch.h"
 #include "backend/cuda/moe_internal.h"
 #include "backend/cuda/moe_ptx.cuh"
 #include "backend/cuda/moe_small_gemm.cuh"
@@ -239,7 +241,7 @@ void launch_grouped_gemm(const MoeKernelParams& kp, cudaStream_t stream) {
   const int n_tiles = (T::kGateUp ? kp.p.inter : kp.p.hidden) / T::kOutCols;
   const int64_t max_tiles = static_cast<int64_t>(kp.max_rows / T::kBlockM) * n_tiles;
   const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(kp.p.num_sms, max_tiles)));
-  launch_pdl(kernel, dim3(grid), dim3(T::kThreads), T::kSmemBytes, stream, kp);
+  launch_pdl(kernel, {.grid = dim3(grid), .block = dim3(T::kThreads), .smem_bytes = T::kSmemBytes}, stream, kp);
 }
 
 }  // namespace deepinfer::cuda::moe_detail

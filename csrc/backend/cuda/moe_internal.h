@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launch.h"
 #include "backend/cuda/moe_params.h"
 
 namespace deepinfer::cuda::moe_detail {
@@ -72,30 +72,12 @@ void check_experts(const MoeParams& p, MoeExpertsPath path);
 // W_down fits well inside L2).
 bool use_down_prefetch(const MoeParams& p, int32_t max_active);
 
-// Stage launchers (programmatic dependent launches on `stream`).
+// Stage launchers: programmatic dependent launches on `stream` (launch_pdl, launch.h).
 void launch_route(const MoeKernelParams& kp, cudaStream_t stream);  // route (+ scatter)
 void launch_small_gate_up(const MoeKernelParams& kp, cudaStream_t stream);
 void launch_small_down(const MoeKernelParams& kp, cudaStream_t stream);
 void launch_grouped_gate_up(const MoeKernelParams& kp, cudaStream_t stream);
 void launch_grouped_down(const MoeKernelParams& kp, cudaStream_t stream);
 void launch_combine(const MoeKernelParams& kp, cudaStream_t stream);
-
-// Launches `kernel` as a programmatic dependent of the previous work on `stream`: it may be scheduled while that
-// work drains and waits for it at griddepcontrol.wait (every MoE kernel does so before touching memory).
-template <typename Kernel>
-void launch_pdl(Kernel kernel, dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
-                const MoeKernelParams& kp) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem_bytes;
-  config.stream = stream;
-  cudaLaunchAttribute attribute = {};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  CUDA_TRY(cudaLaunchKernelEx(&config, kernel, kp));
-}
 
 }  // namespace deepinfer::cuda::moe_detail

@@ -7,6 +7,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launch.h"
 #include "backend/cuda/moe.cuh"
 #include "backend/cuda/moe_internal.h"
 #include "backend/cuda/moe_ptx.cuh"
@@ -391,8 +392,9 @@ void check_experts(const MoeParams& p, MoeExpertsPath path) {
 }
 
 void launch_route(const MoeKernelParams& kp, cudaStream_t stream) {
-  launch_pdl(moe_route_kernel, dim3(kp.route_blocks), dim3(kRouteThreads), 0, stream, kp);
-  if (!kp.fused_scatter) launch_pdl(moe_scatter_kernel, dim3(kp.route_blocks), dim3(kRouteThreads), 0, stream, kp);
+  const LaunchShape shape{.grid = dim3(kp.route_blocks), .block = dim3(kRouteThreads)};
+  launch_pdl(moe_route_kernel, shape, stream, kp);
+  if (!kp.fused_scatter) launch_pdl(moe_scatter_kernel, shape, stream, kp);
 }
 
 }  // namespace moe_detail

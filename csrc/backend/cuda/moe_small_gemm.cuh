@@ -17,6 +17,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/launch.h"
 #include "backend/cuda/moe_internal.h"
 #include "backend/cuda/moe_ptx.cuh"
 
@@ -219,8 +220,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) moe_small_gemm_ker
 template <typename T>
 void launch_small_gemm(const MoeKernelParams& kp, cudaStream_t stream) {
   const int out_cols = T::kGateUp ? kp.p.inter : kp.p.hidden;
-  launch_pdl(moe_small_gemm_kernel<T>, dim3(out_cols / T::kOutCols, kp.max_active), dim3(T::kThreads), 0, stream,
-             kp);
+  const LaunchShape shape{.grid = dim3(out_cols / T::kOutCols, kp.max_active), .block = dim3(T::kThreads)};
+  launch_pdl(moe_small_gemm_kernel<T>, shape, stream, kp);
 }
 
 }  // namespace deepinfer::cuda::moe_detail

@@ -8,6 +8,8 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/elementwise_vec.cuh"
+#include "backend/cuda/launch.h"
+#include "backend/cuda/ptx.cuh"
 #include "backend/cuda/norm_residual_params.h"
 
 namespace deepinfer::cuda {
@@ -100,6 +102,8 @@ __device__ __forceinline__ Chunk<Traits> load_weight(const float* w) {
 
 template <typename Traits>
 __global__ void __launch_bounds__(Traits::kThreads) norm_residual_kernel(__grid_constant__ const NormResidualParams p) {
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
   using T = typename Traits::Element;
   const int64_t row = blockIdx.x;
   const T* x = static_cast<const T*>(p.x) + row * p.x_row_stride;
@@ -131,8 +135,8 @@ __global__ void __launch_bounds__(Traits::kThreads) norm_residual_kernel(__grid_
 
 template <typename Traits>
 void launch(const NormResidualParams& p, cudaStream_t stream) {
-  norm_residual_kernel<Traits><<<static_cast<unsigned>(p.rows), Traits::kThreads, 0, stream>>>(p);
-  CUDA_TRY(cudaGetLastError());
+  launch_pdl(norm_residual_kernel<Traits>,
+             {.grid = dim3(static_cast<unsigned>(p.rows)), .block = dim3(Traits::kThreads)}, stream, p);
 }
 
 template <typename T, Residual kMode, bool kVectorized>

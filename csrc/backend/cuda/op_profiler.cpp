@@ -2,17 +2,15 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <utility>
 
 #include "backend/cuda/cuda_check.h"
+#include "core/env_flag.h"
 
 namespace deepinfer::cuda {
 
 OpProfiler::OpProfiler(cudaStream_t stream) : stream_(stream) {
-  const char* flag = std::getenv("DEEPINFER_PROFILE_OPS");
-  enabled_ = flag != nullptr && std::strcmp(flag, "0") != 0 && flag[0] != '\0';
+  enabled_ = env_flag("DEEPINFER_PROFILE_OPS");
 }
 
 OpProfiler::~OpProfiler() {

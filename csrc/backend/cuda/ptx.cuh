@@ -8,6 +8,18 @@ namespace deepinfer::cuda::ptx {
 
 // ---------------------------------------------------------------------------------------------------------------
 // Programmatic dependent launch
+//
+// Every kernel of the project launches through launch_pdl (launch.h), so its CTAs may start while the previous
+// grid on the stream is still running. The rule each kernel keeps, in every CTA and on every path:
+//   1. griddep_wait() comes before its first global memory read or write. Only index arithmetic, shared memory, and
+//      reads of its __grid_constant__ parameters (or constant tables no kernel writes) may come before it. An early
+//      return before the wait is not allowed either: the grid would complete before its predecessor, and the next
+//      kernel, which waits only for this grid, could then overtake that predecessor.
+//   2. griddep_launch_dependents() after the wait, anywhere (right after it is fine): the next grid may then be
+//      scheduled, but still blocks in its own griddep_wait until this whole grid has completed and its memory is
+//      visible. Calling it after the wait keeps at most two grids of the stream resident.
+// Work that is not ours (cuBLAS) never triggers and so counts as triggering when it completes: the kernel after it
+// waits for all of it, as without PDL.
 
 // Waits until the previous grid on the stream has completed and its memory is visible (a no-op without PDL).
 __device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }

@@ -7,6 +7,8 @@
 #include <climits>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launch.h"
+#include "backend/cuda/ptx.cuh"
 #include "backend/cuda/rms_norm_params.h"
 
 namespace deepinfer::cuda {
@@ -41,6 +43,8 @@ __device__ __forceinline__ float block_sum(float v) {
 
 template <typename Traits>
 __global__ void __launch_bounds__(Traits::kThreads) rms_norm_kernel(__grid_constant__ const RmsNormParams p) {
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
   const int64_t row = blockIdx.x;
   const auto* x = reinterpret_cast<const __nv_bfloat16*>(p.x) + row * p.x_row_stride;
   auto* out = reinterpret_cast<__nv_bfloat16*>(p.out) + row * p.out_row_stride;
@@ -59,8 +63,8 @@ __global__ void __launch_bounds__(Traits::kThreads) rms_norm_kernel(__grid_const
 
 template <typename Traits>
 void launch(const RmsNormParams& p, cudaStream_t stream) {
-  rms_norm_kernel<Traits><<<static_cast<unsigned>(p.rows), Traits::kThreads, 0, stream>>>(p);
-  CUDA_TRY(cudaGetLastError());
+  launch_pdl(rms_norm_kernel<Traits>, {.grid = dim3(static_cast<unsigned>(p.rows)), .block = dim3(Traits::kThreads)},
+             stream, p);
 }
 
 // Short rows get a small block; hidden-size rows (2048..7168) get enough threads to keep the loads in flight.

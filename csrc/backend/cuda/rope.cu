@@ -6,6 +6,8 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/elementwise_vec.cuh"
+#include "backend/cuda/launch.h"
+#include "backend/cuda/ptx.cuh"
 
 namespace deepinfer::cuda {
 namespace {
@@ -25,6 +27,8 @@ struct alignas(2 * sizeof(T)) Pair {
 
 template <typename Traits>
 __global__ void __launch_bounds__(Traits::kThreads) rope_kernel(__grid_constant__ const RopeParams p) {
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
   using T = typename Traits::Element;
   T* x = static_cast<T*>(p.x);
   const int64_t half = p.rot_dim / 2;
@@ -81,8 +85,8 @@ void rope(const RopeParams& p, DType dtype, cudaStream_t stream) {
     using Traits = RopeTraits<decltype(element)>;
     const int64_t head_groups = (p.num_heads + Traits::kHeadsPerThread - 1) / Traits::kHeadsPerThread;
     const int64_t items = p.num_tokens * head_groups * (p.rot_dim / 2);
-    rope_kernel<Traits><<<grid_blocks(items, Traits::kThreads), Traits::kThreads, 0, stream>>>(p);
-    CUDA_TRY(cudaGetLastError());
+    launch_pdl(rope_kernel<Traits>,
+               {.grid = dim3(grid_blocks(items, Traits::kThreads)), .block = dim3(Traits::kThreads)}, stream, p);
   });
 }
 

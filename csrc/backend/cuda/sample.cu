@@ -43,6 +43,8 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launch.h"
+#include "backend/cuda/ptx.cuh"
 #include "backend/cuda/sample_group.cuh"
 #include "backend/cuda/sample_params.h"
 #include "backend/cuda/sample_row.cuh"
@@ -275,6 +277,8 @@ __device__ __noinline__ uint32_t radix_select(Group<kCluster>& g, const Row& row
 
 template <int kCluster>
 __global__ void __launch_bounds__(kThreads, 1) sample_kernel(__grid_constant__ const SampleParams p) {
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
   extern __shared__ __align__(16) unsigned char dynamic_shared[];
   __shared__ KernelShared sh;
   Group<kCluster> g{sh.group};
@@ -524,19 +528,10 @@ template <int kCluster>
 void launch(const SampleParams& p, size_t shared_bytes, cudaStream_t stream) {
   CUDA_TRY(cudaFuncSetAttribute(sample_kernel<kCluster>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 static_cast<int>(shared_bytes)));
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(p.num_rows * kCluster));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = shared_bytes;
-  config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = kCluster;
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
-  config.attrs = &attribute;
-  config.numAttrs = kCluster > 1 ? 1 : 0;
-  CUDA_TRY(cudaLaunchKernelEx(&config, sample_kernel<kCluster>, p));
+  launch_pdl(sample_kernel<kCluster>,
+             {.grid = dim3(static_cast<unsigned>(p.num_rows * kCluster)), .block = dim3(kThreads),
+              .smem_bytes = shared_bytes, .cluster_ctas = kCluster},
+             stream, p);
 }
 
 int num_sms_of_current_device() {

@@ -1,6 +1,7 @@
 // The narrow MLA decode kernel (16 heads per CTA): V2-Lite's 16 heads, and any head count that is a multiple of 16
 // but not of 64.
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launch.h"
 #include "backend/cuda/mla_decode_kernels.cuh"
 
 namespace deepinfer::cuda::mla_detail {
@@ -11,8 +12,7 @@ void launch_mla_decode_narrow(const MlaDecodeParams& p, cudaStream_t stream) {
   const auto kernel = mla_decode_narrow_kernel<T>;
   CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   const dim3 grid(p.num_heads / T::kHeads, p.num_splits, p.batch);
-  kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
-  CUDA_TRY(cudaGetLastError());
+  launch_pdl(kernel, {.grid = grid, .block = dim3(kThreads), .smem_bytes = kSmemBytes}, stream, p);
 }
 
 }  // namespace deepinfer::cuda::mla_detail

@@ -1,5 +1,6 @@
 // The wgmma variant of the wide MLA decode kernel (64 heads per CTA): V3's 128 heads run as two head blocks.
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launch.h"
 #include "backend/cuda/mla_decode_wgmma.cuh"
 
 namespace deepinfer::cuda::mla_detail {
@@ -11,8 +12,7 @@ void launch_mla_decode_wide_wgmma(const MlaDecodeParams& p, cudaStream_t stream)
   CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   // Head blocks vary fastest, so the CTAs that read the same tiles run side by side and share them through L2.
   const dim3 grid(p.num_heads / T::kHeads, p.num_splits, p.batch);
-  kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
-  CUDA_TRY(cudaGetLastError());
+  launch_pdl(kernel, {.grid = grid, .block = dim3(kThreads), .smem_bytes = kSmemBytes}, stream, p);
 }
 
 }  // namespace deepinfer::cuda::mla_detail

@@ -1,5 +1,6 @@
 // The MLA prefill attention kernel at DeepSeek's dims (q/k head 128 + 64, v head 128).
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launch.h"
 #include "backend/cuda/mla_prefill_kernels.cuh"
 
 namespace deepinfer::cuda::mla_prefill_detail {
@@ -9,8 +10,7 @@ void launch_mla_prefill_attention(const MlaPrefillAttentionParams& p, cudaStream
   const auto kernel = mla_prefill_attention_kernel<T>;
   CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
   const dim3 grid((p.max_queries + T::kBlockM - 1) / T::kBlockM, p.num_heads, p.num_seqs);
-  kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(p);
-  CUDA_TRY(cudaGetLastError());
+  launch_pdl(kernel, {.grid = grid, .block = dim3(T::kThreads), .smem_bytes = T::kSmemBytes}, stream, p);
 }
 
 }  // namespace deepinfer::cuda::mla_prefill_detail

@@ -1,0 +1,12 @@
+#include "backend/cuda/launch.h"
+
+#include "core/env_flag.h"
+
+namespace deepinfer::cuda {
+
+bool pdl_enabled() {
+  static const bool enabled = !env_flag("DEEPINFER_DISABLE_PDL");
+  return enabled;
+}
+
+}  // namespace deepinfer::cuda
