@@ -13,6 +13,7 @@
 #include <cuda_bf16.h>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launch.h"
 #include "backend/cuda/moe_ptx.cuh"
 #include "core/error.h"
 
@@ -30,6 +31,12 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kStepK = 32;    // K elements one warp consumes per step (two MMAs)
 constexpr int kUnroll = 4;    // steps whose loads are in flight together
 constexpr int kMinStepsPerWarp = 4;
+
+// The kernel's argument: the operands and how many 16-row tiles a CTA computes (the launcher's choice).
+struct SkinnyKernelArgs {
+  SkinnyGemmParams p;
+  int tiles = 1;
+};
 
 __device__ __forceinline__ uint4 load_or_zero(const uint16_t* ptr, bool valid) {
   return valid ? ld_stream_16(ptr) : make_uint4(0u, 0u, 0u, 0u);
@@ -70,8 +77,9 @@ __device__ __forceinline__ void store_out(void* out, int64_t i, float v) {
 
 // kNT: 8-token MMA column tiles (1 or 2). Grid (row-tile groups, heads).
 template <int kNT, SkinnyEpilogue kEpilogue, bool kF32>
-__global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const __grid_constant__ SkinnyGemmParams p,
-                                                               int tiles) {
+__global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const __grid_constant__ SkinnyKernelArgs args) {
+  const SkinnyGemmParams& p = args.p;
+  const int tiles = args.tiles;
   __shared__ float partial[kWarps][kNT][32][4];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int warps_per_tile = kWarps / tiles, tile = warp / warps_per_tile, slice = warp % warps_per_tile;
@@ -166,22 +174,21 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const __grid_cons
 }
 
 template <int kNT, SkinnyEpilogue kEpilogue>
-void launch_for_output(const SkinnyGemmParams& p, dim3 grid, int tiles, cudaStream_t stream) {
-  if (p.out_f32) {
-    skinny_gemm_kernel<kNT, kEpilogue, true><<<grid, kThreads, 0, stream>>>(p, tiles);
+void launch_for_output(const SkinnyKernelArgs& args, dim3 grid, cudaStream_t stream) {
+  const LaunchShape shape{.grid = grid, .block = dim3(kThreads)};
+  if (args.p.out_f32) {
+    launch_pdl(skinny_gemm_kernel<kNT, kEpilogue, true>, shape, stream, args);
   } else {
-    skinny_gemm_kernel<kNT, kEpilogue, false><<<grid, kThreads, 0, stream>>>(p, tiles);
+    launch_pdl(skinny_gemm_kernel<kNT, kEpilogue, false>, shape, stream, args);
   }
 }
 
 template <int kNT>
-void launch_for_tokens(const SkinnyGemmParams& p, dim3 grid, int tiles, cudaStream_t stream) {
-  switch (p.epilogue) {
-    case SkinnyEpilogue::kStore: launch_for_output<kNT, SkinnyEpilogue::kStore>(p, grid, tiles, stream); break;
-    case SkinnyEpilogue::kAccumulate:
-      launch_for_output<kNT, SkinnyEpilogue::kAccumulate>(p, grid, tiles, stream);
-      break;
-    case SkinnyEpilogue::kSiluMul: launch_for_output<kNT, SkinnyEpilogue::kSiluMul>(p, grid, tiles, stream); break;
+void launch_for_tokens(const SkinnyKernelArgs& args, dim3 grid, cudaStream_t stream) {
+  switch (args.p.epilogue) {
+    case SkinnyEpilogue::kStore: launch_for_output<kNT, SkinnyEpilogue::kStore>(args, grid, stream); break;
+    case SkinnyEpilogue::kAccumulate: launch_for_output<kNT, SkinnyEpilogue::kAccumulate>(args, grid, stream); break;
+    case SkinnyEpilogue::kSiluMul: launch_for_output<kNT, SkinnyEpilogue::kSiluMul>(args, grid, stream); break;
   }
 }
 
@@ -211,8 +218,7 @@ void skinny_gemm(const SkinnyGemmParams& p, cudaStream_t stream) {
   DI_CHECK(blocks <= INT32_MAX, "skinny_gemm: ", p.n_out, " output columns are too many");
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(p.heads));
   static_assert(kSkinnyMaxTokens == 8, "one 8-token MMA column tile");
-  launch_for_tokens<1>(p, grid, tiles, stream);
-  CUDA_TRY(cudaGetLastError());
+  launch_for_tokens<1>({.p = p, .tiles = tiles}, grid, stream);
 }
 
 }  // namespace deepinfer::cuda
