@@ -17,7 +17,7 @@
 namespace deepinfer {
 
 enum class OpKind : uint8_t {
-  kLinear, kLinearSiluMul, kHeadLinear, kEmbedding, kGatherRows, kCopyStrided, kRmsNorm, kAddRmsNorm, kSiluMul, kAdd, kRope,
+  kLinear, kLinearSiluMul, kMultiLinear, kHeadLinear, kEmbedding, kGatherRows, kCopyStrided, kRmsNorm, kAddRmsNorm, kSiluMul, kAdd, kRope,
   kMlaCacheWrite, kMlaDecode, kMlaPrefill, kMoeRoute, kMoeExperts, kSample,  // kSample stays last (tests count on it)
 };
 std::string_view op_name(OpKind op);
@@ -78,6 +78,7 @@ class Backend {
   // Composed ops: a backend with a fused kernel overrides them; the default runs the ops they stand for
   // (composed_ops.cpp), which is the reference the fused kernels are tested against.
   virtual void linear_silu_mul(const LinearSiluMulArgs& a);
+  virtual void multi_linear(const MultiLinearArgs& a);
   virtual void head_linear(const HeadLinearArgs& a) = 0;
   virtual void embedding(const EmbeddingArgs& a) = 0;
   virtual void gather_rows(const GatherRowsArgs& a) = 0;

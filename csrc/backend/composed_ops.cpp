@@ -11,4 +11,15 @@ void Backend::linear_silu_mul(const LinearSiluMulArgs& a) {
   silu_mul({.gate_up = gate_up.cview(), .out = a.out});
 }
 
+void Backend::multi_linear(const MultiLinearArgs& a) {
+  a.validate();
+  for (const LinearTarget& t : a.targets) {
+    if (t.silu_mul) {
+      linear_silu_mul({.x = a.x, .w = t.w, .out = t.out});
+    } else {
+      linear({.x = a.x, .w = t.w, .out = t.out});
+    }
+  }
+}
+
 }  // namespace deepinfer

@@ -77,6 +77,7 @@ std::string_view op_name(OpKind op) {
   switch (op) {
     case OpKind::kLinear: return "linear";
     case OpKind::kLinearSiluMul: return "linear_silu_mul";
+    case OpKind::kMultiLinear: return "multi_linear";
     case OpKind::kHeadLinear: return "head_linear";
     case OpKind::kEmbedding: return "embedding";
     case OpKind::kGatherRows: return "gather_rows";
@@ -119,6 +120,17 @@ void LinearSiluMulArgs::validate() const {
   expect_activation(x, "linear_silu_mul", "x");
   expect_same_dtype(x, out, "linear_silu_mul", "x", "out");
   expect_one_device({x, w, out}, "linear_silu_mul");
+}
+
+void MultiLinearArgs::validate() const {
+  DI_CHECK(!targets.empty() && targets.size() <= 3, "multi_linear: 1 to 3 targets, got ", targets.size());
+  for (const LinearTarget& t : targets) {
+    if (t.silu_mul) {
+      LinearSiluMulArgs{.x = x, .w = t.w, .out = t.out}.validate();
+    } else {
+      LinearArgs{.x = x, .w = t.w, .out = t.out}.validate();
+    }
+  }
 }
 
 void HeadLinearArgs::validate() const {

@@ -10,8 +10,11 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
+#include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <cuda_runtime_api.h>
 
@@ -159,6 +162,7 @@ class CudaBackend final : public Backend {
     switch (op) {
       case OpKind::kLinear:
       case OpKind::kLinearSiluMul:
+      case OpKind::kMultiLinear:
       case OpKind::kHeadLinear:
       case OpKind::kMlaPrefill:  // bfloat16, DeepSeek's dims (rank 512, rope 64, nope 128, v 128); cuBLAS decompresses
 #ifdef DEEPINFER_HAVE_CUBLAS
@@ -300,11 +304,8 @@ class CudaBackend final : public Backend {
       if (!a.accumulate) CUDA_TRY(cudaMemsetAsync(a.out.data, 0, a.out.bytes(), stream_.get()));
       return;
     }
-    const cuda::SkinnyGemmParams skinny{
-        .x = static_cast<const uint16_t*>(a.x.data), .w = static_cast<const uint16_t*>(a.w.data), .out = a.out.data,
-        .out_f32 = a.out.dtype == DType::kF32,
-        .epilogue = a.accumulate ? cuda::SkinnyEpilogue::kAccumulate : cuda::SkinnyEpilogue::kStore,
-        .tokens = m, .n_out = n, .k_dim = k, .x_row_stride = k, .out_row_stride = n};
+    const cuda::SkinnyGemmParams skinny = skinny_params(
+        a.x, {{a.w, a.out, a.accumulate ? cuda::SkinnyEpilogue::kAccumulate : cuda::SkinnyEpilogue::kStore}});
     if (use_skinny(a.x.dtype, skinny)) {
       cuda::skinny_gemm(skinny, stream_.get());
       return;
@@ -327,16 +328,33 @@ class CudaBackend final : public Backend {
   void linear_silu_mul(const LinearSiluMulArgs& a) override {
     a.validate();
     check_gemm_operands(a.x, a.w, a.out, "cuda linear_silu_mul");
-    const int64_t m = a.x.shape[0], inter = a.out.shape[1], k = a.x.shape[1];
-    const cuda::SkinnyGemmParams skinny{
-        .x = static_cast<const uint16_t*>(a.x.data), .w = static_cast<const uint16_t*>(a.w.data), .out = a.out.data,
-        .epilogue = cuda::SkinnyEpilogue::kSiluMul, .tokens = m, .n_out = inter, .k_dim = k, .x_row_stride = k,
-        .out_row_stride = inter};
-    if (m == 0 || inter == 0 || !use_skinny(a.x.dtype, skinny)) {
+    const cuda::SkinnyGemmParams skinny = skinny_params(a.x, {{a.w, a.out, cuda::SkinnyEpilogue::kSiluMul}});
+    if (a.out.numel() == 0 || !use_skinny(a.x.dtype, skinny)) {
       Backend::linear_silu_mul(a);  // cuBLAS, then the silu_mul kernel
       return;
     }
-    const auto timing = timed([&] { return str_cat("linear_silu_mul [", a.w.shape[0], " x ", k, "] M=", m); });
+    const auto timing =
+        timed([&] { return str_cat("linear_silu_mul [", a.w.shape[0], " x ", a.w.shape[1], "] M=", a.x.shape[0]); });
+    cuda::skinny_gemm(skinny, stream_.get());
+  }
+
+  void multi_linear(const MultiLinearArgs& a) override {
+    a.validate();
+    std::vector<SkinnyTarget> targets;
+    for (const LinearTarget& t : a.targets) {
+      check_gemm_operands(a.x, t.w, t.out, "cuda multi_linear");
+      targets.push_back({t.w, t.out, t.silu_mul ? cuda::SkinnyEpilogue::kSiluMul : cuda::SkinnyEpilogue::kStore});
+    }
+    const cuda::SkinnyGemmParams skinny = skinny_params(a.x, targets);
+    if (a.x.shape[0] == 0 || !use_skinny(a.x.dtype, skinny)) {
+      Backend::multi_linear(a);  // one op per target, each with its own choice of kernel
+      return;
+    }
+    const auto timing = timed([&] {
+      std::string label = str_cat("multi_linear M=", a.x.shape[0]);
+      for (const LinearTarget& t : a.targets) label += str_cat(" [", t.w.shape[0], " x ", t.w.shape[1], "]");
+      return label;
+    });
     cuda::skinny_gemm(skinny, stream_.get());
   }
 
@@ -651,17 +669,42 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // One product of a skinny GEMM launch: weights, output, epilogue.
+  struct SkinnyTarget {
+    ConstTensorView w;
+    TensorView out;
+    cuda::SkinnyEpilogue epilogue;
+  };
+
+  static cuda::SkinnyGemmParams skinny_params(const ConstTensorView& x, std::span<const SkinnyTarget> targets) {
+    cuda::SkinnyGemmParams p{.x = static_cast<const uint16_t*>(x.data), .tokens = x.shape[0], .k_dim = x.shape[1],
+                             .x_row_stride = x.shape[1], .num_problems = static_cast<int>(targets.size())};
+    for (size_t i = 0; i < targets.size() && i < std::size(p.problems); ++i) {
+      const SkinnyTarget& t = targets[i];
+      p.problems[i] = {.w = static_cast<const uint16_t*>(t.w.data), .out = t.out.data, .n_out = t.out.shape[1],
+                       .out_row_stride = t.out.shape[1], .epilogue = t.epilogue,
+                       .out_f32 = t.out.dtype == DType::kF32};
+    }
+    return p;
+  }
+  static cuda::SkinnyGemmParams skinny_params(const ConstTensorView& x, std::initializer_list<SkinnyTarget> targets) {
+    return skinny_params(x, std::span<const SkinnyTarget>(targets.begin(), targets.size()));
+  }
+
   // Decode-sized bf16 GEMMs go to the skinny kernel where it beat cuBLAS on an H200 (benchmarks/results/
   // skinny_gemm_h200.md, graph-replayed, weights cold in L2): up to 8 tokens and weights up to 48 MB (V2-Lite's
   // projections: 4.0 vs 6.0 us for kv_a, 5.2 vs 6.1 us for o_proj), and the gated MLP projection at any size up to
-  // 8 tokens (it also saves the silu_mul kernel). cuBLAS keeps 16 tokens, the large matrices (lm_head, V3's o_proj
-  // and q_b_proj: 4.0-4.2 TB/s against the skinny kernel's 3.1-3.7) and the per-head products.
+  // 8 tokens (it also saves the silu_mul kernel). cuBLAS keeps 9 tokens and more, the large matrices (lm_head, V3's
+  // o_proj and q_b_proj: 3.6-4.2 TB/s against the skinny kernel's 3.0-3.9) and the per-head products.
   bool use_skinny(DType dtype, const cuda::SkinnyGemmParams& p) const {
-    constexpr int64_t kMaxTokens = cuda::kSkinnyMaxTokens, kMaxWeightBytes = int64_t{48} << 20;
-    const int64_t w_rows = p.epilogue == cuda::SkinnyEpilogue::kSiluMul ? 2 * p.n_out : p.n_out;
-    const bool small_weights = p.heads * w_rows * p.k_dim * 2 <= kMaxWeightBytes;
-    return skinny_enabled_ && dtype == DType::kBF16 && p.tokens <= kMaxTokens &&
-           (small_weights || p.epilogue == cuda::SkinnyEpilogue::kSiluMul) && cuda::skinny_gemm_fits(p);
+    constexpr int64_t kMaxWeightBytes = int64_t{48} << 20;
+    if (!skinny_enabled_ || dtype != DType::kBF16 || !cuda::skinny_gemm_fits(p)) return false;
+    for (int i = 0; i < p.num_problems; ++i) {
+      const cuda::SkinnyProblem& q = p.problems[i];
+      const bool silu_mul = q.epilogue == cuda::SkinnyEpilogue::kSiluMul;
+      if (!silu_mul && q.n_out * p.k_dim * 2 > kMaxWeightBytes) return false;
+    }
+    return true;
   }
 
   // Brackets an op for the profiler, never while a graph is recorded. A label built from the op's shapes comes as a

@@ -1,7 +1,7 @@
 // Skinny GEMM kernel: weights streamed once through mma.sync, tokens as the MMA's 8-wide N side.
 //
-// A CTA has 8 warps and computes `tiles` tiles of 16 weight rows (1, 2, 4 or 8; 8 / tiles warps share a tile and
-// split its K range). Each warp walks its K range in 32-wide steps; a lane loads 16 contiguous bytes of weight row r
+// The grid's CTAs are split between the problems (consecutive block ranges). A CTA has 8 warps and computes `tiles`
+// tiles of 16 weight rows of its problem (1, 2, 4 or 8; 8 / tiles warps share a tile and split its K range). Each warp walks its K range in 32-wide steps; a lane loads 16 contiguous bytes of weight row r
 // and of row r + 8 (r = lane / 4) and 16 bytes of x for token lane / 4, which feed two m16n8k16 MMAs. An MMA's K
 // order is fixed by the fragment layout, but a dot product does not care in which order its terms come: lane q
 // (= lane % 4) gives physical k 8q..8q+3 to the first MMA's k slots {2q, 2q+1, 2q+8, 2q+9} and 8q+4..8q+7 to the
@@ -11,6 +11,9 @@
 #include "backend/cuda/skinny_gemm.cuh"
 
 #include <cuda_bf16.h>
+
+#include <climits>
+#include <cstdint>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launch.h"
@@ -32,10 +35,11 @@ constexpr int kStepK = 32;    // K elements one warp consumes per step (two MMAs
 constexpr int kUnroll = 4;    // steps whose loads are in flight together
 constexpr int kMinStepsPerWarp = 4;
 
-// The kernel's argument: the operands and how many 16-row tiles a CTA computes (the launcher's choice).
+// The kernel's argument: the operands, and per problem the 16-row tiles a CTA computes and its first block.
 struct SkinnyKernelArgs {
   SkinnyGemmParams p;
-  int tiles = 1;
+  int tiles[kSkinnyMaxProblems] = {};
+  int block_begin[kSkinnyMaxProblems + 1] = {};
 };
 
 __device__ __forceinline__ uint4 load_or_zero(const uint16_t* ptr, bool valid) {
@@ -57,48 +61,47 @@ __device__ __forceinline__ void mma_step(float (&acc)[kNT][4], const uint4& wa, 
   }
 }
 
-template <bool kF32>
-__device__ __forceinline__ float load_out(const void* out, int64_t i) {
-  if constexpr (kF32) {
-    return static_cast<const float*>(out)[i];
+__device__ __forceinline__ float load_out(const SkinnyProblem& q, int64_t i) {
+  return q.out_f32 ? static_cast<const float*>(q.out)[i]
+                   : __bfloat162float(static_cast<const __nv_bfloat16*>(q.out)[i]);
+}
+
+__device__ __forceinline__ void store_out(const SkinnyProblem& q, int64_t i, float v) {
+  if (q.out_f32) {
+    static_cast<float*>(q.out)[i] = v;
   } else {
-    return __bfloat162float(static_cast<const __nv_bfloat16*>(out)[i]);
+    static_cast<__nv_bfloat16*>(q.out)[i] = __float2bfloat16_rn(v);
   }
 }
 
-template <bool kF32>
-__device__ __forceinline__ void store_out(void* out, int64_t i, float v) {
-  if constexpr (kF32) {
-    static_cast<float*>(out)[i] = v;
-  } else {
-    static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(v);
-  }
-}
-
-// kNT: 8-token MMA column tiles (1 or 2). Grid (row-tile groups, heads).
-template <int kNT, SkinnyEpilogue kEpilogue, bool kF32>
+// kNT: 8-token MMA column tiles. Grid: the problems' block ranges, one after the other.
+template <int kNT>
 __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const __grid_constant__ SkinnyKernelArgs args) {
   const SkinnyGemmParams& p = args.p;
-  const int tiles = args.tiles;
   __shared__ float partial[kWarps][kNT][32][4];
+  int problem = 0;
+  while (problem + 1 < p.num_problems && static_cast<int>(blockIdx.x) >= args.block_begin[problem + 1]) ++problem;
+  const SkinnyProblem& q = p.problems[problem];
+  const int block = static_cast<int>(blockIdx.x) - args.block_begin[problem];
+  const int tiles = args.tiles[problem];
+  const bool silu_mul = q.epilogue == SkinnyEpilogue::kSiluMul;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int warps_per_tile = kWarps / tiles, tile = warp / warps_per_tile, slice = warp % warps_per_tile;
   // kSiluMul pairs gate tile g with up tile g (n_out rows further): the first half of the tiles are gates.
-  const int groups = kEpilogue == SkinnyEpilogue::kSiluMul ? tiles / 2 : tiles;
-  const int64_t head = blockIdx.y;
-  const int64_t group_row = (static_cast<int64_t>(blockIdx.x) * groups + tile % groups) * 16;  // output column
-  const int64_t row_offset = tile < groups ? 0 : p.n_out;
-  const int r = lane / 4, q = lane % 4;
+  const int groups = silu_mul ? tiles / 2 : tiles;
+  const int64_t group_row = (static_cast<int64_t>(block) * groups + tile % groups) * 16;  // output column
+  const int64_t row_offset = tile < groups ? 0 : q.n_out;
+  const int r = lane / 4, lane_k = lane % 4;
 
-  const uint16_t* w_row = p.w + head * p.w_head_stride + (row_offset + group_row + r) * p.k_dim + q * 8;
-  const bool valid_a = group_row + r < p.n_out, valid_b = group_row + r + 8 < p.n_out;
+  const uint16_t* w_row = q.w + (row_offset + group_row + r) * p.k_dim + lane_k * 8;
+  const bool valid_a = group_row + r < q.n_out, valid_b = group_row + r + 8 < q.n_out;
   const uint16_t* x_row[kNT];
   bool valid_x[kNT];
 #pragma unroll
   for (int nt = 0; nt < kNT; ++nt) {
     const int token = nt * 8 + r;
     valid_x[nt] = token < p.tokens;
-    x_row[nt] = p.x + (valid_x[nt] ? token : 0) * p.x_row_stride + head * p.x_head_stride + q * 8;
+    x_row[nt] = p.x + (valid_x[nt] ? token : 0) * p.x_row_stride + lane_k * 8;
   }
   const int64_t row_b_offset = 8 * p.k_dim;
 
@@ -155,70 +158,65 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const __grid_cons
   for (int idx = threadIdx.x; idx < outputs; idx += kThreads) {
     const int group = idx / (kNT * 128), nt = (idx / 128) % kNT, l = (idx / 4) % 32, i = idx % 4;
     const int row = l / 4 + 8 * (i / 2), token = nt * 8 + 2 * (l % 4) + i % 2;
-    const int64_t col = (static_cast<int64_t>(blockIdx.x) * groups + group) * 16 + row;
-    if (token >= p.tokens || col >= p.n_out) continue;
+    const int64_t col = (static_cast<int64_t>(block) * groups + group) * 16 + row;
+    if (token >= p.tokens || col >= q.n_out) continue;
     const auto tile_sum = [&](int t) {
       float sum = 0.0f;
       for (int w = 0; w < warps_per_tile; ++w) sum += partial[t * warps_per_tile + w][nt][l][i];
       return sum;
     };
-    const int64_t o = token * p.out_row_stride + head * p.out_head_stride + col;
-    if constexpr (kEpilogue == SkinnyEpilogue::kSiluMul) {
-      store_out<kF32>(p.out, o, silu(tile_sum(group)) * tile_sum(group + groups));
-    } else if constexpr (kEpilogue == SkinnyEpilogue::kAccumulate) {
-      store_out<kF32>(p.out, o, load_out<kF32>(p.out, o) + tile_sum(group));
-    } else {
-      store_out<kF32>(p.out, o, tile_sum(group));
+    const int64_t o = token * q.out_row_stride + col;
+    switch (q.epilogue) {
+      case SkinnyEpilogue::kSiluMul: store_out(q, o, silu(tile_sum(group)) * tile_sum(group + groups)); break;
+      case SkinnyEpilogue::kAccumulate: store_out(q, o, load_out(q, o) + tile_sum(group)); break;
+      case SkinnyEpilogue::kStore: store_out(q, o, tile_sum(group)); break;
     }
-  }
-}
-
-template <int kNT, SkinnyEpilogue kEpilogue>
-void launch_for_output(const SkinnyKernelArgs& args, dim3 grid, cudaStream_t stream) {
-  const LaunchShape shape{.grid = grid, .block = dim3(kThreads)};
-  if (args.p.out_f32) {
-    launch_pdl(skinny_gemm_kernel<kNT, kEpilogue, true>, shape, stream, args);
-  } else {
-    launch_pdl(skinny_gemm_kernel<kNT, kEpilogue, false>, shape, stream, args);
-  }
-}
-
-template <int kNT>
-void launch_for_tokens(const SkinnyKernelArgs& args, dim3 grid, cudaStream_t stream) {
-  switch (args.p.epilogue) {
-    case SkinnyEpilogue::kStore: launch_for_output<kNT, SkinnyEpilogue::kStore>(args, grid, stream); break;
-    case SkinnyEpilogue::kAccumulate: launch_for_output<kNT, SkinnyEpilogue::kAccumulate>(args, grid, stream); break;
-    case SkinnyEpilogue::kSiluMul: launch_for_output<kNT, SkinnyEpilogue::kSiluMul>(args, grid, stream); break;
   }
 }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
+// Enough K steps per warp to keep loads in flight: short K gives each tile fewer warps and the CTA more tiles; a
+// gated projection keeps at least one gate and one up tile a CTA.
+int tiles_per_cta(int64_t k_dim, SkinnyEpilogue epilogue) {
+  const int64_t steps = k_dim / kStepK;
+  int warps_per_tile = kWarps;
+  while (warps_per_tile > 1 && steps < int64_t{kMinStepsPerWarp} * warps_per_tile) warps_per_tile /= 2;
+  if (epilogue == SkinnyEpilogue::kSiluMul && warps_per_tile == kWarps) warps_per_tile = kWarps / 2;
+  return kWarps / warps_per_tile;
+}
+
 }  // namespace
 
 bool skinny_gemm_fits(const SkinnyGemmParams& p) {
-  const bool one_head_gate_up = p.epilogue != SkinnyEpilogue::kSiluMul || p.heads == 1;
-  return p.tokens >= 1 && p.tokens <= kSkinnyMaxTokens && p.heads >= 1 && p.heads <= 65535 && p.n_out >= 1 &&
-         p.k_dim > 0 && p.k_dim % kStepK == 0 && one_head_gate_up && aligned16(p.x) && aligned16(p.w) &&
-         p.x_row_stride % 8 == 0 && p.x_head_stride % 8 == 0 && p.w_head_stride % 8 == 0;
+  if (p.tokens < 1 || p.tokens > kSkinnyMaxTokens || p.k_dim <= 0 || p.k_dim % kStepK != 0 || !aligned16(p.x) ||
+      p.x_row_stride % 8 != 0 || p.num_problems < 1 || p.num_problems > kSkinnyMaxProblems) {
+    return false;
+  }
+  for (int i = 0; i < p.num_problems; ++i) {
+    if (p.problems[i].n_out < 1 || !aligned16(p.problems[i].w)) return false;
+  }
+  return true;
 }
 
 void skinny_gemm(const SkinnyGemmParams& p, cudaStream_t stream) {
-  DI_CHECK(skinny_gemm_fits(p), "skinny_gemm: ", p.tokens, " tokens, K ", p.k_dim, ", ", p.heads,
-           " heads: needs 1..", kSkinnyMaxTokens, " tokens, K a multiple of ", kStepK,
-           " and 16-byte aligned rows (use cuBLAS)");
-  // Enough K steps per warp to keep loads in flight: short K gives each tile fewer warps and the CTA more tiles.
-  const int64_t steps = p.k_dim / kStepK;
-  int warps_per_tile = kWarps;
-  while (warps_per_tile > 1 && steps < int64_t{kMinStepsPerWarp} * warps_per_tile) warps_per_tile /= 2;
-  if (p.epilogue == SkinnyEpilogue::kSiluMul && warps_per_tile == kWarps) warps_per_tile = kWarps / 2;
-  const int tiles = kWarps / warps_per_tile;
-  const int groups = p.epilogue == SkinnyEpilogue::kSiluMul ? tiles / 2 : tiles;
-  const int64_t blocks = (p.n_out + 16 * groups - 1) / (16 * groups);
-  DI_CHECK(blocks <= INT32_MAX, "skinny_gemm: ", p.n_out, " output columns are too many");
-  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(p.heads));
+  DI_CHECK(skinny_gemm_fits(p), "skinny_gemm: ", p.tokens, " tokens, K ", p.k_dim, ", ", p.num_problems,
+           " problems: needs 1..", kSkinnyMaxTokens, " tokens, K a multiple of ", kStepK, ", 1..",
+           kSkinnyMaxProblems, " problems and 16-byte aligned rows (use cuBLAS)");
+  SkinnyKernelArgs args{.p = p};
+  int64_t blocks = 0;
+  for (int i = 0; i < p.num_problems; ++i) {
+    const SkinnyProblem& q = p.problems[i];
+    args.tiles[i] = tiles_per_cta(p.k_dim, q.epilogue);
+    const int groups = q.epilogue == SkinnyEpilogue::kSiluMul ? args.tiles[i] / 2 : args.tiles[i];
+    args.block_begin[i] = static_cast<int>(blocks);
+    blocks += (q.n_out + 16 * groups - 1) / (16 * groups);
+    DI_CHECK(blocks <= INT32_MAX, "skinny_gemm: ", q.n_out, " output columns are too many");
+  }
+  args.block_begin[p.num_problems] = static_cast<int>(blocks);
   static_assert(kSkinnyMaxTokens == 8, "one 8-token MMA column tile");
-  launch_for_tokens<1>({.p = p, .tiles = tiles}, grid, stream);
+  launch_pdl(skinny_gemm_kernel<1>, {.grid = dim3(static_cast<unsigned>(blocks)), .block = dim3(kThreads)}, stream,
+             args);
 }
 
 }  // namespace deepinfer::cuda

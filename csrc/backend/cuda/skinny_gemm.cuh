@@ -1,6 +1,7 @@
 // Skinny GEMM on CUDA (sm_90a): decode-sized token counts against bf16 weights read once at full bandwidth, where
-// cuBLAS spends several microseconds of fixed cost per call. The CUDA backend routes linear and the gated MLP
-// projection here when skinny_gemm_fits() holds, and to cuBLAS otherwise.
+// cuBLAS spends several microseconds of fixed cost per call; several products of the same activations share one
+// launch. The CUDA backend routes linear, linear_silu_mul and multi_linear here when its measured rule allows and
+// skinny_gemm_fits() holds, and to cuBLAS otherwise.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -15,8 +16,8 @@ namespace deepinfer::cuda {
 // byte; at 16 tokens cuBLAS was faster on every shape measured.)
 inline constexpr int64_t kSkinnyMaxTokens = 8;
 
-// Whether the kernel takes these operands: 1..kSkinnyMaxTokens tokens, K a positive multiple of 32, every x row,
-// head slice and weight row 16-byte aligned. Anything else goes to cuBLAS.
+// Whether the kernel takes these operands: 1..kSkinnyMaxTokens tokens, K a positive multiple of 32, 16-byte aligned
+// x rows and weights, 1..kSkinnyMaxProblems problems with at least one output column each.
 bool skinny_gemm_fits(const SkinnyGemmParams& p);
 
 // Queues the kernel on `stream`; throws deepinfer::Error when !skinny_gemm_fits(p).

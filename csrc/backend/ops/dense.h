@@ -4,6 +4,8 @@
 // float32, the CUDA backend takes both); norm weights are float32. Every tensor of an op is on one device.
 #pragma once
 
+#include <span>
+
 #include "core/tensor.h"
 
 namespace deepinfer {
@@ -25,6 +27,20 @@ struct LinearSiluMulArgs {
   ConstTensorView x;  // [M, K]
   ConstTensorView w;  // [2I, K]
   TensorView out;     // [M, I]
+  void validate() const;
+};
+
+// Several products of the same x in one op: each target's out = x · w^T, or with silu_mul out = silu(x · gate^T) *
+// (x · up^T) for w = [gate; up]. A decode step reads q_proj with kv_a_proj, and the router with the shared experts'
+// gate_up, in one launch this way. Backends without a fused kernel run the targets one by one.
+struct LinearTarget {
+  ConstTensorView w;  // [N, K] (silu_mul: [2I, K])
+  TensorView out;     // [M, N] (silu_mul: [M, I]); x's dtype, or float32 when not silu_mul
+  bool silu_mul = false;
+};
+struct MultiLinearArgs {
+  ConstTensorView x;                      // [M, K]
+  std::span<const LinearTarget> targets;  // 1..3
   void validate() const;
 };
 
