@@ -17,8 +17,9 @@
 namespace deepinfer {
 
 enum class OpKind : uint8_t {
-  kLinear, kLinearSiluMul, kMultiLinear, kHeadLinear, kEmbedding, kGatherRows, kCopyStrided, kRmsNorm, kAddRmsNorm, kSiluMul, kAdd, kRope,
-  kMlaCacheWrite, kMlaDecode, kMlaPrefill, kMoeRoute, kMoeExperts, kSample,  // kSample stays last (tests count on it)
+  kLinear, kLinearSiluMul, kMultiLinear, kHeadLinear, kEmbedding, kGatherRows, kCopyStrided, kRmsNorm, kAddRmsNorm,
+  kSiluMul, kAdd, kRope, kMlaCacheWrite, kMlaPrepare, kMlaDecode, kMlaPrefill, kMoeRoute, kMoeExperts,
+  kSample,  // stays last (tests count on it)
 };
 std::string_view op_name(OpKind op);
 
@@ -89,6 +90,8 @@ class Backend {
   virtual void add(const AddArgs& a) = 0;
   virtual void rope(const RopeArgs& a) = 0;
   virtual void mla_cache_write(const MlaCacheWriteArgs& a) = 0;
+  // Runs the composition MlaPrepareArgs defines, one op after the other; a backend with a fused kernel overrides it.
+  virtual void mla_prepare(const MlaPrepareArgs& a);
   virtual void mla_decode(const MlaDecodeArgs& a) = 0;
   virtual void mla_prefill(const MlaPrefillArgs& a) = 0;
   virtual void moe_route(const MoeRouteArgs& a) = 0;

@@ -88,6 +88,7 @@ std::string_view op_name(OpKind op) {
     case OpKind::kAdd: return "add";
     case OpKind::kRope: return "rope";
     case OpKind::kMlaCacheWrite: return "mla_cache_write";
+    case OpKind::kMlaPrepare: return "mla_prepare";
     case OpKind::kMlaDecode: return "mla_decode";
     case OpKind::kMlaPrefill: return "mla_prefill";
     case OpKind::kMoeRoute: return "moe_route";
@@ -240,6 +241,40 @@ void MlaCacheWriteArgs::validate() const {
   expect_same_dtype(latent, cache, "mla_cache_write", "latent", "cache");
   expect_one_device({latent, cache, slot_mapping}, "mla_cache_write");
   expect_entries_below(slot_mapping, cache.shape[0] * cache.shape[1], "mla_cache_write", "slot");
+}
+
+void MlaPrepareArgs::validate() const {
+  constexpr const char* kOp = "mla_prepare";
+  expect_ndim(latent, 2, kOp, "latent");
+  expect_ndim(q, 3, kOp, "q");
+  expect_ndim(cache, 3, kOp, "cache");
+  const int64_t tokens = num_tokens(), heads = q.shape[1], latent_dim = latent.shape[1], rope = rope_dim();
+  DI_CHECK(kv_lora_rank >= 0 && rope >= 0 && rope % 2 == 0, kOp, ": latent ", latent.shape.str(), " with kv_lora_rank ",
+           kv_lora_rank, " leaves ", rope, " rope columns (must be even and >= 0)");
+  DI_CHECK(q.shape[0] == tokens && q.shape[2] >= rope && cache.shape[2] == latent_dim, kOp, ": latent ",
+           latent.shape.str(), " q ", q.shape.str(), " cache ", cache.shape.str(), ": q needs ", tokens,
+           " tokens of at least ", rope, " rope columns, the cache rows of ", latent_dim);
+  // No decode: q_abs is a default view (or any empty one that is not 3-D).
+  DI_CHECK(q_abs.shape.ndim() == 3 || q_abs.numel() == 0, kOp, ": q_abs ", q_abs.shape.str(),
+           " must be [Td, H, rank + rope] or empty");
+  if (q_abs.shape.ndim() == 3) {
+    DI_CHECK(q_abs.shape[0] <= tokens && q_abs.shape[1] == heads && q_abs.shape[2] == latent_dim, kOp, ": q_abs ",
+             q_abs.shape.str(), " for ", tokens, " tokens of ", heads, " heads and latent rows of ", latent_dim);
+    if (q_abs.numel() > 0) expect_same_dtype(latent, q_abs, kOp, "latent", "q_abs");
+  }
+  expect_index_array(slot_mapping, tokens, kOp, "slot_mapping");
+  expect_index_array(positions, tokens, kOp, "positions");
+  expect_dtype(kv_a_norm, DType::kF32, kOp, "kv_a_norm");
+  DI_CHECK(kv_a_norm.shape.ndim() == 1 && kv_a_norm.shape[0] == kv_lora_rank, kOp, ": kv_a_norm ",
+           kv_a_norm.shape.str(), " for kv_lora_rank ", kv_lora_rank);
+  expect_dtype(inv_freq, DType::kF32, kOp, "inv_freq");
+  DI_CHECK(inv_freq.shape.ndim() == 1 && inv_freq.shape[0] == rope / 2, kOp, ": inv_freq ", inv_freq.shape.str(),
+           " for ", rope, " rope columns");
+  expect_activation(latent, kOp, "latent");
+  expect_same_dtype(latent, q, kOp, "latent", "q");
+  expect_same_dtype(latent, cache, kOp, "latent", "cache");
+  expect_one_device({latent, q, q_abs, cache, slot_mapping, positions, kv_a_norm, inv_freq}, kOp);
+  expect_entries_below(slot_mapping, cache.shape[0] * cache.shape[1], kOp, "slot");
 }
 
 namespace {

@@ -154,35 +154,26 @@ Tensor DeepseekModel::attention(const LayerWeights& layer, int64_t layer_index, 
     q = linear(h, w.q_proj);
   }
   const TensorView q_heads = q.view().reshaped({t, heads, qk_dim});        // [T, H, nope + rope]
-  // Latent: [T, rank + rope] = [c_kv | k_pe]; c_kv normalized, k_pe rotated; this row is what the cache keeps.
+  // Latent: [T, rank + rope] = [c_kv | k_pe]; this row, c_kv normalized and k_pe rotated, is what the cache keeps.
   Tensor latent = linear(h, w.kv_a_proj);
-  const TensorView c_kv = latent.view().columns(0, rank);                  // [T, rank], rows latent_dim apart
-  backend_.rms_norm({.x = c_kv, .weight = w.kv_a_norm.cview(), .out = c_kv, .eps = eps, .row_stride = latent_dim});
-  // Rotates the rope slices `x` (rows token_stride apart, heads head_stride apart) by each token's position.
-  const auto rope = [&](const TensorView& x, int64_t num_heads, int64_t token_stride, int64_t head_stride) {
-    backend_.rope({.x = x.data, .dtype = x.dtype, .device = x.device, .num_heads = num_heads, .rot_dim = rope_dim,
-                   .token_stride = token_stride, .head_stride = head_stride, .positions = in.positions,
-                   .inv_freq = inv_freq_.cview(), .attention_scaling = rope_.attention_scaling,
-                   .interleaved = c.rope.interleaved});
-  };
-  rope(q_heads.columns(nope, rope_dim), heads, heads * qk_dim, qk_dim);    // q_pe [T, H, rope]
-  rope(latent.view().columns(rank, rope_dim), 1, latent_dim, 0);           // k_pe [T, rope]
-
+  // The decode query in the layout of the absorbed decode kernel: q_abs[s, h] = [q_nope[s, h] · W_UK[h] | q_pe[s, h]].
+  const int64_t num_decode = in.num_decode_seqs;
+  Tensor q_abs = num_decode > 0 ? activation({num_decode, heads, latent_dim}) : Tensor();  // [Td, H, rank + rope]
+  // Normalizes c_kv, rotates q_pe and k_pe, writes the latent rows into the cache and the decode tokens' rotated q_pe
+  // into q_abs, in one op.
   const TensorView layer_cache = cache.layer(layer_index);
-  backend_.mla_cache_write({.latent = latent.cview(), .cache = layer_cache, .slot_mapping = in.slot_mapping});
+  backend_.mla_prepare({.latent = latent.view(), .q = q_heads, .q_abs = q_abs.view(), .cache = layer_cache,
+                        .slot_mapping = in.slot_mapping, .positions = in.positions, .kv_a_norm = w.kv_a_norm.cview(),
+                        .inv_freq = inv_freq_.cview(), .kv_lora_rank = rank, .eps = eps,
+                        .attention_scaling = rope_.attention_scaling, .interleaved = c.rope.interleaved});
 
   Tensor attn = activation({t, heads, v});                                  // [T, H, v]
-  const int64_t num_decode = in.num_decode_seqs;
   if (num_decode > 0) {
-    // Absorbed decode. q_abs[s, h] = [q_nope[s, h] · W_UK[h] | q_pe[s, h]], the layout of the decode kernel; attend
-    // over the shared latent; out = o_latent · W_UV^T per head.
+    // Absorbed decode: q_nope into latent space per head (the rank columns of q_abs), attend over the shared latent,
+    // out = o_latent · W_UV^T per head.
     const TensorView q_dec = q_heads.rows(0, num_decode);                  // [Td, H, nope + rope]
-    Tensor q_abs = activation({num_decode, heads, latent_dim});             // [Td, H, rank + rope]
     backend_.head_linear({.x = q_dec.columns(0, nope), .w = w.w_uk_t.cview(), .out = q_abs.view().columns(0, rank),
                           .x_head_stride = qk_dim, .out_head_stride = latent_dim});
-    backend_.copy_strided({.src = q_dec.reshaped({num_decode * heads, qk_dim}).columns(nope, rope_dim),
-                           .dst = q_abs.view().reshaped({num_decode * heads, latent_dim}).columns(rank, rope_dim),
-                           .src_row_stride = qk_dim, .dst_row_stride = latent_dim});
     Tensor o_latent = activation({num_decode, heads, rank});                // [Td, H, rank]
     backend_.mla_decode({.q = q_abs.cview(), .cache = layer_cache, .out_latent = o_latent.view(), .meta = in.decode,
                          .kv_lora_rank = rank, .softmax_scale = softmax_scale_});

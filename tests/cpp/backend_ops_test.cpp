@@ -1,8 +1,9 @@
 // Backend op tests. Every op of the CPU reference runs against a naive formula written here (straight loops, double
-// accumulation) on random inputs, odd and zero-length shapes included; the MLA cases use a paged cache with scattered
-// pages, NaN-poisoned unused pages and slots, and invalid unused page-table entries. The cases live in one registry
-// (op_test_harness.h), so a device backend runs the same cases against the CPU; a coverage check fails any OpKind
-// without a case. With CUDA, the first device kernels run against the CPU reference when a GPU is present.
+// accumulation; mla_prepare's lives in mla_prepare_cases.h, shared with the CUDA tests) on random inputs, odd and
+// zero-length shapes included; the MLA cases use a paged cache with scattered pages, NaN-poisoned unused pages and
+// slots, and invalid unused page-table entries. The cases live in one registry (op_test_harness.h), so a device
+// backend runs the same cases against the CPU; a coverage check fails any OpKind without a case. With CUDA, the first
+// device kernels run against the CPU reference when a GPU is present.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 
 #include "backend/backend.h"
 #include "core/counter_rng.h"
+#include "mla_prepare_cases.h"
 #include "op_test_harness.h"
 
 #ifdef DEEPINFER_HAVE_CUDA
@@ -1267,6 +1269,13 @@ CaseRegistry build_registry() {
   add_mla_cache_write(r, 7, 4, 10, 9, 80);
   add_mla_cache_write(r, 3, 5, 6, 0, 81);
   add_mla_cache_write(r, 2, 1, 3, 2, 82);
+  // mla_prepare (norm, both ropes, cache write, q_abs rope columns) against its formula, at the shapes the CUDA
+  // tests run; and the arguments it rejects
+  add_mla_prepare_cases(r, DType::kF32, 1e-5, 200);
+  for (const BadPrepare bad : {BadPrepare::kMoreDecodeThanTokens, BadPrepare::kQAbsWidth, BadPrepare::kOddRope,
+                               BadPrepare::kNormWeightSize, BadPrepare::kSlotOutsideCache}) {
+    add_mla_prepare_rejects(r, bad);
+  }
   add_mla_decode(r, {.heads = 3, .rank = 16, .rope = 8, .nope = 8, .v = 12, .page_size = 4}, {1, 4, 5, 11, 23}, 90);
   add_mla_decode(r, {.heads = 1, .rank = 32, .rope = 16, .nope = 16, .v = 16, .page_size = 1}, {1, 2, 7}, 91);
   add_mla_decode(r, {.heads = 5, .rank = 64, .rope = 32, .nope = 24, .v = 40, .page_size = 16}, {17, 33, 1, 48}, 92);

@@ -25,6 +25,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "device_memory.h"
+#include "mla_prepare_cases.h"
 #include "op_test_harness.h"
 
 namespace deepinfer::op_test {
@@ -711,6 +712,8 @@ CaseRegistry build_registry() {
     add_mla_cache_write(r, act, 3, 5, 6, 0, s + 81);
     add_mla_cache_write(r, act, 2, 1, 3, 2, s + 82);
     add_mla_cache_write(r, act, 5, 64, 576, 100, s + 83);
+    // mla_prepare, the fused norm + ropes + cache write + q_abs rope columns (shapes in mla_prepare_cases.h)
+    add_mla_prepare_cases(r, act.device, act.tolerance(), s + 200);
   }
   // MLA decode, bfloat16: V2-Lite (16 heads, the narrow kernel), 32 heads, V3 (128 heads, the wide kernel); contexts
   // of 1, page-aligned and not, odd page sizes; long contexts that split (the workspace grows as cases run).
@@ -812,8 +815,8 @@ INSTANTIATE_TEST_SUITE_P(CudaBackend, CudaVsCpu, ::testing::Range<size_t>(0, reg
 constexpr OpKind kImplemented[] = {OpKind::kEmbedding, OpKind::kGatherRows, OpKind::kCopyStrided,
                                    OpKind::kRmsNorm,   OpKind::kAddRmsNorm, OpKind::kSiluMul,
                                    OpKind::kAdd,       OpKind::kRope,       OpKind::kMlaCacheWrite,
-                                   OpKind::kMlaDecode, OpKind::kMoeRoute,   OpKind::kMoeExperts,
-                                   OpKind::kSample};
+                                   OpKind::kMlaPrepare, OpKind::kMlaDecode, OpKind::kMoeRoute,
+                                   OpKind::kMoeExperts, OpKind::kSample};
 constexpr OpKind kGemms[] = {OpKind::kLinear, OpKind::kHeadLinear, OpKind::kMlaPrefill};  // need cuBLAS
 
 // supports() reports exactly the implemented ops (the GEMMs only with cuBLAS), and every supported op has cases.
@@ -918,6 +921,48 @@ TEST(CudaBackend, RejectsHostTensorsAndMixedDtypes) {
                Error);
   EXPECT_THROW(cuda->linear({.x = dev_bf16, .w = dev_f32, .out = view(dev_bf16, DType::kBF16, {2, 2})}), Error);
   EXPECT_TRUE(run.memory_errors().empty());
+}
+
+// The fused mla_prepare kernel against the five ops it replaces, run on the CUDA backend itself (Backend's default
+// mla_prepare): bfloat16 results equal bit for bit, so the fusion leaves the model's CUDA results where they were.
+TEST(CudaBackend, MlaPrepareMatchesTheUnfusedOpsBitForBit) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  const std::unique_ptr<Backend> cuda = make_cuda_backend();
+  for (const int64_t heads : {int64_t{16}, int64_t{128}}) {
+    for (const bool interleaved : {true, false}) {
+      SCOPED_TRACE(str_cat(heads, " heads, ", interleaved ? "interleaved" : "half-split"));
+      const int64_t tokens = 9, decode = 3, rank = 512, rope = 64, qk = 192, ld = 576, page_size = 7, pages = 4;
+      Rng rng(static_cast<uint64_t>(heads) + (interleaved ? 1 : 0));
+      const HostTensor latent = HostTensor::bf16({tokens, ld}, rng.uniform(tokens * ld, -3.0f, 3.0f));
+      const HostTensor q = HostTensor::bf16({tokens, heads, qk}, rng.uniform(tokens * heads * qk));
+      const HostTensor q_abs = HostTensor::bf16({decode, heads, ld}, rng.uniform(decode * heads * ld));
+      const HostTensor cache = HostTensor::bf16({pages, page_size, ld}, rng.uniform(pages * page_size * ld));
+      const std::vector<int32_t> slots = {3, 27, 0, 14, -1, 8, 21, 6, 15};  // -1: a padding token, not written
+      std::vector<int32_t> positions(static_cast<size_t>(tokens));
+      for (int32_t& p : positions) p = rng.integer(0, 163839);
+      const std::vector<float> norm = rng.uniform(rank, 0.5f, 1.5f), inv_freq = rope_inv_freq(rope);
+      DeviceMemory memory;
+      OpRunner run(*cuda, memory);
+      // One set of device tensors per path, from the same host values.
+      const auto make_args = [&]() -> MlaPrepareArgs {
+        return {.latent = run.upload(latent, Access::kReadWrite), .q = run.upload(q, Access::kReadWrite),
+                .q_abs = run.upload(q_abs, Access::kReadWrite), .cache = run.upload(cache, Access::kReadWrite),
+                .slot_mapping = run.upload(HostTensor::i32({tokens}, slots)),
+                .positions = run.upload(HostTensor::i32({tokens}, positions)),
+                .kv_a_norm = run.upload(HostTensor::f32({rank}, norm)),
+                .inv_freq = run.upload(HostTensor::f32({rope / 2}, inv_freq)), .kv_lora_rank = rank, .eps = 1e-6f,
+                .attention_scaling = 1.1f, .interleaved = interleaved};
+      };
+      const MlaPrepareArgs fused = make_args(), composed = make_args();
+      cuda->mla_prepare(fused);
+      cuda->Backend::mla_prepare(composed);
+      EXPECT_EQ(run.download(fused.latent).bytes, run.download(composed.latent).bytes) << "latent";
+      EXPECT_EQ(run.download(fused.q).bytes, run.download(composed.q).bytes) << "q";
+      EXPECT_EQ(run.download(fused.q_abs).bytes, run.download(composed.q_abs).bytes) << "q_abs";
+      EXPECT_EQ(run.download(fused.cache).bytes, run.download(composed.cache).bytes) << "cache";
+      for (const std::string& e : run.memory_errors()) ADD_FAILURE() << e;
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1039,6 +1084,26 @@ TEST(CudaBackendPerf, DISABLED_OpsAtModelSizes) {
                   .device = Device::kCuda, .num_heads = heads, .rot_dim = 64, .token_stride = heads * 192,
                   .head_stride = 192, .positions = positions, .inv_freq = inv_freq});
     }), 2.0 * tokens * heads * 64 * 2);
+  }
+  // mla_prepare at V3 dims: a decode step of 64 tokens (all into q_abs) and a 4096-token prefill. Bytes: the latent
+  // row read, written back and written to the cache; q_pe read and written; q_abs's rope columns written.
+  using TokenCounts = std::pair<int64_t, int64_t>;
+  for (const auto& [num_tokens, num_decode] : {TokenCounts{64, 64}, TokenCounts{4096, 0}}) {
+    const int64_t heads = 128, pages = num_tokens / 64 + 1;
+    const TensorView latent = perf.tensor({num_tokens, 576}, kBf16);
+    const TensorView q = perf.tensor({num_tokens, heads, 192}, kBf16);
+    const TensorView q_abs = num_decode > 0 ? perf.tensor({num_decode, heads, 576}, kBf16) : TensorView{};
+    const TensorView cache = perf.tensor({pages, 64, 576}, kBf16);
+    std::vector<int32_t> host_index(static_cast<size_t>(num_tokens));
+    std::iota(host_index.begin(), host_index.end(), 0);
+    const TensorView index = perf.tensor({num_tokens}, DType::kI32);  // positions and slots alike
+    CUDA_TRY(cudaMemcpy(index.data, host_index.data(), num_tokens * 4, cudaMemcpyHostToDevice));
+    const TensorView norm = perf.tensor({512}, DType::kF32), inv_freq = perf.tensor({32}, DType::kF32);
+    const double bytes = 2.0 * (3.0 * num_tokens * 576 + 2.0 * num_tokens * heads * 64 + num_decode * heads * 64);
+    perf.report(str_cat("mla_prepare bf16 V3 ", num_tokens, " tokens (", num_decode, " decode)"), perf.time([&] {
+      cuda->mla_prepare({.latent = latent, .q = q, .q_abs = q_abs, .cache = cache, .slot_mapping = index,
+                         .positions = index, .kv_a_norm = norm, .inv_freq = inv_freq, .kv_lora_rank = 512});
+    }), bytes);
   }
 #ifdef DEEPINFER_HAVE_CUBLAS
   for (const int64_t m : {int64_t{1}, int64_t{64}, int64_t{4096}}) {

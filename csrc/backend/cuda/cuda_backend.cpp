@@ -28,6 +28,7 @@
 #include "backend/cuda/graph_arena.h"
 #include "backend/cuda/mla_cache_write.cuh"
 #include "backend/cuda/mla_decode.cuh"
+#include "backend/cuda/mla_prepare.cuh"
 #include "backend/cuda/mla_prefill.cuh"
 #include "backend/cuda/moe.cuh"
 #include "backend/cuda/norm_residual.cuh"
@@ -179,6 +180,7 @@ class CudaBackend final : public Backend {
       case OpKind::kAdd:
       case OpKind::kRope:
       case OpKind::kMlaCacheWrite:
+      case OpKind::kMlaPrepare:
       case OpKind::kMlaDecode:  // bfloat16, DeepSeek's 512 + 64 latent, heads in multiples of 16
       case OpKind::kMoeRoute:   // up to 256 experts, top_k up to 8
       case OpKind::kMoeExperts: // bfloat16, hidden and intermediate sizes in multiples of 32
@@ -452,6 +454,12 @@ class CudaBackend final : public Backend {
     const auto timing = timed("mla_cache_write");
     a.validate();  // shapes and dtypes; the slots are device memory, checked on the host before their upload
     cuda::mla_cache_write(a, stream_.get());
+  }
+
+  // One kernel for the norm, both ropes, the cache write and the decode query's rope columns (mla_prepare.cu).
+  void mla_prepare(const MlaPrepareArgs& a) override {
+    const auto timing = timed("mla_prepare");
+    cuda::mla_prepare(a, stream_.get());  // validates: shapes, dtypes, devices; the slots are device memory
   }
 
   void mla_decode(const MlaDecodeArgs& a) override {

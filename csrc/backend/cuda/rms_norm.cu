@@ -1,5 +1,6 @@
 // RMSNorm kernel: one block per row. Each thread sums the squares of a strided slice of the row in fp32, the block
-// reduces them (warp shuffles, then one value per warp through shared memory), and the threads scale their slice.
+// reduces them (warp shuffles, then one value per warp through shared memory), and the threads scale their slice
+// (rms_norm_row.cuh, which mla_prepare's kernel shares).
 #include "backend/cuda/rms_norm.cuh"
 
 #include <cuda_bf16.h>
@@ -10,36 +11,15 @@
 #include "backend/cuda/launch.h"
 #include "backend/cuda/ptx.cuh"
 #include "backend/cuda/rms_norm_params.h"
+#include "backend/cuda/rms_norm_row.cuh"
 
 namespace deepinfer::cuda {
 namespace {
 
 template <int kThreadsPerBlock>
 struct RmsNormTraits {
-  static_assert(kThreadsPerBlock % 32 == 0, "whole warps");
-  static_assert(kThreadsPerBlock >= 32 && kThreadsPerBlock <= 1024, "a block holds 32..1024 threads");
   static constexpr int kThreads = kThreadsPerBlock;
-  static constexpr int kWarps = kThreadsPerBlock / 32;
 };
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
-// The sum of `v` over the block, returned to every thread. Its shared array is written once: call it once a kernel.
-template <typename Traits>
-__device__ __forceinline__ float block_sum(float v) {
-  __shared__ float warp_totals[Traits::kWarps];
-  v = warp_sum(v);
-  if (threadIdx.x % 32 == 0) warp_totals[threadIdx.x / 32] = v;
-  __syncthreads();
-  float total = 0.0f;
-#pragma unroll
-  for (int w = 0; w < Traits::kWarps; ++w) total += warp_totals[w];
-  return total;
-}
 
 template <typename Traits>
 __global__ void __launch_bounds__(Traits::kThreads) rms_norm_kernel(__grid_constant__ const RmsNormParams p) {
@@ -48,17 +28,7 @@ __global__ void __launch_bounds__(Traits::kThreads) rms_norm_kernel(__grid_const
   const int64_t row = blockIdx.x;
   const auto* x = reinterpret_cast<const __nv_bfloat16*>(p.x) + row * p.x_row_stride;
   auto* out = reinterpret_cast<__nv_bfloat16*>(p.out) + row * p.out_row_stride;
-
-  float sum_sq = 0.0f;
-  for (int64_t i = threadIdx.x; i < p.dim; i += Traits::kThreads) {
-    const float v = __bfloat162float(x[i]);
-    sum_sq = fmaf(v, v, sum_sq);
-  }
-  // Every read of x above happens before the barrier in block_sum, so writing out in place below is safe.
-  const float inv_rms = rsqrtf(block_sum<Traits>(sum_sq) / static_cast<float>(p.dim) + p.eps);
-  for (int64_t i = threadIdx.x; i < p.dim; i += Traits::kThreads) {
-    out[i] = __float2bfloat16_rn(p.weight[i] * (__bfloat162float(x[i]) * inv_rms));
-  }
+  rms_norm_row<Traits::kThreads>(x, p.weight, p.dim, p.eps, [&](int64_t i, __nv_bfloat16 v) { out[i] = v; });
 }
 
 template <typename Traits>
@@ -67,9 +37,8 @@ void launch(const RmsNormParams& p, cudaStream_t stream) {
              stream, p);
 }
 
-// Short rows get a small block; hidden-size rows (2048..7168) get enough threads to keep the loads in flight.
 void launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
-  if (p.dim <= 1024) {
+  if (rms_norm_block_threads(p.dim) == 128) {
     launch<RmsNormTraits<128>>(p, stream);
   } else {
     launch<RmsNormTraits<512>>(p, stream);

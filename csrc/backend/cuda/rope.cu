@@ -1,13 +1,14 @@
 // Rotary embedding kernel. One thread per (token, group of heads, pair): it computes its pair's cos and sin once
 // (precise sincosf: positions reach 10^5 radians) and rotates that pair in each head of its group. Consecutive
 // threads take consecutive pairs, so a warp's accesses are contiguous; interleaved pairs move as one 4- or 8-byte
-// access when aligned.
+// access when aligned. The math (rope_rotation.cuh) is the one mla_prepare's kernel uses.
 #include "backend/cuda/rope.cuh"
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/elementwise_vec.cuh"
 #include "backend/cuda/launch.h"
 #include "backend/cuda/ptx.cuh"
+#include "backend/cuda/rope_rotation.cuh"
 
 namespace deepinfer::cuda {
 namespace {
@@ -18,11 +19,6 @@ struct RopeTraits {
   using Element = T;
   static constexpr int kThreads = 256;
   static constexpr int kHeadsPerThread = 4;  // heads that share one sincosf
-};
-
-template <typename T>
-struct alignas(2 * sizeof(T)) Pair {
-  T first, second;
 };
 
 template <typename Traits>
@@ -40,35 +36,13 @@ __global__ void __launch_bounds__(Traits::kThreads) rope_kernel(__grid_constant_
     const int64_t rest = w / half;
     const int64_t group = rest % head_groups;
     const int64_t t = rest / head_groups;
-    // The angle is rounded to fp32 before cos and sin, like the CPU reference (no contraction into a later op).
-    const float angle = __fmul_rn(static_cast<float>(p.positions[t]), p.inv_freq[i]);
-    float sin_a, cos_a;
-    sincosf(angle, &sin_a, &cos_a);
-    cos_a *= p.attention_scaling;
-    sin_a *= p.attention_scaling;
+    float cos_a, sin_a;
+    rope_cos_sin(p.positions[t], p.inv_freq[i], p.attention_scaling, cos_a, sin_a);
     const int64_t h_end = min(p.num_heads, (group + 1) * Traits::kHeadsPerThread);
     for (int64_t h = group * Traits::kHeadsPerThread; h < h_end; ++h) {
-      T* base = x + t * p.token_stride + h * p.head_stride;
-      T* p0 = p.interleaved ? base + 2 * i : base + i;
-      T* p1 = p.interleaved ? base + 2 * i + 1 : base + i + half;
-      const bool paired = p.interleaved && is_aligned(p0, sizeof(Pair<T>));
-      float x0, x1;
-      if (paired) {
-        const Pair<T> v = *reinterpret_cast<const Pair<T>*>(p0);
-        x0 = to_float(v.first);
-        x1 = to_float(v.second);
-      } else {
-        x0 = to_float(*p0);
-        x1 = to_float(*p1);
-      }
-      const float r0 = x0 * cos_a - x1 * sin_a;
-      const float r1 = x1 * cos_a + x0 * sin_a;
-      if (paired) {
-        *reinterpret_cast<Pair<T>*>(p0) = Pair<T>{from_float<T>(r0), from_float<T>(r1)};
-      } else {
-        *p0 = from_float<T>(r0);
-        *p1 = from_float<T>(r1);
-      }
+      T* slice = x + t * p.token_stride + h * p.head_stride;
+      store_rope_pair(slice, i, half, p.interleaved,
+                      rope_rotate(load_rope_pair(slice, i, half, p.interleaved), cos_a, sin_a));
     }
   }
 }

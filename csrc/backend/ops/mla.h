@@ -19,6 +19,36 @@ struct MlaCacheWriteArgs {
   void validate() const;
 };
 
+// The step between the projections and attention, in one op: what a layer does to its fresh latents and queries
+// before it attends. Defined as this composition of other ops (Backend::mla_prepare runs exactly these by default):
+//   1. rms_norm of c_kv = latent[:, :rank] with kv_a_norm, in place (the kv_a_layernorm);
+//   2. rope of q_pe = q[:, :, nope:], every head, in place;
+//   3. rope of k_pe = latent[:, rank:], in place;
+//   4. mla_cache_write of the latent rows into the cache at slot_mapping;
+//   5. copy of the rotated q_pe of the first Td tokens (the decode tokens, first in the batch) into
+//      q_abs[:, :, rank:], the rope columns of the absorbed decode query. q_abs[:, :, :rank] is left as it is.
+// Rope pairs, angles and scaling are RopeArgs's; slots follow mla_cache_write (a device backend skips a slot outside
+// the cache, as its mla_cache_write does). A backend may fuse the five steps when that saves passes over memory.
+struct MlaPrepareArgs {
+  TensorView latent;              // [T, rank + rope]: c_kv | k_pe, normalized and rotated in place
+  TensorView q;                   // [T, H, nope + rope]: q_pe rotated in place
+  TensorView q_abs;               // [Td, H, rank + rope], Td <= T; a default (empty) view when there is no decode
+  TensorView cache;               // [num_pages, page_size, rank + rope]: one layer of the latent cache
+  ConstTensorView slot_mapping;   // [T] int32
+  ConstTensorView positions;      // [T] int32
+  ConstTensorView kv_a_norm;      // [rank] float32
+  ConstTensorView inv_freq;       // [rope / 2] float32
+  int64_t kv_lora_rank = 0;
+  float eps = 1e-6f;
+  float attention_scaling = 1.0f;
+  bool interleaved = true;        // rope pairs (2i, 2i+1) as DeepSeek stores them; else halves (i, i + rope / 2)
+
+  int64_t num_tokens() const { return latent.shape.ndim() == 2 ? latent.shape[0] : 0; }
+  int64_t num_decode_tokens() const { return q_abs.shape.ndim() == 3 ? q_abs.shape[0] : 0; }
+  int64_t rope_dim() const { return latent.shape.ndim() == 2 ? latent.shape[1] - kv_lora_rank : 0; }
+  void validate() const;
+};
+
 // Absorbed decode: each sequence has one query, row s of q; all heads share the latent rows of its pages.
 //   scores[h, j] = scale * (q_latent[h] · c_kv[j] + q_pe[h] · k_pe[j]);  out[h] = softmax(scores[h]) · c_kv
 // q is one tensor, q_latent (q_nope · W_UK) then the rotated q_pe in each head row, as the CUDA kernel reads it.
