@@ -1,7 +1,9 @@
 #include "model/deepseek.h"
 
 #include <algorithm>
+#include <array>
 #include <utility>
+#include <vector>
 
 namespace deepinfer {
 namespace {
@@ -62,12 +64,6 @@ Tensor DeepseekModel::activation(Shape shape) { return backend_.empty(shape, bac
 
 Tensor DeepseekModel::linear(const Tensor& x, const Tensor& w) {
   Tensor out = activation({x.shape()[0], w.shape()[0]});
-  backend_.linear({.x = x.cview(), .w = w.cview(), .out = out.view()});
-  return out;
-}
-
-Tensor DeepseekModel::linear_f32(const Tensor& x, const Tensor& w) {
-  Tensor out = backend_.empty({x.shape()[0], w.shape()[0]}, DType::kF32);
   backend_.linear({.x = x.cview(), .w = w.cview(), .out = out.view()});
   return out;
 }
@@ -144,18 +140,25 @@ Tensor DeepseekModel::attention(const LayerWeights& layer, int64_t layer_index, 
   const int64_t latent_dim = rank + rope_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
 
-  // Queries: [T, H, nope + rope], through the q LoRA when the model has one.
+  // Queries [T, H, nope + rope], through the q LoRA when the model has one, and the latent [T, rank + rope] =
+  // [c_kv | k_pe] (c_kv normalized and k_pe rotated below: the row the cache keeps). The two projections of h are one
+  // op, so a decode step reads both weights in one launch.
+  Tensor latent = activation({t, latent_dim});
   Tensor q;
   if (c.q_lora_rank) {
-    Tensor q_a = linear(h, w.q_a_proj);                                     // [T, q_lora_rank]
+    Tensor q_a = activation({t, *c.q_lora_rank});                          // [T, q_lora_rank]
+    const std::array targets{LinearTarget{.w = w.q_a_proj.cview(), .out = q_a.view()},
+                             LinearTarget{.w = w.kv_a_proj.cview(), .out = latent.view()}};
+    backend_.multi_linear({.x = h.cview(), .targets = targets});
     backend_.rms_norm({.x = q_a.cview(), .weight = w.q_a_norm.cview(), .out = q_a.view(), .eps = eps});
     q = linear(q_a, w.q_b_proj);                                            // [T, H * qk_dim]
   } else {
-    q = linear(h, w.q_proj);
+    q = activation({t, heads * qk_dim});
+    const std::array targets{LinearTarget{.w = w.q_proj.cview(), .out = q.view()},
+                             LinearTarget{.w = w.kv_a_proj.cview(), .out = latent.view()}};
+    backend_.multi_linear({.x = h.cview(), .targets = targets});
   }
   const TensorView q_heads = q.view().reshaped({t, heads, qk_dim});        // [T, H, nope + rope]
-  // Latent: [T, rank + rope] = [c_kv | k_pe]; this row, c_kv normalized and k_pe rotated, is what the cache keeps.
-  Tensor latent = linear(h, w.kv_a_proj);
   // The decode query in the layout of the absorbed decode kernel: q_abs[s, h] = [q_nope[s, h] · W_UK[h] | q_pe[s, h]].
   const int64_t num_decode = in.num_decode_seqs;
   Tensor q_abs = num_decode > 0 ? activation({num_decode, heads, latent_dim}) : Tensor();  // [Td, H, rank + rope]
@@ -190,19 +193,20 @@ Tensor DeepseekModel::attention(const LayerWeights& layer, int64_t layer_index, 
 }
 
 Tensor DeepseekModel::mlp(const MlpWeights& w, const Tensor& h) {
-  return linear(mlp_act(w, h), w.down);                                     // [T, D]
-}
-
-Tensor DeepseekModel::mlp_act(const MlpWeights& w, const Tensor& h) {
   Tensor act = activation({h.shape()[0], w.down.shape()[1]});              // [T, I] = silu(gate) * up
   backend_.linear_silu_mul({.x = h.cview(), .w = w.gate_up.cview(), .out = act.view()});
-  return act;
+  return linear(act, w.down);                                               // [T, D]
 }
 
 Tensor DeepseekModel::moe(const MoeWeights& w, const Tensor& h) {
   const ModelConfig& c = config_;
   const int64_t t = h.shape()[0];
-  Tensor router_logits = linear_f32(h, w.gate);                             // [T, E] float32
+  // The router and the shared experts' gate_up both read h: one op.
+  Tensor router_logits = backend_.empty({t, w.gate.shape()[0]}, DType::kF32);  // [T, E] float32
+  Tensor shared_act = w.shared ? activation({t, w.shared->down.shape()[1]}) : Tensor();  // [T, I_shared]
+  std::vector<LinearTarget> projections{{.w = w.gate.cview(), .out = router_logits.view()}};
+  if (w.shared) projections.push_back({.w = w.shared->gate_up.cview(), .out = shared_act.view(), .silu_mul = true});
+  backend_.multi_linear({.x = h.cview(), .targets = projections});
   Tensor topk_ids = backend_.empty({t, c.num_experts_per_tok}, DType::kI32);      // [T, k]
   Tensor topk_weights = backend_.empty({t, c.num_experts_per_tok}, DType::kF32);  // [T, k]
   backend_.moe_route({.logits = router_logits.cview(), .correction_bias = w.correction_bias.cview(),
@@ -214,8 +218,7 @@ Tensor DeepseekModel::moe(const MoeWeights& w, const Tensor& h) {
   backend_.moe_experts({.x = h.cview(), .w_gate_up = w.experts_gate_up.cview(), .w_down = w.experts_down.cview(),
                         .topk_ids = topk_ids.cview(), .topk_weights = topk_weights.cview(), .out = out.view()});
   if (w.shared) {  // the shared experts see every token; their down projection adds into the routed output
-    const Tensor act = mlp_act(*w.shared, h);
-    backend_.linear({.x = act.cview(), .w = w.shared->down.cview(), .out = out.view(), .accumulate = true});
+    backend_.linear({.x = shared_act.cview(), .w = w.shared->down.cview(), .out = out.view(), .accumulate = true});
   }
   return out;
 }

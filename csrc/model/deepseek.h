@@ -42,10 +42,8 @@ class DeepseekModel {
   Tensor attention(const LayerWeights& layer, int64_t layer_index, const Tensor& h, const StepInputs& in,
                    const LatentCache& cache);
   Tensor mlp(const MlpWeights& w, const Tensor& h);
-  Tensor mlp_act(const MlpWeights& w, const Tensor& h);  // silu(h · gate^T) * (h · up^T), [T, I]
   Tensor moe(const MoeWeights& w, const Tensor& h);
   Tensor linear(const Tensor& x, const Tensor& w);
-  Tensor linear_f32(const Tensor& x, const Tensor& w);  // float32 output whatever the activation dtype
   Tensor activation(Shape shape);  // uninitialized, on the backend's device, in its activation dtype
 
   ModelConfig config_;

@@ -121,6 +121,52 @@ void add_linear_silu_mul(CaseRegistry& r, int64_t m, int64_t inter, int64_t k, u
          }});
 }
 
+// Two or three products of one x: a plain one, a gated one (silu(gate) * up) and, with three, another plain one.
+void add_multi_linear(CaseRegistry& r, int64_t m, int64_t k, std::vector<int64_t> widths, uint64_t seed) {
+  Rng rng(seed);
+  const std::vector<float> x = rng.uniform(m * k);
+  std::vector<std::vector<float>> ws;
+  std::vector<int64_t> rows;  // weight rows of each target; target 1 is gated: [gate; up]
+  for (size_t i = 0; i < widths.size(); ++i) rows.push_back(i == 1 ? 2 * widths[i] : widths[i]);
+  for (size_t i = 0; i < widths.size(); ++i) ws.push_back(rng.uniform(rows[i] * k));
+  r.add({.op = OpKind::kMultiLinear,
+         .name = str_cat("multi_linear_", m, "x", k, "_", widths.size(), "_targets"),
+         .run = [=](OpRunner& run) -> Outputs {
+           std::vector<LinearTarget> targets;
+           for (size_t i = 0; i < widths.size(); ++i) {
+             targets.push_back({.w = run.upload(HostTensor::f32({rows[i], k}, ws[i])),
+                                .out = run.output({m, widths[i]}, DType::kF32), .silu_mul = i == 1});
+           }
+           run.backend().multi_linear({.x = run.upload(HostTensor::f32({m, k}, x)), .targets = targets});
+           Outputs outs;
+           for (size_t i = 0; i < widths.size(); ++i) outs.push_back({str_cat("out", i), run.fetch(targets[i].out)});
+           return outs;
+         },
+         .naive = [=]() -> Outputs {
+           Outputs outs;
+           for (size_t i = 0; i < widths.size(); ++i) {
+             std::vector<double> out(m * widths[i]);
+             const auto dot = [&](int64_t token, int64_t row) {
+               double acc = 0.0;
+               for (int64_t p = 0; p < k; ++p) acc += double(x[token * k + p]) * ws[i][row * k + p];
+               return acc;
+             };
+             for (int64_t t = 0; t < m; ++t) {
+               for (int64_t j = 0; j < widths[i]; ++j) {
+                 if (i == 1) {
+                   const double gate = dot(t, j);
+                   out[t * widths[i] + j] = gate / (1.0 + std::exp(-gate)) * dot(t, widths[i] + j);
+                 } else {
+                   out[t * widths[i] + j] = dot(t, j);
+                 }
+               }
+             }
+             outs.push_back({str_cat("out", i), out});
+           }
+           return outs;
+         }});
+}
+
 // x rows (t, h) `x_stride` elements apart (0 = K) and out rows `out_stride` apart (0 = N), as in the absorbed decode:
 // x the q_nope columns of the queries, out the q_latent columns of the decode query. The values between out rows
 // must stay untouched.
@@ -1205,6 +1251,9 @@ CaseRegistry build_registry() {
   add_linear_silu_mul(r, 5, 7, 11, 9);
   add_linear_silu_mul(r, 1, 1, 1, 13);
   add_linear_silu_mul(r, 0, 4, 3, 14);
+  add_multi_linear(r, 3, 11, {5, 4}, 15);
+  add_multi_linear(r, 1, 7, {2, 3, 9}, 16);
+  add_multi_linear(r, 0, 4, {3, 2}, 17);
   add_head_linear(r, 5, 7, 11, 3, 0, 0, 10);
   add_head_linear(r, 1, 1, 1, 1, 0, 0, 11);
   add_head_linear(r, 3, 16, 128, 64, 0, 0, 12);

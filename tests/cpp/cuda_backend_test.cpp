@@ -106,6 +106,33 @@ void add_linear_silu_mul(CaseRegistry& r, Activations act, int64_t m, int64_t in
          .tolerance = act.tolerance()});
 }
 
+// Products of one x in one op: target 0 plain (float32 out when out0_f32), target 1 gated, target 2 plain.
+void add_multi_linear(CaseRegistry& r, Activations act, int64_t m, int64_t k, std::vector<int64_t> widths,
+                      bool out0_f32, uint64_t seed) {
+  Rng rng(seed);
+  const std::vector<float> x = act.round(rng.uniform(m * k));
+  std::vector<int64_t> rows;  // weight rows of each target; target 1 is gated: [gate; up]
+  for (size_t i = 0; i < widths.size(); ++i) rows.push_back(i == 1 ? 2 * widths[i] : widths[i]);
+  std::vector<std::vector<float>> ws;
+  for (size_t i = 0; i < widths.size(); ++i) ws.push_back(act.round(rng.uniform(rows[i] * k)));
+  r.add({.op = OpKind::kMultiLinear,
+         .name = str_cat("multi_linear_", act.tag(), "_", m, "x", k, "_", widths.size(), "_targets",
+                         out0_f32 ? "_out0_f32" : ""),
+         .run = [=](OpRunner& run) -> Outputs {
+           std::vector<LinearTarget> targets;
+           for (size_t i = 0; i < widths.size(); ++i) {
+             const DType out_dtype = i == 0 && out0_f32 ? DType::kF32 : act.on(run);
+             targets.push_back({.w = run.upload(act.tensor(run, {rows[i], k}, ws[i])),
+                                .out = run.output({m, widths[i]}, out_dtype), .silu_mul = i == 1});
+           }
+           run.backend().multi_linear({.x = run.upload(act.tensor(run, {m, k}, x)), .targets = targets});
+           Outputs outs;
+           for (size_t i = 0; i < widths.size(); ++i) outs.push_back({str_cat("out", i), run.fetch(targets[i].out)});
+           return outs;
+         },
+         .tolerance = act.tolerance()});
+}
+
 // x rows (t, h) `x_stride` elements apart (0 = K), out rows `out_stride` apart (0 = N); the values between out rows
 // must stay untouched.
 void add_head_linear(CaseRegistry& r, Activations act, int64_t t, int64_t h, int64_t k, int64_t n, uint64_t seed,
@@ -635,6 +662,11 @@ CaseRegistry build_registry() {
     add_linear_silu_mul(r, act, 20, 24, 128, s + 114);
     add_linear_silu_mul(r, act, 3, 5, 33, s + 115);
     add_linear_silu_mul(r, act, 0, 8, 64, s + 116);
+    add_multi_linear(r, act, 1, 2048, {3072, 1408}, false, s + 120);   // V2-Lite q_proj with a gated projection
+    add_multi_linear(r, act, 4, 2048, {64, 1408, 576}, true, s + 121);  // router (f32), shared gate_up, kv_a
+    add_multi_linear(r, act, 8, 96, {7, 5, 33}, false, s + 122);
+    add_multi_linear(r, act, 12, 64, {16, 8}, true, s + 123);           // past 8 tokens: op by op
+    add_multi_linear(r, act, 2, 33, {4, 4}, false, s + 124);            // K not a multiple of 32: op by op
     add_head_linear(r, act, 1, 16, 128, 512, s + 117, 192, 576);  // the absorbed decode's exact strides
     add_head_linear(r, act, 16, 16, 512, 128, s + 118);
     add_head_linear(r, act, 11, 4, 64, 40, s + 119, 72, 48);

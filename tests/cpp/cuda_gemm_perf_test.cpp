@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -137,6 +138,44 @@ TEST(CudaGemmPerf, DISABLED_SkinnyVsCublas) {
                   s.name, static_cast<long long>(m), bytes / 1e6, t_skinny * 1e6, bytes / t_skinny / 1e9,
                   100.0 * bytes / t_skinny / 1e9 / copy, t_cublas * 1e6, bytes / t_cublas / 1e9,
                   100.0 * bytes / t_cublas / 1e9 / copy, floor_us);
+    }
+  }
+  // Two products of the same activations in one op (multi_linear): one skinny launch, or cuBLAS op by op.
+  struct PairShape {
+    const char* name;
+    int64_t n0, n1, k;
+    bool out0_f32, gated1;
+  };
+  for (const PairShape& pr : {PairShape{"v2-lite q_proj + kv_a_proj", 3072, 576, 2048, false, false},
+                              PairShape{"v2-lite router + shared gate_up", 64, 2816, 2048, true, true},
+                              PairShape{"v3 q_a_proj + kv_a_proj", 1536, 576, 7168, false, false},
+                              PairShape{"v3 router + shared gate_up", 256, 2048, 7168, true, true}}) {
+    const int64_t rows1 = pr.gated1 ? 2 * pr.n1 : pr.n1;
+    const size_t w_bytes = static_cast<size_t>((pr.n0 + rows1) * pr.k) * 2;
+    const int copies = static_cast<int>(std::min<size_t>(kCalls, kColdBytes / w_bytes + 1));
+    std::vector<TensorView> w0, w1;
+    for (int c = 0; c < copies; ++c) {
+      w0.push_back(perf.tensor({pr.n0, pr.k}, kBf16));
+      w1.push_back(perf.tensor({rows1, pr.k}, kBf16));
+    }
+    for (const int64_t m : {int64_t{1}, int64_t{8}}) {
+      const TensorView x = perf.tensor({m, pr.k}, kBf16);
+      const TensorView out0 = perf.tensor({m, pr.n0}, pr.out0_f32 ? DType::kF32 : kBf16);
+      const TensorView out1 = perf.tensor({m, pr.n1}, kBf16);
+      const auto op_on = [&](Backend& b) {
+        return [&b, &w0, &w1, &pr, x, out0, out1](int c) {
+          const std::array targets{LinearTarget{.w = w0[static_cast<size_t>(c)], .out = out0},
+                                   LinearTarget{.w = w1[static_cast<size_t>(c)], .out = out1, .silu_mul = pr.gated1}};
+          b.multi_linear({.x = x, .targets = targets});
+        };
+      };
+      const double t_skinny = perf.time(*skinny, copies, op_on(*skinny));
+      const double t_cublas = perf.time(*cublas, copies, op_on(*cublas));
+      const double bytes = static_cast<double>(w_bytes + x.bytes() + out0.bytes() + out1.bytes());
+      std::printf("[ perf     ] %-30s M=%-3lld %9.1f MB | one launch %8.2f us %5.1f%% of copy | cuBLAS op by op %8.2f "
+                  "us %5.1f%% of copy\n",
+                  pr.name, static_cast<long long>(m), bytes / 1e6, t_skinny * 1e6,
+                  100.0 * bytes / t_skinny / 1e9 / copy, t_cublas * 1e6, 100.0 * bytes / t_cublas / 1e9 / copy);
     }
   }
 }
