@@ -873,6 +873,37 @@ TEST(CudaBackend, ReportsTheOpsItImplements) {
 
 // The memory functions: stream-ordered device tensors, zeros, copies both ways, and uploads that narrow float32 to
 // bfloat16 the way the host conversion does.
+// A step that frees a tensor below live ones: the pool's high-water mark (what the warm-up measures) reuses the hole
+// at once, the graph arena only once the tensors above it go, so the recording needs more arena than the warm-up
+// reserved. capture() must then grow the arena and record again, and the graph must compute what the eager run does.
+TEST(CudaBackend, CaptureRecordsAgainWhenTheArenaRunsShort) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  const std::unique_ptr<Backend> cuda = make_cuda_backend();  // a fresh arena: sized by this capture alone
+  constexpr int64_t n = 1 << 18;                              // 1 MiB of float32
+  const std::vector<float> one(static_cast<size_t>(n), 1.0f);
+  Tensor ones = cuda->empty({1, n}, DType::kF32);
+  cuda->copy_to_device(ConstTensorView(one.data(), DType::kF32, {1, n}, Device::kCpu), ones.view());
+  Tensor out = cuda->zeros({1, n}, DType::kF32);
+  const auto work = [&] {
+    Tensor a = cuda->zeros({1, n}, DType::kF32);      // [a][b]: the pool's peak is 2 blocks here
+    Tensor b = cuda->zeros({1, n}, DType::kF32);
+    cuda->add({.x = a.view(), .y = ones.cview()});
+    cuda->add({.x = b.view(), .y = a.cview()});       // b = 1
+    a = Tensor();                                      // a hole below b
+    Tensor c = cuda->zeros({2, n}, DType::kF32);      // the pool: [c][b] (3 blocks); the arena: [ ][b][c] (4)
+    cuda->add({.x = c.view().rows(0, 1), .y = b.cview()});
+    cuda->add({.x = out.view(), .y = c.view().rows(0, 1)});  // out += 1
+  };
+  const std::unique_ptr<StepGraph> graph = cuda->capture(work);  // runs `work` once (out = 1), then records it
+  ASSERT_NE(graph, nullptr);
+  ASSERT_TRUE(graph->replay());
+  ASSERT_TRUE(graph->replay());
+  std::vector<float> back(static_cast<size_t>(n), 0.0f);
+  cuda->copy_to_host(out.cview(), TensorView{back.data(), DType::kF32, {1, n}, Device::kCpu});
+  for (int64_t i = 0; i < n; i += 4099) EXPECT_EQ(back[static_cast<size_t>(i)], 3.0f) << i;
+  EXPECT_EQ(back.back(), 3.0f);
+}
+
 TEST(CudaBackend, MemoryRoundTrips) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
   const std::unique_ptr<Backend> cuda = make_cuda_backend();

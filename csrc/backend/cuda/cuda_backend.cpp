@@ -215,7 +215,9 @@ class CudaBackend final : public Backend {
   }
 
   // The warm-up run sizes the workspaces and tells how much memory the step takes (the pool's high-water mark); the
-  // arena reserves that much, then the same work is recorded with its tensors in the arena.
+  // arena reserves that much, then the same work is recorded with its tensors in the arena. The pool reuses a block
+  // freed below live ones at once, the arena only once those above it go, so the recording can need more than the
+  // warm-up showed: it then stops, the arena grows to what the recording reached, and the work is recorded again.
   std::unique_ptr<StepGraph> capture(const std::function<void()>& work) override {
     DI_CHECK(!recording_, "cuda capture: already recording a graph");
     cudaMemPool_t pool = pool_.get();
@@ -229,26 +231,15 @@ class CudaBackend final : public Backend {
     if (arena_.reserve(static_cast<size_t>(used_high > used_before ? used_high - used_before : 0))) {
       ++graph_generation_;
     }
-
-    cudaGraph_t graph = nullptr;
-    CUDA_TRY(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal));
-    recording_ = true;
-    try {
-      work();
-    } catch (...) {
-      recording_ = false;
-      cudaStreamEndCapture(stream_.get(), &graph);  // ends the invalidated capture; its error is the one thrown
-      if (graph != nullptr) cudaGraphDestroy(graph);
-      cudaGetLastError();
-      throw;
+    constexpr int kMaxRecordings = 4;  // the arena at least doubles each time, so one more is the usual case
+    for (int recording = 1;; ++recording) {
+      try {
+        return record(work);
+      } catch (const cuda::GraphArenaFull& full) {
+        if (recording == kMaxRecordings) throw;
+        if (arena_.reserve(full.peak())) ++graph_generation_;
+      }
     }
-    recording_ = false;
-    CUDA_TRY(cudaStreamEndCapture(stream_.get(), &graph));
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
-    cudaGraphDestroy(graph);
-    CUDA_TRY(status);
-    return std::make_unique<CudaStepGraph>(exec, stream_.get(), graph_generation_);
   }
 
   Tensor zeros(Shape shape, DType dtype) override {
@@ -713,6 +704,30 @@ class CudaBackend final : public Backend {
       if (!silu_mul && q.n_out * p.k_dim * 2 > kMaxWeightBytes) return false;
     }
     return true;
+  }
+
+  // Records `work` into a graph whose tensors come from the arena; the stream is out of capture mode afterwards,
+  // whether the recording succeeded or threw.
+  std::unique_ptr<StepGraph> record(const std::function<void()>& work) {
+    cudaGraph_t graph = nullptr;
+    CUDA_TRY(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal));
+    recording_ = true;
+    try {
+      work();
+    } catch (...) {
+      recording_ = false;
+      cudaStreamEndCapture(stream_.get(), &graph);  // ends the invalidated capture; its error is the one thrown
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      cudaGetLastError();
+      throw;
+    }
+    recording_ = false;
+    CUDA_TRY(cudaStreamEndCapture(stream_.get(), &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    CUDA_TRY(status);
+    return std::make_unique<CudaStepGraph>(exec, stream_.get(), graph_generation_);
   }
 
   // Brackets an op for the profiler, never while a graph is recorded. A label built from the op's shapes comes as a

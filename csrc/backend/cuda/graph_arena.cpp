@@ -25,8 +25,11 @@ bool GraphArena::reserve(size_t bytes) {
 
 void* GraphArena::allocate(size_t bytes) {
   const size_t size = align_up(std::max<size_t>(bytes, 1));
-  DI_CHECK(top_ + size <= capacity(), "graph arena: ", bytes, " bytes do not fit (", top_, " of ", capacity(),
-           " bytes in use); the warm-up run before the capture should have reserved them");
+  if (top_ + size > capacity()) {
+    throw GraphArenaFull(str_cat("graph arena: ", bytes, " bytes do not fit (", top_, " of ", capacity(),
+                                 " bytes in use)"),
+                         top_ + size);
+  }
   const size_t offset = top_;
   live_.emplace(offset, size);
   top_ += size;

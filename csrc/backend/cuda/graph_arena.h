@@ -7,12 +7,23 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/device_buffer.h"
 #include "core/error.h"
 
 namespace deepinfer::cuda {
+
+// Thrown by GraphArena::allocate when a block does not fit; peak() is the arena size that allocation needed.
+class GraphArenaFull : public Error {
+ public:
+  GraphArenaFull(const std::string& what, size_t peak) : Error(what), peak_(peak) {}
+  size_t peak() const { return peak_; }
+
+ private:
+  size_t peak_;
+};
 
 class GraphArena {
  public:
@@ -28,7 +39,8 @@ class GraphArena {
   bool reserve(size_t bytes);
 
   // The lowest offset above every live block: blocks freed in reverse order of allocation (scoped tensors of a
-  // forward pass) are reused at once. Throws when the arena is full.
+  // forward pass) are reused at once; a block freed below a live one is reused only once those above it go. Throws
+  // GraphArenaFull when the arena is full.
   void* allocate(size_t bytes);
   // Buffer deleter (context: the arena). Pointers of memory replaced by reserve() are ignored.
   static void release(void* data, void* arena);
