@@ -290,7 +290,10 @@ def sharegpt_case(engine, prompts: list[list[int]], info: dict, args, deadline: 
     out_tokens = sum(len(o.token_ids) for o in done)
     in_tokens = sum(len(o.prompt_token_ids) for o in done)
     errors = sorted({o.outputs[0].error for o in outs if o.outputs[0].error})[:3]
-    row.update({"status": "partial: time limit" if partial else "ok", "completed_requests": len(done),
+    status = "partial: time limit" if partial else "ok"
+    if errors:  # a request that failed is not a throughput figure
+        status = f"error: {len(outs) - len(done)} requests failed ({errors[0]})"
+    row.update({"status": status, "completed_requests": len(done),
                 "wall_s": wall, "requests_per_s": len(done) / wall, "output_tokens_per_s": out_tokens / wall,
                 "total_tokens_per_s": (in_tokens + out_tokens) / wall,
                 "ttft_s_median": statistics.median(o.ttft_s for o in done) if done else None})

@@ -690,11 +690,11 @@ class CudaBackend final : public Backend {
     return skinny_params(x, std::span<const SkinnyTarget>(targets.begin(), targets.size()));
   }
 
-  // Decode-sized bf16 GEMMs go to the skinny kernel where it beat cuBLAS on an H200 (benchmarks/results/
-  // skinny_gemm_h200.md, graph-replayed, weights cold in L2): up to 8 tokens and weights up to 48 MB (V2-Lite's
-  // projections: 4.0 vs 6.0 us for kv_a, 5.2 vs 6.1 us for o_proj), and the gated MLP projection at any size up to
-  // 8 tokens (it also saves the silu_mul kernel). cuBLAS keeps 9 tokens and more, the large matrices (lm_head, V3's
-  // o_proj and q_b_proj: 3.6-4.2 TB/s against the skinny kernel's 3.0-3.9) and the per-head products.
+  // Decode-sized bf16 GEMMs go to the skinny kernel where it did not lose to cuBLAS on an H200 (benchmarks/results/
+  // skinny_gemm_h200.md, graph-replayed, weights cold in L2): up to 8 tokens with weights up to 48 MB (V2-Lite's
+  // kv_a 5.6 vs 6.1 us, shared down += 6.2 vs 7.3), the gated MLP projection at any size (it also saves the silu_mul
+  // kernel), and above all several products of one x in one launch (q_proj + kv_a_proj 7.5 vs 12.3 us). cuBLAS keeps
+  // 9 tokens and more, the large matrices (both stream them at 94-98% of copy bandwidth) and the per-head products.
   bool use_skinny(DType dtype, const cuda::SkinnyGemmParams& p) const {
     constexpr int64_t kMaxWeightBytes = int64_t{48} << 20;
     if (!skinny_enabled_ || dtype != DType::kBF16 || !cuda::skinny_gemm_fits(p)) return false;
