@@ -18,10 +18,10 @@
 #include <climits>
 
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/launch.h"
-#include "backend/cuda/ptx.cuh"
 #include "backend/cuda/elementwise_vec.cuh"
+#include "backend/cuda/launch.h"
 #include "backend/cuda/mla_prepare_params.h"
+#include "backend/cuda/ptx.cuh"
 #include "backend/cuda/rms_norm_row.cuh"
 #include "backend/cuda/rope_rotation.cuh"
 
