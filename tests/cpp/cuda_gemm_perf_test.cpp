@@ -1,5 +1,5 @@
 // Decode-sized GEMMs on the GPU: the skinny kernel against cuBLAS (a second backend made with
-// DEEPINFER_SKINNY_GEMM=0), at DeepSeek-V2-Lite's and V3's projection shapes and 1..8 tokens, beside a
+// DEEPINFER_DISABLE_SKINNY_GEMM=1), at DeepSeek-V2-Lite's and V3's projection shapes and 1..8 tokens, beside a
 // device-to-device copy measured in the same run. Disabled in normal runs (the GPU script passes
 // --gtest_also_run_disabled_tests).
 //
@@ -89,9 +89,9 @@ struct GemmShape {
 TEST(CudaGemmPerf, DISABLED_SkinnyVsCublas) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
   const std::unique_ptr<Backend> skinny = make_cuda_backend();
-  ::setenv("DEEPINFER_SKINNY_GEMM", "0", 1);
+  ::setenv("DEEPINFER_DISABLE_SKINNY_GEMM", "1", 1);
   const std::unique_ptr<Backend> cublas = make_cuda_backend();
-  ::unsetenv("DEEPINFER_SKINNY_GEMM");
+  ::unsetenv("DEEPINFER_DISABLE_SKINNY_GEMM");
   GemmPerf perf;
   const double copy = perf.copy_gbs();
   std::printf("[ perf     ] device-to-device copy: %.0f GB/s\n", copy);

@@ -8,8 +8,6 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <initializer_list>
 #include <span>
 #include <string>
@@ -21,6 +19,7 @@
 #include "backend/cuda/copy_strided.cuh"
 #include "backend/cuda/cublas_handle.h"
 #include "backend/cuda/skinny_gemm.cuh"
+#include "core/env_flag.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_stream.h"
 #include "backend/cuda/elementwise.cuh"
@@ -134,11 +133,8 @@ int gemm_int(int64_t v, const char* op, const char* what) {
 cudaDataType_t cuda_type(DType t) { return t == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F; }
 #endif
 
-// DEEPINFER_SKINNY_GEMM=0 sends every GEMM to cuBLAS, so one build can compare the two.
-bool skinny_gemm_enabled_from_env() {
-  const char* flag = std::getenv("DEEPINFER_SKINNY_GEMM");
-  return flag == nullptr || std::strcmp(flag, "0") != 0;
-}
+// DEEPINFER_DISABLE_SKINNY_GEMM=1 sends every GEMM to cuBLAS, so one build can compare the two.
+bool skinny_gemm_enabled_from_env() { return !env_flag("DEEPINFER_DISABLE_SKINNY_GEMM"); }
 
 class CudaBackend final : public Backend {
  public:
