@@ -63,18 +63,6 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
   return row * kWidth + ((chunk ^ (row & 7)) << 3);
 }
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
 // D[16x8] += A[16x16] · B[16x8], bf16 inputs, fp32 accumulators.
 __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -201,7 +189,7 @@ __global__ void __launch_bounds__(T::kThreads) mla_prefill_attention_kernel(
     if (t == 0) {
       for (int kk = 0; kk < kQSteps; ++kk) {
         const int row = warp * 16 + lane % 16, chunk = kk * 2 + lane / 16;
-        ldmatrix_x4(q_frag[kk], ptx::smem_addr(sq + swizzled<T::kQk>(row, chunk)));
+        ptx::ldmatrix_x4(q_frag[kk], ptx::smem_addr(sq + swizzled<T::kQk>(row, chunk)));
       }
     }
     const uint16_t* k_tile = sk + buf * T::kKElems;
@@ -216,7 +204,7 @@ __global__ void __launch_bounds__(T::kThreads) mla_prefill_attention_kernel(
       for (int np = 0; np < kSTiles / 2; ++np) {
         uint32_t b[4];
         const int row = np * 16 + (lane / 16) * 8 + lane % 8, chunk = kk * 2 + (lane / 8) % 2;
-        ldmatrix_x4(b, ptx::smem_addr(k_tile + swizzled<T::kQk>(row, chunk)));
+        ptx::ldmatrix_x4(b, ptx::smem_addr(k_tile + swizzled<T::kQk>(row, chunk)));
         mma_16816(sc[2 * np], q_frag[kk], b[0], b[1]);
         mma_16816(sc[2 * np + 1], q_frag[kk], b[2], b[3]);
       }
@@ -282,7 +270,7 @@ __global__ void __launch_bounds__(T::kThreads) mla_prefill_attention_kernel(
       for (int dp = 0; dp < kOTiles / 2; ++dp) {
         uint32_t b[4];
         const int row = kk * 16 + ((lane / 8) % 2) * 8 + lane % 8, chunk = dp * 2 + lane / 16;
-        ldmatrix_x4_trans(b, ptx::smem_addr(v_tile + swizzled<T::kV>(row, chunk)));
+        ptx::ldmatrix_x4_trans(b, ptx::smem_addr(v_tile + swizzled<T::kV>(row, chunk)));
         mma_16816(o[2 * dp], a, b[0], b[1]);
         mma_16816(o[2 * dp + 1], a, b[2], b[3]);
       }
