@@ -1,5 +1,6 @@
-// PTX wrappers shared by the sm_90a kernels: cp.async, warpgroup MMA (wgmma), proxy fences and programmatic
-// dependent launch. Each wrapper is one instruction (or a fixed sequence); kernels compose them.
+// PTX wrappers shared by the sm_90a kernels: weight streaming, mma.sync, cp.async, ldmatrix, warpgroup MMA (wgmma),
+// proxy fences and programmatic dependent launch. Each wrapper is one instruction (or a fixed sequence); kernels
+// compose them.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +28,32 @@ __device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wa
 __device__ __forceinline__ void griddep_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// Weight streaming and mma.sync (the small-M expert GEMMs, the skinny GEMM)
+
+// 16-byte read-only load that skips L1 and marks the L2 line evict-first: weights streamed once.
+__device__ __forceinline__ uint4 ld_stream_16(const void* ptr) {
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(ptr), "l"(policy));
+  return v;
+}
+
+// D[16x8] += A[16x16] · B[16x8], bf16 inputs, fp32 accumulators.
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// g * sigmoid(g); the exponent is clamped so the fast division never sees a denominator above 2^126.
+__device__ __forceinline__ float silu(float g) { return __fdividef(g, 1.0f + __expf(fminf(-g, 80.0f))); }
 
 // ---------------------------------------------------------------------------------------------------------------
 // Shared memory: cp.async and ldmatrix

@@ -17,17 +17,15 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launch.h"
-#include "backend/cuda/moe_ptx.cuh"
+#include "backend/cuda/ptx.cuh"
 #include "core/error.h"
 
 namespace deepinfer::cuda {
 namespace {
 
-using moe_detail::bf16_hi;
-using moe_detail::bf16_lo;
-using moe_detail::ld_stream_16;
-using moe_detail::mma_bf16_16816;
-using moe_detail::silu;
+using ptx::ld_stream_16;
+using ptx::mma_bf16_16816;
+using ptx::silu;
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
