@@ -343,6 +343,43 @@ void add_mla_cache_write(CaseRegistry& r, Activations act, int64_t num_pages, in
          .tolerance = act.tolerance()});
 }
 
+// The contexts of a paged cache's sequences on shuffled pages (3 spare pages stay unused): the page table [seqs,
+// max_pages], whose entries past a sequence's pages hold -1 or an out-of-range id, and the cache slot of every context
+// position, sequence after sequence.
+struct ScatteredPages {
+  int64_t num_pages = 0;
+  int32_t max_pages = 0;
+  std::vector<int32_t> page_table;
+  std::vector<int32_t> slots;
+};
+
+ScatteredPages scatter_pages(Rng& rng, const std::vector<int32_t>& context_lens, int64_t page_size) {
+  const auto seqs = static_cast<int32_t>(context_lens.size());
+  int64_t used_pages = 0, max_needed = 0;
+  for (int32_t ctx : context_lens) {
+    used_pages += (ctx + page_size - 1) / page_size;
+    max_needed = std::max<int64_t>(max_needed, (ctx + page_size - 1) / page_size);
+  }
+  ScatteredPages l{.num_pages = used_pages + 3, .max_pages = static_cast<int32_t>(max_needed + 2)};
+  std::vector<int32_t> pool(static_cast<size_t>(l.num_pages));
+  std::iota(pool.begin(), pool.end(), 0);
+  rng.shuffle(pool);
+  l.page_table.resize(static_cast<size_t>(seqs) * l.max_pages);
+  size_t next_page = 0;
+  for (int32_t s = 0; s < seqs; ++s) {
+    const int64_t pages = (context_lens[s] + page_size - 1) / page_size;
+    for (int32_t p = 0; p < l.max_pages; ++p) {
+      l.page_table[static_cast<size_t>(s) * l.max_pages + p] =
+          p < pages ? pool[next_page++] : (p % 2 == 0 ? -1 : static_cast<int32_t>(l.num_pages + 7));
+    }
+    for (int32_t j = 0; j < context_lens[s]; ++j) {
+      l.slots.push_back(static_cast<int32_t>(
+          l.page_table[static_cast<size_t>(s) * l.max_pages + j / page_size] * page_size + j % page_size));
+    }
+  }
+  return l;
+}
+
 // Absorbed MLA decode over a paged cache at DeepSeek's latent width (512 + 64), bfloat16: the cache is NaN-poisoned,
 // then each sequence's latents are written through mla_cache_write at scattered pages; unused page-table entries
 // hold -1 or out-of-range ids. q [S, H, 576] is given directly (q_latent | q_pe); the CPU computes on the same
@@ -353,30 +390,13 @@ void add_mla_decode(CaseRegistry& r, int64_t heads, int64_t page_size, std::vect
   const Activations act{DType::kBF16};
   Rng rng(seed);
   const auto seqs = static_cast<int32_t>(context_lens.size());
-  int64_t used_pages = 0, max_needed = 0;
-  for (int32_t ctx : context_lens) {
-    used_pages += (ctx + page_size - 1) / page_size;
-    max_needed = std::max<int64_t>(max_needed, (ctx + page_size - 1) / page_size);
-  }
-  const int64_t num_pages = used_pages + 3;  // spare pages stay poisoned
-  const auto max_pages = static_cast<int32_t>(max_needed + 2);
-  std::vector<int32_t> pool(static_cast<size_t>(num_pages));
-  std::iota(pool.begin(), pool.end(), 0);
-  rng.shuffle(pool);
-  std::vector<int32_t> page_table(static_cast<size_t>(seqs) * max_pages), slots, query_start(1, 0);
-  size_t next_page = 0;
-  for (int32_t s = 0; s < seqs; ++s) {
-    const int64_t pages = (context_lens[s] + page_size - 1) / page_size;
-    for (int32_t p = 0; p < max_pages; ++p) {
-      page_table[static_cast<size_t>(s) * max_pages + p] =
-          p < pages ? pool[next_page++] : (p % 2 == 0 ? -1 : static_cast<int32_t>(num_pages + 7));
-    }
-    for (int32_t j = 0; j < context_lens[s]; ++j) {
-      slots.push_back(static_cast<int32_t>(page_table[static_cast<size_t>(s) * max_pages + j / page_size] * page_size +
-                                           j % page_size));
-    }
-    query_start.push_back(s + 1);
-  }
+  const ScatteredPages layout = scatter_pages(rng, context_lens, page_size);
+  const int64_t num_pages = layout.num_pages;
+  const int32_t max_pages = layout.max_pages;
+  const std::vector<int32_t>& page_table = layout.page_table;
+  const std::vector<int32_t>& slots = layout.slots;
+  std::vector<int32_t> query_start(1, 0);
+  for (int32_t s = 0; s < seqs; ++s) query_start.push_back(s + 1);
   const auto tokens = static_cast<int64_t>(slots.size());
   const std::vector<float> latents = act.round(rng.uniform(tokens * kDim));
   const std::vector<float> q = act.round(rng.uniform(seqs * heads * kDim));
@@ -416,30 +436,13 @@ void add_mla_prefill(CaseRegistry& r, int64_t heads, int64_t page_size, std::vec
   const Activations act{DType::kBF16};
   Rng rng(seed);
   const auto seqs = static_cast<int32_t>(context_lens.size());
-  int64_t used_pages = 0, max_needed = 0;
-  for (int32_t ctx : context_lens) {
-    used_pages += (ctx + page_size - 1) / page_size;
-    max_needed = std::max<int64_t>(max_needed, (ctx + page_size - 1) / page_size);
-  }
-  const int64_t num_pages = used_pages + 3;  // spare pages stay poisoned
-  const auto max_pages = static_cast<int32_t>(max_needed + 2);
-  std::vector<int32_t> pool(static_cast<size_t>(num_pages));
-  std::iota(pool.begin(), pool.end(), 0);
-  rng.shuffle(pool);
-  std::vector<int32_t> page_table(static_cast<size_t>(seqs) * max_pages), slots, query_start(1, 0);
-  size_t next_page = 0;
-  for (int32_t s = 0; s < seqs; ++s) {
-    const int64_t pages = (context_lens[s] + page_size - 1) / page_size;
-    for (int32_t p = 0; p < max_pages; ++p) {
-      page_table[static_cast<size_t>(s) * max_pages + p] =
-          p < pages ? pool[next_page++] : (p % 2 == 0 ? -1 : static_cast<int32_t>(num_pages + 7));
-    }
-    for (int32_t j = 0; j < context_lens[s]; ++j) {
-      slots.push_back(static_cast<int32_t>(page_table[static_cast<size_t>(s) * max_pages + j / page_size] * page_size +
-                                           j % page_size));
-    }
-    query_start.push_back(query_start.back() + queries[s]);
-  }
+  const ScatteredPages layout = scatter_pages(rng, context_lens, page_size);
+  const int64_t num_pages = layout.num_pages;
+  const int32_t max_pages = layout.max_pages;
+  const std::vector<int32_t>& page_table = layout.page_table;
+  const std::vector<int32_t>& slots = layout.slots;
+  std::vector<int32_t> query_start(1, 0);
+  for (int32_t s = 0; s < seqs; ++s) query_start.push_back(query_start.back() + queries[s]);
   const auto cached = static_cast<int64_t>(slots.size());
   const int64_t tokens = query_start.back();
   const std::vector<float> latents = act.round(rng.uniform(cached * kDim));
