@@ -124,7 +124,8 @@ void LinearSiluMulArgs::validate() const {
 }
 
 void MultiLinearArgs::validate() const {
-  DI_CHECK(!targets.empty() && targets.size() <= 3, "multi_linear: 1 to 3 targets, got ", targets.size());
+  DI_CHECK(!targets.empty() && targets.size() <= kMultiLinearMaxTargets, "multi_linear: 1 to ",
+           static_cast<int64_t>(kMultiLinearMaxTargets), " targets, got ", static_cast<int64_t>(targets.size()));
   for (const LinearTarget& t : targets) {
     if (t.silu_mul) {
       LinearSiluMulArgs{.x = x, .w = t.w, .out = t.out}.validate();

@@ -4,6 +4,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <concepts>
 #include <cstddef>
@@ -12,7 +13,6 @@
 #include <span>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include <cuda_runtime_api.h>
 
@@ -329,12 +329,15 @@ class CudaBackend final : public Backend {
 
   void multi_linear(const MultiLinearArgs& a) override {
     a.validate();
-    std::vector<SkinnyTarget> targets;
-    for (const LinearTarget& t : a.targets) {
+    static_assert(cuda::kSkinnyMaxProblems >= kMultiLinearMaxTargets, "one launch takes every target");
+    std::array<SkinnyTarget, kMultiLinearMaxTargets> targets{};  // no allocation per step
+    for (size_t i = 0; i < a.targets.size(); ++i) {
+      const LinearTarget& t = a.targets[i];
       check_gemm_operands(a.x, t.w, t.out, "cuda multi_linear");
-      targets.push_back({t.w, t.out, t.silu_mul ? cuda::SkinnyEpilogue::kSiluMul : cuda::SkinnyEpilogue::kStore});
+      targets[i] = {t.w, t.out, t.silu_mul ? cuda::SkinnyEpilogue::kSiluMul : cuda::SkinnyEpilogue::kStore};
     }
-    const cuda::SkinnyGemmParams skinny = skinny_params(a.x, targets);
+    const cuda::SkinnyGemmParams skinny =
+        skinny_params(a.x, std::span<const SkinnyTarget>(targets.data(), a.targets.size()));
     if (a.x.shape[0] == 0 || !use_skinny(a.x.dtype, skinny)) {
       Backend::multi_linear(a);  // one op per target, each with its own choice of kernel
       return;

@@ -38,9 +38,10 @@ struct LinearTarget {
   TensorView out;     // [M, N] (silu_mul: [M, I]); x's dtype, or float32 when not silu_mul
   bool silu_mul = false;
 };
+inline constexpr size_t kMultiLinearMaxTargets = 3;
 struct MultiLinearArgs {
   ConstTensorView x;                      // [M, K]
-  std::span<const LinearTarget> targets;  // 1..3
+  std::span<const LinearTarget> targets;  // 1..kMultiLinearMaxTargets
   void validate() const;
 };
 
