@@ -1,13 +1,14 @@
 // Skinny GEMM kernel: weights streamed once through mma.sync, tokens as the MMA's 8-wide N side.
 //
 // The grid's CTAs are split between the problems (consecutive block ranges). A CTA has 8 warps and computes `tiles`
-// tiles of 16 weight rows of its problem (1, 2, 4 or 8; 8 / tiles warps share a tile and split its K range). Each warp walks its K range in 32-wide steps; a lane loads 16 contiguous bytes of weight row r
-// and of row r + 8 (r = lane / 4) and 16 bytes of x for token lane / 4, which feed two m16n8k16 MMAs. An MMA's K
-// order is fixed by the fragment layout, but a dot product does not care in which order its terms come: lane q
-// (= lane % 4) gives physical k 8q..8q+3 to the first MMA's k slots {2q, 2q+1, 2q+8, 2q+9} and 8q+4..8q+7 to the
-// second's, so A and B agree and every load is one 16-byte vector. Loads go out four steps at a time, the next four
-// while the current four multiply, so a CTA has up to 64 KB of weights in flight. The warps of a tile add their fp32 partial tiles through shared memory in
-// a fixed order (deterministic) and the epilogue writes the tokens that exist.
+// tiles of 16 weight rows of its problem (1, 2, 4 or 8; 8 / tiles warps share a tile and split its K range). Each
+// warp walks its K range in 32-wide steps; a lane loads 16 contiguous bytes of weight row r and of row r + 8
+// (r = lane / 4) and 16 bytes of x for token lane / 4, which feed two m16n8k16 MMAs. An MMA's K order is fixed by the
+// fragment layout, but a dot product does not care in which order its terms come: lane q (= lane % 4) gives physical
+// k 8q..8q+3 to the first MMA's k slots {2q, 2q+1, 2q+8, 2q+9} and 8q+4..8q+7 to the second's, so A and B agree and
+// every load is one 16-byte vector. Loads go out four steps at a time, the next four while the current four
+// multiply, so a CTA has up to 64 KB of weights in flight. The warps of a tile add their fp32 partial tiles through
+// shared memory in a fixed order (deterministic) and the epilogue writes the tokens that exist.
 #include "backend/cuda/skinny_gemm.cuh"
 
 #include <cuda_bf16.h>
@@ -49,14 +50,10 @@ __device__ __forceinline__ uint4 load_x(const uint16_t* ptr, bool valid) {
   return valid ? __ldg(reinterpret_cast<const uint4*>(ptr)) : make_uint4(0u, 0u, 0u, 0u);
 }
 
-template <int kNT>
-__device__ __forceinline__ void mma_step(float (&acc)[kNT][4], const uint4& wa, const uint4& wb,
-                                         const uint4 (&xv)[kNT]) {
-#pragma unroll
-  for (int nt = 0; nt < kNT; ++nt) {
-    mma_bf16_16816(acc[nt], wa.x, wb.x, wa.y, wb.y, xv[nt].x, xv[nt].y);
-    mma_bf16_16816(acc[nt], wa.z, wb.z, wa.w, wb.w, xv[nt].z, xv[nt].w);
-  }
+// One 32-wide K step: weight rows r and r + 8 (wa, wb) against the 8 tokens' x (xv), two MMAs.
+__device__ __forceinline__ void mma_step(float (&acc)[4], const uint4& wa, const uint4& wb, const uint4& xv) {
+  mma_bf16_16816(acc, wa.x, wb.x, wa.y, wb.y, xv.x, xv.y);
+  mma_bf16_16816(acc, wa.z, wb.z, wa.w, wb.w, xv.z, xv.w);
 }
 
 __device__ __forceinline__ float load_out(const SkinnyProblem& q, int64_t i) {
@@ -72,11 +69,10 @@ __device__ __forceinline__ void store_out(const SkinnyProblem& q, int64_t i, flo
   }
 }
 
-// kNT: 8-token MMA column tiles. Grid: the problems' block ranges, one after the other.
-template <int kNT>
+// Grid: the problems' block ranges, one after the other. The tokens are one 8-column MMA tile.
 __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const __grid_constant__ SkinnyKernelArgs args) {
   const SkinnyGemmParams& p = args.p;
-  __shared__ float partial[kWarps][kNT][32][4];
+  __shared__ float partial[kWarps][32][4];
   int problem = 0;
   while (problem + 1 < p.num_problems && static_cast<int>(blockIdx.x) >= args.block_begin[problem + 1]) ++problem;
   const SkinnyProblem& q = p.problems[problem];
@@ -93,14 +89,8 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const __grid_cons
 
   const uint16_t* w_row = q.w + (row_offset + group_row + r) * p.k_dim + lane_k * 8;
   const bool valid_a = group_row + r < q.n_out, valid_b = group_row + r + 8 < q.n_out;
-  const uint16_t* x_row[kNT];
-  bool valid_x[kNT];
-#pragma unroll
-  for (int nt = 0; nt < kNT; ++nt) {
-    const int token = nt * 8 + r;
-    valid_x[nt] = token < p.tokens;
-    x_row[nt] = p.x + (valid_x[nt] ? token : 0) * p.x_row_stride + lane_k * 8;
-  }
+  const bool valid_x = r < p.tokens;  // lane group r carries token r
+  const uint16_t* x_row = p.x + (valid_x ? r : 0) * p.x_row_stride + lane_k * 8;
   const int64_t row_b_offset = 8 * p.k_dim;
 
   const int64_t steps = p.k_dim / kStepK;
@@ -124,14 +114,11 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const __grid_cons
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
 
-  float acc[kNT][4] = {};
+  float acc[4] = {};
   for (int64_t s = step_begin; s < step_end; s += kUnroll) {
-    uint4 xv[kUnroll][kNT];
+    uint4 xv[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) xv[u][nt] = load_x(x_row[nt] + (s + u) * kStepK, s + u < step_end && valid_x[nt]);
-    }
+    for (int u = 0; u < kUnroll; ++u) xv[u] = load_x(x_row + (s + u) * kStepK, s + u < step_end && valid_x);
     uint4 cur_a[kUnroll], cur_b[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -140,27 +127,24 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const __grid_cons
     }
     if (s + kUnroll < step_end) load_weights(s + kUnroll);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) mma_step<kNT>(acc, cur_a[u], cur_b[u], xv[u]);
+    for (int u = 0; u < kUnroll; ++u) mma_step(acc, cur_a[u], cur_b[u], xv[u]);
   }
 
 #pragma unroll
-  for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) partial[warp][nt][lane][i] = acc[nt][i];
-  }
+  for (int i = 0; i < 4; ++i) partial[warp][lane][i] = acc[i];
   __syncthreads();
 
-  // Output element (group, nt, fragment lane, register): register i of lane l holds row l / 4 + 8 * (i / 2) and
-  // token nt * 8 + 2 * (l % 4) + i % 2 of the tile's 16 x 8 accumulator.
-  const int outputs = groups * kNT * 128;
+  // Output element (group, fragment lane, register): register i of lane l holds row l / 4 + 8 * (i / 2) and token
+  // 2 * (l % 4) + i % 2 of the tile's 16 x 8 accumulator.
+  const int outputs = groups * 128;
   for (int idx = threadIdx.x; idx < outputs; idx += kThreads) {
-    const int group = idx / (kNT * 128), nt = (idx / 128) % kNT, l = (idx / 4) % 32, i = idx % 4;
-    const int row = l / 4 + 8 * (i / 2), token = nt * 8 + 2 * (l % 4) + i % 2;
+    const int group = idx / 128, l = (idx / 4) % 32, i = idx % 4;
+    const int row = l / 4 + 8 * (i / 2), token = 2 * (l % 4) + i % 2;
     const int64_t col = (static_cast<int64_t>(block) * groups + group) * 16 + row;
     if (token >= p.tokens || col >= q.n_out) continue;
     const auto tile_sum = [&](int t) {
       float sum = 0.0f;
-      for (int w = 0; w < warps_per_tile; ++w) sum += partial[t * warps_per_tile + w][nt][l][i];
+      for (int w = 0; w < warps_per_tile; ++w) sum += partial[t * warps_per_tile + w][l][i];
       return sum;
     };
     const int64_t o = token * q.out_row_stride + col;
@@ -213,7 +197,7 @@ void skinny_gemm(const SkinnyGemmParams& p, cudaStream_t stream) {
   }
   args.block_begin[p.num_problems] = static_cast<int>(blocks);
   static_assert(kSkinnyMaxTokens == 8, "one 8-token MMA column tile");
-  launch_pdl(skinny_gemm_kernel<1>, {.grid = dim3(static_cast<unsigned>(blocks)), .block = dim3(kThreads)}, stream,
+  launch_pdl(skinny_gemm_kernel, {.grid = dim3(static_cast<unsigned>(blocks)), .block = dim3(kThreads)}, stream,
              args);
 }
 
