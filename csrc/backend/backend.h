@@ -77,7 +77,7 @@ class Backend {
   // Ops. Arguments are views on this device (ops/*.h say what each computes); outputs are allocated by the caller.
   virtual void linear(const LinearArgs& a) = 0;
   // Composed ops: a backend with a fused kernel overrides them; the default runs the ops they stand for
-  // (composed_ops.cpp), which is the reference the fused kernels are tested against.
+  // (dense_composed.cpp, mla_prepare_composed.cpp), which is the reference the fused kernels are tested against.
   virtual void linear_silu_mul(const LinearSiluMulArgs& a);
   virtual void multi_linear(const MultiLinearArgs& a);
   virtual void head_linear(const HeadLinearArgs& a) = 0;
@@ -90,7 +90,7 @@ class Backend {
   virtual void add(const AddArgs& a) = 0;
   virtual void rope(const RopeArgs& a) = 0;
   virtual void mla_cache_write(const MlaCacheWriteArgs& a) = 0;
-  // Runs the composition MlaPrepareArgs defines, one op after the other; a backend with a fused kernel overrides it.
+  // Composed op (see linear_silu_mul): the composition MlaPrepareArgs defines.
   virtual void mla_prepare(const MlaPrepareArgs& a);
   virtual void mla_decode(const MlaDecodeArgs& a) = 0;
   virtual void mla_prefill(const MlaPrefillArgs& a) = 0;

@@ -1,5 +1,5 @@
-// The default implementations of the composed ops: each runs the existing ops it stands for. Backends override them
-// with fused kernels; the CPU backend keeps these, so they are the reference of those kernels.
+// The default implementations of the composed dense ops: each runs the existing ops it stands for. Backends override
+// them with fused kernels; the CPU backend keeps these, so they are the reference of those kernels.
 #include "backend/backend.h"
 
 namespace deepinfer {
