@@ -356,9 +356,13 @@ void MoeRouteArgs::validate() const {
   expect_dtype(logits, DType::kF32, "moe_route", "logits");
   expect_ndim(logits, 2, "moe_route", "logits");
   const int64_t num_experts = logits.shape[1];
+  DI_CHECK(num_shared_experts >= 0 && num_experts + num_shared_experts <= std::numeric_limits<int32_t>::max(),
+           "moe_route: ", num_shared_experts, " shared experts after ", num_experts, " routed ones");
   DI_CHECK(topk_ids.shape.ndim() == 2 && topk_ids.shape == topk_weights.shape &&
-               topk_ids.shape[0] == logits.shape[0] && topk_ids.shape[1] <= num_experts,
-           "moe_route: logits ", logits.shape.str(), " topk ", topk_ids.shape.str());
+               topk_ids.shape[0] == logits.shape[0] && topk_ids.shape[1] >= num_shared_experts &&
+               topk_ids.shape[1] - num_shared_experts <= num_experts,
+           "moe_route: logits ", logits.shape.str(), " topk ", topk_ids.shape.str(), " (top_k routed experts of ",
+           num_experts, ", then ", num_shared_experts, " shared)");
   expect_dtype(topk_ids, DType::kI32, "moe_route", "topk_ids");
   expect_dtype(topk_weights, DType::kF32, "moe_route", "topk_weights");
   DI_CHECK(n_group >= 1 && num_experts % n_group == 0 && topk_group >= 1 && topk_group <= n_group,
@@ -367,11 +371,11 @@ void MoeRouteArgs::validate() const {
            "moe_route: correction bias ", correction_bias.shape.str(), " for ", num_experts, " experts");
   expect_one_device({logits, correction_bias, topk_ids, topk_weights}, "moe_route");
   if (method != TopkMethod::kGreedy && n_group > 1) {
-    const int64_t per_group = num_experts / n_group;
+    const int64_t per_group = num_experts / n_group, top_k = topk_ids.shape[1] - num_shared_experts;
     DI_CHECK(method != TopkMethod::kNoauxTc || per_group >= 2, "moe_route: noaux_tc scores a group by its top-2 "
              "experts, but groups hold ", per_group);
-    DI_CHECK(topk_ids.shape[1] <= topk_group * per_group, "moe_route: top_k ", topk_ids.shape[1],
-             " exceeds the ", topk_group * per_group, " experts of the ", topk_group, " kept groups");
+    DI_CHECK(top_k <= topk_group * per_group, "moe_route: top_k ", top_k, " exceeds the ", topk_group * per_group,
+             " experts of the ", topk_group, " kept groups");
   }
 }
 

@@ -108,6 +108,7 @@ void ModelConfig::validate() const {
     positive(moe_intermediate_size, "moe_intermediate_size");
     positive(num_experts_per_tok, "num_experts_per_tok");
     positive(moe_layer_freq, "moe_layer_freq");
+    DI_CHECK_ARG(n_shared_experts >= 0, "config.json: n_shared_experts must be >= 0, got ", n_shared_experts);
     DI_CHECK_ARG(num_experts_per_tok <= n_routed_experts, "config.json: num_experts_per_tok (", num_experts_per_tok,
                  ") exceeds n_routed_experts (", n_routed_experts, ")");
     DI_CHECK_ARG(n_group >= 1 && n_routed_experts % n_group == 0, "config.json: n_routed_experts (",

@@ -40,7 +40,6 @@ void upload_weights(ModelWeights& w, Backend& backend) {
       vector(layer.moe->correction_bias);
       matrix(layer.moe->experts_gate_up);
       matrix(layer.moe->experts_down);
-      if (layer.moe->shared) mlp(*layer.moe->shared);
     }
   }
 }
@@ -198,28 +197,25 @@ Tensor DeepseekModel::mlp(const MlpWeights& w, const Tensor& h) {
   return linear(act, w.down);                                               // [T, D]
 }
 
+// The shared experts are the last s experts of the stacked weights (see MoeWeights): routing appends them to every
+// token's top-k with weight 1, and one moe_experts op computes the routed and the shared experts together.
 Tensor DeepseekModel::moe(const MoeWeights& w, const Tensor& h) {
   const ModelConfig& c = config_;
   const int64_t t = h.shape()[0];
-  // The router and the shared experts' gate_up both read h: one op.
+  const int64_t pairs = c.num_experts_per_tok + w.num_shared_experts;           // k + s a token
   Tensor router_logits = backend_.empty({t, w.gate.shape()[0]}, DType::kF32);  // [T, E] float32
-  Tensor shared_act = w.shared ? activation({t, w.shared->down.shape()[1]}) : Tensor();  // [T, I_shared]
-  std::vector<LinearTarget> projections{{.w = w.gate.cview(), .out = router_logits.view()}};
-  if (w.shared) projections.push_back({.w = w.shared->gate_up.cview(), .out = shared_act.view(), .silu_mul = true});
-  backend_.multi_linear({.x = h.cview(), .targets = projections});
-  Tensor topk_ids = backend_.empty({t, c.num_experts_per_tok}, DType::kI32);      // [T, k]
-  Tensor topk_weights = backend_.empty({t, c.num_experts_per_tok}, DType::kF32);  // [T, k]
+  backend_.linear({.x = h.cview(), .w = w.gate.cview(), .out = router_logits.view()});
+  Tensor topk_ids = backend_.empty({t, pairs}, DType::kI32);                    // [T, k + s]
+  Tensor topk_weights = backend_.empty({t, pairs}, DType::kF32);                // [T, k + s]
   backend_.moe_route({.logits = router_logits.cview(), .correction_bias = w.correction_bias.cview(),
                       .topk_ids = topk_ids.view(), .topk_weights = topk_weights.view(), .scoring = c.scoring,
                       .method = c.topk_method, .n_group = c.n_group, .topk_group = c.topk_group,
                       .norm_topk_prob = c.norm_topk_prob,
-                      .routed_scaling_factor = static_cast<float>(c.routed_scaling_factor)});
-  Tensor out = activation({t, c.hidden_size});                              // [T, D]
+                      .routed_scaling_factor = static_cast<float>(c.routed_scaling_factor),
+                      .num_shared_experts = w.num_shared_experts});
+  Tensor out = activation({t, c.hidden_size});                                  // [T, D]
   backend_.moe_experts({.x = h.cview(), .w_gate_up = w.experts_gate_up.cview(), .w_down = w.experts_down.cview(),
                         .topk_ids = topk_ids.cview(), .topk_weights = topk_weights.cview(), .out = out.view()});
-  if (w.shared) {  // the shared experts see every token; their down projection adds into the routed output
-    backend_.linear({.x = shared_act.cview(), .w = w.shared->down.cview(), .out = out.view(), .accumulate = true});
-  }
   return out;
 }
 

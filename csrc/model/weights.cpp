@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <optional>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "core/counter_rng.h"
 #include "core/error.h"
@@ -18,6 +21,9 @@ class CheckpointSource final : public WeightSource {
       : checkpoint_(std::move(checkpoint)), fp8_block_{config.fp8.block_rows, config.fp8.block_cols} {}
 
   bool contains(const std::string& name) const override { return checkpoint_.contains(name); }
+  std::optional<std::vector<int64_t>> stored_shape(const std::string& name) const override {
+    return checkpoint_.get(name).shape;
+  }
   void read_rows(const std::string& name, std::span<const int64_t> shape, int64_t first_row, int64_t num_rows,
                  std::span<float> out) const override {
     checkpoint_.read_rows_f32(name, shape, first_row, num_rows, out, fp8_block_);
@@ -179,6 +185,25 @@ class Loader {
       write(dst, offset + done * row, read_rows(name, shape, first_row + done, n));
     }
   }
+  // Source tensor `name` of `shape` [rows, blocks * width] as `blocks` matrices [rows, width] (its column blocks),
+  // one after another in `dst` from element `offset` on: column block j goes to offset + j * rows * width. Reads
+  // chunks of whole rows as copy_rows does and writes each chunk's part of each block from a gathered copy.
+  void copy_column_blocks(const std::string& name, Shape shape, int64_t width, Tensor& dst, int64_t offset) {
+    const int64_t rows = shape[0], cols = shape[1], blocks = cols / width;
+    const int64_t rows_per_chunk = std::max<int64_t>(1, kLoadChunkFloats / std::max<int64_t>(cols, 1));
+    if (rows == 0) source_.read_rows(name, shape.dims(), 0, 0, {});  // still checks name and shape
+    for (int64_t first = 0; first < rows; first += rows_per_chunk) {
+      const int64_t n = std::min(rows_per_chunk, rows - first);
+      const std::span<const float> chunk = read_rows(name, shape, first, n);  // [n, cols]
+      gathered_.resize(static_cast<size_t>(n * width));
+      for (int64_t j = 0; j < blocks; ++j) {
+        for (int64_t r = 0; r < n; ++r) {
+          std::copy_n(chunk.data() + r * cols + j * width, width, gathered_.data() + r * width);
+        }
+        write(dst, offset + j * rows * width + first * width, gathered_);
+      }
+    }
+  }
   // Rows [first_row, first_row + count) of source tensor `name`, in the loader's buffer (valid until the next read).
   std::span<const float> read_rows(const std::string& name, Shape shape, int64_t first_row, int64_t count) {
     const int64_t n = count * row_elems(shape);
@@ -189,6 +214,9 @@ class Loader {
   }
 
   bool contains(const std::string& name) const { return source_.contains(name); }
+  std::optional<std::vector<int64_t>> stored_shape(const std::string& name) const {
+    return source_.stored_shape(name);
+  }
   void step() {
     ++done_;
     if (progress_) progress_(done_, total_);
@@ -200,7 +228,8 @@ class Loader {
   const LoadProgress& progress_;
   int64_t total_;
   int64_t done_ = 0;
-  std::vector<float> buffer_;  // the float32 values on their way from the source to the sink
+  std::vector<float> buffer_;    // the float32 values on their way from the source to the sink
+  std::vector<float> gathered_;  // copy_column_blocks: one chunk's columns of one block
 };
 
 // gate_proj and up_proj [inter, dim] stacked into gate_up [2 * inter, dim].
@@ -249,16 +278,41 @@ MlaWeights load_mla(Loader& loader, const ModelConfig& c, const std::string& p) 
   return w;
 }
 
+// The shared experts' MLP, n_shared_experts * I wide, as experts E .. E + s - 1 of the stacked tensors: shared expert j
+// is rows [j I, (j + 1) I) of gate_proj and of up_proj, and columns [j I, (j + 1) I) of down_proj. The SwiGLU acts on
+// each intermediate channel alone, so the s experts' outputs, each with weight 1, sum to the MLP's output.
+void load_shared_experts(Loader& loader, const ModelConfig& c, const std::string& p, MoeWeights& w) {
+  const int64_t d = c.hidden_size, e = c.n_routed_experts, inter = c.moe_intermediate_size, s = c.n_shared_experts;
+  const Shape up_shape{s * inter, d}, down_shape{d, s * inter};
+  for (const auto& [name, shape] : {std::pair{p + "gate_proj.weight", up_shape},
+                                    std::pair{p + "up_proj.weight", up_shape},
+                                    std::pair{p + "down_proj.weight", down_shape}}) {
+    const std::optional<std::vector<int64_t>> stored = loader.stored_shape(name);
+    if (!stored) continue;  // a source that makes any shape
+    DI_CHECK(std::equal(stored->begin(), stored->end(), shape.dims().begin(), shape.dims().end()), "tensor ", name,
+             " has shape ", shape_str(*stored), ", expected ", shape.str(), ": the shared experts run as ",
+             "n_shared_experts (", s, ") extra experts of moe_intermediate_size (", inter, "), so their MLP must be ",
+             s * inter, " wide");
+  }
+  for (int64_t j = 0; j < s; ++j) {
+    const int64_t slot = (e + j) * 2 * inter * d;  // expert e + j of [E + s, 2I, D]
+    loader.copy_rows(p + "gate_proj.weight", up_shape, j * inter, inter, w.experts_gate_up, slot);
+    loader.copy_rows(p + "up_proj.weight", up_shape, j * inter, inter, w.experts_gate_up, slot + inter * d);
+  }
+  loader.copy_column_blocks(p + "down_proj.weight", down_shape, inter, w.experts_down, e * d * inter);
+}
+
 MoeWeights load_moe(Loader& loader, const ModelConfig& c, const std::string& p) {
-  const int64_t d = c.hidden_size, e = c.n_routed_experts, inter = c.moe_intermediate_size;
+  const int64_t d = c.hidden_size, e = c.n_routed_experts, inter = c.moe_intermediate_size, s = c.n_shared_experts;
   MoeWeights w;
   w.gate = loader.read(p + "gate.weight", {e, d});
   if (c.version == ModelVersion::kV3) {
     w.correction_bias = loader.read(p + "gate.e_score_correction_bias", {e}, WeightRole::kVector);
   }
-  // One expert at a time, into its slice of the stacked tensors.
-  w.experts_gate_up = loader.allocate({e, 2 * inter, d}, WeightRole::kMatrix);
-  w.experts_down = loader.allocate({e, d, inter}, WeightRole::kMatrix);
+  // One expert at a time, into its slice of the stacked tensors; the shared experts after the routed ones.
+  w.experts_gate_up = loader.allocate({e + s, 2 * inter, d}, WeightRole::kMatrix);
+  w.experts_down = loader.allocate({e + s, d, inter}, WeightRole::kMatrix);
+  w.num_shared_experts = s;
   if (loader.contains(p + "experts.gate_up_proj") && !loader.contains(p + "experts.0.gate_proj.weight")) {
     // transformers 5 may store the experts fused: gate_up_proj [E, 2I, D], down_proj [E, D, I]; row x is expert x.
     for (int64_t x = 0; x < e; ++x) {
@@ -273,7 +327,7 @@ MoeWeights load_moe(Loader& loader, const ModelConfig& c, const std::string& p) 
       loader.copy(ep + "down_proj.weight", {d, inter}, w.experts_down, x * d * inter);
     }
   }
-  if (c.n_shared_experts > 0) w.shared = load_mlp(loader, p + "shared_experts.", d, c.n_shared_experts * inter);
+  if (s > 0) load_shared_experts(loader, c, p + "shared_experts.", w);
   return w;
 }
 

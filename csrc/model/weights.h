@@ -35,12 +35,15 @@ struct MlpWeights {
   Tensor down;     // [D, I]
 };
 
+// The shared experts (an MLP n_shared_experts * I wide) are stored as n_shared_experts more experts of width I after
+// the E routed ones: slot E + j holds rows [j I, (j + 1) I) of the shared gate_proj and up_proj and columns
+// [j I, (j + 1) I) of the shared down_proj. Routing gives every token these s experts with weight 1.
 struct MoeWeights {
   Tensor gate;                // [E, D]  router
   Tensor correction_bias;     // [E]     V3 only (empty otherwise)
-  Tensor experts_gate_up;     // [E, 2I, D]
-  Tensor experts_down;        // [E, D, I]
-  std::optional<MlpWeights> shared;  // n_shared_experts * moe_intermediate_size wide
+  Tensor experts_gate_up;     // [E + s, 2I, D]  gate rows then up rows
+  Tensor experts_down;        // [E + s, D, I]
+  int64_t num_shared_experts = 0;  // s: the last s experts of the stacked tensors
 };
 
 struct LayerWeights {
@@ -63,6 +66,9 @@ class WeightSource {
  public:
   virtual ~WeightSource() = default;
   virtual bool contains(const std::string& name) const = 0;
+  // The shape tensor `name` is stored with, when the source stores tensors (a checkpoint); nullopt when it makes any
+  // shape it is asked for (dummy weights). Throws naming the tensor when a checkpoint lacks it.
+  virtual std::optional<std::vector<int64_t>> stored_shape(const std::string& /*name*/) const { return std::nullopt; }
   // Fills `out` (fp32) with rows [first_row, first_row + num_rows) of dimension 0 of tensor `name`, whose whole
   // shape is `shape` (a 0-D tensor is one row): num_rows * product(shape[1:]) values, row-major. They equal the
   // same rows of a whole read bit for bit, so a large tensor can be read piece by piece (one expert at a time).
@@ -89,8 +95,9 @@ inline constexpr int64_t kLoadChunkFloats = int64_t{1} << 24;
 // Loads the main model's layers (MTP layers stored after them are skipped), placing every tensor through `sink` as
 // soon as it is read. The host holds at most one piece of float32 values at a time: a chunk of whole rows of up to
 // kLoadChunkFloats, one row when a row is larger (one expert of a fused [E, 2I, D] tensor), one expert's tensor, or
-// one head of kv_b_proj (from which w_uk_t and w_uv are derived on the host). A tied lm_head reads the embedding
-// again.
+// one head of kv_b_proj (from which w_uk_t and w_uv are derived on the host); a chunk of rows of a shared down_proj
+// also has its columns of one shared expert gathered beside it. A tied lm_head reads the embedding again. Throws when
+// a checkpoint's shared experts are not n_shared_experts * moe_intermediate_size wide.
 ModelWeights load_weights(const ModelConfig& config, const WeightSource& source, WeightSink& sink,
                           const LoadProgress& progress = {});
 // The same into host float32 tensors (make_host_sink()).

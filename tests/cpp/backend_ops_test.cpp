@@ -1,9 +1,9 @@
 // Backend op tests. Every op of the CPU reference runs against a naive formula written here (straight loops, double
-// accumulation; mla_prepare's lives in mla_prepare_cases.h, shared with the CUDA tests) on random inputs, odd and
-// zero-length shapes included; the MLA cases use a paged cache with scattered pages, NaN-poisoned unused pages and
-// slots, and invalid unused page-table entries. The cases live in one registry (op_test_harness.h), so a device
-// backend runs the same cases against the CPU; a coverage check fails any OpKind without a case. With CUDA, the first
-// device kernels run against the CPU reference when a GPU is present.
+// accumulation; mla_prepare's lives in mla_prepare_cases.h, shared with the CUDA tests, and MoE's in moe_cases.h) on
+// random inputs, odd and zero-length shapes included; the MLA cases use a paged cache with scattered pages,
+// NaN-poisoned unused pages and slots, and invalid unused page-table entries. The cases live in one registry
+// (op_test_harness.h), so a device backend runs the same cases against the CPU; a coverage check fails any OpKind
+// without a case. With CUDA, the first device kernels run against the CPU reference when a GPU is present.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +16,7 @@
 #include "backend/backend.h"
 #include "core/counter_rng.h"
 #include "mla_prepare_cases.h"
+#include "moe_cases.h"
 #include "op_test_harness.h"
 
 #ifdef DEEPINFER_HAVE_CUDA
@@ -768,178 +769,6 @@ void add_mla_bad_meta(CaseRegistry& r, OpKind op, BadMeta bad, uint64_t seed) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// MoE
-
-struct RouteConfig {
-  ExpertScoring scoring = ExpertScoring::kSigmoid;
-  TopkMethod method = TopkMethod::kNoauxTc;
-  int64_t experts = 0, n_group = 1, topk_group = 1, top_k = 1;
-  bool norm_topk_prob = false;
-  float routed_scaling_factor = 1.0f;
-};
-
-// The order experts come out in is not part of the contract: both sides are sorted by expert id per token.
-Outputs sorted_route(std::span<const double> ids, std::span<const double> weights, int64_t top_k) {
-  Output id_out{.name = "ids", .values = {}, .compare = Compare::kExact}, weight_out{.name = "weights", .values = {}};
-  for (size_t t = 0; t * top_k < ids.size(); ++t) {
-    std::vector<std::pair<double, double>> pairs;
-    for (int64_t k = 0; k < top_k; ++k) pairs.emplace_back(ids[t * top_k + k], weights[t * top_k + k]);
-    std::sort(pairs.begin(), pairs.end());
-    for (const auto& [id, w] : pairs) {
-      id_out.values.push_back(id);
-      weight_out.values.push_back(w);
-    }
-  }
-  return {id_out, weight_out};
-}
-
-// Indices of `values` by descending value, ties to the lower index.
-std::vector<int64_t> order_desc(const std::vector<double>& values) {
-  std::vector<int64_t> idx(values.size());
-  std::iota(idx.begin(), idx.end(), 0);
-  std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return values[a] > values[b]; });
-  return idx;
-}
-
-// One token's routing, straight from DeepSeek's description (see DESIGN.md).
-void naive_route_token(const RouteConfig& c, const float* logits, const std::vector<float>& bias,
-                       std::vector<double>& ids, std::vector<double>& weights) {
-  const int64_t e_count = c.experts, per_group = c.experts / c.n_group;
-  std::vector<double> scores(e_count);
-  if (c.scoring == ExpertScoring::kSigmoid) {
-    for (int64_t e = 0; e < e_count; ++e) scores[e] = 1.0 / (1.0 + std::exp(-double(logits[e])));
-  } else {
-    double max_logit = -std::numeric_limits<double>::infinity(), sum = 0.0;
-    for (int64_t e = 0; e < e_count; ++e) max_logit = std::max(max_logit, double(logits[e]));
-    for (int64_t e = 0; e < e_count; ++e) sum += std::exp(logits[e] - max_logit);
-    for (int64_t e = 0; e < e_count; ++e) scores[e] = std::exp(logits[e] - max_logit) / sum;
-  }
-  std::vector<double> choice = scores;
-  for (size_t e = 0; e < bias.size(); ++e) choice[e] += bias[e];
-  if (c.method != TopkMethod::kGreedy && c.n_group > 1) {
-    std::vector<double> group_score(c.n_group);
-    for (int64_t g = 0; g < c.n_group; ++g) {
-      std::vector<double> members(choice.begin() + g * per_group, choice.begin() + (g + 1) * per_group);
-      std::sort(members.rbegin(), members.rend());
-      group_score[g] = c.method == TopkMethod::kNoauxTc ? members[0] + members[1] : members[0];
-    }
-    const std::vector<int64_t> groups = order_desc(group_score);
-    for (size_t rank = static_cast<size_t>(c.topk_group); rank < groups.size(); ++rank) {
-      for (int64_t e = groups[rank] * per_group; e < (groups[rank] + 1) * per_group; ++e) {
-        choice[e] = -std::numeric_limits<double>::infinity();
-      }
-    }
-  }
-  const std::vector<int64_t> chosen = order_desc(choice);
-  double sum = 0.0;
-  for (int64_t k = 0; k < c.top_k; ++k) sum += scores[chosen[k]];
-  for (int64_t k = 0; k < c.top_k; ++k) {
-    ids.push_back(double(chosen[k]));
-    const double w = c.norm_topk_prob ? scores[chosen[k]] / (sum + 1e-20) : scores[chosen[k]];
-    weights.push_back(w * c.routed_scaling_factor);
-  }
-}
-
-void add_moe_route(CaseRegistry& r, const std::string& tag, const RouteConfig& c, int64_t tokens,
-                   std::vector<float> logits, std::vector<float> bias) {
-  r.add({.op = OpKind::kMoeRoute,
-         .name = str_cat("moe_route_", tag),
-         .run = [=](OpRunner& run) -> Outputs {
-           const TensorView ids = run.output({tokens, c.top_k}, DType::kI32);
-           const TensorView weights = run.output({tokens, c.top_k}, DType::kF32);
-           const int64_t bias_len = static_cast<int64_t>(bias.size());
-           run.backend().moe_route({.logits = run.upload(HostTensor::f32({tokens, c.experts}, logits)),
-                                    .correction_bias = run.upload(HostTensor::f32({bias_len}, bias)),
-                                    .topk_ids = ids, .topk_weights = weights, .scoring = c.scoring,
-                                    .method = c.method, .n_group = c.n_group, .topk_group = c.topk_group,
-                                    .norm_topk_prob = c.norm_topk_prob,
-                                    .routed_scaling_factor = c.routed_scaling_factor});
-           return sorted_route(run.fetch(ids), run.fetch(weights), c.top_k);
-         },
-         .naive = [=]() -> Outputs {
-           std::vector<double> ids, weights;
-           for (int64_t t = 0; t < tokens; ++t) naive_route_token(c, logits.data() + t * c.experts, bias, ids, weights);
-           return sorted_route(ids, weights, c.top_k);
-         }});
-}
-
-void add_random_moe_route(CaseRegistry& r, const std::string& tag, const RouteConfig& c, int64_t tokens, bool bias,
-                          uint64_t seed) {
-  Rng rng(seed);
-  const std::vector<float> logits = rng.uniform(tokens * c.experts, -4.0f, 4.0f);
-  add_moe_route(r, tag, c, tokens, logits, bias ? rng.uniform(c.experts, -0.5f, 0.5f) : std::vector<float>{});
-}
-
-// V3 routing where the best expert by unbiased score sits in a group that loses on its top-2 sum, and every biased
-// score is negative: masking the dropped groups with 0 instead of -inf would pick their experts.
-constexpr RouteConfig kMaskedGroupRoute{.scoring = ExpertScoring::kSigmoid, .method = TopkMethod::kNoauxTc,
-                                        .experts = 16, .n_group = 4, .topk_group = 2, .top_k = 4,
-                                        .norm_topk_prob = true, .routed_scaling_factor = 2.5f};
-
-void masked_group_inputs(int64_t tokens, std::vector<float>& logits, std::vector<float>& bias) {
-  Rng rng(77);
-  // group 0: one near-certain expert and three near-zero ones (top-2 sum ~1.0); groups 1 and 2: two experts at
-  // ~0.69 each (top-2 sum ~1.38); group 3: four at ~0.5 (top-2 sum ~1.0). Each logit gets a little noise.
-  const float pattern[16] = {6, -6, -6, -6, 0.8f, -6, 0.8f, -6, -6, 0.8f, -6, 0.8f, 0, 0, 0, 0};
-  logits.clear();
-  for (int64_t t = 0; t < tokens; ++t) {
-    const std::vector<float> noise = rng.uniform(16, -0.05f, 0.05f);
-    for (size_t e = 0; e < 16; ++e) logits.push_back(pattern[e] + noise[e]);
-  }
-  bias = rng.uniform(16, -1.01f, -0.99f);
-}
-
-void add_moe_experts(CaseRegistry& r, int64_t tokens, int64_t dim, int64_t inter, int64_t experts, int64_t top_k,
-                     uint64_t seed) {
-  Rng rng(seed);
-  const std::vector<float> x = rng.uniform(tokens * dim);
-  const std::vector<float> w_gate_up = rng.uniform(experts * 2 * inter * dim);
-  const std::vector<float> w_down = rng.uniform(experts * dim * inter);
-  std::vector<int32_t> ids;
-  for (int64_t t = 0; t < tokens; ++t) {
-    std::vector<int32_t> perm(static_cast<size_t>(experts));
-    std::iota(perm.begin(), perm.end(), 0);
-    rng.shuffle(perm);
-    ids.insert(ids.end(), perm.begin(), perm.begin() + top_k);
-  }
-  const std::vector<float> weights = rng.uniform(tokens * top_k, 0.0f, 1.0f);
-  r.add({.op = OpKind::kMoeExperts,
-         .name = str_cat("moe_experts_t", tokens, "_d", dim, "_i", inter, "_e", experts, "_k", top_k),
-         .run = [=](OpRunner& run) -> Outputs {
-           const TensorView out = run.output({tokens, dim}, DType::kF32);
-           run.backend().moe_experts({.x = run.upload(HostTensor::f32({tokens, dim}, x)),
-                                      .w_gate_up = run.upload(HostTensor::f32({experts, 2 * inter, dim}, w_gate_up)),
-                                      .w_down = run.upload(HostTensor::f32({experts, dim, inter}, w_down)),
-                                      .topk_ids = run.upload(HostTensor::i32({tokens, top_k}, ids)),
-                                      .topk_weights = run.upload(HostTensor::f32({tokens, top_k}, weights)),
-                                      .out = out});
-           return {{"out", run.fetch(out)}};
-         },
-         .naive = [=]() -> Outputs {
-           std::vector<double> out(tokens * dim, 0.0), act(inter);
-           for (int64_t t = 0; t < tokens; ++t) {
-             for (int64_t k = 0; k < top_k; ++k) {
-               const int64_t e = ids[t * top_k + k];
-               for (int64_t i = 0; i < inter; ++i) {
-                 double g = 0.0, u = 0.0;
-                 for (int64_t c = 0; c < dim; ++c) {
-                   g += double(w_gate_up[(e * 2 * inter + i) * dim + c]) * x[t * dim + c];
-                   u += double(w_gate_up[(e * 2 * inter + inter + i) * dim + c]) * x[t * dim + c];
-                 }
-                 act[i] = g / (1.0 + std::exp(-g)) * u;
-               }
-               for (int64_t c = 0; c < dim; ++c) {
-                 double y = 0.0;
-                 for (int64_t i = 0; i < inter; ++i) y += double(w_down[(e * dim + c) * inter + i]) * act[i];
-                 out[t * dim + c] += double(weights[t * top_k + k]) * y;
-               }
-             }
-           }
-           return {{"out", out}};
-         }});
-}
-
-// ---------------------------------------------------------------------------------------------------------------
 // Sampling
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -1386,11 +1215,51 @@ CaseRegistry build_registry() {
     masked_group_inputs(6, logits, bias);
     add_moe_route(r, "v3_dropped_group_holds_the_best_expert", kMaskedGroupRoute, 6, logits, bias);
   }
-  add_moe_experts(r, 5, 7, 11, 6, 2, 130);
-  add_moe_experts(r, 2, 7, 11, 6, 2, 131);  // some experts get no token
-  add_moe_experts(r, 9, 64, 32, 8, 3, 132);
-  add_moe_experts(r, 1, 3, 1, 1, 1, 133);
-  add_moe_experts(r, 0, 7, 11, 6, 2, 134);
+  // ... and with the shared experts appended (V3: one; V2 and V2-Lite: two), over one route block, a few (the
+  // fused scatter on a GPU) and many (the scatter kernel; 9 pairs a token take two rounds of it)
+  constexpr RouteConfig kV3Shared{.scoring = ExpertScoring::kSigmoid, .method = TopkMethod::kNoauxTc, .experts = 256,
+                                  .n_group = 8, .topk_group = 4, .top_k = 8, .norm_topk_prob = true,
+                                  .routed_scaling_factor = 2.5f, .num_shared = 1};
+  add_random_moe_route(r, "v3_e256_g8_keep4_k8", kV3Shared, 7, true, 135);
+  add_random_moe_route(r, "v3_e256_g8_keep4_k8_t70", kV3Shared, 70, true, 136);
+  add_random_moe_route(r, "v3_e256_g8_keep4_k8_t300", kV3Shared, 300, true, 137);
+  add_random_moe_route(r, "v3_no_tokens", {.scoring = ExpertScoring::kSigmoid, .method = TopkMethod::kNoauxTc,
+                                           .experts = 16, .n_group = 4, .topk_group = 2, .top_k = 4,
+                                           .norm_topk_prob = true, .routed_scaling_factor = 2.5f, .num_shared = 1},
+                       0, true, 138);
+  add_random_moe_route(r, "v2_lite_greedy_e64_k6", {.scoring = ExpertScoring::kSoftmax, .method = TopkMethod::kGreedy,
+                                                    .experts = 64, .n_group = 1, .topk_group = 1, .top_k = 6,
+                                                    .norm_topk_prob = false, .routed_scaling_factor = 1.0f,
+                                                    .num_shared = 2},
+                       40, false, 139);
+  add_random_moe_route(r, "v2_group_limited_e160_g8_keep3_k6",
+                       {.scoring = ExpertScoring::kSoftmax, .method = TopkMethod::kGroupLimitedGreedy, .experts = 160,
+                        .n_group = 8, .topk_group = 3, .top_k = 6, .norm_topk_prob = false,
+                        .routed_scaling_factor = 16.0f, .num_shared = 2},
+                       20, false, 140);
+  add_random_moe_route(r, "v2_group_limited_e12_g4_keep2_k3",
+                       {.scoring = ExpertScoring::kSoftmax, .method = TopkMethod::kGroupLimitedGreedy, .experts = 12,
+                        .n_group = 4, .topk_group = 2, .top_k = 3, .norm_topk_prob = true,
+                        .routed_scaling_factor = 16.0f, .num_shared = 2},
+                       7, false, 141);
+  {
+    std::vector<float> logits, bias;
+    masked_group_inputs(6, logits, bias);
+    RouteConfig masked_shared = kMaskedGroupRoute;
+    masked_shared.num_shared = 1;
+    add_moe_route(r, "v3_dropped_group_holds_the_best_expert", masked_shared, 6, logits, bias);
+  }
+  add_moe_experts(r, {.tokens = 5, .dim = 7, .inter = 11, .routed = 6, .top_k = 2}, 130);
+  add_moe_experts(r, {.tokens = 2, .dim = 7, .inter = 11, .routed = 6, .top_k = 2}, 131);  // some experts get no token
+  add_moe_experts(r, {.tokens = 9, .dim = 64, .inter = 32, .routed = 8, .top_k = 3}, 132);
+  add_moe_experts(r, {.tokens = 1, .dim = 3, .inter = 1, .routed = 1, .top_k = 1}, 133);
+  add_moe_experts(r, {.tokens = 0, .dim = 7, .inter = 11, .routed = 6, .top_k = 2}, 134);
+  // moe_experts with the shared experts stacked after the routed ones (every token uses them, weight 1): odd sizes,
+  // V3-like (256 + 1 experts, 8 + 1 pairs) and V2-Lite-like (64 + 2, 6 + 2) at small widths, no tokens
+  add_moe_experts(r, {.tokens = 5, .dim = 7, .inter = 11, .routed = 6, .top_k = 2, .shared = 2}, 142);
+  add_moe_experts(r, {.tokens = 3, .dim = 16, .inter = 8, .routed = 256, .top_k = 8, .shared = 1}, 143);
+  add_moe_experts(r, {.tokens = 9, .dim = 32, .inter = 16, .routed = 64, .top_k = 6, .shared = 2}, 144);
+  add_moe_experts(r, {.tokens = 0, .dim = 7, .inter = 11, .routed = 6, .top_k = 2, .shared = 1}, 145);
   // sample: greedy, temperature, top_k / top_p / min_p alone and together, penalties, masks, logprobs, odd
   // vocabularies, ties at every boundary, mixed rows, validation
   add_sample_cases(r);
@@ -1501,6 +1370,52 @@ TEST(BackendOps, MoeRouteNeverPicksADroppedGroup) {
     for (int64_t k = 0; k < 4; ++k) sum += weights.f32()[t * 4 + k];
     EXPECT_NEAR(sum, 2.5, 1e-5);  // normalized, then scaled by routed_scaling_factor
   }
+}
+
+// With shared experts, each token's routed pairs are those of the same routing without them, bit for bit, and the
+// shared ids E .. E + s - 1 follow with weight exactly 1 (not normalized, not scaled).
+TEST(BackendOps, MoeRouteAppendsTheSharedExperts) {
+  const std::unique_ptr<Backend> cpu = make_cpu_backend();
+  const int64_t tokens = 5, experts = 16, top_k = 4, shared = 2;
+  Rng rng(91);
+  std::vector<float> logits = rng.uniform(tokens * experts, -4.0f, 4.0f), bias = rng.uniform(experts, -0.5f, 0.5f);
+  const auto route = [&](int64_t num_shared, Tensor& ids, Tensor& weights) {
+    cpu->moe_route({.logits = {logits.data(), DType::kF32, {tokens, experts}, Device::kCpu},
+                    .correction_bias = {bias.data(), DType::kF32, {experts}, Device::kCpu}, .topk_ids = ids.view(),
+                    .topk_weights = weights.view(), .scoring = ExpertScoring::kSigmoid,
+                    .method = TopkMethod::kNoauxTc, .n_group = 4, .topk_group = 2, .norm_topk_prob = true,
+                    .routed_scaling_factor = 2.5f, .num_shared_experts = num_shared});
+  };
+  Tensor ids = Tensor::empty({tokens, top_k}, DType::kI32), weights = Tensor::empty({tokens, top_k}, DType::kF32);
+  Tensor ids_s = Tensor::empty({tokens, top_k + shared}, DType::kI32);
+  Tensor weights_s = Tensor::empty({tokens, top_k + shared}, DType::kF32);
+  route(0, ids, weights);
+  route(shared, ids_s, weights_s);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t k = 0; k < top_k; ++k) {
+      EXPECT_EQ(ids_s.view().as<int32_t>()[t * (top_k + shared) + k], ids.view().as<int32_t>()[t * top_k + k]);
+      EXPECT_EQ(weights_s.f32()[t * (top_k + shared) + k], weights.f32()[t * top_k + k]);
+    }
+    for (int64_t j = 0; j < shared; ++j) {
+      EXPECT_EQ(ids_s.view().as<int32_t>()[t * (top_k + shared) + top_k + j], experts + j);
+      EXPECT_EQ(weights_s.f32()[t * (top_k + shared) + top_k + j], 1.0f);
+    }
+  }
+}
+
+TEST(BackendOps, MoeRouteRejectsSharedCountsThatDoNotFit) {
+  const std::unique_ptr<Backend> cpu = make_cpu_backend();
+  std::vector<float> logits(3 * 4, 0.0f);
+  const auto route = [&](int64_t pairs, int64_t num_shared) {
+    Tensor ids = Tensor::empty({3, pairs}, DType::kI32), weights = Tensor::empty({3, pairs}, DType::kF32);
+    cpu->moe_route({.logits = {logits.data(), DType::kF32, {3, 4}, Device::kCpu}, .topk_ids = ids.view(),
+                    .topk_weights = weights.view(), .scoring = ExpertScoring::kSoftmax,
+                    .method = TopkMethod::kGreedy, .num_shared_experts = num_shared});
+  };
+  EXPECT_NO_THROW(route(6, 2));
+  EXPECT_THROW(route(1, 2), Error);   // fewer pairs than shared experts
+  EXPECT_THROW(route(7, 2), Error);   // 5 routed of 4 experts
+  EXPECT_THROW(route(2, -1), Error);  // a negative count
 }
 
 #ifdef DEEPINFER_HAVE_CUDA

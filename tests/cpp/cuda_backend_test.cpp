@@ -26,6 +26,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "device_memory.h"
 #include "mla_prepare_cases.h"
+#include "moe_cases.h"
 #include "op_test_harness.h"
 
 namespace deepinfer::op_test {
@@ -479,81 +480,65 @@ void add_mla_prefill(CaseRegistry& r, int64_t heads, int64_t page_size, std::vec
          .tolerance = act.tolerance()});
 }
 
-// MoE routing from fp32 router logits (the same on both activation dtypes). The order of a token's experts is not
-// part of the contract: both sides are sorted by expert id per token before the comparison.
+// MoE routing from fp32 router logits (the same on both activation dtypes). The order of a token's routed experts is
+// not part of the contract: both sides are sorted by expert id per token before the comparison (sorted_route,
+// moe_cases.h); the shared experts after them compare exactly, ids and weights.
 struct MoeRouteCase {
   std::string tag;
-  int64_t tokens = 0, experts = 0, top_k = 1, n_group = 1, topk_group = 1;
+  int64_t tokens = 0, experts = 0, top_k = 1, n_group = 1, topk_group = 1;  // experts, top_k: the routed ones
   ExpertScoring scoring = ExpertScoring::kSigmoid;
   TopkMethod method = TopkMethod::kNoauxTc;
   bool norm_topk_prob = false;
   float routed_scaling_factor = 1.0f;
   bool bias = false;
+  int64_t num_shared = 0;
 };
 
 void add_moe_route(CaseRegistry& r, const MoeRouteCase& c, uint64_t seed) {
   Rng rng(seed);
   const std::vector<float> logits = rng.uniform(c.tokens * c.experts, -4.0f, 4.0f);
   const std::vector<float> bias = c.bias ? rng.uniform(c.experts, -0.5f, 0.5f) : std::vector<float>{};
+  const int64_t pairs = c.top_k + c.num_shared;
   r.add({.op = OpKind::kMoeRoute,
-         .name = str_cat("moe_route_", c.tag, "_t", c.tokens),
+         .name = str_cat("moe_route_", c.tag, "_t", c.tokens,
+                         c.num_shared > 0 ? str_cat("_shared", c.num_shared) : ""),
          .run = [=](OpRunner& run) -> Outputs {
-           const TensorView ids = run.output({c.tokens, c.top_k}, DType::kI32);
-           const TensorView weights = run.output({c.tokens, c.top_k}, DType::kF32);
+           const TensorView ids = run.output({c.tokens, pairs}, DType::kI32);
+           const TensorView weights = run.output({c.tokens, pairs}, DType::kF32);
            run.backend().moe_route(
                {.logits = run.upload(HostTensor::f32({c.tokens, c.experts}, logits)),
                 .correction_bias = c.bias ? ConstTensorView(run.upload(HostTensor::f32({c.experts}, bias)))
                                           : ConstTensorView{},
                 .topk_ids = ids, .topk_weights = weights, .scoring = c.scoring, .method = c.method,
                 .n_group = c.n_group, .topk_group = c.topk_group, .norm_topk_prob = c.norm_topk_prob,
-                .routed_scaling_factor = c.routed_scaling_factor});
-           const std::vector<double> id_values = run.fetch(ids), weight_values = run.fetch(weights);
-           Output id_out{.name = "ids", .values = {}, .compare = Compare::kExact}, weight_out{.name = "weights",
-                                                                                            .values = {}};
-           for (int64_t t = 0; t < c.tokens; ++t) {
-             std::vector<std::pair<double, double>> pairs;
-             for (int64_t k = 0; k < c.top_k; ++k) {
-               pairs.emplace_back(id_values[t * c.top_k + k], weight_values[t * c.top_k + k]);
-             }
-             std::sort(pairs.begin(), pairs.end());
-             for (const auto& [id, w] : pairs) {
-               id_out.values.push_back(id);
-               weight_out.values.push_back(w);
-             }
-           }
-           return {id_out, weight_out};
+                .routed_scaling_factor = c.routed_scaling_factor, .num_shared_experts = c.num_shared});
+           return sorted_route(run.fetch(ids), run.fetch(weights), c.top_k, c.num_shared);
          },
          .tolerance = 1e-5});
 }
 
-// Routed experts on given ids, bfloat16 x and weights (the kernels' type): out[t] = sum_k w[t, k] * FFN_e(x[t]).
+// Experts on given ids, bfloat16 x and weights (the kernels' type): out[t] = sum_k w[t, k] * FFN_e(x[t]) over the
+// routed pairs and the shared experts after them (weight 1; ExpertsShape and random_expert_pairs in moe_cases.h).
 // The kernels keep the SwiGLU activations and each pair's down output in bfloat16, hence the bf16 tolerance.
-void add_moe_experts(CaseRegistry& r, int64_t tokens, int64_t dim, int64_t inter, int64_t experts, int64_t top_k,
-                     uint64_t seed) {
+void add_moe_experts_bf16(CaseRegistry& r, const ExpertsShape& s, uint64_t seed) {
   const Activations act{DType::kBF16};
   Rng rng(seed);
+  const int64_t tokens = s.tokens, dim = s.dim, inter = s.inter, experts = s.experts(), pairs = s.pairs();
   const float x_range = 1.0f, w_range = static_cast<float>(std::sqrt(3.0 / double(dim)));
   const float down_range = static_cast<float>(std::sqrt(3.0 / double(inter)));
   const std::vector<float> x = act.round(rng.uniform(tokens * dim, -x_range, x_range));
   const std::vector<float> w_gate_up = act.round(rng.uniform(experts * 2 * inter * dim, -w_range, w_range));
   const std::vector<float> w_down = act.round(rng.uniform(experts * dim * inter, -down_range, down_range));
-  std::vector<int32_t> ids;
-  for (int64_t t = 0; t < tokens; ++t) {
-    std::vector<int32_t> perm(static_cast<size_t>(experts));
-    std::iota(perm.begin(), perm.end(), 0);
-    rng.shuffle(perm);
-    ids.insert(ids.end(), perm.begin(), perm.begin() + top_k);
-  }
-  const std::vector<float> weights = rng.uniform(tokens * top_k, 0.0f, 1.0f);
+  const ExpertPairs routing = random_expert_pairs(rng, s);
   r.add({.op = OpKind::kMoeExperts,
-         .name = str_cat("moe_experts_bf16_t", tokens, "_d", dim, "_i", inter, "_e", experts, "_k", top_k),
+         .name = str_cat("moe_experts_bf16_", s.str()),
          .run = [=](OpRunner& run) -> Outputs {
            const TensorView out = run.output({tokens, dim}, act.on(run));
            run.backend().moe_experts({.x = run.upload(act.tensor(run, {tokens, dim}, x)),
                                       .w_gate_up = run.upload(act.tensor(run, {experts, 2 * inter, dim}, w_gate_up)),
                                       .w_down = run.upload(act.tensor(run, {experts, dim, inter}, w_down)),
-                                      .topk_ids = run.upload(HostTensor::i32({tokens, top_k}, ids)),
-                                      .topk_weights = run.upload(HostTensor::f32({tokens, top_k}, weights)),
+                                      .topk_ids = run.upload(HostTensor::i32({tokens, pairs}, routing.ids)),
+                                      .topk_weights = run.upload(HostTensor::f32({tokens, pairs}, routing.weights)),
                                       .out = out});
            return {{"out", run.fetch(out)}};
          },
@@ -785,19 +770,45 @@ CaseRegistry build_registry() {
   add_moe_route(r, {.tag = "v2_lite_greedy_e64_k6", .tokens = 33, .experts = 64, .top_k = 6,
                     .scoring = ExpertScoring::kSoftmax, .method = TopkMethod::kGreedy, .routed_scaling_factor = 1.0f},
                 143);
-  add_moe_route(r, {.tag = "v2_group_limited_e160_g8_keep3_k6", .tokens = 20, .experts = 160, .top_k = 6,
-                    .n_group = 8, .topk_group = 3, .scoring = ExpertScoring::kSoftmax,
-                    .method = TopkMethod::kGroupLimitedGreedy, .norm_topk_prob = false,
-                    .routed_scaling_factor = 16.0f},
-                144);
+  const MoeRouteCase v2_group_limited{.tag = "v2_group_limited_e160_g8_keep3_k6", .tokens = 20, .experts = 160,
+                                      .top_k = 6, .n_group = 8, .topk_group = 3, .scoring = ExpertScoring::kSoftmax,
+                                      .method = TopkMethod::kGroupLimitedGreedy, .norm_topk_prob = false,
+                                      .routed_scaling_factor = 16.0f};
+  add_moe_route(r, v2_group_limited, 144);
+  // ... and with the shared experts appended: V3's one (9 pairs a token: two scatter rounds) over one route block, the
+  // fused scatter's few and the scatter kernel's many; V2-Lite's and V2's two.
+  MoeRouteCase v3_shared = v3;
+  v3_shared.num_shared = 1;
+  add_moe_route(r, v3_shared, 145);
+  v3_shared.tokens = 100;
+  add_moe_route(r, v3_shared, 146);
+  v3_shared.tokens = 300;
+  add_moe_route(r, v3_shared, 147);
+  add_moe_route(r, {.tag = "v2_lite_greedy_e64_k6", .tokens = 33, .experts = 64, .top_k = 6,
+                    .scoring = ExpertScoring::kSoftmax, .method = TopkMethod::kGreedy, .routed_scaling_factor = 1.0f,
+                    .num_shared = 2},
+                148);
+  MoeRouteCase v2_shared = v2_group_limited;
+  v2_shared.num_shared = 2;
+  v2_shared.tokens = 200;
+  add_moe_route(r, v2_shared, 149);
   // MoE experts, bfloat16: decode-sized (fused combine), experts without tokens, V2-Lite's intermediate width and
   // top-6, more than 32 tokens (separate combine), enough rows per expert for the grouped kernels, no tokens.
-  add_moe_experts(r, 5, 256, 128, 8, 2, 150);
-  add_moe_experts(r, 2, 64, 32, 16, 2, 151);
-  add_moe_experts(r, 1, 1024, 1408, 8, 6, 152);
-  add_moe_experts(r, 64, 96, 32, 4, 3, 153);
-  add_moe_experts(r, 300, 512, 256, 16, 4, 154);
-  add_moe_experts(r, 0, 64, 32, 4, 2, 155);
+  add_moe_experts_bf16(r, {.tokens = 5, .dim = 256, .inter = 128, .routed = 8, .top_k = 2}, 150);
+  add_moe_experts_bf16(r, {.tokens = 2, .dim = 64, .inter = 32, .routed = 16, .top_k = 2}, 151);
+  add_moe_experts_bf16(r, {.tokens = 1, .dim = 1024, .inter = 1408, .routed = 8, .top_k = 6}, 152);
+  add_moe_experts_bf16(r, {.tokens = 64, .dim = 96, .inter = 32, .routed = 4, .top_k = 3}, 153);
+  add_moe_experts_bf16(r, {.tokens = 300, .dim = 512, .inter = 256, .routed = 16, .top_k = 4}, 154);
+  add_moe_experts_bf16(r, {.tokens = 0, .dim = 64, .inter = 32, .routed = 4, .top_k = 2}, 155);
+  // ... with the shared experts stacked after the routed ones (E + s experts, top_k + s pairs). V3-like (256 + 1,
+  // 8 + 1): small-M with the fused combine, small-M past 32 tokens (two route blocks: the fused scatter, in two
+  // rounds), and grouped (300 tokens: 2700 pairs > 8 rows x 257 experts; the scatter kernel). V2-Lite-like (64 + 2,
+  // 6 + 2): small-M and grouped (300 tokens: 2400 pairs > 8 x 66).
+  add_moe_experts_bf16(r, {.tokens = 5, .dim = 256, .inter = 128, .routed = 256, .top_k = 8, .shared = 1}, 180);
+  add_moe_experts_bf16(r, {.tokens = 40, .dim = 256, .inter = 128, .routed = 256, .top_k = 8, .shared = 1}, 181);
+  add_moe_experts_bf16(r, {.tokens = 300, .dim = 256, .inter = 128, .routed = 256, .top_k = 8, .shared = 1}, 182);
+  add_moe_experts_bf16(r, {.tokens = 7, .dim = 256, .inter = 128, .routed = 64, .top_k = 6, .shared = 2}, 183);
+  add_moe_experts_bf16(r, {.tokens = 300, .dim = 256, .inter = 128, .routed = 64, .top_k = 6, .shared = 2}, 184);
   // Sampling: V3's and V2's vocabularies with 64 mixed rows, one row alone, ties, small and odd vocabularies.
   add_sample(r, 129280, 64, LogitShape::kModelLike, 170);
   add_sample(r, 129280, 64, LogitShape::kUniform, 171);

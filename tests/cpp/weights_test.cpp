@@ -98,7 +98,6 @@ std::vector<std::pair<std::string, const Tensor*>> tensors_of(const ModelWeights
       out.emplace_back(p + "moe.correction_bias", &l.moe->correction_bias);
       out.emplace_back(p + "moe.experts_gate_up", &l.moe->experts_gate_up);
       out.emplace_back(p + "moe.experts_down", &l.moe->experts_down);
-      if (l.moe->shared) mlp("moe.shared.", *l.moe->shared);
     }
   }
   return out;
@@ -176,9 +175,24 @@ std::map<std::string, RefTensor> reference_weights(const ModelConfig& c, const W
                        read_whole(s, ep + "up_proj.weight", {mi, d}));
       down = concat(down, read_whole(s, ep + "down_proj.weight", {d, mi}));
     }
-    put(k + "moe.experts_gate_up", {e, 2 * mi, d}, gate_up);
-    put(k + "moe.experts_down", {e, d, mi}, down);
-    if (c.n_shared_experts > 0) mlp(k + "moe.shared.", p + "mlp.shared_experts.", c.n_shared_experts * mi);
+    // Shared expert j after the routed ones: rows j * mi .. of gate_proj and up_proj, columns j * mi .. of down_proj.
+    const int64_t sh = c.n_shared_experts;
+    if (sh > 0) {
+      const std::string sp = p + "mlp.shared_experts.";
+      const std::vector<float> gate = read_whole(s, sp + "gate_proj.weight", {sh * mi, d});
+      const std::vector<float> up = read_whole(s, sp + "up_proj.weight", {sh * mi, d});
+      const std::vector<float> shared_down = read_whole(s, sp + "down_proj.weight", {d, sh * mi});
+      for (int64_t j = 0; j < sh; ++j) {
+        gate_up.insert(gate_up.end(), gate.begin() + j * mi * d, gate.begin() + (j + 1) * mi * d);
+        gate_up.insert(gate_up.end(), up.begin() + j * mi * d, up.begin() + (j + 1) * mi * d);
+        for (int64_t r = 0; r < d; ++r) {
+          const auto row = shared_down.begin() + r * sh * mi + j * mi;
+          down.insert(down.end(), row, row + mi);
+        }
+      }
+    }
+    put(k + "moe.experts_gate_up", {e + sh, 2 * mi, d}, gate_up);
+    put(k + "moe.experts_down", {e + sh, d, mi}, down);
   }
   return ref;
 }
@@ -347,14 +361,19 @@ void expect_bf16_rounding_of(const NamedTensors& got, const NamedTensors& ref) {
 // them (experts.gate_up_proj [E, 2I, D], experts.down_proj [E, D, I]).
 enum class ExpertLayout : uint8_t { kSeparate, kFused };
 
-// Writes every tensor the model `c` reads from `source` into DIR/model.safetensors, as float32.
-void write_checkpoint(const fs::path& dir, const ModelConfig& c, const WeightSource& source, ExpertLayout layout) {
+// Writes every tensor the model `c` reads from `source` into DIR/model.safetensors, as float32; a tensor named in
+// `replacements` is written as given there instead (which may add tensors, such as FP8 scales).
+void write_checkpoint(const fs::path& dir, const ModelConfig& c, const WeightSource& source, ExpertLayout layout,
+                      const std::vector<RawTensor>& replacements = {}) {
   RecordingSource recording(source);
   (void)load_weights(c, recording);
-  std::vector<RawTensor> tensors;
+  std::vector<RawTensor> tensors = replacements;
   std::map<std::string, std::vector<float>> fused;  // name -> values, filled expert by expert
   const int64_t e = c.n_routed_experts, mi = c.moe_intermediate_size, d = c.hidden_size;
   for (const auto& [name, shape] : recording.shapes()) {
+    if (std::any_of(replacements.begin(), replacements.end(), [&](const RawTensor& t) { return t.name == name; })) {
+      continue;
+    }
     std::vector<float> values = read_whole(source, name, shape);
     const size_t experts = name.find(".mlp.experts.");
     if (layout == ExpertLayout::kFused && experts != std::string::npos) {
@@ -581,6 +600,89 @@ TEST(LoadWeights, FusedExpertsAreReadOneExpertAtATime) {
   expect_matches_reference(w, reference_weights(c, *dummy));
   expect_matches_reference(load_weights(c, *open_checkpoint_source(separate_dir.path(), c)),
                            reference_weights(c, *dummy));
+}
+
+// The shared experts as experts E and E + 1 of the stacked tensors, from a checkpoint whose shared MLP is FP8 in
+// 32 x 32 blocks: each 48-wide shared expert's rows (gate, up) and columns (down) start or end inside scale blocks.
+TEST(LoadWeights, SharedExpertsAreStackedAfterTheRoutedOnes) {
+  ModelConfig c = tiny_config(ModelVersion::kV2);
+  c.n_shared_experts = 2;
+  c.fp8.block_rows = c.fp8.block_cols = 32;
+  const int64_t e = c.n_routed_experts, mi = c.moe_intermediate_size, d = c.hidden_size, sh = c.n_shared_experts;
+  const std::string prefix = "model.layers.1.mlp.shared_experts.";
+  std::vector<RawTensor> fp8_tensors;
+  // An FP8 tensor [rows, cols] with its scales into fp8_tensors; returns its values, dequantized here.
+  const auto add_fp8 = [&](const std::string& name, int64_t rows, int64_t cols, uint32_t salt) {
+    std::vector<uint8_t> codes(static_cast<size_t>(rows * cols));
+    for (size_t i = 0; i < codes.size(); ++i) {
+      codes[i] = static_cast<uint8_t>((i * 37 + salt) % 256);
+      if ((codes[i] & 0x7f) == 0x7f) codes[i] = 0x38;  // no NaN codes
+    }
+    const int64_t block_rows = (rows + 31) / 32, block_cols = (cols + 31) / 32;
+    std::vector<float> scale(static_cast<size_t>(block_rows * block_cols));
+    for (size_t b = 0; b < scale.size(); ++b) scale[b] = 0.25f * static_cast<float>(1 + b + salt % 3);
+    std::vector<float> values(codes.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t col = 0; col < cols; ++col) {
+        values[static_cast<size_t>(r * cols + col)] = e4m3_to_float(codes[static_cast<size_t>(r * cols + col)]) *
+                                                      scale[static_cast<size_t>((r / 32) * block_cols + col / 32)];
+      }
+    }
+    fp8_tensors.push_back({name, "F8_E4M3", {rows, cols}, codes});
+    fp8_tensors.push_back({name + "_scale_inv", "F32", {block_rows, block_cols}, to_bytes(scale)});
+    return values;
+  };
+  const std::vector<float> gate = add_fp8(prefix + "gate_proj.weight", sh * mi, d, 1);         // [2 mi, d]
+  const std::vector<float> up = add_fp8(prefix + "up_proj.weight", sh * mi, d, 2);             // [2 mi, d]
+  const std::vector<float> shared_down = add_fp8(prefix + "down_proj.weight", d, sh * mi, 3);  // [d, 2 mi]
+  TempDir dir("deepinfer_weights_test");
+  const auto dummy = make_dummy_source(21);
+  write_checkpoint(dir.path(), c, *dummy, ExpertLayout::kSeparate, fp8_tensors);
+  const auto source = open_checkpoint_source(dir.path(), c);
+
+  RecordingSink sink;
+  const ModelWeights w = load_weights(c, *source, sink);
+  expect_every_element_written_once(w, sink);
+  expect_expert_sized_writes(c, w, sink);
+  expect_matches_reference(w, reference_weights(c, *source));
+  for (const int64_t layer : {1, 2}) {
+    const MoeWeights& moe = *w.layers[static_cast<size_t>(layer)].moe;
+    EXPECT_EQ(moe.num_shared_experts, sh);
+    EXPECT_EQ(moe.experts_gate_up.shape(), (Shape{e + sh, 2 * mi, d}));
+    EXPECT_EQ(moe.experts_down.shape(), (Shape{e + sh, d, mi}));
+  }
+  const MoeWeights& moe = *w.layers[1].moe;
+  const float* gate_up_got = moe.experts_gate_up.f32();  // [e + sh, 2 mi, d]
+  const float* down_got = moe.experts_down.f32();        // [e + sh, d, mi]
+  for (int64_t j = 0; j < sh; ++j) {
+    for (int64_t i = 0; i < mi; ++i) {
+      for (int64_t col = 0; col < d; ++col) {
+        ASSERT_EQ(gate_up_got[((e + j) * 2 * mi + i) * d + col], gate[static_cast<size_t>((j * mi + i) * d + col)])
+            << "gate of shared expert " << j << " row " << i << " col " << col;
+        ASSERT_EQ(gate_up_got[((e + j) * 2 * mi + mi + i) * d + col], up[static_cast<size_t>((j * mi + i) * d + col)])
+            << "up of shared expert " << j << " row " << i << " col " << col;
+      }
+    }
+    for (int64_t r = 0; r < d; ++r) {
+      for (int64_t i = 0; i < mi; ++i) {
+        ASSERT_EQ(down_got[((e + j) * d + r) * mi + i], shared_down[static_cast<size_t>(r * sh * mi + j * mi + i)])
+            << "down of shared expert " << j << " row " << r << " col " << i;
+      }
+    }
+  }
+}
+
+// A shared MLP that is not n_shared_experts * moe_intermediate_size wide cannot be split into experts.
+TEST(LoadWeights, SharedExpertsOfAnotherWidthAreRejected) {
+  const ModelConfig c = tiny_config(ModelVersion::kV3);  // one shared expert: 48 wide
+  TempDir dir("deepinfer_weights_test");
+  write_checkpoint(dir.path(), c, *make_dummy_source(23), ExpertLayout::kSeparate);
+  ModelConfig two = c;
+  two.n_shared_experts = 2;
+  const auto source = open_checkpoint_source(dir.path(), two);
+  expect_error([&] { (void)load_weights(two, *source); },
+               {"model.layers.1.mlp.shared_experts.gate_proj.weight", "[48, 32]", "expected [96, 32]",
+                "n_shared_experts (2)", "moe_intermediate_size (48)"});
 }
 
 TEST(LoadWeights, TensorsLargerThanAChunkArriveInChunks) {

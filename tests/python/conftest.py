@@ -115,6 +115,7 @@ def checkpoints(tmp_path_factory):
         "v3_yarn": ("v3", {"rope_parameters": yarn}),
         "v3_ungrouped": ("v3", {"n_group": 1, "topk_group": 1, "norm_topk_prob": False}),
         "v2": ("v2", {}),
+        "v2_two_shared": ("v2", {"n_shared_experts": 2}),  # V2 and V2-Lite run two shared experts
         "v2_group_limited": ("v2", {"topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 2,
                                      "q_lora_rank": 48, "rope_parameters": yarn}),
     }

@@ -9,7 +9,7 @@ import torch
 from conftest import VOCAB, load_reference
 from deepinfer import DeepInferenceEngine, EngineConfig, SamplingParams, _deepinfer
 
-ARCHS = ["v3", "v3_no_qlora", "v3_yarn", "v3_ungrouped", "v2", "v2_group_limited"]
+ARCHS = ["v3", "v3_no_qlora", "v3_yarn", "v3_ungrouped", "v2", "v2_two_shared", "v2_group_limited"]
 
 
 def scorer(path, page_size=8):

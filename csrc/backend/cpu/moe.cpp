@@ -27,7 +27,8 @@ std::vector<int64_t> top_indices(std::span<const float> values, int64_t k) {
 void moe_route(const MoeRouteArgs& a) {
   a.validate();
   expect_host(a.logits, "moe_route");
-  const int64_t tokens = a.logits.shape[0], experts = a.logits.shape[1], top_k = a.topk_ids.shape[1];
+  const int64_t tokens = a.logits.shape[0], experts = a.logits.shape[1], shared = a.num_shared_experts;
+  const int64_t pairs = a.topk_ids.shape[1], top_k = pairs - shared;  // per token: top_k routed, then the shared
   const int64_t per_group = experts / a.n_group;
   const float kNegInf = -std::numeric_limits<float>::infinity();
 #pragma omp parallel for schedule(static)
@@ -68,8 +69,8 @@ void moe_route(const MoeRouteArgs& a) {
       }
     }
     const auto chosen = top_indices(choice, top_k);
-    int32_t* ids = a.topk_ids.as<int32_t>() + t * top_k;
-    float* weights = a.topk_weights.f32() + t * top_k;
+    int32_t* ids = a.topk_ids.as<int32_t>() + t * pairs;
+    float* weights = a.topk_weights.f32() + t * pairs;
     float sum = 0.0f;
     for (int64_t k = 0; k < top_k; ++k) {
       ids[k] = static_cast<int32_t>(chosen[k]);
@@ -78,6 +79,10 @@ void moe_route(const MoeRouteArgs& a) {
     }
     const float norm = a.norm_topk_prob ? 1.0f / (sum + 1e-20f) : 1.0f;
     for (int64_t k = 0; k < top_k; ++k) weights[k] *= norm * a.routed_scaling_factor;
+    for (int64_t j = 0; j < shared; ++j) {  // the shared experts, stacked after the routed ones: weight 1
+      ids[top_k + j] = static_cast<int32_t>(experts + j);
+      weights[top_k + j] = 1.0f;
+    }
   }
 }
 

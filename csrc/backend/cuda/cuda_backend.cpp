@@ -178,7 +178,7 @@ class CudaBackend final : public Backend {
       case OpKind::kMlaCacheWrite:
       case OpKind::kMlaPrepare:
       case OpKind::kMlaDecode:  // bfloat16, DeepSeek's 512 + 64 latent, heads in multiples of 16
-      case OpKind::kMoeRoute:   // up to 256 experts, top_k up to 8
+      case OpKind::kMoeRoute:   // up to 256 routed experts, 264 with the shared ones, 10 pairs a token
       case OpKind::kMoeExperts: // bfloat16, hidden and intermediate sizes in multiples of 32
       case OpKind::kSample:
         return true;
@@ -578,7 +578,8 @@ class CudaBackend final : public Backend {
 #endif
   }
   // Routing runs the fused route + alignment kernels (moe_route_align): the alignment it also leaves in its workspace
-  // is unused here, since moe_experts takes the ids as an input and aligns them itself.
+  // is unused here, since moe_experts takes the ids as an input and aligns them itself. The kernels count the shared
+  // experts in num_experts and top_k (moe_params.h).
   void moe_route(const MoeRouteArgs& a) override {
     const auto timing = timed("moe_route");
     constexpr const char* kOp = "cuda moe_route";
@@ -587,8 +588,13 @@ class CudaBackend final : public Backend {
     check_on_device(a.correction_bias, kOp, "correction_bias");
     check_on_device(a.topk_ids, kOp, "topk_ids");
     check_on_device(a.topk_weights, kOp, "topk_weights");
-    const int64_t tokens = a.logits.shape[0], experts = a.logits.shape[1], top_k = a.topk_ids.shape[1];
+    const int64_t tokens = a.logits.shape[0], routed = a.logits.shape[1], shared = a.num_shared_experts;
+    const int64_t experts = routed + shared, top_k = a.topk_ids.shape[1];  // routed + shared experts and pairs
     if (tokens == 0 || top_k == 0) return;
+    if (routed > cuda::kMoeMaxRoutedExperts) {
+      throw UnsupportedOp(str_cat(kOp, ": the kernels route among at most ", cuda::kMoeMaxRoutedExperts,
+                                  " experts; got ", routed));
+    }
     check_moe_sizes(experts, top_k, kOp);
     DI_CHECK(tokens <= (int64_t{1} << 24), kOp, ": ", tokens, " tokens");
     cuda::MoeParams p{.router_logits = a.logits.as<float>(),
@@ -598,6 +604,7 @@ class CudaBackend final : public Backend {
                       .num_tokens = static_cast<int32_t>(tokens),
                       .num_experts = static_cast<int32_t>(experts),
                       .top_k = static_cast<int32_t>(top_k),
+                      .num_shared_experts = static_cast<int32_t>(shared),
                       .n_group = static_cast<int32_t>(a.n_group),
                       .topk_group = static_cast<int32_t>(a.topk_group),
                       .routed_scaling_factor = a.routed_scaling_factor,
@@ -778,11 +785,12 @@ class CudaBackend final : public Backend {
     }
   };
 
+  // Experts and pairs a token, routed and shared together.
   static void check_moe_sizes(int64_t experts, int64_t top_k, const char* op) {
-    constexpr int64_t kMaxExperts = 256, kMaxTopK = 8;
+    constexpr int64_t kMaxExperts = cuda::kMoeMaxExperts, kMaxTopK = cuda::kMoeMaxPairs;
     if (experts < 1 || experts > kMaxExperts || top_k < 1 || top_k > kMaxTopK) {
-      throw UnsupportedOp(str_cat(op, ": the kernels take 1 to ", kMaxExperts, " experts and top_k 1 to ", kMaxTopK,
-                                  "; got ", experts, " experts, top_k ", top_k));
+      throw UnsupportedOp(str_cat(op, ": the kernels take 1 to ", kMaxExperts, " experts and 1 to ", kMaxTopK,
+                                  " pairs a token (routed and shared); got ", experts, " experts, ", top_k, " pairs"));
     }
   }
 

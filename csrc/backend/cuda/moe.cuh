@@ -2,7 +2,8 @@
 // all on the device with no host synchronization and no host loop over experts.
 //
 // Kernels, in stream order (each a programmatic dependent launch of the one before):
-//   1. route     one warp a token: scores, group limit, top-k, weights; per-block expert histograms; the last block
+//   1. route     one warp a token: scores, group limit, top-k, weights, then the shared experts (weight 1) after the
+//                routed ones; per-block expert histograms; the last block
 //                to finish scans the counts (CUB), pads each expert's row range to 128, lists the active experts and,
 //                for small batches, also scatters the (token, slot) pairs into their rows
 //   2. scatter   (larger batches) stable placement of each pair in its expert's rows: row_pair[row] = t * top_k + j

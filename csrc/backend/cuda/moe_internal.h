@@ -12,20 +12,24 @@
 
 namespace deepinfer::cuda::moe_detail {
 
-constexpr int kMaxExperts = 256;
-constexpr int kMaxTopK = 8;
+constexpr int kMaxRoutedExperts = kMoeMaxRoutedExperts;  // routing: a token's scores across a warp
+constexpr int kMaxExperts = kMoeMaxExperts;              // routed + shared: histograms, scans, alignment
+constexpr int kMaxTopK = kMoeMaxPairs;                   // pairs a token, routed + shared
 constexpr int kMaxGroups = 32;          // one lane a group
 constexpr int kRouteThreads = 256;      // 8 warps
 constexpr int kRouteWarps = kRouteThreads / 32;
-constexpr int kRouteTokensPerBlock = 32;  // 4 tokens a warp; with top_k <= 8 a block's pairs fit one per thread
+constexpr int kRouteTokensPerBlock = 32;  // 4 tokens a warp; the scatter places kRouteThreads pairs a round (one
+                                          // round up to 8 pairs a token, two up to kMaxTopK)
 constexpr int kFusedScatterMaxBlocks = 4;  // up to this many route blocks, the last one also scatters
 constexpr int kRowAlign = 128;          // each expert's row range is padded to the grouped kernel's M tile
 constexpr int kCombineThreads = 256;
 constexpr int kDownColsPerCta = 32;        // output columns of a small-M down CTA
 constexpr int kFusedCombineMaxTokens = 32;  // up to this many tokens the small-M down kernel also combines
 
-static_assert(kRouteTokensPerBlock * kMaxTopK <= kRouteThreads, "one pair per thread in the scatter");
-static_assert(kMaxExperts <= kRouteThreads, "one thread per expert in the scan");
+static_assert(kMaxRoutedExperts % 32 == 0 && kMaxRoutedExperts <= 32 * 32, "routing: a lane's experts in 32 bits");
+static_assert(kMaxRoutedExperts <= kMaxExperts, "the routed experts come first");
+static_assert(kMaxTopK <= 32, "routing: one lane a pair");
+static_assert(kRouteTokensPerBlock % kRouteWarps == 0, "whole tokens a warp");
 
 // What the kernels get: the caller's parameters plus the workspace carved into arrays.
 struct MoeKernelParams {

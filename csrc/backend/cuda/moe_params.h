@@ -5,7 +5,13 @@
 //                 group; the best topk_group groups are kept (others -inf); top_k experts by choice
 //   routing (V2): s = softmax(logits); greedy, or group-limited (group score = max choice)
 //   weight[t, j] = s[t, id[t, j]] (divided by the sum of the k weights when normalized) * routed_scaling_factor
+//   shared experts: pairs k .. k + S - 1 of every token are experts E .. E + S - 1 with weight 1
 //   out[t] = add[t] + sum_j weight[t, j] * W_down[e] · (silu(W_gate[e] · x[t]) * (W_up[e] · x[t])),  e = id[t, j]
+//
+// Here E = num_experts - num_shared_experts experts are routed (the router logits' width), k = top_k -
+// num_shared_experts are chosen among them, and S = num_shared_experts follow: num_experts and top_k count every expert
+// of the weights and every pair of a token, and everything after the routing (alignment, expert GEMMs, combine) sees
+// only those totals.
 //
 // Ties between equal scores go to the lower index, as in the reference. All tensors are contiguous; bf16 values are
 // stored as their 16-bit patterns (uint16_t).
@@ -14,6 +20,10 @@
 #include <cstdint>
 
 namespace deepinfer::cuda {
+
+constexpr int32_t kMoeMaxRoutedExperts = 256;  // E: routing holds a token's scores in a warp, 8 a lane
+constexpr int32_t kMoeMaxExperts = 264;        // E + S: V3's 256 + 1, V2's 160 + 2, with room for 8 shared
+constexpr int32_t kMoeMaxPairs = 10;           // k + S pairs a token: V3's 8 + 1, V2's 6 + 2
 
 enum class MoeScoring : uint8_t { kSoftmax, kSigmoid };
 enum class MoeTopkMethod : uint8_t { kGreedy, kGroupLimitedGreedy, kNoauxTc };
@@ -31,23 +41,24 @@ enum class MoeDownPrefetch : uint8_t { kAuto, kOff, kOn };
 
 struct MoeParams {
   // Routing. With router_logits null, topk_ids / topk_weights are inputs and only the alignment runs.
-  const float* router_logits = nullptr;    // [num_tokens, num_experts] fp32
-  const float* correction_bias = nullptr;  // [num_experts] fp32, or null (V3's e_score_correction_bias)
-  int32_t* topk_ids = nullptr;             // [num_tokens, top_k]: written by routing, in selection order
+  const float* router_logits = nullptr;    // [num_tokens, num_experts - num_shared_experts] fp32
+  const float* correction_bias = nullptr;  // [num_experts - num_shared_experts] fp32, or null (V3's bias)
+  int32_t* topk_ids = nullptr;             // [num_tokens, top_k]: written by routing, in selection order, shared last
   float* topk_weights = nullptr;           // [num_tokens, top_k]: written by routing
   // Experts.
   const uint16_t* x = nullptr;          // [num_tokens, hidden] bf16
   const uint16_t* w_gate_up = nullptr;  // [num_experts, 2 * inter, hidden] bf16: gate rows, then up rows
   const uint16_t* w_down = nullptr;     // [num_experts, hidden, inter] bf16
-  const uint16_t* add = nullptr;        // [num_tokens, hidden] bf16 or null: added to the output (shared experts)
+  const uint16_t* add = nullptr;        // [num_tokens, hidden] bf16 or null: added to the output
   uint16_t* out = nullptr;              // [num_tokens, hidden] bf16, overwritten
   // moe_workspace_bytes(*this) bytes, 256-byte aligned; moe_workspace_init once before its first use.
   void* workspace = nullptr;
   int32_t num_tokens = 0;
   int32_t hidden = 0;  // D
   int32_t inter = 0;   // I (moe_intermediate_size)
-  int32_t num_experts = 0;
-  int32_t top_k = 0;
+  int32_t num_experts = 0;         // every expert of the weights: routed, then shared
+  int32_t top_k = 0;               // pairs a token: routed, then shared
+  int32_t num_shared_experts = 0;  // S; read by routing only (with given ids, the shared pairs are in the ids)
   int32_t n_group = 1;
   int32_t topk_group = 1;
   float routed_scaling_factor = 1.0f;

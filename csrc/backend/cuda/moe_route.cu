@@ -17,18 +17,19 @@ namespace deepinfer::cuda {
 namespace moe_detail {
 namespace {
 
-constexpr int kExpertsPerLane = kMaxExperts / 32;  // expert e sits on lane e % 32, slot e / 32
+constexpr int kExpertsPerLane = kMaxRoutedExperts / 32;  // routed expert e sits on lane e % 32, slot e / 32
+constexpr int kScanItems = (kMaxExperts + kRouteThreads - 1) / kRouteThreads;  // experts a thread in the scans
 
 using BlockScan = cub::BlockScan<int32_t, kRouteThreads>;
 
 struct RouteSmem {
   int32_t hist[kMaxExperts];                        // this block's pairs per expert
-  float choice[kRouteWarps][kMaxExperts];           // a warp's token: selection scores (for the group scores)
-  float score[kRouteWarps][kMaxExperts];            // a warp's token: unbiased scores (for the weights)
-  int32_t warp_hist[kRouteWarps][kMaxExperts];      // scatter: pairs per expert in each warp of the chunk
-  int32_t base[kMaxExperts];                        // scatter: first row of the chunk's pairs of each expert
+  float choice[kRouteWarps][kMaxRoutedExperts];     // a warp's token: selection scores (for the group scores)
+  float score[kRouteWarps][kMaxRoutedExperts];      // a warp's token: unbiased scores (for the weights)
+  int32_t warp_hist[kRouteWarps][kMaxExperts];      // scatter: pairs per expert in each warp of the round
+  int32_t base[kMaxExperts];                        // scatter: first row of the round's pairs of each expert
   int32_t offsets[kMaxExperts];                     // padded first row of each expert
-  int32_t chunk_ids[kRouteThreads];                 // this block's pairs' expert ids (pair - first pair of block)
+  int32_t chunk_ids[kRouteTokensPerBlock * kMaxTopK];  // this block's pairs' expert ids (pair - first pair of block)
   typename BlockScan::TempStorage scan;
   int32_t is_last;
 };
@@ -48,12 +49,14 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// One warp routes one token from its logits (expert lane + 32 j in logits[j], -inf past the experts): writes its
-// top_k ids (selection order) and weights, and counts its pairs in `hist`.
+// One warp routes one token from its logits (routed expert lane + 32 j in logits[j], -inf past them): writes its
+// routed ids (selection order) and weights, then the shared experts with weight 1, and counts its pairs in `hist`.
+// Lane j < top_k writes pair j; the selection sees the routed experts only.
 __device__ void route_token(const MoeKernelParams& kp, int token, const float (&logits)[kExpertsPerLane], RouteSmem& s,
                             int warp, int lane) {
   const MoeParams& p = kp.p;
-  const int num_experts = p.num_experts, top_k = p.top_k;
+  const int routed_experts = p.num_experts - p.num_shared_experts, top_k = p.top_k;
+  const int routed_k = top_k - p.num_shared_experts;
   float* choice = s.choice[warp];
   float* score = s.score[warp];
   float v[kExpertsPerLane];
@@ -67,7 +70,7 @@ __device__ void route_token(const MoeKernelParams& kp, int token, const float (&
     float sum = 0.0f;
 #pragma unroll
     for (int j = 0; j < kExpertsPerLane; ++j) {
-      v[j] = lane + 32 * j < num_experts ? expf(v[j] - mx) : 0.0f;
+      v[j] = lane + 32 * j < routed_experts ? expf(v[j] - mx) : 0.0f;
       sum += v[j];
     }
     sum = warp_sum(sum);
@@ -82,7 +85,7 @@ __device__ void route_token(const MoeKernelParams& kp, int token, const float (&
   for (int j = 0; j < kExpertsPerLane; ++j) {
     const int e = lane + 32 * j;
     c[j] = -INFINITY;
-    if (e < num_experts) {
+    if (e < routed_experts) {
       score[e] = v[j];
       c[j] = v[j] + (p.correction_bias != nullptr ? p.correction_bias[e] : 0.0f);
       choice[e] = c[j];
@@ -91,7 +94,7 @@ __device__ void route_token(const MoeKernelParams& kp, int token, const float (&
   __syncwarp();
   if (p.method != MoeTopkMethod::kGreedy && p.n_group > 1) {
     // Lane g scores group g; groups ranked by score, ties to the lower index; all but the best topk_group masked.
-    const int per_group = num_experts / p.n_group;
+    const int per_group = routed_experts / p.n_group;
     float group_score = -INFINITY;
     if (lane < p.n_group) {
       const float* members = choice + lane * per_group;
@@ -120,19 +123,19 @@ __device__ void route_token(const MoeKernelParams& kp, int token, const float (&
 #pragma unroll
     for (int j = 0; j < kExpertsPerLane; ++j) {
       const int e = lane + 32 * j;
-      if (e < num_experts && ((keep >> (e / per_group)) & 1u) == 0) c[j] = -INFINITY;
+      if (e < routed_experts && ((keep >> (e / per_group)) & 1u) == 0) c[j] = -INFINITY;
     }
   }
-  // top_k rounds of a warp arg-max (value descending, index ascending).
+  // routed_k rounds of a warp arg-max (value descending, index ascending).
   uint32_t taken = 0;
   int my_id = 0;
-  for (int r = 0; r < top_k; ++r) {
+  for (int r = 0; r < routed_k; ++r) {
     float best_v = -INFINITY;
     int best_e = 0x7fffffff;
 #pragma unroll
     for (int j = 0; j < kExpertsPerLane; ++j) {
       const int e = lane + 32 * j;
-      if (e < num_experts && ((taken >> j) & 1u) == 0 && better(c[j], e, best_v, best_e)) {
+      if (e < routed_experts && ((taken >> j) & 1u) == 0 && better(c[j], e, best_v, best_e)) {
         best_v = c[j];
         best_e = e;
       }
@@ -149,21 +152,24 @@ __device__ void route_token(const MoeKernelParams& kp, int token, const float (&
     if ((best_e & 31) == lane) taken |= 1u << (best_e >> 5);
     if (lane == r) my_id = best_e;
   }
-  const float w = lane < top_k ? score[my_id] : 0.0f;
+  const float w = lane < routed_k ? score[my_id] : 0.0f;
   const float sum = warp_sum(w);
   const float norm = p.normalize == MoeNormalize::kYes ? 1.0f / (sum + 1e-20f) : 1.0f;
   if (lane < top_k) {
+    const bool shared = lane >= routed_k;  // shared expert lane - routed_k, after the routed experts, weight 1
+    const int id = shared ? routed_experts + (lane - routed_k) : my_id;
     const int64_t pair = static_cast<int64_t>(token) * top_k + lane;
-    p.topk_ids[pair] = my_id;
-    p.topk_weights[pair] = w * (norm * p.routed_scaling_factor);
-    s.chunk_ids[(token - blockIdx.x * kRouteTokensPerBlock) * top_k + lane] = my_id;
-    atomicAdd(&s.hist[my_id], 1);
+    p.topk_ids[pair] = id;
+    p.topk_weights[pair] = shared ? 1.0f : w * (norm * p.routed_scaling_factor);
+    s.chunk_ids[(token - blockIdx.x * kRouteTokensPerBlock) * top_k + lane] = id;
+    atomicAdd(&s.hist[id], 1);
   }
   __syncwarp();  // choice / score are reused by the warp's next token
 }
 
 // Places the pairs of route block `b` (tokens 32 b .. +32) into their experts' rows, in pair order:
 // row_pair[offsets[e] + (pairs of e in earlier blocks) + (pairs of e earlier in this block)] = pair.
+// Rounds of kRouteThreads pairs, one a thread (one round up to 8 pairs a token).
 // Needs s.offsets (and s.chunk_ids when b is this block); every thread of the block calls it.
 __device__ void scatter_chunk(const MoeKernelParams& kp, int b, RouteSmem& s) {
   const MoeParams& p = kp.p;
@@ -182,25 +188,37 @@ __device__ void scatter_chunk(const MoeKernelParams& kp, int b, RouteSmem& s) {
     for (; b2 < b; ++b2) sum0 += __ldcg(&kp.block_counts[b2 * num_experts + e]);
     s.base[e] = s.offsets[e] + sum0 + sum1 + sum2 + sum3;
   }
-  for (int i = tid; i < kRouteWarps * kMaxExperts; i += kRouteThreads) (&s.warp_hist[0][0])[i] = 0;
-  __syncthreads();
   const int64_t num_pairs = static_cast<int64_t>(p.num_tokens) * p.top_k;
-  const int64_t pair = static_cast<int64_t>(b) * kRouteTokensPerBlock * p.top_k + tid;
-  int e = -1;
-  if (tid < kRouteTokensPerBlock * p.top_k && pair < num_pairs) {
-    e = b == static_cast<int>(blockIdx.x) ? s.chunk_ids[tid] : __ldcg(&p.topk_ids[pair]);
-    if (e < 0 || e >= num_experts) e = -1;  // an invalid id gets no row (the combine skips it too)
+  const int block_pairs = kRouteTokensPerBlock * p.top_k;
+  for (int first = 0; first < block_pairs; first += kRouteThreads) {
+    for (int i = tid; i < kRouteWarps * kMaxExperts; i += kRouteThreads) (&s.warp_hist[0][0])[i] = 0;
+    __syncthreads();
+    const int at = first + tid;  // this thread's pair, counted from the block's first
+    const int64_t pair = static_cast<int64_t>(b) * block_pairs + at;
+    int e = -1;
+    if (at < block_pairs && pair < num_pairs) {
+      e = b == static_cast<int>(blockIdx.x) ? s.chunk_ids[at] : __ldcg(&p.topk_ids[pair]);
+      if (e < 0 || e >= num_experts) e = -1;  // an invalid id gets no row (the combine skips it too)
+    }
+    const uint32_t peers = __match_any_sync(0xffffffffu, e);
+    const int rank = __popc(peers & lanemask_lt());
+    if (e >= 0 && rank == 0) s.warp_hist[warp][e] = __popc(peers);
+    __syncthreads();
+    if (e >= 0) {
+      int row = s.base[e] + rank;
+      for (int w = 0; w < warp; ++w) row += s.warp_hist[w][e];
+      kp.row_pair[row] = static_cast<int32_t>(pair);
+    }
+    __syncthreads();  // shared arrays are reused by the next round or chunk
+    if (first + kRouteThreads < block_pairs) {  // another round: its rows come after this round's
+      for (int x = tid; x < num_experts; x += kRouteThreads) {
+        int n = 0;
+        for (int w = 0; w < kRouteWarps; ++w) n += s.warp_hist[w][x];
+        s.base[x] += n;
+      }
+      __syncthreads();
+    }
   }
-  const uint32_t peers = __match_any_sync(0xffffffffu, e);
-  const int rank = __popc(peers & lanemask_lt());
-  if (e >= 0 && rank == 0) s.warp_hist[warp][e] = __popc(peers);
-  __syncthreads();
-  if (e >= 0) {
-    int row = s.base[e] + rank;
-    for (int w = 0; w < warp; ++w) row += s.warp_hist[w][e];
-    kp.row_pair[row] = static_cast<int32_t>(pair);
-  }
-  __syncthreads();  // shared arrays are reused by the next chunk
 }
 
 // Grid: one block per 32 tokens. Routes (or reads the given ids), counts pairs per expert; the last block to finish
@@ -220,6 +238,7 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(const __grid_c
   constexpr int kTokensPerWarp = kRouteTokensPerBlock / kRouteWarps;
   const int first_token = blockIdx.x * kRouteTokensPerBlock + warp * kTokensPerWarp;
   if (p.router_logits != nullptr) {
+    const int routed_experts = num_experts - p.num_shared_experts;  // the logits' width
     float logits[kTokensPerWarp][kExpertsPerLane];  // all of the warp's loads in flight at once
 #pragma unroll
     for (int i = 0; i < kTokensPerWarp; ++i) {
@@ -227,8 +246,8 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(const __grid_c
 #pragma unroll
       for (int j = 0; j < kExpertsPerLane; ++j) {
         const int e = lane + 32 * j;
-        logits[i][j] = (token < p.num_tokens && e < num_experts)
-                           ? p.router_logits[static_cast<int64_t>(token) * num_experts + e]
+        logits[i][j] = (token < p.num_tokens && e < routed_experts)
+                           ? p.router_logits[static_cast<int64_t>(token) * routed_experts + e]
                            : -INFINITY;
       }
     }
@@ -261,20 +280,31 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(const __grid_c
     __threadfence();
   }
 
-  // The last block: every block's counts are in place.
-  int count = 0;
-  if (tid < num_experts) count = single_block ? s.hist[tid] : atomicExch(&kp.count_accum[tid], 0);
-  const int padded = (count + kRowAlign - 1) / kRowAlign * kRowAlign;
-  int offset = 0, total_rows = 0;
+  // The last block: every block's counts are in place. Thread tid scans experts tid * kScanItems + i (CUB's blocked
+  // arrangement), so the scans run in expert order.
+  int count[kScanItems], padded[kScanItems], offset[kScanItems], active[kScanItems], active_pos[kScanItems];
+#pragma unroll
+  for (int i = 0; i < kScanItems; ++i) {
+    const int e = tid * kScanItems + i;
+    count[i] = 0;
+    if (e < num_experts) count[i] = single_block ? s.hist[e] : atomicExch(&kp.count_accum[e], 0);
+    padded[i] = (count[i] + kRowAlign - 1) / kRowAlign * kRowAlign;
+    active[i] = count[i] > 0 ? 1 : 0;
+  }
+  int total_rows = 0;
   BlockScan(s.scan).ExclusiveSum(padded, offset, total_rows);
   __syncthreads();  // the scan storage is reused
-  int active_pos = 0, num_active = 0;
-  BlockScan(s.scan).ExclusiveSum(count > 0 ? 1 : 0, active_pos, num_active);
-  if (tid < num_experts) {
-    kp.expert_counts[tid] = count;
-    kp.expert_offsets[tid] = offset;
-    s.offsets[tid] = offset;
-    if (count > 0) kp.active_experts[active_pos] = tid;
+  int num_active = 0;
+  BlockScan(s.scan).ExclusiveSum(active, active_pos, num_active);
+#pragma unroll
+  for (int i = 0; i < kScanItems; ++i) {
+    const int e = tid * kScanItems + i;
+    if (e < num_experts) {
+      kp.expert_counts[e] = count[i];
+      kp.expert_offsets[e] = offset[i];
+      s.offsets[e] = offset[i];
+      if (count[i] > 0) kp.active_experts[active_pos[i]] = e;
+    }
   }
   if (tid == 0) {
     kp.expert_offsets[num_experts] = total_rows;
@@ -293,9 +323,11 @@ __global__ void __launch_bounds__(kRouteThreads) moe_scatter_kernel(const __grid
   griddep_wait();
   griddep_launch_dependents();
   for (int e = threadIdx.x; e < kp.p.num_experts; e += kRouteThreads) s.offsets[e] = __ldcg(&kp.expert_offsets[e]);
-  const int64_t pair = static_cast<int64_t>(blockIdx.x) * kRouteTokensPerBlock * kp.p.top_k + threadIdx.x;
-  if (threadIdx.x < kRouteTokensPerBlock * kp.p.top_k && pair < static_cast<int64_t>(kp.p.num_tokens) * kp.p.top_k) {
-    s.chunk_ids[threadIdx.x] = __ldcg(&kp.p.topk_ids[pair]);
+  const int block_pairs = kRouteTokensPerBlock * kp.p.top_k;
+  const int64_t num_pairs = static_cast<int64_t>(kp.p.num_tokens) * kp.p.top_k;
+  for (int at = threadIdx.x; at < block_pairs; at += kRouteThreads) {
+    const int64_t pair = static_cast<int64_t>(blockIdx.x) * block_pairs + at;
+    if (pair < num_pairs) s.chunk_ids[at] = __ldcg(&kp.p.topk_ids[pair]);
   }
   __syncthreads();
   scatter_chunk(kp, blockIdx.x, s);
@@ -366,12 +398,16 @@ void check_common(const MoeParams& p) {
            "moe: a 256-byte aligned workspace of ", moe_workspace_bytes(p), " bytes is required");
   DI_CHECK(p.topk_ids != nullptr && p.topk_weights != nullptr, "moe: topk_ids and topk_weights are required");
   if (p.router_logits != nullptr) {
-    DI_CHECK(p.n_group >= 1 && p.n_group <= kMaxGroups && p.num_experts % p.n_group == 0, "moe: n_group ", p.n_group,
-             " must divide ", p.num_experts, " experts and be at most ", kMaxGroups);
+    const int32_t shared = p.num_shared_experts, routed = p.num_experts - shared, routed_k = p.top_k - shared;
+    DI_CHECK(shared >= 0 && shared <= p.top_k && routed >= 1 && routed <= kMaxRoutedExperts && routed_k <= routed,
+             "moe: ", p.num_experts, " experts and top_k ", p.top_k, " with ", shared, " shared leave ", routed,
+             " routed experts (1 to ", kMaxRoutedExperts, ") and ", routed_k, " chosen among them");
+    DI_CHECK(p.n_group >= 1 && p.n_group <= kMaxGroups && routed % p.n_group == 0, "moe: n_group ", p.n_group,
+             " must divide ", routed, " routed experts and be at most ", kMaxGroups);
     if (p.method != MoeTopkMethod::kGreedy && p.n_group > 1) {
       DI_CHECK(p.topk_group >= 1 && p.topk_group <= p.n_group &&
-                   static_cast<int64_t>(p.topk_group) * (p.num_experts / p.n_group) >= p.top_k,
-               "moe: topk_group ", p.topk_group, " of ", p.n_group, " groups leaves fewer than top_k ", p.top_k,
+                   static_cast<int64_t>(p.topk_group) * (routed / p.n_group) >= routed_k,
+               "moe: topk_group ", p.topk_group, " of ", p.n_group, " groups leaves fewer than top_k ", routed_k,
                " experts");
     }
   }

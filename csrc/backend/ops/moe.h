@@ -12,21 +12,28 @@ namespace deepinfer {
 // V3: sigmoid, selection on score + e_score_correction_bias, group score = sum of the top-2 biased scores,
 // non-selected groups masked with -inf). Weights are the unbiased scores of the chosen experts, normalized
 // when norm_topk_prob, times routed_scaling_factor.
+//
+// With num_shared_experts = s, each token's row has top_k + s pairs: its top_k routed experts first, then the shared
+// experts E .. E + s - 1 (E = logits.shape[1]) in order, each with weight exactly 1 (never normalized or scaled). The
+// experts op then computes routed and shared experts together, on weights that stack the shared experts after the
+// routed ones.
 struct MoeRouteArgs {
   ConstTensorView logits;          // [T, E] float32
   ConstTensorView correction_bias; // [E] or empty (V3 only)
-  TensorView topk_ids;             // [T, top_k] int32
-  TensorView topk_weights;         // [T, top_k] float32
+  TensorView topk_ids;             // [T, top_k + s] int32: routed ids in [0, E), then E .. E + s - 1
+  TensorView topk_weights;         // [T, top_k + s] float32: routed weights, then s times 1.0
   ExpertScoring scoring = ExpertScoring::kSigmoid;
   TopkMethod method = TopkMethod::kNoauxTc;
   int64_t n_group = 1;
   int64_t topk_group = 1;
   bool norm_topk_prob = false;
   float routed_scaling_factor = 1.0f;
+  int64_t num_shared_experts = 0;  // s
   void validate() const;
 };
 
-// out[t] = sum_k topk_weights[t, k] * down_e(silu(gate_e(x[t])) * up_e(x[t])), e = topk_ids[t, k].
+// out[t] = sum_k topk_weights[t, k] * down_e(silu(gate_e(x[t])) * up_e(x[t])), e = topk_ids[t, k]. E counts every
+// expert of the weights (routed and shared) and top_k every pair of a token (moe_route's top_k + s).
 struct MoeExpertsArgs {
   ConstTensorView x;             // [T, D]
   ConstTensorView w_gate_up;     // [E, 2I, D]  gate rows then up rows

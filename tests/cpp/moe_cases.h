@@ -1,0 +1,241 @@
+// The MoE op cases of the CPU op tests, against the naive formulas below (a device backend runs the same cases against
+// the CPU), and the expert ids the CUDA tests' own expert cases draw. With s shared experts, a token's row holds its
+// top_k routed pairs, then experts E .. E + s - 1 in order with weight exactly 1 (ops/moe.h).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "op_test_harness.h"
+
+namespace deepinfer::op_test {
+
+struct RouteConfig {
+  ExpertScoring scoring = ExpertScoring::kSigmoid;
+  TopkMethod method = TopkMethod::kNoauxTc;
+  int64_t experts = 0, n_group = 1, topk_group = 1, top_k = 1;  // experts: the routed ones (the logits' width)
+  bool norm_topk_prob = false;
+  float routed_scaling_factor = 1.0f;
+  int64_t num_shared = 0;
+
+  int64_t pairs() const { return top_k + num_shared; }
+};
+
+// The order of a token's routed experts is not part of the contract: both sides are sorted by expert id per token. The
+// shared pairs that follow are, and are compared exactly (ids and weights) in place.
+inline Outputs sorted_route(std::span<const double> ids, std::span<const double> weights, int64_t top_k,
+                            int64_t num_shared) {
+  Output id_out{.name = "ids", .values = {}, .compare = Compare::kExact}, weight_out{.name = "weights", .values = {}};
+  Output shared_out{.name = "shared_pairs", .values = {}, .compare = Compare::kExact};
+  const auto pairs = static_cast<size_t>(top_k + num_shared);
+  for (size_t t = 0; t * pairs < ids.size(); ++t) {
+    std::vector<std::pair<double, double>> routed;
+    for (size_t k = 0; k < static_cast<size_t>(top_k); ++k) {
+      routed.emplace_back(ids[t * pairs + k], weights[t * pairs + k]);
+    }
+    std::sort(routed.begin(), routed.end());
+    for (const auto& [id, w] : routed) {
+      id_out.values.push_back(id);
+      weight_out.values.push_back(w);
+    }
+    for (size_t k = static_cast<size_t>(top_k); k < pairs; ++k) {
+      shared_out.values.push_back(ids[t * pairs + k]);
+      shared_out.values.push_back(weights[t * pairs + k]);
+    }
+  }
+  return {id_out, weight_out, shared_out};
+}
+
+// Indices of `values` by descending value, ties to the lower index.
+inline std::vector<int64_t> order_desc(const std::vector<double>& values) {
+  std::vector<int64_t> idx(values.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return values[a] > values[b]; });
+  return idx;
+}
+
+// One token's routing, straight from DeepSeek's description (see DESIGN.md), then the shared experts.
+inline void naive_route_token(const RouteConfig& c, const float* logits, const std::vector<float>& bias,
+                              std::vector<double>& ids, std::vector<double>& weights) {
+  const int64_t e_count = c.experts, per_group = c.experts / c.n_group;
+  std::vector<double> scores(e_count);
+  if (c.scoring == ExpertScoring::kSigmoid) {
+    for (int64_t e = 0; e < e_count; ++e) scores[e] = 1.0 / (1.0 + std::exp(-double(logits[e])));
+  } else {
+    double max_logit = -std::numeric_limits<double>::infinity(), sum = 0.0;
+    for (int64_t e = 0; e < e_count; ++e) max_logit = std::max(max_logit, double(logits[e]));
+    for (int64_t e = 0; e < e_count; ++e) sum += std::exp(logits[e] - max_logit);
+    for (int64_t e = 0; e < e_count; ++e) scores[e] = std::exp(logits[e] - max_logit) / sum;
+  }
+  std::vector<double> choice = scores;
+  for (size_t e = 0; e < bias.size(); ++e) choice[e] += bias[e];
+  if (c.method != TopkMethod::kGreedy && c.n_group > 1) {
+    std::vector<double> group_score(c.n_group);
+    for (int64_t g = 0; g < c.n_group; ++g) {
+      std::vector<double> members(choice.begin() + g * per_group, choice.begin() + (g + 1) * per_group);
+      std::sort(members.rbegin(), members.rend());
+      group_score[g] = c.method == TopkMethod::kNoauxTc ? members[0] + members[1] : members[0];
+    }
+    const std::vector<int64_t> groups = order_desc(group_score);
+    for (size_t rank = static_cast<size_t>(c.topk_group); rank < groups.size(); ++rank) {
+      for (int64_t e = groups[rank] * per_group; e < (groups[rank] + 1) * per_group; ++e) {
+        choice[e] = -std::numeric_limits<double>::infinity();
+      }
+    }
+  }
+  const std::vector<int64_t> chosen = order_desc(choice);
+  double sum = 0.0;
+  for (int64_t k = 0; k < c.top_k; ++k) sum += scores[chosen[k]];
+  for (int64_t k = 0; k < c.top_k; ++k) {
+    ids.push_back(double(chosen[k]));
+    const double w = c.norm_topk_prob ? scores[chosen[k]] / (sum + 1e-20) : scores[chosen[k]];
+    weights.push_back(w * c.routed_scaling_factor);
+  }
+  for (int64_t j = 0; j < c.num_shared; ++j) {
+    ids.push_back(double(c.experts + j));
+    weights.push_back(1.0);
+  }
+}
+
+inline std::string route_name(const std::string& tag, const RouteConfig& c) {
+  return str_cat("moe_route_", tag, c.num_shared > 0 ? str_cat("_shared", c.num_shared) : "");
+}
+
+inline void add_moe_route(CaseRegistry& r, const std::string& tag, const RouteConfig& c, int64_t tokens,
+                          std::vector<float> logits, std::vector<float> bias) {
+  r.add({.op = OpKind::kMoeRoute,
+         .name = route_name(tag, c),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView ids = run.output({tokens, c.pairs()}, DType::kI32);
+           const TensorView weights = run.output({tokens, c.pairs()}, DType::kF32);
+           const auto bias_len = static_cast<int64_t>(bias.size());
+           run.backend().moe_route({.logits = run.upload(HostTensor::f32({tokens, c.experts}, logits)),
+                                    .correction_bias = run.upload(HostTensor::f32({bias_len}, bias)),
+                                    .topk_ids = ids, .topk_weights = weights, .scoring = c.scoring,
+                                    .method = c.method, .n_group = c.n_group, .topk_group = c.topk_group,
+                                    .norm_topk_prob = c.norm_topk_prob,
+                                    .routed_scaling_factor = c.routed_scaling_factor,
+                                    .num_shared_experts = c.num_shared});
+           return sorted_route(run.fetch(ids), run.fetch(weights), c.top_k, c.num_shared);
+         },
+         .naive = [=]() -> Outputs {
+           std::vector<double> ids, weights;
+           for (int64_t t = 0; t < tokens; ++t) naive_route_token(c, logits.data() + t * c.experts, bias, ids, weights);
+           return sorted_route(ids, weights, c.top_k, c.num_shared);
+         }});
+}
+
+inline void add_random_moe_route(CaseRegistry& r, const std::string& tag, const RouteConfig& c, int64_t tokens,
+                                 bool bias, uint64_t seed) {
+  Rng rng(seed);
+  const std::vector<float> logits = rng.uniform(tokens * c.experts, -4.0f, 4.0f);
+  add_moe_route(r, tag, c, tokens, logits, bias ? rng.uniform(c.experts, -0.5f, 0.5f) : std::vector<float>{});
+}
+
+// V3 routing where the best expert by unbiased score sits in a group that loses on its top-2 sum, and every biased
+// score is negative: masking the dropped groups with 0 instead of -inf would pick their experts.
+constexpr RouteConfig kMaskedGroupRoute{.scoring = ExpertScoring::kSigmoid, .method = TopkMethod::kNoauxTc,
+                                        .experts = 16, .n_group = 4, .topk_group = 2, .top_k = 4,
+                                        .norm_topk_prob = true, .routed_scaling_factor = 2.5f};
+
+inline void masked_group_inputs(int64_t tokens, std::vector<float>& logits, std::vector<float>& bias) {
+  Rng rng(77);
+  // group 0: one near-certain expert and three near-zero ones (top-2 sum ~1.0); groups 1 and 2: two experts at
+  // ~0.69 each (top-2 sum ~1.38); group 3: four at ~0.5 (top-2 sum ~1.0). Each logit gets a little noise.
+  const float pattern[16] = {6, -6, -6, -6, 0.8f, -6, 0.8f, -6, -6, 0.8f, -6, 0.8f, 0, 0, 0, 0};
+  logits.clear();
+  for (int64_t t = 0; t < tokens; ++t) {
+    const std::vector<float> noise = rng.uniform(16, -0.05f, 0.05f);
+    for (size_t e = 0; e < 16; ++e) logits.push_back(pattern[e] + noise[e]);
+  }
+  bias = rng.uniform(16, -1.01f, -0.99f);
+}
+
+// The experts of an experts case: `routed` routed experts (top_k of them a token) and `shared` after them.
+struct ExpertsShape {
+  int64_t tokens = 0, dim = 0, inter = 0, routed = 0, top_k = 1, shared = 0;
+
+  int64_t experts() const { return routed + shared; }
+  int64_t pairs() const { return top_k + shared; }
+  std::string str() const {
+    return str_cat("t", tokens, "_d", dim, "_i", inter, "_e", routed, "_k", top_k,
+                   shared > 0 ? str_cat("_s", shared) : "");
+  }
+};
+
+// A routing result as moe_route leaves it: per token, top_k distinct random routed experts with weights in [0, 1),
+// then the shared experts routed .. routed + shared - 1 with weight 1.
+struct ExpertPairs {
+  std::vector<int32_t> ids;    // [tokens, top_k + shared]
+  std::vector<float> weights;  // [tokens, top_k + shared]
+};
+
+inline ExpertPairs random_expert_pairs(Rng& rng, const ExpertsShape& s) {
+  ExpertPairs out;
+  for (int64_t t = 0; t < s.tokens; ++t) {
+    std::vector<int32_t> perm(static_cast<size_t>(s.routed));
+    std::iota(perm.begin(), perm.end(), 0);
+    rng.shuffle(perm);
+    out.ids.insert(out.ids.end(), perm.begin(), perm.begin() + s.top_k);
+    for (int64_t j = 0; j < s.shared; ++j) out.ids.push_back(static_cast<int32_t>(s.routed + j));
+  }
+  for (int64_t t = 0; t < s.tokens; ++t) {
+    const std::vector<float> routed = rng.uniform(s.top_k, 0.0f, 1.0f);
+    out.weights.insert(out.weights.end(), routed.begin(), routed.end());
+    out.weights.insert(out.weights.end(), static_cast<size_t>(s.shared), 1.0f);
+  }
+  return out;
+}
+
+// out[t] = sum_k w[t, k] * down_e(silu(gate_e(x[t])) * up_e(x[t])) over the routed and shared pairs.
+inline void add_moe_experts(CaseRegistry& r, const ExpertsShape& s, uint64_t seed) {
+  Rng rng(seed);
+  const int64_t tokens = s.tokens, dim = s.dim, inter = s.inter, experts = s.experts(), pairs = s.pairs();
+  const std::vector<float> x = rng.uniform(tokens * dim);
+  const std::vector<float> w_gate_up = rng.uniform(experts * 2 * inter * dim);
+  const std::vector<float> w_down = rng.uniform(experts * dim * inter);
+  const ExpertPairs routing = random_expert_pairs(rng, s);
+  r.add({.op = OpKind::kMoeExperts,
+         .name = str_cat("moe_experts_", s.str()),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView out = run.output({tokens, dim}, DType::kF32);
+           run.backend().moe_experts({.x = run.upload(HostTensor::f32({tokens, dim}, x)),
+                                      .w_gate_up = run.upload(HostTensor::f32({experts, 2 * inter, dim}, w_gate_up)),
+                                      .w_down = run.upload(HostTensor::f32({experts, dim, inter}, w_down)),
+                                      .topk_ids = run.upload(HostTensor::i32({tokens, pairs}, routing.ids)),
+                                      .topk_weights = run.upload(HostTensor::f32({tokens, pairs}, routing.weights)),
+                                      .out = out});
+           return {{"out", run.fetch(out)}};
+         },
+         .naive = [=]() -> Outputs {
+           std::vector<double> out(tokens * dim, 0.0), act(inter);
+           for (int64_t t = 0; t < tokens; ++t) {
+             for (int64_t k = 0; k < pairs; ++k) {
+               const int64_t e = routing.ids[t * pairs + k];
+               for (int64_t i = 0; i < inter; ++i) {
+                 double g = 0.0, u = 0.0;
+                 for (int64_t c = 0; c < dim; ++c) {
+                   g += double(w_gate_up[(e * 2 * inter + i) * dim + c]) * x[t * dim + c];
+                   u += double(w_gate_up[(e * 2 * inter + inter + i) * dim + c]) * x[t * dim + c];
+                 }
+                 act[i] = g / (1.0 + std::exp(-g)) * u;
+               }
+               for (int64_t c = 0; c < dim; ++c) {
+                 double y = 0.0;
+                 for (int64_t i = 0; i < inter; ++i) y += double(w_down[(e * dim + c) * inter + i]) * act[i];
+                 out[t * dim + c] += double(routing.weights[t * pairs + k]) * y;
+               }
+             }
+           }
+           return {{"out", out}};
+         }});
+}
+
+}  // namespace deepinfer::op_test
