@@ -17,13 +17,16 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
+#include <optional>
 #include <numeric>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/mla_prefill.cuh"
 #include "device_memory.h"
 #include "mla_prepare_cases.h"
 #include "moe_cases.h"
@@ -59,6 +62,29 @@ Outputs split_by_mask(std::span<const double> values, const std::vector<bool>& m
   for (size_t i = 0; i < values.size(); ++i) (mask[i] ? in : out).values.push_back(values[i]);
   return {in, out};
 }
+
+// Sets an environment variable for its lifetime (backends read their switches when they are made), then puts the
+// previous value back.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value, 1);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+  ~ScopedEnv() {
+    if (old_) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
 
 // ---------------------------------------------------------------------------------------------------------------
 // Cases. Each `run` builds its inputs on the runner and calls the runner's backend; the reference is the CPU backend
@@ -755,6 +781,10 @@ CaseRegistry build_registry() {
   add_mla_prefill(r, 16, 64, {1000}, {1000}, 165);
   add_mla_prefill(r, 16, 64, {2049, 5}, {129, 5}, 166);
   add_mla_prefill(r, 128, 32, {1}, {1}, 167);
+  // 128-query and 128-key tiles (the wgmma kernel's): prefixes that put the diagonal across two key tiles, query
+  // tiles of 128, 129, 44 and 1 rows, full prompts of 256 (aligned) and 383.
+  add_mla_prefill(r, 16, 64, {777, 300}, {300, 129}, 168);
+  add_mla_prefill(r, 16, 64, {256, 383}, {256, 383}, 169);
   // MoE routing: V3 (sigmoid, bias, 8 groups keep 4, top-8 of 256) with one and several route blocks, V2-Lite
   // (softmax, greedy, top-6 of 64), V2 group-limited; no tokens.
   const MoeRouteCase v3{.tag = "v3_e256_g8_keep4_k8", .tokens = 7, .experts = 256, .top_k = 8, .n_group = 8,
@@ -857,6 +887,75 @@ INSTANTIATE_TEST_SUITE_P(CudaBackend, CudaVsCpu, ::testing::Range<size_t>(0, reg
                          [](const ::testing::TestParamInfo<size_t>& info) {
                            return registry().cases()[info.param].name;
                          });
+
+// The wgmma MLA prefill attention kernel on every MLA prefill case of the registry, against the CPU reference (the
+// suite above runs them through the default kernel). Its backend is made with DEEPINFER_MLA_PREFILL=wgmma, which a
+// backend reads when it is made. On a GPU, --gtest_filter='*mla_prefill*' runs every prefill case through both kernels
+// ('*WgmmaMlaPrefill*': through the wgmma one only).
+std::vector<size_t> mla_prefill_cases() {
+  std::vector<size_t> indices;
+  for (size_t i = 0; i < registry().cases().size(); ++i) {
+    if (registry().cases()[i].op == OpKind::kMlaPrefill) indices.push_back(i);
+  }
+  return indices;
+}
+
+class CudaWgmmaMlaPrefillVsCpu : public ::testing::TestWithParam<size_t> {
+ public:
+  static void SetUpTestSuite() {
+    if (!cuda_device_available()) return;
+    const ScopedEnv kernel("DEEPINFER_MLA_PREFILL", "wgmma");
+    cuda_ = make_cuda_backend();
+    cpu_ = make_cpu_backend();
+  }
+  static void TearDownTestSuite() {
+    cuda_.reset();
+    cpu_.reset();
+  }
+
+ protected:
+  static std::unique_ptr<Backend> cuda_;
+  static std::unique_ptr<Backend> cpu_;
+};
+std::unique_ptr<Backend> CudaWgmmaMlaPrefillVsCpu::cuda_;
+std::unique_ptr<Backend> CudaWgmmaMlaPrefillVsCpu::cpu_;
+
+TEST_P(CudaWgmmaMlaPrefillVsCpu, Case) {
+  if (cuda_ == nullptr) GTEST_SKIP() << "no CUDA device";
+  DeviceMemory device_memory;
+  HostMemory host_memory;
+  expect_matches_reference(registry().cases()[GetParam()], *cuda_, device_memory, *cpu_, host_memory);
+}
+
+INSTANTIATE_TEST_SUITE_P(CudaBackend, CudaWgmmaMlaPrefillVsCpu, ::testing::ValuesIn(mla_prefill_cases()),
+                         [](const ::testing::TestParamInfo<size_t>& info) {
+                           return registry().cases()[info.param].name;
+                         });
+
+// The switch's values: unset, empty and "mma" pick mma.sync, "wgmma" the Hopper kernel, anything else throws.
+TEST(CudaBackend, MlaPrefillKernelSwitch) {
+  {
+    const ScopedEnv unset("DEEPINFER_MLA_PREFILL", "");
+    ::unsetenv("DEEPINFER_MLA_PREFILL");
+    EXPECT_EQ(cuda::mla_prefill_kernel_from_env(), cuda::MlaPrefillKernel::kMma);
+  }
+  {
+    const ScopedEnv empty("DEEPINFER_MLA_PREFILL", "");
+    EXPECT_EQ(cuda::mla_prefill_kernel_from_env(), cuda::MlaPrefillKernel::kMma);
+  }
+  {
+    const ScopedEnv mma("DEEPINFER_MLA_PREFILL", "mma");
+    EXPECT_EQ(cuda::mla_prefill_kernel_from_env(), cuda::MlaPrefillKernel::kMma);
+  }
+  {
+    const ScopedEnv wgmma("DEEPINFER_MLA_PREFILL", "wgmma");
+    EXPECT_EQ(cuda::mla_prefill_kernel_from_env(), cuda::MlaPrefillKernel::kWgmma);
+  }
+  {
+    const ScopedEnv typo("DEEPINFER_MLA_PREFILL", "wgmm");
+    EXPECT_THROW(cuda::mla_prefill_kernel_from_env(), Error);
+  }
+}
 
 constexpr OpKind kImplemented[] = {OpKind::kEmbedding, OpKind::kGatherRows, OpKind::kCopyStrided,
                                    OpKind::kRmsNorm,   OpKind::kAddRmsNorm, OpKind::kSiluMul,
@@ -1200,23 +1299,39 @@ TEST(CudaBackendPerf, DISABLED_OpsAtModelSizes) {
 #endif
 }
 
-// MLA prefill (gather, decompression GEMM and causal attention together) at V2-Lite (16 heads) and V3 (128 heads)
-// dims, full prompts of 1 x 4096 and 4 x 1024 tokens in 64-token pages. FLOPs: the decompression GEMM
-// (2 * rows * H * 256 * 512) plus the causal attention (2 * (192 + 128) per visible (query, key) pair and head).
+// MLA prefill at V2-Lite (16 heads) and V3 (128 heads) dims, full prompts of 1 x 4096, 4 x 1024 and 1 x 8192 tokens in
+// 64-token pages, through both attention kernels (DEEPINFER_MLA_PREFILL=mma, the default, and wgmma): the whole op
+// (gather, decompression GEMM and causal attention) on a backend made with each value, then the attention kernel
+// alone (cuda::mla_prefill_attention on a filled workspace). FLOPs: the decompression GEMM (2 * rows * H * 256 * 512)
+// plus the causal attention (2 * (192 + 128) per visible (query, key) pair and head).
 TEST(CudaBackendPerf, DISABLED_MlaPrefill) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
-  const std::unique_ptr<Backend> cuda = make_cuda_backend();
-  if (!cuda->supports(OpKind::kMlaPrefill)) GTEST_SKIP() << "mla_prefill needs cuBLAS";
+  struct Path {
+    const char* name;
+    cuda::MlaPrefillKernel kernel;
+    std::unique_ptr<Backend> backend;
+  };
+  Path paths[2] = {{.name = "mma", .kernel = cuda::MlaPrefillKernel::kMma, .backend = nullptr},
+                   {.name = "wgmma", .kernel = cuda::MlaPrefillKernel::kWgmma, .backend = nullptr}};
+  for (Path& path : paths) {
+    const ScopedEnv kernel("DEEPINFER_MLA_PREFILL", path.name);
+    path.backend = make_cuda_backend();
+  }
+  if (!paths[0].backend->supports(OpKind::kMlaPrefill)) GTEST_SKIP() << "mla_prefill needs cuBLAS";
   PerfRunner perf;
+  const cuda::CudaStream stream;
   constexpr DType kBf16 = DType::kBF16;
   constexpr int64_t kPage = 64;
+  using Prompts = std::pair<int32_t, int32_t>;  // sequences, tokens each
   for (const int64_t heads : {int64_t{16}, int64_t{128}}) {
-    for (const auto& [seqs, len] : {std::pair<int32_t, int32_t>{1, 4096}, std::pair<int32_t, int32_t>{4, 1024}}) {
+    for (const auto& [seqs, len] : {Prompts{1, 4096}, Prompts{4, 1024}, Prompts{1, 8192}}) {
       const int64_t tokens = int64_t{seqs} * len, pages_per_seq = len / kPage;
       const TensorView cache = perf.tensor({seqs * pages_per_seq, kPage, 576}, kBf16);
       const TensorView q = perf.tensor({tokens, heads, 192}, kBf16);
       const TensorView kv_b = perf.tensor({heads * 256, 512}, kBf16);
       const TensorView out = perf.tensor({tokens, heads, 128}, kBf16);
+      const TensorView latents = perf.tensor({tokens, 576}, kBf16);     // the attention kernel's own inputs
+      const TensorView kv = perf.tensor({tokens, heads * 256}, kBf16);
       std::vector<int32_t> starts(static_cast<size_t>(seqs) + 1), lens(static_cast<size_t>(seqs), len);
       std::vector<int32_t> table(static_cast<size_t>(seqs * pages_per_seq));
       for (int32_t s = 0; s <= seqs; ++s) starts[s] = s * len;
@@ -1231,13 +1346,27 @@ TEST(CudaBackendPerf, DISABLED_MlaPrefill) {
                                    .max_context_len = len};
       const double attention_flops = double(heads) * seqs * (double(len) * (len + 1) / 2) * 2.0 * (192 + 128);
       const double gemm_flops = 2.0 * tokens * heads * 256 * 512;
-      const double seconds = perf.time([&] {
-        cuda->mla_prefill({.q = q, .cache = cache, .kv_b = kv_b, .out = out, .meta = meta, .kv_lora_rank = 512,
-                           .qk_nope_head_dim = 128, .v_head_dim = 128, .softmax_scale = 0.07f});
-      });
-      perf.report(str_cat("mla_prefill bf16 ", heads, " heads, ", seqs, " x ", len, " tokens (attention ",
-                          attention_flops / seconds / 1e12, " TFLOP/s of the total time)"),
-                  seconds, double(q.bytes() + out.bytes() + cache.bytes()), attention_flops + gemm_flops);
+      for (const Path& path : paths) {
+        const double seconds = perf.time([&] {
+          path.backend->mla_prefill({.q = q, .cache = cache, .kv_b = kv_b, .out = out, .meta = meta,
+                                     .kv_lora_rank = 512, .qk_nope_head_dim = 128, .v_head_dim = 128,
+                                     .softmax_scale = 0.07f});
+        });
+        perf.report(str_cat("mla_prefill bf16 [", path.name, "] ", heads, " heads, ", seqs, " x ", len,
+                            " tokens (attention ", attention_flops / seconds / 1e12, " TFLOP/s of the total time)"),
+                    seconds, double(q.bytes() + out.bytes() + cache.bytes()), attention_flops + gemm_flops);
+        const double attention_seconds = perf.time([&] {
+          cuda::mla_prefill_attention({.q = q.as<uint16_t>(), .latents = latents.as<uint16_t>(),
+                                       .kv = kv.as<uint16_t>(), .context_lens = d_lens.as<int32_t>(),
+                                       .query_start = d_starts.as<int32_t>(), .out = out.as<uint16_t>(),
+                                       .num_seqs = seqs, .num_heads = static_cast<int32_t>(heads),
+                                       .max_context_len = len, .max_queries = len, .softmax_scale = 0.07f,
+                                       .kernel = path.kernel},
+                                      stream.get());
+        });
+        perf.report(str_cat("  attention kernel alone [", path.name, "]"), attention_seconds,
+                    double(q.bytes() + out.bytes() + kv.bytes() + latents.bytes()), attention_flops);
+      }
     }
   }
 }

@@ -571,7 +571,8 @@ class CudaBackend final : public Backend {
                                  .num_heads = static_cast<int32_t>(heads),
                                  .max_context_len = a.meta.max_context_len,
                                  .max_queries = static_cast<int32_t>(std::min<int64_t>(tokens, max_ctx)),
-                                 .softmax_scale = a.softmax_scale},
+                                 .softmax_scale = a.softmax_scale,
+                                 .kernel = prefill_kernel_},
                                 stream_.get());
 #else
     throw UnsupportedOp(str_cat(kOp, ": this build has no cuBLAS"));
@@ -811,6 +812,7 @@ class CudaBackend final : public Backend {
   uint64_t graph_generation_ = 0;
   int num_sms_ = 0;
   const bool skinny_enabled_ = skinny_gemm_enabled_from_env();
+  const cuda::MlaPrefillKernel prefill_kernel_ = cuda::mla_prefill_kernel_from_env();  // DEEPINFER_MLA_PREFILL
   Tensor workspace_;  // MLA decode split partials (see mla_decode)
   Tensor prefill_workspace_;  // MLA prefill gathered latents and decompressed k_nope | v (see mla_prefill)
   MoeWorkspace moe_route_ws_;    // routing (its alignment output is unused)

@@ -2,6 +2,8 @@
 #include "backend/cuda/mla_prefill.cuh"
 
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launch.h"
@@ -64,7 +66,21 @@ void mla_prefill_attention(const MlaPrefillAttentionParams& p, cudaStream_t stre
                p.query_start != nullptr && p.out != nullptr && aligned16(p.q) && aligned16(p.latents) &&
                aligned16(p.kv) && aligned16(p.out),
            "mla_prefill_attention: null or misaligned pointer");
-  mla_prefill_detail::launch_mla_prefill_attention(p, stream);
+  DI_CHECK(p.kernel == MlaPrefillKernel::kMma || p.kernel == MlaPrefillKernel::kWgmma,
+           "mla_prefill_attention: unknown kernel ", static_cast<int>(p.kernel));
+  if (p.kernel == MlaPrefillKernel::kWgmma) {
+    mla_prefill_detail::launch_mla_prefill_attention_wgmma(p, stream);
+  } else {
+    mla_prefill_detail::launch_mla_prefill_attention(p, stream);
+  }
+}
+
+MlaPrefillKernel mla_prefill_kernel_from_env() {
+  const char* value = std::getenv("DEEPINFER_MLA_PREFILL");
+  const std::string_view name = value == nullptr ? "" : value;
+  if (name.empty() || name == "mma") return MlaPrefillKernel::kMma;
+  DI_CHECK(name == "wgmma", "DEEPINFER_MLA_PREFILL must be mma or wgmma (or unset: mma), got \"", name, "\"");
+  return MlaPrefillKernel::kWgmma;
 }
 
 }  // namespace deepinfer::cuda

@@ -299,5 +299,7 @@ __global__ void __launch_bounds__(T::kThreads) mla_prefill_attention_kernel(
 }
 
 void launch_mla_prefill_attention(const MlaPrefillAttentionParams& p, cudaStream_t stream);
+// The wgmma kernel (mla_prefill_wgmma.cuh), launched by instantiations/mla_prefill_attention_wgmma.cu.
+void launch_mla_prefill_attention_wgmma(const MlaPrefillAttentionParams& p, cudaStream_t stream);
 
 }  // namespace deepinfer::cuda::mla_prefill_detail

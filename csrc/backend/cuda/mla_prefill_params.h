@@ -31,6 +31,10 @@ struct MlaPrefillGatherParams {
   int32_t max_context_len = 0;             // host-side upper bound of context_lens
 };
 
+// Which attention kernel runs step 3: mma.sync (mla_prefill_kernels.cuh, 64-query tiles, the default) or Hopper's
+// warpgroup MMA (mla_prefill_wgmma.cuh, 128-query tiles). Both compute the same thing.
+enum class MlaPrefillKernel : int32_t { kMma = 0, kWgmma = 1 };
+
 // Step 3: causal attention over the decompressed keys and values.
 struct MlaPrefillAttentionParams {
   const uint16_t* q = nullptr;             // [num_tokens, num_heads, 192]: q_nope (128) then rotated q_pe (64)
@@ -44,6 +48,7 @@ struct MlaPrefillAttentionParams {
   int32_t max_context_len = 0;             // host-side upper bound of context_lens
   int32_t max_queries = 0;                 // host-side upper bound of any sequence's query count (sizes the grid)
   float softmax_scale = 1.0f;
+  MlaPrefillKernel kernel = MlaPrefillKernel::kMma;
 };
 
 }  // namespace deepinfer::cuda
