@@ -1,0 +1,174 @@
+"""Where a decode step's time goes, kernel by kernel: Nsight Compute's duration and DRAM bytes of every kernel of one
+eager decode step of a DeepSeek shape (random weights), against the step's time and the bytes floor.
+
+    python benchmarks/gpu/decode_step_kernels.py --out OUT [--shape v2-lite] [--batch 1] [--context 1024]
+
+runs itself under `ncu --profile-from-start off` (the engine's load, warm-up and the request's prefill are not
+profiled; the profiler starts before the measured decode steps), then writes OUT/decode_step_kernels.{csv,md}.
+Nsight Compute serializes the kernels and flushes the caches before each one, so a kernel's figure is its time alone
+with cold caches: launch gaps and programmatic-dependent-launch overlap are not in it. The sum over a step against the
+step's time in a graph (engine_bench.py) says how much of the step is kernels and how much the gaps between them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+METRICS = "gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size"
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="v2-lite", choices=["v2-lite", "v3-slice", "smoke"])
+    ap.add_argument("--v3-layers", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=3, help="decode steps profiled (the last whole one is reported)")
+    ap.add_argument("--ncu", default="ncu")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def run_child(args) -> int:
+    """Inside ncu: load the engine, prefill `batch` requests, then profile `steps` decode steps."""
+    import numpy as np
+    import torch  # only for cudaProfilerStart/Stop
+
+    from bench_common import shape_config
+    from deepinfer import DeepInferenceEngine, EngineConfig, SamplingParams
+    from engine_bench import write_model_dir
+
+    c = shape_config(args.shape, args.v3_layers)
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir, _ = write_model_dir(Path(tmp), args.shape, c)
+        cfg = EngineConfig(model_name_or_path=str(model_dir), load_format="dummy", device="cuda", seed=0,
+                           max_model_len=args.context + 64, max_num_seqs=max(8, args.batch),
+                           gpu_memory_utilization=0.85, enforce_eager=True)
+        engine = DeepInferenceEngine(cfg)
+        try:
+            greedy = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+            engine.generate([{"prompt_token_ids": rng.integers(2, c["vocab_size"], 16).tolist()}], greedy,
+                            use_tqdm=False)  # warm-up
+            # The profiler starts once every request has its first token (prefill done) and stops after `steps`
+            # more engine steps; the first and the last profiled forward may be cut, the report takes a whole one.
+            prompts = [{"prompt_token_ids": rng.integers(2, c["vocab_size"], args.context).tolist()}
+                       for _ in range(args.batch)]
+            params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+            streams = [engine.submit(p, params) for p in prompts]
+            for s in streams:
+                next(iter(s))
+            begin = engine.stats().num_steps
+            torch.cuda.profiler.start()
+            while engine.stats().num_steps < begin + args.steps + 1 and not all(s.finished for s in streams):
+                time.sleep(0.01)
+            torch.cuda.profiler.stop()
+            for s in streams:
+                s.abort()
+        finally:
+            engine.shutdown()
+    return 0
+
+
+def read_ncu_csv(text: str) -> list[dict]:
+    """ncu --csv --print-units base --page raw: one row per kernel."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
+    rows = list(csv.DictReader(io.StringIO("\n".join(lines[start:]))))
+    return [r for r in rows if r.get("ID", "").isdigit()]
+
+
+def short_name(name: str) -> str:
+    name = name.split("(")[0]
+    for prefix in ("void ", "deepinfer::cuda::", "moe_detail::", "(anonymous namespace)::"):
+        name = name.replace(prefix, "")
+    return name[:60]
+
+
+def split_steps(rows: list[dict]) -> list[list[dict]]:
+    """Forward passes begin with the embedding gather."""
+    steps: list[list[dict]] = []
+    for r in rows:
+        if "embedding" in r["Kernel Name"] or not steps:
+            steps.append([])
+        steps[-1].append(r)
+    return steps
+
+
+def summarize(rows: list[dict], args) -> tuple[str, list[dict]]:
+    steps = split_steps(rows)
+    whole = [s for s in steps[:-1]] or steps  # the last may be cut by the stop
+    step = whole[-1]
+    per_kernel: "OrderedDict[str, dict]" = OrderedDict()
+    total_us = total_mb = 0.0
+    for r in step:
+        us = float(r["gpu__time_duration.sum"]) / 1e3
+        mb = (float(r["dram__bytes_read.sum"]) + float(r["dram__bytes_write.sum"])) / 1e6
+        key = short_name(r["Kernel Name"])
+        k = per_kernel.setdefault(key, {"kernel": key, "calls": 0, "us": 0.0, "mb": 0.0})
+        k["calls"] += 1
+        k["us"] += us
+        k["mb"] += mb
+        total_us += us
+        total_mb += mb
+    table = sorted(per_kernel.values(), key=lambda k: -k["us"])
+    lines = ["# One eager decode step, kernel by kernel (Nsight Compute, caches flushed before each kernel)",
+             "", f"- shape {args.shape}, batch {args.batch}, context {args.context}; {len(steps)} forward passes "
+             f"profiled, the last whole one reported ({len(step)} kernels)",
+             f"- sum of kernel times {total_us:,.1f} us; DRAM bytes {total_mb:,.1f} MB "
+             f"({total_mb / max(total_us, 1e-9) * 1e-3:,.2f} TB/s over the kernels' time)", "",
+             "| kernel | calls | total us | us/call | MB | GB/s |", "|---|---:|---:|---:|---:|---:|"]
+    for k in table:
+        lines.append(f"| {k['kernel']} | {k['calls']} | {k['us']:,.1f} | {k['us'] / k['calls']:,.2f} | "
+                     f"{k['mb']:,.1f} | {k['mb'] / max(k['us'], 1e-9) * 1e3:,.0f} |")
+    lines += ["", "In order (first layer after the embedding, then the step's last kernels):", "",
+              "| # | kernel | grid | us | MB | GB/s |", "|---:|---|---:|---:|---:|---:|"]
+    for i, r in enumerate(step):
+        if 40 <= i < len(step) - 6:
+            continue
+        us = float(r["gpu__time_duration.sum"]) / 1e3
+        mb = (float(r["dram__bytes_read.sum"]) + float(r["dram__bytes_write.sum"])) / 1e6
+        lines.append(f"| {i} | {short_name(r['Kernel Name'])} | {r['launch__grid_size']} | {us:,.2f} | {mb:,.2f} | "
+                     f"{mb / max(us, 1e-9) * 1e3:,.0f} |")
+    return "\n".join(lines) + "\n", table
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        return run_child(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    raw = args.out / "decode_step_kernels_raw.csv"
+    cmd = [args.ncu, "--profile-from-start", "off", "--clock-control", "none", "--metrics", METRICS, "--csv",
+           "--print-units", "base", "--page", "raw", "--log-file", str(raw), sys.executable, __file__, "--child",
+           "--shape", args.shape, "--v3-layers", str(args.v3_layers), "--batch", str(args.batch), "--context",
+           str(args.context), "--steps", str(args.steps), "--out", str(args.out)]
+    print(" ".join(cmd), flush=True)
+    rc = subprocess.run(cmd, env={**os.environ, "DEEPINFER_NO_PROGRESS": "1"}).returncode
+    if rc != 0 or not raw.exists():
+        print(f"ncu exited with {rc}", flush=True)
+        return rc or 1
+    rows = read_ncu_csv(raw.read_text())
+    md, table = summarize(rows, args)
+    (args.out / "decode_step_kernels.md").write_text(md)
+    (args.out / "decode_step_kernels.json").write_text(json.dumps(table, indent=1))
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
