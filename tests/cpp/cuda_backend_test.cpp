@@ -888,10 +888,10 @@ INSTANTIATE_TEST_SUITE_P(CudaBackend, CudaVsCpu, ::testing::Range<size_t>(0, reg
                            return registry().cases()[info.param].name;
                          });
 
-// The wgmma MLA prefill attention kernel on every MLA prefill case of the registry, against the CPU reference (the
-// suite above runs them through the default kernel). Its backend is made with DEEPINFER_MLA_PREFILL=wgmma, which a
-// backend reads when it is made. On a GPU, --gtest_filter='*mla_prefill*' runs every prefill case through both kernels
-// ('*WgmmaMlaPrefill*': through the wgmma one only).
+// The mma.sync MLA prefill attention kernel on every MLA prefill case of the registry, against the CPU reference (the
+// suite above runs them through the default kernel, wgmma). Its backend is made with DEEPINFER_MLA_PREFILL=mma, which
+// a backend reads when it is made. On a GPU, --gtest_filter='*mla_prefill*' runs every prefill case through both
+// kernels ('*MmaMlaPrefill*': through the mma.sync one only).
 std::vector<size_t> mla_prefill_cases() {
   std::vector<size_t> indices;
   for (size_t i = 0; i < registry().cases().size(); ++i) {
@@ -900,11 +900,11 @@ std::vector<size_t> mla_prefill_cases() {
   return indices;
 }
 
-class CudaWgmmaMlaPrefillVsCpu : public ::testing::TestWithParam<size_t> {
+class CudaMmaMlaPrefillVsCpu : public ::testing::TestWithParam<size_t> {
  public:
   static void SetUpTestSuite() {
     if (!cuda_device_available()) return;
-    const ScopedEnv kernel("DEEPINFER_MLA_PREFILL", "wgmma");
+    const ScopedEnv kernel("DEEPINFER_MLA_PREFILL", "mma");
     cuda_ = make_cuda_backend();
     cpu_ = make_cpu_backend();
   }
@@ -917,31 +917,31 @@ class CudaWgmmaMlaPrefillVsCpu : public ::testing::TestWithParam<size_t> {
   static std::unique_ptr<Backend> cuda_;
   static std::unique_ptr<Backend> cpu_;
 };
-std::unique_ptr<Backend> CudaWgmmaMlaPrefillVsCpu::cuda_;
-std::unique_ptr<Backend> CudaWgmmaMlaPrefillVsCpu::cpu_;
+std::unique_ptr<Backend> CudaMmaMlaPrefillVsCpu::cuda_;
+std::unique_ptr<Backend> CudaMmaMlaPrefillVsCpu::cpu_;
 
-TEST_P(CudaWgmmaMlaPrefillVsCpu, Case) {
+TEST_P(CudaMmaMlaPrefillVsCpu, Case) {
   if (cuda_ == nullptr) GTEST_SKIP() << "no CUDA device";
   DeviceMemory device_memory;
   HostMemory host_memory;
   expect_matches_reference(registry().cases()[GetParam()], *cuda_, device_memory, *cpu_, host_memory);
 }
 
-INSTANTIATE_TEST_SUITE_P(CudaBackend, CudaWgmmaMlaPrefillVsCpu, ::testing::ValuesIn(mla_prefill_cases()),
+INSTANTIATE_TEST_SUITE_P(CudaBackend, CudaMmaMlaPrefillVsCpu, ::testing::ValuesIn(mla_prefill_cases()),
                          [](const ::testing::TestParamInfo<size_t>& info) {
                            return registry().cases()[info.param].name;
                          });
 
-// The switch's values: unset, empty and "mma" pick mma.sync, "wgmma" the Hopper kernel, anything else throws.
+// The switch's values: unset, empty and "wgmma" pick the Hopper kernel, "mma" mma.sync, anything else throws.
 TEST(CudaBackend, MlaPrefillKernelSwitch) {
   {
     const ScopedEnv unset("DEEPINFER_MLA_PREFILL", "");
     ::unsetenv("DEEPINFER_MLA_PREFILL");
-    EXPECT_EQ(cuda::mla_prefill_kernel_from_env(), cuda::MlaPrefillKernel::kMma);
+    EXPECT_EQ(cuda::mla_prefill_kernel_from_env(), cuda::MlaPrefillKernel::kWgmma);
   }
   {
     const ScopedEnv empty("DEEPINFER_MLA_PREFILL", "");
-    EXPECT_EQ(cuda::mla_prefill_kernel_from_env(), cuda::MlaPrefillKernel::kMma);
+    EXPECT_EQ(cuda::mla_prefill_kernel_from_env(), cuda::MlaPrefillKernel::kWgmma);
   }
   {
     const ScopedEnv mma("DEEPINFER_MLA_PREFILL", "mma");
@@ -1300,7 +1300,7 @@ TEST(CudaBackendPerf, DISABLED_OpsAtModelSizes) {
 }
 
 // MLA prefill at V2-Lite (16 heads) and V3 (128 heads) dims, full prompts of 1 x 4096, 4 x 1024 and 1 x 8192 tokens in
-// 64-token pages, through both attention kernels (DEEPINFER_MLA_PREFILL=mma, the default, and wgmma): the whole op
+// 64-token pages, through both attention kernels (DEEPINFER_MLA_PREFILL=wgmma, the default, and mma): the whole op
 // (gather, decompression GEMM and causal attention) on a backend made with each value, then the attention kernel
 // alone (cuda::mla_prefill_attention on a filled workspace). FLOPs: the decompression GEMM (2 * rows * H * 256 * 512)
 // plus the causal attention (2 * (192 + 128) per visible (query, key) pair and head).

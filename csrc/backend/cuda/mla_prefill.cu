@@ -78,9 +78,9 @@ void mla_prefill_attention(const MlaPrefillAttentionParams& p, cudaStream_t stre
 MlaPrefillKernel mla_prefill_kernel_from_env() {
   const char* value = std::getenv("DEEPINFER_MLA_PREFILL");
   const std::string_view name = value == nullptr ? "" : value;
-  if (name.empty() || name == "mma") return MlaPrefillKernel::kMma;
-  DI_CHECK(name == "wgmma", "DEEPINFER_MLA_PREFILL must be mma or wgmma (or unset: mma), got \"", name, "\"");
-  return MlaPrefillKernel::kWgmma;
+  if (name.empty() || name == "wgmma") return MlaPrefillKernel::kWgmma;
+  DI_CHECK(name == "mma", "DEEPINFER_MLA_PREFILL must be wgmma or mma (or unset: wgmma), got \"", name, "\"");
+  return MlaPrefillKernel::kMma;
 }
 
 }  // namespace deepinfer::cuda
