@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
 import os
 import subprocess
 import sys
@@ -40,6 +39,7 @@ def parse_args(argv=None):
     ap.add_argument("--ncu", default="ncu")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--report-only", type=Path, default=None, help="summarize this ncu CSV log again")
     return ap.parse_args(argv)
 
 
@@ -92,6 +92,11 @@ def read_ncu_csv(text: str) -> list[dict]:
     return [r for r in rows if r.get("ID", "").isdigit()]
 
 
+def number(text: str) -> float:
+    """ncu prints thousands separators ("2,912")."""
+    return float(text.replace(",", ""))
+
+
 def short_name(name: str) -> str:
     name = name.split("(")[0]
     for prefix in ("void ", "deepinfer::cuda::", "moe_detail::", "(anonymous namespace)::"):
@@ -99,52 +104,42 @@ def short_name(name: str) -> str:
     return name[:60]
 
 
-def split_steps(rows: list[dict]) -> list[list[dict]]:
-    """Forward passes begin with the embedding gather."""
-    steps: list[list[dict]] = []
-    for r in rows:
-        if "embedding" in r["Kernel Name"] or not steps:
-            steps.append([])
-        steps[-1].append(r)
-    return steps
+def profiled_window(rows: list[dict]) -> tuple[list[dict], str]:
+    """The rows of one whole step (each ends with the sampling kernel) when two steps' ends were profiled; otherwise
+    every row (a run cut short: the per-layer averages still hold)."""
+    ends = [i for i, r in enumerate(rows) if "sample_kernel" in r["Kernel Name"]]
+    if len(ends) >= 2:
+        return rows[ends[-2] + 1:ends[-1] + 1], "one whole step"
+    return rows, "every profiled kernel (no whole step between two sampling kernels)"
 
 
-def summarize(rows: list[dict], args) -> tuple[str, list[dict]]:
-    steps = split_steps(rows)
-    whole = [s for s in steps[:-1]] or steps  # the last may be cut by the stop
-    step = whole[-1]
-    per_kernel: "OrderedDict[str, dict]" = OrderedDict()
+def summarize(rows: list[dict], args) -> str:
+    window, what = profiled_window(rows)
+    layers = sum(1 for r in window if "mla_prepare" in r["Kernel Name"]) or 1
+    per_kernel: "OrderedDict[tuple, dict]" = OrderedDict()
     total_us = total_mb = 0.0
-    for r in step:
-        us = float(r["gpu__time_duration.sum"]) / 1e3
-        mb = (float(r["dram__bytes_read.sum"]) + float(r["dram__bytes_write.sum"])) / 1e6
-        key = short_name(r["Kernel Name"])
-        k = per_kernel.setdefault(key, {"kernel": key, "calls": 0, "us": 0.0, "mb": 0.0})
+    for r in window:
+        us = number(r["gpu__time_duration.sum"]) / 1e3
+        mb = (number(r["dram__bytes_read.sum"]) + number(r["dram__bytes_write.sum"])) / 1e6
+        key = (short_name(r["Kernel Name"]), r["Grid Size"])
+        k = per_kernel.setdefault(key, {"kernel": key[0], "grid": key[1], "calls": 0, "us": 0.0, "mb": 0.0})
         k["calls"] += 1
         k["us"] += us
         k["mb"] += mb
         total_us += us
         total_mb += mb
     table = sorted(per_kernel.values(), key=lambda k: -k["us"])
-    lines = ["# One eager decode step, kernel by kernel (Nsight Compute, caches flushed before each kernel)",
-             "", f"- shape {args.shape}, batch {args.batch}, context {args.context}; {len(steps)} forward passes "
-             f"profiled, the last whole one reported ({len(step)} kernels)",
-             f"- sum of kernel times {total_us:,.1f} us; DRAM bytes {total_mb:,.1f} MB "
-             f"({total_mb / max(total_us, 1e-9) * 1e-3:,.2f} TB/s over the kernels' time)", "",
-             "| kernel | calls | total us | us/call | MB | GB/s |", "|---|---:|---:|---:|---:|---:|"]
+    lines = ["# A decode step kernel by kernel (Nsight Compute; serialized, caches flushed before each kernel)", "",
+             f"- shape {args.shape}, batch {args.batch}, context {args.context}, eager; reported: {what}, "
+             f"{len(window)} kernels, {layers} layers (mla_prepare calls)",
+             f"- sum of kernel times {total_us:,.1f} us ({total_us / layers:,.1f} us a layer); DRAM bytes "
+             f"{total_mb:,.1f} MB ({total_mb / max(total_us, 1e-9):,.2f} TB/s over the kernels' time)", "",
+             "| kernel | grid | calls | us/call | us a layer | MB/call | GB/s |", "|---|---|---:|---:|---:|---:|---:|"]
     for k in table:
-        lines.append(f"| {k['kernel']} | {k['calls']} | {k['us']:,.1f} | {k['us'] / k['calls']:,.2f} | "
-                     f"{k['mb']:,.1f} | {k['mb'] / max(k['us'], 1e-9) * 1e3:,.0f} |")
-    lines += ["", "In order (first layer after the embedding, then the step's last kernels):", "",
-              "| # | kernel | grid | us | MB | GB/s |", "|---:|---|---:|---:|---:|---:|"]
-    for i, r in enumerate(step):
-        if 40 <= i < len(step) - 6:
-            continue
-        us = float(r["gpu__time_duration.sum"]) / 1e3
-        mb = (float(r["dram__bytes_read.sum"]) + float(r["dram__bytes_write.sum"])) / 1e6
-        lines.append(f"| {i} | {short_name(r['Kernel Name'])} | {r['launch__grid_size']} | {us:,.2f} | {mb:,.2f} | "
-                     f"{mb / max(us, 1e-9) * 1e3:,.0f} |")
-    return "\n".join(lines) + "\n", table
+        lines.append(f"| {k['kernel']} | {k['grid']} | {k['calls']} | {k['us'] / k['calls']:,.2f} | "
+                     f"{k['us'] / layers:,.2f} | {k['mb'] / k['calls']:,.2f} | "
+                     f"{k['mb'] / max(k['us'], 1e-9) * 1e3:,.0f} |")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
@@ -152,6 +147,8 @@ def main(argv=None) -> int:
     if args.child:
         return run_child(args)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.report_only is not None:
+        return report(args.report_only, args)
     raw = args.out / "decode_step_kernels_raw.csv"
     cmd = [args.ncu, "--profile-from-start", "off", "--clock-control", "none", "--metrics", METRICS, "--csv",
            "--print-units", "base", "--page", "raw", "--log-file", str(raw), sys.executable, __file__, "--child",
@@ -159,13 +156,18 @@ def main(argv=None) -> int:
            str(args.context), "--steps", str(args.steps), "--out", str(args.out)]
     print(" ".join(cmd), flush=True)
     rc = subprocess.run(cmd, env={**os.environ, "DEEPINFER_NO_PROGRESS": "1"}).returncode
-    if rc != 0 or not raw.exists():
-        print(f"ncu exited with {rc}", flush=True)
-        return rc or 1
-    rows = read_ncu_csv(raw.read_text())
-    md, table = summarize(rows, args)
+    if rc != 0:
+        print(f"ncu exited with {rc}; summarizing what it wrote", flush=True)
+    return report(raw, args) or rc
+
+
+def report(raw: Path, args) -> int:
+    rows = read_ncu_csv(raw.read_text()) if raw.exists() else []
+    if not rows:
+        print(f"no kernel rows in {raw}", flush=True)
+        return 1
+    md = summarize(rows, args)
     (args.out / "decode_step_kernels.md").write_text(md)
-    (args.out / "decode_step_kernels.json").write_text(json.dumps(table, indent=1))
     print(md)
     return 0
 
