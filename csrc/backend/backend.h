@@ -18,7 +18,7 @@ namespace deepinfer {
 
 enum class OpKind : uint8_t {
   kLinear, kLinearSiluMul, kMultiLinear, kHeadLinear, kEmbedding, kGatherRows, kCopyStrided, kRmsNorm, kAddRmsNorm,
-  kSiluMul, kAdd, kRope, kMlaCacheWrite, kMlaPrepare, kMlaDecode, kMlaPrefill, kMoeRoute, kMoeExperts,
+  kSiluMul, kAdd, kRope, kMlaCacheWrite, kMlaPrepare, kMlaDecode, kMlaPrefill, kMoeRoute, kMoeExperts, kMoe,
   kSample,  // stays last (tests count on it)
 };
 std::string_view op_name(OpKind op);
@@ -77,7 +77,8 @@ class Backend {
   // Ops. Arguments are views on this device (ops/*.h say what each computes); outputs are allocated by the caller.
   virtual void linear(const LinearArgs& a) = 0;
   // Composed ops: a backend with a fused kernel overrides them; the default runs the ops they stand for
-  // (dense_composed.cpp, mla_prepare_composed.cpp), which is the reference the fused kernels are tested against.
+  // (dense_composed.cpp, mla_prepare_composed.cpp, moe_composed.cpp), which is the reference the fused kernels are
+  // tested against.
   virtual void linear_silu_mul(const LinearSiluMulArgs& a);
   virtual void multi_linear(const MultiLinearArgs& a);
   virtual void head_linear(const HeadLinearArgs& a) = 0;
@@ -96,6 +97,8 @@ class Backend {
   virtual void mla_prefill(const MlaPrefillArgs& a) = 0;
   virtual void moe_route(const MoeRouteArgs& a) = 0;
   virtual void moe_experts(const MoeExpertsArgs& a) = 0;
+  // Composed op (see linear_silu_mul): moe_route, then moe_experts (moe_composed.cpp).
+  virtual void moe(const MoeArgs& a);
   virtual void sample(const SampleArgs& a) = 0;
 };
 

@@ -93,6 +93,7 @@ std::string_view op_name(OpKind op) {
     case OpKind::kMlaPrefill: return "mla_prefill";
     case OpKind::kMoeRoute: return "moe_route";
     case OpKind::kMoeExperts: return "moe_experts";
+    case OpKind::kMoe: return "moe";
     case OpKind::kSample: return "sample";
   }
   return "unknown";
@@ -393,6 +394,26 @@ void MoeExpertsArgs::validate() const {
   expect_same_dtype(x, out, "moe_experts", "x", "out");
   expect_one_device({x, w_gate_up, w_down, topk_ids, topk_weights, out}, "moe_experts");
   expect_entries_below(topk_ids, w_down.shape[0], "moe_experts", "expert id");
+}
+
+void MoeArgs::validate() const {
+  route.validate();
+  // The ids are outputs here: only the shapes of the experts half can be checked before routing.
+  DI_CHECK(x.shape.ndim() == 2 && w_gate_up.shape.ndim() == 3 && w_down.shape.ndim() == 3 &&
+               x.shape[0] == route.logits.shape[0] &&
+               w_gate_up.shape[0] == route.logits.shape[1] + route.num_shared_experts,
+           "moe: x ", x.shape.str(), " logits ", route.logits.shape.str(), " gate_up ", w_gate_up.shape.str(),
+           " (the experts' weights hold the ", route.logits.shape[1], " routed experts, then ",
+           route.num_shared_experts, " shared)");
+  const MoeExpertsArgs e = experts();
+  DI_CHECK(w_gate_up.shape[2] == x.shape[1] && w_down.shape[1] == x.shape[1] &&
+               w_gate_up.shape[1] == 2 * w_down.shape[2] && w_gate_up.shape[0] == w_down.shape[0] &&
+               out.shape == x.shape,
+           "moe: x ", x.shape.str(), " gate_up ", w_gate_up.shape.str(), " down ", w_down.shape.str(), " out ",
+           out.shape.str());
+  expect_activation(x, "moe", "x");
+  expect_same_dtype(x, out, "moe", "x", "out");
+  expect_one_device({x, w_gate_up, w_down, e.topk_ids, out}, "moe");
 }
 
 }  // namespace deepinfer

@@ -198,7 +198,7 @@ Tensor DeepseekModel::mlp(const MlpWeights& w, const Tensor& h) {
 }
 
 // The shared experts are the last s experts of the stacked weights (see MoeWeights): routing appends them to every
-// token's top-k with weight 1, and one moe_experts op computes the routed and the shared experts together.
+// token's top-k with weight 1, and one moe op routes and computes the routed and the shared experts together.
 Tensor DeepseekModel::moe(const MoeWeights& w, const Tensor& h) {
   const ModelConfig& c = config_;
   const int64_t t = h.shape()[0];
@@ -207,15 +207,15 @@ Tensor DeepseekModel::moe(const MoeWeights& w, const Tensor& h) {
   backend_.linear({.x = h.cview(), .w = w.gate.cview(), .out = router_logits.view()});
   Tensor topk_ids = backend_.empty({t, pairs}, DType::kI32);                    // [T, k + s]
   Tensor topk_weights = backend_.empty({t, pairs}, DType::kF32);                // [T, k + s]
-  backend_.moe_route({.logits = router_logits.cview(), .correction_bias = w.correction_bias.cview(),
-                      .topk_ids = topk_ids.view(), .topk_weights = topk_weights.view(), .scoring = c.scoring,
-                      .method = c.topk_method, .n_group = c.n_group, .topk_group = c.topk_group,
-                      .norm_topk_prob = c.norm_topk_prob,
-                      .routed_scaling_factor = static_cast<float>(c.routed_scaling_factor),
-                      .num_shared_experts = w.num_shared_experts});
   Tensor out = activation({t, c.hidden_size});                                  // [T, D]
-  backend_.moe_experts({.x = h.cview(), .w_gate_up = w.experts_gate_up.cview(), .w_down = w.experts_down.cview(),
-                        .topk_ids = topk_ids.cview(), .topk_weights = topk_weights.cview(), .out = out.view()});
+  backend_.moe({.route = {.logits = router_logits.cview(), .correction_bias = w.correction_bias.cview(),
+                          .topk_ids = topk_ids.view(), .topk_weights = topk_weights.view(), .scoring = c.scoring,
+                          .method = c.topk_method, .n_group = c.n_group, .topk_group = c.topk_group,
+                          .norm_topk_prob = c.norm_topk_prob,
+                          .routed_scaling_factor = static_cast<float>(c.routed_scaling_factor),
+                          .num_shared_experts = w.num_shared_experts},
+                .x = h.cview(), .w_gate_up = w.experts_gate_up.cview(), .w_down = w.experts_down.cview(),
+                .out = out.view()});
   return out;
 }
 

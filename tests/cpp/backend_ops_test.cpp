@@ -1260,6 +1260,16 @@ CaseRegistry build_registry() {
   add_moe_experts(r, {.tokens = 3, .dim = 16, .inter = 8, .routed = 256, .top_k = 8, .shared = 1}, 143);
   add_moe_experts(r, {.tokens = 9, .dim = 32, .inter = 16, .routed = 64, .top_k = 6, .shared = 2}, 144);
   add_moe_experts(r, {.tokens = 0, .dim = 7, .inter = 11, .routed = 6, .top_k = 2, .shared = 1}, 145);
+  // moe (routing, then the experts on its result): V3 routing with one shared expert, V2-Lite's greedy softmax with
+  // two, V2's group-limited routing without shared experts, and no tokens
+  add_moe(r, "v3", kV3Shared, 4, 16, 8, true, 146);
+  const RouteConfig v2_lite_shared{.scoring = ExpertScoring::kSoftmax, .method = TopkMethod::kGreedy, .experts = 64,
+                                   .top_k = 6, .num_shared = 2};
+  add_moe(r, "v2_lite", v2_lite_shared, 5, 32, 16, false, 147);
+  add_moe(r, "v2_group_limited", {.scoring = ExpertScoring::kSoftmax, .method = TopkMethod::kGroupLimitedGreedy,
+                                  .experts = 12, .n_group = 4, .topk_group = 2, .top_k = 3},
+          9, 7, 11, false, 148);
+  add_moe(r, "v2_lite_no_tokens", v2_lite_shared, 0, 32, 16, false, 149);
   // sample: greedy, temperature, top_k / top_p / min_p alone and together, penalties, masks, logprobs, odd
   // vocabularies, ties at every boundary, mixed rows, validation
   add_sample_cases(r);
@@ -1416,6 +1426,34 @@ TEST(BackendOps, MoeRouteRejectsSharedCountsThatDoNotFit) {
   EXPECT_THROW(route(1, 2), Error);   // fewer pairs than shared experts
   EXPECT_THROW(route(7, 2), Error);   // 5 routed of 4 experts
   EXPECT_THROW(route(2, -1), Error);  // a negative count
+}
+
+// moe checks both halves before it writes anything: experts' weights that do not hold the routed experts and then
+// the shared ones, or an output of the wrong shape, throw with the routing outputs untouched.
+TEST(BackendOps, MoeRejectsWeightsWithoutTheSharedExpertsBeforeRouting) {
+  const std::unique_ptr<Backend> cpu = make_cpu_backend();
+  const int64_t tokens = 2, routed = 4, shared = 1, pairs = 3, dim = 8, inter = 4;
+  std::vector<float> logits(tokens * routed, 0.5f), x(tokens * dim, 1.0f);
+  const auto call = [&](int64_t weight_experts, int64_t out_dim) {
+    Tensor ids = Tensor::zeros({tokens, pairs}, DType::kI32), weights = Tensor::zeros({tokens, pairs}, DType::kF32);
+    Tensor w_gate_up = Tensor::zeros({weight_experts, 2 * inter, dim}, DType::kF32);
+    Tensor w_down = Tensor::zeros({weight_experts, dim, inter}, DType::kF32);
+    Tensor out = Tensor::zeros({tokens, out_dim}, DType::kF32);
+    try {
+      cpu->moe({.route = {.logits = {logits.data(), DType::kF32, {tokens, routed}, Device::kCpu},
+                          .topk_ids = ids.view(), .topk_weights = weights.view(), .scoring = ExpertScoring::kSoftmax,
+                          .method = TopkMethod::kGreedy, .num_shared_experts = shared},
+                .x = {x.data(), DType::kF32, {tokens, dim}, Device::kCpu}, .w_gate_up = w_gate_up.view(),
+                .w_down = w_down.view(), .out = out.view()});
+    } catch (const Error&) {
+      const std::span<const int32_t> written(ids.view().as<int32_t>(), static_cast<size_t>(tokens * pairs));
+      EXPECT_TRUE(std::all_of(written.begin(), written.end(), [](int32_t v) { return v == 0; })) << "ids written";
+      throw;
+    }
+  };
+  EXPECT_NO_THROW(call(routed + shared, dim));
+  EXPECT_THROW(call(routed, dim), Error);               // the shared expert is missing from the weights
+  EXPECT_THROW(call(routed + shared, dim + 1), Error);  // out is not [T, D]
 }
 
 #ifdef DEEPINFER_HAVE_CUDA

@@ -571,6 +571,44 @@ void add_moe_experts_bf16(CaseRegistry& r, const ExpertsShape& s, uint64_t seed)
          .tolerance = act.tolerance()});
 }
 
+// The routed part in one op (moe: routing, then the experts on its result), bfloat16 x and weights, against the CPU
+// (which composes moe_route and moe_experts): the routing outputs as the route cases compare them, and the output.
+void add_moe_bf16(CaseRegistry& r, const std::string& tag, const MoeRouteCase& c, int64_t dim, int64_t inter,
+                  uint64_t seed) {
+  const Activations act{DType::kBF16};
+  Rng rng(seed);
+  const int64_t tokens = c.tokens, experts = c.experts + c.num_shared, pairs = c.top_k + c.num_shared;
+  const std::vector<float> logits = rng.uniform(tokens * c.experts, -4.0f, 4.0f);
+  const std::vector<float> bias = c.bias ? rng.uniform(c.experts, -0.5f, 0.5f) : std::vector<float>{};
+  const float w_range = static_cast<float>(std::sqrt(3.0 / double(dim)));
+  const float down_range = static_cast<float>(std::sqrt(3.0 / double(inter)));
+  const std::vector<float> x = act.round(rng.uniform(tokens * dim, -1.0f, 1.0f));
+  const std::vector<float> w_gate_up = act.round(rng.uniform(experts * 2 * inter * dim, -w_range, w_range));
+  const std::vector<float> w_down = act.round(rng.uniform(experts * dim * inter, -down_range, down_range));
+  r.add({.op = OpKind::kMoe,
+         .name = str_cat("moe_bf16_", tag, "_t", tokens, "_d", dim, "_i", inter),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView ids = run.output({tokens, pairs}, DType::kI32);
+           const TensorView weights = run.output({tokens, pairs}, DType::kF32);
+           const TensorView out = run.output({tokens, dim}, act.on(run));
+           run.backend().moe(
+               {.route = {.logits = run.upload(HostTensor::f32({tokens, c.experts}, logits)),
+                          .correction_bias = c.bias ? ConstTensorView(run.upload(HostTensor::f32({c.experts}, bias)))
+                                                    : ConstTensorView{},
+                          .topk_ids = ids, .topk_weights = weights, .scoring = c.scoring, .method = c.method,
+                          .n_group = c.n_group, .topk_group = c.topk_group, .norm_topk_prob = c.norm_topk_prob,
+                          .routed_scaling_factor = c.routed_scaling_factor, .num_shared_experts = c.num_shared},
+                .x = run.upload(act.tensor(run, {tokens, dim}, x)),
+                .w_gate_up = run.upload(act.tensor(run, {experts, 2 * inter, dim}, w_gate_up)),
+                .w_down = run.upload(act.tensor(run, {experts, dim, inter}, w_down)),
+                .out = out});
+           Outputs o = sorted_route(run.fetch(ids), run.fetch(weights), c.top_k, c.num_shared);
+           o.push_back({"out", run.fetch(out)});
+           return o;
+         },
+         .tolerance = act.tolerance()});
+}
+
 // Sampling from fp32 logits (the same for both activation dtypes): token ids exact, logprobs within 1e-5. Real
 // vocabularies (V3's 129280, V2's 102400) with 64 rows of mixed parameters run the radix selects at full size; flat
 // logits send the top-p rows through the path that re-reads the row, ties put the boundaries inside runs of equal
@@ -838,6 +876,23 @@ CaseRegistry build_registry() {
   add_moe_experts_bf16(r, {.tokens = 40, .dim = 256, .inter = 128, .routed = 256, .top_k = 8, .shared = 1}, 181);
   add_moe_experts_bf16(r, {.tokens = 300, .dim = 256, .inter = 128, .routed = 256, .top_k = 8, .shared = 1}, 182);
   add_moe_experts_bf16(r, {.tokens = 7, .dim = 256, .inter = 128, .routed = 64, .top_k = 6, .shared = 2}, 183);
+  // moe (routing + experts, one alignment on the GPU): V3 routing with its shared expert at decode sizes (fused
+  // combine), past one route block, and on the grouped path; V2-Lite's routing with two shared experts at batch 1 and
+  // on the grouped path; V2's group-limited routing without shared experts.
+  for (const int64_t tokens : {int64_t{1}, int64_t{6}, int64_t{40}, int64_t{300}}) {
+    MoeRouteCase v3_moe = v3_shared;
+    v3_moe.tokens = tokens;
+    add_moe_bf16(r, "v3_e256_k8_s1", v3_moe, 256, 128, 190 + static_cast<uint64_t>(tokens));
+  }
+  for (const int64_t tokens : {int64_t{1}, int64_t{300}}) {
+    add_moe_bf16(r, "v2_lite_e64_k6_s2",
+                 {.tag = "", .tokens = tokens, .experts = 64, .top_k = 6, .scoring = ExpertScoring::kSoftmax,
+                  .method = TopkMethod::kGreedy, .num_shared = 2},
+                 256, 128, 200 + static_cast<uint64_t>(tokens));
+  }
+  MoeRouteCase v2_moe = v2_group_limited;
+  v2_moe.tokens = 20;
+  add_moe_bf16(r, "v2_e160_g8_keep3_k6", v2_moe, 128, 64, 210);
   add_moe_experts_bf16(r, {.tokens = 300, .dim = 256, .inter = 128, .routed = 64, .top_k = 6, .shared = 2}, 184);
   // Sampling: V3's and V2's vocabularies with 64 mixed rows, one row alone, ties, small and odd vocabularies.
   add_sample(r, 129280, 64, LogitShape::kModelLike, 170);
@@ -961,7 +1016,7 @@ constexpr OpKind kImplemented[] = {OpKind::kEmbedding, OpKind::kGatherRows, OpKi
                                    OpKind::kRmsNorm,   OpKind::kAddRmsNorm, OpKind::kSiluMul,
                                    OpKind::kAdd,       OpKind::kRope,       OpKind::kMlaCacheWrite,
                                    OpKind::kMlaPrepare, OpKind::kMlaDecode, OpKind::kMoeRoute,
-                                   OpKind::kMoeExperts, OpKind::kSample};
+                                   OpKind::kMoeExperts, OpKind::kMoe, OpKind::kSample};
 constexpr OpKind kGemms[] = {OpKind::kLinear, OpKind::kHeadLinear, OpKind::kMlaPrefill};  // need cuBLAS
 
 // supports() reports exactly the implemented ops (the GEMMs only with cuBLAS), and every supported op has cases.
@@ -1138,6 +1193,60 @@ TEST(CudaBackend, MlaPrepareMatchesTheUnfusedOpsBitForBit) {
       EXPECT_EQ(run.download(fused.cache).bytes, run.download(composed.cache).bytes) << "cache";
       for (const std::string& e : run.memory_errors()) ADD_FAILURE() << e;
     }
+  }
+}
+
+// The moe op (one alignment, made by the route kernel) against moe_route then moe_experts on the CUDA backend itself
+// (Backend's default moe, which aligns the given ids again): the ids, weights and bfloat16 output equal bit for bit,
+// on the decode path (1 and 5 tokens) and the grouped one (300 tokens), V3 and V2-Lite routing with shared experts.
+TEST(CudaBackend, MoeMatchesRouteThenExpertsBitForBit) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  const std::unique_ptr<Backend> cuda = make_cuda_backend();
+  struct Shape {
+    int64_t tokens, routed, top_k, shared, n_group, topk_group;
+    ExpertScoring scoring;
+    TopkMethod method;
+  };
+  const Shape shapes[] = {{1, 256, 8, 1, 8, 4, ExpertScoring::kSigmoid, TopkMethod::kNoauxTc},
+                          {5, 256, 8, 1, 8, 4, ExpertScoring::kSigmoid, TopkMethod::kNoauxTc},
+                          {300, 256, 8, 1, 8, 4, ExpertScoring::kSigmoid, TopkMethod::kNoauxTc},
+                          {1, 64, 6, 2, 1, 1, ExpertScoring::kSoftmax, TopkMethod::kGreedy},
+                          {300, 64, 6, 2, 1, 1, ExpertScoring::kSoftmax, TopkMethod::kGreedy}};
+  const int64_t dim = 256, inter = 128;
+  for (const Shape& sh : shapes) {
+    SCOPED_TRACE(str_cat(sh.tokens, " tokens, ", sh.routed, " + ", sh.shared, " experts"));
+    const int64_t experts = sh.routed + sh.shared, pairs = sh.top_k + sh.shared;
+    Rng rng(static_cast<uint64_t>(sh.tokens * 1000 + sh.routed));
+    DeviceMemory memory;
+    OpRunner run(*cuda, memory);
+    const ConstTensorView logits = run.upload(HostTensor::f32({sh.tokens, sh.routed},
+                                                              rng.uniform(sh.tokens * sh.routed, -4.0f, 4.0f)));
+    const ConstTensorView bias = sh.scoring == ExpertScoring::kSigmoid
+                                     ? ConstTensorView(run.upload(HostTensor::f32({sh.routed},
+                                                                                  rng.uniform(sh.routed, -0.5f, 0.5f))))
+                                     : ConstTensorView{};
+    const ConstTensorView x = run.upload(HostTensor::bf16({sh.tokens, dim}, rng.uniform(sh.tokens * dim)));
+    const ConstTensorView w_gate_up =
+        run.upload(HostTensor::bf16({experts, 2 * inter, dim}, rng.uniform(experts * 2 * inter * dim, -0.1f, 0.1f)));
+    const ConstTensorView w_down =
+        run.upload(HostTensor::bf16({experts, dim, inter}, rng.uniform(experts * dim * inter, -0.1f, 0.1f)));
+    const auto make_args = [&]() -> MoeArgs {
+      return {.route = {.logits = logits, .correction_bias = bias,
+                        .topk_ids = run.output({sh.tokens, pairs}, DType::kI32),
+                        .topk_weights = run.output({sh.tokens, pairs}, DType::kF32), .scoring = sh.scoring,
+                        .method = sh.method, .n_group = sh.n_group, .topk_group = sh.topk_group,
+                        .norm_topk_prob = true, .routed_scaling_factor = 2.5f, .num_shared_experts = sh.shared},
+              .x = x, .w_gate_up = w_gate_up, .w_down = w_down,
+              .out = run.output({sh.tokens, dim}, DType::kBF16)};
+    };
+    const MoeArgs fused = make_args(), composed = make_args();
+    cuda->moe(fused);
+    cuda->Backend::moe(composed);
+    EXPECT_EQ(run.download(fused.route.topk_ids).bytes, run.download(composed.route.topk_ids).bytes) << "ids";
+    EXPECT_EQ(run.download(fused.route.topk_weights).bytes, run.download(composed.route.topk_weights).bytes)
+        << "weights";
+    EXPECT_EQ(run.download(fused.out).bytes, run.download(composed.out).bytes) << "out";
+    for (const std::string& e : run.memory_errors()) ADD_FAILURE() << e;
   }
 }
 

@@ -194,6 +194,33 @@ inline ExpertPairs random_expert_pairs(Rng& rng, const ExpertsShape& s) {
   return out;
 }
 
+// out[t] = sum_k w[t, k] * down_e(silu(gate_e(x[t])) * up_e(x[t])) over the routed and shared pairs, in double.
+inline std::vector<double> naive_experts(const ExpertsShape& s, const std::vector<float>& x,
+                                         const std::vector<float>& w_gate_up, const std::vector<float>& w_down,
+                                         const std::vector<int32_t>& ids, const std::vector<float>& weights) {
+  const int64_t dim = s.dim, inter = s.inter, pairs = s.pairs();
+  std::vector<double> out(s.tokens * dim, 0.0), act(inter);
+  for (int64_t t = 0; t < s.tokens; ++t) {
+    for (int64_t k = 0; k < pairs; ++k) {
+      const int64_t e = ids[t * pairs + k];
+      for (int64_t i = 0; i < inter; ++i) {
+        double g = 0.0, u = 0.0;
+        for (int64_t c = 0; c < dim; ++c) {
+          g += double(w_gate_up[(e * 2 * inter + i) * dim + c]) * x[t * dim + c];
+          u += double(w_gate_up[(e * 2 * inter + inter + i) * dim + c]) * x[t * dim + c];
+        }
+        act[i] = g / (1.0 + std::exp(-g)) * u;
+      }
+      for (int64_t c = 0; c < dim; ++c) {
+        double y = 0.0;
+        for (int64_t i = 0; i < inter; ++i) y += double(w_down[(e * dim + c) * inter + i]) * act[i];
+        out[t * dim + c] += double(weights[t * pairs + k]) * y;
+      }
+    }
+  }
+  return out;
+}
+
 // out[t] = sum_k w[t, k] * down_e(silu(gate_e(x[t])) * up_e(x[t])) over the routed and shared pairs.
 inline void add_moe_experts(CaseRegistry& r, const ExpertsShape& s, uint64_t seed) {
   Rng rng(seed);
@@ -215,26 +242,55 @@ inline void add_moe_experts(CaseRegistry& r, const ExpertsShape& s, uint64_t see
            return {{"out", run.fetch(out)}};
          },
          .naive = [=]() -> Outputs {
-           std::vector<double> out(tokens * dim, 0.0), act(inter);
+           return {{"out", naive_experts(s, x, w_gate_up, w_down, routing.ids, routing.weights)}};
+         }});
+}
+
+// The whole routed part (ops/moe.h, MoeArgs): routing from random logits (and a V3 bias), then the routed and shared
+// experts on its result; checks the routing outputs (as the route cases do) and the layer output.
+inline void add_moe(CaseRegistry& r, const std::string& tag, const RouteConfig& c, int64_t tokens_, int64_t dim_,
+                    int64_t inter_, bool bias, uint64_t seed) {
+  const ExpertsShape s{.tokens = tokens_, .dim = dim_, .inter = inter_, .routed = c.experts, .top_k = c.top_k,
+                       .shared = c.num_shared};
+  Rng rng(seed);
+  const int64_t tokens = s.tokens, dim = s.dim, inter = s.inter, experts = s.experts(), pairs = s.pairs();
+  const std::vector<float> logits = rng.uniform(tokens * c.experts, -4.0f, 4.0f);
+  const std::vector<float> bias_values = bias ? rng.uniform(c.experts, -0.5f, 0.5f) : std::vector<float>{};
+  const std::vector<float> x = rng.uniform(tokens * dim);
+  const std::vector<float> w_gate_up = rng.uniform(experts * 2 * inter * dim);
+  const std::vector<float> w_down = rng.uniform(experts * dim * inter);
+  r.add({.op = OpKind::kMoe,
+         .name = str_cat("moe_", tag, "_", s.str()),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView ids = run.output({tokens, pairs}, DType::kI32);
+           const TensorView weights = run.output({tokens, pairs}, DType::kF32);
+           const TensorView out = run.output({tokens, dim}, DType::kF32);
+           const auto bias_len = static_cast<int64_t>(bias_values.size());
+           run.backend().moe({.route = {.logits = run.upload(HostTensor::f32({tokens, c.experts}, logits)),
+                                        .correction_bias = run.upload(HostTensor::f32({bias_len}, bias_values)),
+                                        .topk_ids = ids, .topk_weights = weights, .scoring = c.scoring,
+                                        .method = c.method, .n_group = c.n_group, .topk_group = c.topk_group,
+                                        .norm_topk_prob = c.norm_topk_prob,
+                                        .routed_scaling_factor = c.routed_scaling_factor,
+                                        .num_shared_experts = c.num_shared},
+                              .x = run.upload(HostTensor::f32({tokens, dim}, x)),
+                              .w_gate_up = run.upload(HostTensor::f32({experts, 2 * inter, dim}, w_gate_up)),
+                              .w_down = run.upload(HostTensor::f32({experts, dim, inter}, w_down)),
+                              .out = out});
+           Outputs o = sorted_route(run.fetch(ids), run.fetch(weights), c.top_k, c.num_shared);
+           o.push_back({"out", run.fetch(out)});
+           return o;
+         },
+         .naive = [=]() -> Outputs {
+           std::vector<double> ids, weights;
            for (int64_t t = 0; t < tokens; ++t) {
-             for (int64_t k = 0; k < pairs; ++k) {
-               const int64_t e = routing.ids[t * pairs + k];
-               for (int64_t i = 0; i < inter; ++i) {
-                 double g = 0.0, u = 0.0;
-                 for (int64_t c = 0; c < dim; ++c) {
-                   g += double(w_gate_up[(e * 2 * inter + i) * dim + c]) * x[t * dim + c];
-                   u += double(w_gate_up[(e * 2 * inter + inter + i) * dim + c]) * x[t * dim + c];
-                 }
-                 act[i] = g / (1.0 + std::exp(-g)) * u;
-               }
-               for (int64_t c = 0; c < dim; ++c) {
-                 double y = 0.0;
-                 for (int64_t i = 0; i < inter; ++i) y += double(w_down[(e * dim + c) * inter + i]) * act[i];
-                 out[t * dim + c] += double(routing.weights[t * pairs + k]) * y;
-               }
-             }
+             naive_route_token(c, logits.data() + t * c.experts, bias_values, ids, weights);
            }
-           return {{"out", out}};
+           Outputs o = sorted_route(ids, weights, c.top_k, c.num_shared);
+           const std::vector<int32_t> int_ids(ids.begin(), ids.end());
+           const std::vector<float> float_weights(weights.begin(), weights.end());
+           o.push_back({"out", naive_experts(s, x, w_gate_up, w_down, int_ids, float_weights)});
+           return o;
          }});
 }
 

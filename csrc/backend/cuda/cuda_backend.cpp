@@ -180,6 +180,7 @@ class CudaBackend final : public Backend {
       case OpKind::kMlaDecode:  // bfloat16, DeepSeek's 512 + 64 latent, heads in multiples of 16
       case OpKind::kMoeRoute:   // up to 256 routed experts, 264 with the shared ones, 10 pairs a token
       case OpKind::kMoeExperts: // bfloat16, hidden and intermediate sizes in multiples of 32
+      case OpKind::kMoe:        // both of the above
       case OpKind::kSample:
         return true;
     }
@@ -579,43 +580,13 @@ class CudaBackend final : public Backend {
 #endif
   }
   // Routing runs the fused route + alignment kernels (moe_route_align): the alignment it also leaves in its workspace
-  // is unused here, since moe_experts takes the ids as an input and aligns them itself. The kernels count the shared
-  // experts in num_experts and top_k (moe_params.h).
+  // is unused here, since moe_experts takes the ids as an input and aligns them itself (the moe op below does not).
+  // The kernels count the shared experts in num_experts and top_k (moe_params.h).
   void moe_route(const MoeRouteArgs& a) override {
     const auto timing = timed("moe_route");
-    constexpr const char* kOp = "cuda moe_route";
     a.validate();  // shapes and dtypes only
-    check_on_device(a.logits, kOp, "logits");
-    check_on_device(a.correction_bias, kOp, "correction_bias");
-    check_on_device(a.topk_ids, kOp, "topk_ids");
-    check_on_device(a.topk_weights, kOp, "topk_weights");
-    const int64_t tokens = a.logits.shape[0], routed = a.logits.shape[1], shared = a.num_shared_experts;
-    const int64_t experts = routed + shared, top_k = a.topk_ids.shape[1];  // routed + shared experts and pairs
-    if (tokens == 0 || top_k == 0) return;
-    if (routed > cuda::kMoeMaxRoutedExperts) {
-      throw UnsupportedOp(str_cat(kOp, ": the kernels route among at most ", cuda::kMoeMaxRoutedExperts,
-                                  " experts; got ", routed));
-    }
-    check_moe_sizes(experts, top_k, kOp);
-    DI_CHECK(tokens <= (int64_t{1} << 24), kOp, ": ", tokens, " tokens");
-    cuda::MoeParams p{.router_logits = a.logits.as<float>(),
-                      .correction_bias = a.correction_bias.numel() > 0 ? a.correction_bias.as<float>() : nullptr,
-                      .topk_ids = a.topk_ids.as<int32_t>(),
-                      .topk_weights = a.topk_weights.as<float>(),
-                      .num_tokens = static_cast<int32_t>(tokens),
-                      .num_experts = static_cast<int32_t>(experts),
-                      .top_k = static_cast<int32_t>(top_k),
-                      .num_shared_experts = static_cast<int32_t>(shared),
-                      .n_group = static_cast<int32_t>(a.n_group),
-                      .topk_group = static_cast<int32_t>(a.topk_group),
-                      .routed_scaling_factor = a.routed_scaling_factor,
-                      .scoring = a.scoring == ExpertScoring::kSoftmax ? cuda::MoeScoring::kSoftmax
-                                                                      : cuda::MoeScoring::kSigmoid,
-                      .method = a.method == TopkMethod::kGreedy             ? cuda::MoeTopkMethod::kGreedy
-                                : a.method == TopkMethod::kGroupLimitedGreedy ? cuda::MoeTopkMethod::kGroupLimitedGreedy
-                                                                              : cuda::MoeTopkMethod::kNoauxTc,
-                      .normalize = a.norm_topk_prob ? cuda::MoeNormalize::kYes : cuda::MoeNormalize::kNo,
-                      .num_sms = num_sms_};
+    cuda::MoeParams p = route_params(a, "cuda moe_route");
+    if (p.num_tokens == 0 || p.top_k == 0) return;
     p.workspace = moe_route_ws_.prepare(*this, p);
     cuda::moe_route_align(p, stream_.get());
   }
@@ -624,42 +595,23 @@ class CudaBackend final : public Backend {
   // kernel only aligns the (token, slot) pairs by expert), then the grouped SwiGLU GEMMs and the weighted combine.
   void moe_experts(const MoeExpertsArgs& a) override {
     const auto timing = timed("moe_experts");
-    constexpr const char* kOp = "cuda moe_experts";
     a.validate();  // shapes and dtypes; the ids are device memory, checked on the host before their upload
-    check_on_device(a.x, kOp, "x");
-    check_on_device(a.w_gate_up, kOp, "w_gate_up");
-    check_on_device(a.w_down, kOp, "w_down");
-    check_on_device(a.topk_ids, kOp, "topk_ids");
-    check_on_device(a.topk_weights, kOp, "topk_weights");
-    check_on_device(a.out, kOp, "out");
-    const int64_t tokens = a.x.shape[0], hidden = a.x.shape[1], experts = a.w_gate_up.shape[0];
-    const int64_t inter = a.w_down.shape[2], top_k = a.topk_ids.shape[1];
-    if (tokens == 0) return;
-    if (a.x.dtype != DType::kBF16 || a.w_gate_up.dtype != DType::kBF16 || a.w_down.dtype != DType::kBF16 ||
-        hidden % 32 != 0 || inter % 32 != 0 || hidden == 0 || inter == 0 || top_k == 0) {
-      throw UnsupportedOp(str_cat(kOp, ": the kernels take bfloat16 x and weights with hidden and intermediate sizes "
-                                  "in positive multiples of 32; got ", dtype_name(a.x.dtype), " x, ",
-                                  dtype_name(a.w_gate_up.dtype), " weights, hidden ", hidden, ", intermediate ",
-                                  inter, ", top_k ", top_k));
-    }
-    check_moe_sizes(experts, top_k, kOp);
-    DI_CHECK(tokens <= (int64_t{1} << 24) && hidden <= INT32_MAX && inter <= INT32_MAX, kOp, ": ", tokens,
-             " tokens, hidden ", hidden, ", intermediate ", inter);
-    cuda::MoeParams p{.router_logits = nullptr,
-                      // Inputs in this mode: the kernels read them and never write them.
-                      .topk_ids = const_cast<int32_t*>(a.topk_ids.as<int32_t>()),
-                      .topk_weights = const_cast<float*>(a.topk_weights.as<float>()),
-                      .x = a.x.as<uint16_t>(),
-                      .w_gate_up = a.w_gate_up.as<uint16_t>(),
-                      .w_down = a.w_down.as<uint16_t>(),
-                      .add = nullptr,
-                      .out = a.out.as<uint16_t>(),
-                      .num_tokens = static_cast<int32_t>(tokens),
-                      .hidden = static_cast<int32_t>(hidden),
-                      .inter = static_cast<int32_t>(inter),
-                      .num_experts = static_cast<int32_t>(experts),
-                      .top_k = static_cast<int32_t>(top_k),
-                      .num_sms = num_sms_};
+    cuda::MoeParams p;
+    set_experts_params(a, "cuda moe_experts", p);
+    if (p.num_tokens == 0) return;
+    p.workspace = moe_experts_ws_.prepare(*this, p);
+    cuda::moe_forward(p, stream_.get());
+  }
+
+  // Routing and experts with one alignment: the route kernel groups the pairs by expert as it routes, and the expert
+  // kernels read that grouping (moe_forward with router logits), one kernel fewer than moe_route + moe_experts.
+  void moe(const MoeArgs& a) override {
+    const auto timing = timed("moe");
+    constexpr const char* kOp = "cuda moe";
+    a.validate();
+    cuda::MoeParams p = route_params(a.route, kOp);
+    set_experts_params(a.experts(), kOp, p);
+    if (p.num_tokens == 0) return;
     p.workspace = moe_experts_ws_.prepare(*this, p);
     cuda::moe_forward(p, stream_.get());
   }
@@ -786,6 +738,75 @@ class CudaBackend final : public Backend {
     }
   };
 
+  // The routing half of the fused MoE kernels' parameters (routed + shared experts and pairs), after the checks.
+  cuda::MoeParams route_params(const MoeRouteArgs& a, const char* op) const {
+    check_on_device(a.logits, op, "logits");
+    check_on_device(a.correction_bias, op, "correction_bias");
+    check_on_device(a.topk_ids, op, "topk_ids");
+    check_on_device(a.topk_weights, op, "topk_weights");
+    const int64_t tokens = a.logits.shape[0], routed = a.logits.shape[1], shared = a.num_shared_experts;
+    const int64_t experts = routed + shared, top_k = a.topk_ids.shape[1];  // routed + shared experts and pairs
+    if (routed > cuda::kMoeMaxRoutedExperts) {
+      throw UnsupportedOp(str_cat(op, ": the kernels route among at most ", cuda::kMoeMaxRoutedExperts,
+                                  " experts; got ", routed));
+    }
+    if (tokens > 0 && top_k > 0) check_moe_sizes(experts, top_k, op);
+    DI_CHECK(tokens <= (int64_t{1} << 24), op, ": ", tokens, " tokens");
+    return {.router_logits = a.logits.as<float>(),
+            .correction_bias = a.correction_bias.numel() > 0 ? a.correction_bias.as<float>() : nullptr,
+            .topk_ids = a.topk_ids.as<int32_t>(),
+            .topk_weights = a.topk_weights.as<float>(),
+            .num_tokens = static_cast<int32_t>(tokens),
+            .num_experts = static_cast<int32_t>(experts),
+            .top_k = static_cast<int32_t>(top_k),
+            .num_shared_experts = static_cast<int32_t>(shared),
+            .n_group = static_cast<int32_t>(a.n_group),
+            .topk_group = static_cast<int32_t>(a.topk_group),
+            .routed_scaling_factor = a.routed_scaling_factor,
+            .scoring = a.scoring == ExpertScoring::kSoftmax ? cuda::MoeScoring::kSoftmax : cuda::MoeScoring::kSigmoid,
+            .method = a.method == TopkMethod::kGreedy               ? cuda::MoeTopkMethod::kGreedy
+                      : a.method == TopkMethod::kGroupLimitedGreedy ? cuda::MoeTopkMethod::kGroupLimitedGreedy
+                                                                    : cuda::MoeTopkMethod::kNoauxTc,
+            .normalize = a.norm_topk_prob ? cuda::MoeNormalize::kYes : cuda::MoeNormalize::kNo,
+            .num_sms = num_sms_};
+  }
+
+  // The experts half: operands, sizes, and the ids and weights (read, never written, when given as inputs).
+  void set_experts_params(const MoeExpertsArgs& a, const char* op, cuda::MoeParams& p) const {
+    check_on_device(a.x, op, "x");
+    check_on_device(a.w_gate_up, op, "w_gate_up");
+    check_on_device(a.w_down, op, "w_down");
+    check_on_device(a.topk_ids, op, "topk_ids");
+    check_on_device(a.topk_weights, op, "topk_weights");
+    check_on_device(a.out, op, "out");
+    const int64_t tokens = a.x.shape[0], hidden = a.x.shape[1], experts = a.w_gate_up.shape[0];
+    const int64_t inter = a.w_down.shape[2], top_k = a.topk_ids.shape[1];
+    p.num_tokens = static_cast<int32_t>(tokens);
+    p.num_sms = num_sms_;
+    if (tokens == 0) return;
+    if (a.x.dtype != DType::kBF16 || a.w_gate_up.dtype != DType::kBF16 || a.w_down.dtype != DType::kBF16 ||
+        hidden % 32 != 0 || inter % 32 != 0 || hidden == 0 || inter == 0 || top_k == 0) {
+      throw UnsupportedOp(str_cat(op, ": the kernels take bfloat16 x and weights with hidden and intermediate sizes "
+                                  "in positive multiples of 32; got ", dtype_name(a.x.dtype), " x, ",
+                                  dtype_name(a.w_gate_up.dtype), " weights, hidden ", hidden, ", intermediate ",
+                                  inter, ", top_k ", top_k));
+    }
+    check_moe_sizes(experts, top_k, op);
+    DI_CHECK(tokens <= (int64_t{1} << 24) && hidden <= INT32_MAX && inter <= INT32_MAX, op, ": ", tokens,
+             " tokens, hidden ", hidden, ", intermediate ", inter);
+    p.topk_ids = const_cast<int32_t*>(a.topk_ids.as<int32_t>());  // given ids: the kernels only read them
+    p.topk_weights = const_cast<float*>(a.topk_weights.as<float>());
+    p.x = a.x.as<uint16_t>();
+    p.w_gate_up = a.w_gate_up.as<uint16_t>();
+    p.w_down = a.w_down.as<uint16_t>();
+    p.add = nullptr;
+    p.out = a.out.as<uint16_t>();
+    p.hidden = static_cast<int32_t>(hidden);
+    p.inter = static_cast<int32_t>(inter);
+    p.num_experts = static_cast<int32_t>(experts);
+    p.top_k = static_cast<int32_t>(top_k);
+  }
+
   // Experts and pairs a token, routed and shared together.
   static void check_moe_sizes(int64_t experts, int64_t top_k, const char* op) {
     constexpr int64_t kMaxExperts = cuda::kMoeMaxExperts, kMaxTopK = cuda::kMoeMaxPairs;
@@ -816,7 +837,7 @@ class CudaBackend final : public Backend {
   Tensor workspace_;  // MLA decode split partials (see mla_decode)
   Tensor prefill_workspace_;  // MLA prefill gathered latents and decompressed k_nope | v (see mla_prefill)
   MoeWorkspace moe_route_ws_;    // routing (its alignment output is unused)
-  MoeWorkspace moe_experts_ws_;  // alignment, activations and per-pair outputs of the experts
+  MoeWorkspace moe_experts_ws_;  // alignment, activations and per-pair outputs of the experts (and moe's routing)
 #ifdef DEEPINFER_HAVE_CUBLAS
   cuda::CublasHandle cublas_;
 #endif

@@ -44,4 +44,23 @@ struct MoeExpertsArgs {
   void validate() const;
 };
 
+// The routed part of a MoE layer in one op: moe_route(route), then moe_experts on its ids and weights. That
+// composition defines it (Backend::moe, moe_composed.cpp). A backend that groups the (token, pair) rows by expert
+// while it routes (the CUDA kernels) overrides it and does not group them a second time. route.topk_ids and
+// route.topk_weights are written as moe_route writes them.
+struct MoeArgs {
+  MoeRouteArgs route;
+  ConstTensorView x;          // [T, D]
+  ConstTensorView w_gate_up;  // [E + s, 2I, D]  the routed experts, then the shared ones
+  ConstTensorView w_down;     // [E + s, D, I]
+  TensorView out;             // [T, D]  overwritten
+
+  // The experts half, on the routing outputs.
+  MoeExpertsArgs experts() const {
+    return {.x = x, .w_gate_up = w_gate_up, .w_down = w_down, .topk_ids = route.topk_ids,
+            .topk_weights = route.topk_weights, .out = out};
+  }
+  void validate() const;
+};
+
 }  // namespace deepinfer

@@ -1,0 +1,13 @@
+// Backend::moe as the composition that defines it (ops/moe.h): routing, then the experts on its ids and weights. This
+// is the CPU reference, and the meaning a fused path must reproduce.
+#include "backend/backend.h"
+
+namespace deepinfer {
+
+void Backend::moe(const MoeArgs& a) {
+  a.validate();  // the shapes of both halves, before anything is written
+  moe_route(a.route);
+  moe_experts(a.experts());
+}
+
+}  // namespace deepinfer
