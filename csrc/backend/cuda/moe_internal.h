@@ -41,6 +41,10 @@ struct MoeKernelParams {
   int32_t* expert_counts = nullptr;   // [E]: rows (pairs) per expert
   int32_t* expert_offsets = nullptr;  // [E + 1]: first padded row of each expert; [E] = padded total (x kRowAlign)
   int32_t* active_experts = nullptr;  // [E + 1]: experts with rows, ascending; [E] = their number
+  // [max_active]: per small-M grid slot, {expert, its rows, its first row, active experts} for the active experts in
+  // order, then expert -1: what a small-M CTA needs to start, in one load (instead of the count and the expert, then
+  // the expert's rows).
+  int4* slot_info = nullptr;
   int32_t* row_pair = nullptr;        // [max_rows]: pair t * top_k + j of each row; padding rows undefined
   uint16_t* act = nullptr;            // [num_tokens * top_k, inter] bf16, by pair
   uint16_t* y = nullptr;              // [num_tokens * top_k, hidden] bf16, by pair
@@ -56,8 +60,8 @@ struct MoeKernelParams {
 // first and depends only on the expert count and hidden size, so a workspace serves any token count up to the one it
 // was sized for.
 struct MoeWorkspaceLayout {
-  size_t counter = 0, count_accum = 0, col_done = 0, block_counts = 0, expert_counts = 0, expert_offsets = 0, active_experts = 0,
-         row_pair = 0, act = 0, y = 0;
+  size_t counter = 0, count_accum = 0, col_done = 0, block_counts = 0, expert_counts = 0, expert_offsets = 0,
+         active_experts = 0, slot_info = 0, row_pair = 0, act = 0, y = 0;
   size_t zeroed_bytes = 0;  // [0, zeroed_bytes) must be zero between calls
   size_t total_bytes = 0;
   int32_t route_blocks = 0, max_rows = 0;

@@ -303,8 +303,14 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(const __grid_c
       kp.expert_counts[e] = count[i];
       kp.expert_offsets[e] = offset[i];
       s.offsets[e] = offset[i];
-      if (count[i] > 0) kp.active_experts[active_pos[i]] = e;
+      if (count[i] > 0) {
+        kp.active_experts[active_pos[i]] = e;
+        if (active_pos[i] < kp.max_active) kp.slot_info[active_pos[i]] = make_int4(e, count[i], offset[i], num_active);
+      }
     }
+  }
+  for (int slot = num_active + tid; slot < kp.max_active; slot += kRouteThreads) {
+    kp.slot_info[slot] = make_int4(-1, 0, 0, 0);  // a small-M CTA of this slot exits at once
   }
   if (tid == 0) {
     kp.expert_offsets[num_experts] = total_rows;
@@ -358,6 +364,7 @@ MoeWorkspaceLayout moe_workspace_layout(const MoeParams& p) {
   l.expert_counts = take(experts * sizeof(int32_t));
   l.expert_offsets = take((experts + 1) * sizeof(int32_t));
   l.active_experts = take((experts + 1) * sizeof(int32_t));
+  l.slot_info = take(experts * sizeof(int4));
   l.row_pair = take(static_cast<size_t>(l.max_rows) * sizeof(int32_t));
   l.act = take(pairs * static_cast<size_t>(std::max(p.inter, 0)) * 2);
   l.y = take(pairs * static_cast<size_t>(std::max(p.hidden, 0)) * 2);
@@ -377,6 +384,7 @@ MoeKernelParams make_kernel_params(const MoeParams& p) {
   kp.expert_counts = reinterpret_cast<int32_t*>(ws + l.expert_counts);
   kp.expert_offsets = reinterpret_cast<int32_t*>(ws + l.expert_offsets);
   kp.active_experts = reinterpret_cast<int32_t*>(ws + l.active_experts);
+  kp.slot_info = reinterpret_cast<int4*>(ws + l.slot_info);
   kp.row_pair = reinterpret_cast<int32_t*>(ws + l.row_pair);
   kp.act = reinterpret_cast<uint16_t*>(ws + l.act);
   kp.y = reinterpret_cast<uint16_t*>(ws + l.y);

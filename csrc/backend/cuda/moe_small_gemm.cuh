@@ -78,12 +78,9 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) moe_small_gemm_ker
   griddep_wait();
   griddep_launch_dependents();
   const MoeParams& p = kp.p;
-  const int slot = blockIdx.y;
-  const int num_active = __ldcg(&kp.active_experts[p.num_experts]);
-  if (slot >= num_active) return;
-  const int e = __ldcg(&kp.active_experts[slot]);
-  const int count = __ldcg(&kp.expert_counts[e]);
-  const int row0 = __ldcg(&kp.expert_offsets[e]);
+  const int4 info = __ldcg(&kp.slot_info[blockIdx.y]);  // expert -1: no expert in this slot
+  const int e = info.x, count = info.y, row0 = info.z, num_active = info.w;
+  if (e < 0) return;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int h = warp & 1, ks = warp >> 1;
 
@@ -94,6 +91,16 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) moe_small_gemm_ker
   const uint16_t* w_lo = (T::kGateUp ? p.w_gate_up : p.w_down) + (w_row + g) * k_dim + 8 * t;
   const uint16_t* w_hi = w_lo + 8 * static_cast<int64_t>(k_dim);
   const int num_chunks = k_dim / 32;
+  // The first group of this warp's weight chunks, on its way into L2 while the rows' pairs and activations (two
+  // dependent loads) are fetched: the loop's first weight loads then hit L2.
+#pragma unroll
+  for (int u = 0; u < T::kUnroll; ++u) {
+    const int c = ks + u * T::kKSplit;
+    if (c < num_chunks) {
+      prefetch_l2(w_lo + c * 32);
+      prefetch_l2(w_hi + c * 32);
+    }
+  }
 
   if constexpr (T::kGateUp) {
     if (kp.down_prefetch) {  // this CTA's share of W_down[e] into L2, for the down kernel that follows
