@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
@@ -27,6 +28,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/mla_prefill.cuh"
+#include "backend/cuda/skinny_gemm.cuh"
 #include "device_memory.h"
 #include "mla_prepare_cases.h"
 #include "moe_cases.h"
@@ -730,6 +732,25 @@ CaseRegistry build_registry() {
     add_head_linear(r, act, 3, 16, 128, 512, s + 15, 192, 576);  // the decode query: q_nope cols into q_latent cols
     add_head_linear(r, act, 2, 128, 128, 512, s + 16, 192, 576);
     add_head_linear(r, act, 4, 3, 5, 7, s + 17, 9, 11);         // odd strides (unaligned rows)
+    // head_linear at decode sizes (bf16: one batched skinny launch, a product per head), with MLA's wider head
+    // strides: W_UK into q_latent's columns, W_UV from the latent attention output into o's input.
+    add_head_linear(r, act, 8, 16, 128, 512, s + 140, 192, 576);
+    add_head_linear(r, act, 8, 128, 128, 512, s + 141, 192, 576);
+    add_head_linear(r, act, 1, 16, 512, 128, s + 142, 576, 192);
+    add_head_linear(r, act, 3, 128, 512, 128, s + 143, 576, 192);
+    add_head_linear(r, act, 8, 16, 512, 128, s + 144, 520, 129);  // out heads at odd offsets
+    add_head_linear(r, act, 2, 4, 2048, 64, s + 145, 2056, 72);    // few heads, long K: batched and split K
+    add_head_linear(r, act, 2, 4, 64, 32, s + 146, 68, 40);        // x heads not 16-byte aligned: cuBLAS
+    // Skinny GEMMs whose grid fills few SMs, so K is split over a cluster (SkinnyGemm.SplitsKOnlyWhenTheGridIsSmall
+    // checks the split each one gets): V2-Lite's and V3's router, 8-way, accumulating, gated, and several problems.
+    add_linear(r, act, 1, 64, 2048, s + 130, {.f32 = true});
+    add_linear(r, act, 8, 64, 2048, s + 131, {.f32 = true});
+    add_linear(r, act, 1, 256, 7168, s + 132);
+    add_linear(r, act, 3, 256, 7168, s + 133, {.f32 = true});
+    add_linear(r, act, 2, 64, 8192, s + 134, {.f32 = true});
+    add_linear(r, act, 5, 40, 4096, s + 135, {.accumulate = true});
+    add_linear_silu_mul(r, act, 2, 96, 2048, s + 136);
+    add_multi_linear(r, act, 2, 2048, {64, 64, 48}, true, s + 137);
     // embedding: odd widths (2-, 4- and 8-byte copies), hidden sizes, repeated ids, no tokens. (Ids out of range are
     // rejected on the host before the upload: validate() does not read device memory.)
     add_embedding(r, act, "v50_d7", 50, 7, {3, 0, 49, 3, 17}, Expect::kMatch, s + 20);
@@ -1248,6 +1269,58 @@ TEST(CudaBackend, MoeMatchesRouteThenExpertsBitForBit) {
     EXPECT_EQ(run.download(fused.out).bytes, run.download(composed.out).bytes) << "out";
     for (const std::string& e : run.memory_errors()) ADD_FAILURE() << e;
   }
+}
+
+// The skinny kernel's split-K choice at the shapes of the cases above, on an H200's 132 SMs (host arithmetic: runs
+// without a device). A split must leave every warp at least 4 K steps of 32 and keep the grid within two waves.
+TEST(SkinnyGemm, SplitsKOnlyWhenTheGridIsSmall) {
+  alignas(16) static const uint16_t operand[8] = {};  // never read: the choice depends on shapes only
+  const auto split = [](int64_t n_out, int64_t k, cuda::SkinnyEpilogue epilogue, int64_t batch = 1) {
+    cuda::SkinnyGemmParams p{.x = operand, .tokens = 1, .k_dim = k, .x_row_stride = batch * k, .num_problems = 1,
+                             .batch = batch, .x_batch_stride = k, .w_batch_stride = n_out * k,
+                             .out_batch_stride = n_out, .num_sms = 132};
+    p.problems[0] = {.w = operand, .n_out = n_out, .out_row_stride = batch * n_out, .epilogue = epilogue};
+    return cuda::skinny_gemm_split(p);
+  };
+  using enum cuda::SkinnyEpilogue;
+  EXPECT_EQ(split(64, 2048, kStore), 2);        // V2-Lite's router: 4 CTAs of 8 steps a warp -> 8 of 4
+  EXPECT_EQ(split(256, 7168, kStore), 4);       // V3's router: 16 CTAs of 28 steps a warp -> 64 of 7
+  EXPECT_EQ(split(64, 8192, kStore), 8);
+  EXPECT_EQ(split(40, 4096, kAccumulate), 4);
+  EXPECT_EQ(split(96, 2048, kSiluMul), 4);      // a gated tile has 4 warps
+  EXPECT_EQ(split(64, 2048, kStore, 4), 2);     // batched
+  EXPECT_EQ(split(3072, 2048, kStore), 1);      // q_proj: 192 CTAs
+  EXPECT_EQ(split(64, 512, kStore), 1);         // 16 steps: too short
+  EXPECT_EQ(split(512, 128, kStore, 16), 1);    // V2-Lite's W_UK: 64 CTAs of 4 steps a warp
+  EXPECT_EQ(split(16, 65536, kStore), 8);       // one CTA
+  EXPECT_EQ(split(16 * 40, 65536, kStore), 4);  // 40 CTAs: 8-way would pass two waves
+}
+
+// Split K adds the cluster's partial sums in rank order, so the bits do not depend on timing: the same launch twice
+// and a graph replay of it give the same output (V3's router shape, 4 CTAs a cluster).
+TEST(CudaBackend, SplitKSkinnyGemmIsDeterministic) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  const std::unique_ptr<Backend> cuda = make_cuda_backend();
+  const int64_t m = 3, n = 256, k = 7168;
+  Rng rng(77);
+  DeviceMemory memory;
+  OpRunner run(*cuda, memory);
+  const TensorView x = run.upload(HostTensor::bf16({m, k}, rng.uniform(m * k)));
+  const TensorView w = run.upload(HostTensor::bf16({n, k}, rng.uniform(n * k)));
+  const TensorView first = run.output({m, n}, DType::kF32), second = run.output({m, n}, DType::kF32);
+  const TensorView replayed = run.output({m, n}, DType::kF32);
+  cuda->linear({.x = x, .w = w, .out = first});
+  cuda->linear({.x = x, .w = w, .out = second});
+  const std::unique_ptr<StepGraph> graph = cuda->capture([&] { cuda->linear({.x = x, .w = w, .out = replayed}); });
+  ASSERT_NE(graph, nullptr);
+  CUDA_TRY(cudaDeviceSynchronize());
+  CUDA_TRY(cudaMemset(replayed.data, 0xff, replayed.bytes()));  // NaN: only the replay writes what is compared
+  CUDA_TRY(cudaDeviceSynchronize());
+  ASSERT_TRUE(graph->replay());
+  const std::vector<std::byte> bits = run.download(first).bytes;
+  EXPECT_EQ(run.download(second).bytes, bits);
+  EXPECT_EQ(run.download(replayed).bytes, bits);
+  for (const std::string& e : run.memory_errors()) ADD_FAILURE() << e;
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 // Decode-sized GEMMs on the GPU: the skinny kernel against cuBLAS (a second backend made with
-// DEEPINFER_DISABLE_SKINNY_GEMM=1), at DeepSeek-V2-Lite's and V3's projection shapes and 1..8 tokens, beside a
-// device-to-device copy measured in the same run. Disabled in normal runs (the GPU script passes
-// --gtest_also_run_disabled_tests).
+// DEEPINFER_DISABLE_SKINNY_GEMM=1), at DeepSeek-V2-Lite's and V3's projection shapes and MLA's per-head products,
+// 1..8 tokens, beside a device-to-device copy measured in the same run. Disabled in normal runs (the GPU script
+// passes --gtest_also_run_disabled_tests).
 //
 // Timing: each figure is one CUDA graph of kCalls calls, replayed kReplays times after a warm-up replay, over host
 // time with the device synchronized around it (a replay is one launch, so launch cost does not hide in the figure).
@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -86,6 +87,15 @@ struct GemmShape {
   enum Kind { kLinear, kLinearF32, kAccumulate, kSiluMul } kind = kLinear;
 };
 
+// One line: the op's time and bandwidth on both paths, beside the time a copy-speed read of its bytes would take.
+void print_versus(const char* name, int64_t m, double bytes, double t_skinny, double t_cublas, double copy_gbs) {
+  std::printf("[ perf     ] %-30s M=%-3lld %9.1f MB | skinny %8.2f us %6.0f GB/s %5.1f%% | cuBLAS %8.2f us %6.0f "
+              "GB/s %5.1f%% | floor %7.2f us\n",
+              name, static_cast<long long>(m), bytes / 1e6, t_skinny * 1e6, bytes / t_skinny / 1e9,
+              100.0 * bytes / t_skinny / 1e9 / copy_gbs, t_cublas * 1e6, bytes / t_cublas / 1e9,
+              100.0 * bytes / t_cublas / 1e9 / copy_gbs, bytes / (copy_gbs * 1e9) * 1e6);
+}
+
 TEST(CudaGemmPerf, DISABLED_SkinnyVsCublas) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
   const std::unique_ptr<Backend> skinny = make_cuda_backend();
@@ -100,6 +110,7 @@ TEST(CudaGemmPerf, DISABLED_SkinnyVsCublas) {
       {"v2-lite kv_a_proj", 576, 2048},
       {"v2-lite o_proj", 2048, 2048},
       {"v2-lite router (f32 out)", 64, 2048, GemmShape::kLinearF32},
+      {"v3 router (f32 out)", 256, 7168, GemmShape::kLinearF32},
       {"v2-lite shared gate_up+silu", 5632, 2048, GemmShape::kSiluMul},
       {"v2-lite shared down (+=)", 2048, 2816, GemmShape::kAccumulate},
       {"v2-lite lm_head (f32 out)", 102400, 2048, GemmShape::kLinearF32},
@@ -131,13 +142,32 @@ TEST(CudaGemmPerf, DISABLED_SkinnyVsCublas) {
       };
       const double t_skinny = perf.time(*skinny, copies, op_on(*skinny));
       const double t_cublas = perf.time(*cublas, copies, op_on(*cublas));
-      const double bytes = static_cast<double>(w_bytes + x.bytes() + out.bytes());
-      const double floor_us = bytes / (copy * 1e9) * 1e6;
-      std::printf("[ perf     ] %-30s M=%-3lld %9.1f MB | skinny %8.2f us %6.0f GB/s %5.1f%% | cuBLAS %8.2f us %6.0f "
-                  "GB/s %5.1f%% | floor %7.2f us\n",
-                  s.name, static_cast<long long>(m), bytes / 1e6, t_skinny * 1e6, bytes / t_skinny / 1e9,
-                  100.0 * bytes / t_skinny / 1e9 / copy, t_cublas * 1e6, bytes / t_cublas / 1e9,
-                  100.0 * bytes / t_cublas / 1e9 / copy, floor_us);
+      print_versus(s.name, m, static_cast<double>(w_bytes + x.bytes() + out.bytes()), t_skinny, t_cublas, copy);
+    }
+  }
+  // Per-head products of MLA's absorbed decode (head_linear): one batched skinny launch, or cuBLAS strided-batched.
+  struct HeadShape {
+    const char* name;
+    int64_t heads, n, k;
+  };
+  for (const HeadShape& h : {HeadShape{"v2-lite W_UK (16 heads)", 16, 512, 128},
+                             HeadShape{"v2-lite W_UV (16 heads)", 16, 128, 512},
+                             HeadShape{"v3 W_UK (128 heads)", 128, 512, 128},
+                             HeadShape{"v3 W_UV (128 heads)", 128, 128, 512}}) {
+    const size_t w_bytes = static_cast<size_t>(h.heads * h.n * h.k) * 2;
+    const int copies = static_cast<int>(std::min<size_t>(kCalls, kColdBytes / w_bytes + 1));
+    std::vector<TensorView> weights;
+    for (int c = 0; c < copies; ++c) weights.push_back(perf.tensor({h.heads, h.n, h.k}, kBf16));
+    for (const int64_t m : {int64_t{1}, int64_t{4}, int64_t{8}}) {
+      const TensorView x = perf.tensor({m, h.heads, h.k}, kBf16), out = perf.tensor({m, h.heads, h.n}, kBf16);
+      const auto op_on = [&](Backend& b) {
+        return [&b, &weights, x, out](int c) {
+          b.head_linear({.x = x, .w = weights[static_cast<size_t>(c)], .out = out});
+        };
+      };
+      const double t_skinny = perf.time(*skinny, copies, op_on(*skinny));
+      const double t_cublas = perf.time(*cublas, copies, op_on(*cublas));
+      print_versus(h.name, m, static_cast<double>(w_bytes + x.bytes() + out.bytes()), t_skinny, t_cublas, copy);
     }
   }
   // Two products of the same activations in one op (multi_linear): one skinny launch, or cuBLAS op by op.

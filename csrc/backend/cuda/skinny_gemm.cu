@@ -9,8 +9,15 @@
 // every load is one 16-byte vector. Loads go out four steps at a time, the next four while the current four
 // multiply, so a CTA has up to 64 KB of weights in flight. The warps of a tile add their fp32 partial tiles through
 // shared memory in a fixed order (deterministic) and the epilogue writes the tokens that exist.
+//
+// Split K: a grid that fills few SMs (the router: 64 rows) would leave each warp a long chain of dependent load
+// rounds. The launch then makes each block of tiles a thread-block cluster of 2, 4 or 8 CTAs (consecutive
+// blockIdx.x) that take consecutive slices of K with the same tile layout; after a cluster barrier, rank 0 adds the
+// ranks' partial tiles through distributed shared memory in rank order (the same bits every run) and runs the
+// epilogue once. A batched launch (the per-head products) puts the product index in blockIdx.y.
 #include "backend/cuda/skinny_gemm.cuh"
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <climits>
@@ -24,6 +31,8 @@
 namespace deepinfer::cuda {
 namespace {
 
+namespace cg = cooperative_groups;
+
 using ptx::ld_stream_16;
 using ptx::mma_bf16_16816;
 using ptx::silu;
@@ -34,7 +43,8 @@ constexpr int kStepK = 32;    // K elements one warp consumes per step (two MMAs
 constexpr int kUnroll = 4;    // steps whose loads are in flight together
 constexpr int kMinStepsPerWarp = 4;
 
-// The kernel's argument: the operands, and per problem the 16-row tiles a CTA computes and its first block.
+// The kernel's argument: the operands, and per problem the 16-row tiles a CTA computes and its first block of tiles
+// (with a split, the index of its first cluster).
 struct SkinnyKernelArgs {
   SkinnyGemmParams p;
   int tiles[kSkinnyMaxProblems] = {};
@@ -69,14 +79,19 @@ __device__ __forceinline__ void store_out(const SkinnyProblem& q, int64_t i, flo
   }
 }
 
-// Grid: the problems' block ranges, one after the other. The tokens are one 8-column MMA tile.
+// Grid: the problems' block ranges, one after the other, kSplit CTAs per block (a cluster; 1: no cluster), and the
+// products of a batched launch along y. The tokens are one 8-column MMA tile.
+template <int kSplit>
 __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const __grid_constant__ SkinnyKernelArgs args) {
+  static_assert(kSplit == 1 || kSplit == 2 || kSplit == 4 || kSplit == 8, "a portable cluster size");
   const SkinnyGemmParams& p = args.p;
   __shared__ float partial[kWarps][32][4];
+  // A cluster is kSplit consecutive CTAs along x, so a CTA's rank in it is blockIdx.x % kSplit (its block_rank()).
+  const int tile_block = static_cast<int>(blockIdx.x) / kSplit, rank = static_cast<int>(blockIdx.x) % kSplit;
   int problem = 0;
-  while (problem + 1 < p.num_problems && static_cast<int>(blockIdx.x) >= args.block_begin[problem + 1]) ++problem;
+  while (problem + 1 < p.num_problems && tile_block >= args.block_begin[problem + 1]) ++problem;
   const SkinnyProblem& q = p.problems[problem];
-  const int block = static_cast<int>(blockIdx.x) - args.block_begin[problem];
+  const int block = tile_block - args.block_begin[problem];
   const int tiles = args.tiles[problem];
   const bool silu_mul = q.epilogue == SkinnyEpilogue::kSiluMul;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -86,15 +101,19 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const __grid_cons
   const int64_t group_row = (static_cast<int64_t>(block) * groups + tile % groups) * 16;  // output column
   const int64_t row_offset = tile < groups ? 0 : q.n_out;
   const int r = lane / 4, lane_k = lane % 4;
+  const int64_t product = blockIdx.y;  // 0 unless batched
 
-  const uint16_t* w_row = q.w + (row_offset + group_row + r) * p.k_dim + lane_k * 8;
+  const uint16_t* w_row = q.w + product * p.w_batch_stride + (row_offset + group_row + r) * p.k_dim + lane_k * 8;
   const bool valid_a = group_row + r < q.n_out, valid_b = group_row + r + 8 < q.n_out;
   const bool valid_x = r < p.tokens;  // lane group r carries token r
-  const uint16_t* x_row = p.x + (valid_x ? r : 0) * p.x_row_stride + lane_k * 8;
+  const uint16_t* x_row = p.x + product * p.x_batch_stride + (valid_x ? r : 0) * p.x_row_stride + lane_k * 8;
   const int64_t row_b_offset = 8 * p.k_dim;
 
+  // The CTA's K slice (all of K without a split), then the warp's part of it.
   const int64_t steps = p.k_dim / kStepK;
-  const int64_t step_begin = steps * slice / warps_per_tile, step_end = steps * (slice + 1) / warps_per_tile;
+  const int64_t rank_begin = steps * rank / kSplit, rank_steps = steps * (rank + 1) / kSplit - rank_begin;
+  const int64_t step_begin = rank_begin + rank_steps * slice / warps_per_tile;
+  const int64_t step_end = rank_begin + rank_steps * (slice + 1) / warps_per_tile;
 
   // Weights are never written by a kernel, so the first group of weight loads goes out before the wait on the
   // previous kernel (programmatic dependent launch); x, its output, is read only after it. Later groups are
@@ -132,28 +151,41 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const __grid_cons
 
 #pragma unroll
   for (int i = 0; i < 4; ++i) partial[warp][lane][i] = acc[i];
-  __syncthreads();
+  if constexpr (kSplit == 1) {
+    __syncthreads();
+  } else {
+    cg::this_cluster().sync();  // also a CTA barrier; every rank's partials are written and visible to rank 0
+  }
 
   // Output element (group, fragment lane, register): register i of lane l holds row l / 4 + 8 * (i / 2) and token
-  // 2 * (l % 4) + i % 2 of the tile's 16 x 8 accumulator.
-  const int outputs = groups * 128;
+  // 2 * (l % 4) + i % 2 of the tile's 16 x 8 accumulator. With a split, rank 0 writes the cluster's outputs.
+  const int outputs = rank == 0 ? groups * 128 : 0;
   for (int idx = threadIdx.x; idx < outputs; idx += kThreads) {
     const int group = idx / 128, l = (idx / 4) % 32, i = idx % 4;
     const int row = l / 4 + 8 * (i / 2), token = 2 * (l % 4) + i % 2;
     const int64_t col = (static_cast<int64_t>(block) * groups + group) * 16 + row;
     if (token >= p.tokens || col >= q.n_out) continue;
+    // The same order every run: ranks (K slices) in order, and within a rank the tile's warps in order.
     const auto tile_sum = [&](int t) {
       float sum = 0.0f;
-      for (int w = 0; w < warps_per_tile; ++w) sum += partial[t * warps_per_tile + w][l][i];
+#pragma unroll
+      for (int k_rank = 0; k_rank < kSplit; ++k_rank) {
+        float(*part)[32][4] = partial;
+        if constexpr (kSplit > 1) {
+          if (k_rank > 0) part = cg::this_cluster().map_shared_rank(partial, k_rank);
+        }
+        for (int w = 0; w < warps_per_tile; ++w) sum += part[t * warps_per_tile + w][l][i];
+      }
       return sum;
     };
-    const int64_t o = token * q.out_row_stride + col;
+    const int64_t o = product * p.out_batch_stride + token * q.out_row_stride + col;
     switch (q.epilogue) {
       case SkinnyEpilogue::kSiluMul: store_out(q, o, silu(tile_sum(group)) * tile_sum(group + groups)); break;
       case SkinnyEpilogue::kAccumulate: store_out(q, o, load_out(q, o) + tile_sum(group)); break;
       case SkinnyEpilogue::kStore: store_out(q, o, tile_sum(group)); break;
     }
   }
+  if constexpr (kSplit > 1) cg::this_cluster().sync();  // no CTA exits while rank 0 may still read its partials
 }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
@@ -168,6 +200,54 @@ int tiles_per_cta(int64_t k_dim, SkinnyEpilogue epilogue) {
   return kWarps / warps_per_tile;
 }
 
+// The launch's layout without a split: per problem the tiles a CTA computes and its first block; `blocks` in all.
+struct TileLayout {
+  SkinnyKernelArgs args;
+  int64_t blocks = 0;
+};
+
+TileLayout tile_layout(const SkinnyGemmParams& p) {
+  TileLayout layout{.args = {.p = p}};
+  SkinnyKernelArgs& args = layout.args;
+  for (int i = 0; i < p.num_problems; ++i) {
+    const SkinnyProblem& q = p.problems[i];
+    args.tiles[i] = tiles_per_cta(p.k_dim, q.epilogue);
+    const int groups = q.epilogue == SkinnyEpilogue::kSiluMul ? args.tiles[i] / 2 : args.tiles[i];
+    args.block_begin[i] = static_cast<int>(layout.blocks);
+    layout.blocks += (q.n_out + 16 * groups - 1) / (16 * groups);
+    DI_CHECK(layout.blocks <= INT32_MAX, "skinny_gemm: ", q.n_out, " output columns are too many");
+  }
+  args.block_begin[p.num_problems] = static_cast<int>(layout.blocks);
+  return layout;
+}
+
+// CTAs per cluster that split each block's K range. Only a grid that fills less than half the SMs is split (a full
+// one already has enough loads in flight, and the cluster barriers would cost it time), into the most slices (8, 4
+// or 2) that leave every warp at least kMinStepsPerWarp steps with the unsplit tile layout and keep the grid within
+// two waves.
+int split_ways(const TileLayout& layout) {
+  const SkinnyGemmParams& p = layout.args.p;
+  const int64_t ctas = layout.blocks * p.batch, max_ctas = 2 * int64_t{p.num_sms};
+  if (2 * ctas >= p.num_sms) return 1;
+  const int64_t steps = p.k_dim / kStepK;
+  for (const int ways : {8, 4, 2}) {
+    bool enough_steps = true;
+    for (int i = 0; i < p.num_problems; ++i) {
+      const int warps_per_tile = kWarps / layout.args.tiles[i];
+      enough_steps = enough_steps && steps / ways >= int64_t{kMinStepsPerWarp} * warps_per_tile;
+    }
+    if (enough_steps && ctas * ways <= max_ctas) return ways;
+  }
+  return 1;
+}
+
+template <int kSplit>
+void launch(const TileLayout& layout, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(layout.blocks * kSplit), static_cast<unsigned>(layout.args.p.batch));
+  launch_pdl(skinny_gemm_kernel<kSplit>, {.grid = grid, .block = dim3(kThreads), .cluster_ctas = kSplit}, stream,
+             layout.args);
+}
+
 }  // namespace
 
 bool skinny_gemm_fits(const SkinnyGemmParams& p) {
@@ -178,27 +258,29 @@ bool skinny_gemm_fits(const SkinnyGemmParams& p) {
   for (int i = 0; i < p.num_problems; ++i) {
     if (p.problems[i].n_out < 1 || !aligned16(p.problems[i].w)) return false;
   }
-  return true;
+  // A batch is grid.y; every product's x and w must stay 16-byte aligned (out is written element by element).
+  if (p.batch < 1 || p.batch > 65535) return false;
+  return p.batch == 1 || (p.num_problems == 1 && p.x_batch_stride >= 0 && p.x_batch_stride % 8 == 0 &&
+                          p.w_batch_stride >= 0 && p.w_batch_stride % 8 == 0 && p.out_batch_stride >= 0);
+}
+
+int skinny_gemm_split(const SkinnyGemmParams& p) {
+  DI_CHECK(skinny_gemm_fits(p), "skinny_gemm_split: the kernel does not take these operands");
+  return split_ways(tile_layout(p));
 }
 
 void skinny_gemm(const SkinnyGemmParams& p, cudaStream_t stream) {
   DI_CHECK(skinny_gemm_fits(p), "skinny_gemm: ", p.tokens, " tokens, K ", p.k_dim, ", ", p.num_problems,
-           " problems: needs 1..", kSkinnyMaxTokens, " tokens, K a multiple of ", kStepK, ", 1..",
-           kSkinnyMaxProblems, " problems and 16-byte aligned rows (use cuBLAS)");
-  SkinnyKernelArgs args{.p = p};
-  int64_t blocks = 0;
-  for (int i = 0; i < p.num_problems; ++i) {
-    const SkinnyProblem& q = p.problems[i];
-    args.tiles[i] = tiles_per_cta(p.k_dim, q.epilogue);
-    const int groups = q.epilogue == SkinnyEpilogue::kSiluMul ? args.tiles[i] / 2 : args.tiles[i];
-    args.block_begin[i] = static_cast<int>(blocks);
-    blocks += (q.n_out + 16 * groups - 1) / (16 * groups);
-    DI_CHECK(blocks <= INT32_MAX, "skinny_gemm: ", q.n_out, " output columns are too many");
-  }
-  args.block_begin[p.num_problems] = static_cast<int>(blocks);
+           " problems, batch ", p.batch, ": needs 1..", kSkinnyMaxTokens, " tokens, K a multiple of ", kStepK, ", 1..",
+           kSkinnyMaxProblems, " problems (one when batched) and 16-byte aligned rows (use cuBLAS)");
   static_assert(kSkinnyMaxTokens == 8, "one 8-token MMA column tile");
-  launch_pdl(skinny_gemm_kernel, {.grid = dim3(static_cast<unsigned>(blocks)), .block = dim3(kThreads)}, stream,
-             args);
+  const TileLayout layout = tile_layout(p);
+  switch (split_ways(layout)) {
+    case 8: launch<8>(layout, stream); break;
+    case 4: launch<4>(layout, stream); break;
+    case 2: launch<2>(layout, stream); break;
+    default: launch<1>(layout, stream); break;
+  }
 }
 
 }  // namespace deepinfer::cuda

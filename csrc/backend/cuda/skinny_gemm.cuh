@@ -1,7 +1,7 @@
 // Skinny GEMM on CUDA (sm_90a): decode-sized token counts against bf16 weights read once at full bandwidth, where
 // cuBLAS spends several microseconds of fixed cost per call; several products of the same activations share one
-// launch. The CUDA backend routes linear, linear_silu_mul and multi_linear here when its measured rule allows and
-// skinny_gemm_fits() holds, and to cuBLAS otherwise.
+// launch, and so do the per-head products of a batched launch. The CUDA backend routes linear, linear_silu_mul,
+// multi_linear and head_linear here when its rule allows and skinny_gemm_fits() holds, and to cuBLAS otherwise.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -17,8 +17,13 @@ namespace deepinfer::cuda {
 inline constexpr int64_t kSkinnyMaxTokens = 8;
 
 // Whether the kernel takes these operands: 1..kSkinnyMaxTokens tokens, K a positive multiple of 32, 16-byte aligned
-// x rows and weights, 1..kSkinnyMaxProblems problems with at least one output column each.
+// x rows and weights, 1..kSkinnyMaxProblems problems with at least one output column each; batched: one problem,
+// at most 65535 products, and x and w batch strides that keep every product 16-byte aligned.
 bool skinny_gemm_fits(const SkinnyGemmParams& p);
+
+// How many CTAs (a thread-block cluster) share each block of output tiles, each taking a slice of K: 1 (no split)
+// unless the grid would fill less than half of p.num_sms. Throws deepinfer::Error when !skinny_gemm_fits(p).
+int skinny_gemm_split(const SkinnyGemmParams& p);
 
 // Queues the kernel on `stream`; throws deepinfer::Error when !skinny_gemm_fits(p).
 void skinny_gemm(const SkinnyGemmParams& p, cudaStream_t stream);
