@@ -367,11 +367,6 @@ class CudaBackend final : public Backend {
                                  static_cast<size_t>(tokens * heads), stream_.get()));
       return;
     }
-    const cuda::SkinnyGemmParams skinny = skinny_head_params(a, x_stride, out_stride);
-    if (use_skinny(a.x.dtype, skinny)) {
-      cuda::skinny_gemm(skinny, stream_.get());
-      return;
-    }
     // Head h: out[:, h, :] = x[:, h, :] · w[h]^T. Column-major per head: out_h^T[N, T] = w_h^T · x_h^T, where x_h is
     // K x T with ld H*x_stride starting at h*x_stride, w_h is K x N (ld K) at h*N*K, and out_h is N x T with ld
     // H*out_stride at h*out_stride.
@@ -639,10 +634,9 @@ class CudaBackend final : public Backend {
     cuda::SkinnyEpilogue epilogue;
   };
 
-  cuda::SkinnyGemmParams skinny_params(const ConstTensorView& x, std::span<const SkinnyTarget> targets) const {
+  static cuda::SkinnyGemmParams skinny_params(const ConstTensorView& x, std::span<const SkinnyTarget> targets) {
     cuda::SkinnyGemmParams p{.x = static_cast<const uint16_t*>(x.data), .tokens = x.shape[0], .k_dim = x.shape[1],
-                             .x_row_stride = x.shape[1], .num_problems = static_cast<int>(targets.size()),
-                             .num_sms = num_sms_};
+                             .x_row_stride = x.shape[1], .num_problems = static_cast<int>(targets.size())};
     for (size_t i = 0; i < targets.size() && i < std::size(p.problems); ++i) {
       const SkinnyTarget& t = targets[i];
       p.problems[i] = {.w = static_cast<const uint16_t*>(t.w.data), .out = t.out.data, .n_out = t.out.shape[1],
@@ -651,37 +645,22 @@ class CudaBackend final : public Backend {
     }
     return p;
   }
-  cuda::SkinnyGemmParams skinny_params(const ConstTensorView& x, std::initializer_list<SkinnyTarget> targets) const {
+  static cuda::SkinnyGemmParams skinny_params(const ConstTensorView& x, std::initializer_list<SkinnyTarget> targets) {
     return skinny_params(x, std::span<const SkinnyTarget>(targets.begin(), targets.size()));
-  }
-  // head_linear as one batched launch: product h reads x[:, h, :] (rows H * x_stride apart) and w[h], and writes
-  // out[:, h, :] (rows H * out_stride apart).
-  cuda::SkinnyGemmParams skinny_head_params(const HeadLinearArgs& a, int64_t x_stride, int64_t out_stride) const {
-    const int64_t heads = a.x.shape[1], k = a.x.shape[2], n = a.w.shape[1];
-    cuda::SkinnyGemmParams p{.x = static_cast<const uint16_t*>(a.x.data), .tokens = a.x.shape[0], .k_dim = k,
-                             .x_row_stride = heads * x_stride, .num_problems = 1, .batch = heads,
-                             .x_batch_stride = x_stride, .w_batch_stride = n * k, .out_batch_stride = out_stride,
-                             .num_sms = num_sms_};
-    p.problems[0] = {.w = static_cast<const uint16_t*>(a.w.data), .out = a.out.data, .n_out = n,
-                     .out_row_stride = heads * out_stride, .out_f32 = a.out.dtype == DType::kF32};
-    return p;
   }
 
   // Decode-sized bf16 GEMMs go to the skinny kernel where it did not lose to cuBLAS on an H200 (benchmarks/results/
   // skinny_gemm_h200.md, graph-replayed, weights cold in L2): up to 8 tokens with weights up to 48 MB (V2-Lite's
   // kv_a 5.6 vs 6.1 us, shared down += 6.2 vs 7.3), the gated MLP projection at any size (it also saves the silu_mul
-  // kernel), and above all several products of one x in one launch (q_proj + kv_a_proj 7.5 vs 12.3 us). The per-head
-  // products go there too, as one batched launch: alone, an earlier skinny version lost to cuBLAS's strided-batched
-  // GEMM (V2-Lite W_UK 3.62 vs 2.99 us), but cuBLAS's kernels take no part in the programmatic dependent launches,
-  // so the kernels around them cannot start early (in a decode step they took 4.2-4.4 us each). cuBLAS keeps 9
-  // tokens and more, and the large matrices (both stream them at 94-98% of copy bandwidth).
+  // kernel), and above all several products of one x in one launch (q_proj + kv_a_proj 7.5 vs 12.3 us). cuBLAS keeps
+  // 9 tokens and more, the large matrices (both stream them at 94-98% of copy bandwidth) and the per-head products.
   bool use_skinny(DType dtype, const cuda::SkinnyGemmParams& p) const {
     constexpr int64_t kMaxWeightBytes = int64_t{48} << 20;
     if (!skinny_enabled_ || dtype != DType::kBF16 || !cuda::skinny_gemm_fits(p)) return false;
     for (int i = 0; i < p.num_problems; ++i) {
       const cuda::SkinnyProblem& q = p.problems[i];
       const bool silu_mul = q.epilogue == cuda::SkinnyEpilogue::kSiluMul;
-      if (!silu_mul && p.batch * q.n_out * p.k_dim * 2 > kMaxWeightBytes) return false;
+      if (!silu_mul && q.n_out * p.k_dim * 2 > kMaxWeightBytes) return false;
     }
     return true;
   }

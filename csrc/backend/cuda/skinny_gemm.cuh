@@ -1,7 +1,7 @@
 // Skinny GEMM on CUDA (sm_90a): decode-sized token counts against bf16 weights read once at full bandwidth, where
 // cuBLAS spends several microseconds of fixed cost per call; several products of the same activations share one
-// launch, and so do the per-head products of a batched launch. The CUDA backend routes linear, linear_silu_mul,
-// multi_linear and head_linear here when its rule allows and skinny_gemm_fits() holds, and to cuBLAS otherwise.
+// launch. The CUDA backend routes linear, linear_silu_mul and multi_linear here when its measured rule allows and
+// skinny_gemm_fits() holds, and to cuBLAS otherwise.
 #pragma once
 
 #include <cuda_runtime_api.h>
