@@ -25,9 +25,7 @@ __device__ __forceinline__ uint4 ld_cg_16(const void* ptr) {
   return v;
 }
 
-// Pulls the 128-byte line at `ptr` into L2 (normal priority).
-__device__ __forceinline__ void prefetch_l2(const void* ptr) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(ptr)); }
-// The same with evict-last priority.
+// Pulls the 128-byte line at `ptr` into L2 with evict-last priority.
 __device__ __forceinline__ void prefetch_l2_evict_last(const void* ptr) {
   asm volatile("prefetch.global.L2::evict_last [%0];\n" ::"l"(ptr));
 }

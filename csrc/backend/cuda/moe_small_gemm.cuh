@@ -91,17 +91,6 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) moe_small_gemm_ker
   const uint16_t* w_lo = (T::kGateUp ? p.w_gate_up : p.w_down) + (w_row + g) * k_dim + 8 * t;
   const uint16_t* w_hi = w_lo + 8 * static_cast<int64_t>(k_dim);
   const int num_chunks = k_dim / 32;
-  // The first group of this warp's weight chunks, on its way into L2 while the rows' pairs and activations (two
-  // dependent loads) are fetched: the loop's first weight loads then hit L2.
-#pragma unroll
-  for (int u = 0; u < T::kUnroll; ++u) {
-    const int c = ks + u * T::kKSplit;
-    if (c < num_chunks) {
-      prefetch_l2(w_lo + c * 32);
-      prefetch_l2(w_hi + c * 32);
-    }
-  }
-
   if constexpr (T::kGateUp) {
     if (kp.down_prefetch) {  // this CTA's share of W_down[e] into L2, for the down kernel that follows
       const char* base = reinterpret_cast<const char*>(p.w_down + static_cast<int64_t>(e) * p.hidden * p.inter);
