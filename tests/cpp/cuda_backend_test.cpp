@@ -732,15 +732,15 @@ CaseRegistry build_registry() {
     add_head_linear(r, act, 3, 16, 128, 512, s + 15, 192, 576);  // the decode query: q_nope cols into q_latent cols
     add_head_linear(r, act, 2, 128, 128, 512, s + 16, 192, 576);
     add_head_linear(r, act, 4, 3, 5, 7, s + 17, 9, 11);         // odd strides (unaligned rows)
-    // head_linear at decode sizes (bf16: one batched skinny launch, a product per head), with MLA's wider head
-    // strides: W_UK into q_latent's columns, W_UV from the latent attention output into o's input.
+    // head_linear at decode sizes with MLA's wider head strides: W_UK into q_latent's columns, W_UV from the latent
+    // attention output into o's input.
     add_head_linear(r, act, 8, 16, 128, 512, s + 140, 192, 576);
     add_head_linear(r, act, 8, 128, 128, 512, s + 141, 192, 576);
     add_head_linear(r, act, 1, 16, 512, 128, s + 142, 576, 192);
     add_head_linear(r, act, 3, 128, 512, 128, s + 143, 576, 192);
     add_head_linear(r, act, 8, 16, 512, 128, s + 144, 520, 129);  // out heads at odd offsets
-    add_head_linear(r, act, 2, 4, 2048, 64, s + 145, 2056, 72);    // few heads, long K: batched and split K
-    add_head_linear(r, act, 2, 4, 64, 32, s + 146, 68, 40);        // x heads not 16-byte aligned: cuBLAS
+    add_head_linear(r, act, 2, 4, 2048, 64, s + 145, 2056, 72);    // few heads, long K
+    add_head_linear(r, act, 2, 4, 64, 32, s + 146, 68, 40);        // x heads not 16-byte aligned
     // Skinny GEMMs whose grid fills few SMs, so K is split over a cluster (SkinnyGemm.SplitsKOnlyWhenTheGridIsSmall
     // checks the split each one gets): V2-Lite's and V3's router, 8-way, accumulating, gated, and several problems.
     add_linear(r, act, 1, 64, 2048, s + 130, {.f32 = true});
@@ -1275,11 +1275,10 @@ TEST(CudaBackend, MoeMatchesRouteThenExpertsBitForBit) {
 // without a device). A split must leave every warp at least 4 K steps of 32 and keep the grid within two waves.
 TEST(SkinnyGemm, SplitsKOnlyWhenTheGridIsSmall) {
   alignas(16) static const uint16_t operand[8] = {};  // never read: the choice depends on shapes only
-  const auto split = [](int64_t n_out, int64_t k, cuda::SkinnyEpilogue epilogue, int64_t batch = 1) {
-    cuda::SkinnyGemmParams p{.x = operand, .tokens = 1, .k_dim = k, .x_row_stride = batch * k, .num_problems = 1,
-                             .batch = batch, .x_batch_stride = k, .w_batch_stride = n_out * k,
-                             .out_batch_stride = n_out, .num_sms = 132};
-    p.problems[0] = {.w = operand, .n_out = n_out, .out_row_stride = batch * n_out, .epilogue = epilogue};
+  const auto split = [](int64_t n_out, int64_t k, cuda::SkinnyEpilogue epilogue) {
+    cuda::SkinnyGemmParams p{.x = operand, .tokens = 1, .k_dim = k, .x_row_stride = k, .num_problems = 1,
+                             .num_sms = 132};
+    p.problems[0] = {.w = operand, .n_out = n_out, .out_row_stride = n_out, .epilogue = epilogue};
     return cuda::skinny_gemm_split(p);
   };
   using enum cuda::SkinnyEpilogue;
@@ -1288,10 +1287,9 @@ TEST(SkinnyGemm, SplitsKOnlyWhenTheGridIsSmall) {
   EXPECT_EQ(split(64, 8192, kStore), 8);
   EXPECT_EQ(split(40, 4096, kAccumulate), 4);
   EXPECT_EQ(split(96, 2048, kSiluMul), 4);      // a gated tile has 4 warps
-  EXPECT_EQ(split(64, 2048, kStore, 4), 2);     // batched
   EXPECT_EQ(split(3072, 2048, kStore), 1);      // q_proj: 192 CTAs
   EXPECT_EQ(split(64, 512, kStore), 1);         // 16 steps: too short
-  EXPECT_EQ(split(512, 128, kStore, 16), 1);    // V2-Lite's W_UK: 64 CTAs of 4 steps a warp
+  EXPECT_EQ(split(512, 128, kStore), 1);        // K 128: 4 CTAs of 4 steps a warp, nothing to split
   EXPECT_EQ(split(16, 65536, kStore), 8);       // one CTA
   EXPECT_EQ(split(16 * 40, 65536, kStore), 4);  // 40 CTAs: 8-way would pass two waves
 }

@@ -1,7 +1,7 @@
 // Decode-sized GEMMs on the GPU: the skinny kernel against cuBLAS (a second backend made with
-// DEEPINFER_DISABLE_SKINNY_GEMM=1), at DeepSeek-V2-Lite's and V3's projection shapes and MLA's per-head products,
-// 1..8 tokens, beside a device-to-device copy measured in the same run. Disabled in normal runs (the GPU script
-// passes --gtest_also_run_disabled_tests).
+// DEEPINFER_DISABLE_SKINNY_GEMM=1), at DeepSeek-V2-Lite's and V3's projection shapes and 1..8 tokens, beside a
+// device-to-device copy measured in the same run. Disabled in normal runs (the GPU script passes
+// --gtest_also_run_disabled_tests).
 //
 // Timing: each figure is one CUDA graph of kCalls calls, replayed kReplays times after a warm-up replay, over host
 // time with the device synchronized around it (a replay is one launch, so launch cost does not hide in the figure).
@@ -143,31 +143,6 @@ TEST(CudaGemmPerf, DISABLED_SkinnyVsCublas) {
       const double t_skinny = perf.time(*skinny, copies, op_on(*skinny));
       const double t_cublas = perf.time(*cublas, copies, op_on(*cublas));
       print_versus(s.name, m, static_cast<double>(w_bytes + x.bytes() + out.bytes()), t_skinny, t_cublas, copy);
-    }
-  }
-  // Per-head products of MLA's absorbed decode (head_linear): one batched skinny launch, or cuBLAS strided-batched.
-  struct HeadShape {
-    const char* name;
-    int64_t heads, n, k;
-  };
-  for (const HeadShape& h : {HeadShape{"v2-lite W_UK (16 heads)", 16, 512, 128},
-                             HeadShape{"v2-lite W_UV (16 heads)", 16, 128, 512},
-                             HeadShape{"v3 W_UK (128 heads)", 128, 512, 128},
-                             HeadShape{"v3 W_UV (128 heads)", 128, 128, 512}}) {
-    const size_t w_bytes = static_cast<size_t>(h.heads * h.n * h.k) * 2;
-    const int copies = static_cast<int>(std::min<size_t>(kCalls, kColdBytes / w_bytes + 1));
-    std::vector<TensorView> weights;
-    for (int c = 0; c < copies; ++c) weights.push_back(perf.tensor({h.heads, h.n, h.k}, kBf16));
-    for (const int64_t m : {int64_t{1}, int64_t{4}, int64_t{8}}) {
-      const TensorView x = perf.tensor({m, h.heads, h.k}, kBf16), out = perf.tensor({m, h.heads, h.n}, kBf16);
-      const auto op_on = [&](Backend& b) {
-        return [&b, &weights, x, out](int c) {
-          b.head_linear({.x = x, .w = weights[static_cast<size_t>(c)], .out = out});
-        };
-      };
-      const double t_skinny = perf.time(*skinny, copies, op_on(*skinny));
-      const double t_cublas = perf.time(*cublas, copies, op_on(*cublas));
-      print_versus(h.name, m, static_cast<double>(w_bytes + x.bytes() + out.bytes()), t_skinny, t_cublas, copy);
     }
   }
   // Two products of the same activations in one op (multi_linear): one skinny launch, or cuBLAS op by op.

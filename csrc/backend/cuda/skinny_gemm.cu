@@ -14,7 +14,7 @@
 // rounds. The launch then makes each block of tiles a thread-block cluster of 2, 4 or 8 CTAs (consecutive
 // blockIdx.x) that take consecutive slices of K with the same tile layout; after a cluster barrier, rank 0 adds the
 // ranks' partial tiles through distributed shared memory in rank order (the same bits every run) and runs the
-// epilogue once. A batched launch (the per-head products) puts the product index in blockIdx.y.
+// epilogue once.
 #include "backend/cuda/skinny_gemm.cuh"
 
 #include <cooperative_groups.h>
@@ -79,8 +79,8 @@ __device__ __forceinline__ void store_out(const SkinnyProblem& q, int64_t i, flo
   }
 }
 
-// Grid: the problems' block ranges, one after the other, kSplit CTAs per block (a cluster; 1: no cluster), and the
-// products of a batched launch along y. The tokens are one 8-column MMA tile.
+// Grid: the problems' block ranges, one after the other, kSplit CTAs per block (a cluster; 1: no cluster). The tokens
+// are one 8-column MMA tile.
 template <int kSplit>
 __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const __grid_constant__ SkinnyKernelArgs args) {
   static_assert(kSplit == 1 || kSplit == 2 || kSplit == 4 || kSplit == 8, "a portable cluster size");
@@ -101,12 +101,11 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const __grid_cons
   const int64_t group_row = (static_cast<int64_t>(block) * groups + tile % groups) * 16;  // output column
   const int64_t row_offset = tile < groups ? 0 : q.n_out;
   const int r = lane / 4, lane_k = lane % 4;
-  const int64_t product = blockIdx.y;  // 0 unless batched
 
-  const uint16_t* w_row = q.w + product * p.w_batch_stride + (row_offset + group_row + r) * p.k_dim + lane_k * 8;
+  const uint16_t* w_row = q.w + (row_offset + group_row + r) * p.k_dim + lane_k * 8;
   const bool valid_a = group_row + r < q.n_out, valid_b = group_row + r + 8 < q.n_out;
   const bool valid_x = r < p.tokens;  // lane group r carries token r
-  const uint16_t* x_row = p.x + product * p.x_batch_stride + (valid_x ? r : 0) * p.x_row_stride + lane_k * 8;
+  const uint16_t* x_row = p.x + (valid_x ? r : 0) * p.x_row_stride + lane_k * 8;
   const int64_t row_b_offset = 8 * p.k_dim;
 
   // The CTA's K slice (all of K without a split), then the warp's part of it.
@@ -178,7 +177,7 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const __grid_cons
       }
       return sum;
     };
-    const int64_t o = product * p.out_batch_stride + token * q.out_row_stride + col;
+    const int64_t o = token * q.out_row_stride + col;
     switch (q.epilogue) {
       case SkinnyEpilogue::kSiluMul: store_out(q, o, silu(tile_sum(group)) * tile_sum(group + groups)); break;
       case SkinnyEpilogue::kAccumulate: store_out(q, o, load_out(q, o) + tile_sum(group)); break;
@@ -227,7 +226,7 @@ TileLayout tile_layout(const SkinnyGemmParams& p) {
 // two waves.
 int split_ways(const TileLayout& layout) {
   const SkinnyGemmParams& p = layout.args.p;
-  const int64_t ctas = layout.blocks * p.batch, max_ctas = 2 * int64_t{p.num_sms};
+  const int64_t ctas = layout.blocks, max_ctas = 2 * int64_t{p.num_sms};
   if (2 * ctas >= p.num_sms) return 1;
   const int64_t steps = p.k_dim / kStepK;
   for (const int ways : {8, 4, 2}) {
@@ -243,7 +242,7 @@ int split_ways(const TileLayout& layout) {
 
 template <int kSplit>
 void launch(const TileLayout& layout, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(layout.blocks * kSplit), static_cast<unsigned>(layout.args.p.batch));
+  const dim3 grid(static_cast<unsigned>(layout.blocks * kSplit));
   launch_pdl(skinny_gemm_kernel<kSplit>, {.grid = grid, .block = dim3(kThreads), .cluster_ctas = kSplit}, stream,
              layout.args);
 }
@@ -258,10 +257,7 @@ bool skinny_gemm_fits(const SkinnyGemmParams& p) {
   for (int i = 0; i < p.num_problems; ++i) {
     if (p.problems[i].n_out < 1 || !aligned16(p.problems[i].w)) return false;
   }
-  // A batch is grid.y; every product's x and w must stay 16-byte aligned (out is written element by element).
-  if (p.batch < 1 || p.batch > 65535) return false;
-  return p.batch == 1 || (p.num_problems == 1 && p.x_batch_stride >= 0 && p.x_batch_stride % 8 == 0 &&
-                          p.w_batch_stride >= 0 && p.w_batch_stride % 8 == 0 && p.out_batch_stride >= 0);
+  return true;
 }
 
 int skinny_gemm_split(const SkinnyGemmParams& p) {
@@ -271,8 +267,8 @@ int skinny_gemm_split(const SkinnyGemmParams& p) {
 
 void skinny_gemm(const SkinnyGemmParams& p, cudaStream_t stream) {
   DI_CHECK(skinny_gemm_fits(p), "skinny_gemm: ", p.tokens, " tokens, K ", p.k_dim, ", ", p.num_problems,
-           " problems, batch ", p.batch, ": needs 1..", kSkinnyMaxTokens, " tokens, K a multiple of ", kStepK, ", 1..",
-           kSkinnyMaxProblems, " problems (one when batched) and 16-byte aligned rows (use cuBLAS)");
+           " problems: needs 1..", kSkinnyMaxTokens, " tokens, K a multiple of ", kStepK, ", 1..",
+           kSkinnyMaxProblems, " problems and 16-byte aligned rows (use cuBLAS)");
   static_assert(kSkinnyMaxTokens == 8, "one 8-token MMA column tile");
   const TileLayout layout = tile_layout(p);
   switch (split_ways(layout)) {

@@ -6,10 +6,6 @@
 //                                                             gaining the shared experts')
 //   kSiluMul     out[t, n] = silu(acc[t, n]) * acc[t, n_out + n]   (w = [gate; up], 2 * n_out rows)
 // x and w are bf16, row-major with K contiguous; out is bf16 or fp32 with rows out_row_stride elements apart.
-//
-// Batched (batch > 1, one problem): `batch` independent products of the same shape in one launch, product b reading
-// x + b * x_batch_stride and w + b * w_batch_stride and writing out + b * out_batch_stride (MLA's per-head products:
-// b is the head, x rows H * x_head_stride apart).
 #pragma once
 
 #include <cstdint>
@@ -36,11 +32,7 @@ struct SkinnyGemmParams {
   int64_t x_row_stride = 0;
   int num_problems = 0;
   SkinnyProblem problems[kSkinnyMaxProblems];
-  int64_t batch = 1;             // products of problems[0]'s shape; > 1 only with one problem
-  int64_t x_batch_stride = 0;    // elements between the x of consecutive products
-  int64_t w_batch_stride = 0;    // elements between their weights
-  int64_t out_batch_stride = 0;  // elements between their outputs
-  int32_t num_sms = 132;         // multiprocessors of the device: when the grid is small, K is split over a cluster
+  int32_t num_sms = 132;  // multiprocessors of the device: when the grid is small, K is split over a cluster
 };
 
 }  // namespace deepinfer::cuda
