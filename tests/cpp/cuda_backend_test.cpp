@@ -933,10 +933,15 @@ const CaseRegistry& registry() {
 }
 
 // One CUDA backend and one CPU backend for the whole suite.
-class CudaVsCpu : public ::testing::TestWithParam<size_t> {
+// A CUDA and a CPU backend shared by a suite of registry cases. A backend reads DEEPINFER_MLA_PREFILL when it is made:
+// kPrefillKernel, when not null, is the value the CUDA one is made with.
+template <const char* kPrefillKernel>
+class CudaAgainstCpu : public ::testing::TestWithParam<size_t> {
  public:
   static void SetUpTestSuite() {
     if (!cuda_device_available()) return;
+    std::optional<ScopedEnv> kernel;
+    if (kPrefillKernel != nullptr) kernel.emplace("DEEPINFER_MLA_PREFILL", kPrefillKernel);
     cuda_ = make_cuda_backend();
     cpu_ = make_cpu_backend();
   }
@@ -946,18 +951,21 @@ class CudaVsCpu : public ::testing::TestWithParam<size_t> {
   }
 
  protected:
-  static std::unique_ptr<Backend> cuda_;
-  static std::unique_ptr<Backend> cpu_;
-};
-std::unique_ptr<Backend> CudaVsCpu::cuda_;
-std::unique_ptr<Backend> CudaVsCpu::cpu_;
+  // The case GetParam() on the CUDA backend against the CPU reference.
+  void run_case() {
+    if (cuda_ == nullptr) GTEST_SKIP() << "no CUDA device";
+    DeviceMemory device_memory;
+    HostMemory host_memory;
+    expect_matches_reference(registry().cases()[GetParam()], *cuda_, device_memory, *cpu_, host_memory);
+  }
 
-TEST_P(CudaVsCpu, Case) {
-  if (cuda_ == nullptr) GTEST_SKIP() << "no CUDA device";
-  DeviceMemory device_memory;
-  HostMemory host_memory;
-  expect_matches_reference(registry().cases()[GetParam()], *cuda_, device_memory, *cpu_, host_memory);
-}
+  static inline std::unique_ptr<Backend> cuda_;
+  static inline std::unique_ptr<Backend> cpu_;
+};
+
+class CudaVsCpu : public CudaAgainstCpu<nullptr> {};
+
+TEST_P(CudaVsCpu, Case) { run_case(); }
 
 INSTANTIATE_TEST_SUITE_P(CudaBackend, CudaVsCpu, ::testing::Range<size_t>(0, registry().cases().size()),
                          [](const ::testing::TestParamInfo<size_t>& info) {
@@ -976,32 +984,10 @@ std::vector<size_t> mla_prefill_cases() {
   return indices;
 }
 
-class CudaMmaMlaPrefillVsCpu : public ::testing::TestWithParam<size_t> {
- public:
-  static void SetUpTestSuite() {
-    if (!cuda_device_available()) return;
-    const ScopedEnv kernel("DEEPINFER_MLA_PREFILL", "mma");
-    cuda_ = make_cuda_backend();
-    cpu_ = make_cpu_backend();
-  }
-  static void TearDownTestSuite() {
-    cuda_.reset();
-    cpu_.reset();
-  }
+inline constexpr char kMmaPrefill[] = "mma";
+class CudaMmaMlaPrefillVsCpu : public CudaAgainstCpu<kMmaPrefill> {};
 
- protected:
-  static std::unique_ptr<Backend> cuda_;
-  static std::unique_ptr<Backend> cpu_;
-};
-std::unique_ptr<Backend> CudaMmaMlaPrefillVsCpu::cuda_;
-std::unique_ptr<Backend> CudaMmaMlaPrefillVsCpu::cpu_;
-
-TEST_P(CudaMmaMlaPrefillVsCpu, Case) {
-  if (cuda_ == nullptr) GTEST_SKIP() << "no CUDA device";
-  DeviceMemory device_memory;
-  HostMemory host_memory;
-  expect_matches_reference(registry().cases()[GetParam()], *cuda_, device_memory, *cpu_, host_memory);
-}
+TEST_P(CudaMmaMlaPrefillVsCpu, Case) { run_case(); }
 
 INSTANTIATE_TEST_SUITE_P(CudaBackend, CudaMmaMlaPrefillVsCpu, ::testing::ValuesIn(mla_prefill_cases()),
                          [](const ::testing::TestParamInfo<size_t>& info) {
