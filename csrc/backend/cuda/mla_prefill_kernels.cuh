@@ -80,6 +80,28 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 // ---------------------------------------------------------------------------------------------------------------
 // Attention
 
+// The query tile of an attention CTA (either kernel): grid (query tiles, heads, sequences), the longest (last) query
+// tiles started first. Its queries are rows [m0, m0 + rows) of the sequence's num_q, at positions first_pos + m0 ..;
+// they see keys [0, last position], num_kv_tiles tiles of kBlockN. False when the sequence has no such tile.
+struct QueryTile {
+  int seq, head, q_begin, num_q, m0, ctx, first_pos, rows, num_kv_tiles;
+};
+
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ bool query_tile(const MlaPrefillAttentionParams& p, QueryTile& t) {
+  t.seq = blockIdx.z;
+  t.head = blockIdx.y;
+  t.q_begin = p.query_start[t.seq];
+  t.num_q = p.query_start[t.seq + 1] - t.q_begin;
+  t.m0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
+  if (t.m0 >= t.num_q) return false;
+  t.ctx = p.context_lens[t.seq];
+  t.first_pos = t.ctx - t.num_q;  // position of query 0
+  t.rows = min(kBlockM, t.num_q - t.m0);
+  t.num_kv_tiles = (t.first_pos + t.m0 + t.rows - 1) / kBlockN + 1;
+  return true;
+}
+
 template <typename T>
 struct TileLoader {
   const uint16_t* latents;  // this sequence's first gathered row
@@ -124,17 +146,10 @@ __global__ void __launch_bounds__(T::kThreads) mla_prefill_attention_kernel(
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
 
-  const int s = blockIdx.z, h = blockIdx.y;
-  const int tile = gridDim.x - 1 - blockIdx.x;  // the longest (last) query tiles start first
-  const int q_begin = p.query_start[s];
-  const int num_q = p.query_start[s + 1] - q_begin;
-  const int m0 = tile * T::kBlockM;
-  if (m0 >= num_q) return;
-  const int ctx = p.context_lens[s];
-  const int first_pos = ctx - num_q;  // position of query 0
-  const int rows = min(T::kBlockM, num_q - m0);
-  const int last_pos = first_pos + m0 + rows - 1;
-  const int num_kv_tiles = (last_pos + T::kBlockN) / T::kBlockN;  // keys [0, last_pos]
+  QueryTile qt;
+  if (!query_tile<T::kBlockM, T::kBlockN>(p, qt)) return;
+  const int s = qt.seq, h = qt.head, q_begin = qt.q_begin, num_q = qt.num_q, m0 = qt.m0, ctx = qt.ctx;
+  const int first_pos = qt.first_pos, num_kv_tiles = qt.num_kv_tiles;
 
   extern __shared__ __align__(128) uint16_t smem[];
   uint16_t* sq = smem;

@@ -244,16 +244,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) mla_prefill_attention_wgmma_ke
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
 
-  const int s = blockIdx.z, h = blockIdx.y;
-  const int tile = gridDim.x - 1 - blockIdx.x;  // the longest (last) query tiles start first
-  const int q_begin = p.query_start[s];
-  const int num_q = p.query_start[s + 1] - q_begin;
-  const int m0 = tile * T::kBlockM;
-  if (m0 >= num_q) return;
-  const int ctx = p.context_lens[s];
-  const int first_pos = ctx - num_q;  // position of query 0
-  const int valid_rows = min(T::kBlockM, num_q - m0);
-  const int num_tiles = (first_pos + m0 + valid_rows - 1) / T::kBlockN + 1;  // keys [0, last position]
+  QueryTile qt;
+  if (!query_tile<T::kBlockM, T::kBlockN>(p, qt)) return;
+  const int s = qt.seq, h = qt.head, q_begin = qt.q_begin, num_q = qt.num_q, m0 = qt.m0, ctx = qt.ctx;
+  const int first_pos = qt.first_pos, valid_rows = qt.rows, num_tiles = qt.num_kv_tiles;
 
   const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
   const int64_t seq_row0 = first_row(p.context_lens, s);
