@@ -746,11 +746,13 @@ class CudaBackend final : public Backend {
     check_on_device(a.topk_weights, op, "topk_weights");
     const int64_t tokens = a.logits.shape[0], routed = a.logits.shape[1], shared = a.num_shared_experts;
     const int64_t experts = routed + shared, top_k = a.topk_ids.shape[1];  // routed + shared experts and pairs
-    if (routed > cuda::kMoeMaxRoutedExperts) {
-      throw UnsupportedOp(str_cat(op, ": the kernels route among at most ", cuda::kMoeMaxRoutedExperts,
-                                  " experts; got ", routed));
+    if (tokens > 0 && top_k > 0) {  // nothing to route: no limit applies (the call does nothing)
+      if (routed > cuda::kMoeMaxRoutedExperts) {
+        throw UnsupportedOp(str_cat(op, ": the kernels route among at most ", cuda::kMoeMaxRoutedExperts,
+                                    " experts; got ", routed));
+      }
+      check_moe_sizes(experts, top_k, op);
     }
-    if (tokens > 0 && top_k > 0) check_moe_sizes(experts, top_k, op);
     DI_CHECK(tokens <= (int64_t{1} << 24), op, ": ", tokens, " tokens");
     return {.router_logits = a.logits.as<float>(),
             .correction_bias = a.correction_bias.numel() > 0 ? a.correction_bias.as<float>() : nullptr,
