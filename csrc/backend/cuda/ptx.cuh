@@ -1,6 +1,6 @@
-// PTX wrappers shared by the sm_90a kernels: weight streaming, mma.sync, cp.async, ldmatrix, bulk copies with
-// mbarriers, warpgroup MMA (wgmma), proxy fences and programmatic dependent launch. Each wrapper is one instruction
-// (or a fixed sequence); kernels compose them.
+// PTX wrappers shared by the sm_90a kernels: weight streaming, mma.sync, cp.async, ldmatrix, warpgroup MMA (wgmma),
+// proxy fences and programmatic dependent launch. Each wrapper is one instruction (or a fixed sequence); kernels
+// compose them.
 #pragma once
 
 #include <cstdint>
@@ -83,62 +83,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// Bulk copies into shared memory and the mbarriers that count their bytes (a producer / consumer ring)
-
-__device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t arrivals) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(arrivals) : "memory");
-}
-// Makes the initialized mbarriers visible to the async proxy (the bulk copies that complete on them).
-__device__ __forceinline__ void fence_mbarrier_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-// One arrival that also announces `bytes` of bulk copies completing on this phase.
-__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-}
-// Blocks until the phase of the given parity has completed. On a fresh barrier parity 1 passes at once (the phase
-// before the first counts as complete), which is how a ring's producer starts with every slot free.
-__device__ __forceinline__ void mbarrier_wait_parity(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT_AGAIN:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_AGAIN;\n"
-      "}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
-}
-// L2 policy for data read once (streamed weights): evict first.
-__device__ __forceinline__ uint64_t l2_evict_first_policy() {
-  uint64_t policy;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
-}
-// bytes (a multiple of 16; both addresses 16-byte aligned) global -> shared by the copy engine; completes on `bar`.
-__device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
-                                                    uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::
-          "r"(smem_addr(dst)),
-      "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
-      : "memory");
-}
-__device__ __forceinline__ uint4 ld_shared_16(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-  return v;
-}
-// Barrier `id` (1..15; 0 is __syncthreads) over the first `threads` threads of the CTA (a multiple of 32).
-__device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 // ---------------------------------------------------------------------------------------------------------------

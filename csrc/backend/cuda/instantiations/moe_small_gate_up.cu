@@ -1,25 +1,14 @@
 // The small-M gate/up kernel (decode): act = silu(x · W_gate^T) * (x · W_up^T) for each active expert's rows.
 #include "backend/cuda/moe_small_gemm.cuh"
-#include "backend/cuda/moe_stream_gemm.cuh"
-#include "core/env_flag.h"
 
 namespace deepinfer::cuda::moe_detail {
 
 void launch_small_gate_up(const MoeKernelParams& kp, cudaStream_t stream) {
-  static const bool registers = env_flag("DEEPINFER_MOE_SMALL_REGISTERS");
   // Up to 8 tokens no expert has more than 8 rows (one pass of one token tile); beyond, 32 rows a pass.
-  if (registers) {
-    if (kp.p.num_tokens <= 8) {
-      launch_small_gemm<SmallTraits<GemmKind::kGateUp, 1>>(kp, stream);
-    } else {
-      launch_small_gemm<SmallTraits<GemmKind::kGateUp, 4>>(kp, stream);
-    }
-    return;
-  }
   if (kp.p.num_tokens <= 8) {
-    launch_stream_gemm<StreamTraits<GemmKind::kGateUp, 1>>(kp, stream, false);
+    launch_small_gemm<SmallTraits<GemmKind::kGateUp, 1>>(kp, stream);
   } else {
-    launch_stream_gemm<StreamTraits<GemmKind::kGateUp, 4>>(kp, stream, false);
+    launch_small_gemm<SmallTraits<GemmKind::kGateUp, 4>>(kp, stream);
   }
 }
 
