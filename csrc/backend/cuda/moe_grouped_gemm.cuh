@@ -22,7 +22,7 @@
 #include "backend/cuda/launch.h"
 #include "backend/cuda/moe_internal.h"
 #include "backend/cuda/moe_ptx.cuh"
-#include "backend/cuda/moe_small_gemm.cuh"
+#include "backend/cuda/moe_internal.h"
 
 namespace deepinfer::cuda::moe_detail {
 

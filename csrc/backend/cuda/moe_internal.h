@@ -31,6 +31,9 @@ static_assert(kMaxRoutedExperts <= kMaxExperts, "the routed experts come first")
 static_assert(kMaxTopK <= 32, "routing: one lane a pair");
 static_assert(kRouteTokensPerBlock % kRouteWarps == 0, "whole tokens a warp");
 
+// Which product of the expert FFN a kernel computes.
+enum class GemmKind : uint8_t { kGateUp, kDown };
+
 // What the kernels get: the caller's parameters plus the workspace carved into arrays.
 struct MoeKernelParams {
   MoeParams p;

@@ -23,8 +23,6 @@
 
 namespace deepinfer::cuda::moe_detail {
 
-enum class GemmKind : uint8_t { kGateUp, kDown };
-
 template <GemmKind kKindValue, int kTokenTilesValue>
 struct SmallTraits {
   static constexpr GemmKind kKind = kKindValue;
