@@ -17,8 +17,8 @@
 namespace deepinfer {
 
 enum class OpKind : uint8_t {
-  kLinear, kLinearSiluMul, kMultiLinear, kNormLinear, kHeadLinear, kEmbedding, kGatherRows, kCopyStrided, kRmsNorm,
-  kAddRmsNorm, kSiluMul, kAdd, kRope, kMlaCacheWrite, kMlaPrepare, kMlaDecode, kMlaPrefill, kMoeRoute, kMoeExperts, kMoe,
+  kLinear, kLinearSiluMul, kMultiLinear, kHeadLinear, kEmbedding, kGatherRows, kCopyStrided, kRmsNorm, kAddRmsNorm,
+  kSiluMul, kAdd, kRope, kMlaCacheWrite, kMlaPrepare, kMlaDecode, kMlaPrefill, kMoeRoute, kMoeExperts, kMoe,
   kSample,  // stays last (tests count on it)
 };
 std::string_view op_name(OpKind op);
@@ -81,8 +81,6 @@ class Backend {
   // tested against.
   virtual void linear_silu_mul(const LinearSiluMulArgs& a);
   virtual void multi_linear(const MultiLinearArgs& a);
-  // Composed op: residual add, RMSNorm and multi_linear of the normed rows (see NormLinearArgs).
-  virtual void norm_linear(const NormLinearArgs& a);
   virtual void head_linear(const HeadLinearArgs& a) = 0;
   virtual void embedding(const EmbeddingArgs& a) = 0;
   virtual void gather_rows(const GatherRowsArgs& a) = 0;

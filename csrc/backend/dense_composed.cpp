@@ -22,15 +22,4 @@ void Backend::multi_linear(const MultiLinearArgs& a) {
   }
 }
 
-void Backend::norm_linear(const NormLinearArgs& a) {
-  a.validate();  // before anything is written
-  copy_strided({.src = a.residual_in, .dst = a.residual_out});
-  if (a.has_x()) {
-    add_rms_norm({.residual = a.residual_out, .x = a.x, .weight = a.norm_weight, .out = a.normed, .eps = a.eps});
-  } else {
-    rms_norm({.x = a.residual_out, .weight = a.norm_weight, .out = a.normed, .eps = a.eps});
-  }
-  multi_linear({.x = a.normed, .targets = a.targets});
-}
-
 }  // namespace deepinfer

@@ -4,7 +4,6 @@
 // starts, expert ids) are checked only when the tensor is in host memory: validate() never reads device memory, so
 // a device backend can run it on every call.
 #include <cmath>
-#include <cstddef>
 #include <cstring>
 #include <initializer_list>
 #include <limits>
@@ -79,7 +78,6 @@ std::string_view op_name(OpKind op) {
     case OpKind::kLinear: return "linear";
     case OpKind::kLinearSiluMul: return "linear_silu_mul";
     case OpKind::kMultiLinear: return "multi_linear";
-    case OpKind::kNormLinear: return "norm_linear";
     case OpKind::kHeadLinear: return "head_linear";
     case OpKind::kEmbedding: return "embedding";
     case OpKind::kGatherRows: return "gather_rows";
@@ -134,57 +132,6 @@ void MultiLinearArgs::validate() const {
       LinearSiluMulArgs{.x = x, .w = t.w, .out = t.out}.validate();
     } else {
       LinearArgs{.x = x, .w = t.w, .out = t.out}.validate();
-    }
-  }
-}
-
-namespace {
-// Whether two views share any byte (their [data, data + bytes) ranges; the op's views are dense).
-bool overlap(const ConstTensorView& a, const ConstTensorView& b) {
-  if (a.numel() == 0 || b.numel() == 0) return false;
-  const auto* a_begin = static_cast<const std::byte*>(a.data);
-  const auto* b_begin = static_cast<const std::byte*>(b.data);
-  const size_t a_bytes = static_cast<size_t>(a.numel()) * dtype_size(a.dtype);
-  const size_t b_bytes = static_cast<size_t>(b.numel()) * dtype_size(b.dtype);
-  return a.device == b.device && a_begin < b_begin + b_bytes && b_begin < a_begin + a_bytes;
-}
-
-void expect_apart(const ConstTensorView& a, const ConstTensorView& b, const char* op, const char* a_name,
-                  const char* b_name) {
-  DI_CHECK(!overlap(a, b), op, ": ", a_name, " ", a.shape.str(), " overlaps ", b_name, " ", b.shape.str());
-}
-}  // namespace
-
-void NormLinearArgs::validate() const {
-  constexpr const char* kOp = "norm_linear";
-  expect_ndim(residual_in, 2, kOp, "residual_in");
-  const Shape& rows = residual_in.shape;
-  DI_CHECK(residual_out.shape == rows && normed.shape == rows && (!has_x() || x.shape == rows), kOp,
-           ": residual_in ", rows.str(), ", residual_out ", residual_out.shape.str(), ", normed ",
-           normed.shape.str(), ", x ", has_x() ? x.shape.str() : std::string("absent"), " must all be [T, D]");
-  DI_CHECK(norm_weight.shape.ndim() == 1 && norm_weight.shape[0] == rows[1], kOp, ": norm_weight ",
-           norm_weight.shape.str(), " for rows of ", rows[1]);
-  expect_activation(residual_in, kOp, "residual_in");
-  expect_same_dtype(residual_in, residual_out, kOp, "residual_in", "residual_out");
-  expect_same_dtype(residual_in, normed, kOp, "residual_in", "normed");
-  if (has_x()) expect_same_dtype(residual_in, x, kOp, "residual_in", "x");
-  expect_dtype(norm_weight, DType::kF32, kOp, "norm_weight");
-  expect_one_device({x, residual_in, residual_out, norm_weight, normed}, kOp);
-  MultiLinearArgs{.x = normed, .targets = targets}.validate();
-  // Outputs apart from the inputs and from each other (see NormLinearArgs).
-  expect_apart(residual_out, residual_in, kOp, "residual_out", "residual_in");
-  expect_apart(residual_out, x, kOp, "residual_out", "x");
-  expect_apart(normed, residual_in, kOp, "normed", "residual_in");
-  expect_apart(normed, x, kOp, "normed", "x");
-  expect_apart(normed, residual_out, kOp, "normed", "residual_out");
-  for (size_t i = 0; i < targets.size(); ++i) {
-    const ConstTensorView out = targets[i].out;
-    const auto i64 = static_cast<int64_t>(i);
-    DI_CHECK(!overlap(out, residual_in) && !overlap(out, x) && !overlap(out, residual_out) && !overlap(out, normed),
-             kOp, ": target ", i64, " out ", out.shape.str(), " overlaps an input, residual_out or normed");
-    for (size_t j = 0; j < i; ++j) {
-      DI_CHECK(!overlap(out, targets[j].out), kOp, ": target ", i64, " out overlaps target ", static_cast<int64_t>(j),
-               " out");
     }
   }
 }

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <array>
-#include <span>
 #include <utility>
 #include <vector>
 
@@ -103,41 +102,24 @@ void DeepseekModel::run_into(const StepInputs& in, const LatentCache& cache, Ten
   const int64_t num_tokens = in.num_tokens, d = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
 
-  // The residual stream alternates between two buffers: each pre-norm step (norm_linear) reads one and writes the
-  // other, so a fused kernel never overwrites rows its other thread blocks still read.
   Tensor residual = activation({num_tokens, d});                            // [T, D]
-  Tensor next_residual = activation({num_tokens, d});                       // [T, D]
   backend_.embedding({.token_ids = in.token_ids, .table = weights_.embed.cview(), .out = residual.view()});
   Tensor h = activation({num_tokens, d});                                   // normalized input of each sublayer
-  // Each sublayer's input norm runs in one op with the sublayer's first products of h; the ffn output of the layer
-  // before is added first (the first layer normalizes the embedding as it is).
-  Tensor ffn_out;                                                           // [T, D], after the first layer
-  const auto pre_norm = [&](const Tensor* sublayer_out, const Tensor& norm, std::span<const LinearTarget> targets) {
-    backend_.norm_linear({.x = sublayer_out != nullptr ? sublayer_out->cview() : ConstTensorView{},
-                          .residual_in = residual.cview(), .residual_out = next_residual.view(),
-                          .norm_weight = norm.cview(), .eps = eps, .normed = h.view(), .targets = targets});
-    std::swap(residual, next_residual);
-  };
+  backend_.rms_norm({.x = residual.cview(), .weight = weights_.layers[0].input_norm.cview(), .out = h.view(), .eps = eps});
 
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const LayerWeights& layer = weights_.layers[static_cast<size_t>(i)];
-    AttentionInputs attn_in = attention_inputs(layer, num_tokens);
-    pre_norm(i == 0 ? nullptr : &ffn_out, layer.input_norm, attn_in.targets);
-    Tensor attn_out = attention(layer, i, std::move(attn_in), in, cache);  // [T, D]
-    if (layer.moe) {
-      Tensor router_logits = backend_.empty({num_tokens, layer.moe->gate.shape()[0]}, DType::kF32);  // [T, E]
-      const std::array targets{LinearTarget{.w = layer.moe->gate.cview(), .out = router_logits.view()}};
-      pre_norm(&attn_out, layer.post_attention_norm, targets);
-      ffn_out = moe(*layer.moe, h, router_logits);
+    Tensor attn_out = attention(layer, i, h, in, cache);                  // [T, D]
+    backend_.add_rms_norm({.residual = residual.view(), .x = attn_out.cview(),
+                           .weight = layer.post_attention_norm.cview(), .out = h.view(), .eps = eps});
+    Tensor ffn_out = layer.moe ? moe(*layer.moe, h) : mlp(*layer.mlp, h);  // [T, D]
+    if (i + 1 < c.num_hidden_layers) {
+      backend_.add_rms_norm({.residual = residual.view(), .x = ffn_out.cview(),
+                             .weight = weights_.layers[static_cast<size_t>(i + 1)].input_norm.cview(), .out = h.view(),
+                             .eps = eps});
     } else {
-      Tensor act = activation({num_tokens, layer.mlp->down.shape()[1]});  // [T, I] = silu(gate) * up
-      const std::array targets{LinearTarget{.w = layer.mlp->gate_up.cview(), .out = act.view(), .silu_mul = true}};
-      pre_norm(&attn_out, layer.post_attention_norm, targets);
-      ffn_out = linear(act, layer.mlp->down);                               // [T, D]
+      backend_.add({.x = residual.view(), .y = ffn_out.cview()});
     }
-  }
-  if (c.num_hidden_layers > 0) {
-    backend_.add({.x = residual.view(), .y = ffn_out.cview()});  // the last layer's output: no norm_linear follows
   }
 
   // Only the rows that sample need the final norm and the vocabulary projection.
@@ -148,43 +130,32 @@ void DeepseekModel::run_into(const StepInputs& in, const LatentCache& cache, Ten
   backend_.linear({.x = last.cview(), .w = weights_.lm_head.cview(), .out = logits});  // [N, V] float32
 }
 
-// Queries [T, H, nope + rope] (or, through the q LoRA when the model has one, q_a [T, q_lora_rank]) and the latent
-// [T, rank + rope] = [c_kv | k_pe] (c_kv normalized and k_pe rotated in attention(): the row the cache keeps). The two
-// projections of h are the targets of one op with the input norm, so a decode step reads both weights in one launch.
-DeepseekModel::AttentionInputs DeepseekModel::attention_inputs(const LayerWeights& layer, int64_t t) {
-  const ModelConfig& c = config_;
-  const MlaWeights& w = layer.attn;
-  AttentionInputs a;
-  a.latent = activation({t, c.kv_lora_rank + c.qk_rope_head_dim});
-  if (c.q_lora_rank) {
-    a.q = activation({t, *c.q_lora_rank});
-    a.targets = {LinearTarget{.w = w.q_a_proj.cview(), .out = a.q.view()},
-                 LinearTarget{.w = w.kv_a_proj.cview(), .out = a.latent.view()}};
-  } else {
-    a.q = activation({t, c.num_attention_heads * c.qk_head_dim()});
-    a.targets = {LinearTarget{.w = w.q_proj.cview(), .out = a.q.view()},
-                 LinearTarget{.w = w.kv_a_proj.cview(), .out = a.latent.view()}};
-  }
-  return a;
-}
-
-Tensor DeepseekModel::attention(const LayerWeights& layer, int64_t layer_index, AttentionInputs projected,
+Tensor DeepseekModel::attention(const LayerWeights& layer, int64_t layer_index, const Tensor& h,
                                 const StepInputs& in, const LatentCache& cache) {
   const ModelConfig& c = config_;
   const MlaWeights& w = layer.attn;
-  const int64_t t = projected.latent.shape()[0], heads = c.num_attention_heads, rank = c.kv_lora_rank;
+  const int64_t t = h.shape()[0], heads = c.num_attention_heads, rank = c.kv_lora_rank;
   const int64_t nope = c.qk_nope_head_dim, rope_dim = c.qk_rope_head_dim, qk_dim = c.qk_head_dim(), v = c.v_head_dim;
   const int64_t latent_dim = rank + rope_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
 
-  Tensor latent = std::move(projected.latent);                             // [T, rank + rope]
-  Tensor q;                                                                 // [T, H * qk_dim]
+  // Queries [T, H, nope + rope], through the q LoRA when the model has one, and the latent [T, rank + rope] =
+  // [c_kv | k_pe] (c_kv normalized and k_pe rotated below: the row the cache keeps). The two projections of h are one
+  // op, so a decode step reads both weights in one launch.
+  Tensor latent = activation({t, latent_dim});
+  Tensor q;
   if (c.q_lora_rank) {
-    Tensor q_a = std::move(projected.q);                                   // [T, q_lora_rank]
+    Tensor q_a = activation({t, *c.q_lora_rank});                          // [T, q_lora_rank]
+    const std::array targets{LinearTarget{.w = w.q_a_proj.cview(), .out = q_a.view()},
+                             LinearTarget{.w = w.kv_a_proj.cview(), .out = latent.view()}};
+    backend_.multi_linear({.x = h.cview(), .targets = targets});
     backend_.rms_norm({.x = q_a.cview(), .weight = w.q_a_norm.cview(), .out = q_a.view(), .eps = eps});
-    q = linear(q_a, w.q_b_proj);
+    q = linear(q_a, w.q_b_proj);                                            // [T, H * qk_dim]
   } else {
-    q = std::move(projected.q);
+    q = activation({t, heads * qk_dim});
+    const std::array targets{LinearTarget{.w = w.q_proj.cview(), .out = q.view()},
+                             LinearTarget{.w = w.kv_a_proj.cview(), .out = latent.view()}};
+    backend_.multi_linear({.x = h.cview(), .targets = targets});
   }
   const TensorView q_heads = q.view().reshaped({t, heads, qk_dim});        // [T, H, nope + rope]
   // The decode query in the layout of the absorbed decode kernel: q_abs[s, h] = [q_nope[s, h] · W_UK[h] | q_pe[s, h]].
@@ -220,13 +191,20 @@ Tensor DeepseekModel::attention(const LayerWeights& layer, int64_t layer_index, 
   return out;
 }
 
+Tensor DeepseekModel::mlp(const MlpWeights& w, const Tensor& h) {
+  Tensor act = activation({h.shape()[0], w.down.shape()[1]});              // [T, I] = silu(gate) * up
+  backend_.linear_silu_mul({.x = h.cview(), .w = w.gate_up.cview(), .out = act.view()});
+  return linear(act, w.down);                                               // [T, D]
+}
+
 // The shared experts are the last s experts of the stacked weights (see MoeWeights): routing appends them to every
 // token's top-k with weight 1, and one moe op routes and computes the routed and the shared experts together.
-// router_logits [T, E] float32 = h · gate^T, computed with the norm that made h.
-Tensor DeepseekModel::moe(const MoeWeights& w, const Tensor& h, const Tensor& router_logits) {
+Tensor DeepseekModel::moe(const MoeWeights& w, const Tensor& h) {
   const ModelConfig& c = config_;
   const int64_t t = h.shape()[0];
   const int64_t pairs = c.num_experts_per_tok + w.num_shared_experts;           // k + s a token
+  Tensor router_logits = backend_.empty({t, w.gate.shape()[0]}, DType::kF32);  // [T, E] float32
+  backend_.linear({.x = h.cview(), .w = w.gate.cview(), .out = router_logits.view()});
   Tensor topk_ids = backend_.empty({t, pairs}, DType::kI32);                    // [T, k + s]
   Tensor topk_weights = backend_.empty({t, pairs}, DType::kF32);                // [T, k + s]
   Tensor out = activation({t, c.hidden_size});                                  // [T, D]

@@ -2,7 +2,6 @@
 // specifics live behind Backend: the model allocates through it and only ever hands it views.
 #pragma once
 
-#include <array>
 #include <memory>
 
 #include "backend/backend.h"
@@ -39,17 +38,11 @@ class DeepseekModel {
   Tensor logits_on_host(Tensor logits) const;
 
  private:
-  // The products of h that open attention, and the outputs they write: q (q_a with a q LoRA) and the latent.
-  struct AttentionInputs {
-    Tensor q;       // [T, H * qk_dim], or q_a [T, q_lora_rank]
-    Tensor latent;  // [T, kv_lora_rank + qk_rope_head_dim]
-    std::array<LinearTarget, 2> targets;  // views of q and latent (Tensors move without moving their memory)
-  };
-  AttentionInputs attention_inputs(const LayerWeights& layer, int64_t num_tokens);
-  // The projections of h [T, D] -> attention output [T, D]; writes the layer's latents into the cache.
-  Tensor attention(const LayerWeights& layer, int64_t layer_index, AttentionInputs projected, const StepInputs& in,
+  // h [T, D] -> attention output [T, D]; writes the layer's latents into the cache.
+  Tensor attention(const LayerWeights& layer, int64_t layer_index, const Tensor& h, const StepInputs& in,
                    const LatentCache& cache);
-  Tensor moe(const MoeWeights& w, const Tensor& h, const Tensor& router_logits);
+  Tensor mlp(const MlpWeights& w, const Tensor& h);
+  Tensor moe(const MoeWeights& w, const Tensor& h);
   Tensor linear(const Tensor& x, const Tensor& w);
   Tensor activation(Shape shape);  // uninitialized, on the backend's device, in its activation dtype
 

@@ -17,7 +17,6 @@
 #include "core/counter_rng.h"
 #include "mla_prepare_cases.h"
 #include "moe_cases.h"
-#include "norm_linear_cases.h"
 #include "op_test_harness.h"
 
 #ifdef DEEPINFER_HAVE_CUDA
@@ -1084,19 +1083,6 @@ CaseRegistry build_registry() {
   add_multi_linear(r, 3, 11, {5, 4}, 15);
   add_multi_linear(r, 1, 7, {2, 3, 9}, 16);
   add_multi_linear(r, 0, 4, {3, 2}, 17);
-  // norm_linear (norm_linear_cases.h): with and without the sublayer output, one to three targets, no rows
-  add_norm_linear(r, {.tokens = 3, .dim = 11, .widths = {5, 4}, .with_x = true}, 18);
-  add_norm_linear(r, {.tokens = 1, .dim = 64, .widths = {7}, .with_x = false}, 19);
-  add_norm_linear(r, {.tokens = 8, .dim = 96, .widths = {16, 8, 33}, .with_x = true}, 20);
-  add_norm_linear(r, {.tokens = 0, .dim = 8, .widths = {3}, .with_x = true}, 21);
-  add_norm_linear_rejects(r, "residual_out_is_residual_in", BadNormLinear::kResidualOutIsResidualIn);
-  add_norm_linear_rejects(r, "residual_out_overlaps_x", BadNormLinear::kResidualOutOverlapsX);
-  add_norm_linear_rejects(r, "normed_is_x", BadNormLinear::kNormedIsX);
-  add_norm_linear_rejects(r, "target_out_is_normed", BadNormLinear::kTargetOutIsNormed);
-  add_norm_linear_rejects(r, "x_rows", BadNormLinear::kXRows);
-  add_norm_linear_rejects(r, "norm_weight_size", BadNormLinear::kNormWeight);
-  add_norm_linear_rejects(r, "target_k", BadNormLinear::kTargetK);
-  add_norm_linear_rejects(r, "no_targets", BadNormLinear::kNoTargets);
   add_head_linear(r, 5, 7, 11, 3, 0, 0, 10);
   add_head_linear(r, 1, 1, 1, 1, 0, 0, 11);
   add_head_linear(r, 3, 16, 128, 64, 0, 0, 12);

@@ -32,7 +32,6 @@
 #include "device_memory.h"
 #include "mla_prepare_cases.h"
 #include "moe_cases.h"
-#include "norm_linear_cases.h"
 #include "op_test_harness.h"
 
 namespace deepinfer::op_test {
@@ -158,35 +157,6 @@ void add_multi_linear(CaseRegistry& r, Activations act, int64_t m, int64_t k, st
            run.backend().multi_linear({.x = run.upload(act.tensor(run, {m, k}, x)), .targets = targets});
            Outputs outs;
            for (size_t i = 0; i < widths.size(); ++i) outs.push_back({str_cat("out", i), run.fetch(targets[i].out)});
-           return outs;
-         },
-         .tolerance = act.tolerance()});
-}
-
-// norm_linear: the new residual, the normed rows and the products (target 0 float32 when out0_f32, target 1 gated).
-void add_norm_linear(CaseRegistry& r, Activations act, const NormLinearShape& s, bool out0_f32, uint64_t seed) {
-  NormLinearValues v(s, seed);
-  v.x = act.round(v.x);
-  v.residual = act.round(v.residual);
-  for (std::vector<float>& w : v.ws) w = act.round(w);
-  r.add({.op = OpKind::kNormLinear,
-         .name = str_cat(s.name(), "_", act.tag(), out0_f32 ? "_out0_f32" : ""),
-         .run = [=](OpRunner& run) -> Outputs {
-           const int64_t t = s.tokens, d = s.dim;
-           std::vector<LinearTarget> targets;
-           for (size_t i = 0; i < s.widths.size(); ++i) {
-             const DType out_dtype = i == 0 && out0_f32 ? DType::kF32 : act.on(run);
-             targets.push_back({.w = run.upload(act.tensor(run, {s.weight_rows(i), d}, v.ws[i])),
-                                .out = run.output({t, s.widths[i]}, out_dtype), .silu_mul = i == 1});
-           }
-           const TensorView residual_out = run.output({t, d}, act.on(run)), normed = run.output({t, d}, act.on(run));
-           run.backend().norm_linear({.x = s.with_x ? run.upload(act.tensor(run, {t, d}, v.x)) : ConstTensorView{},
-                                      .residual_in = run.upload(act.tensor(run, {t, d}, v.residual)),
-                                      .residual_out = residual_out,
-                                      .norm_weight = run.upload(HostTensor::f32({d}, v.norm)),
-                                      .eps = kNormLinearEps, .normed = normed, .targets = targets});
-           Outputs outs = {{"residual_out", run.fetch(residual_out)}, {"normed", run.fetch(normed)}};
-           for (size_t i = 0; i < targets.size(); ++i) outs.push_back({str_cat("out", i), run.fetch(targets[i].out)});
            return outs;
          },
          .tolerance = act.tolerance()});
@@ -751,16 +721,6 @@ CaseRegistry build_registry() {
     add_multi_linear(r, act, 8, 96, {7, 5, 33}, false, s + 122);
     add_multi_linear(r, act, 12, 64, {16, 8}, true, s + 123);           // past 8 tokens: op by op
     add_multi_linear(r, act, 2, 33, {4, 4}, false, s + 124);            // K not a multiple of 32: op by op
-    // norm_linear: the fused skinny path at decode sizes (V2-Lite's q_proj + kv_a, router, gated MLP; V3's q_a +
-    // kv_a), with and without x; past 8 tokens, odd K and no rows it falls back to the separate kernels.
-    add_norm_linear(r, act, {.tokens = 1, .dim = 2048, .widths = {3072, 576}, .with_x = true}, false, s + 150);
-    add_norm_linear(r, act, {.tokens = 3, .dim = 2048, .widths = {64}, .with_x = true}, true, s + 151);
-    add_norm_linear(r, act, {.tokens = 8, .dim = 2048, .widths = {2048, 1408}, .with_x = false}, false, s + 152);
-    add_norm_linear(r, act, {.tokens = 8, .dim = 7168, .widths = {1536, 576}, .with_x = true}, false, s + 153);
-    add_norm_linear(r, act, {.tokens = 2, .dim = 7168, .widths = {256}, .with_x = false}, true, s + 154);
-    add_norm_linear(r, act, {.tokens = 12, .dim = 256, .widths = {40, 24}, .with_x = true}, true, s + 155);
-    add_norm_linear(r, act, {.tokens = 3, .dim = 33, .widths = {7}, .with_x = true}, false, s + 156);
-    add_norm_linear(r, act, {.tokens = 0, .dim = 64, .widths = {8}, .with_x = true}, false, s + 157);
     add_head_linear(r, act, 1, 16, 128, 512, s + 117, 192, 576);  // the absorbed decode's exact strides
     add_head_linear(r, act, 16, 16, 512, 128, s + 118);
     add_head_linear(r, act, 11, 4, 64, 40, s + 119, 72, 48);
@@ -1064,8 +1024,7 @@ constexpr OpKind kImplemented[] = {OpKind::kEmbedding, OpKind::kGatherRows, OpKi
                                    OpKind::kAdd,       OpKind::kRope,       OpKind::kMlaCacheWrite,
                                    OpKind::kMlaPrepare, OpKind::kMlaDecode, OpKind::kMoeRoute,
                                    OpKind::kMoeExperts, OpKind::kMoe, OpKind::kSample};
-constexpr OpKind kGemms[] = {OpKind::kLinear, OpKind::kHeadLinear, OpKind::kMlaPrefill,
-                             OpKind::kNormLinear};  // need cuBLAS
+constexpr OpKind kGemms[] = {OpKind::kLinear, OpKind::kHeadLinear, OpKind::kMlaPrefill};  // need cuBLAS
 
 // supports() reports exactly the implemented ops (the GEMMs only with cuBLAS), and every supported op has cases.
 TEST(CudaBackend, ReportsTheOpsItImplements) {

@@ -160,7 +160,6 @@ class CudaBackend final : public Backend {
       case OpKind::kLinear:
       case OpKind::kLinearSiluMul:
       case OpKind::kMultiLinear:
-      case OpKind::kNormLinear:
       case OpKind::kHeadLinear:
       case OpKind::kMlaPrefill:  // bfloat16, DeepSeek's dims (rank 512, rope 64, nope 128, v 128); cuBLAS decompresses
 #ifdef DEEPINFER_HAVE_CUBLAS
@@ -350,51 +349,6 @@ class CudaBackend final : public Backend {
       return label;
     });
     cuda::skinny_gemm(skinny, stream_.get());
-  }
-
-  // One skinny GEMM launch whose CTAs each normalize the residual rows themselves (the norm prologue) where the
-  // skinny kernel takes the targets and the rows fit its shared memory; otherwise the add + norm kernel, reading the
-  // old residual and writing the new one (no copy), then multi_linear.
-  void norm_linear(const NormLinearArgs& a) override {
-    constexpr const char* kOp = "cuda norm_linear";
-    a.validate();  // before anything is written
-    check_on_device(a.x, kOp, "x");
-    check_on_device(a.residual_in, kOp, "residual_in");
-    check_on_device(a.residual_out, kOp, "residual_out");
-    check_on_device(a.norm_weight, kOp, "norm_weight");
-    check_on_device(a.normed, kOp, "normed");
-    std::array<SkinnyTarget, kMultiLinearMaxTargets> targets{};  // no allocation per step
-    for (size_t i = 0; i < a.targets.size(); ++i) {
-      const LinearTarget& t = a.targets[i];
-      check_gemm_operands(a.normed, t.w, t.out, kOp);
-      targets[i] = {t.w, t.out, t.silu_mul ? cuda::SkinnyEpilogue::kSiluMul : cuda::SkinnyEpilogue::kStore};
-    }
-    cuda::SkinnyGemmParams skinny =
-        skinny_params(a.normed, std::span<const SkinnyTarget>(targets.data(), a.targets.size()));
-    skinny.norm = {.add = a.has_x() ? static_cast<const uint16_t*>(a.x.data) : nullptr,
-                   .residual_in = static_cast<const uint16_t*>(a.residual_in.data),
-                   .residual_out = static_cast<uint16_t*>(a.residual_out.data),
-                   .weight = static_cast<const float*>(a.norm_weight.data),
-                   .normed = static_cast<uint16_t*>(a.normed.data), .eps = a.eps};
-    if (a.residual_in.shape[0] > 0 && a.residual_in.shape[1] > 0 && use_skinny(a.normed.dtype, skinny)) {
-      const auto timing = timed([&] {
-        std::string label = str_cat("norm_linear M=", a.normed.shape[0]);
-        for (const LinearTarget& t : a.targets) label += str_cat(" [", t.w.shape[0], " x ", t.w.shape[1], "]");
-        return label;
-      });
-      cuda::skinny_gemm(skinny, stream_.get());
-      return;
-    }
-    if (a.has_x()) {
-      const auto timing = timed("add_rms_norm");
-      cuda::add_rms_norm({.residual = a.residual_out, .x = a.x, .weight = a.norm_weight, .out = a.normed,
-                          .eps = a.eps},
-                         a.residual_in, stream_.get());
-    } else {
-      copy_strided({.src = a.residual_in, .dst = a.residual_out});
-      rms_norm({.x = a.residual_out, .weight = a.norm_weight, .out = a.normed, .eps = a.eps});
-    }
-    multi_linear({.x = a.normed, .targets = a.targets});
   }
 
   void head_linear(const HeadLinearArgs& a) override {

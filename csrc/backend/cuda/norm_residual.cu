@@ -108,8 +108,6 @@ __global__ void __launch_bounds__(Traits::kThreads) norm_residual_kernel(__grid_
   const int64_t row = blockIdx.x;
   const T* x = static_cast<const T*>(p.x) + row * p.x_row_stride;
   T* residual = Traits::kAddResidual ? static_cast<T*>(p.residual) + row * p.residual_row_stride : nullptr;
-  const T* residual_in =
-      p.residual_in != nullptr ? static_cast<const T*>(p.residual_in) + row * p.residual_row_stride : residual;
   T* out = static_cast<T*>(p.out) + row * p.out_row_stride;
   const T* source = Traits::kAddResidual ? residual : x;  // the values normalized in pass 2
 
@@ -117,7 +115,7 @@ __global__ void __launch_bounds__(Traits::kThreads) norm_residual_kernel(__grid_
   for (int64_t i = static_cast<int64_t>(threadIdx.x) * Traits::kVec; i < p.dim; i += Traits::kThreads * Traits::kVec) {
     Chunk<Traits> v = load_chunk<Traits>(x + i);
     if constexpr (Traits::kAddResidual) {
-      const Chunk<Traits> r = load_chunk<Traits>(residual_in + i);
+      const Chunk<Traits> r = load_chunk<Traits>(residual + i);
 #pragma unroll
       for (int j = 0; j < Traits::kVec; ++j) v.v[j] += r.v[j];
       v = store_chunk<Traits>(residual + i, v);
@@ -143,8 +141,9 @@ void launch(const NormResidualParams& p, cudaStream_t stream) {
 
 template <typename T, Residual kMode, bool kVectorized>
 void launch_sized(const NormResidualParams& p, cudaStream_t stream) {
+  // Short rows get a small block; hidden-size rows (2048..7168) enough threads to keep the loads in flight.
   const int64_t steps = kVectorized ? p.dim / Vec16<T>::kSize : p.dim;
-  if (norm_residual_block_threads(steps) == 128) {
+  if (steps <= 256) {
     launch<NormTraits<T, kMode, kVectorized, 128>>(p, stream);
   } else {
     launch<NormTraits<T, kMode, kVectorized, 512>>(p, stream);
@@ -158,8 +157,7 @@ void launch_norm(const NormResidualParams& p, DType dtype, const char* op, cudaS
   dispatch_activation(dtype, op, [&](auto element) {
     using T = decltype(element);
     constexpr int kVec = Vec16<T>::kSize;
-    const bool residual_ok = kMode == Residual::kNone || (is_aligned(p.residual, 16) && is_aligned(p.residual_in, 16) &&
-                                                          p.residual_row_stride % kVec == 0);
+    const bool residual_ok = kMode == Residual::kNone || (is_aligned(p.residual, 16) && p.residual_row_stride % kVec == 0);
     const bool vector = p.dim % kVec == 0 && p.x_row_stride % kVec == 0 && p.out_row_stride % kVec == 0 &&
                         is_aligned(p.x, 16) && is_aligned(p.out, 16) && is_aligned(p.weight, 16) && residual_ok;
     if (vector) {
@@ -176,16 +174,8 @@ void check_on_device(const ConstTensorView& t, const char* op, const char* name)
 
 }  // namespace
 
-void add_rms_norm(const AddRmsNormArgs& a, cudaStream_t stream) { add_rms_norm(a, ConstTensorView{}, stream); }
-
-void add_rms_norm(const AddRmsNormArgs& a, ConstTensorView residual_in, cudaStream_t stream) {
+void add_rms_norm(const AddRmsNormArgs& a, cudaStream_t stream) {
   constexpr const char* kOp = "cuda add_rms_norm";
-  const bool separate_in = residual_in.data != nullptr;
-  DI_CHECK(!separate_in || (residual_in.shape == a.residual.shape && residual_in.dtype == a.residual.dtype &&
-                            residual_in.data != a.residual.data),
-           kOp, ": residual_in ", residual_in.shape.str(), " ", dtype_name(residual_in.dtype), " for residual ",
-           a.residual.shape.str(), " ", dtype_name(a.residual.dtype), " (and not the same memory)");
-  if (separate_in) check_on_device(residual_in, kOp, "residual_in");
   DI_CHECK(a.residual.shape.ndim() == 2 && a.x.shape == a.residual.shape && a.out.shape == a.residual.shape &&
                a.weight.numel() == a.residual.shape[1],
            kOp, ": residual ", a.residual.shape.str(), " x ", a.x.shape.str(), " weight ", a.weight.shape.str(),
@@ -199,7 +189,7 @@ void add_rms_norm(const AddRmsNormArgs& a, ConstTensorView residual_in, cudaStre
   check_on_device(a.weight, kOp, "weight");
   check_on_device(a.out, kOp, "out");
   const int64_t dim = a.residual.shape[1];
-  launch_norm<Residual::kAdd>({.x = a.x.data, .residual = a.residual.data, .residual_in = residual_in.data,
+  launch_norm<Residual::kAdd>({.x = a.x.data, .residual = a.residual.data,
                                .weight = static_cast<const float*>(a.weight.data), .out = a.out.data,
                                .rows = a.residual.shape[0], .dim = dim, .x_row_stride = dim,
                                .residual_row_stride = dim, .out_row_stride = dim, .eps = a.eps},

@@ -12,9 +12,6 @@ namespace deepinfer::cuda {
 // residual += x; out = rms_norm(residual) * weight. residual, x and out share one dtype; out may alias x.
 // Checks the views (device, dtypes, shapes; throws deepinfer::Error) and queues the kernel on `stream`.
 void add_rms_norm(const AddRmsNormArgs& a, cudaStream_t stream);
-// The same with the old residual read from `residual_in` (a.residual's shape and dtype, another buffer) and the new
-// one written to a.residual: norm_linear's residual_out = residual_in + x without a copy first.
-void add_rms_norm(const AddRmsNormArgs& a, ConstTensorView residual_in, cudaStream_t stream);
 
 // RmsNormArgs on float32 rows (row_stride honoured, in place allowed). Throws for other dtypes.
 void rms_norm_f32(const RmsNormArgs& a, cudaStream_t stream);

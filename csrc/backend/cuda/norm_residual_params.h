@@ -1,6 +1,6 @@
 // Parameters of the RMSNorm kernel with an optional fused residual add. Rows are float32 or bfloat16 (one dtype per
 // launch, chosen by the launcher), the weight float32, the math fp32. rms(v) = sqrt(mean(v^2) + eps).
-//   with a residual:    residual[r] = round(residual[r] + x[r]);   (residual_in[r] + x[r] when residual_in is set)  out[r] = residual[r] / rms(residual[r]) * weight
+//   with a residual:    residual[r] = round(residual[r] + x[r]);  out[r] = residual[r] / rms(residual[r]) * weight
 //   without (nullptr):  out[r] = x[r] / rms(x[r]) * weight
 // The rounded residual is what is normalized, so `out` is exactly rms_norm of the residual later layers read.
 #pragma once
@@ -9,16 +9,9 @@
 
 namespace deepinfer::cuda {
 
-// Threads per block of the kernel for rows of `steps` loads (dim / 8 when vectorized bfloat16): short rows get a
-// small block, hidden-size rows (2048..7168) enough threads to keep the loads in flight. The reduction order depends
-// on it, so the skinny GEMM's norm prologue, which reproduces these bits, picks it here too.
-constexpr int norm_residual_block_threads(int64_t steps) { return steps <= 256 ? 128 : 512; }
-
 struct NormResidualParams {
   const void* x = nullptr;          // [rows, dim], rows x_row_stride elements apart
   void* residual = nullptr;         // [rows, dim], rows residual_row_stride apart, updated in place; or nullptr
-  const void* residual_in = nullptr;  // nullptr: residual is read in place; else the old residual, rows laid out as
-                                      // residual's, and residual (then write-only) must not overlap it
   const float* weight = nullptr;    // [dim]
   void* out = nullptr;              // [rows, dim], rows out_row_stride apart; may alias x, not residual
   int64_t rows = 0;

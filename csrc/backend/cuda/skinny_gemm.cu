@@ -15,11 +15,6 @@
 // blockIdx.x) that take consecutive slices of K with the same tile layout; after a cluster barrier, rank 0 adds the
 // ranks' partial tiles through distributed shared memory in rank order (the same bits every run) and runs the
 // epilogue once.
-//
-// Norm prologue (norm_linear): the activations are the normalized residual rows, which every CTA computes itself
-// after the wait on the previous kernel and stages in its shared memory, where its main loop then reads x from
-// (skinny_gemm_norm.cuh). T * K is small at decode (8 x 7168 bf16 = 112 KB at most), so the redundant work is cheap
-// beside a kernel boundary; the first CTA also stores the new residual and the normed rows for later ops.
 #include "backend/cuda/skinny_gemm.cuh"
 
 #include <cooperative_groups.h>
@@ -30,10 +25,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launch.h"
-#include "backend/cuda/norm_residual_params.h"
 #include "backend/cuda/ptx.cuh"
-#include "backend/cuda/rms_norm_row.cuh"
-#include "backend/cuda/skinny_gemm_norm.cuh"
 #include "core/error.h"
 
 namespace deepinfer::cuda {
@@ -50,14 +42,6 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kStepK = 32;    // K elements one warp consumes per step (two MMAs)
 constexpr int kUnroll = 4;    // steps whose loads are in flight together
 constexpr int kMinStepsPerWarp = 4;
-static_assert(kThreads == skinny_norm::kCtaThreads, "the norm prologue plays its reference kernels with these threads");
-
-// Where x comes from: memory (kNone), or the norm prologue with the sublayer output added (kAddNorm) or without
-// (kNorm).
-enum class Prologue : int { kNone, kAddNorm, kNorm };
-
-// The most shared memory the staged rows may take: 8 tokens of DeepSeek-V3's 7168 (with the row pad) fit.
-constexpr int64_t kMaxStagedBytes = 120 << 10;
 
 // The kernel's argument: the operands, and per problem the 16-row tiles a CTA computes and its first block of tiles
 // (with a split, the index of its first cluster).
@@ -65,22 +49,15 @@ struct SkinnyKernelArgs {
   SkinnyGemmParams p;
   int tiles[kSkinnyMaxProblems] = {};
   int block_begin[kSkinnyMaxProblems + 1] = {};
-  int norm_ref_threads = 0;  // with a prologue: the block size of the norm kernel whose sums it reproduces
 };
 
 __device__ __forceinline__ uint4 load_or_zero(const uint16_t* ptr, bool valid) {
   return valid ? ld_stream_16(ptr) : make_uint4(0u, 0u, 0u, 0u);
 }
 
-// x is small and read by every CTA: a plain read-only load keeps it in L1/L2. Staged by the prologue, it is in
-// shared memory instead.
-template <Prologue kPrologue>
+// x is small and read by every CTA: a plain read-only load keeps it in L1/L2.
 __device__ __forceinline__ uint4 load_x(const uint16_t* ptr, bool valid) {
-  if constexpr (kPrologue == Prologue::kNone) {
-    return valid ? __ldg(reinterpret_cast<const uint4*>(ptr)) : make_uint4(0u, 0u, 0u, 0u);
-  } else {
-    return valid ? *reinterpret_cast<const uint4*>(ptr) : make_uint4(0u, 0u, 0u, 0u);
-  }
+  return valid ? __ldg(reinterpret_cast<const uint4*>(ptr)) : make_uint4(0u, 0u, 0u, 0u);
 }
 
 // One 32-wide K step: weight rows r and r + 8 (wa, wb) against the 8 tokens' x (xv), two MMAs.
@@ -103,13 +80,12 @@ __device__ __forceinline__ void store_out(const SkinnyProblem& q, int64_t i, flo
 }
 
 // Grid: the problems' block ranges, one after the other, kSplit CTAs per block (a cluster; 1: no cluster). The tokens
-// are one 8-column MMA tile. With a prologue, the dynamic shared memory holds the staged rows.
-template <int kSplit, Prologue kPrologue>
+// are one 8-column MMA tile.
+template <int kSplit>
 __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const __grid_constant__ SkinnyKernelArgs args) {
   static_assert(kSplit == 1 || kSplit == 2 || kSplit == 4 || kSplit == 8, "a portable cluster size");
   const SkinnyGemmParams& p = args.p;
   __shared__ float partial[kWarps][32][4];
-  extern __shared__ uint4 staged_x[];  // with a prologue: [tokens, row_stride(k_dim)] bf16
   // A cluster is kSplit consecutive CTAs along x, so a CTA's rank in it is blockIdx.x % kSplit (its block_rank()).
   const int tile_block = static_cast<int>(blockIdx.x) / kSplit, rank = static_cast<int>(blockIdx.x) % kSplit;
   int problem = 0;
@@ -129,11 +105,7 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const __grid_cons
   const uint16_t* w_row = q.w + (row_offset + group_row + r) * p.k_dim + lane_k * 8;
   const bool valid_a = group_row + r < q.n_out, valid_b = group_row + r + 8 < q.n_out;
   const bool valid_x = r < p.tokens;  // lane group r carries token r
-  const uint16_t* x_row =
-      kPrologue == Prologue::kNone
-          ? p.x + (valid_x ? r : 0) * p.x_row_stride + lane_k * 8
-          : reinterpret_cast<const uint16_t*>(staged_x) + (valid_x ? r : 0) * skinny_norm::row_stride(p.k_dim) +
-                lane_k * 8;
+  const uint16_t* x_row = p.x + (valid_x ? r : 0) * p.x_row_stride + lane_k * 8;
   const int64_t row_b_offset = 8 * p.k_dim;
 
   // The CTA's K slice (all of K without a split), then the warp's part of it.
@@ -159,21 +131,12 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const __grid_cons
   load_weights(step_begin);
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
-  if constexpr (kPrologue != Prologue::kNone) {
-    // Every CTA normalizes all rows (it multiplies all of K, or its cluster rank's slice of it); the first CTA of
-    // the grid (rank 0 of the first cluster) also stores them and the new residual.
-    skinny_norm::normalize_rows<kPrologue == Prologue::kAddNorm>(p, args.norm_ref_threads,
-                                                                 reinterpret_cast<uint16_t*>(staged_x),
-                                                                 blockIdx.x == 0);
-  }
 
   float acc[4] = {};
   for (int64_t s = step_begin; s < step_end; s += kUnroll) {
     uint4 xv[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      xv[u] = load_x<kPrologue>(x_row + (s + u) * kStepK, s + u < step_end && valid_x);
-    }
+    for (int u = 0; u < kUnroll; ++u) xv[u] = load_x(x_row + (s + u) * kStepK, s + u < step_end && valid_x);
     uint4 cur_a[kUnroll], cur_b[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -277,42 +240,11 @@ int split_ways(const TileLayout& layout) {
   return 1;
 }
 
-Prologue prologue_of(const SkinnyGemmParams& p) {
-  if (p.norm.residual_in == nullptr) return Prologue::kNone;
-  return p.norm.add != nullptr ? Prologue::kAddNorm : Prologue::kNorm;
-}
-
-int64_t staged_bytes(const SkinnyGemmParams& p) {
-  return p.tokens * skinny_norm::row_stride(p.k_dim) * static_cast<int64_t>(sizeof(uint16_t));
-}
-
-template <int kSplit, Prologue kPrologue>
+template <int kSplit>
 void launch(const TileLayout& layout, cudaStream_t stream) {
-  const auto kernel = skinny_gemm_kernel<kSplit, kPrologue>;
-  const SkinnyGemmParams& p = layout.args.p;
-  const size_t smem = kPrologue == Prologue::kNone ? 0 : static_cast<size_t>(staged_bytes(p));
-  if constexpr (kPrologue != Prologue::kNone) {
-    // Past 48 KB a kernel must opt in to dynamic shared memory; once per instantiation, for the largest rows taken.
-    static const bool opted_in = [&] {
-      CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(kMaxStagedBytes)));
-      return true;
-    }();
-    static_cast<void>(opted_in);
-  }
   const dim3 grid(static_cast<unsigned>(layout.blocks * kSplit));
-  launch_pdl(kernel, {.grid = grid, .block = dim3(kThreads), .smem_bytes = smem, .cluster_ctas = kSplit}, stream,
+  launch_pdl(skinny_gemm_kernel<kSplit>, {.grid = grid, .block = dim3(kThreads), .cluster_ctas = kSplit}, stream,
              layout.args);
-}
-
-template <Prologue kPrologue>
-void launch_split(const TileLayout& layout, cudaStream_t stream) {
-  switch (split_ways(layout)) {
-    case 8: launch<8, kPrologue>(layout, stream); break;
-    case 4: launch<4, kPrologue>(layout, stream); break;
-    case 2: launch<2, kPrologue>(layout, stream); break;
-    default: launch<1, kPrologue>(layout, stream); break;
-  }
 }
 
 }  // namespace
@@ -324,15 +256,6 @@ bool skinny_gemm_fits(const SkinnyGemmParams& p) {
   }
   for (int i = 0; i < p.num_problems; ++i) {
     if (p.problems[i].n_out < 1 || !aligned16(p.problems[i].w)) return false;
-  }
-  if (prologue_of(p) != Prologue::kNone) {
-    // Dense rows the prologue reads and writes with 16-byte accesses, and staged rows within the shared memory.
-    const SkinnyNormPrologue& n = p.norm;
-    if (p.x != n.normed || p.x_row_stride != p.k_dim || !aligned16(n.add) || !aligned16(n.residual_in) ||
-        !aligned16(n.residual_out) || !aligned16(n.weight) || !aligned16(n.normed) || n.residual_out == nullptr ||
-        n.weight == nullptr || staged_bytes(p) > kMaxStagedBytes) {
-      return false;
-    }
   }
   return true;
 }
@@ -347,18 +270,12 @@ void skinny_gemm(const SkinnyGemmParams& p, cudaStream_t stream) {
            " problems: needs 1..", kSkinnyMaxTokens, " tokens, K a multiple of ", kStepK, ", 1..",
            kSkinnyMaxProblems, " problems and 16-byte aligned rows (use cuBLAS)");
   static_assert(kSkinnyMaxTokens == 8, "one 8-token MMA column tile");
-  TileLayout layout = tile_layout(p);
-  switch (prologue_of(p)) {
-    case Prologue::kNone: launch_split<Prologue::kNone>(layout, stream); break;
-    case Prologue::kAddNorm:
-      // The vectorized add_rms_norm kernel's block size (8 elements a load).
-      layout.args.norm_ref_threads = norm_residual_block_threads(p.k_dim / 8);
-      launch_split<Prologue::kAddNorm>(layout, stream);
-      break;
-    case Prologue::kNorm:
-      layout.args.norm_ref_threads = rms_norm_block_threads(p.k_dim);
-      launch_split<Prologue::kNorm>(layout, stream);
-      break;
+  const TileLayout layout = tile_layout(p);
+  switch (split_ways(layout)) {
+    case 8: launch<8>(layout, stream); break;
+    case 4: launch<4>(layout, stream); break;
+    case 2: launch<2>(layout, stream); break;
+    default: launch<1>(layout, stream); break;
   }
 }
 

@@ -17,9 +17,7 @@ namespace deepinfer::cuda {
 inline constexpr int64_t kSkinnyMaxTokens = 8;
 
 // Whether the kernel takes these operands: 1..kSkinnyMaxTokens tokens, K a positive multiple of 32, 16-byte aligned
-// x rows and weights, 1..kSkinnyMaxProblems problems with at least one output column each; with a norm prologue also
-// dense, 16-byte aligned residual and normed rows (x == norm.normed) that fit the CTA's shared memory (8 tokens of
-// K = 7168 do).
+// x rows and weights, 1..kSkinnyMaxProblems problems with at least one output column each.
 bool skinny_gemm_fits(const SkinnyGemmParams& p);
 
 // How many CTAs (a thread-block cluster) share each block of output tiles, each taking a slice of K: 1 (no split)

@@ -6,12 +6,6 @@
 //                                                             gaining the shared experts')
 //   kSiluMul     out[t, n] = silu(acc[t, n]) * acc[t, n_out + n]   (w = [gate; up], 2 * n_out rows)
 // x and w are bf16, row-major with K contiguous; out is bf16 or fp32 with rows out_row_stride elements apart.
-//
-// With a norm prologue (norm_linear), x is an output: every CTA computes it itself from the residual before its main
-// loop, with the rounding of the add_rms_norm and rms_norm kernels (bit for bit), and the first CTA stores it
-// (skinny_gemm_norm.cuh):
-//   residual_out = bf16(residual_in + add)   (add absent: residual_out = residual_in)
-//   normed       = bf16(rms_norm(residual_out) * weight)   (the x the products read)
 #pragma once
 
 #include <cstdint>
@@ -31,25 +25,14 @@ struct SkinnyProblem {
   bool out_f32 = false;
 };
 
-// Rows [tokens, k_dim] bf16, k_dim apart; residual_in == nullptr: no prologue.
-struct SkinnyNormPrologue {
-  const uint16_t* add = nullptr;          // the sublayer output, or nullptr: nothing to add
-  const uint16_t* residual_in = nullptr;  // read by every CTA
-  uint16_t* residual_out = nullptr;       // written by the first CTA; apart from residual_in and add
-  const float* weight = nullptr;          // [k_dim]
-  uint16_t* normed = nullptr;             // written by the first CTA; p.x names the same memory
-  float eps = 1e-6f;
-};
-
 struct SkinnyGemmParams {
-  const uint16_t* x = nullptr;  // [tokens, k_dim] bf16, rows x_row_stride elements apart (norm.normed with a prologue)
+  const uint16_t* x = nullptr;  // [tokens, k_dim] bf16, rows x_row_stride elements apart
   int64_t tokens = 0;           // 1..kSkinnyMaxTokens
   int64_t k_dim = 0;            // a multiple of 32
   int64_t x_row_stride = 0;
   int num_problems = 0;
   SkinnyProblem problems[kSkinnyMaxProblems];
   int32_t num_sms = 132;  // multiprocessors of the device: when the grid is small, K is split over a cluster
-  SkinnyNormPrologue norm;
 };
 
 }  // namespace deepinfer::cuda

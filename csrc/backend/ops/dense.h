@@ -88,29 +88,6 @@ struct AddRmsNormArgs {
   void validate() const;
 };
 
-// The pre-norm step between sublayers and the products of its output, in one op (at decode, one launch instead of a
-// norm kernel and a GEMM kernel):
-//   residual_out = residual_in + x           (rounded to the activation dtype, exactly as add_rms_norm rounds it)
-//   normed       = rms_norm(residual_out) * norm_weight
-//   each target: out = normed · w^T, or silu_mul  (exactly as multi_linear)
-// Without x (an empty view), residual_out = residual_in: the first layer normalizes the embedding. normed is an
-// output because later ops read it too (the MoE experts read what the router read).
-// residual_out must not overlap residual_in: a fused kernel has every thread block read residual_in while one of
-// them writes the new residual, so the model alternates two residual buffers instead of synchronizing the grid. No
-// output overlaps an input or another output.
-struct NormLinearArgs {
-  ConstTensorView x;                      // [T, D] activation dtype, or empty: nothing to add
-  ConstTensorView residual_in;            // [T, D]
-  TensorView residual_out;                // [T, D]
-  ConstTensorView norm_weight;            // [D] float32
-  float eps = 1e-6f;
-  TensorView normed;                      // [T, D]
-  std::span<const LinearTarget> targets;  // 1..kMultiLinearMaxTargets, as in MultiLinearArgs (x = normed)
-  // x is given unless it is a default view (no data, no elements, one dimension): a [0, D] x still counts.
-  bool has_x() const { return x.data != nullptr || x.numel() != 0 || x.shape.ndim() != 1; }
-  void validate() const;
-};
-
 // out[t, i] = silu(gate_up[t, i]) * gate_up[t, I + i]
 struct SiluMulArgs {
   ConstTensorView gate_up;  // [T, 2I]
