@@ -897,6 +897,11 @@ CaseRegistry build_registry() {
   add_moe_experts_bf16(r, {.tokens = 40, .dim = 256, .inter = 128, .routed = 256, .top_k = 8, .shared = 1}, 181);
   add_moe_experts_bf16(r, {.tokens = 300, .dim = 256, .inter = 128, .routed = 256, .top_k = 8, .shared = 1}, 182);
   add_moe_experts_bf16(r, {.tokens = 7, .dim = 256, .inter = 128, .routed = 64, .top_k = 6, .shared = 2}, 183);
+  // Grids that need more than one wave of 8-warp small-M CTAs on a 132-SM GPU and fit one wave of 4-warp CTAs, the
+  // narrow variant: V2-Lite's gate/up width at batch 1 (88 column blocks x 8 experts), and a down grid of 64 column
+  // blocks x 9 experts.
+  add_moe_experts_bf16(r, {.tokens = 1, .dim = 256, .inter = 1408, .routed = 64, .top_k = 6, .shared = 2}, 185);
+  add_moe_experts_bf16(r, {.tokens = 1, .dim = 2048, .inter = 128, .routed = 16, .top_k = 8, .shared = 1}, 186);
   // moe (routing + experts, one alignment on the GPU): V3 routing with its shared expert at decode sizes (fused
   // combine), past one route block, and on the grouped path; V2-Lite's routing with two shared experts at batch 1 and
   // on the grouped path; V2's group-limited routing without shared experts.

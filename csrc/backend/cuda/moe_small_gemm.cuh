@@ -4,7 +4,10 @@
 // Memory-bound: every active expert's weights are read once, at full bandwidth, straight from global memory into
 // registers (16-byte loads, no shared-memory staging). The weight rows are the M dimension of mma.sync m16n8k16 and
 // the expert's rows (tokens) the N dimension, 8 a tile:
-//   CTA = (column block, active expert). 8 warps = 2 tiles of 16 weight rows x 4 slices of K.
+//   CTA = (column block, active expert). 2 tiles of 16 weight rows x kKSplit slices of K: 8 warps (4 slices), or 4
+//   warps (2 slices) when the launcher wants twice the resident CTAs: a grid that fits the GPU in one wave of 4-warp
+//   CTAs streams to its end, where with 8-warp CTAs a partial second wave would run at a fraction of the bandwidth
+//   (V2-Lite's gate/up at batch 1: 88 x 8 CTAs against 132 x 4 resident 8-warp CTAs).
 //   gate/up: 16 act columns a CTA; warp row tile 0 holds gate rows i0 .. +16, tile 1 the up rows I + i0 .. +16.
 //   down:    32 output columns a CTA; the two row tiles are rows d0 .. +16 and d0 + 16 .. +16 of W_down.
 // The K slices' partial sums meet in shared memory; the epilogue applies silu(gate) * up (gate/up) and writes
@@ -23,19 +26,21 @@
 
 namespace deepinfer::cuda::moe_detail {
 
-template <GemmKind kKindValue, int kTokenTilesValue>
+template <GemmKind kKindValue, int kTokenTilesValue, int kKSplitValue = 4>
 struct SmallTraits {
   static constexpr GemmKind kKind = kKindValue;
   static constexpr bool kGateUp = kKindValue == GemmKind::kGateUp;
   static constexpr int kTokenTiles = kTokenTilesValue;   // n8 tiles of expert rows per pass
   static constexpr int kRowsPerPass = 8 * kTokenTiles;
-  static constexpr int kThreads = 256;
-  static constexpr int kKSplit = 4;                      // warps along K
+  static constexpr int kKSplit = kKSplitValue;           // warps along K
   static constexpr int kRowTiles = 2;                    // m16 tiles of weight rows
+  static constexpr int kThreads = 32 * kKSplit * kRowTiles;
   static constexpr int kUnroll = kTokenTiles == 1 ? 3 : 4;  // K chunks loaded before their MMAs
   static constexpr int kOutCols = kGateUp ? 16 : kDownColsPerCta;  // output columns of a CTA
-  static constexpr int kMinBlocks = kTokenTiles == 1 ? 4 : 2;  // CTAs per SM: <= 64 / 128 registers
-  static_assert(kKSplit * kRowTiles * 32 == kThreads, "8 warps: 2 row tiles x 4 K slices");
+  // Resident CTAs per SM the registers are budgeted for (<= 64 registers with one token tile, 128 with four): 32
+  // or 16 warps an SM. The launcher's one-wave test counts on it.
+  static constexpr int kMinBlocks = (kTokenTiles == 1 ? 4 : 2) * (4 / kKSplit);
+  static_assert(kKSplit == 2 || kKSplit == 4, "4 or 8 warps: 2 row tiles x 2 or 4 K slices");
   static_assert(kTokenTiles >= 1 && kTokenTiles <= 4, "at most 32 rows a pass");
   static_assert(kOutCols == 32 || kGateUp, "the fused combine covers the down CTA's 32 columns, 2 a thread");
 };
@@ -118,19 +123,24 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) moe_small_gemm_ker
 #pragma unroll
     for (int nt = 0; nt < T::kTokenTiles; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
 
-    int c = ks;  // this warp's chunks: ks, ks + kKSplit, ...; groups of kUnroll, then the rest one by one
-    for (; c + (T::kUnroll - 1) * T::kKSplit < num_chunks; c += T::kKSplit * T::kUnroll) {
+    // This warp's chunks ks, ks + kKSplit, ... in groups of kUnroll whose loads are in flight together; the last
+    // group's chunks past the end load zeros (their MMAs add nothing), so the tail costs one round trip, not one a
+    // chunk.
+    for (int c = ks; c < num_chunks; c += T::kKSplit * T::kUnroll) {
       uint4 a_lo[T::kUnroll], a_hi[T::kUnroll], b[T::kUnroll][T::kTokenTiles];
 #pragma unroll
       for (int u = 0; u < T::kUnroll; ++u) {
-        a_lo[u] = ld_stream_16(w_lo + (c + u * T::kKSplit) * 32);
-        a_hi[u] = ld_stream_16(w_hi + (c + u * T::kKSplit) * 32);
+        const bool in = c + u * T::kKSplit < num_chunks;
+        a_lo[u] = in ? ld_stream_16(w_lo + (c + u * T::kKSplit) * 32) : make_uint4(0u, 0u, 0u, 0u);
+        a_hi[u] = in ? ld_stream_16(w_hi + (c + u * T::kKSplit) * 32) : make_uint4(0u, 0u, 0u, 0u);
       }
 #pragma unroll
       for (int u = 0; u < T::kUnroll; ++u) {
+        const bool in = c + u * T::kKSplit < num_chunks;
 #pragma unroll
         for (int nt = 0; nt < T::kTokenTiles; ++nt) {
-          b[u][nt] = src[nt] != nullptr ? ld_cg_16(src[nt] + (c + u * T::kKSplit) * 32) : make_uint4(0u, 0u, 0u, 0u);
+          b[u][nt] = in && src[nt] != nullptr ? ld_cg_16(src[nt] + (c + u * T::kKSplit) * 32)
+                                              : make_uint4(0u, 0u, 0u, 0u);
         }
       }
 #pragma unroll
@@ -140,15 +150,6 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) moe_small_gemm_ker
           mma_bf16_16816(acc[nt], a_lo[u].x, a_hi[u].x, a_lo[u].y, a_hi[u].y, b[u][nt].x, b[u][nt].y);
           mma_bf16_16816(acc[nt], a_lo[u].z, a_hi[u].z, a_lo[u].w, a_hi[u].w, b[u][nt].z, b[u][nt].w);
         }
-      }
-    }
-    for (; c < num_chunks; c += T::kKSplit) {
-      const uint4 a_lo = ld_stream_16(w_lo + c * 32), a_hi = ld_stream_16(w_hi + c * 32);
-#pragma unroll
-      for (int nt = 0; nt < T::kTokenTiles; ++nt) {
-        const uint4 b = src[nt] != nullptr ? ld_cg_16(src[nt] + c * 32) : make_uint4(0u, 0u, 0u, 0u);
-        mma_bf16_16816(acc[nt], a_lo.x, a_hi.x, a_lo.y, a_hi.y, b.x, b.y);
-        mma_bf16_16816(acc[nt], a_lo.z, a_hi.z, a_lo.w, a_hi.w, b.z, b.w);
       }
     }
     // Accumulator (row g / g + 8 of the row tile, rows 2t, 2t + 1 of the token tile) -> red[ks][h][feature][row].
@@ -212,10 +213,30 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) moe_small_gemm_ker
 
 // Grid (output column blocks, max_active experts); experts past the active count exit at once.
 template <typename T>
+int64_t small_gemm_grid_ctas(const MoeKernelParams& kp) {
+  const int out_cols = T::kGateUp ? kp.p.inter : kp.p.hidden;
+  return static_cast<int64_t>(out_cols / T::kOutCols) * kp.max_active;
+}
+
+template <typename T>
 void launch_small_gemm(const MoeKernelParams& kp, cudaStream_t stream) {
   const int out_cols = T::kGateUp ? kp.p.inter : kp.p.hidden;
   const LaunchShape shape{.grid = dim3(out_cols / T::kOutCols, kp.max_active), .block = dim3(T::kThreads)};
   launch_pdl(moe_small_gemm_kernel<T>, shape, stream, kp);
+}
+
+// 8-warp CTAs, unless the grid needs more than one wave of them and fits in one wave of 4-warp CTAs (same tiles, half
+// the warps along K, twice the CTAs resident).
+template <GemmKind kKind, int kTokenTiles>
+void launch_small_gemm_in_fewest_waves(const MoeKernelParams& kp, cudaStream_t stream) {
+  using Wide = SmallTraits<kKind, kTokenTiles, 4>;
+  using Narrow = SmallTraits<kKind, kTokenTiles, 2>;
+  const int64_t ctas = small_gemm_grid_ctas<Wide>(kp);
+  if (ctas > int64_t{Wide::kMinBlocks} * kp.p.num_sms && ctas <= int64_t{Narrow::kMinBlocks} * kp.p.num_sms) {
+    launch_small_gemm<Narrow>(kp, stream);
+  } else {
+    launch_small_gemm<Wide>(kp, stream);
+  }
 }
 
 }  // namespace deepinfer::cuda::moe_detail
