@@ -722,6 +722,11 @@ CaseRegistry build_registry() {
     add_multi_linear(r, act, 12, 64, {16, 8}, true, s + 123);           // past 8 tokens: op by op
     add_multi_linear(r, act, 2, 33, {4, 4}, false, s + 124);            // K not a multiple of 32: op by op
     add_head_linear(r, act, 1, 16, 128, 512, s + 117, 192, 576);  // the absorbed decode's exact strides
+    // Up to 8 tokens bf16 runs on the per-head GEMV kernel (head_gemv.cu) for K = 64 / 128 / 256 / 512 (more cases
+    // below): K = 256 and 64, and N that is not a multiple of a warp's rows (cuBLAS then).
+    add_head_linear(r, act, 2, 4, 256, 24, s + 127, 264);
+    add_head_linear(r, act, 5, 5, 64, 32, s + 128);
+    add_head_linear(r, act, 1, 2, 128, 12, s + 129);
     add_head_linear(r, act, 16, 16, 512, 128, s + 118);
     add_head_linear(r, act, 11, 4, 64, 40, s + 119, 72, 48);
     add_head_linear(r, act, 1, 16, 128, 512, s + 10);  // q_nope · W_UK per head (V2-Lite decode)

@@ -25,6 +25,7 @@
 #include "backend/cuda/elementwise.cuh"
 #include "backend/cuda/embedding.cuh"
 #include "backend/cuda/graph_arena.h"
+#include "backend/cuda/head_gemv.cuh"
 #include "backend/cuda/mla_cache_write.cuh"
 #include "backend/cuda/mla_decode.cuh"
 #include "backend/cuda/mla_prepare.cuh"
@@ -135,6 +136,8 @@ cudaDataType_t cuda_type(DType t) { return t == DType::kBF16 ? CUDA_R_16BF : CUD
 
 // DEEPINFER_DISABLE_SKINNY_GEMM=1 sends every GEMM to cuBLAS, so one build can compare the two.
 bool skinny_gemm_enabled_from_env() { return !env_flag("DEEPINFER_DISABLE_SKINNY_GEMM"); }
+// DEEPINFER_DISABLE_HEAD_GEMV=1 sends head_linear at decode sizes to cuBLAS too.
+bool head_gemv_enabled_from_env() { return !env_flag("DEEPINFER_DISABLE_HEAD_GEMV"); }
 
 class CudaBackend final : public Backend {
  public:
@@ -356,11 +359,21 @@ class CudaBackend final : public Backend {
     constexpr const char* kOp = "cuda head_linear";
     a.validate();
     check_gemm_operands(a.x, a.w, a.out, kOp);
-#ifdef DEEPINFER_HAVE_CUBLAS
     const int64_t tokens = a.x.shape[0], heads = a.x.shape[1], k = a.x.shape[2], n = a.w.shape[1];
     const int64_t x_stride = a.x_head_stride == 0 ? k : a.x_head_stride;
     const int64_t out_stride = a.out_head_stride == 0 ? n : a.out_head_stride;
     if (tokens == 0 || heads == 0 || n == 0) return;
+    if (head_gemv_enabled_ && a.x.dtype == DType::kBF16 && a.w.dtype == DType::kBF16 && a.out.dtype == DType::kBF16) {
+      const cuda::HeadGemvParams gemv{.x = static_cast<const uint16_t*>(a.x.data),
+                                      .w = static_cast<const uint16_t*>(a.w.data),
+                                      .out = static_cast<uint16_t*>(a.out.data), .tokens = tokens, .heads = heads,
+                                      .k = k, .n = n, .x_head_stride = x_stride, .out_head_stride = out_stride};
+      if (cuda::head_gemv_fits(gemv)) {  // decode sizes: weights loaded while the previous kernel drains
+        cuda::head_gemv(gemv, stream_.get());
+        return;
+      }
+    }
+#ifdef DEEPINFER_HAVE_CUBLAS
     if (k == 0) {  // every (token, head) row of out is N zeros, rows out_stride apart
       const size_t elem = dtype_size(a.out.dtype);
       CUDA_TRY(cudaMemset2DAsync(a.out.data, static_cast<size_t>(out_stride) * elem, 0, static_cast<size_t>(n) * elem,
@@ -835,6 +848,7 @@ class CudaBackend final : public Backend {
   uint64_t graph_generation_ = 0;
   int num_sms_ = 0;
   const bool skinny_enabled_ = skinny_gemm_enabled_from_env();
+  const bool head_gemv_enabled_ = head_gemv_enabled_from_env();  // head_linear at decode sizes on head_gemv.cu
   const cuda::MlaPrefillKernel prefill_kernel_ = cuda::mla_prefill_kernel_from_env();  // DEEPINFER_MLA_PREFILL
   Tensor workspace_;  // MLA decode split partials (see mla_decode)
   Tensor prefill_workspace_;  // MLA prefill gathered latents and decompressed k_nope | v (see mla_prefill)

@@ -1,0 +1,135 @@
+// Per-head GEMV kernel. A warp computes kRowsPerWarp consecutive weight rows (h, n .. n + kRowsPerWarp) of one head
+// for every token: kLanesPerRow lanes share a row, each holding kChunksPerLane 16-byte chunks (8 elements) of it, and
+// 32 / kLanesPerRow rows sit side by side, kIters such groups a warp. The weight chunks are loaded before
+// griddep_wait (weights are never written during a step, so the loads overlap the previous kernel), then the x
+// chunks (one set per token: the warp's rows share a head), the dot products in fp32, and a shuffle reduction over
+// each row's lanes in a fixed order (the same bits every run).
+#include "backend/cuda/head_gemv.cuh"
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launch.h"
+#include "backend/cuda/ptx.cuh"
+#include "core/error.h"
+
+namespace deepinfer::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kIters = 4;  // row groups a warp: 4 x 16 B of weights a lane in flight per chunk
+
+template <int kLanesPerRowValue, int kChunksPerLaneValue>
+struct HeadGemvTraits {
+  static constexpr int kLanesPerRow = kLanesPerRowValue;
+  static constexpr int kChunksPerLane = kChunksPerLaneValue;
+  static constexpr int kRowsPerIter = 32 / kLanesPerRow;
+  static constexpr int kRowsPerWarp = kIters * kRowsPerIter;
+  static constexpr int kK = 8 * kLanesPerRow * kChunksPerLane;
+  static_assert(32 % kLanesPerRow == 0, "a row's lanes sit inside one warp");
+};
+
+// acc + the dot product of 8 bf16 weights and 8 bf16 activations, in element order.
+__device__ __forceinline__ float dot8(uint4 w, uint4 x, float acc) {
+  const uint32_t ws[4] = {w.x, w.y, w.z, w.w}, xs[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    acc = fmaf(__uint_as_float(ws[i] << 16), __uint_as_float(xs[i] << 16), acc);
+    acc = fmaf(__uint_as_float(ws[i] & 0xffff0000u), __uint_as_float(xs[i] & 0xffff0000u), acc);
+  }
+  return acc;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) head_gemv_kernel(const __grid_constant__ HeadGemvParams p) {
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int sub = lane / T::kLanesPerRow, kl = lane % T::kLanesPerRow;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * T::kRowsPerWarp;
+  const bool active = row0 < p.heads * p.n;  // the last CTA may have idle warps
+  uint4 wv[kIters][T::kChunksPerLane];
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    const uint16_t* w_row = p.w + (row0 + i * T::kRowsPerIter + sub) * T::kK + kl * 8;
+#pragma unroll
+    for (int c = 0; c < T::kChunksPerLane; ++c) {
+      wv[i][c] = active ? ptx::ld_stream_16(w_row + c * T::kLanesPerRow * 8) : make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+  ptx::griddep_wait();  // x comes from the previous kernel
+  ptx::griddep_launch_dependents();
+  if (!active) return;
+  const int64_t head = row0 / p.n, n0 = row0 % p.n;  // all the warp's rows are in this head (n % kRowsPerWarp == 0)
+  uint4 xv[kHeadGemvMaxTokens][T::kChunksPerLane];
+#pragma unroll
+  for (int t = 0; t < kHeadGemvMaxTokens; ++t) {
+    const uint16_t* x_row = p.x + (t * p.heads + head) * p.x_head_stride + kl * 8;
+#pragma unroll
+    for (int c = 0; c < T::kChunksPerLane; ++c) {
+      xv[t][c] = t < p.tokens ? __ldcg(reinterpret_cast<const uint4*>(x_row + c * T::kLanesPerRow * 8))
+                              : make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kHeadGemvMaxTokens; ++t) {
+    if (t >= p.tokens) break;  // the same for the whole warp
+    uint16_t* out_row = p.out + (t * p.heads + head) * p.out_head_stride + n0;
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      float acc = 0.0f;
+#pragma unroll
+      for (int c = 0; c < T::kChunksPerLane; ++c) acc = dot8(wv[i][c], xv[t][c], acc);
+#pragma unroll
+      for (int offset = T::kLanesPerRow / 2; offset > 0; offset >>= 1) {
+        acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+      }
+      if (kl == 0) out_row[i * T::kRowsPerIter + sub] = __bfloat16_as_ushort(__float2bfloat16_rn(acc));
+    }
+  }
+}
+
+template <typename T>
+void launch(const HeadGemvParams& p, cudaStream_t stream) {
+  const int64_t warps = p.heads * p.n / T::kRowsPerWarp;
+  const dim3 grid(static_cast<unsigned>((warps + kWarps - 1) / kWarps));
+  launch_pdl(head_gemv_kernel<T>, {.grid = grid, .block = dim3(kThreads)}, stream, p);
+}
+
+// Rows a warp computes for this K, or 0 when the kernel has no variant for it.
+int64_t rows_per_warp(int64_t k) {
+  switch (k) {
+    case 64: return HeadGemvTraits<8, 1>::kRowsPerWarp;
+    case 128: return HeadGemvTraits<16, 1>::kRowsPerWarp;
+    case 256: return HeadGemvTraits<32, 1>::kRowsPerWarp;
+    case 512: return HeadGemvTraits<32, 2>::kRowsPerWarp;
+    default: return 0;
+  }
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+}  // namespace
+
+bool head_gemv_fits(const HeadGemvParams& p) {
+  const int64_t rows = rows_per_warp(p.k);
+  return rows > 0 && p.tokens >= 1 && p.tokens <= kHeadGemvMaxTokens && p.heads >= 1 && p.n >= 1 &&
+         p.n % rows == 0 && p.heads * p.n / rows / kWarps < (int64_t{1} << 31) && p.x_head_stride >= p.k &&
+         p.x_head_stride % 8 == 0 && p.out_head_stride >= p.n && aligned16(p.x) && aligned16(p.w) &&
+         p.out != nullptr;
+}
+
+void head_gemv(const HeadGemvParams& p, cudaStream_t stream) {
+  DI_CHECK(head_gemv_fits(p), "head_gemv: ", p.tokens, " tokens x ", p.heads, " heads, K ", p.k, ", N ", p.n,
+           ", x head stride ", p.x_head_stride, " are outside what the kernel takes (1..", kHeadGemvMaxTokens,
+           " tokens, K 64/128/256/512, N a multiple of the rows a warp computes, 16-byte aligned x and w rows)");
+  switch (p.k) {
+    case 64: launch<HeadGemvTraits<8, 1>>(p, stream); break;
+    case 128: launch<HeadGemvTraits<16, 1>>(p, stream); break;
+    case 256: launch<HeadGemvTraits<32, 1>>(p, stream); break;
+    default: launch<HeadGemvTraits<32, 2>>(p, stream); break;  // 512
+  }
+}
+
+}  // namespace deepinfer::cuda

@@ -1,0 +1,25 @@
+// Parameters of the per-head GEMV (head_linear at decode sizes):
+//   out[t, h, n] = sum_k x[t, h, k] * w[h, n, k]      (fp32 accumulation, bf16 out)
+// x rows (t, h) start x_head_stride elements apart and out rows out_head_stride apart, so x can be the q_nope columns
+// of a query and out the latent columns of the absorbed query (HeadLinearArgs). All tensors are bf16 bit patterns.
+#pragma once
+
+#include <cstdint>
+
+namespace deepinfer::cuda {
+
+inline constexpr int64_t kHeadGemvMaxTokens = 8;
+
+struct HeadGemvParams {
+  const uint16_t* x = nullptr;  // [tokens, heads, x_head_stride]
+  const uint16_t* w = nullptr;  // [heads, n, k]
+  uint16_t* out = nullptr;      // [tokens, heads, out_head_stride]
+  int64_t tokens = 0;           // 1..kHeadGemvMaxTokens
+  int64_t heads = 0;
+  int64_t k = 0;
+  int64_t n = 0;
+  int64_t x_head_stride = 0;    // elements, >= k
+  int64_t out_head_stride = 0;  // elements, >= n
+};
+
+}  // namespace deepinfer::cuda
