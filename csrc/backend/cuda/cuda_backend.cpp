@@ -367,7 +367,8 @@ class CudaBackend final : public Backend {
       const cuda::HeadGemvParams gemv{.x = static_cast<const uint16_t*>(a.x.data),
                                       .w = static_cast<const uint16_t*>(a.w.data),
                                       .out = static_cast<uint16_t*>(a.out.data), .tokens = tokens, .heads = heads,
-                                      .k = k, .n = n, .x_head_stride = x_stride, .out_head_stride = out_stride};
+                                      .k = k, .n = n, .x_head_stride = x_stride, .out_head_stride = out_stride,
+                                      .num_sms = num_sms_};
       if (cuda::head_gemv_fits(gemv)) {  // decode sizes: weights loaded while the previous kernel drains
         cuda::head_gemv(gemv, stream_.get());
         return;

@@ -97,14 +97,29 @@ void launch(const HeadGemvParams& p, cudaStream_t stream) {
   launch_pdl(head_gemv_kernel<T>, {.grid = grid, .block = dim3(kThreads)}, stream, p);
 }
 
-// Rows a warp computes for this K, or 0 when the kernel has no variant for it.
-int64_t rows_per_warp(int64_t k) {
+// CTAs of the variant one SM holds at once (its registers decide), asked of the runtime once.
+template <typename T>
+int blocks_per_sm() {
+  static const int blocks = [] {
+    int n = 0;
+    CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, head_gemv_kernel<T>, kThreads, 0));
+    return n;
+  }();
+  return blocks;
+}
+
+struct Variant {
+  int64_t rows_per_warp = 0;  // 0: no variant for this K
+  int blocks_per_sm = 0;
+};
+
+Variant variant(int64_t k) {
   switch (k) {
-    case 64: return HeadGemvTraits<8, 1>::kRowsPerWarp;
-    case 128: return HeadGemvTraits<16, 1>::kRowsPerWarp;
-    case 256: return HeadGemvTraits<32, 1>::kRowsPerWarp;
-    case 512: return HeadGemvTraits<32, 2>::kRowsPerWarp;
-    default: return 0;
+    case 64: return {HeadGemvTraits<8, 1>::kRowsPerWarp, blocks_per_sm<HeadGemvTraits<8, 1>>()};
+    case 128: return {HeadGemvTraits<16, 1>::kRowsPerWarp, blocks_per_sm<HeadGemvTraits<16, 1>>()};
+    case 256: return {HeadGemvTraits<32, 1>::kRowsPerWarp, blocks_per_sm<HeadGemvTraits<32, 1>>()};
+    case 512: return {HeadGemvTraits<32, 2>::kRowsPerWarp, blocks_per_sm<HeadGemvTraits<32, 2>>()};
+    default: return {};
   }
 }
 
@@ -113,17 +128,24 @@ bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 }  // namespace
 
 bool head_gemv_fits(const HeadGemvParams& p) {
-  const int64_t rows = rows_per_warp(p.k);
-  return rows > 0 && p.tokens >= 1 && p.tokens <= kHeadGemvMaxTokens && p.heads >= 1 && p.n >= 1 &&
-         p.n % rows == 0 && p.heads * p.n / rows / kWarps < (int64_t{1} << 31) && p.x_head_stride >= p.k &&
-         p.x_head_stride % 8 == 0 && p.out_head_stride >= p.n && aligned16(p.x) && aligned16(p.w) &&
-         p.out != nullptr;
+  const Variant v = variant(p.k);
+  if (v.rows_per_warp == 0 || p.tokens < 1 || p.tokens > kHeadGemvMaxTokens || p.heads < 1 || p.n < 1 ||
+      p.n % v.rows_per_warp != 0 || p.x_head_stride < p.k || p.x_head_stride % 8 != 0 || p.out_head_stride < p.n ||
+      !aligned16(p.x) || !aligned16(p.w) || p.out == nullptr) {
+    return false;
+  }
+  // One wave only: every CTA resident at once issues its weight loads before the wait. A larger grid (V3's 128
+  // heads: 512-1024 CTAs) would load most of its weights after it, slower than cuBLAS there (v3-slice batch 1 3.06
+  // against 2.99 ms/step on an H200).
+  const int64_t ctas = (p.heads * p.n / v.rows_per_warp + kWarps - 1) / kWarps;
+  return ctas <= int64_t{v.blocks_per_sm} * p.num_sms;
 }
 
 void head_gemv(const HeadGemvParams& p, cudaStream_t stream) {
   DI_CHECK(head_gemv_fits(p), "head_gemv: ", p.tokens, " tokens x ", p.heads, " heads, K ", p.k, ", N ", p.n,
            ", x head stride ", p.x_head_stride, " are outside what the kernel takes (1..", kHeadGemvMaxTokens,
-           " tokens, K 64/128/256/512, N a multiple of the rows a warp computes, 16-byte aligned x and w rows)");
+           " tokens, K 64/128/256/512, N a multiple of the rows a warp computes, 16-byte aligned x and w rows, one wave ",
+           "of CTAs)");
   switch (p.k) {
     case 64: launch<HeadGemvTraits<8, 1>>(p, stream); break;
     case 128: launch<HeadGemvTraits<16, 1>>(p, stream); break;

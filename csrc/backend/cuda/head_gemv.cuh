@@ -10,7 +10,8 @@
 namespace deepinfer::cuda {
 
 // Whether the kernel takes these shapes: 1..kHeadGemvMaxTokens tokens, K = 64, 128, 256 or 512, N a multiple of the
-// rows one warp computes (16 / 8 / 4 / 4 for those K), 16-byte aligned x and w rows.
+// rows one warp computes (16 / 8 / 4 / 4 for those K), 16-byte aligned x and w rows, and a grid that fits on the
+// device in one wave (V2-Lite's 16 heads; not V3's 128, which stay on cuBLAS).
 bool head_gemv_fits(const HeadGemvParams& p);
 
 // Queues the kernel on `stream`; throws deepinfer::Error when !head_gemv_fits(p).

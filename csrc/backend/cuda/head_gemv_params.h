@@ -20,6 +20,7 @@ struct HeadGemvParams {
   int64_t n = 0;
   int64_t x_head_stride = 0;    // elements, >= k
   int64_t out_head_stride = 0;  // elements, >= n
+  int32_t num_sms = 132;        // multiprocessors of the device: the kernel takes grids that fit one wave
 };
 
 }  // namespace deepinfer::cuda
