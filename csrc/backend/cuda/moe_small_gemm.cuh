@@ -213,16 +213,14 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) moe_small_gemm_ker
 
 // Grid (output column blocks, max_active experts); experts past the active count exit at once.
 template <typename T>
-int64_t small_gemm_grid_ctas(const MoeKernelParams& kp) {
+dim3 small_gemm_grid(const MoeKernelParams& kp) {
   const int out_cols = T::kGateUp ? kp.p.inter : kp.p.hidden;
-  return static_cast<int64_t>(out_cols / T::kOutCols) * kp.max_active;
+  return dim3(out_cols / T::kOutCols, kp.max_active);
 }
 
 template <typename T>
 void launch_small_gemm(const MoeKernelParams& kp, cudaStream_t stream) {
-  const int out_cols = T::kGateUp ? kp.p.inter : kp.p.hidden;
-  const LaunchShape shape{.grid = dim3(out_cols / T::kOutCols, kp.max_active), .block = dim3(T::kThreads)};
-  launch_pdl(moe_small_gemm_kernel<T>, shape, stream, kp);
+  launch_pdl(moe_small_gemm_kernel<T>, {.grid = small_gemm_grid<T>(kp), .block = dim3(T::kThreads)}, stream, kp);
 }
 
 // 8-warp CTAs, unless the grid needs more than one wave of them and fits in one wave of 4-warp CTAs (same tiles, half
@@ -231,7 +229,8 @@ template <GemmKind kKind, int kTokenTiles>
 void launch_small_gemm_in_fewest_waves(const MoeKernelParams& kp, cudaStream_t stream) {
   using Wide = SmallTraits<kKind, kTokenTiles, 4>;
   using Narrow = SmallTraits<kKind, kTokenTiles, 2>;
-  const int64_t ctas = small_gemm_grid_ctas<Wide>(kp);
+  const dim3 grid = small_gemm_grid<Wide>(kp);
+  const int64_t ctas = int64_t{grid.x} * grid.y;
   if (ctas > int64_t{Wide::kMinBlocks} * kp.p.num_sms && ctas <= int64_t{Narrow::kMinBlocks} * kp.p.num_sms) {
     launch_small_gemm<Narrow>(kp, stream);
   } else {
