@@ -648,9 +648,10 @@ class CudaBackend final : public Backend {
     cuda::SkinnyEpilogue epilogue;
   };
 
-  static cuda::SkinnyGemmParams skinny_params(const ConstTensorView& x, std::span<const SkinnyTarget> targets) {
+  cuda::SkinnyGemmParams skinny_params(const ConstTensorView& x, std::span<const SkinnyTarget> targets) const {
     cuda::SkinnyGemmParams p{.x = static_cast<const uint16_t*>(x.data), .tokens = x.shape[0], .k_dim = x.shape[1],
-                             .x_row_stride = x.shape[1], .num_problems = static_cast<int>(targets.size())};
+                             .x_row_stride = x.shape[1], .num_problems = static_cast<int>(targets.size()),
+                             .num_sms = num_sms_};
     for (size_t i = 0; i < targets.size() && i < std::size(p.problems); ++i) {
       const SkinnyTarget& t = targets[i];
       p.problems[i] = {.w = static_cast<const uint16_t*>(t.w.data), .out = t.out.data, .n_out = t.out.shape[1],
@@ -659,7 +660,7 @@ class CudaBackend final : public Backend {
     }
     return p;
   }
-  static cuda::SkinnyGemmParams skinny_params(const ConstTensorView& x, std::initializer_list<SkinnyTarget> targets) {
+  cuda::SkinnyGemmParams skinny_params(const ConstTensorView& x, std::initializer_list<SkinnyTarget> targets) const {
     return skinny_params(x, std::span<const SkinnyTarget>(targets.begin(), targets.size()));
   }
 
@@ -667,7 +668,8 @@ class CudaBackend final : public Backend {
   // skinny_gemm_h200.md, graph-replayed, weights cold in L2): up to 8 tokens with weights up to 48 MB (V2-Lite's
   // kv_a 5.6 vs 6.1 us, shared down += 6.2 vs 7.3), the gated MLP projection at any size (it also saves the silu_mul
   // kernel), and above all several products of one x in one launch (q_proj + kv_a_proj 7.5 vs 12.3 us). cuBLAS keeps
-  // 9 tokens and more, the large matrices (both stream them at 94-98% of copy bandwidth) and the per-head products.
+  // 9 tokens and more and the large matrices (both stream them at 94-98% of copy bandwidth); the per-head products
+  // are head_linear's (head_gemv.cu or cuBLAS).
   bool use_skinny(DType dtype, const cuda::SkinnyGemmParams& p) const {
     constexpr int64_t kMaxWeightBytes = int64_t{48} << 20;
     if (!skinny_enabled_ || dtype != DType::kBF16 || !cuda::skinny_gemm_fits(p)) return false;
