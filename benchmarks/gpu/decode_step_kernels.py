@@ -8,6 +8,12 @@ profiled; the profiler starts before the measured decode steps), then writes OUT
 Nsight Compute serializes the kernels and flushes the caches before each one, so a kernel's figure is its time alone
 with cold caches: launch gaps and programmatic-dependent-launch overlap are not in it. The sum over a step against the
 step's time in a graph (engine_bench.py) says how much of the step is kernels and how much the gaps between them.
+
+    python benchmarks/gpu/decode_step_kernels.py --out OUT --kernel-regex moe_small_gemm [--launch-count 4]
+
+profiles only the decode-step kernels whose names match (ncu's regex) with every section (`--set full`: warp stall
+reasons, occupancy, memory workload, source counters) and writes OUT/kernel_details.ncu-rep and its text report
+OUT/kernel_details.txt: why a kernel runs below the bandwidth it should reach.
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ def parse_args(argv=None):
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--report-only", type=Path, default=None, help="summarize this ncu CSV log again")
+    ap.add_argument("--kernel-regex", default=None,
+                    help="instead of the step's table: every Nsight Compute section of the matching kernels")
+    ap.add_argument("--launch-count", type=int, default=4, help="with --kernel-regex: launches profiled")
     return ap.parse_args(argv)
 
 
@@ -149,16 +158,43 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.report_only is not None:
         return report(args.report_only, args)
+    child = [sys.executable, __file__, "--child", "--shape", args.shape, "--v3-layers", str(args.v3_layers), "--batch",
+             str(args.batch), "--context", str(args.context), "--steps", str(args.steps), "--out", str(args.out)]
+    env = {**os.environ, "DEEPINFER_NO_PROGRESS": "1"}
+    if args.kernel_regex is not None:
+        return kernel_details(args, child, env)
     raw = args.out / "decode_step_kernels_raw.csv"
     cmd = [args.ncu, "--profile-from-start", "off", "--clock-control", "none", "--metrics", METRICS, "--csv",
-           "--print-units", "base", "--page", "raw", "--log-file", str(raw), sys.executable, __file__, "--child",
-           "--shape", args.shape, "--v3-layers", str(args.v3_layers), "--batch", str(args.batch), "--context",
-           str(args.context), "--steps", str(args.steps), "--out", str(args.out)]
+           "--print-units", "base", "--page", "raw", "--log-file", str(raw), *child]
     print(" ".join(cmd), flush=True)
-    rc = subprocess.run(cmd, env={**os.environ, "DEEPINFER_NO_PROGRESS": "1"}).returncode
+    rc = subprocess.run(cmd, env=env).returncode
     if rc != 0:
         print(f"ncu exited with {rc}; summarizing what it wrote", flush=True)
     return report(raw, args) or rc
+
+
+def kernel_details(args, child: list[str], env: dict) -> int:
+    """Every section of --launch-count launches of the kernels matching --kernel-regex, as a report file and its
+    text (the stall reasons of WarpStateStats, the occupancy limiters, the memory tables)."""
+    rep = args.out / "kernel_details.ncu-rep"
+    cmd = [args.ncu, "--profile-from-start", "off", "--clock-control", "none", "--set", "full", "--kernel-name",
+           f"regex:{args.kernel_regex}", "--launch-count", str(args.launch_count), "--force-overwrite", "--export",
+           str(rep), *child]
+    print(" ".join(cmd), flush=True)
+    rc = subprocess.run(cmd, env=env).returncode
+    if not rep.exists():
+        print(f"ncu exited with {rc} and wrote no report", flush=True)
+        return rc or 1
+    text = args.out / "kernel_details.txt"
+    with text.open("w") as f:
+        shown = subprocess.run([args.ncu, "--import", str(rep), "--page", "details", "--print-details", "all"],
+                               stdout=f, stderr=subprocess.STDOUT).returncode
+    if shown != 0:  # an ncu without --print-details: the default details
+        with text.open("w") as f:
+            shown = subprocess.run([args.ncu, "--import", str(rep), "--page", "details"], stdout=f,
+                                   stderr=subprocess.STDOUT).returncode
+    print(f"{text}: {sum(1 for _ in text.open())} lines (ncu {rc}, report {shown})", flush=True)
+    return rc or shown
 
 
 def report(raw: Path, args) -> int:
