@@ -90,10 +90,26 @@ __global__ void __launch_bounds__(kThreads) head_gemv_kernel(const __grid_consta
   }
 }
 
+// Calls f with the variant (a traits value) for K; false when the kernel has none.
+template <typename F>
+bool with_variant(int64_t k, F&& f) {
+  switch (k) {
+    case 64: f(HeadGemvTraits<8, 1>{}); return true;
+    case 128: f(HeadGemvTraits<16, 1>{}); return true;
+    case 256: f(HeadGemvTraits<32, 1>{}); return true;
+    case 512: f(HeadGemvTraits<32, 2>{}); return true;
+    default: return false;
+  }
+}
+
+// CTAs of the grid: one warp per kRowsPerWarp rows, kWarps warps a CTA.
+int64_t grid_ctas(const HeadGemvParams& p, int64_t rows_per_warp) {
+  return (p.heads * p.n / rows_per_warp + kWarps - 1) / kWarps;
+}
+
 template <typename T>
 void launch(const HeadGemvParams& p, cudaStream_t stream) {
-  const int64_t warps = p.heads * p.n / T::kRowsPerWarp;
-  const dim3 grid(static_cast<unsigned>((warps + kWarps - 1) / kWarps));
+  const dim3 grid(static_cast<unsigned>(grid_ctas(p, T::kRowsPerWarp)));
   launch_pdl(head_gemv_kernel<T>, {.grid = grid, .block = dim3(kThreads)}, stream, p);
 }
 
@@ -114,13 +130,12 @@ struct Variant {
 };
 
 Variant variant(int64_t k) {
-  switch (k) {
-    case 64: return {HeadGemvTraits<8, 1>::kRowsPerWarp, blocks_per_sm<HeadGemvTraits<8, 1>>()};
-    case 128: return {HeadGemvTraits<16, 1>::kRowsPerWarp, blocks_per_sm<HeadGemvTraits<16, 1>>()};
-    case 256: return {HeadGemvTraits<32, 1>::kRowsPerWarp, blocks_per_sm<HeadGemvTraits<32, 1>>()};
-    case 512: return {HeadGemvTraits<32, 2>::kRowsPerWarp, blocks_per_sm<HeadGemvTraits<32, 2>>()};
-    default: return {};
-  }
+  Variant v;
+  with_variant(k, [&](auto traits) {
+    using T = decltype(traits);
+    v = {T::kRowsPerWarp, blocks_per_sm<T>()};
+  });
+  return v;
 }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
@@ -137,8 +152,7 @@ bool head_gemv_fits(const HeadGemvParams& p) {
   // One wave only: every CTA resident at once issues its weight loads before the wait. A larger grid (V3's 128
   // heads: 512-1024 CTAs) would load most of its weights after it, slower than cuBLAS there (v3-slice batch 1 3.06
   // against 2.99 ms/step on an H200).
-  const int64_t ctas = (p.heads * p.n / v.rows_per_warp + kWarps - 1) / kWarps;
-  return ctas <= int64_t{v.blocks_per_sm} * p.num_sms;
+  return grid_ctas(p, v.rows_per_warp) <= int64_t{v.blocks_per_sm} * p.num_sms;
 }
 
 void head_gemv(const HeadGemvParams& p, cudaStream_t stream) {
@@ -146,12 +160,7 @@ void head_gemv(const HeadGemvParams& p, cudaStream_t stream) {
            ", x head stride ", p.x_head_stride, " are outside what the kernel takes (1..", kHeadGemvMaxTokens,
            " tokens, K 64/128/256/512, N a multiple of the rows a warp computes, 16-byte aligned x and w rows, one wave ",
            "of CTAs)");
-  switch (p.k) {
-    case 64: launch<HeadGemvTraits<8, 1>>(p, stream); break;
-    case 128: launch<HeadGemvTraits<16, 1>>(p, stream); break;
-    case 256: launch<HeadGemvTraits<32, 1>>(p, stream); break;
-    default: launch<HeadGemvTraits<32, 2>>(p, stream); break;  // 512
-  }
+  with_variant(p.k, [&](auto traits) { launch<decltype(traits)>(p, stream); });
 }
 
 }  // namespace deepinfer::cuda
