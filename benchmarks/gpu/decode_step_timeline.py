@@ -18,7 +18,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +62,17 @@ def short_name(name: str) -> str:
                    "<unnamed>::"):
         name = name.replace(prefix, "")
     return name[:64]
+
+
+def decode_steps(steps: list[list[Kernel]], count: int) -> list[list[Kernel]]:
+    """The last `count` steps that launch as many kernels as most of the trace's last 2 * count steps do: decode steps
+    of one batch bucket, without the prefill steps, which launch other kernels."""
+    tail = steps[-2 * count:]
+    if not tail:
+        return []
+    sizes = [len(s) for s in tail]
+    common = max(set(sizes), key=sizes.count)
+    return [s for s in steps if len(s) == common][-count:]
 
 
 def summarize(steps: list[list[Kernel]]) -> dict:
@@ -114,7 +124,7 @@ def kernels_from_chrome_trace(trace: dict) -> list[Kernel]:
 
 
 def trace_decode(args) -> list[Kernel]:
-    """Serve `batch` requests of `context` tokens with CUDA graphs and trace `steps` decode steps after prefill."""
+    """Serve `batch` requests of `context` tokens with CUDA graphs for `steps` + 8 tokens, tracing every kernel."""
     import numpy as np
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -126,29 +136,19 @@ def trace_decode(args) -> list[Kernel]:
     c = shape_config(args.shape, args.v3_layers)
     rng = np.random.default_rng(0)
     torch.zeros(1, device="cuda")  # the tracer needs a CUDA context in this process before it starts
-    with tempfile.TemporaryDirectory() as tmp:
+    # The tracer sees a graph's kernels only when it was on before the graph was made, so it runs from before the
+    # engine starts (and captures its graphs) to the end; the decode steps are picked out of the trace afterwards.
+    with tempfile.TemporaryDirectory() as tmp, profile(activities=[ProfilerActivity.CUDA]) as prof:
         model_dir, _ = write_model_dir(Path(tmp), args.shape, c)
         cfg = EngineConfig(model_name_or_path=str(model_dir), load_format="dummy", device="cuda", seed=0,
                            max_model_len=args.context + args.steps + 64, max_num_seqs=max(8, args.batch),
                            gpu_memory_utilization=0.85, enforce_eager=False)
         engine = DeepInferenceEngine(cfg)
         try:
-            greedy = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-            engine.generate([{"prompt_token_ids": rng.integers(2, c["vocab_size"], 16).tolist()}], greedy,
-                            use_tqdm=False)  # warm-up
             prompts = [{"prompt_token_ids": rng.integers(2, c["vocab_size"], args.context).tolist()}
                        for _ in range(args.batch)]
-            params = SamplingParams(temperature=0.0, max_tokens=args.steps + 32, ignore_eos=True)
-            streams = [engine.submit(p, params) for p in prompts]
-            for s in streams:
-                next(iter(s))
-            time.sleep(0.05)  # a few decode steps in before tracing
-            begin = engine.stats().num_steps
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                while engine.stats().num_steps < begin + args.steps and not all(s.finished for s in streams):
-                    time.sleep(0.002)
-            for s in streams:
-                s.abort()
+            params = SamplingParams(temperature=0.0, max_tokens=args.steps + 8, ignore_eos=True)
+            engine.generate(prompts, params, use_tqdm=False)
         finally:
             engine.shutdown()
     path = args.out / "trace.json"
@@ -174,7 +174,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("DEEPINFER_NO_PROGRESS", "1")
     kernels = trace_decode(args)
-    steps = split_steps(kernels)
+    steps = decode_steps(split_steps(kernels), args.steps)
     if not steps:
         print(f"{len(kernels)} kernels traced and no whole step among them (graph kernels not traced?)", flush=True)
         return 1

@@ -8,7 +8,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"))
 
-from decode_step_timeline import Kernel, attribute, kernels_from_chrome_trace, split_steps, summarize  # noqa: E402
+from decode_step_timeline import (Kernel, attribute, decode_steps, kernels_from_chrome_trace, split_steps,  # noqa: E402
+                                  summarize)
 
 
 def k(name, start, end, grid="(1, 1, 1)"):
@@ -60,3 +61,12 @@ def test_chrome_trace_kernel_events_are_read_and_other_events_skipped():
         {"cat": "gpu_memcpy", "name": "Memcpy DtoH", "ts": 103.0, "dur": 1.0},
         {"ph": "M", "name": "process_name"}]}
     assert kernels_from_chrome_trace(trace) == [Kernel("k1", "(4, 1, 1)", 100.5, 102.75)]
+
+
+def test_decode_steps_keep_the_last_steps_of_the_common_kernel_count():
+    prefill = [k("prefill", 0, 1), k("x", 1, 2), k("sample_kernel", 2, 3)]
+    decode = [k("x", 0, 1), k("sample_kernel", 1, 2)]
+    steps = [prefill, decode, decode, prefill, decode, decode, decode]
+    assert decode_steps(steps, 2) == [decode, decode]
+    assert decode_steps(steps, 10) == [decode] * 5
+    assert decode_steps([], 3) == []
