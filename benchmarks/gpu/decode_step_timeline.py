@@ -57,11 +57,10 @@ def attribute(step: list[Kernel]) -> tuple[list[float], float, float]:
 
 
 def short_name(name: str) -> str:
-    name = name.split("(")[0]
-    for prefix in ("void ", "deepinfer::cuda::", "moe_detail::", "mla_detail::", "deepinfer::", "(anonymous namespace)::",
+    for prefix in ("(anonymous namespace)::", "void ", "deepinfer::cuda::", "moe_detail::", "mla_detail::", "deepinfer::",
                    "<unnamed>::"):
         name = name.replace(prefix, "")
-    return name[:64]
+    return name.split("(")[0][:64]
 
 
 def decode_steps(steps: list[list[Kernel]], count: int) -> list[list[Kernel]]:

@@ -884,14 +884,15 @@ CaseRegistry build_registry() {
   add_moe_experts_bf16(r, {.tokens = 1, .dim = 256, .inter = 1408, .routed = 64, .top_k = 6, .shared = 2}, 185);
   add_moe_experts_bf16(r, {.tokens = 1, .dim = 2048, .inter = 128, .routed = 16, .top_k = 8, .shared = 1}, 186);
   // moe (routing + experts, one alignment on the GPU): V3 routing with its shared expert at decode sizes (fused
-  // combine), past one route block, and on the grouped path; V2-Lite's routing with two shared experts at batch 1 and
+  // combine), past one route block, and on the grouped path; V2-Lite's routing with two shared experts at batch 1, 8
+  // and 20 (the shared experts' gate/up CTAs run before their grid dependency wait: one token tile, then four) and
   // on the grouped path; V2's group-limited routing without shared experts.
   for (const int64_t tokens : {int64_t{1}, int64_t{6}, int64_t{40}, int64_t{300}}) {
     MoeRouteCase v3_moe = v3_shared;
     v3_moe.tokens = tokens;
     add_moe_bf16(r, "v3_e256_k8_s1", v3_moe, 256, 128, 190 + static_cast<uint64_t>(tokens));
   }
-  for (const int64_t tokens : {int64_t{1}, int64_t{300}}) {
+  for (const int64_t tokens : {int64_t{1}, int64_t{8}, int64_t{20}, int64_t{300}}) {
     add_moe_bf16(r, "v2_lite_e64_k6_s2",
                  {.tag = "", .tokens = tokens, .experts = 64, .top_k = 6, .scoring = ExpertScoring::kSoftmax,
                   .method = TopkMethod::kGreedy, .num_shared = 2},

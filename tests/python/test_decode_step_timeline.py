@@ -9,7 +9,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"))
 
 from decode_step_timeline import (Kernel, attribute, decode_steps, kernels_from_chrome_trace, split_steps,  # noqa: E402
-                                  summarize)
+                                  short_name, summarize)
 
 
 def k(name, start, end, grid="(1, 1, 1)"):
@@ -70,3 +70,9 @@ def test_decode_steps_keep_the_last_steps_of_the_common_kernel_count():
     assert decode_steps(steps, 2) == [decode, decode]
     assert decode_steps(steps, 10) == [decode] * 5
     assert decode_steps([], 3) == []
+
+
+def test_short_names_drop_namespaces_and_arguments():
+    assert short_name("void deepinfer::cuda::(anonymous namespace)::skinny_gemm_kernel<1, 1>(SkinnyKernelArgs)") == \
+        "skinny_gemm_kernel<1, 1>"
+    assert short_name("nvjet_sm90_tss_512x8") == "nvjet_sm90_tss_512x8"

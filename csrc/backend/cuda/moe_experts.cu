@@ -9,6 +9,7 @@
 #include "backend/cuda/moe.cuh"
 #include "backend/cuda/moe_internal.h"
 #include "backend/cuda/moe_ptx.cuh"
+#include "core/env_flag.h"
 #include "core/error.h"
 
 namespace deepinfer::cuda {
@@ -96,7 +97,13 @@ MoeExpertsPath moe_resolve_path(const MoeParams& p) {
                                                                                      : MoeExpertsPath::kSmallM;
 }
 
-void moe_experts(const MoeParams& p, cudaStream_t stream) {
+namespace {
+
+// The expert kernels; `right_after_route`: the route kernel of the same call is the last kernel before them on the
+// stream (moe_forward), which lets the shared experts' gate/up CTAs start before their wait (moe_small_gemm.cuh).
+// DEEPINFER_DISABLE_MOE_SHARED_PREWAIT=1 / DEEPINFER_DISABLE_MOE_DOWN_PREWAIT=1 turn the two early starts off, to
+// measure what each gains on one build.
+void run_experts(const MoeParams& p, cudaStream_t stream, bool right_after_route) {
   using namespace moe_detail;
   check_common(p);
   const MoeExpertsPath path = moe_resolve_path(p);
@@ -104,6 +111,10 @@ void moe_experts(const MoeParams& p, cudaStream_t stream) {
   if (p.num_tokens == 0) return;
   MoeKernelParams kp = make_kernel_params(p);
   if (path == MoeExpertsPath::kSmallM) {
+    static const bool shared_prewait = !env_flag("DEEPINFER_DISABLE_MOE_SHARED_PREWAIT");
+    static const bool down_prewait = !env_flag("DEEPINFER_DISABLE_MOE_DOWN_PREWAIT");
+    kp.shared_prewait = right_after_route && shared_prewait ? 1 : 0;
+    kp.down_prewait = down_prewait ? 1 : 0;
     kp.down_prefetch = use_down_prefetch(p, kp.max_active) ? 1 : 0;
     kp.fused_combine = p.num_tokens <= kFusedCombineMaxTokens ? 1 : 0;
     launch_small_gate_up(kp, stream);
@@ -116,9 +127,13 @@ void moe_experts(const MoeParams& p, cudaStream_t stream) {
   }
 }
 
+}  // namespace
+
+void moe_experts(const MoeParams& p, cudaStream_t stream) { run_experts(p, stream, /*right_after_route=*/false); }
+
 void moe_forward(const MoeParams& p, cudaStream_t stream) {
   moe_route_align(p, stream);
-  moe_experts(p, stream);
+  run_experts(p, stream, /*right_after_route=*/p.num_tokens > 0);
 }
 
 }  // namespace deepinfer::cuda

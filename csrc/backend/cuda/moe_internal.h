@@ -57,6 +57,15 @@ struct MoeKernelParams {
   int32_t max_active = 0;             // min(E, num_tokens * top_k): the grid's expert dimension (small-M path)
   int32_t down_prefetch = 0;          // 1: the small-M gate/up kernel prefetches W_down of its expert into L2
   int32_t fused_combine = 0;          // 1: the last small-M down CTA of each column block combines it (no combine kernel)
+  // S when the routing computes the ids (router logits given) and appends S shared experts to every token: then the
+  // route kernel gives them small-M slots 0 .. S - 1 (expert E + j, every token's pair k + j), the routed experts
+  // follow. 0: slots in expert order.
+  int32_t shared_slots = 0;
+  // 1: the small-M gate/up CTAs of the shared slots do all their work before their grid dependency wait (moe_forward
+  // only: its route kernel runs right before, so x, an input of the router, is complete; moe_small_gemm.cuh).
+  int32_t shared_prewait = 0;
+  // 1: each small-M down CTA reads its slot record and loads its first weights before its wait (moe_small_gemm.cuh).
+  int32_t down_prewait = 0;
 };
 
 // Byte offsets of the workspace arrays (256-byte aligned). The zeroed header (counter, count_accum, col_done) comes

@@ -305,7 +305,10 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(const __grid_c
       s.offsets[e] = offset[i];
       if (count[i] > 0) {
         kp.active_experts[active_pos[i]] = e;
-        if (active_pos[i] < kp.max_active) kp.slot_info[active_pos[i]] = make_int4(e, count[i], offset[i], num_active);
+        // Shared experts (the last ones) first, then the routed ones in order (MoeKernelParams::shared_slots).
+        const int shared_at = e - (num_experts - kp.shared_slots);
+        const int slot = shared_at >= 0 ? shared_at : active_pos[i] + kp.shared_slots;
+        if (slot < kp.max_active) kp.slot_info[slot] = make_int4(e, count[i], offset[i], num_active);
       }
     }
   }
@@ -393,6 +396,8 @@ MoeKernelParams make_kernel_params(const MoeParams& p) {
   kp.max_rows = l.max_rows;
   kp.max_active = static_cast<int32_t>(
       std::min<int64_t>(p.num_experts, static_cast<int64_t>(p.num_tokens) * p.top_k));
+  // Routing appends every shared expert to every token, so each has rows and a slot of its own.
+  kp.shared_slots = p.router_logits != nullptr ? p.num_shared_experts : 0;
   return kp;
 }
 

@@ -73,17 +73,44 @@ __device__ void combine_columns(const MoeKernelParams& kp, int col0) {
   }
 }
 
+// Where a CTA's work comes from: its slot's expert, rows and first row, and the active expert count; for the shared
+// slots computed before the wait, the expert and every token's pair are known without the routing's output.
+struct SlotWork {
+  int expert, count, row0, num_active;
+  int shared;  // >= 0: shared expert `shared` of every token (pair t * top_k + k + shared), rows not read
+};
+
 template <typename T>
 __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) moe_small_gemm_kernel(const __grid_constant__ MoeKernelParams kp) {
   __shared__ float red[T::kKSplit][T::kRowTiles][16][T::kRowsPerPass + 1];
   __shared__ int32_t pair_s[T::kRowsPerPass];
   __shared__ int32_t is_last;
-  griddep_wait();
-  griddep_launch_dependents();
   const MoeParams& p = kp.p;
-  const int4 info = __ldcg(&kp.slot_info[blockIdx.y]);  // expert -1: no expert in this slot
-  const int e = info.x, count = info.y, row0 = info.z, num_active = info.w;
-  if (e < 0) return;
+  // Two exceptions to ptx.cuh's rule that nothing global is read before griddep_wait, both on one fact of a chain of
+  // programmatic dependent launches: a grid starts only once every CTA of its predecessor has passed its own wait,
+  // so every kernel before the predecessor has completed and its memory is visible.
+  //  - gate/up, shared slots (kp.shared_prewait): the predecessor is the route kernel of the same moe_forward, so x,
+  //    which the router logits were computed from, is complete. These CTAs know their expert and pairs without the
+  //    routing, so they run whole before the wait, while the router and route kernels run; they write only their
+  //    own pairs' act rows, which no kernel reads before the down kernel.
+  //  - down (kp.down_prewait): the predecessor is the gate/up kernel, so the route kernel, which wrote slot_info, has
+  //    completed. The slot record, and with it the first weights (constant), are loaded before the wait, while
+  //    gate/up finishes; act, gate/up's output, is read after it.
+  const bool shared_early = T::kGateUp && static_cast<int>(blockIdx.y) < kp.shared_prewait * kp.shared_slots;
+  const bool read_slot_early = shared_early || (!T::kGateUp && kp.down_prewait != 0);
+  if (!read_slot_early) {
+    griddep_wait();
+    griddep_launch_dependents();
+  }
+  SlotWork work;
+  if (shared_early) {
+    work = {p.num_experts - kp.shared_slots + static_cast<int>(blockIdx.y), p.num_tokens, 0, 0,
+            static_cast<int>(blockIdx.y)};
+  } else {
+    const int4 info = __ldcg(&kp.slot_info[blockIdx.y]);  // expert -1: no expert in this slot
+    work = {info.x, info.y, info.z, info.w, -1};
+  }
+  const int e = work.expert, count = work.count, row0 = work.row0, num_active = work.num_active;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int h = warp & 1, ks = warp >> 1;
 
@@ -94,6 +121,25 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) moe_small_gemm_ker
   const uint16_t* w_lo = (T::kGateUp ? p.w_gate_up : p.w_down) + (w_row + g) * k_dim + 8 * t;
   const uint16_t* w_hi = w_lo + 8 * static_cast<int64_t>(k_dim);
   const int num_chunks = k_dim / 32;
+
+  // This warp's chunks ks, ks + kKSplit, ... in groups of kUnroll whose loads are in flight together; the last
+  // group's chunks past the end load zeros (their MMAs add nothing), so the tail costs one round trip, not one a
+  // chunk. The first group goes out as soon as the expert is known (before the wait where that is allowed).
+  uint4 a_lo[T::kUnroll], a_hi[T::kUnroll];
+  const auto load_weights = [&](int c) {
+#pragma unroll
+    for (int u = 0; u < T::kUnroll; ++u) {
+      const bool in = c + u * T::kKSplit < num_chunks;
+      a_lo[u] = in ? ld_stream_16(w_lo + (c + u * T::kKSplit) * 32) : make_uint4(0u, 0u, 0u, 0u);
+      a_hi[u] = in ? ld_stream_16(w_hi + (c + u * T::kKSplit) * 32) : make_uint4(0u, 0u, 0u, 0u);
+    }
+  };
+  if (e >= 0) load_weights(ks);
+  if (read_slot_early && !shared_early) {
+    griddep_wait();
+    griddep_launch_dependents();
+  }
+  if (e < 0) return;
   if constexpr (T::kGateUp) {
     if (kp.down_prefetch) {  // this CTA's share of W_down[e] into L2, for the down kernel that follows
       const char* base = reinterpret_cast<const char*>(p.w_down + static_cast<int64_t>(e) * p.hidden * p.inter);
@@ -104,8 +150,14 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) moe_small_gemm_ker
     }
   }
 
+  bool weights_loaded = true;  // the first group of the first pass
   for (int p0 = 0; p0 < count; p0 += T::kRowsPerPass) {
-    if (tid < T::kRowsPerPass) pair_s[tid] = p0 + tid < count ? __ldcg(&kp.row_pair[row0 + p0 + tid]) : -1;
+    if (tid < T::kRowsPerPass) {
+      const int n = p0 + tid;
+      pair_s[tid] = n >= count        ? -1
+                    : work.shared >= 0 ? n * p.top_k + (p.top_k - kp.shared_slots) + work.shared
+                                       : __ldcg(&kp.row_pair[row0 + n]);
+    }
     __syncthreads();
     const uint16_t* src[T::kTokenTiles];
 #pragma unroll
@@ -123,17 +175,10 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) moe_small_gemm_ker
 #pragma unroll
     for (int nt = 0; nt < T::kTokenTiles; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
 
-    // This warp's chunks ks, ks + kKSplit, ... in groups of kUnroll whose loads are in flight together; the last
-    // group's chunks past the end load zeros (their MMAs add nothing), so the tail costs one round trip, not one a
-    // chunk.
     for (int c = ks; c < num_chunks; c += T::kKSplit * T::kUnroll) {
-      uint4 a_lo[T::kUnroll], a_hi[T::kUnroll], b[T::kUnroll][T::kTokenTiles];
-#pragma unroll
-      for (int u = 0; u < T::kUnroll; ++u) {
-        const bool in = c + u * T::kKSplit < num_chunks;
-        a_lo[u] = in ? ld_stream_16(w_lo + (c + u * T::kKSplit) * 32) : make_uint4(0u, 0u, 0u, 0u);
-        a_hi[u] = in ? ld_stream_16(w_hi + (c + u * T::kKSplit) * 32) : make_uint4(0u, 0u, 0u, 0u);
-      }
+      if (!weights_loaded) load_weights(c);
+      weights_loaded = false;
+      uint4 b[T::kUnroll][T::kTokenTiles];
 #pragma unroll
       for (int u = 0; u < T::kUnroll; ++u) {
         const bool in = c + u * T::kKSplit < num_chunks;
@@ -208,6 +253,10 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) moe_small_gemm_ker
       combine_columns<T>(kp, blockIdx.x * T::kOutCols);
       if (tid == 0) kp.col_done[blockIdx.x] = 0;
     }
+  }
+  if (shared_early) {  // no CTA leaves before its wait (ptx.cuh)
+    griddep_wait();
+    griddep_launch_dependents();
   }
 }
 

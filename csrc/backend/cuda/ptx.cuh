@@ -15,7 +15,9 @@ namespace deepinfer::cuda::ptx {
 //   1. griddep_wait() comes before its first global memory read or write. Only index arithmetic, shared memory, and
 //      reads of its __grid_constant__ parameters (or constant tables no kernel writes) may come before it. An early
 //      return before the wait is not allowed either: the grid would complete before its predecessor, and the next
-//      kernel, which waits only for this grid, could then overtake that predecessor.
+//      kernel, which waits only for this grid, could then overtake that predecessor. Documented exceptions: the MoE
+//      small-M kernels read inputs and routing results that the chain of waits has already made complete
+//      (moe_small_gemm.cuh says why).
 //   2. griddep_launch_dependents() after the wait, anywhere (right after it is fine): the next grid may then be
 //      scheduled, but still blocks in its own griddep_wait until this whole grid has completed and its memory is
 //      visible. Calling it after the wait keeps at most two grids of the stream resident.
