@@ -414,6 +414,20 @@ void MoeArgs::validate() const {
   expect_activation(x, "moe", "x");
   expect_same_dtype(x, out, "moe", "x", "out");
   expect_one_device({x, w_gate_up, w_down, e.topk_ids, out}, "moe");
+  if (router.data == nullptr) {
+    DI_CHECK(router_logits.data == nullptr, "moe: router_logits ", router_logits.shape.str(),
+             " given without a router (they are the router's output)");
+    return;
+  }
+  DI_CHECK(router.shape.ndim() == 2 && router.shape[0] == route.logits.shape[1] && router.shape[1] == x.shape[1],
+           "moe: router ", router.shape.str(), " for x ", x.shape.str(), " and ", route.logits.shape[1],
+           " routed experts");
+  expect_same_dtype(x, router, "moe", "x", "router");
+  DI_CHECK(router_logits.data == route.logits.data && router_logits.shape == route.logits.shape &&
+               router_logits.dtype == DType::kF32,
+           "moe: with a router, router_logits (", router_logits.shape.str(), ") must be the float32 buffer that "
+           "route.logits (", route.logits.shape.str(), ") views: the op writes the logits there, then routes on them");
+  expect_one_device({x, router, router_logits}, "moe");
 }
 
 }  // namespace deepinfer

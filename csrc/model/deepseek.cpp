@@ -198,13 +198,13 @@ Tensor DeepseekModel::mlp(const MlpWeights& w, const Tensor& h) {
 }
 
 // The shared experts are the last s experts of the stacked weights (see MoeWeights): routing appends them to every
-// token's top-k with weight 1, and one moe op routes and computes the routed and the shared experts together.
+// token's top-k with weight 1, and one moe op computes the router logits, routes, and computes the routed and the
+// shared experts together.
 Tensor DeepseekModel::moe(const MoeWeights& w, const Tensor& h) {
   const ModelConfig& c = config_;
   const int64_t t = h.shape()[0];
   const int64_t pairs = c.num_experts_per_tok + w.num_shared_experts;           // k + s a token
-  Tensor router_logits = backend_.empty({t, w.gate.shape()[0]}, DType::kF32);  // [T, E] float32
-  backend_.linear({.x = h.cview(), .w = w.gate.cview(), .out = router_logits.view()});
+  Tensor router_logits = backend_.empty({t, w.gate.shape()[0]}, DType::kF32);  // [T, E] float32, the op's
   Tensor topk_ids = backend_.empty({t, pairs}, DType::kI32);                    // [T, k + s]
   Tensor topk_weights = backend_.empty({t, pairs}, DType::kF32);                // [T, k + s]
   Tensor out = activation({t, c.hidden_size});                                  // [T, D]
@@ -215,7 +215,7 @@ Tensor DeepseekModel::moe(const MoeWeights& w, const Tensor& h) {
                           .routed_scaling_factor = static_cast<float>(c.routed_scaling_factor),
                           .num_shared_experts = w.num_shared_experts},
                 .x = h.cview(), .w_gate_up = w.experts_gate_up.cview(), .w_down = w.experts_down.cview(),
-                .out = out.view()});
+                .out = out.view(), .router = w.gate.cview(), .router_logits = router_logits.view()});
   return out;
 }
 

@@ -976,6 +976,9 @@ CaseRegistry build_registry() {
                                   .experts = 12, .n_group = 4, .topk_group = 2, .top_k = 3},
           9, 7, 11, false, 148);
   add_moe(r, "v2_lite_no_tokens", v2_lite_shared, 0, 32, 16, false, 149);
+  // ... and with the router weight given instead of the logits (the op computes them): V3 and V2-Lite routing
+  add_moe(r, "v3", kV3Shared, 3, 16, 8, true, 150, /*router=*/true);
+  add_moe(r, "v2_lite", v2_lite_shared, 4, 32, 16, false, 151, /*router=*/true);
   // sample: greedy, temperature, top_k / top_p / min_p alone and together, penalties, masks, logprobs, odd
   // vocabularies, ties at every boundary, mixed rows, validation
   add_sample_cases(r);
@@ -1160,6 +1163,37 @@ TEST(BackendOps, MoeRejectsWeightsWithoutTheSharedExpertsBeforeRouting) {
   EXPECT_NO_THROW(call(routed + shared, dim));
   EXPECT_THROW(call(routed, dim), Error);               // the shared expert is missing from the weights
   EXPECT_THROW(call(routed + shared, dim + 1), Error);  // out is not [T, D]
+}
+
+// moe with a router: the router must be [routed experts, D] in x's dtype and router_logits the float32 buffer that
+// route.logits views (the op writes the logits there); router_logits without a router is refused.
+TEST(BackendOps, MoeRouterArgumentsAreChecked) {
+  const std::unique_ptr<Backend> cpu = make_cpu_backend();
+  const int64_t tokens = 2, routed = 4, pairs = 2, dim = 8, inter = 4;
+  std::vector<float> x(tokens * dim, 1.0f);
+  enum class Bad { kNone, kRouterRows, kRouterWidth, kOtherBuffer, kLogitsWithoutRouter };
+  const auto call = [&](Bad bad) {
+    Tensor logits = Tensor::zeros({tokens, routed}, DType::kF32), other = Tensor::zeros({tokens, routed}, DType::kF32);
+    Tensor ids = Tensor::zeros({tokens, pairs}, DType::kI32), weights = Tensor::zeros({tokens, pairs}, DType::kF32);
+    Tensor router = Tensor::zeros({bad == Bad::kRouterRows ? routed + 1 : routed,
+                                   bad == Bad::kRouterWidth ? dim + 1 : dim}, DType::kF32);
+    Tensor w_gate_up = Tensor::zeros({routed, 2 * inter, dim}, DType::kF32);
+    Tensor w_down = Tensor::zeros({routed, dim, inter}, DType::kF32);
+    Tensor out = Tensor::zeros({tokens, dim}, DType::kF32);
+    cpu->moe({.route = {.logits = logits.view(), .topk_ids = ids.view(), .topk_weights = weights.view(),
+                        .scoring = ExpertScoring::kSoftmax, .method = TopkMethod::kGreedy},
+              .x = {x.data(), DType::kF32, {tokens, dim}, Device::kCpu}, .w_gate_up = w_gate_up.view(),
+              .w_down = w_down.view(), .out = out.view(),
+              .router = bad == Bad::kLogitsWithoutRouter ? ConstTensorView{} : ConstTensorView(router.view()),
+              .router_logits = bad == Bad::kOtherBuffer ? other.view() : logits.view()});
+    const std::span<const int32_t> written(ids.view().as<int32_t>(), static_cast<size_t>(tokens * pairs));
+    return std::any_of(written.begin(), written.end(), [](int32_t v) { return v != 0; });
+  };
+  EXPECT_TRUE(call(Bad::kNone));  // all-zero logits: experts 0 and 1 by the lower index
+  EXPECT_THROW(call(Bad::kRouterRows), Error);
+  EXPECT_THROW(call(Bad::kRouterWidth), Error);
+  EXPECT_THROW(call(Bad::kOtherBuffer), Error);
+  EXPECT_THROW(call(Bad::kLogitsWithoutRouter), Error);
 }
 
 #ifdef DEEPINFER_HAVE_CUDA

@@ -551,26 +551,31 @@ void add_moe_experts_bf16(CaseRegistry& r, const ExpertsShape& s, uint64_t seed)
 
 // The routed part in one op (moe: routing, then the experts on its result), bfloat16 x and weights, against the CPU
 // (which composes moe_route and moe_experts): the routing outputs as the route cases compare them, and the output.
+// With `router`, the op gets the router weight instead of the logits and computes them (the route kernel does at
+// decode sizes, linear before it otherwise), and the logits it wrote are compared too.
 void add_moe_bf16(CaseRegistry& r, const std::string& tag, const MoeRouteCase& c, int64_t dim, int64_t inter,
-                  uint64_t seed) {
+                  uint64_t seed, bool router = false) {
   const Activations act{DType::kBF16};
   Rng rng(seed);
   const int64_t tokens = c.tokens, experts = c.experts + c.num_shared, pairs = c.top_k + c.num_shared;
-  const std::vector<float> logits = rng.uniform(tokens * c.experts, -4.0f, 4.0f);
-  const std::vector<float> bias = c.bias ? rng.uniform(c.experts, -0.5f, 0.5f) : std::vector<float>{};
   const float w_range = static_cast<float>(std::sqrt(3.0 / double(dim)));
+  const std::vector<float> logits = router ? act.round(rng.uniform(c.experts * dim, -w_range, w_range))
+                                           : rng.uniform(tokens * c.experts, -4.0f, 4.0f);
+  const std::vector<float> bias = c.bias ? rng.uniform(c.experts, -0.5f, 0.5f) : std::vector<float>{};
   const float down_range = static_cast<float>(std::sqrt(3.0 / double(inter)));
   const std::vector<float> x = act.round(rng.uniform(tokens * dim, -1.0f, 1.0f));
   const std::vector<float> w_gate_up = act.round(rng.uniform(experts * 2 * inter * dim, -w_range, w_range));
   const std::vector<float> w_down = act.round(rng.uniform(experts * dim * inter, -down_range, down_range));
   r.add({.op = OpKind::kMoe,
-         .name = str_cat("moe_bf16_", tag, "_t", tokens, "_d", dim, "_i", inter),
+         .name = str_cat("moe_bf16_", tag, "_t", tokens, "_d", dim, "_i", inter, router ? "_router" : ""),
          .run = [=](OpRunner& run) -> Outputs {
            const TensorView ids = run.output({tokens, pairs}, DType::kI32);
            const TensorView weights = run.output({tokens, pairs}, DType::kF32);
            const TensorView out = run.output({tokens, dim}, act.on(run));
+           const TensorView logits_out = router ? run.output({tokens, c.experts}, DType::kF32) : TensorView{};
            run.backend().moe(
-               {.route = {.logits = run.upload(HostTensor::f32({tokens, c.experts}, logits)),
+               {.route = {.logits = router ? ConstTensorView(logits_out)
+                                           : ConstTensorView(run.upload(HostTensor::f32({tokens, c.experts}, logits))),
                           .correction_bias = c.bias ? ConstTensorView(run.upload(HostTensor::f32({c.experts}, bias)))
                                                     : ConstTensorView{},
                           .topk_ids = ids, .topk_weights = weights, .scoring = c.scoring, .method = c.method,
@@ -579,9 +584,13 @@ void add_moe_bf16(CaseRegistry& r, const std::string& tag, const MoeRouteCase& c
                 .x = run.upload(act.tensor(run, {tokens, dim}, x)),
                 .w_gate_up = run.upload(act.tensor(run, {experts, 2 * inter, dim}, w_gate_up)),
                 .w_down = run.upload(act.tensor(run, {experts, dim, inter}, w_down)),
-                .out = out});
+                .out = out,
+                .router = router ? ConstTensorView(run.upload(act.tensor(run, {c.experts, dim}, logits)))
+                                 : ConstTensorView{},
+                .router_logits = logits_out});
            Outputs o = sorted_route(run.fetch(ids), run.fetch(weights), c.top_k, c.num_shared);
            o.push_back({"out", run.fetch(out)});
+           if (router) o.push_back({"router_logits", run.fetch(logits_out)});
            return o;
          },
          .tolerance = act.tolerance()});
@@ -901,6 +910,22 @@ CaseRegistry build_registry() {
   MoeRouteCase v2_moe = v2_group_limited;
   v2_moe.tokens = 20;
   add_moe_bf16(r, "v2_e160_g8_keep3_k6", v2_moe, 128, 64, 210);
+  // moe with the router weight: computed in the route kernel at V2-Lite's width (2048) for 1 and 8 tokens and at V3's
+  // (7168, 28 pieces a lane) for 2, by linear first past its shared-memory budget (9 tokens of 2048) and past one
+  // route block (40 tokens of 256).
+  const MoeRouteCase v2_lite_route{.tag = "", .tokens = 1, .experts = 64, .top_k = 6, .scoring = ExpertScoring::kSoftmax,
+                                   .method = TopkMethod::kGreedy, .num_shared = 2};
+  for (const int64_t tokens : {int64_t{1}, int64_t{8}, int64_t{9}}) {
+    MoeRouteCase c = v2_lite_route;
+    c.tokens = tokens;
+    add_moe_bf16(r, "v2_lite_e64_k6_s2", c, 2048, 32, 230 + static_cast<uint64_t>(tokens), /*router=*/true);
+  }
+  const MoeRouteCase v3_width{.tag = "", .tokens = 2, .experts = 16, .top_k = 4, .n_group = 4, .topk_group = 2,
+                              .norm_topk_prob = true, .routed_scaling_factor = 2.5f, .bias = true, .num_shared = 1};
+  add_moe_bf16(r, "v3_like_e16_k4_s1", v3_width, 7168, 32, 241, /*router=*/true);
+  MoeRouteCase v3_router = v3_shared;
+  v3_router.tokens = 40;
+  add_moe_bf16(r, "v3_e256_k8_s1", v3_router, 256, 64, 242, /*router=*/true);
   add_moe_experts_bf16(r, {.tokens = 300, .dim = 256, .inter = 128, .routed = 64, .top_k = 6, .shared = 2}, 184);
   // Sampling: V3's and V2's vocabularies with 64 mixed rows, one row alone, ties, small and odd vocabularies.
   add_sample(r, 129280, 64, LogitShape::kModelLike, 170);

@@ -247,26 +247,42 @@ inline void add_moe_experts(CaseRegistry& r, const ExpertsShape& s, uint64_t see
 }
 
 // The whole routed part (ops/moe.h, MoeArgs): routing from random logits (and a V3 bias), then the routed and shared
-// experts on its result; checks the routing outputs (as the route cases do) and the layer output.
+// experts on its result; checks the routing outputs (as the route cases do) and the layer output. With `router`, the
+// op gets a random router weight instead and computes the logits, which are checked too.
 inline void add_moe(CaseRegistry& r, const std::string& tag, const RouteConfig& c, int64_t tokens_, int64_t dim_,
-                    int64_t inter_, bool bias, uint64_t seed) {
+                    int64_t inter_, bool bias, uint64_t seed, bool router = false) {
   const ExpertsShape s{.tokens = tokens_, .dim = dim_, .inter = inter_, .routed = c.experts, .top_k = c.top_k,
                        .shared = c.num_shared};
   Rng rng(seed);
   const int64_t tokens = s.tokens, dim = s.dim, inter = s.inter, experts = s.experts(), pairs = s.pairs();
-  const std::vector<float> logits = rng.uniform(tokens * c.experts, -4.0f, 4.0f);
+  const std::vector<float> given_logits = router ? std::vector<float>{} : rng.uniform(tokens * c.experts, -4.0f, 4.0f);
+  const std::vector<float> router_w = router ? rng.uniform(c.experts * dim, -2.0f, 2.0f) : std::vector<float>{};
   const std::vector<float> bias_values = bias ? rng.uniform(c.experts, -0.5f, 0.5f) : std::vector<float>{};
   const std::vector<float> x = rng.uniform(tokens * dim);
   const std::vector<float> w_gate_up = rng.uniform(experts * 2 * inter * dim);
   const std::vector<float> w_down = rng.uniform(experts * dim * inter);
+  // The router's logits in double, as the naive side routes on them.
+  std::vector<float> router_logits;
+  if (router) {
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t e = 0; e < c.experts; ++e) {
+        double acc = 0.0;
+        for (int64_t d = 0; d < dim; ++d) acc += double(x[t * dim + d]) * router_w[e * dim + d];
+        router_logits.push_back(static_cast<float>(acc));
+      }
+    }
+  }
   r.add({.op = OpKind::kMoe,
-         .name = str_cat("moe_", tag, "_", s.str()),
+         .name = str_cat("moe_", tag, "_", s.str(), router ? "_router" : ""),
          .run = [=](OpRunner& run) -> Outputs {
            const TensorView ids = run.output({tokens, pairs}, DType::kI32);
            const TensorView weights = run.output({tokens, pairs}, DType::kF32);
            const TensorView out = run.output({tokens, dim}, DType::kF32);
+           const TensorView logits_out = router ? run.output({tokens, c.experts}, DType::kF32) : TensorView{};
            const auto bias_len = static_cast<int64_t>(bias_values.size());
-           run.backend().moe({.route = {.logits = run.upload(HostTensor::f32({tokens, c.experts}, logits)),
+           run.backend().moe({.route = {.logits = router ? ConstTensorView(logits_out)
+                                                         : ConstTensorView(run.upload(HostTensor::f32(
+                                                               {tokens, c.experts}, given_logits))),
                                         .correction_bias = run.upload(HostTensor::f32({bias_len}, bias_values)),
                                         .topk_ids = ids, .topk_weights = weights, .scoring = c.scoring,
                                         .method = c.method, .n_group = c.n_group, .topk_group = c.topk_group,
@@ -276,12 +292,18 @@ inline void add_moe(CaseRegistry& r, const std::string& tag, const RouteConfig& 
                               .x = run.upload(HostTensor::f32({tokens, dim}, x)),
                               .w_gate_up = run.upload(HostTensor::f32({experts, 2 * inter, dim}, w_gate_up)),
                               .w_down = run.upload(HostTensor::f32({experts, dim, inter}, w_down)),
-                              .out = out});
+                              .out = out,
+                              .router = router ? ConstTensorView(run.upload(HostTensor::f32({c.experts, dim},
+                                                                                            router_w)))
+                                               : ConstTensorView{},
+                              .router_logits = logits_out});
            Outputs o = sorted_route(run.fetch(ids), run.fetch(weights), c.top_k, c.num_shared);
            o.push_back({"out", run.fetch(out)});
+           if (router) o.push_back({"router_logits", run.fetch(logits_out)});
            return o;
          },
          .naive = [=]() -> Outputs {
+           const std::vector<float>& logits = router ? router_logits : given_logits;
            std::vector<double> ids, weights;
            for (int64_t t = 0; t < tokens; ++t) {
              naive_route_token(c, logits.data() + t * c.experts, bias_values, ids, weights);
@@ -290,6 +312,7 @@ inline void add_moe(CaseRegistry& r, const std::string& tag, const RouteConfig& 
            const std::vector<int32_t> int_ids(ids.begin(), ids.end());
            const std::vector<float> float_weights(weights.begin(), weights.end());
            o.push_back({"out", naive_experts(s, x, w_gate_up, w_down, int_ids, float_weights)});
+           if (router) o.push_back({"router_logits", std::vector<double>(router_logits.begin(), router_logits.end())});
            return o;
          }});
 }

@@ -138,6 +138,8 @@ cudaDataType_t cuda_type(DType t) { return t == DType::kBF16 ? CUDA_R_16BF : CUD
 bool skinny_gemm_enabled_from_env() { return !env_flag("DEEPINFER_DISABLE_SKINNY_GEMM"); }
 // DEEPINFER_DISABLE_HEAD_GEMV=1 sends head_linear at decode sizes to cuBLAS too.
 bool head_gemv_enabled_from_env() { return !env_flag("DEEPINFER_DISABLE_HEAD_GEMV"); }
+// DEEPINFER_DISABLE_FUSED_ROUTER=1 computes the MoE router logits with linear before the route kernel.
+bool fused_router_enabled_from_env() { return !env_flag("DEEPINFER_DISABLE_FUSED_ROUTER"); }
 
 class CudaBackend final : public Backend {
  public:
@@ -618,14 +620,25 @@ class CudaBackend final : public Backend {
   }
 
   // Routing and experts with one alignment: the route kernel groups the pairs by expert as it routes, and the expert
-  // kernels read that grouping (moe_forward with router logits), one kernel fewer than moe_route + moe_experts.
+  // kernels read that grouping (moe_forward with router logits), one kernel fewer than moe_route + moe_experts. With
+  // the router given, the route kernel also computes the logits at decode sizes (one kernel fewer again); otherwise
+  // linear computes them first.
   void moe(const MoeArgs& a) override {
     const auto timing = timed("moe");
     constexpr const char* kOp = "cuda moe";
     a.validate();
+    check_on_device(a.router, kOp, "router");
+    const int64_t tokens = a.x.shape[0];
+    if (tokens == 0) return;
+    const bool fuse_router = a.router.data != nullptr && fused_router_enabled_ && a.x.dtype == DType::kBF16 &&
+                             cuda::moe_fused_router_supported(tokens, a.x.shape[1]);
+    if (a.router.data != nullptr && !fuse_router) linear({.x = a.x, .w = a.router, .out = a.router_logits});
     cuda::MoeParams p = route_params(a.route, kOp);
     set_experts_params(a.experts(), kOp, p);
-    if (p.num_tokens == 0) return;
+    if (fuse_router) {
+      p.router_weight = static_cast<const uint16_t*>(a.router.data);
+      p.router_logits_out = a.router_logits.as<float>();
+    }
     p.workspace = moe_experts_ws_.prepare(*this, p);
     cuda::moe_forward(p, stream_.get());
   }
@@ -852,6 +865,7 @@ class CudaBackend final : public Backend {
   int num_sms_ = 0;
   const bool skinny_enabled_ = skinny_gemm_enabled_from_env();
   const bool head_gemv_enabled_ = head_gemv_enabled_from_env();  // head_linear at decode sizes on head_gemv.cu
+  const bool fused_router_enabled_ = fused_router_enabled_from_env();  // moe's router logits in the route kernel
   const cuda::MlaPrefillKernel prefill_kernel_ = cuda::mla_prefill_kernel_from_env();  // DEEPINFER_MLA_PREFILL
   Tensor workspace_;  // MLA decode split partials (see mla_decode)
   Tensor prefill_workspace_;  // MLA prefill gathered latents and decompressed k_nope | v (see mla_prefill)

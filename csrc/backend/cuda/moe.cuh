@@ -2,7 +2,8 @@
 // all on the device with no host synchronization and no host loop over experts.
 //
 // Kernels, in stream order (each a programmatic dependent launch of the one before):
-//   1. route     one warp a token: scores, group limit, top-k, weights, then the shared experts (weight 1) after the
+//   1. route     (with the router weight: first the logits, one expert row a warp, the last CTA routes)
+//                one warp a token: scores, group limit, top-k, weights, then the shared experts (weight 1) after the
 //                routed ones; per-block expert histograms; the last block
 //                to finish scans the counts (CUB), pads each expert's row range to 128, lists the active experts and,
 //                for small batches, also scatters the (token, slot) pairs into their rows
@@ -33,6 +34,10 @@ void moe_workspace_init(const MoeParams& p, cudaStream_t stream);
 
 // The expert kernels `moe_experts(p, ...)` runs.
 MoeExpertsPath moe_resolve_path(const MoeParams& p);
+
+// Whether the route kernel can compute the router logits itself (MoeParams::router_weight): every token's x fits its
+// shared memory and a lane holds its share of a router row in registers.
+bool moe_fused_router_supported(int64_t num_tokens, int64_t hidden);
 
 // Routing (when p.router_logits is set) and the alignment into the workspace. Throws deepinfer::Error on bad
 // parameters; queues kernels on `stream`.

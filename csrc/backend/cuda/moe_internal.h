@@ -22,6 +22,9 @@ constexpr int kRouteTokensPerBlock = 32;  // 4 tokens a warp; the scatter places
                                           // round up to 8 pairs a token, two up to kMaxTopK)
 constexpr int kFusedScatterMaxBlocks = 4;  // up to this many route blocks, the last one also scatters
 constexpr int kRowAlign = 128;          // each expert's row range is padded to the grouped kernel's M tile
+constexpr int kRouterPiecesMax = 28;          // fused router: 16 bytes of every 512 of a row a lane holds (hidden up
+                                             // to 28 * 256 = 7168, V3's)
+constexpr int kRouterXBytesMax = 32 * 1024;  // fused router: every token's x in shared memory
 constexpr int kCombineThreads = 256;
 constexpr int kDownColsPerCta = 32;        // output columns of a small-M down CTA
 constexpr int kFusedCombineMaxTokens = 32;  // up to this many tokens the small-M down kernel also combines
@@ -55,6 +58,7 @@ struct MoeKernelParams {
   int32_t fused_scatter = 0;          // 1: the last route block scatters all pairs (no scatter kernel)
   int32_t max_rows = 0;               // padded rows the workspace holds
   int32_t max_active = 0;             // min(E, num_tokens * top_k): the grid's expert dimension (small-M path)
+  int32_t fused_router = 0;           // 1: the route kernel computes the logits (p.router_weight), one route block
   int32_t down_prefetch = 0;          // 1: the small-M gate/up kernel prefetches W_down of its expert into L2
   int32_t fused_combine = 0;          // 1: the last small-M down CTA of each column block combines it (no combine kernel)
   // S when the routing computes the ids (router logits given) and appends S shared experts to every token: then the

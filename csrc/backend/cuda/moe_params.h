@@ -43,6 +43,11 @@ struct MoeParams {
   // Routing. With router_logits null, topk_ids / topk_weights are inputs and only the alignment runs.
   const float* router_logits = nullptr;    // [num_tokens, num_experts - num_shared_experts] fp32
   const float* correction_bias = nullptr;  // [num_experts - num_shared_experts] fp32, or null (V3's bias)
+  // The router, optional (decode sizes, moe_fused_router_supported): with router_weight ([num_experts -
+  // num_shared_experts, hidden] bf16) the route kernel computes the logits x · router_weight^T itself and writes
+  // them to router_logits_out, which must be the buffer router_logits points at.
+  const uint16_t* router_weight = nullptr;
+  float* router_logits_out = nullptr;
   int32_t* topk_ids = nullptr;             // [num_tokens, top_k]: written by routing, in selection order, shared last
   float* topk_weights = nullptr;           // [num_tokens, top_k]: written by routing
   // Experts.

@@ -52,8 +52,8 @@ __device__ __forceinline__ float warp_max(float v) {
 // One warp routes one token from its logits (routed expert lane + 32 j in logits[j], -inf past them): writes its
 // routed ids (selection order) and weights, then the shared experts with weight 1, and counts its pairs in `hist`.
 // Lane j < top_k writes pair j; the selection sees the routed experts only.
-__device__ void route_token(const MoeKernelParams& kp, int token, const float (&logits)[kExpertsPerLane], RouteSmem& s,
-                            int warp, int lane) {
+__device__ void route_token(const MoeKernelParams& kp, int token, int block, const float (&logits)[kExpertsPerLane],
+                            RouteSmem& s, int warp, int lane) {
   const MoeParams& p = kp.p;
   const int routed_experts = p.num_experts - p.num_shared_experts, top_k = p.top_k;
   const int routed_k = top_k - p.num_shared_experts;
@@ -161,7 +161,7 @@ __device__ void route_token(const MoeKernelParams& kp, int token, const float (&
     const int64_t pair = static_cast<int64_t>(token) * top_k + lane;
     p.topk_ids[pair] = id;
     p.topk_weights[pair] = shared ? 1.0f : w * (norm * p.routed_scaling_factor);
-    s.chunk_ids[(token - blockIdx.x * kRouteTokensPerBlock) * top_k + lane] = id;
+    s.chunk_ids[(token - block * kRouteTokensPerBlock) * top_k + lane] = id;
     atomicAdd(&s.hist[id], 1);
   }
   __syncwarp();  // choice / score are reused by the warp's next token
@@ -170,8 +170,8 @@ __device__ void route_token(const MoeKernelParams& kp, int token, const float (&
 // Places the pairs of route block `b` (tokens 32 b .. +32) into their experts' rows, in pair order:
 // row_pair[offsets[e] + (pairs of e in earlier blocks) + (pairs of e earlier in this block)] = pair.
 // Rounds of kRouteThreads pairs, one a thread (one round up to 8 pairs a token).
-// Needs s.offsets (and s.chunk_ids when b is this block); every thread of the block calls it.
-__device__ void scatter_chunk(const MoeKernelParams& kp, int b, RouteSmem& s) {
+// Needs s.offsets (and s.chunk_ids when b is this block, `own`); every thread of the block calls it.
+__device__ void scatter_chunk(const MoeKernelParams& kp, int b, int own, RouteSmem& s) {
   const MoeParams& p = kp.p;
   const int num_experts = p.num_experts;
   const int tid = threadIdx.x, warp = tid >> 5;
@@ -197,7 +197,7 @@ __device__ void scatter_chunk(const MoeKernelParams& kp, int b, RouteSmem& s) {
     const int64_t pair = static_cast<int64_t>(b) * block_pairs + at;
     int e = -1;
     if (at < block_pairs && pair < num_pairs) {
-      e = b == static_cast<int>(blockIdx.x) ? s.chunk_ids[at] : __ldcg(&p.topk_ids[pair]);
+      e = b == own ? s.chunk_ids[at] : __ldcg(&p.topk_ids[pair]);
       if (e < 0 || e >= num_experts) e = -1;  // an invalid id gets no row (the combine skips it too)
     }
     const uint32_t peers = __match_any_sync(0xffffffffu, e);
@@ -221,22 +221,70 @@ __device__ void scatter_chunk(const MoeKernelParams& kp, int b, RouteSmem& s) {
   }
 }
 
-// Grid: one block per 32 tokens. Routes (or reads the given ids), counts pairs per expert; the last block to finish
-// turns the counts into padded offsets and the active-expert list, resets the counters, and with kp.fused_scatter
-// also scatters every block's pairs. A grid of one block skips the global counters. Padding rows of row_pair are
-// left undefined: no kernel reads past an expert's count.
-__global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(const __grid_constant__ MoeKernelParams kp) {
-  __shared__ RouteSmem s;
+__device__ __forceinline__ float dot_bf16x8(const uint4& a, const uint4& b) {
+  float acc = bf16_lo(a.x) * bf16_lo(b.x);
+  acc = fmaf(bf16_hi(a.x), bf16_hi(b.x), acc);
+  acc = fmaf(bf16_lo(a.y), bf16_lo(b.y), acc);
+  acc = fmaf(bf16_hi(a.y), bf16_hi(b.y), acc);
+  acc = fmaf(bf16_lo(a.z), bf16_lo(b.z), acc);
+  acc = fmaf(bf16_hi(a.z), bf16_hi(b.z), acc);
+  acc = fmaf(bf16_lo(a.w), bf16_lo(b.w), acc);
+  return fmaf(bf16_hi(a.w), bf16_hi(b.w), acc);
+}
+
+// The fused router (kp.fused_router): CTA c computes the logits of routed experts 8c .. 8c + 7 for every token, one
+// expert row a warp, lane l holding bytes 16 l .. 16 l + 15 of every 512 of the row. The weights are constant, so
+// they are loaded before the grid dependency wait, while the kernel before finishes; x is staged in shared memory
+// after it. The logits go to global memory; the last CTA to finish (a completion counter) routes on them. Returns
+// whether this CTA is that one.
+__device__ bool compute_router_logits(const MoeKernelParams& kp, uint4* x_s, int32_t& is_last) {
+  const MoeParams& p = kp.p;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int routed = p.num_experts - p.num_shared_experts, pieces = p.hidden / 256;
+  const int e = blockIdx.x * kRouteWarps + warp;
+  const uint16_t* row = p.router_weight + static_cast<int64_t>(e < routed ? e : 0) * p.hidden + lane * 8;
+  uint4 w[kRouterPiecesMax];
+#pragma unroll
+  for (int i = 0; i < kRouterPiecesMax; ++i) {
+    w[i] = e < routed && i < pieces ? ld_stream_16(row + i * 256) : make_uint4(0u, 0u, 0u, 0u);
+  }
+  griddep_wait();
+  griddep_launch_dependents();
+  const int row_vecs = p.hidden / 8, x_vecs = p.num_tokens * row_vecs;
+  for (int i = threadIdx.x; i < x_vecs; i += kRouteThreads) x_s[i] = ld_cg_16(p.x + 8 * static_cast<int64_t>(i));
+  __syncthreads();
+  if (e < routed) {
+    for (int t = 0; t < p.num_tokens; ++t) {
+      const uint4* xt = x_s + t * row_vecs + lane;
+      float acc = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kRouterPiecesMax; ++i) {
+        if (i < pieces) acc += dot_bf16x8(w[i], xt[i * 32]);
+      }
+      acc = warp_sum(acc);
+      if (lane == 0) p.router_logits_out[static_cast<int64_t>(t) * routed + e] = acc;
+    }
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(kp.counter, 1) == static_cast<int>(gridDim.x) - 1;
+  __syncthreads();
+  if (!is_last) return false;
+  __threadfence();  // every CTA's logits are visible to this one
+  if (threadIdx.x == 0) *kp.counter = 0;
+  return true;
+}
+
+// Route block `block` (tokens 32 block .. +32) after the wait: routes (or reads the given ids), counts pairs per
+// expert; the last block to finish (`single_block`: the only one) turns the counts into padded offsets and the
+// active-expert list, resets the counters, and with kp.fused_scatter also scatters every block's pairs. Padding rows
+// of row_pair are left undefined: no kernel reads past an expert's count. s.hist is zero on entry.
+__device__ void route_block(const MoeKernelParams& kp, RouteSmem& s, int block, bool single_block) {
   const MoeParams& p = kp.p;
   const int num_experts = p.num_experts, top_k = p.top_k;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  for (int e = tid; e < num_experts; e += kRouteThreads) s.hist[e] = 0;
-  __syncthreads();
-  griddep_wait();
-  griddep_launch_dependents();
-
   constexpr int kTokensPerWarp = kRouteTokensPerBlock / kRouteWarps;
-  const int first_token = blockIdx.x * kRouteTokensPerBlock + warp * kTokensPerWarp;
+  const int first_token = block * kRouteTokensPerBlock + warp * kTokensPerWarp;
   if (p.router_logits != nullptr) {
     const int routed_experts = num_experts - p.num_shared_experts;  // the logits' width
     float logits[kTokensPerWarp][kExpertsPerLane];  // all of the warp's loads in flight at once
@@ -246,14 +294,15 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(const __grid_c
 #pragma unroll
       for (int j = 0; j < kExpertsPerLane; ++j) {
         const int e = lane + 32 * j;
+        // Through L2: with the fused router, other CTAs of this grid wrote them.
         logits[i][j] = (token < p.num_tokens && e < routed_experts)
-                           ? p.router_logits[static_cast<int64_t>(token) * routed_experts + e]
+                           ? __ldcg(&p.router_logits[static_cast<int64_t>(token) * routed_experts + e])
                            : -INFINITY;
       }
     }
 #pragma unroll
     for (int i = 0; i < kTokensPerWarp; ++i) {
-      if (first_token + i < p.num_tokens) route_token(kp, first_token + i, logits[i], s, warp, lane);
+      if (first_token + i < p.num_tokens) route_token(kp, first_token + i, block, logits[i], s, warp, lane);
     }
   } else {
     for (int i = 0; i < kTokensPerWarp; ++i) {
@@ -265,16 +314,15 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(const __grid_c
     }
   }
   __syncthreads();
-  const bool single_block = gridDim.x == 1;
   if (!single_block) {
     for (int e = tid; e < num_experts; e += kRouteThreads) {
       const int count = s.hist[e];
-      kp.block_counts[blockIdx.x * num_experts + e] = count;
+      kp.block_counts[block * num_experts + e] = count;
       if (count > 0) atomicAdd(&kp.count_accum[e], count);
     }
     __threadfence();
     __syncthreads();
-    if (tid == 0) s.is_last = atomicAdd(kp.counter, 1) == static_cast<int>(gridDim.x) - 1;
+    if (tid == 0) s.is_last = atomicAdd(kp.counter, 1) == kp.route_blocks - 1;
     __syncthreads();
     if (!s.is_last) return;
     __threadfence();
@@ -322,8 +370,37 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(const __grid_c
   }
   if (kp.fused_scatter) {
     __syncthreads();
-    for (int b = 0; b < static_cast<int>(gridDim.x); ++b) scatter_chunk(kp, b, s);
+    for (int b = 0; b < kp.route_blocks; ++b) scatter_chunk(kp, b, block, s);
   }
+}
+
+
+// The route kernel's shared memory: with the fused router, every token's x first, then the routing's arrays.
+union RouteKernelSmem {
+  RouteSmem route;
+  uint4 x[kRouterXBytesMax / 16];
+};
+
+// Grid: one block per 32 tokens (route_block), or with the fused router one CTA per 8 routed experts, the last of
+// which routes the (at most 32) tokens as the only route block.
+__global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(const __grid_constant__ MoeKernelParams kp) {
+  __shared__ RouteKernelSmem smem;
+  __shared__ int32_t router_last;
+  RouteSmem& s = smem.route;
+  const int num_experts = kp.p.num_experts;
+  if (kp.fused_router) {
+    if (!compute_router_logits(kp, smem.x, router_last)) return;
+    __syncthreads();  // x's shared memory becomes the routing's
+    for (int e = threadIdx.x; e < num_experts; e += kRouteThreads) s.hist[e] = 0;
+    __syncthreads();
+    route_block(kp, s, 0, true);
+    return;
+  }
+  for (int e = threadIdx.x; e < num_experts; e += kRouteThreads) s.hist[e] = 0;
+  __syncthreads();
+  griddep_wait();
+  griddep_launch_dependents();
+  route_block(kp, s, static_cast<int>(blockIdx.x), gridDim.x == 1);
 }
 
 // Grid: one block per route block (larger batches).
@@ -339,7 +416,7 @@ __global__ void __launch_bounds__(kRouteThreads) moe_scatter_kernel(const __grid
     if (pair < num_pairs) s.chunk_ids[at] = __ldcg(&kp.p.topk_ids[pair]);
   }
   __syncthreads();
-  scatter_chunk(kp, blockIdx.x, s);
+  scatter_chunk(kp, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.x), s);
 }
 
 size_t align_256(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
@@ -398,6 +475,7 @@ MoeKernelParams make_kernel_params(const MoeParams& p) {
       std::min<int64_t>(p.num_experts, static_cast<int64_t>(p.num_tokens) * p.top_k));
   // Routing appends every shared expert to every token, so each has rows and a slot of its own.
   kp.shared_slots = p.router_logits != nullptr ? p.num_shared_experts : 0;
+  kp.fused_router = p.router_weight != nullptr ? 1 : 0;
   return kp;
 }
 
@@ -410,6 +488,14 @@ void check_common(const MoeParams& p) {
   DI_CHECK(p.workspace != nullptr && reinterpret_cast<uintptr_t>(p.workspace) % 256 == 0,
            "moe: a 256-byte aligned workspace of ", moe_workspace_bytes(p), " bytes is required");
   DI_CHECK(p.topk_ids != nullptr && p.topk_weights != nullptr, "moe: topk_ids and topk_weights are required");
+  if (p.router_weight != nullptr) {
+    DI_CHECK(p.router_logits != nullptr && p.router_logits_out == p.router_logits && p.x != nullptr,
+             "moe: the fused router writes its logits to router_logits_out, which must be router_logits, from x");
+    DI_CHECK(moe_fused_router_supported(p.num_tokens, p.hidden), "moe: the route kernel cannot compute the router "
+             "logits of ", p.num_tokens, " tokens of width ", p.hidden, " (moe_fused_router_supported)");
+    DI_CHECK(reinterpret_cast<uintptr_t>(p.router_weight) % 16 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0,
+             "moe: the router weight and x must be 16-byte aligned");
+  }
   if (p.router_logits != nullptr) {
     const int32_t shared = p.num_shared_experts, routed = p.num_experts - shared, routed_k = p.top_k - shared;
     DI_CHECK(shared >= 0 && shared <= p.top_k && routed >= 1 && routed <= kMaxRoutedExperts && routed_k <= routed,
@@ -442,11 +528,23 @@ void check_experts(const MoeParams& p, MoeExpertsPath path) {
 
 void launch_route(const MoeKernelParams& kp, cudaStream_t stream) {
   const LaunchShape shape{.grid = dim3(kp.route_blocks), .block = dim3(kRouteThreads)};
+  if (kp.fused_router) {  // one route block (moe_fused_router_supported): the scatter is fused
+    const int routed = kp.p.num_experts - kp.p.num_shared_experts;
+    launch_pdl(moe_route_kernel, {.grid = dim3((routed + kRouteWarps - 1) / kRouteWarps), .block = dim3(kRouteThreads)},
+               stream, kp);
+    return;
+  }
   launch_pdl(moe_route_kernel, shape, stream, kp);
   if (!kp.fused_scatter) launch_pdl(moe_scatter_kernel, shape, stream, kp);
 }
 
 }  // namespace moe_detail
+
+bool moe_fused_router_supported(int64_t num_tokens, int64_t hidden) {
+  using namespace moe_detail;
+  return num_tokens >= 1 && hidden >= 256 && hidden % 256 == 0 && hidden / 256 <= kRouterPiecesMax &&
+         num_tokens * hidden * 2 <= kRouterXBytesMax && num_tokens <= kRouteTokensPerBlock;
+}
 
 size_t moe_workspace_bytes(const MoeParams& p) { return moe_detail::moe_workspace_layout(p).total_bytes; }
 

@@ -54,6 +54,11 @@ struct MoeArgs {
   ConstTensorView w_gate_up;  // [E + s, 2I, D]  the routed experts, then the shared ones
   ConstTensorView w_down;     // [E + s, D, I]
   TensorView out;             // [T, D]  overwritten
+  // The router, optional. Given ([E, D], x's dtype), the op first writes router_logits = x · router^T (float32,
+  // [T, E], the buffer route.logits views), then routes on them: a backend may then compute the logits inside its
+  // routing (the CUDA kernels do at decode sizes). Empty: route.logits is an input and router_logits stays empty.
+  ConstTensorView router;
+  TensorView router_logits;
 
   // The experts half, on the routing outputs.
   MoeExpertsArgs experts() const {
