@@ -29,10 +29,6 @@ struct HeadGemvTraits {
   static constexpr int kRowsPerIter = 32 / kLanesPerRow;
   static constexpr int kRowsPerWarp = kIters * kRowsPerIter;
   static constexpr int kK = 8 * kLanesPerRow * kChunksPerLane;
-  // K = 512 (W_UV) would take 160 registers, and then the 128-register skinny GEMM CTA of o_proj that follows could
-  // not share an SM with it (256 threads each: 40 + 32 K registers of 64 K), so it could not start early and load
-  // its weights while this kernel runs. Two CTAs an SM caps it at 128 (a few bytes spill).
-  static constexpr int kMinBlocks = kChunksPerLane == 2 ? 2 : 0;  // 0: no register cap
   static_assert(32 % kLanesPerRow == 0, "a row's lanes sit inside one warp");
 };
 
@@ -48,7 +44,7 @@ __device__ __forceinline__ float dot8(uint4 w, uint4 x, float acc) {
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads, T::kMinBlocks) head_gemv_kernel(const __grid_constant__ HeadGemvParams p) {
+__global__ void __launch_bounds__(kThreads) head_gemv_kernel(const __grid_constant__ HeadGemvParams p) {
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int sub = lane / T::kLanesPerRow, kl = lane % T::kLanesPerRow;
   const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * T::kRowsPerWarp;
