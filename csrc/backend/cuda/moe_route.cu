@@ -237,15 +237,16 @@ __device__ __forceinline__ float dot_bf16x8(const uint4& a, const uint4& b) {
 // they are loaded before the grid dependency wait, while the kernel before finishes; x is staged in shared memory
 // after it. The logits go to global memory; the last CTA to finish (a completion counter) routes on them. Returns
 // whether this CTA is that one.
+template <int kPieces>
 __device__ bool compute_router_logits(const MoeKernelParams& kp, uint4* x_s, int32_t& is_last) {
   const MoeParams& p = kp.p;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int routed = p.num_experts - p.num_shared_experts, pieces = p.hidden / 256;
   const int e = blockIdx.x * kRouteWarps + warp;
   const uint16_t* row = p.router_weight + static_cast<int64_t>(e < routed ? e : 0) * p.hidden + lane * 8;
-  uint4 w[kRouterPiecesMax];
+  uint4 w[kPieces];
 #pragma unroll
-  for (int i = 0; i < kRouterPiecesMax; ++i) {
+  for (int i = 0; i < kPieces; ++i) {
     w[i] = e < routed && i < pieces ? ld_stream_16(row + i * 256) : make_uint4(0u, 0u, 0u, 0u);
   }
   griddep_wait();
@@ -258,7 +259,7 @@ __device__ bool compute_router_logits(const MoeKernelParams& kp, uint4* x_s, int
       const uint4* xt = x_s + t * row_vecs + lane;
       float acc = 0.0f;
 #pragma unroll
-      for (int i = 0; i < kRouterPiecesMax; ++i) {
+      for (int i = 0; i < kPieces; ++i) {
         if (i < pieces) acc += dot_bf16x8(w[i], xt[i * 32]);
       }
       acc = warp_sum(acc);
@@ -375,32 +376,34 @@ __device__ void route_block(const MoeKernelParams& kp, RouteSmem& s, int block, 
 }
 
 
-// The route kernel's shared memory: with the fused router, every token's x first, then the routing's arrays.
-union RouteKernelSmem {
-  RouteSmem route;
-  uint4 x[kRouterXBytesMax / 16];
-};
-
-// Grid: one block per 32 tokens (route_block), or with the fused router one CTA per 8 routed experts, the last of
-// which routes the (at most 32) tokens as the only route block.
+// Grid: one block per 32 tokens (route_block).
 __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(const __grid_constant__ MoeKernelParams kp) {
-  __shared__ RouteKernelSmem smem;
-  __shared__ int32_t router_last;
-  RouteSmem& s = smem.route;
-  const int num_experts = kp.p.num_experts;
-  if (kp.fused_router) {
-    if (!compute_router_logits(kp, smem.x, router_last)) return;
-    __syncthreads();  // x's shared memory becomes the routing's
-    for (int e = threadIdx.x; e < num_experts; e += kRouteThreads) s.hist[e] = 0;
-    __syncthreads();
-    route_block(kp, s, 0, true);
-    return;
-  }
-  for (int e = threadIdx.x; e < num_experts; e += kRouteThreads) s.hist[e] = 0;
+  __shared__ RouteSmem s;
+  for (int e = threadIdx.x; e < kp.p.num_experts; e += kRouteThreads) s.hist[e] = 0;
   __syncthreads();
   griddep_wait();
   griddep_launch_dependents();
   route_block(kp, s, static_cast<int>(blockIdx.x), gridDim.x == 1);
+}
+
+// The fused router's shared memory: every token's x first, then the routing's arrays.
+union RouterRouteSmem {
+  RouteSmem route;
+  uint4 x[kRouterXBytesMax / 16];
+};
+
+// The fused router (kp.fused_router), a kernel of its own so that its registers (a lane holds kPieces 16-byte pieces
+// of a router row) do not weigh on the route kernel. Grid: one CTA per 8 routed experts; the last to finish routes
+// the (at most 32) tokens as the only route block.
+template <int kPieces>
+__global__ void __launch_bounds__(kRouteThreads) moe_router_route_kernel(const __grid_constant__ MoeKernelParams kp) {
+  __shared__ RouterRouteSmem smem;
+  __shared__ int32_t router_last;
+  if (!compute_router_logits<kPieces>(kp, smem.x, router_last)) return;
+  __syncthreads();  // x's shared memory becomes the routing's
+  for (int e = threadIdx.x; e < kp.p.num_experts; e += kRouteThreads) smem.route.hist[e] = 0;
+  __syncthreads();
+  route_block(kp, smem.route, 0, true);
 }
 
 // Grid: one block per route block (larger batches).
@@ -530,8 +533,12 @@ void launch_route(const MoeKernelParams& kp, cudaStream_t stream) {
   const LaunchShape shape{.grid = dim3(kp.route_blocks), .block = dim3(kRouteThreads)};
   if (kp.fused_router) {  // one route block (moe_fused_router_supported): the scatter is fused
     const int routed = kp.p.num_experts - kp.p.num_shared_experts;
-    launch_pdl(moe_route_kernel, {.grid = dim3((routed + kRouteWarps - 1) / kRouteWarps), .block = dim3(kRouteThreads)},
-               stream, kp);
+    const LaunchShape router_shape{.grid = dim3((routed + kRouteWarps - 1) / kRouteWarps), .block = dim3(kRouteThreads)};
+    if (kp.p.hidden <= 8 * 256) {  // V2-Lite's 2048
+      launch_pdl(moe_router_route_kernel<8>, router_shape, stream, kp);
+    } else {
+      launch_pdl(moe_router_route_kernel<kRouterPiecesMax>, router_shape, stream, kp);
+    }
     return;
   }
   launch_pdl(moe_route_kernel, shape, stream, kp);
