@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "../kernels/bench_util.cuh"
+#include "bench_util.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/ptx.cuh"
 
