@@ -49,6 +49,14 @@ SMOKE = {**V2_LITE, "num_hidden_layers": 2, "vocab_size": 4096, "hidden_size": 2
          "moe_intermediate_size": 128, "n_routed_experts": 8}
 
 
+def add_decode_case_args(ap, default_v3_layers: int = 3) -> None:
+    """The arguments that pick one decode case of a DeepSeek shape: --shape, --v3-layers, --batch, --context."""
+    ap.add_argument("--shape", default="v2-lite", choices=["v2-lite", "v3-slice", "smoke"])
+    ap.add_argument("--v3-layers", type=int, default=default_v3_layers)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--context", type=int, default=1024)
+
+
 def shape_config(name: str, v3_layers: int = V3_SLICE_LAYERS) -> dict:
     """config.json of a benchmark shape: v2-lite, v3-slice (with `v3_layers` layers) or smoke."""
     if name == "v2-lite":

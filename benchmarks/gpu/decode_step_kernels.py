@@ -32,15 +32,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from bench_common import add_decode_case_args  # noqa: E402  (this folder, on the path above)
+
 METRICS = "gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size"
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", default="v2-lite", choices=["v2-lite", "v3-slice", "smoke"])
-    ap.add_argument("--v3-layers", type=int, default=3)
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--context", type=int, default=1024)
+    add_decode_case_args(ap)
     ap.add_argument("--steps", type=int, default=3, help="decode steps profiled (the last whole one is reported)")
     ap.add_argument("--ncu", default="ncu")
     ap.add_argument("--out", type=Path, required=True)

@@ -25,6 +25,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from bench_common import add_decode_case_args  # noqa: E402  (this folder, on the path above)
+
 
 @dataclass(frozen=True)
 class Kernel:
@@ -159,10 +161,7 @@ def trace_decode(args) -> list[Kernel]:
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", default="v2-lite", choices=["v2-lite", "v3-slice", "smoke"])
-    ap.add_argument("--v3-layers", type=int, default=3)
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--context", type=int, default=1024)
+    add_decode_case_args(ap)
     ap.add_argument("--steps", type=int, default=12, help="decode steps traced (whole ones are averaged)")
     ap.add_argument("--out", type=Path, required=True)
     return ap.parse_args(argv)
