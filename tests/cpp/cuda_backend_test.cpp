@@ -913,8 +913,8 @@ CaseRegistry build_registry() {
   // moe with the router weight: computed in the route kernel at V2-Lite's width (2048) for 1 and 8 tokens and at V3's
   // (7168, 28 pieces a lane) for 2, by linear first past its shared-memory budget (9 tokens of 2048) and past one
   // route block (40 tokens of 256).
-  const MoeRouteCase v2_lite_route{.tag = "", .tokens = 1, .experts = 64, .top_k = 6, .scoring = ExpertScoring::kSoftmax,
-                                   .method = TopkMethod::kGreedy, .num_shared = 2};
+  const MoeRouteCase v2_lite_route{.tag = "", .tokens = 1, .experts = 64, .top_k = 6,
+                                   .scoring = ExpertScoring::kSoftmax, .method = TopkMethod::kGreedy, .num_shared = 2};
   for (const int64_t tokens : {int64_t{1}, int64_t{8}, int64_t{9}}) {
     MoeRouteCase c = v2_lite_route;
     c.tokens = tokens;

@@ -533,7 +533,8 @@ void launch_route(const MoeKernelParams& kp, cudaStream_t stream) {
   const LaunchShape shape{.grid = dim3(kp.route_blocks), .block = dim3(kRouteThreads)};
   if (kp.fused_router) {  // one route block (moe_fused_router_supported): the scatter is fused
     const int routed = kp.p.num_experts - kp.p.num_shared_experts;
-    const LaunchShape router_shape{.grid = dim3((routed + kRouteWarps - 1) / kRouteWarps), .block = dim3(kRouteThreads)};
+    const LaunchShape router_shape{.grid = dim3((routed + kRouteWarps - 1) / kRouteWarps),
+                                   .block = dim3(kRouteThreads)};
     if (kp.p.hidden <= 8 * 256) {  // V2-Lite's 2048
       launch_pdl(moe_router_route_kernel<8>, router_shape, stream, kp);
     } else {

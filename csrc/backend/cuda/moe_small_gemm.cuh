@@ -89,12 +89,12 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) moe_small_gemm_ker
   // Two exceptions to ptx.cuh's rule that nothing global is read before griddep_wait, both on one fact of a chain of
   // programmatic dependent launches: a grid starts only once every CTA of its predecessor has passed its own wait,
   // so every kernel before the predecessor has completed and its memory is visible.
-  //  - gate/up, shared slots (kp.shared_prewait): the predecessor is the route kernel of the same moe_forward, so x,
-  //    which the router logits were computed from, is complete. These CTAs know their expert and pairs without the
-  //    routing, so they run whole before the wait, while the router and route kernels run; they write only their
-  //    own pairs' act rows, which no kernel reads before the down kernel.
-  //  - down (kp.down_prewait): the predecessor is the gate/up kernel, so the route kernel, which wrote slot_info, has
-  //    completed. The slot record, and with it the first weights (constant), are loaded before the wait, while
+  //  - gate/up, shared slots (kp.shared_prewait): the predecessor is a routing kernel of the same moe_forward (route,
+  //    scatter, or router and route in one), so x, an input of the call and written before it, is complete. These
+  //    CTAs know their expert and pairs without the routing, so they run whole before the wait, while the routing
+  //    runs; they write only their own pairs' act rows, which no kernel reads before the down kernel.
+  //  - down (kp.down_prewait): the predecessor is the gate/up kernel, so the routing kernel, which wrote slot_info,
+  //    has completed. The slot record, and with it the first weights (constant), are loaded before the wait, while
   //    gate/up finishes; act, gate/up's output, is read after it.
   const bool shared_early = T::kGateUp && static_cast<int>(blockIdx.y) < kp.shared_prewait * kp.shared_slots;
   const bool read_slot_early = shared_early || (!T::kGateUp && kp.down_prewait != 0);
