@@ -559,8 +559,10 @@ void add_moe_bf16(CaseRegistry& r, const std::string& tag, const MoeRouteCase& c
   Rng rng(seed);
   const int64_t tokens = c.tokens, experts = c.experts + c.num_shared, pairs = c.top_k + c.num_shared;
   const float w_range = static_cast<float>(std::sqrt(3.0 / double(dim)));
-  const std::vector<float> logits = router ? act.round(rng.uniform(c.experts * dim, -w_range, w_range))
-                                           : rng.uniform(tokens * c.experts, -4.0f, 4.0f);
+  const std::vector<float> given_logits =
+      router ? std::vector<float>{} : rng.uniform(tokens * c.experts, -4.0f, 4.0f);
+  const std::vector<float> router_w = router ? act.round(rng.uniform(c.experts * dim, -w_range, w_range))
+                                             : std::vector<float>{};
   const std::vector<float> bias = c.bias ? rng.uniform(c.experts, -0.5f, 0.5f) : std::vector<float>{};
   const float down_range = static_cast<float>(std::sqrt(3.0 / double(inter)));
   const std::vector<float> x = act.round(rng.uniform(tokens * dim, -1.0f, 1.0f));
@@ -575,7 +577,8 @@ void add_moe_bf16(CaseRegistry& r, const std::string& tag, const MoeRouteCase& c
            const TensorView logits_out = router ? run.output({tokens, c.experts}, DType::kF32) : TensorView{};
            run.backend().moe(
                {.route = {.logits = router ? ConstTensorView(logits_out)
-                                           : ConstTensorView(run.upload(HostTensor::f32({tokens, c.experts}, logits))),
+                                           : ConstTensorView(run.upload(HostTensor::f32({tokens, c.experts},
+                                                                                         given_logits))),
                           .correction_bias = c.bias ? ConstTensorView(run.upload(HostTensor::f32({c.experts}, bias)))
                                                     : ConstTensorView{},
                           .topk_ids = ids, .topk_weights = weights, .scoring = c.scoring, .method = c.method,
@@ -585,13 +588,10 @@ void add_moe_bf16(CaseRegistry& r, const std::string& tag, const MoeRouteCase& c
                 .w_gate_up = run.upload(act.tensor(run, {experts, 2 * inter, dim}, w_gate_up)),
                 .w_down = run.upload(act.tensor(run, {experts, dim, inter}, w_down)),
                 .out = out,
-                .router = router ? ConstTensorView(run.upload(act.tensor(run, {c.experts, dim}, logits)))
+                .router = router ? ConstTensorView(run.upload(act.tensor(run, {c.experts, dim}, router_w)))
                                  : ConstTensorView{},
                 .router_logits = logits_out});
-           Outputs o = sorted_route(run.fetch(ids), run.fetch(weights), c.top_k, c.num_shared);
-           o.push_back({"out", run.fetch(out)});
-           if (router) o.push_back({"router_logits", run.fetch(logits_out)});
-           return o;
+           return moe_outputs(run, ids, weights, out, logits_out, c.top_k, c.num_shared);
          },
          .tolerance = act.tolerance()});
 }

@@ -246,6 +246,16 @@ inline void add_moe_experts(CaseRegistry& r, const ExpertsShape& s, uint64_t see
          }});
 }
 
+// What a moe case returns: its routing outputs as the route cases compare them, the layer output, and with a router
+// the logits the op wrote.
+inline Outputs moe_outputs(OpRunner& run, const TensorView& ids, const TensorView& weights, const TensorView& out,
+                           const TensorView& router_logits, int64_t top_k, int64_t num_shared) {
+  Outputs o = sorted_route(run.fetch(ids), run.fetch(weights), top_k, num_shared);
+  o.push_back({"out", run.fetch(out)});
+  if (router_logits.data != nullptr) o.push_back({"router_logits", run.fetch(router_logits)});
+  return o;
+}
+
 // The whole routed part (ops/moe.h, MoeArgs): routing from random logits (and a V3 bias), then the routed and shared
 // experts on its result; checks the routing outputs (as the route cases do) and the layer output. With `router`, the
 // op gets a random router weight instead and computes the logits, which are checked too.
@@ -297,10 +307,7 @@ inline void add_moe(CaseRegistry& r, const std::string& tag, const RouteConfig& 
                                                                                             router_w)))
                                                : ConstTensorView{},
                               .router_logits = logits_out});
-           Outputs o = sorted_route(run.fetch(ids), run.fetch(weights), c.top_k, c.num_shared);
-           o.push_back({"out", run.fetch(out)});
-           if (router) o.push_back({"router_logits", run.fetch(logits_out)});
-           return o;
+           return moe_outputs(run, ids, weights, out, logits_out, c.top_k, c.num_shared);
          },
          .naive = [=]() -> Outputs {
            const std::vector<float>& logits = router ? router_logits : given_logits;
