@@ -23,6 +23,7 @@
 #include "backend/cuda/launch.h"
 #include "backend/cuda/moe_internal.h"
 #include "backend/cuda/moe_ptx.cuh"
+#include "core/env_flag.h"
 
 namespace deepinfer::cuda::moe_detail {
 
@@ -272,14 +273,21 @@ void launch_small_gemm(const MoeKernelParams& kp, cudaStream_t stream) {
   launch_pdl(moe_small_gemm_kernel<T>, {.grid = small_gemm_grid<T>(kp), .block = dim3(T::kThreads)}, stream, kp);
 }
 
-// 8-warp CTAs, unless the grid needs more than one wave of them and fits in one wave of 4-warp CTAs (same tiles, half
-// the warps along K, twice the CTAs resident).
+// 8-warp CTAs, unless the CTAs that stream after the grid dependency wait need more than one wave of them and fit in
+// one wave of 4-warp CTAs (same tiles, half the warps along K, twice the CTAs resident). The shared slots of a gate/up
+// grid that runs them before the wait (kp.shared_prewait) do not count: they stream while the routing runs and have
+// left their SMs by the time the other CTAs may start (V2-Lite at batch 1: 6 x 88 routed CTAs, one wave of 8-warp
+// CTAs, twice the loads in flight of the 4-warp ones). DEEPINFER_MOE_COUNT_SHARED_CTAS=1 counts them again, to
+// measure the difference on one build.
 template <GemmKind kKind, int kTokenTiles>
 void launch_small_gemm_in_fewest_waves(const MoeKernelParams& kp, cudaStream_t stream) {
   using Wide = SmallTraits<kKind, kTokenTiles, 4>;
   using Narrow = SmallTraits<kKind, kTokenTiles, 2>;
+  static const bool count_shared = env_flag("DEEPINFER_MOE_COUNT_SHARED_CTAS");
   const dim3 grid = small_gemm_grid<Wide>(kp);
-  const int64_t ctas = int64_t{grid.x} * grid.y;
+  const bool shared_early = kKind == GemmKind::kGateUp && kp.shared_prewait != 0 && !count_shared;
+  const int64_t late_slots = int64_t{grid.y} - (shared_early ? kp.shared_slots : 0);
+  const int64_t ctas = int64_t{grid.x} * late_slots;
   if (ctas > int64_t{Wide::kMinBlocks} * kp.p.num_sms && ctas <= int64_t{Narrow::kMinBlocks} * kp.p.num_sms) {
     launch_small_gemm<Narrow>(kp, stream);
   } else {
