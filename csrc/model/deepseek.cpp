@@ -178,7 +178,7 @@ Tensor DeepseekModel::attention(const LayerWeights& layer, int64_t layer_index, 
                           .x_head_stride = qk_dim, .out_head_stride = latent_dim});
     Tensor o_latent = activation({num_decode, heads, rank});                // [Td, H, rank]
     backend_.mla_decode({.q = q_abs.cview(), .cache = layer_cache, .out_latent = o_latent.view(), .meta = in.decode,
-                         .kv_lora_rank = rank, .softmax_scale = softmax_scale_});
+                         .kv_lora_rank = rank, .softmax_scale = softmax_scale_, .fresh_rows = 1});
     backend_.head_linear({.x = o_latent.cview(), .w = w.w_uv.cview(), .out = attn.view().rows(0, num_decode)});
   }
   if (in.prefill.num_seqs > 0) {

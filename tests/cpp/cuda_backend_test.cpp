@@ -389,8 +389,11 @@ ScatteredPages scatter_pages(Rng& rng, const std::vector<int32_t>& context_lens,
 // then each sequence's latents are written through mla_cache_write at scattered pages; unused page-table entries
 // hold -1 or out-of-range ids. q [S, H, 576] is given directly (q_latent | q_pe); the CPU computes on the same
 // bf16-rounded values in fp32. A long context makes the kernel split the context and combine partials.
+// fresh_rows >= 0 is a decode step's order: q and the metadata are uploaded first, then one cache write puts every
+// row but each sequence's last fresh_rows and a second one those, right before mla_decode (told fresh_rows): a
+// kernel that read a fresh row before its wait would see the NaN poison.
 void add_mla_decode(CaseRegistry& r, int64_t heads, int64_t page_size, std::vector<int32_t> context_lens,
-                    uint64_t seed) {
+                    uint64_t seed, int32_t fresh_rows = -1) {
   constexpr int64_t kRank = 512, kDim = 576;
   const Activations act{DType::kBF16};
   Rng rng(seed);
@@ -399,33 +402,52 @@ void add_mla_decode(CaseRegistry& r, int64_t heads, int64_t page_size, std::vect
   const int64_t num_pages = layout.num_pages;
   const int32_t max_pages = layout.max_pages;
   const std::vector<int32_t>& page_table = layout.page_table;
-  const std::vector<int32_t>& slots = layout.slots;
   std::vector<int32_t> query_start(1, 0);
   for (int32_t s = 0; s < seqs; ++s) query_start.push_back(s + 1);
-  const auto tokens = static_cast<int64_t>(slots.size());
+  const auto tokens = static_cast<int64_t>(layout.slots.size());
   const std::vector<float> latents = act.round(rng.uniform(tokens * kDim));
   const std::vector<float> q = act.round(rng.uniform(seqs * heads * kDim));
+  // The rows in two writes (slots are sequence by sequence): [0] before the step, [1] the step's fresh rows.
+  std::vector<int32_t> slots[2];
+  std::vector<float> rows[2];
+  for (int32_t s = 0, t = 0; s < seqs; ++s) {
+    for (int32_t j = 0; j < context_lens[s]; ++j, ++t) {
+      const int part = fresh_rows >= 0 && j >= context_lens[s] - fresh_rows ? 1 : 0;
+      slots[part].push_back(layout.slots[static_cast<size_t>(t)]);
+      rows[part].insert(rows[part].end(), latents.begin() + t * kDim, latents.begin() + (t + 1) * kDim);
+    }
+  }
   const int32_t max_context = context_lens.empty() ? 0 : *std::max_element(context_lens.begin(), context_lens.end());
   const float scale = 1.0f / std::sqrt(192.0f);
   std::string lens;
   for (int32_t c : context_lens) lens += str_cat("_", c);
   r.add({.op = OpKind::kMlaDecode,
-         .name = str_cat("mla_decode_bf16_h", heads, "_ps", page_size, "_ctx", lens),
+         .name = str_cat("mla_decode_bf16_h", heads, "_ps", page_size, "_ctx", lens,
+                         fresh_rows >= 0 ? str_cat("_fresh", fresh_rows) : std::string()),
          .run = [=](OpRunner& run) -> Outputs {
            const std::vector<float> poison(static_cast<size_t>(num_pages * page_size * kDim), std::nanf(""));
            const TensorView cache =
                run.upload(act.tensor(run, {num_pages, page_size, kDim}, poison), Access::kReadWrite);
-           run.backend().mla_cache_write({.latent = run.upload(act.tensor(run, {tokens, kDim}, latents)),
-                                          .cache = cache,
-                                          .slot_mapping = run.upload(HostTensor::i32({tokens}, slots))});
            const AttentionMetadata meta{.query_start = run.upload(HostTensor::i32({seqs + 1}, query_start)),
                                         .context_lens = run.upload(HostTensor::i32({seqs}, context_lens)),
                                         .page_table = run.upload(HostTensor::i32({seqs, max_pages}, page_table)),
                                         .num_seqs = seqs, .max_pages_per_seq = max_pages,
                                         .max_context_len = max_context};
+           const TensorView q_dev = run.upload(act.tensor(run, {seqs, heads, kDim}, q));
            const TensorView out = run.output({seqs, heads, kRank}, act.on(run));
-           run.backend().mla_decode({.q = run.upload(act.tensor(run, {seqs, heads, kDim}, q)), .cache = cache,
-                                     .out_latent = out, .meta = meta, .kv_lora_rank = kRank, .softmax_scale = scale});
+           ConstTensorView writes[2][2];  // [part]: latent, slot_mapping, all uploaded before the first write
+           for (int part = 0; part < 2; ++part) {
+             const auto n = static_cast<int64_t>(slots[part].size());
+             if (n == 0) continue;
+             writes[part][0] = run.upload(act.tensor(run, {n, kDim}, rows[part]));
+             writes[part][1] = run.upload(HostTensor::i32({n}, slots[part]));
+           }
+           for (int part = 0; part < 2; ++part) {
+             if (slots[part].empty()) continue;
+             run.backend().mla_cache_write({.latent = writes[part][0], .cache = cache, .slot_mapping = writes[part][1]});
+           }
+           run.backend().mla_decode({.q = q_dev, .cache = cache, .out_latent = out, .meta = meta,
+                                     .kv_lora_rank = kRank, .softmax_scale = scale, .fresh_rows = fresh_rows});
            return {{"out_latent", run.fetch(out)}};
          },
          .tolerance = act.tolerance()});
@@ -819,6 +841,15 @@ CaseRegistry build_registry() {
   add_mla_decode(r, 16, 64, {5000}, 94);
   add_mla_decode(r, 128, 64, {4096, 1}, 95);
   add_mla_decode(r, 16, 1, {9, 2}, 96);
+  // A decode step's order, the rows the step wrote last named (fresh_rows): the new token of V2-Lite (narrow) and
+  // V3 (wide, warpgroup MMA) contexts that split, three fresh rows across a page boundary, a whole fresh tile, none
+  // fresh (every row copied before the wait), and more fresh rows than a context has (32 heads: two narrow CTAs).
+  add_mla_decode(r, 16, 64, {1, 64, 65, 130, 1000}, 97, 1);
+  add_mla_decode(r, 128, 64, {5, 300, 2049}, 98, 1);
+  add_mla_decode(r, 16, 16, {17, 33, 5}, 99, 3);
+  add_mla_decode(r, 16, 64, {64, 130, 5000}, 100, 64);
+  add_mla_decode(r, 16, 64, {65, 1000}, 101, 0);
+  add_mla_decode(r, 32, 7, {40, 3}, 102, 8);
   // MLA prefill, bfloat16 at DeepSeek's dims: V2-Lite's 16 heads and V3's 128; full prompts, chunked prefill over a
   // cached prefix (one or many query tiles), context 1, a sequence without queries, page sizes that do not divide
   // 64 (7, 1) or the contexts, long contexts (the workspace grows as cases run).
@@ -1290,6 +1321,28 @@ TEST(SkinnyGemm, SplitsKOnlyWhenTheGridIsSmall) {
   EXPECT_EQ(split(512, 128, kStore), 1);        // K 128: 4 CTAs of 4 steps a warp, nothing to split
   EXPECT_EQ(split(16, 65536, kStore), 8);       // one CTA
   EXPECT_EQ(split(16 * 40, 65536, kStore), 4);  // 40 CTAs: 8-way would pass two waves
+}
+
+// How many K steps a warp of the skinny kernel loads at once (host arithmetic): the whole range, before the grid
+// dependency wait, when it is 5..8 steps (K = 2048 at 8 warps a tile); else 4 at a time, pipelined.
+TEST(SkinnyGemm, LoadsShortWarpRangesWholeBeforeTheWait) {
+  alignas(16) static const uint16_t operand[8] = {};  // never read: the choice depends on shapes only
+  const auto in_flight = [](std::vector<int64_t> n_outs, int64_t k, cuda::SkinnyEpilogue epilogue) {
+    cuda::SkinnyGemmParams p{.x = operand, .tokens = 1, .k_dim = k, .x_row_stride = k,
+                             .num_problems = static_cast<int>(n_outs.size()), .num_sms = 132};
+    for (size_t i = 0; i < n_outs.size(); ++i) {
+      p.problems[i] = {.w = operand, .n_out = n_outs[i], .out_row_stride = n_outs[i], .epilogue = epilogue};
+    }
+    return cuda::skinny_gemm_loads_in_flight(p);
+  };
+  using enum cuda::SkinnyEpilogue;
+  EXPECT_EQ(in_flight({3072, 576}, 2048, kStore), 8);  // V2-Lite's q_proj with kv_a: 8 steps a warp
+  EXPECT_EQ(in_flight({2048}, 2048, kAccumulate), 8);  // o_proj
+  EXPECT_EQ(in_flight({2048}, 1408, kStore), 8);       // 44 steps over 8 warps: 5 or 6
+  EXPECT_EQ(in_flight({2048}, 2816, kStore), 4);       // 11 steps: pipelined
+  EXPECT_EQ(in_flight({1408}, 2048, kSiluMul), 4);     // a gated tile has 4 warps: 16 steps
+  EXPECT_EQ(in_flight({64}, 2048, kStore), 4);         // split 2 ways: 4 steps, one group already
+  EXPECT_EQ(in_flight({512}, 128, kStore), 4);         // 4 steps
 }
 
 // Split K adds the cluster's partial sums in rank order, so the bits do not depend on timing: the same launch twice

@@ -140,6 +140,9 @@ bool skinny_gemm_enabled_from_env() { return !env_flag("DEEPINFER_DISABLE_SKINNY
 bool head_gemv_enabled_from_env() { return !env_flag("DEEPINFER_DISABLE_HEAD_GEMV"); }
 // DEEPINFER_DISABLE_FUSED_ROUTER=1 computes the MoE router logits with linear before the route kernel.
 bool fused_router_enabled_from_env() { return !env_flag("DEEPINFER_DISABLE_FUSED_ROUTER"); }
+// DEEPINFER_DISABLE_MLA_DECODE_PREWAIT=1 ignores MlaDecodeArgs::fresh_rows: every cache read waits for the previous
+// kernel.
+bool mla_decode_prewait_enabled_from_env() { return !env_flag("DEEPINFER_DISABLE_MLA_DECODE_PREWAIT"); }
 
 class CudaBackend final : public Backend {
  public:
@@ -501,6 +504,9 @@ class CudaBackend final : public Backend {
                             .max_pages_per_seq = a.meta.max_pages_per_seq,
                             .max_context_len = a.meta.max_context_len,
                             .num_sms = num_sms_,
+                            .fresh_rows = a.fresh_rows < 0 || !mla_decode_prewait_enabled_
+                                              ? -1
+                                              : static_cast<int32_t>(std::min<int64_t>(a.fresh_rows, INT32_MAX)),
                             .softmax_scale = a.softmax_scale};
     // The split partials live in one workspace the backend owns, grown to the largest decode seen so far and never
     // shrunk (the old one is freed in stream order, after the work that still reads it). It is sized from host
@@ -866,6 +872,7 @@ class CudaBackend final : public Backend {
   const bool skinny_enabled_ = skinny_gemm_enabled_from_env();
   const bool head_gemv_enabled_ = head_gemv_enabled_from_env();  // head_linear at decode sizes on head_gemv.cu
   const bool fused_router_enabled_ = fused_router_enabled_from_env();  // moe's router logits in the route kernel
+  const bool mla_decode_prewait_enabled_ = mla_decode_prewait_enabled_from_env();  // honours fresh_rows
   const cuda::MlaPrefillKernel prefill_kernel_ = cuda::mla_prefill_kernel_from_env();  // DEEPINFER_MLA_PREFILL
   Tensor workspace_;  // MLA decode split partials (see mla_decode)
   Tensor prefill_workspace_;  // MLA prefill gathered latents and decompressed k_nope | v (see mla_prefill)

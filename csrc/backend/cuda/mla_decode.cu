@@ -165,6 +165,7 @@ void mla_decode(const MlaDecodeParams& p, cudaStream_t stream) {
   DI_CHECK(reinterpret_cast<uintptr_t>(p.q) % 16 == 0 && reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 &&
                reinterpret_cast<uintptr_t>(p.out) % 16 == 0,
            "mla_decode: q, cache and out must be 16-byte aligned");
+  DI_CHECK(p.fresh_rows >= -1, "mla_decode: fresh_rows ", p.fresh_rows, " (-1: unknown, else >= 0)");
   MlaDecodeParams kp = p;
   kp.kernel = kernel;
   kp.num_splits = mla_decode_num_splits(p);

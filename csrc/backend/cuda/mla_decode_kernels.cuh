@@ -20,6 +20,7 @@
 
 #include <cuda_bf16.h>
 
+#include <climits>
 #include <cstdint>
 
 #include "backend/cuda/mla_decode_internal.h"
@@ -111,13 +112,16 @@ __device__ __forceinline__ TileRange split_tiles(int context_len, int split, int
   return {begin, min(begin + per_split, num_tiles)};
 }
 
-// Tile `tile` of a sequence (tokens tile * 64 ..) into the swizzled stage at `dst`. Rows past the context are
-// zero-filled (their pages are never looked up: unused page-table slots may hold anything).
+// Tile `tile` of a sequence (tokens tile * 64 ..) into the swizzled stage at `dst`: the rows of tokens in
+// [tokens_from, tokens_to). Rows past the context are zero-filled (their pages are never looked up: unused
+// page-table slots may hold anything).
 template <typename T>
 __device__ __forceinline__ void load_kv_tile(uint32_t dst, const MlaDecodeParams& p, const int32_t* pages,
-                                             int tile, int context_len) {
+                                             int tile, int context_len, int tokens_from = 0,
+                                             int tokens_to = INT_MAX) {
   const int row = threadIdx.x >> 2, sub = threadIdx.x & 3;
   const int token = tile * kBlockN + row;
+  if (token < tokens_from || token >= tokens_to) return;
   const bool valid = token < context_len;
   const uint16_t* src = p.cache;
   if (valid) {
@@ -129,6 +133,54 @@ __device__ __forceinline__ void load_kv_tile(uint32_t dst, const MlaDecodeParams
   for (int k = 0; k < T::kChunks / 4; ++k) {
     const int chunk = sub + 4 * k;
     cp_async_16(dst + tile_offset(row, chunk), src + chunk * 8, src_bytes);
+  }
+}
+
+// A CTA's sequence and split, read at its start.
+struct CtaKv {
+  int context_len = 0;
+  TileRange range;
+  const int32_t* pages = nullptr;  // the sequence's page-table row
+  int settled = 0;                 // rows [0, settled) were copied before griddep_wait
+};
+
+// The start of a decode CTA, up to and including griddep_wait. With p.fresh_rows >= 0 the metadata and every row but
+// the sequence's last fresh_rows were written before the previous kernel started (by the step's input upload and by
+// earlier steps), so the CTA reads them, and starts the copies of those rows of its first kStages - 1 tiles, while
+// the previous kernel still runs; the rest waits. Those copies stay uncommitted: finish_first_tiles puts them in the
+// first commit group.
+template <typename T>
+__device__ __forceinline__ CtaKv start_cta(const MlaDecodeParams& p, int b, int split, uint32_t kv_base) {
+  const bool early = p.fresh_rows >= 0;
+  if (!early) griddep_wait();  // q and the cache come from earlier kernels; the trigger is allow_dependent_launch()
+  CtaKv kv;
+  kv.context_len = p.context_lens[b];
+  kv.range = split_tiles(kv.context_len, split, p.num_splits);
+  kv.pages = p.page_table + static_cast<int64_t>(b) * p.max_pages_per_seq;
+  if (early) {
+    kv.settled = max(kv.context_len - p.fresh_rows, 0);
+#pragma unroll
+    for (int st = 0; st < T::kStages - 1; ++st) {
+      if (kv.range.begin + st < kv.range.end) {
+        load_kv_tile<T>(kv_base + st * T::kTileBytes, p, kv.pages, kv.range.begin + st, kv.context_len, 0,
+                        kv.settled);
+      }
+    }
+    griddep_wait();  // q and the fresh rows come from the previous kernels
+  }
+  return kv;
+}
+
+// The first kStages - 1 tiles' remaining rows (all of them without an early start), one commit group a stage; the
+// first group also holds the early copies and whatever the caller issued since start_cta (the wide kernels' q).
+template <typename T>
+__device__ __forceinline__ void finish_first_tiles(uint32_t kv_base, const MlaDecodeParams& p, const CtaKv& kv) {
+#pragma unroll
+  for (int st = 0; st < T::kStages - 1; ++st) {
+    if (kv.range.begin + st < kv.range.end) {
+      load_kv_tile<T>(kv_base + st * T::kTileBytes, p, kv.pages, kv.range.begin + st, kv.context_len, kv.settled);
+    }
+    cp_async_commit();
   }
 }
 
@@ -258,31 +310,27 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_narrow_kernel(const __
   using L = NarrowSmem<T>;
   constexpr int kKSteps = kHeadDim / 2 / 16;  // 18 k16 steps per k-half
   extern __shared__ __align__(128) uint8_t smem[];
-  griddep_wait();  // q and the cache come from earlier kernels; the trigger is allow_dependent_launch()
+  const uint32_t kv_base = smem_addr(smem + L::kKv);
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int h0 = blockIdx.x * T::kHeads, split = blockIdx.y, b = blockIdx.z;
-  const int context_len = p.context_lens[b];
-  const TileRange range = split_tiles(context_len, split, p.num_splits);
+  const CtaKv start = start_cta<T>(p, b, split, kv_base);
+  const int context_len = start.context_len;
+  const TileRange range = start.range;
   if (range.begin >= range.end) {
     store_empty<T>(p, b, h0, split);
     return;
   }
   const int num_tiles = range.end - range.begin;
-  const int32_t* pages = p.page_table + static_cast<int64_t>(b) * p.max_pages_per_seq;
-  const uint32_t kv_base = smem_addr(smem + L::kKv);
+  const int32_t* pages = start.pages;
   const uint32_t p_tile = smem_addr(smem + L::kP);
   float* red_max = reinterpret_cast<float*>(smem + L::kRedMax);
   float* red_sum = reinterpret_cast<float*>(smem + L::kRedSum);
   float* alpha = reinterpret_cast<float*>(smem + L::kAlpha);
   float* row_max = reinterpret_cast<float*>(smem + L::kRowMax);
 
-  // Start the first tiles' copies; load the queries into registers meanwhile.
-#pragma unroll
-  for (int st = 0; st < T::kStages - 1; ++st) {
-    if (st < num_tiles) load_kv_tile<T>(kv_base + st * T::kTileBytes, p, pages, range.begin + st, context_len);
-    cp_async_commit();
-  }
+  // Complete the first tiles' copies; load the queries into registers meanwhile.
+  finish_first_tiles<T>(kv_base, p, start);
   const int k_half = warp >> 2, group = warp & 3;  // QK role: dims 288 * k_half .., tokens 16 * group ..
   uint32_t qf[kKSteps][4];                         // A fragments of Q[16 heads, this k-half]
   {
@@ -429,20 +477,20 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wide_kernel(const __gr
   using L = WideSmem<T>;
   constexpr int kKSteps = kHeadDim / 16;  // 36
   extern __shared__ __align__(128) uint8_t smem[];
-  griddep_wait();  // q and the cache come from earlier kernels; the trigger is allow_dependent_launch()
+  const uint32_t kv_base = smem_addr(smem + L::kKv);
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int h0 = blockIdx.x * T::kHeads, split = blockIdx.y, b = blockIdx.z;
-  const int context_len = p.context_lens[b];
-  const TileRange range = split_tiles(context_len, split, p.num_splits);
+  const CtaKv start = start_cta<T>(p, b, split, kv_base);
+  const int context_len = start.context_len;
+  const TileRange range = start.range;
   if (range.begin >= range.end) {
     store_empty<T>(p, b, h0, split);
     return;
   }
   const int num_tiles = range.end - range.begin;
-  const int32_t* pages = p.page_table + static_cast<int64_t>(b) * p.max_pages_per_seq;
+  const int32_t* pages = start.pages;
   const uint32_t q_base = smem_addr(smem + L::kQ);
-  const uint32_t kv_base = smem_addr(smem + L::kKv);
   const uint32_t p_tile = smem_addr(smem + L::kP);
   float* red_max = reinterpret_cast<float*>(smem + L::kRedMax);
   float* red_sum = reinterpret_cast<float*>(smem + L::kRedSum);
@@ -458,11 +506,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wide_kernel(const __gr
       cp_async_16(q_base + tile_offset(row, chunk), src + chunk * 8, 16u);
     }
   }
-#pragma unroll
-  for (int st = 0; st < T::kStages - 1; ++st) {
-    if (st < num_tiles) load_kv_tile<T>(kv_base + st * T::kTileBytes, p, pages, range.begin + st, context_len);
-    cp_async_commit();
-  }
+  finish_first_tiles<T>(kv_base, p, start);
 
   const int rows = warp & 3, half = warp >> 2;  // QK role: heads 16 * rows .., tokens 32 * half ..
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;

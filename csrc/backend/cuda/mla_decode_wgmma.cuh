@@ -182,24 +182,24 @@ __global__ void __launch_bounds__(kThreads, 1)
   static_assert(T::kHeads == 64 && kThreads == 256, "two warpgroups over 64 heads");
   using L = WideSmem<T>;
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  griddep_wait();  // q and the cache come from earlier kernels; the trigger is allow_dependent_launch()
   const uint32_t raw_addr = smem_addr(smem_raw);
   uint8_t* smem = smem_raw + ((1024u - (raw_addr & 1023u)) & 1023u);
+  const uint32_t kv_base = smem_addr(smem + L::kKv);
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const WgmmaThread th{.wg = warp >> 2, .t = lane & 3, .r_lo = (warp & 3) * 16 + (lane >> 2),
                        .r_hi = (warp & 3) * 16 + (lane >> 2) + 8};
   const int h0 = blockIdx.x * T::kHeads, split = blockIdx.y, b = blockIdx.z;
-  const int context_len = p.context_lens[b];
-  const TileRange range = split_tiles(context_len, split, p.num_splits);
+  const CtaKv start = start_cta<T>(p, b, split, kv_base);
+  const int context_len = start.context_len;
+  const TileRange range = start.range;
   if (range.begin >= range.end) {
     store_empty<T>(p, b, h0, split);
     return;
   }
   const int num_tiles = range.end - range.begin;
-  const int32_t* pages = p.page_table + static_cast<int64_t>(b) * p.max_pages_per_seq;
+  const int32_t* pages = start.pages;
   const uint32_t q_base = smem_addr(smem + L::kQ);
-  const uint32_t kv_base = smem_addr(smem + L::kKv);
   const uint32_t p_tile = smem_addr(smem + L::kP);
   float* red_max = reinterpret_cast<float*>(smem + L::kRedMax);
 
@@ -212,11 +212,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       cp_async_16(q_base + tile_offset(row, chunk), src + chunk * 8, 16u);
     }
   }
-#pragma unroll
-  for (int st = 0; st < T::kStages - 1; ++st) {
-    if (st < num_tiles) load_kv_tile<T>(kv_base + st * T::kTileBytes, p, pages, range.begin + st, context_len);
-    cp_async_commit();
-  }
+  finish_first_tiles<T>(kv_base, p, start);
 
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
   float o[128];

@@ -7,7 +7,9 @@
 // fragment layout, but a dot product does not care in which order its terms come: lane q (= lane % 4) gives physical
 // k 8q..8q+3 to the first MMA's k slots {2q, 2q+1, 2q+8, 2q+9} and 8q+4..8q+7 to the second's, so A and B agree and
 // every load is one 16-byte vector. Loads go out four steps at a time, the next four while the current four
-// multiply, so a CTA has up to 64 KB of weights in flight. The warps of a tile add their fp32 partial tiles through
+// multiply, so a CTA has up to 64 KB of weights in flight. When no warp has more than eight steps (K = 2048 at 8
+// warps a tile: q_proj with kv_a, o_proj), a warp loads its whole range at once, before the wait on the previous
+// kernel: the weights are then in registers when x arrives, and no load round is left after the wait. The warps of a tile add their fp32 partial tiles through
 // shared memory in a fixed order (deterministic) and the epilogue writes the tokens that exist.
 //
 // Split K: a grid that fills few SMs (the router: 64 rows) would leave each warp a long chain of dependent load
@@ -20,12 +22,14 @@
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launch.h"
 #include "backend/cuda/ptx.cuh"
+#include "core/env_flag.h"
 #include "core/error.h"
 
 namespace deepinfer::cuda {
@@ -40,7 +44,8 @@ using ptx::silu;
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kStepK = 32;    // K elements one warp consumes per step (two MMAs)
-constexpr int kUnroll = 4;    // steps whose loads are in flight together
+constexpr int kPipelinedUnroll = 4;   // steps whose loads are in flight together (a group multiplies, the next loads)
+constexpr int kWholeRangeUnroll = 8;  // a warp's whole K range, when it has at most this many steps
 constexpr int kMinStepsPerWarp = 4;
 
 // The kernel's argument: the operands, and per problem the 16-row tiles a CTA computes and its first block of tiles
@@ -80,10 +85,11 @@ __device__ __forceinline__ void store_out(const SkinnyProblem& q, int64_t i, flo
 }
 
 // Grid: the problems' block ranges, one after the other, kSplit CTAs per block (a cluster; 1: no cluster). The tokens
-// are one 8-column MMA tile.
-template <int kSplit>
-__global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const __grid_constant__ SkinnyKernelArgs args) {
+// are one 8-column MMA tile. A warp keeps kUnroll K steps of loads in flight.
+template <int kSplit, int kUnroll>
+__global__ void __launch_bounds__(kThreads, kUnroll == kWholeRangeUnroll ? 2 : 1) skinny_gemm_kernel(const __grid_constant__ SkinnyKernelArgs args) {
   static_assert(kSplit == 1 || kSplit == 2 || kSplit == 4 || kSplit == 8, "a portable cluster size");
+  static_assert(kUnroll == kPipelinedUnroll || kUnroll == kWholeRangeUnroll, "one of the two depths");
   const SkinnyGemmParams& p = args.p;
   __shared__ float partial[kWarps][32][4];
   // A cluster is kSplit consecutive CTAs along x, so a CTA's rank in it is blockIdx.x % kSplit (its block_rank()).
@@ -133,19 +139,28 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const __grid_cons
   ptx::griddep_launch_dependents();
 
   float acc[4] = {};
-  for (int64_t s = step_begin; s < step_end; s += kUnroll) {
-    uint4 xv[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) xv[u] = load_x(x_row + (s + u) * kStepK, s + u < step_end && valid_x);
-    uint4 cur_a[kUnroll], cur_b[kUnroll];
+  if constexpr (kUnroll == kWholeRangeUnroll) {
+    // Every weight is in flight already: x, then the MMAs, with no copies for a next group.
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      cur_a[u] = wa[u];
-      cur_b[u] = wb[u];
+      const uint4 xv = load_x(x_row + (step_begin + u) * kStepK, step_begin + u < step_end && valid_x);
+      mma_step(acc, wa[u], wb[u], xv);
     }
-    if (s + kUnroll < step_end) load_weights(s + kUnroll);
+  } else {
+    for (int64_t s = step_begin; s < step_end; s += kUnroll) {
+      uint4 xv[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) mma_step(acc, cur_a[u], cur_b[u], xv[u]);
+      for (int u = 0; u < kUnroll; ++u) xv[u] = load_x(x_row + (s + u) * kStepK, s + u < step_end && valid_x);
+      uint4 cur_a[kUnroll], cur_b[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        cur_a[u] = wa[u];
+        cur_b[u] = wb[u];
+      }
+      if (s + kUnroll < step_end) load_weights(s + kUnroll);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) mma_step(acc, cur_a[u], cur_b[u], xv[u]);
+    }
   }
 
 #pragma unroll
@@ -240,11 +255,40 @@ int split_ways(const TileLayout& layout) {
   return 1;
 }
 
-template <int kSplit>
+// Steps of 32 in the longest warp range of a launch split `ways` ways.
+int64_t max_steps_per_warp(const TileLayout& layout, int ways) {
+  const SkinnyGemmParams& p = layout.args.p;
+  const int64_t rank_steps = (p.k_dim / kStepK + ways - 1) / ways;
+  int64_t most = 0;
+  for (int i = 0; i < p.num_problems; ++i) {
+    const int64_t warps_per_tile = kWarps / layout.args.tiles[i];
+    most = std::max(most, (rank_steps + warps_per_tile - 1) / warps_per_tile);
+  }
+  return most;
+}
+
+// Whole range (every load before the wait) where that takes more than one pipelined group and fits the registers
+// of kWholeRangeUnroll steps. DEEPINFER_DISABLE_SKINNY_WHOLE_RANGE=1 keeps the pipelined loads (an A/B on one build).
+int unroll_for(const TileLayout& layout, int ways) {
+  static const bool disabled = env_flag("DEEPINFER_DISABLE_SKINNY_WHOLE_RANGE");
+  const int64_t steps = max_steps_per_warp(layout, ways);
+  return !disabled && steps > kPipelinedUnroll && steps <= kWholeRangeUnroll ? kWholeRangeUnroll : kPipelinedUnroll;
+}
+
+template <int kSplit, int kUnroll>
 void launch(const TileLayout& layout, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(layout.blocks * kSplit));
-  launch_pdl(skinny_gemm_kernel<kSplit>, {.grid = grid, .block = dim3(kThreads), .cluster_ctas = kSplit}, stream,
-             layout.args);
+  launch_pdl(skinny_gemm_kernel<kSplit, kUnroll>, {.grid = grid, .block = dim3(kThreads), .cluster_ctas = kSplit},
+             stream, layout.args);
+}
+
+template <int kSplit>
+void launch(const TileLayout& layout, cudaStream_t stream) {
+  if (unroll_for(layout, kSplit) == kWholeRangeUnroll) {
+    launch<kSplit, kWholeRangeUnroll>(layout, stream);
+  } else {
+    launch<kSplit, kPipelinedUnroll>(layout, stream);
+  }
 }
 
 }  // namespace
@@ -263,6 +307,12 @@ bool skinny_gemm_fits(const SkinnyGemmParams& p) {
 int skinny_gemm_split(const SkinnyGemmParams& p) {
   DI_CHECK(skinny_gemm_fits(p), "skinny_gemm_split: the kernel does not take these operands");
   return split_ways(tile_layout(p));
+}
+
+int skinny_gemm_loads_in_flight(const SkinnyGemmParams& p) {
+  DI_CHECK(skinny_gemm_fits(p), "skinny_gemm_loads_in_flight: the kernel does not take these operands");
+  const TileLayout layout = tile_layout(p);
+  return unroll_for(layout, split_ways(layout));
 }
 
 void skinny_gemm(const SkinnyGemmParams& p, cudaStream_t stream) {

@@ -24,6 +24,11 @@ bool skinny_gemm_fits(const SkinnyGemmParams& p);
 // unless the grid would fill less than half of p.num_sms. Throws deepinfer::Error when !skinny_gemm_fits(p).
 int skinny_gemm_split(const SkinnyGemmParams& p);
 
+// K steps of 32 a warp has in flight: 4 (the next group loads while the current one multiplies), or 8 when every
+// warp's range is 5..8 steps, all of it then loaded before the grid dependency wait. Throws deepinfer::Error when
+// !skinny_gemm_fits(p).
+int skinny_gemm_loads_in_flight(const SkinnyGemmParams& p);
+
 // Queues the kernel on `stream`; throws deepinfer::Error when !skinny_gemm_fits(p).
 void skinny_gemm(const SkinnyGemmParams& p, cudaStream_t stream);
 
