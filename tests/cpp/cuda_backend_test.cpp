@@ -140,8 +140,11 @@ void add_multi_linear(CaseRegistry& r, Activations act, int64_t m, int64_t k, st
 
 // x rows (t, h) `x_stride` elements apart (0 = K), out rows `out_stride` apart (0 = N); the values between out rows
 // must stay untouched.
+// overlap: the absorbed decode's order for HeadLinearArgs::overlap_previous_op. x starts as zeros and gets its values
+// from an add, then an unrelated add runs, then head_linear (told it may overlap that one): a kernel that read x
+// before the first add completed would compute on zeros.
 void add_head_linear(CaseRegistry& r, Activations act, int64_t t, int64_t h, int64_t k, int64_t n, uint64_t seed,
-                     int64_t x_stride = 0, int64_t out_stride = 0) {
+                     int64_t x_stride = 0, int64_t out_stride = 0, bool overlap = false) {
   Rng rng(seed);
   const int64_t xs = x_stride == 0 ? k : x_stride, os = out_stride == 0 ? n : out_stride;
   const std::vector<float> x = act.round(rng.uniform(t * h * xs)), w = act.round(rng.uniform(h * n * k));
@@ -151,9 +154,25 @@ void add_head_linear(CaseRegistry& r, Activations act, int64_t t, int64_t h, int
   r.add({.op = OpKind::kHeadLinear,
          .name = str_cat("head_linear_", act.tag(), "_", t, "x", h, "x", k, "x", n,
                          x_stride ? str_cat("_xstride", x_stride) : "",
-                         out_stride ? str_cat("_outstride", out_stride) : ""),
+                         out_stride ? str_cat("_outstride", out_stride) : "", overlap ? "_overlap" : ""),
          .run = [=](OpRunner& run) -> Outputs {
-           const TensorView x_buf = run.upload(act.tensor(run, {t, h, xs}, x));
+           TensorView x_buf;
+           if (overlap) {
+             const std::vector<float> zeros(x.size(), 0.0f), other(64, 1.0f);
+             x_buf = run.upload(act.tensor(run, {t, h, xs}, zeros), Access::kReadWrite);
+             const TensorView x_values = run.upload(act.tensor(run, {t, h, xs}, x));
+             const TensorView unrelated = run.upload(act.tensor(run, {64}, other), Access::kReadWrite);
+             const TensorView ones = run.upload(act.tensor(run, {64}, other));
+             const TensorView w_dev = run.upload(act.tensor(run, {h, n, k}, w));
+             const TensorView out_buf = run.upload(act.tensor(run, {t, h, os}, prior_out), Access::kReadWrite);
+             run.backend().add({.x = x_buf, .y = x_values});
+             run.backend().add({.x = unrelated, .y = ones});
+             run.backend().head_linear({.x = x_buf.columns(0, k), .w = w_dev, .out = out_buf.columns(0, n),
+                                        .x_head_stride = x_stride, .out_head_stride = out_stride,
+                                        .overlap_previous_op = true});
+             return split_by_mask(run.fetch(out_buf), written, "out", "between_rows");
+           }
+           x_buf = run.upload(act.tensor(run, {t, h, xs}, x));
            const TensorView out_buf = run.upload(act.tensor(run, {t, h, os}, prior_out), Access::kReadWrite);
            run.backend().head_linear({.x = x_buf.columns(0, k), .w = run.upload(act.tensor(run, {h, n, k}, w)),
                                       .out = out_buf.columns(0, n), .x_head_stride = x_stride,
@@ -391,7 +410,8 @@ ScatteredPages scatter_pages(Rng& rng, const std::vector<int32_t>& context_lens,
 // bf16-rounded values in fp32. A long context makes the kernel split the context and combine partials.
 // fresh_rows >= 0 is a decode step's order: q and the metadata are uploaded first, then one cache write puts every
 // row but each sequence's last fresh_rows and a second one those, right before mla_decode (told fresh_rows): a
-// kernel that read a fresh row before its wait would see the NaN poison.
+// kernel that read a fresh row before its wait would see the NaN poison. With fresh_rows 0 an unrelated op runs
+// between the one cache write and mla_decode, as the model's W_UK does.
 void add_mla_decode(CaseRegistry& r, int64_t heads, int64_t page_size, std::vector<int32_t> context_lens,
                     uint64_t seed, int32_t fresh_rows = -1) {
   constexpr int64_t kRank = 512, kDim = 576;
@@ -442,10 +462,14 @@ void add_mla_decode(CaseRegistry& r, int64_t heads, int64_t page_size, std::vect
              writes[part][0] = run.upload(act.tensor(run, {n, kDim}, rows[part]));
              writes[part][1] = run.upload(HostTensor::i32({n}, slots[part]));
            }
+           const std::vector<float> other(kDim, 1.0f);
+           const TensorView unrelated = run.upload(act.tensor(run, {kDim}, other), Access::kReadWrite);
            for (int part = 0; part < 2; ++part) {
              if (slots[part].empty()) continue;
              run.backend().mla_cache_write({.latent = writes[part][0], .cache = cache, .slot_mapping = writes[part][1]});
            }
+           // No fresh row: the op right before mla_decode leaves the cache alone (the model's W_UK).
+           if (fresh_rows == 0) run.backend().add({.x = unrelated, .y = writes[0][0].rows(0, 1).reshaped({kDim})});
            run.backend().mla_decode({.q = q_dev, .cache = cache, .out_latent = out, .meta = meta,
                                      .kv_lora_rank = kRank, .softmax_scale = scale, .fresh_rows = fresh_rows});
            return {{"out_latent", run.fetch(out)}};
@@ -744,6 +768,9 @@ CaseRegistry build_registry() {
     add_head_linear(r, act, 3, 16, 128, 512, s + 15, 192, 576);  // the decode query: q_nope cols into q_latent cols
     add_head_linear(r, act, 2, 128, 128, 512, s + 16, 192, 576);
     add_head_linear(r, act, 4, 3, 5, 7, s + 17, 9, 11);         // odd strides (unaligned rows)
+    // W_UK beside the op before it (overlap_previous_op): V2-Lite and V3 decode queries, a second token count
+    add_head_linear(r, act, 1, 16, 128, 512, s + 18, 192, 576, true);
+    add_head_linear(r, act, 3, 128, 128, 512, s + 19, 192, 576, true);
     // head_linear at decode sizes with MLA's wider head strides: W_UK into q_latent's columns, W_UV from the latent
     // attention output into o's input.
     add_head_linear(r, act, 8, 16, 128, 512, s + 140, 192, 576);

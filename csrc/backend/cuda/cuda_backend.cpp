@@ -373,7 +373,7 @@ class CudaBackend final : public Backend {
                                       .w = static_cast<const uint16_t*>(a.w.data),
                                       .out = static_cast<uint16_t*>(a.out.data), .tokens = tokens, .heads = heads,
                                       .k = k, .n = n, .x_head_stride = x_stride, .out_head_stride = out_stride,
-                                      .num_sms = num_sms_};
+                                      .num_sms = num_sms_, .before_wait = a.overlap_previous_op ? 1 : 0};
       if (cuda::head_gemv_fits(gemv)) {  // decode sizes: weights loaded while the previous kernel drains
         cuda::head_gemv(gemv, stream_.get());
         return;

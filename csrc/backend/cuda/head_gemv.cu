@@ -3,7 +3,8 @@
 // 32 / kLanesPerRow rows sit side by side, kIters such groups a warp. The weight chunks are loaded before
 // griddep_wait (weights are never written during a step, so the loads overlap the previous kernel), then the x
 // chunks (one set per token: the warp's rows share a head), the dot products in fp32, and a shuffle reduction over
-// each row's lanes in a fixed order (the same bits every run).
+// each row's lanes in a fixed order (the same bits every run). When x is known to be complete before the previous
+// kernel (HeadGemvParams::before_wait) all of it runs before the wait, beside that kernel.
 #include "backend/cuda/head_gemv.cuh"
 
 #include <cuda_bf16.h>
@@ -58,35 +59,44 @@ __global__ void __launch_bounds__(kThreads) head_gemv_kernel(const __grid_consta
       wv[i][c] = active ? ptx::ld_stream_16(w_row + c * T::kLanesPerRow * 8) : make_uint4(0u, 0u, 0u, 0u);
     }
   }
-  ptx::griddep_wait();  // x comes from the previous kernel
-  ptx::griddep_launch_dependents();
-  if (!active) return;
-  const int64_t head = row0 / p.n, n0 = row0 % p.n;  // all the warp's rows are in this head (n % kRowsPerWarp == 0)
-  uint4 xv[kHeadGemvMaxTokens][T::kChunksPerLane];
+  // x comes from the previous kernel, or (p.before_wait) from one before it, complete once this grid has started
+  // (ptx.cuh: a grid starts only after every CTA of its predecessor has passed its own wait).
+  if (p.before_wait == 0) {
+    ptx::griddep_wait();
+    ptx::griddep_launch_dependents();
+  }
+  if (active) {
+    const int64_t head = row0 / p.n, n0 = row0 % p.n;  // the warp's rows are all in this head (n % kRowsPerWarp == 0)
+    uint4 xv[kHeadGemvMaxTokens][T::kChunksPerLane];
 #pragma unroll
-  for (int t = 0; t < kHeadGemvMaxTokens; ++t) {
-    const uint16_t* x_row = p.x + (t * p.heads + head) * p.x_head_stride + kl * 8;
+    for (int t = 0; t < kHeadGemvMaxTokens; ++t) {
+      const uint16_t* x_row = p.x + (t * p.heads + head) * p.x_head_stride + kl * 8;
 #pragma unroll
-    for (int c = 0; c < T::kChunksPerLane; ++c) {
-      xv[t][c] = t < p.tokens ? __ldcg(reinterpret_cast<const uint4*>(x_row + c * T::kLanesPerRow * 8))
-                              : make_uint4(0u, 0u, 0u, 0u);
+      for (int c = 0; c < T::kChunksPerLane; ++c) {
+        xv[t][c] = t < p.tokens ? __ldcg(reinterpret_cast<const uint4*>(x_row + c * T::kLanesPerRow * 8))
+                                : make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kHeadGemvMaxTokens; ++t) {
+      if (t >= p.tokens) break;  // the same for the whole warp
+      uint16_t* out_row = p.out + (t * p.heads + head) * p.out_head_stride + n0;
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int c = 0; c < T::kChunksPerLane; ++c) acc = dot8(wv[i][c], xv[t][c], acc);
+#pragma unroll
+        for (int offset = T::kLanesPerRow / 2; offset > 0; offset >>= 1) {
+          acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+        }
+        if (kl == 0) out_row[i * T::kRowsPerIter + sub] = __bfloat16_as_ushort(__float2bfloat16_rn(acc));
+      }
     }
   }
-#pragma unroll
-  for (int t = 0; t < kHeadGemvMaxTokens; ++t) {
-    if (t >= p.tokens) break;  // the same for the whole warp
-    uint16_t* out_row = p.out + (t * p.heads + head) * p.out_head_stride + n0;
-#pragma unroll
-    for (int i = 0; i < kIters; ++i) {
-      float acc = 0.0f;
-#pragma unroll
-      for (int c = 0; c < T::kChunksPerLane; ++c) acc = dot8(wv[i][c], xv[t][c], acc);
-#pragma unroll
-      for (int offset = T::kLanesPerRow / 2; offset > 0; offset >>= 1) {
-        acc += __shfl_xor_sync(0xffffffffu, acc, offset);
-      }
-      if (kl == 0) out_row[i * T::kRowsPerIter + sub] = __bfloat16_as_ushort(__float2bfloat16_rn(acc));
-    }
+  if (p.before_wait != 0) {  // no CTA leaves before its wait: the next grid relies on it (ptx.cuh)
+    ptx::griddep_wait();
+    ptx::griddep_launch_dependents();
   }
 }
 

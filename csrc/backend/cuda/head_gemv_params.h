@@ -21,6 +21,9 @@ struct HeadGemvParams {
   int64_t x_head_stride = 0;    // elements, >= k
   int64_t out_head_stride = 0;  // elements, >= n
   int32_t num_sms = 132;        // multiprocessors of the device: the kernel takes grids that fit one wave
+  // 1: x was complete before the previous kernel started and that kernel does not touch out, so the kernel computes
+  // before its grid dependency wait (HeadLinearArgs::overlap_previous_op); 0: it reads x after the wait.
+  int32_t before_wait = 0;
 };
 
 }  // namespace deepinfer::cuda

@@ -145,8 +145,8 @@ struct CtaKv {
 };
 
 // The start of a decode CTA, up to and including griddep_wait. With p.fresh_rows >= 0 the metadata and every row but
-// the sequence's last fresh_rows were written before the previous kernel started (by the step's input upload and by
-// earlier steps), so the CTA reads them, and starts the copies of those rows of its first kStages - 1 tiles, while
+// the sequence's last fresh_rows were complete before the previous kernel (the step's input upload, earlier steps,
+// earlier kernels), so the CTA reads them, and starts the copies of those rows of its first kStages - 1 tiles, while
 // the previous kernel still runs; the rest waits. Those copies stay uncommitted: finish_first_tiles puts them in the
 // first commit group.
 template <typename T>

@@ -34,9 +34,10 @@ struct MlaDecodeParams {
   int32_t max_context_len = 0;             // host-side upper bound of context_lens; picks the split count
   int32_t num_sms = 132;                   // multiprocessors of the device (cudaDevAttrMultiProcessorCount)
   int32_t num_splits = 0;                  // KV splits per sequence (<= 256); 0 = chosen by mla_decode_num_splits
-  // >= 0: every row of a sequence but its last fresh_rows, and the metadata, were written before the kernel that
-  // precedes this one on the stream started (by the step's input upload and earlier steps): the kernel copies them
-  // while that kernel still runs (before its grid dependency wait). -1: any of it may come from the previous kernel.
+  // >= 0: every row of a sequence but its last fresh_rows, and the metadata, were complete before the kernel that
+  // precedes this one (earlier kernels, the step's input upload, earlier steps): the kernel copies them while that
+  // kernel still runs (before its grid dependency wait; ptx.cuh: a grid starts only after every CTA of its
+  // predecessor has passed its own wait). -1: any of it may come from the previous kernel.
   int32_t fresh_rows = -1;
   float softmax_scale = 1.0f;
   MlaDecodeKernel kernel = MlaDecodeKernel::kAuto;

@@ -56,6 +56,10 @@ struct HeadLinearArgs {
   TensorView out;               // [T, H, N]
   int64_t x_head_stride = 0;    // elements; 0 = K
   int64_t out_head_stride = 0;  // elements; 0 = N
+  // True when x was complete before the op just before this one, and that op neither reads nor writes out's
+  // elements: a device backend may then compute this op while that one still runs (the absorbed decode's q_nope ·
+  // W_UK beside mla_prepare, which rotates the other columns of the same rows).
+  bool overlap_previous_op = false;
   void validate() const;
 };
 

@@ -60,9 +60,9 @@ struct MlaDecodeArgs {
   int64_t kv_lora_rank = 0;
   float softmax_scale = 1.0f;
   // What the caller knows of the cache's writers: >= 0 when only the last fresh_rows rows of each sequence may have
-  // been written by the work just before this op (the step's own mla_prepare: 1 in a decode step), every other row
-  // and the metadata before that work began. A device backend then starts reading those while the work before
-  // still runs. -1 (the default): nothing is known.
+  // been written by the op just before this one (1 when that op is the step's mla_prepare, 0 when another op sits
+  // between), every other row and the metadata by earlier ops or steps. A device backend then reads those while the
+  // op before still runs. -1 (the default): nothing is known.
   int64_t fresh_rows = -1;
   void validate() const;
 };
