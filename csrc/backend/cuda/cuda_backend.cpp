@@ -143,6 +143,8 @@ bool fused_router_enabled_from_env() { return !env_flag("DEEPINFER_DISABLE_FUSED
 // DEEPINFER_DISABLE_MLA_DECODE_PREWAIT=1 ignores MlaDecodeArgs::fresh_rows: every cache read waits for the previous
 // kernel.
 bool mla_decode_prewait_enabled_from_env() { return !env_flag("DEEPINFER_DISABLE_MLA_DECODE_PREWAIT"); }
+// DEEPINFER_DISABLE_OP_OVERLAP=1 ignores HeadLinearArgs::overlap_previous_op: head_linear waits for the op before.
+bool op_overlap_enabled_from_env() { return !env_flag("DEEPINFER_DISABLE_OP_OVERLAP"); }
 
 class CudaBackend final : public Backend {
  public:
@@ -373,7 +375,7 @@ class CudaBackend final : public Backend {
                                       .w = static_cast<const uint16_t*>(a.w.data),
                                       .out = static_cast<uint16_t*>(a.out.data), .tokens = tokens, .heads = heads,
                                       .k = k, .n = n, .x_head_stride = x_stride, .out_head_stride = out_stride,
-                                      .num_sms = num_sms_, .before_wait = a.overlap_previous_op ? 1 : 0};
+                                      .num_sms = num_sms_, .before_wait = a.overlap_previous_op && op_overlap_enabled_ ? 1 : 0};
       if (cuda::head_gemv_fits(gemv)) {  // decode sizes: weights loaded while the previous kernel drains
         cuda::head_gemv(gemv, stream_.get());
         return;
@@ -873,6 +875,7 @@ class CudaBackend final : public Backend {
   const bool head_gemv_enabled_ = head_gemv_enabled_from_env();  // head_linear at decode sizes on head_gemv.cu
   const bool fused_router_enabled_ = fused_router_enabled_from_env();  // moe's router logits in the route kernel
   const bool mla_decode_prewait_enabled_ = mla_decode_prewait_enabled_from_env();  // honours fresh_rows
+  const bool op_overlap_enabled_ = op_overlap_enabled_from_env();  // honours overlap_previous_op
   const cuda::MlaPrefillKernel prefill_kernel_ = cuda::mla_prefill_kernel_from_env();  // DEEPINFER_MLA_PREFILL
   Tensor workspace_;  // MLA decode split partials (see mla_decode)
   Tensor prefill_workspace_;  // MLA prefill gathered latents and decompressed k_nope | v (see mla_prefill)

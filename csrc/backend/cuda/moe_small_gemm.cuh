@@ -36,7 +36,7 @@ struct SmallTraits {
   static constexpr int kKSplit = kKSplitValue;           // warps along K
   static constexpr int kRowTiles = 2;                    // m16 tiles of weight rows
   static constexpr int kThreads = 32 * kKSplit * kRowTiles;
-  static constexpr int kUnroll = 4;  // K chunks loaded before their MMAs
+  static constexpr int kUnroll = kTokenTiles == 1 ? 3 : 4;  // K chunks loaded before their MMAs
   static constexpr int kOutCols = kGateUp ? 16 : kDownColsPerCta;  // output columns of a CTA
   // Resident CTAs per SM the registers are budgeted for (<= 64 registers with one token tile, 128 with four): 32
   // or 16 warps an SM. The launcher's one-wave test counts on it.
