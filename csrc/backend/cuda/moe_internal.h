@@ -25,6 +25,8 @@ constexpr int kRowAlign = 128;          // each expert's row range is padded to 
 constexpr int kRouterPiecesMax = 28;          // fused router: 16 bytes of every 512 of a row a lane holds (hidden up
                                              // to 28 * 256 = 7168, V3's)
 constexpr int kRouterXBytesMax = 32 * 1024;  // fused router: every token's x in shared memory
+constexpr int kRouterClusterMax = 8;         // fused router: the most CTAs one (portable) cluster takes
+constexpr int kRouterClusterLogits = 1024;   // fused router cluster path: tokens x routed experts rank 0 receives
 constexpr int kCombineThreads = 256;
 constexpr int kDownColsPerCta = 32;        // output columns of a small-M down CTA
 constexpr int kFusedCombineMaxTokens = 32;  // up to this many tokens the small-M down kernel also combines
@@ -59,6 +61,10 @@ struct MoeKernelParams {
   int32_t max_rows = 0;               // padded rows the workspace holds
   int32_t max_active = 0;             // min(E, num_tokens * top_k): the grid's expert dimension (small-M path)
   int32_t fused_router = 0;           // 1: the route kernel computes the logits (p.router_weight), one route block
+  // 1: the fused router's CTAs are one thread-block cluster (grid <= kRouterClusterMax): they hand their logits to
+  // rank 0's shared memory and meet at a cluster barrier, instead of a fence, a completion counter and a reload of
+  // the logits through L2 (three round trips, slow while the shared experts' loads fill the memory system).
+  int32_t router_cluster = 0;
   int32_t down_prefetch = 0;          // 1: the small-M gate/up kernel prefetches W_down of its expert into L2
   int32_t fused_combine = 0;          // 1: the last small-M down CTA of each column block combines it (no combine kernel)
   // S when the routing computes the ids (router logits given) and appends S shared experts to every token: then the

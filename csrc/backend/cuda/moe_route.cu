@@ -1,5 +1,6 @@
 // MoE routing and token -> expert alignment on the device: the workspace layout, parameter checks, the route kernel
 // (scores, group limit, top-k, weights, histograms; its last block scans) and the stable scatter of pairs into rows.
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -11,11 +12,14 @@
 #include "backend/cuda/moe.cuh"
 #include "backend/cuda/moe_internal.h"
 #include "backend/cuda/moe_ptx.cuh"
+#include "core/env_flag.h"
 #include "core/error.h"
 
 namespace deepinfer::cuda {
 namespace moe_detail {
 namespace {
+
+namespace cg = cooperative_groups;
 
 constexpr int kExpertsPerLane = kMaxRoutedExperts / 32;  // routed expert e sits on lane e % 32, slot e / 32
 constexpr int kScanItems = (kMaxExperts + kRouteThreads - 1) / kRouteThreads;  // experts a thread in the scans
@@ -237,8 +241,11 @@ __device__ __forceinline__ float dot_bf16x8(const uint4& a, const uint4& b) {
 // they are loaded before the grid dependency wait, while the kernel before finishes; x is staged in shared memory
 // after it. The logits go to global memory; the last CTA to finish (a completion counter) routes on them. Returns
 // whether this CTA is that one.
+// With kp.router_cluster the logits also go to `cluster_logits` in rank 0's shared memory, and after a cluster
+// barrier rank 0 is the CTA that routes (on them; no fence, counter or reload).
 template <int kPieces>
-__device__ bool compute_router_logits(const MoeKernelParams& kp, uint4* x_s, int32_t& is_last) {
+__device__ bool compute_router_logits(const MoeKernelParams& kp, uint4* x_s, float* cluster_logits,
+                                      int32_t& is_last) {
   const MoeParams& p = kp.p;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int routed = p.num_experts - p.num_shared_experts, pieces = p.hidden / 256;
@@ -263,8 +270,16 @@ __device__ bool compute_router_logits(const MoeKernelParams& kp, uint4* x_s, int
         if (i < pieces) acc += dot_bf16x8(w[i], xt[i * 32]);
       }
       acc = warp_sum(acc);
-      if (lane == 0) p.router_logits_out[static_cast<int64_t>(t) * routed + e] = acc;
+      if (lane == 0) {
+        const int64_t at = static_cast<int64_t>(t) * routed + e;
+        p.router_logits_out[at] = acc;  // the op's output; read by no kernel of this call on the cluster path
+        if (kp.router_cluster) cg::this_cluster().map_shared_rank(cluster_logits, 0)[at] = acc;
+      }
     }
+  }
+  if (kp.router_cluster) {
+    cg::this_cluster().sync();  // release / acquire: every rank's logits are in rank 0's shared memory
+    return cg::this_cluster().block_rank() == 0;
   }
   __threadfence();
   __syncthreads();
@@ -280,7 +295,10 @@ __device__ bool compute_router_logits(const MoeKernelParams& kp, uint4* x_s, int
 // expert; the last block to finish (`single_block`: the only one) turns the counts into padded offsets and the
 // active-expert list, resets the counters, and with kp.fused_scatter also scatters every block's pairs. Padding rows
 // of row_pair are left undefined: no kernel reads past an expert's count. s.hist is zero on entry.
-__device__ void route_block(const MoeKernelParams& kp, RouteSmem& s, int block, bool single_block) {
+// `logits`: where the router logits are read (generic address: shared memory of the cluster path), or nullptr for
+// p.router_logits, read through L2.
+__device__ void route_block(const MoeKernelParams& kp, RouteSmem& s, int block, bool single_block,
+                            const float* logits_src = nullptr) {
   const MoeParams& p = kp.p;
   const int num_experts = p.num_experts, top_k = p.top_k;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -296,8 +314,9 @@ __device__ void route_block(const MoeKernelParams& kp, RouteSmem& s, int block, 
       for (int j = 0; j < kExpertsPerLane; ++j) {
         const int e = lane + 32 * j;
         // Through L2: with the fused router, other CTAs of this grid wrote them.
+        const int64_t at = static_cast<int64_t>(token) * routed_experts + e;
         logits[i][j] = (token < p.num_tokens && e < routed_experts)
-                           ? __ldcg(&p.router_logits[static_cast<int64_t>(token) * routed_experts + e])
+                           ? (logits_src != nullptr ? logits_src[at] : __ldcg(&p.router_logits[at]))
                            : -INFINITY;
       }
     }
@@ -399,11 +418,13 @@ template <int kPieces>
 __global__ void __launch_bounds__(kRouteThreads) moe_router_route_kernel(const __grid_constant__ MoeKernelParams kp) {
   __shared__ RouterRouteSmem smem;
   __shared__ int32_t router_last;
-  if (!compute_router_logits<kPieces>(kp, smem.x, router_last)) return;
+  // Rank 0's copy receives every rank's logits on the cluster path: apart from x, which the ranks still read then.
+  __shared__ float cluster_logits[kRouterClusterLogits];
+  if (!compute_router_logits<kPieces>(kp, smem.x, cluster_logits, router_last)) return;
   __syncthreads();  // x's shared memory becomes the routing's
   for (int e = threadIdx.x; e < kp.p.num_experts; e += kRouteThreads) smem.route.hist[e] = 0;
   __syncthreads();
-  route_block(kp, smem.route, 0, true);
+  route_block(kp, smem.route, 0, true, kp.router_cluster ? cluster_logits : nullptr);
 }
 
 // Grid: one block per route block (larger batches).
@@ -479,6 +500,14 @@ MoeKernelParams make_kernel_params(const MoeParams& p) {
   // Routing appends every shared expert to every token, so each has rows and a slot of its own.
   kp.shared_slots = p.router_logits != nullptr ? p.num_shared_experts : 0;
   kp.fused_router = p.router_weight != nullptr ? 1 : 0;
+  // DEEPINFER_DISABLE_ROUTER_CLUSTER=1 keeps the counter path at every size (an A/B on one build).
+  static const bool cluster_disabled = env_flag("DEEPINFER_DISABLE_ROUTER_CLUSTER");
+  const int64_t router_ctas = (static_cast<int64_t>(p.num_experts - p.num_shared_experts) + kRouteWarps - 1) / kRouteWarps;
+  kp.router_cluster = kp.fused_router && !cluster_disabled && router_ctas <= kRouterClusterMax &&
+                              static_cast<int64_t>(p.num_tokens) * (p.num_experts - p.num_shared_experts) <=
+                                  kRouterClusterLogits
+                          ? 1
+                          : 0;
   return kp;
 }
 
@@ -533,8 +562,9 @@ void launch_route(const MoeKernelParams& kp, cudaStream_t stream) {
   const LaunchShape shape{.grid = dim3(kp.route_blocks), .block = dim3(kRouteThreads)};
   if (kp.fused_router) {  // one route block (moe_fused_router_supported): the scatter is fused
     const int routed = kp.p.num_experts - kp.p.num_shared_experts;
-    const LaunchShape router_shape{.grid = dim3((routed + kRouteWarps - 1) / kRouteWarps),
-                                   .block = dim3(kRouteThreads)};
+    const unsigned ctas = (routed + kRouteWarps - 1) / kRouteWarps;
+    const LaunchShape router_shape{.grid = dim3(ctas), .block = dim3(kRouteThreads),
+                                   .cluster_ctas = kp.router_cluster ? ctas : 1u};
     if (kp.p.hidden <= 8 * 256) {  // V2-Lite's 2048
       launch_pdl(moe_router_route_kernel<8>, router_shape, stream, kp);
     } else {
