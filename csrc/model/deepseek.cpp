@@ -110,13 +110,16 @@ void DeepseekModel::run_into(const StepInputs& in, const LatentCache& cache, Ten
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const LayerWeights& layer = weights_.layers[static_cast<size_t>(i)];
     Tensor attn_out = attention(layer, i, h, in, cache);                  // [T, D]
+    // The ops after each norm (the MoE's router, the MLP's or the next attention's first GEMM) read only their
+    // weights before their wait: they may start as the norm starts.
     backend_.add_rms_norm({.residual = residual.view(), .x = attn_out.cview(),
-                           .weight = layer.post_attention_norm.cview(), .out = h.view(), .eps = eps});
+                           .weight = layer.post_attention_norm.cview(), .out = h.view(), .eps = eps,
+                           .next_op_may_start_early = true});
     Tensor ffn_out = layer.moe ? moe(*layer.moe, h) : mlp(*layer.mlp, h);  // [T, D]
     if (i + 1 < c.num_hidden_layers) {
       backend_.add_rms_norm({.residual = residual.view(), .x = ffn_out.cview(),
                              .weight = weights_.layers[static_cast<size_t>(i + 1)].input_norm.cview(), .out = h.view(),
-                             .eps = eps});
+                             .eps = eps, .next_op_may_start_early = true});
     } else {
       backend_.add({.x = residual.view(), .y = ffn_out.cview()});
     }
@@ -181,8 +184,11 @@ Tensor DeepseekModel::attention(const LayerWeights& layer, int64_t layer_index, 
     Tensor o_latent = activation({num_decode, heads, rank});                // [Td, H, rank]
     // The step's new cache rows came from mla_prepare, two ops back (W_UK between): no row is fresh.
     backend_.mla_decode({.q = q_abs.cview(), .cache = layer_cache, .out_latent = o_latent.view(), .meta = in.decode,
-                         .kv_lora_rank = rank, .softmax_scale = softmax_scale_, .fresh_rows = 0});
-    backend_.head_linear({.x = o_latent.cview(), .w = w.w_uv.cview(), .out = attn.view().rows(0, num_decode)});
+                         .kv_lora_rank = rank, .softmax_scale = softmax_scale_, .fresh_rows = 0,
+                         .next_op_may_start_early = true});
+    // o_proj, next unless prefill rows follow, reads only its weights before its wait: it may start now.
+    backend_.head_linear({.x = o_latent.cview(), .w = w.w_uv.cview(), .out = attn.view().rows(0, num_decode),
+                          .next_op_may_start_early = true});
   }
   if (in.prefill.num_seqs > 0) {
     backend_.mla_prefill({.q = q_heads, .cache = layer_cache, .kv_b = w.kv_b_proj.cview(), .out = attn.view(),

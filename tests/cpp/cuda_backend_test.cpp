@@ -290,6 +290,47 @@ void add_add_rms_norm(CaseRegistry& r, Activations act, int64_t rows, int64_t di
          .tolerance = act.tolerance()});
 }
 
+// A decode chain whose first op lets the next start early (next_op_may_start_early): add_rms_norm, or the per-head
+// W_UV product, then a skinny linear of its output, which starts before the first op has its inputs and must still
+// read that output only once it is complete.
+void add_early_start_chain(CaseRegistry& r, Activations act, bool norm_first, int64_t rows, int64_t dim, int64_t n,
+                           uint64_t seed) {
+  Rng rng(seed);
+  constexpr int64_t kHeads = 16, kLatent = 512;
+  const int64_t in_dim = norm_first ? dim : kLatent;
+  const std::vector<float> residual = act.round(rng.uniform(rows * dim, -2.0f, 2.0f));
+  const std::vector<float> x = act.round(rng.uniform(rows * (norm_first ? dim : kHeads * in_dim)));
+  const std::vector<float> first_w = norm_first ? rng.uniform(dim, 0.5f, 1.5f)
+                                                : act.round(rng.uniform(kHeads * (dim / kHeads) * kLatent));
+  const std::vector<float> w = act.round(rng.uniform(n * dim));
+  r.add({.op = norm_first ? OpKind::kAddRmsNorm : OpKind::kHeadLinear,
+         .name = str_cat(norm_first ? "add_rms_norm" : "head_linear", "_then_linear_early_start_", act.tag(), "_",
+                         rows, "x", dim, "x", n),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView mid = run.output({rows, dim}, act.on(run));
+           const TensorView out = run.output({rows, n}, act.on(run));
+           const TensorView w_dev = run.upload(act.tensor(run, {n, dim}, w));
+           Outputs outputs;
+           if (norm_first) {
+             const TensorView res = run.upload(act.tensor(run, {rows, dim}, residual), Access::kReadWrite);
+             run.backend().add_rms_norm({.residual = res, .x = run.upload(act.tensor(run, {rows, dim}, x)),
+                                         .weight = run.upload(HostTensor::f32({dim}, first_w)), .out = mid,
+                                         .eps = 1e-5f, .next_op_may_start_early = true});
+             outputs.push_back({"residual", run.fetch(res)});
+           } else {
+             run.backend().head_linear({.x = run.upload(act.tensor(run, {rows, kHeads, kLatent}, x)),
+                                        .w = run.upload(act.tensor(run, {kHeads, dim / kHeads, kLatent}, first_w)),
+                                        .out = mid.reshaped({rows, kHeads, dim / kHeads}),
+                                        .next_op_may_start_early = true});
+           }
+           run.backend().linear({.x = mid, .w = w_dev, .out = out});
+           outputs.push_back({"first", run.fetch(mid)});
+           outputs.push_back({"then_linear", run.fetch(out)});
+           return outputs;
+         },
+         .tolerance = act.tolerance()});
+}
+
 void add_silu_mul(CaseRegistry& r, Activations act, int64_t rows, int64_t inter, uint64_t seed) {
   Rng rng(seed);
   const std::vector<float> gate_up = act.round(rng.uniform(rows * 2 * inter, -8.0f, 8.0f));
@@ -823,6 +864,11 @@ CaseRegistry build_registry() {
     add_add_rms_norm(r, act, 17, 7168, s + 44);
     add_add_rms_norm(r, act, 4, 1537, s + 45);
     add_add_rms_norm(r, act, 64, 1024, s + 46);
+    // ops that let the next start early, then a skinny linear of their output (V2-Lite's norm -> q/kv_a, W_UV -> o_proj)
+    add_early_start_chain(r, act, true, 1, 2048, 576, s + 47);
+    add_early_start_chain(r, act, true, 8, 2048, 3072, s + 48);
+    add_early_start_chain(r, act, false, 1, 2048, 2048, s + 49);
+    add_early_start_chain(r, act, false, 4, 2048, 2048, s + 55);
     // SiLU · mul: odd, empty, V2-Lite's dense and expert widths
     add_silu_mul(r, act, 5, 7, s + 50);
     add_silu_mul(r, act, 0, 8, s + 51);

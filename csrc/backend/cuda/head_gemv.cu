@@ -61,6 +61,7 @@ __global__ void __launch_bounds__(kThreads) head_gemv_kernel(const __grid_consta
   }
   // x comes from the previous kernel, or (p.before_wait) from one before it, complete once this grid has started
   // (ptx.cuh: a grid starts only after every CTA of its predecessor has passed its own wait).
+  if (p.trigger_early != 0) ptx::griddep_launch_dependents();  // the next kernel reads only constants before its wait
   if (p.before_wait == 0) {
     ptx::griddep_wait();
     ptx::griddep_launch_dependents();

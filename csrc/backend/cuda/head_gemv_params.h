@@ -24,6 +24,9 @@ struct HeadGemvParams {
   // 1: x was complete before the previous kernel started and that kernel does not touch out, so the kernel computes
   // before its grid dependency wait (HeadLinearArgs::overlap_previous_op); 0: it reads x after the wait.
   int32_t before_wait = 0;
+  // 1: the next kernel may launch as soon as this one starts (HeadLinearArgs::next_op_may_start_early): the trigger
+  // comes first, not after the wait.
+  int32_t trigger_early = 0;
 };
 
 }  // namespace deepinfer::cuda

@@ -9,4 +9,9 @@ bool pdl_enabled() {
   return enabled;
 }
 
+bool early_trigger_enabled() {
+  static const bool enabled = !env_flag("DEEPINFER_DISABLE_EARLY_TRIGGER");
+  return enabled;
+}
+
 }  // namespace deepinfer::cuda

@@ -57,6 +57,7 @@ __global__ void __launch_bounds__(kCombineThreads) mla_decode_combine_kernel(con
   __shared__ float weights[mla_detail::kMaxForcedSplits];
   __shared__ float scratch[kCombineWarps];
   __shared__ float4 group_acc[kGroups][kCols / 4];
+  if (p.trigger_early != 0) ptx::griddep_launch_dependents();  // the next kernel reads only constants before its wait
   ptx::griddep_wait();  // the attention grid's partials are complete and visible
   ptx::griddep_launch_dependents();
 

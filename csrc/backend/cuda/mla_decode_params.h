@@ -39,6 +39,8 @@ struct MlaDecodeParams {
   // kernel still runs (before its grid dependency wait; ptx.cuh: a grid starts only after every CTA of its
   // predecessor has passed its own wait). -1: any of it may come from the previous kernel.
   int32_t fresh_rows = -1;
+  // 1: the kernel after the split combine may launch as soon as the combine starts (next_op_may_start_early).
+  int32_t trigger_early = 0;
   float softmax_scale = 1.0f;
   MlaDecodeKernel kernel = MlaDecodeKernel::kAuto;
 };

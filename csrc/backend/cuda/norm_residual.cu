@@ -102,6 +102,7 @@ __device__ __forceinline__ Chunk<Traits> load_weight(const float* w) {
 
 template <typename Traits>
 __global__ void __launch_bounds__(Traits::kThreads) norm_residual_kernel(__grid_constant__ const NormResidualParams p) {
+  if (p.trigger_early) ptx::griddep_launch_dependents();  // the next kernel reads only constants before its wait
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
   using T = typename Traits::Element;
@@ -192,7 +193,8 @@ void add_rms_norm(const AddRmsNormArgs& a, cudaStream_t stream) {
   launch_norm<Residual::kAdd>({.x = a.x.data, .residual = a.residual.data,
                                .weight = static_cast<const float*>(a.weight.data), .out = a.out.data,
                                .rows = a.residual.shape[0], .dim = dim, .x_row_stride = dim,
-                               .residual_row_stride = dim, .out_row_stride = dim, .eps = a.eps},
+                               .residual_row_stride = dim, .out_row_stride = dim, .eps = a.eps,
+                               .trigger_early = a.next_op_may_start_early && early_trigger_enabled()},
                               a.residual.dtype, kOp, stream);
 }
 

@@ -64,6 +64,7 @@ struct MlaDecodeArgs {
   // between), every other row and the metadata by earlier ops or steps. A device backend then reads those while the
   // op before still runs. -1 (the default): nothing is known.
   int64_t fresh_rows = -1;
+  bool next_op_may_start_early = false;  // as HeadLinearArgs::next_op_may_start_early (dense.h)
   void validate() const;
 };
 
