@@ -15,12 +15,16 @@ namespace deepinfer::cuda::ptx {
 //   1. griddep_wait() comes before its first global memory read or write. Only index arithmetic, shared memory, and
 //      reads of its __grid_constant__ parameters (or constant tables no kernel writes) may come before it. An early
 //      return before the wait is not allowed either: the grid would complete before its predecessor, and the next
-//      kernel, which waits only for this grid, could then overtake that predecessor. Documented exceptions: the MoE
-//      small-M kernels read inputs and routing results that the chain of waits has already made complete
-//      (moe_small_gemm.cuh says why).
+//      kernel, which waits only for this grid, could then overtake that predecessor. Documented exceptions read
+//      what the chain of waits has already made complete (rule 2: a grid starts only after every CTA of its
+//      predecessor has passed its own wait, so everything before the predecessor has completed): the MoE small-M
+//      kernels (moe_small_gemm.cuh), head_gemv with before_wait (W_UK beside mla_prepare) and MLA decode's cache rows
+//      of earlier ops (MlaDecodeParams::fresh_rows).
 //   2. griddep_launch_dependents() after the wait, anywhere (right after it is fine): the next grid may then be
 //      scheduled, but still blocks in its own griddep_wait until this whole grid has completed and its memory is
-//      visible. Calling it after the wait keeps at most two grids of the stream resident.
+//      visible. Calling it after the wait keeps at most two grids of the stream resident. Exception: a kernel told
+//      that its successor reads only constants before its wait (an op's next_op_may_start_early: trigger_early)
+//      triggers at its start; the successor must then not be one of rule 1's exceptions.
 // Work that is not ours (cuBLAS) never triggers and so counts as triggering when it completes: the kernel after it
 // waits for all of it, as without PDL.
 
