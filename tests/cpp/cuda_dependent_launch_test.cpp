@@ -56,15 +56,19 @@ using Results = std::vector<std::pair<std::string, std::vector<uint8_t>>>;
 
 // Two decode sequences over a paged latent cache (V2-Lite's 16 heads, contexts long enough for the attention to split
 // and combine), bfloat16:
-//   copy_strided (reset the residual) -> embedding -> add_rms_norm -> rope (the row's last 64 values)
+//   copy_strided (reset the residual) -> copy_strided, mla_cache_write (zeros over the latent and this step's cache
+//   rows) -> embedding -> add_rms_norm (lets rope start early) -> rope (the row's last 64 values)
 //   -> mla_cache_write (the row into the cache) -> gather_rows (queries out of the cache, the new rows among them)
-//   -> mla_decode (attention + split combine) -> silu_mul -> add -> rms_norm
+//   -> head_linear (latent · W per row, beside gather_rows: overlap_previous_op)
+//   -> mla_decode (attention + split combine; fresh_rows 0: every row before its wait) -> silu_mul -> add -> rms_norm
 //   -> linear (cuBLAS, float32 logits; when the build has cuBLAS) -> sample (8-CTA clusters for two rows)
 // Every run rewrites the same values: the residual is reset from a copy and the cache rows written are the same.
+// The zeros written first make a kernel that reads the latent or the new cache rows too early see zeros, not the
+// previous run's equal values.
 class DecodeChain {
  public:
   static constexpr int64_t kSeqs = 2, kHeads = 16, kRank = 512, kDim = 576, kRope = 64, kPageSize = 16;
-  static constexpr int64_t kEmbedRows = 1000, kInter = kRank / 2, kVocab = 5003;
+  static constexpr int64_t kEmbedRows = 1000, kInter = kRank / 2, kVocab = 5003, kHeadOut = 128;
 
   explicit DecodeChain(Backend& b) : with_logits_(b.supports(OpKind::kLinear)) {
     Rng rng(2024);
@@ -128,6 +132,9 @@ class DecodeChain {
              .max_pages_per_seq = max_pages, .max_context_len = max_context,
              .total_context_len = std::accumulate(context_lens.begin(), context_lens.end(), int64_t{0})};
 
+    zeros_ = device_floats(b, {kSeqs, kDim}, std::vector<float>(static_cast<size_t>(kSeqs * kDim), 0.0f), bf16);
+    head_w_ = device_floats(b, {1, kHeadOut, kRank}, rng.uniform(kHeadOut * kRank), bf16);
+    head_out_ = b.empty({kSeqs, 1, kHeadOut}, bf16);
     residual_ = b.empty({kSeqs, kDim}, bf16);
     hidden_ = b.empty({kSeqs, kDim}, bf16);
     latent_ = b.empty({kSeqs, kDim}, bf16);
@@ -156,10 +163,14 @@ class DecodeChain {
     const TensorView latent = latent_.view();
     b.copy_strided({.src = residual_start_.cview(), .dst = residual_.view()});
     after_each_op();
+    b.copy_strided({.src = zeros_.cview(), .dst = latent});
+    after_each_op();
+    b.mla_cache_write({.latent = zeros_.cview(), .cache = cache, .slot_mapping = slots_.cview()});
+    after_each_op();
     b.embedding({.token_ids = token_ids_.cview(), .table = table_.cview(), .out = hidden_.view()});
     after_each_op();
     b.add_rms_norm({.residual = residual_.view(), .x = hidden_.cview(), .weight = norm_weight_.cview(),
-                    .out = latent, .eps = 1e-6f});
+                    .out = latent, .eps = 1e-6f, .next_op_may_start_early = true});
     after_each_op();
     b.rope({.x = latent.columns(kRank, kRope).data, .dtype = latent.dtype, .device = latent.device, .num_heads = 1,
             .rot_dim = kRope, .token_stride = kDim, .head_stride = kRope, .positions = positions_.cview(),
@@ -170,8 +181,14 @@ class DecodeChain {
     b.gather_rows({.src = cache.reshaped({cache.shape[0] * kPageSize, kDim}), .indices = query_rows_.cview(),
                    .out = q_.view()});
     after_each_op();
+    // The latent was complete before gather_rows, which touches neither it nor head_out.
+    b.head_linear({.x = latent.reshaped({kSeqs, 1, kDim}).columns(0, kRank), .w = head_w_.cview(),
+                   .out = head_out_.view(), .x_head_stride = kDim, .overlap_previous_op = true});
+    after_each_op();
+    // The cache rows were written two ops back; silu_mul reads nothing before its wait.
     b.mla_decode({.q = q_.view().reshaped({kSeqs, kHeads, kDim}), .cache = cache, .out_latent = attention_.view(),
-                  .meta = meta_, .kv_lora_rank = kRank, .softmax_scale = 1.0f / std::sqrt(192.0f)});
+                  .meta = meta_, .kv_lora_rank = kRank, .softmax_scale = 1.0f / std::sqrt(192.0f),
+                  .fresh_rows = 0, .next_op_may_start_early = true});
     after_each_op();
     b.silu_mul({.gate_up = attention_.view().reshaped({kSeqs * kHeads, kRank}), .out = act_.view()});
     after_each_op();
@@ -190,6 +207,7 @@ class DecodeChain {
     Results r = {{"residual", bytes_of(b, residual_.cview())},   {"latent", bytes_of(b, latent_.cview())},
                  {"cache", bytes_of(b, cache_.cview())},         {"q", bytes_of(b, q_.cview())},
                  {"attention", bytes_of(b, attention_.cview())}, {"act", bytes_of(b, act_.cview())},
+                 {"head_out", bytes_of(b, head_out_.cview())},
                  {"normed", bytes_of(b, normed_.cview())}};
     if (with_logits_) {
       r.emplace_back("logits", bytes_of(b, logits_.cview()));
@@ -202,7 +220,7 @@ class DecodeChain {
   bool with_logits_ = false;
   Tensor cache_, table_, residual_start_, norm_weight_, inv_freq_, bias_, out_norm_weight_, lm_head_;
   Tensor token_ids_, positions_, slots_, query_rows_, query_start_, context_lens_, page_table_, sampling_rows_;
-  Tensor residual_, hidden_, latent_, q_, attention_, act_, normed_, logits_, sampled_;
+  Tensor residual_, hidden_, latent_, q_, attention_, act_, normed_, logits_, sampled_, zeros_, head_w_, head_out_;
   AttentionMetadata meta_;
 };
 
