@@ -502,12 +502,10 @@ MoeKernelParams make_kernel_params(const MoeParams& p) {
   kp.fused_router = p.router_weight != nullptr ? 1 : 0;
   // DEEPINFER_DISABLE_ROUTER_CLUSTER=1 keeps the counter path at every size (an A/B on one build).
   static const bool cluster_disabled = env_flag("DEEPINFER_DISABLE_ROUTER_CLUSTER");
-  const int64_t router_ctas = (static_cast<int64_t>(p.num_experts - p.num_shared_experts) + kRouteWarps - 1) / kRouteWarps;
-  kp.router_cluster = kp.fused_router && !cluster_disabled && router_ctas <= kRouterClusterMax &&
-                              static_cast<int64_t>(p.num_tokens) * (p.num_experts - p.num_shared_experts) <=
-                                  kRouterClusterLogits
-                          ? 1
-                          : 0;
+  const int64_t routed = p.num_experts - p.num_shared_experts;
+  const bool one_cluster = (routed + kRouteWarps - 1) / kRouteWarps <= kRouterClusterMax &&
+                           static_cast<int64_t>(p.num_tokens) * routed <= kRouterClusterLogits;
+  kp.router_cluster = kp.fused_router && !cluster_disabled && one_cluster ? 1 : 0;
   return kp;
 }
 
