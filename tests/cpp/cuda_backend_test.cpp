@@ -156,27 +156,23 @@ void add_head_linear(CaseRegistry& r, Activations act, int64_t t, int64_t h, int
                          x_stride ? str_cat("_xstride", x_stride) : "",
                          out_stride ? str_cat("_outstride", out_stride) : "", overlap ? "_overlap" : ""),
          .run = [=](OpRunner& run) -> Outputs {
+           const TensorView w_dev = run.upload(act.tensor(run, {h, n, k}, w));
+           const TensorView out_buf = run.upload(act.tensor(run, {t, h, os}, prior_out), Access::kReadWrite);
            TensorView x_buf;
-           if (overlap) {
+           if (overlap) {  // every upload first: a copy between the ops would serialize them
              const std::vector<float> zeros(x.size(), 0.0f), other(64, 1.0f);
              x_buf = run.upload(act.tensor(run, {t, h, xs}, zeros), Access::kReadWrite);
              const TensorView x_values = run.upload(act.tensor(run, {t, h, xs}, x));
              const TensorView unrelated = run.upload(act.tensor(run, {64}, other), Access::kReadWrite);
              const TensorView ones = run.upload(act.tensor(run, {64}, other));
-             const TensorView w_dev = run.upload(act.tensor(run, {h, n, k}, w));
-             const TensorView out_buf = run.upload(act.tensor(run, {t, h, os}, prior_out), Access::kReadWrite);
              run.backend().add({.x = x_buf, .y = x_values});
              run.backend().add({.x = unrelated, .y = ones});
-             run.backend().head_linear({.x = x_buf.columns(0, k), .w = w_dev, .out = out_buf.columns(0, n),
-                                        .x_head_stride = x_stride, .out_head_stride = out_stride,
-                                        .overlap_previous_op = true});
-             return split_by_mask(run.fetch(out_buf), written, "out", "between_rows");
+           } else {
+             x_buf = run.upload(act.tensor(run, {t, h, xs}, x));
            }
-           x_buf = run.upload(act.tensor(run, {t, h, xs}, x));
-           const TensorView out_buf = run.upload(act.tensor(run, {t, h, os}, prior_out), Access::kReadWrite);
-           run.backend().head_linear({.x = x_buf.columns(0, k), .w = run.upload(act.tensor(run, {h, n, k}, w)),
-                                      .out = out_buf.columns(0, n), .x_head_stride = x_stride,
-                                      .out_head_stride = out_stride});
+           run.backend().head_linear({.x = x_buf.columns(0, k), .w = w_dev, .out = out_buf.columns(0, n),
+                                      .x_head_stride = x_stride, .out_head_stride = out_stride,
+                                      .overlap_previous_op = overlap});
            return split_by_mask(run.fetch(out_buf), written, "out", "between_rows");
          },
          .tolerance = act.tolerance()});
@@ -864,7 +860,8 @@ CaseRegistry build_registry() {
     add_add_rms_norm(r, act, 17, 7168, s + 44);
     add_add_rms_norm(r, act, 4, 1537, s + 45);
     add_add_rms_norm(r, act, 64, 1024, s + 46);
-    // ops that let the next start early, then a skinny linear of their output (V2-Lite's norm -> q/kv_a, W_UV -> o_proj)
+    // ops that let the next start early, then a skinny linear of their output (V2-Lite: norm -> q/kv_a,
+    // W_UV -> o_proj)
     add_early_start_chain(r, act, true, 1, 2048, 576, s + 47);
     add_early_start_chain(r, act, true, 8, 2048, 3072, s + 48);
     add_early_start_chain(r, act, false, 1, 2048, 2048, s + 49);

@@ -376,8 +376,9 @@ class CudaBackend final : public Backend {
                                       .w = static_cast<const uint16_t*>(a.w.data),
                                       .out = static_cast<uint16_t*>(a.out.data), .tokens = tokens, .heads = heads,
                                       .k = k, .n = n, .x_head_stride = x_stride, .out_head_stride = out_stride,
-                                      .num_sms = num_sms_, .before_wait = a.overlap_previous_op && op_overlap_enabled_ ? 1 : 0,
-                                      .trigger_early = a.next_op_may_start_early && cuda::early_trigger_enabled() ? 1 : 0};
+                                      .num_sms = num_sms_,
+                                      .before_wait = a.overlap_previous_op && op_overlap_enabled_ ? 1 : 0,
+                                      .trigger_early = cuda::trigger_early(a.next_op_may_start_early) ? 1 : 0};
       if (cuda::head_gemv_fits(gemv)) {  // decode sizes: weights loaded while the previous kernel drains
         cuda::head_gemv(gemv, stream_.get());
         return;
@@ -511,7 +512,7 @@ class CudaBackend final : public Backend {
                             .fresh_rows = a.fresh_rows < 0 || !mla_decode_prewait_enabled_
                                               ? -1
                                               : static_cast<int32_t>(std::min<int64_t>(a.fresh_rows, INT32_MAX)),
-                            .trigger_early = a.next_op_may_start_early && cuda::early_trigger_enabled() ? 1 : 0,
+                            .trigger_early = cuda::trigger_early(a.next_op_may_start_early) ? 1 : 0,
                             .softmax_scale = a.softmax_scale};
     // The split partials live in one workspace the backend owns, grown to the largest decode seen so far and never
     // shrunk (the old one is freed in stream order, after the work that still reads it). It is sized from host

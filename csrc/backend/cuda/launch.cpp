@@ -9,9 +9,9 @@ bool pdl_enabled() {
   return enabled;
 }
 
-bool early_trigger_enabled() {
+bool trigger_early(bool next_op_may_start_early) {
   static const bool enabled = !env_flag("DEEPINFER_DISABLE_EARLY_TRIGGER");
-  return enabled;
+  return next_op_may_start_early && enabled;
 }
 
 }  // namespace deepinfer::cuda

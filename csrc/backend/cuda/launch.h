@@ -40,9 +40,10 @@ struct LaunchShape {
 // (core/env_flag.h), read at the first call.
 bool pdl_enabled();
 
-// Whether a kernel told that its successor reads only constants before its wait (an op's next_op_may_start_early)
-// triggers that launch at its start: unless DEEPINFER_DISABLE_EARLY_TRIGGER is on (read at the first call).
-bool early_trigger_enabled();
+// Whether a kernel told that its successor reads only constants before its wait (`next_op_may_start_early`, an op's
+// argument) triggers that launch at its start: when asked, unless DEEPINFER_DISABLE_EARLY_TRIGGER is on (read at the
+// first call).
+bool trigger_early(bool next_op_may_start_early);
 
 // Queues kernel<<<shape>>>(params) on `stream` as a programmatic dependent of the work before it; throws
 // deepinfer::Error when the launch is refused. The kernel keeps ptx.cuh's rule: griddep_wait() before touching memory.

@@ -194,7 +194,7 @@ void add_rms_norm(const AddRmsNormArgs& a, cudaStream_t stream) {
                                .weight = static_cast<const float*>(a.weight.data), .out = a.out.data,
                                .rows = a.residual.shape[0], .dim = dim, .x_row_stride = dim,
                                .residual_row_stride = dim, .out_row_stride = dim, .eps = a.eps,
-                               .trigger_early = a.next_op_may_start_early && early_trigger_enabled()},
+                               .trigger_early = trigger_early(a.next_op_may_start_early)},
                               a.residual.dtype, kOp, stream);
 }
 

@@ -9,8 +9,9 @@
 // every load is one 16-byte vector. Loads go out four steps at a time, the next four while the current four
 // multiply, so a CTA has up to 64 KB of weights in flight. When no warp has more than eight steps (K = 2048 at 8
 // warps a tile: q_proj with kv_a, o_proj), a warp loads its whole range at once, before the wait on the previous
-// kernel: the weights are then in registers when x arrives, and no load round is left after the wait. The warps of a tile add their fp32 partial tiles through
-// shared memory in a fixed order (deterministic) and the epilogue writes the tokens that exist.
+// kernel: the weights are then in registers when x arrives, and no load round is left after the wait. The warps of
+// a tile add their fp32 partial tiles through shared memory in a fixed order (deterministic) and the epilogue writes
+// the tokens that exist.
 //
 // Split K: a grid that fills few SMs (the router: 64 rows) would leave each warp a long chain of dependent load
 // rounds. The launch then makes each block of tiles a thread-block cluster of 2, 4 or 8 CTAs (consecutive
@@ -85,9 +86,11 @@ __device__ __forceinline__ void store_out(const SkinnyProblem& q, int64_t i, flo
 }
 
 // Grid: the problems' block ranges, one after the other, kSplit CTAs per block (a cluster; 1: no cluster). The tokens
-// are one 8-column MMA tile. A warp keeps kUnroll K steps of loads in flight.
+// are one 8-column MMA tile. A warp keeps kUnroll K steps of loads in flight; the whole-range kernel is held to 128
+// registers, two CTAs an SM, so q_proj with kv_a (228 CTAs) runs in one wave.
 template <int kSplit, int kUnroll>
-__global__ void __launch_bounds__(kThreads, kUnroll == kWholeRangeUnroll ? 2 : 1) skinny_gemm_kernel(const __grid_constant__ SkinnyKernelArgs args) {
+__global__ void __launch_bounds__(kThreads, kUnroll == kWholeRangeUnroll ? 2 : 1)
+    skinny_gemm_kernel(const __grid_constant__ SkinnyKernelArgs args) {
   static_assert(kSplit == 1 || kSplit == 2 || kSplit == 4 || kSplit == 8, "a portable cluster size");
   static_assert(kUnroll == kPipelinedUnroll || kUnroll == kWholeRangeUnroll, "one of the two depths");
   const SkinnyGemmParams& p = args.p;
