@@ -2,7 +2,9 @@
 // reference written here (self-contained), then a microbenchmark beside the ceilings measured in the same run
 // (device-to-device copy bandwidth; bf16 GEMM peak through cuBLAS when the library can be loaded).
 //
-// usage: moe_bench [--json PATH] [--quick] [--probe]
+// usage: moe_bench [--json PATH] [--quick | --prefill] [--probe]
+//   --quick: timings at 1 and 4096 tokens only; --prefill: the grouped path only (4096 tokens twice, V3 at 4096,
+//   V2-Lite at 1024, the dense one-expert GEMM), to compare builds of the prefill kernels.
 //   Environment (recorded in the JSON when set): BENCH_COMMIT, BENCH_DATE, BENCH_COMMAND.
 #include <cuda_runtime.h>
 #include <dlfcn.h>
@@ -782,11 +784,12 @@ PerfResult run_perf(const PerfCase& c, std::mt19937_64& rng, cudaStream_t stream
 
 int run(int argc, char** argv) {
   std::string json_path = "moe_h200.json";
-  bool quick = false, probe = false;
+  bool quick = false, prefill = false, probe = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) json_path = argv[++i];
     if (a == "--quick") quick = true;
+    if (a == "--prefill") prefill = true;
     if (a == "--probe") probe = true;
   }
   int device = 0;
@@ -881,11 +884,21 @@ int run(int argc, char** argv) {
       std::printf("empty kernel between events: %.1f us\n", empty_kernel_us);
     }
     const auto add = [&](const PerfCase& c) { perf.push_back(run_perf(c, rng, stream, num_sms, ceil, flush_buf)); };
-    const std::vector<int> token_counts = quick ? std::vector<int>{1, 4096} : std::vector<int>{1, 32, 256, 4096};
+    if (prefill) {
+      add({.dm = &v2lite, .tokens = 4096});
+      add({.dm = &v3, .tokens = 4096});
+      add({.dm = &v2lite, .tokens = 1024, .path = MoeExpertsPath::kGrouped, .tag = "other-path"});
+      add({.dm = &v2lite, .tokens = 4096, .tag = "repeat"});
+      DeviceModel dense = make_device_model(kDense, seed + 500, rng, stream);
+      add({.dm = &dense, .tokens = 8192, .path = MoeExpertsPath::kGrouped, .tag = "dense"});
+    }
+    const std::vector<int> token_counts = prefill ? std::vector<int>{}
+                                          : quick ? std::vector<int>{1, 4096}
+                                                  : std::vector<int>{1, 32, 256, 4096};
     for (const DeviceModel* dm : {&v2lite, &v3}) {
       for (int t : token_counts) add({.dm = dm, .tokens = t});
     }
-    if (!quick) {
+    if (!quick && !prefill) {
       add({.dm = &v2lite, .tokens = 1, .prefetch = MoeDownPrefetch::kOff, .tag = "prefetch-off", .stages = false});
       add({.dm = &v2lite, .tokens = 1, .tag = "sep-combine", .stages = false, .separate_combine = true});
       add({.dm = &v2lite, .tokens = 32, .tag = "sep-combine", .stages = false, .separate_combine = true});

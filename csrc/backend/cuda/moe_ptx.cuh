@@ -42,7 +42,12 @@ __device__ __forceinline__ float bf16_lo(uint32_t v) { return __uint_as_float(v 
 __device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Warp
+// Warp and warpgroup
+
+// Barrier `id` (1 .. 15; 0 is __syncthreads') over the 128 threads of one warpgroup.
+__device__ __forceinline__ void warpgroup_barrier_sync(int id) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
+}
 
 __device__ __forceinline__ uint32_t lanemask_lt() {
   uint32_t mask;
