@@ -785,13 +785,13 @@ PerfResult run_perf(const PerfCase& c, std::mt19937_64& rng, cudaStream_t stream
 
 int run(int argc, char** argv) {
   std::string json_path = "moe_h200.json";
-  bool quick = false, prefill = false, checks = true, probe = false;
+  bool quick = false, prefill = false, run_checks = true, probe = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) json_path = argv[++i];
     if (a == "--quick") quick = true;
     if (a == "--prefill") prefill = true;
-    if (a == "--no-checks") checks = false;
+    if (a == "--no-checks") run_checks = false;
     if (a == "--probe") probe = true;
   }
   int device = 0;
@@ -843,14 +843,14 @@ int run(int argc, char** argv) {
   };
   std::vector<CheckResult> checks;
   bool all_pass = true;
-  for (const auto& nc : checks ? cases : std::vector<Named>{}) {
+  for (const auto& nc : run_checks ? cases : std::vector<Named>{}) {
     CheckCase c = nc.c;
     c.model = nc.dm->m;
     auto r = run_check(c, *nc.dm, rng, stream, num_sms);
     all_pass = all_pass && r.pass;
     checks.push_back(std::move(r));
   }
-  std::printf("correctness: %s\n", !checks ? "not checked" : all_pass ? "all pass" : "FAILURES");
+  std::printf("correctness: %s\n", !run_checks ? "not checked" : all_pass ? "all pass" : "FAILURES");
 
   // 2. Ceilings.
   Ceilings ceil;
