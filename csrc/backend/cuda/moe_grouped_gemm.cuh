@@ -166,9 +166,10 @@ __device__ __forceinline__ void set_sources(const MoeKernelParams& kp, const Til
 }
 
 // Queues the copies of CTA-local step `step` (tile step / kb_per_tile, K block step % kb_per_tile). The first K block
-// of a tile also brings the next tile's pairs: they land (this step's wait and barrier) at least kb_per_tile - 2 >= 0
-// steps before set_sources reads them for the next tile's first K block, and their ring slot was last read by the
-// epilogue of the tile before this one.
+// of tile i also brings tile i + 1's pairs: they land (step's wait and barrier) at least kb_per_tile - 2 >= 0 steps
+// before set_sources reads them for tile i + 1's first K block. Their ring slot held tile i - 2's pairs, last read by
+// that tile's epilogue, which every thread finished before the barrier of tile i - 1's first step; this copy is
+// queued at step - 2 >= that step (kb_per_tile >= 2).
 template <typename T>
 __device__ __forceinline__ void load_step(const MoeKernelParams& kp, const TileMeta& meta, TileSources<T>& src,
                                           int step, int kb_per_tile, int n_tiles, int my_tiles, uint32_t smem_base) {
