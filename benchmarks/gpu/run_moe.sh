@@ -16,6 +16,7 @@ SOURCES=(
   csrc/backend/cuda/moe_experts.cu
   csrc/backend/cuda/instantiations/moe_small_gate_up.cu
   csrc/backend/cuda/instantiations/moe_small_down.cu
+  csrc/backend/cuda/instantiations/moe_small_ffn.cu
   csrc/backend/cuda/instantiations/moe_grouped_gate_up.cu
   csrc/backend/cuda/instantiations/moe_grouped_down.cu
   csrc/backend/cuda/launch.cpp

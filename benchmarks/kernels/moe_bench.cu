@@ -2,9 +2,10 @@
 // reference written here (self-contained), then a microbenchmark beside the ceilings measured in the same run
 // (device-to-device copy bandwidth; bf16 GEMM peak through cuBLAS when the library can be loaded).
 //
-// usage: moe_bench [--json PATH] [--quick | --prefill] [--no-checks] [--probe]
+// usage: moe_bench [--json PATH] [--quick | --prefill | --decode] [--no-checks] [--probe]
 //   --quick: timings at 1 and 4096 tokens only; --prefill: the grouped path only (4096 tokens twice, V3 at 4096,
-//   V2-Lite at 1024, the dense one-expert GEMM), to compare builds of the prefill kernels; --no-checks: no
+//   V2-Lite at 1024, the dense one-expert GEMM), to compare builds of the prefill kernels; --decode: 1 to 8 tokens,
+//   the one-launch small-M FFN beside the two-kernel path, V2-Lite and V3; --no-checks: no
 //   correctness cases (under a profiler, so that the first kernels launched are the timed ones).
 //   Environment (recorded in the JSON when set): BENCH_COMMIT, BENCH_DATE, BENCH_COMMAND.
 #include <cuda_runtime.h>
@@ -672,6 +673,7 @@ struct PerfResult {
   std::string model, tag, path;
   int tokens = 0, active = 0;
   double us_graph = 0.0, us_eager = 0.0, us_route = 0.0, us_gate_up = 0.0, us_down = 0.0, us_combine = 0.0;
+  double us_ffn = 0.0;  // the one-launch small-M FFN alone (up to kFusedFfnMaxTokens tokens)
   double bytes = 0.0, flops = 0.0, gbps = 0.0, bw_fraction = 0.0, tflops = 0.0, peak_fraction = 0.0;
   double gate_up_tflops = 0.0, down_tflops = 0.0;
 };
@@ -684,6 +686,7 @@ struct PerfCase {
   const char* tag = "main";
   bool stages = true;
   bool separate_combine = false;  // small-M path with the combine kernel instead of the fused combine
+  bool two_kernels = false;       // small-M gate/up and down kernels (fused combine) where one launch would run
 };
 
 struct Ceilings {
@@ -724,17 +727,19 @@ PerfResult run_perf(const PerfCase& c, std::mt19937_64& rng, cudaStream_t stream
   const MoeExpertsPath path = cuda::moe_resolve_path(p);
   r.path = path_name(path);
   const auto forward = [&] {
-    if (!c.separate_combine) {
+    if (!c.separate_combine && !c.two_kernels) {
       cuda::moe_forward(p, stream);
       return;
     }
-    using namespace cuda::moe_detail;
+    using namespace cuda::moe_detail;  // the launches moe_forward made before the one-launch FFN (no shared experts)
     MoeKernelParams kp = make_kernel_params(p);
     kp.down_prefetch = use_down_prefetch(p, kp.max_active) ? 1 : 0;
+    kp.down_prewait = 1;
+    kp.fused_combine = c.two_kernels ? 1 : 0;
     launch_route(kp, stream);
     launch_small_gate_up(kp, stream);
     launch_small_down(kp, stream);
-    launch_combine(kp, stream);
+    if (!kp.fused_combine) launch_combine(kp, stream);
   };
   r.us_eager = 1e3 * time_ms(stream, 3, 20, forward, flush);
   CUDA_TRY(cudaGetLastError());
@@ -754,6 +759,7 @@ PerfResult run_perf(const PerfCase& c, std::mt19937_64& rng, cudaStream_t stream
     if (path == MoeExpertsPath::kSmallM) {
       r.us_gate_up = 1e3 * time_ms(stream, 2, 10, [&] { launch_small_gate_up(kp, stream); }, flush);
       r.us_down = 1e3 * time_ms(stream, 2, 10, [&] { launch_small_down(kp, stream); }, flush);
+      if (T <= kFusedFfnMaxTokens) r.us_ffn = 1e3 * time_ms(stream, 2, 10, [&] { launch_small_ffn(kp, stream); }, flush);
     } else {
       r.us_gate_up = 1e3 * time_ms(stream, 2, 10, [&] { launch_grouped_gate_up(kp, stream); }, flush);
       r.us_down = 1e3 * time_ms(stream, 2, 10, [&] { launch_grouped_down(kp, stream); }, flush);
@@ -775,9 +781,10 @@ PerfResult run_perf(const PerfCase& c, std::mt19937_64& rng, cudaStream_t stream
   if (r.us_gate_up > 0.0) r.gate_up_tflops = 2.0 * T * k * 2.0 * D * m.inter / (r.us_gate_up * 1e-6) / 1e12;
   if (r.us_down > 0.0) r.down_tflops = 2.0 * T * k * static_cast<double>(D) * m.inter / (r.us_down * 1e-6) / 1e12;
   std::printf("perf %-14s %-12s T=%-5d %-8s active %3d  graph %9.1f us  eager %9.1f us  [route %.1f, gate/up %.1f, "
-              "down %.1f, combine %.1f]  %7.0f GB/s (%5.1f%% copy)  %6.1f TFLOP/s (%5.1f%% peak)\n",
+              "down %.1f, combine %.1f, one-launch ffn %.1f]  %7.0f GB/s (%5.1f%% copy)  %6.1f TFLOP/s (%5.1f%% peak)\n",
               r.model.c_str(), r.tag.c_str(), T, r.path.c_str(), r.active, r.us_graph, r.us_eager, r.us_route,
-              r.us_gate_up, r.us_down, r.us_combine, r.gbps, 100.0 * r.bw_fraction, r.tflops, 100.0 * r.peak_fraction);
+              r.us_gate_up, r.us_down, r.us_combine, r.us_ffn, r.gbps, 100.0 * r.bw_fraction, r.tflops,
+              100.0 * r.peak_fraction);
   std::fflush(stdout);
   return r;
 }
@@ -785,12 +792,13 @@ PerfResult run_perf(const PerfCase& c, std::mt19937_64& rng, cudaStream_t stream
 
 int run(int argc, char** argv) {
   std::string json_path = "moe_h200.json";
-  bool quick = false, prefill = false, run_checks = true, probe = false;
+  bool quick = false, prefill = false, decode = false, run_checks = true, probe = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) json_path = argv[++i];
     if (a == "--quick") quick = true;
     if (a == "--prefill") prefill = true;
+    if (a == "--decode") decode = true;
     if (a == "--no-checks") run_checks = false;
     if (a == "--probe") probe = true;
   }
@@ -894,15 +902,27 @@ int run(int argc, char** argv) {
       DeviceModel dense = make_device_model(kDense, seed + 500, rng, stream);
       add({.dm = &dense, .tokens = 8192, .path = MoeExpertsPath::kGrouped, .tag = "dense"});
     }
-    const std::vector<int> token_counts = prefill ? std::vector<int>{}
+    if (decode) {
+      for (int round = 0; round < 2; ++round) {
+        for (const DeviceModel* dm : {&v2lite, &v3}) {
+          for (int t : {1, 2, 4, 8}) {
+            add({.dm = dm, .tokens = t, .tag = round == 0 ? "main" : "repeat"});
+            add({.dm = dm, .tokens = t, .tag = "two-kernel", .stages = false, .two_kernels = true});
+          }
+        }
+      }
+    }
+    const std::vector<int> token_counts = prefill || decode ? std::vector<int>{}
                                           : quick ? std::vector<int>{1, 4096}
                                                   : std::vector<int>{1, 32, 256, 4096};
     for (const DeviceModel* dm : {&v2lite, &v3}) {
       for (int t : token_counts) add({.dm = dm, .tokens = t});
     }
-    if (!quick && !prefill) {
+    if (!quick && !prefill && !decode) {
       add({.dm = &v2lite, .tokens = 1, .prefetch = MoeDownPrefetch::kOff, .tag = "prefetch-off", .stages = false});
       add({.dm = &v2lite, .tokens = 1, .tag = "sep-combine", .stages = false, .separate_combine = true});
+      add({.dm = &v2lite, .tokens = 1, .tag = "two-kernel", .stages = false, .two_kernels = true});
+      add({.dm = &v3, .tokens = 1, .tag = "two-kernel", .stages = false, .two_kernels = true});
       add({.dm = &v2lite, .tokens = 32, .tag = "sep-combine", .stages = false, .separate_combine = true});
       add({.dm = &v2lite, .tokens = 8, .tag = "main"});
       add({.dm = &v2lite, .tokens = 128, .tag = "main"});
@@ -951,10 +971,10 @@ int run(int argc, char** argv) {
                    "\"time_us_graph\": %.2f, \"time_us_eager\": %.2f, \"route_us\": %.2f, \"gate_up_us\": %.2f, "
                    "\"down_us\": %.2f, \"combine_us\": %.2f, \"bytes\": %.0f, \"flops\": %.0f, \"gbps\": %.1f, "
                    "\"copy_bw_fraction\": %.4f, \"tflops\": %.2f, \"bf16_peak_fraction\": %.4f, "
-                   "\"gate_up_tflops\": %.1f, \"down_tflops\": %.1f}%s\n",
+                   "\"gate_up_tflops\": %.1f, \"down_tflops\": %.1f, \"ffn_us\": %.2f}%s\n",
                    r.model.c_str(), r.tag.c_str(), r.tokens, r.path.c_str(), r.active, r.us_graph, r.us_eager,
                    r.us_route, r.us_gate_up, r.us_down, r.us_combine, r.bytes, r.flops, r.gbps, r.bw_fraction,
-                   r.tflops, r.peak_fraction, r.gate_up_tflops, r.down_tflops, i + 1 < perf.size() ? "," : "");
+                   r.tflops, r.peak_fraction, r.gate_up_tflops, r.down_tflops, r.us_ffn, i + 1 < perf.size() ? "," : "");
     }
     std::fprintf(f, "  ]\n}\n");
     std::fclose(f);

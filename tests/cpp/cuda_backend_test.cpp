@@ -1442,6 +1442,71 @@ TEST(CudaBackend, SplitKSkinnyGemmIsDeterministic) {
   for (const std::string& e : run.memory_errors()) ADD_FAILURE() << e;
 }
 
+// The decode MoE in one persistent launch (up to 8 tokens) hands out its work by tickets and counts finished gate/up
+// items per slot; the last CTA out resets those counters. Several runs on one workspace, then graph replays, each
+// onto an output poisoned with NaN first, must give the first run's bits (a counter left over would make a run skip
+// its work or read act too early). V2-Lite's routing with two shared experts (their items run before the grid
+// dependency wait) and V3's with one, at 1, 3 and 8 tokens.
+TEST(CudaBackend, MoeDecodeOneLaunchRepeatsAndReplaysBitForBit) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  const std::unique_ptr<Backend> cuda = make_cuda_backend();
+  struct Shape {
+    int64_t tokens, routed, top_k, shared, n_group, topk_group;
+    ExpertScoring scoring;
+    TopkMethod method;
+  };
+  const Shape shapes[] = {{1, 64, 6, 2, 1, 1, ExpertScoring::kSoftmax, TopkMethod::kGreedy},
+                          {3, 64, 6, 2, 1, 1, ExpertScoring::kSoftmax, TopkMethod::kGreedy},
+                          {8, 64, 6, 2, 1, 1, ExpertScoring::kSoftmax, TopkMethod::kGreedy},
+                          {1, 256, 8, 1, 8, 4, ExpertScoring::kSigmoid, TopkMethod::kNoauxTc},
+                          {8, 256, 8, 1, 8, 4, ExpertScoring::kSigmoid, TopkMethod::kNoauxTc}};
+  const int64_t dim = 512, inter = 256;
+  for (const Shape& sh : shapes) {
+    SCOPED_TRACE(str_cat(sh.tokens, " tokens, ", sh.routed, " + ", sh.shared, " experts"));
+    const int64_t experts = sh.routed + sh.shared, pairs = sh.top_k + sh.shared;
+    Rng rng(static_cast<uint64_t>(sh.tokens * 7919 + sh.routed));
+    DeviceMemory memory;
+    OpRunner run(*cuda, memory);
+    const MoeArgs args{
+        .route = {.logits = run.upload(HostTensor::f32({sh.tokens, sh.routed},
+                                                       rng.uniform(sh.tokens * sh.routed, -4.0f, 4.0f))),
+                  .correction_bias = sh.scoring == ExpertScoring::kSigmoid
+                                         ? ConstTensorView(run.upload(HostTensor::f32(
+                                               {sh.routed}, rng.uniform(sh.routed, -0.5f, 0.5f))))
+                                         : ConstTensorView{},
+                  .topk_ids = run.output({sh.tokens, pairs}, DType::kI32),
+                  .topk_weights = run.output({sh.tokens, pairs}, DType::kF32), .scoring = sh.scoring,
+                  .method = sh.method, .n_group = sh.n_group, .topk_group = sh.topk_group, .norm_topk_prob = true,
+                  .routed_scaling_factor = 2.5f, .num_shared_experts = sh.shared},
+        .x = run.upload(HostTensor::bf16({sh.tokens, dim}, rng.uniform(sh.tokens * dim))),
+        .w_gate_up = run.upload(
+            HostTensor::bf16({experts, 2 * inter, dim}, rng.uniform(experts * 2 * inter * dim, -0.1f, 0.1f))),
+        .w_down =
+            run.upload(HostTensor::bf16({experts, dim, inter}, rng.uniform(experts * dim * inter, -0.1f, 0.1f))),
+        .out = run.output({sh.tokens, dim}, DType::kBF16)};
+    const auto poison_out = [&] {
+      CUDA_TRY(cudaDeviceSynchronize());
+      CUDA_TRY(cudaMemset(args.out.data, 0xff, args.out.bytes()));  // bf16 NaN
+      CUDA_TRY(cudaDeviceSynchronize());
+    };
+    cuda->moe(args);
+    const std::vector<std::byte> first = run.download(args.out).bytes;
+    for (int again = 0; again < 3; ++again) {
+      poison_out();
+      cuda->moe(args);
+      EXPECT_EQ(run.download(args.out).bytes, first) << "run " << again + 2;
+    }
+    const std::unique_ptr<StepGraph> graph = cuda->capture([&] { cuda->moe(args); });
+    ASSERT_NE(graph, nullptr);
+    for (int replay = 0; replay < 3; ++replay) {
+      poison_out();
+      ASSERT_TRUE(graph->replay());
+      EXPECT_EQ(run.download(args.out).bytes, first) << "replay " << replay + 1;
+    }
+    for (const std::string& e : run.memory_errors()) ADD_FAILURE() << e;
+  }
+}
+
 }  // namespace
 }  // namespace deepinfer::op_test
 

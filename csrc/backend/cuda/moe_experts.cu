@@ -102,7 +102,8 @@ namespace {
 // The expert kernels; `right_after_route`: the route kernel of the same call is the last kernel before them on the
 // stream (moe_forward), which lets the shared experts' gate/up CTAs start before their wait (moe_small_gemm.cuh).
 // DEEPINFER_DISABLE_MOE_SHARED_PREWAIT=1 / DEEPINFER_DISABLE_MOE_DOWN_PREWAIT=1 turn the two early starts off, to
-// measure what each gains on one build.
+// measure what each gains on one build; DEEPINFER_DISABLE_MOE_FUSED_FFN=1 keeps the two-kernel small-M path at every
+// size (up to kFusedFfnMaxTokens tokens it is one persistent launch otherwise).
 void run_experts(const MoeParams& p, cudaStream_t stream, bool right_after_route) {
   using namespace moe_detail;
   check_common(p);
@@ -113,10 +114,15 @@ void run_experts(const MoeParams& p, cudaStream_t stream, bool right_after_route
   if (path == MoeExpertsPath::kSmallM) {
     static const bool shared_prewait = !env_flag("DEEPINFER_DISABLE_MOE_SHARED_PREWAIT");
     static const bool down_prewait = !env_flag("DEEPINFER_DISABLE_MOE_DOWN_PREWAIT");
+    static const bool fused_ffn = !env_flag("DEEPINFER_DISABLE_MOE_FUSED_FFN");
     kp.shared_prewait = right_after_route && shared_prewait ? 1 : 0;
     kp.down_prewait = down_prewait ? 1 : 0;
-    kp.down_prefetch = use_down_prefetch(p, kp.max_active) ? 1 : 0;
     kp.fused_combine = p.num_tokens <= kFusedCombineMaxTokens ? 1 : 0;
+    if (fused_ffn && p.num_tokens <= kFusedFfnMaxTokens) {
+      launch_small_ffn(kp, stream);
+      return;
+    }
+    kp.down_prefetch = use_down_prefetch(p, kp.max_active) ? 1 : 0;
     launch_small_gate_up(kp, stream);
     launch_small_down(kp, stream);
     if (!kp.fused_combine) launch_combine(kp, stream);

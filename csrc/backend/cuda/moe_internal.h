@@ -30,6 +30,7 @@ constexpr int kRouterClusterLogits = 1024;   // fused router cluster path: token
 constexpr int kCombineThreads = 256;
 constexpr int kDownColsPerCta = 32;        // output columns of a small-M down CTA
 constexpr int kFusedCombineMaxTokens = 32;  // up to this many tokens the small-M down kernel also combines
+constexpr int kFusedFfnMaxTokens = 8;       // up to this many tokens (one token tile) the small-M FFN is one launch
 
 static_assert(kMaxRoutedExperts % 32 == 0 && kMaxRoutedExperts <= 32 * 32, "routing: a lane's experts in 32 bits");
 static_assert(kMaxRoutedExperts <= kMaxExperts, "the routed experts come first");
@@ -45,6 +46,9 @@ struct MoeKernelParams {
   int32_t* counter = nullptr;         // [1]: route blocks finished; zero between calls
   int32_t* count_accum = nullptr;     // [E]: rows per expert summed over route blocks; zero between calls
   int32_t* col_done = nullptr;        // [hidden / 32]: small-M down CTAs finished per column block; zero between calls
+  // [2 + E]: the fused small-M FFN kernel's next ticket, CTAs finished, and per slot its gate/up items finished; zero
+  // between calls (the last CTA out resets them).
+  int32_t* ffn_sync = nullptr;
   int32_t* block_counts = nullptr;    // [route_blocks, E]: each route block's histogram
   int32_t* expert_counts = nullptr;   // [E]: rows (pairs) per expert
   int32_t* expert_offsets = nullptr;  // [E + 1]: first padded row of each expert; [E] = padded total (x kRowAlign)
@@ -82,8 +86,8 @@ struct MoeKernelParams {
 // first and depends only on the expert count and hidden size, so a workspace serves any token count up to the one it
 // was sized for.
 struct MoeWorkspaceLayout {
-  size_t counter = 0, count_accum = 0, col_done = 0, block_counts = 0, expert_counts = 0, expert_offsets = 0,
-         active_experts = 0, slot_info = 0, row_pair = 0, act = 0, y = 0;
+  size_t counter = 0, count_accum = 0, col_done = 0, ffn_sync = 0, block_counts = 0, expert_counts = 0,
+         expert_offsets = 0, active_experts = 0, slot_info = 0, row_pair = 0, act = 0, y = 0;
   size_t zeroed_bytes = 0;  // [0, zeroed_bytes) must be zero between calls
   size_t total_bytes = 0;
   int32_t route_blocks = 0, max_rows = 0;
@@ -106,6 +110,8 @@ bool use_down_prefetch(const MoeParams& p, int32_t max_active);
 void launch_route(const MoeKernelParams& kp, cudaStream_t stream);  // route (+ scatter)
 void launch_small_gate_up(const MoeKernelParams& kp, cudaStream_t stream);
 void launch_small_down(const MoeKernelParams& kp, cudaStream_t stream);
+// Gate/up, down and the combine of the small-M path in one persistent launch (num_tokens <= kFusedFfnMaxTokens).
+void launch_small_ffn(const MoeKernelParams& kp, cudaStream_t stream);
 void launch_grouped_gate_up(const MoeKernelParams& kp, cudaStream_t stream);
 void launch_grouped_down(const MoeKernelParams& kp, cudaStream_t stream);
 void launch_combine(const MoeKernelParams& kp, cudaStream_t stream);

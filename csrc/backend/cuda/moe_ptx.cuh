@@ -25,6 +25,13 @@ __device__ __forceinline__ uint4 ld_cg_16(const void* ptr) {
   return v;
 }
 
+// A counter other CTAs of the grid raise after a fence: the acquiring side of that handoff.
+__device__ __forceinline__ int ld_acquire_gpu(const int* ptr) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(ptr) : "memory");
+  return v;
+}
+
 // Pulls the 128-byte line at `ptr` into L2 with evict-last priority.
 __device__ __forceinline__ void prefetch_l2_evict_last(const void* ptr) {
   asm volatile("prefetch.global.L2::evict_last [%0];\n" ::"l"(ptr));

@@ -463,6 +463,7 @@ MoeWorkspaceLayout moe_workspace_layout(const MoeParams& p) {
   l.counter = take(sizeof(int32_t));
   l.count_accum = take(experts * sizeof(int32_t));
   l.col_done = take(static_cast<size_t>(std::max(p.hidden, 0) / kDownColsPerCta) * sizeof(int32_t));
+  l.ffn_sync = take((2 + experts) * sizeof(int32_t));
   l.zeroed_bytes = at;
   l.block_counts = take(static_cast<size_t>(l.route_blocks) * experts * sizeof(int32_t));
   l.expert_counts = take(experts * sizeof(int32_t));
@@ -484,6 +485,7 @@ MoeKernelParams make_kernel_params(const MoeParams& p) {
   kp.counter = reinterpret_cast<int32_t*>(ws + l.counter);
   kp.count_accum = reinterpret_cast<int32_t*>(ws + l.count_accum);
   kp.col_done = reinterpret_cast<int32_t*>(ws + l.col_done);
+  kp.ffn_sync = reinterpret_cast<int32_t*>(ws + l.ffn_sync);
   kp.block_counts = reinterpret_cast<int32_t*>(ws + l.block_counts);
   kp.expert_counts = reinterpret_cast<int32_t*>(ws + l.expert_counts);
   kp.expert_offsets = reinterpret_cast<int32_t*>(ws + l.expert_offsets);

@@ -81,11 +81,179 @@ struct SlotWork {
   int shared;  // >= 0: shared expert `shared` of every token (pair t * top_k + k + shared), rows not read
 };
 
+// The work of a slot, from the routing's record (after the grid dependency wait), or, for shared slot `slot` run
+// before it, from the parameters alone.
+__device__ __forceinline__ SlotWork slot_work(const MoeKernelParams& kp, int slot, bool shared_early) {
+  if (shared_early) return {kp.p.num_experts - kp.shared_slots + slot, kp.p.num_tokens, 0, 0, slot};
+  const int4 info = __ldcg(&kp.slot_info[slot]);  // expert -1: no expert in this slot
+  return {info.x, info.y, info.z, info.w, -1};
+}
+
+// Shared memory of one work item: the K slices' partial sums and the rows' pairs of a pass.
+template <int kKSplit, int kRowsPerPass>
+struct SmallShared {
+  float red[kKSplit][2][16][kRowsPerPass + 1];
+  int32_t pair_s[kRowsPerPass];
+  int32_t flag;  // a broadcast: whether this CTA combines, or the next ticket
+};
+template <typename T>
+using SmallSharedOf = SmallShared<T::kKSplit, T::kRowsPerPass>;
+
+// One work item: output column block `col_block` of one slot. load_first issues the first group of weight loads
+// (constants, so allowed before the grid dependency wait); compute does the rest: the slot's rows in passes, the K
+// slices' reduction, the epilogue (act or y rows by pair). Ends with a barrier (shared memory is free again).
+// `col_block` is a callable: the grid kernels pass one that reads blockIdx.x where needed, which keeps a register
+// free (the 4-warp down kernel spilled with the block index held across the K loop).
+template <typename T>
+struct SmallItem {
+  const uint16_t* w_lo = nullptr;
+  const uint16_t* w_hi = nullptr;
+  int num_chunks = 0;
+  uint4 a_lo[T::kUnroll], a_hi[T::kUnroll];
+
+  // This warp's chunks c, c + kKSplit, ... of one group, whose loads are in flight together; chunks past the end
+  // load zeros (their MMAs add nothing), so the tail costs one round trip, not one a chunk.
+  __device__ __forceinline__ void load_weights(int c) {
+#pragma unroll
+    for (int u = 0; u < T::kUnroll; ++u) {
+      const bool in = c + u * T::kKSplit < num_chunks;
+      a_lo[u] = in ? ld_stream_16(w_lo + (c + u * T::kKSplit) * 32) : make_uint4(0u, 0u, 0u, 0u);
+      a_hi[u] = in ? ld_stream_16(w_hi + (c + u * T::kKSplit) * 32) : make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+
+  template <typename ColBlock>
+  __device__ __forceinline__ void load_first(const MoeKernelParams& kp, int e, ColBlock col_block) {
+    const MoeParams& p = kp.p;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int h = warp & 1, ks = warp >> 1;
+    const int k_dim = T::kGateUp ? p.hidden : p.inter;
+    const int64_t w_row = T::kGateUp ? static_cast<int64_t>(e) * 2 * p.inter + h * p.inter + col_block() * T::kOutCols
+                                     : static_cast<int64_t>(e) * p.hidden + col_block() * T::kOutCols + h * 16;
+    w_lo = (T::kGateUp ? p.w_gate_up : p.w_down) + (w_row + g) * k_dim + 8 * t;
+    w_hi = w_lo + 8 * static_cast<int64_t>(k_dim);
+    num_chunks = k_dim / 32;
+    load_weights(ks);
+  }
+
+  template <typename ColBlock>
+  __device__ __forceinline__ void compute(const MoeKernelParams& kp, SmallSharedOf<T>& sm, const SlotWork& work,
+                                          ColBlock col_block) {
+    const MoeParams& p = kp.p;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int h = warp & 1, ks = warp >> 1;
+    bool weights_loaded = true;  // the first group of the first pass
+    for (int p0 = 0; p0 < work.count; p0 += T::kRowsPerPass) {
+      if (tid < T::kRowsPerPass) {
+        const int n = p0 + tid;
+        sm.pair_s[tid] = n >= work.count      ? -1
+                         : work.shared >= 0 ? n * p.top_k + (p.top_k - kp.shared_slots) + work.shared
+                                            : __ldcg(&kp.row_pair[work.row0 + n]);
+      }
+      __syncthreads();
+      const uint16_t* src[T::kTokenTiles];
+#pragma unroll
+      for (int nt = 0; nt < T::kTokenTiles; ++nt) {
+        const int pair = sm.pair_s[8 * nt + g];
+        if (pair < 0) {
+          src[nt] = nullptr;
+        } else if constexpr (T::kGateUp) {
+          src[nt] = p.x + static_cast<int64_t>(pair / p.top_k) * p.hidden + 8 * t;
+        } else {
+          src[nt] = kp.act + static_cast<int64_t>(pair) * p.inter + 8 * t;
+        }
+      }
+      float acc[T::kTokenTiles][4];
+#pragma unroll
+      for (int nt = 0; nt < T::kTokenTiles; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+
+      for (int c = ks; c < num_chunks; c += T::kKSplit * T::kUnroll) {
+        if (!weights_loaded) load_weights(c);
+        weights_loaded = false;
+        uint4 b[T::kUnroll][T::kTokenTiles];
+#pragma unroll
+        for (int u = 0; u < T::kUnroll; ++u) {
+          const bool in = c + u * T::kKSplit < num_chunks;
+#pragma unroll
+          for (int nt = 0; nt < T::kTokenTiles; ++nt) {
+            b[u][nt] = in && src[nt] != nullptr ? ld_cg_16(src[nt] + (c + u * T::kKSplit) * 32)
+                                                : make_uint4(0u, 0u, 0u, 0u);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < T::kUnroll; ++u) {
+#pragma unroll
+          for (int nt = 0; nt < T::kTokenTiles; ++nt) {
+            mma_bf16_16816(acc[nt], a_lo[u].x, a_hi[u].x, a_lo[u].y, a_hi[u].y, b[u][nt].x, b[u][nt].y);
+            mma_bf16_16816(acc[nt], a_lo[u].z, a_hi[u].z, a_lo[u].w, a_hi[u].w, b[u][nt].z, b[u][nt].w);
+          }
+        }
+      }
+      // Accumulator (row g / g + 8 of the row tile, rows 2t, 2t + 1 of the token tile) -> red[ks][h][feature][row].
+#pragma unroll
+      for (int nt = 0; nt < T::kTokenTiles; ++nt) {
+        sm.red[ks][h][g][8 * nt + 2 * t] = acc[nt][0];
+        sm.red[ks][h][g][8 * nt + 2 * t + 1] = acc[nt][1];
+        sm.red[ks][h][g + 8][8 * nt + 2 * t] = acc[nt][2];
+        sm.red[ks][h][g + 8][8 * nt + 2 * t + 1] = acc[nt][3];
+      }
+      __syncthreads();
+      if constexpr (T::kGateUp) {
+        // 16 act columns (8 pairs) x kRowsPerPass rows.
+        for (int idx = tid; idx < T::kRowsPerPass * 8; idx += T::kThreads) {
+          const int n = idx / 8, col = (idx % 8) * 2;
+          const int pair = sm.pair_s[n];
+          if (pair < 0) continue;
+          float gate0 = 0.0f, gate1 = 0.0f, up0 = 0.0f, up1 = 0.0f;
+#pragma unroll
+          for (int s = 0; s < T::kKSplit; ++s) {
+            gate0 += sm.red[s][0][col][n];
+            gate1 += sm.red[s][0][col + 1][n];
+            up0 += sm.red[s][1][col][n];
+            up1 += sm.red[s][1][col + 1][n];
+          }
+          *reinterpret_cast<uint32_t*>(kp.act + static_cast<int64_t>(pair) * p.inter + col_block() * T::kOutCols + col) =
+              pack_bf16x2(silu(gate0) * up0, silu(gate1) * up1);
+        }
+      } else {
+        // 32 output columns (16 pairs) x kRowsPerPass rows.
+        for (int idx = tid; idx < T::kRowsPerPass * 16; idx += T::kThreads) {
+          const int n = idx / 16, col = (idx % 16) * 2;
+          const int pair = sm.pair_s[n];
+          if (pair < 0) continue;
+          const int tile = col / 16, f = col % 16;
+          float v0 = 0.0f, v1 = 0.0f;
+#pragma unroll
+          for (int s = 0; s < T::kKSplit; ++s) {
+            v0 += sm.red[s][tile][f][n];
+            v1 += sm.red[s][tile][f + 1][n];
+          }
+          *reinterpret_cast<uint32_t*>(kp.y + static_cast<int64_t>(pair) * p.hidden + col_block() * T::kOutCols + col) =
+              pack_bf16x2(v0, v1);
+        }
+      }
+      __syncthreads();  // pair_s and red are reused by the next pass
+    }
+  }
+};
+
+// After a down item: the last of the column block's num_active items combines the block (combine_columns).
+template <typename T>
+__device__ __forceinline__ void combine_if_last(const MoeKernelParams& kp, SmallSharedOf<T>& sm, int col_block,
+                                                int num_active) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) sm.flag = atomicAdd(&kp.col_done[col_block], 1) == num_active - 1;
+  __syncthreads();
+  if (!sm.flag) return;
+  __threadfence();
+  combine_columns<T>(kp, col_block * T::kOutCols);
+  if (threadIdx.x == 0) kp.col_done[col_block] = 0;
+}
+
 template <typename T>
 __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) moe_small_gemm_kernel(const __grid_constant__ MoeKernelParams kp) {
-  __shared__ float red[T::kKSplit][T::kRowTiles][16][T::kRowsPerPass + 1];
-  __shared__ int32_t pair_s[T::kRowsPerPass];
-  __shared__ int32_t is_last;
+  __shared__ SmallSharedOf<T> sm;
   const MoeParams& p = kp.p;
   // Two exceptions to ptx.cuh's rule that nothing global is read before griddep_wait, both on one fact of a chain of
   // programmatic dependent launches: a grid starts only once every CTA of its predecessor has passed its own wait,
@@ -103,39 +271,11 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) moe_small_gemm_ker
     griddep_wait();
     griddep_launch_dependents();
   }
-  SlotWork work;
-  if (shared_early) {
-    work = {p.num_experts - kp.shared_slots + static_cast<int>(blockIdx.y), p.num_tokens, 0, 0,
-            static_cast<int>(blockIdx.y)};
-  } else {
-    const int4 info = __ldcg(&kp.slot_info[blockIdx.y]);  // expert -1: no expert in this slot
-    work = {info.x, info.y, info.z, info.w, -1};
-  }
-  const int e = work.expert, count = work.count, row0 = work.row0, num_active = work.num_active;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int h = warp & 1, ks = warp >> 1;
-
-  const int k_dim = T::kGateUp ? p.hidden : p.inter;
-  const int64_t w_row = T::kGateUp
-                            ? static_cast<int64_t>(e) * 2 * p.inter + h * p.inter + blockIdx.x * T::kOutCols
-                            : static_cast<int64_t>(e) * p.hidden + blockIdx.x * T::kOutCols + h * 16;
-  const uint16_t* w_lo = (T::kGateUp ? p.w_gate_up : p.w_down) + (w_row + g) * k_dim + 8 * t;
-  const uint16_t* w_hi = w_lo + 8 * static_cast<int64_t>(k_dim);
-  const int num_chunks = k_dim / 32;
-
-  // This warp's chunks ks, ks + kKSplit, ... in groups of kUnroll whose loads are in flight together; the last
-  // group's chunks past the end load zeros (their MMAs add nothing), so the tail costs one round trip, not one a
-  // chunk. The first group goes out as soon as the expert is known (before the wait where that is allowed).
-  uint4 a_lo[T::kUnroll], a_hi[T::kUnroll];
-  const auto load_weights = [&](int c) {
-#pragma unroll
-    for (int u = 0; u < T::kUnroll; ++u) {
-      const bool in = c + u * T::kKSplit < num_chunks;
-      a_lo[u] = in ? ld_stream_16(w_lo + (c + u * T::kKSplit) * 32) : make_uint4(0u, 0u, 0u, 0u);
-      a_hi[u] = in ? ld_stream_16(w_hi + (c + u * T::kKSplit) * 32) : make_uint4(0u, 0u, 0u, 0u);
-    }
-  };
-  if (e >= 0) load_weights(ks);
+  const SlotWork work = slot_work(kp, static_cast<int>(blockIdx.y), shared_early);
+  const int e = work.expert;
+  const auto col_block = [] { return static_cast<int>(blockIdx.x); };
+  SmallItem<T> item;
+  if (e >= 0) item.load_first(kp, e, col_block);
   if (read_slot_early && !shared_early) {
     griddep_wait();
     griddep_launch_dependents();
@@ -147,113 +287,12 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) moe_small_gemm_ker
       const int64_t bytes = static_cast<int64_t>(p.hidden) * p.inter * 2;
       const int64_t per_cta = (bytes / gridDim.x + 127) / 128 * 128;
       const int64_t begin = blockIdx.x * per_cta, end = min(bytes, begin + per_cta);
-      for (int64_t at = begin + tid * 128; at < end; at += T::kThreads * 128) prefetch_l2_evict_last(base + at);
+      for (int64_t at = begin + threadIdx.x * 128; at < end; at += T::kThreads * 128) prefetch_l2_evict_last(base + at);
     }
   }
-
-  bool weights_loaded = true;  // the first group of the first pass
-  for (int p0 = 0; p0 < count; p0 += T::kRowsPerPass) {
-    if (tid < T::kRowsPerPass) {
-      const int n = p0 + tid;
-      pair_s[tid] = n >= count        ? -1
-                    : work.shared >= 0 ? n * p.top_k + (p.top_k - kp.shared_slots) + work.shared
-                                       : __ldcg(&kp.row_pair[row0 + n]);
-    }
-    __syncthreads();
-    const uint16_t* src[T::kTokenTiles];
-#pragma unroll
-    for (int nt = 0; nt < T::kTokenTiles; ++nt) {
-      const int pair = pair_s[8 * nt + g];
-      if (pair < 0) {
-        src[nt] = nullptr;
-      } else if constexpr (T::kGateUp) {
-        src[nt] = p.x + static_cast<int64_t>(pair / p.top_k) * p.hidden + 8 * t;
-      } else {
-        src[nt] = kp.act + static_cast<int64_t>(pair) * p.inter + 8 * t;
-      }
-    }
-    float acc[T::kTokenTiles][4];
-#pragma unroll
-    for (int nt = 0; nt < T::kTokenTiles; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-
-    for (int c = ks; c < num_chunks; c += T::kKSplit * T::kUnroll) {
-      if (!weights_loaded) load_weights(c);
-      weights_loaded = false;
-      uint4 b[T::kUnroll][T::kTokenTiles];
-#pragma unroll
-      for (int u = 0; u < T::kUnroll; ++u) {
-        const bool in = c + u * T::kKSplit < num_chunks;
-#pragma unroll
-        for (int nt = 0; nt < T::kTokenTiles; ++nt) {
-          b[u][nt] = in && src[nt] != nullptr ? ld_cg_16(src[nt] + (c + u * T::kKSplit) * 32)
-                                              : make_uint4(0u, 0u, 0u, 0u);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < T::kUnroll; ++u) {
-#pragma unroll
-        for (int nt = 0; nt < T::kTokenTiles; ++nt) {
-          mma_bf16_16816(acc[nt], a_lo[u].x, a_hi[u].x, a_lo[u].y, a_hi[u].y, b[u][nt].x, b[u][nt].y);
-          mma_bf16_16816(acc[nt], a_lo[u].z, a_hi[u].z, a_lo[u].w, a_hi[u].w, b[u][nt].z, b[u][nt].w);
-        }
-      }
-    }
-    // Accumulator (row g / g + 8 of the row tile, rows 2t, 2t + 1 of the token tile) -> red[ks][h][feature][row].
-#pragma unroll
-    for (int nt = 0; nt < T::kTokenTiles; ++nt) {
-      red[ks][h][g][8 * nt + 2 * t] = acc[nt][0];
-      red[ks][h][g][8 * nt + 2 * t + 1] = acc[nt][1];
-      red[ks][h][g + 8][8 * nt + 2 * t] = acc[nt][2];
-      red[ks][h][g + 8][8 * nt + 2 * t + 1] = acc[nt][3];
-    }
-    __syncthreads();
-    if constexpr (T::kGateUp) {
-      // 16 act columns (8 pairs) x kRowsPerPass rows.
-      for (int idx = tid; idx < T::kRowsPerPass * 8; idx += T::kThreads) {
-        const int n = idx / 8, col = (idx % 8) * 2;
-        const int pair = pair_s[n];
-        if (pair < 0) continue;
-        float gate0 = 0.0f, gate1 = 0.0f, up0 = 0.0f, up1 = 0.0f;
-#pragma unroll
-        for (int s = 0; s < T::kKSplit; ++s) {
-          gate0 += red[s][0][col][n];
-          gate1 += red[s][0][col + 1][n];
-          up0 += red[s][1][col][n];
-          up1 += red[s][1][col + 1][n];
-        }
-        *reinterpret_cast<uint32_t*>(kp.act + static_cast<int64_t>(pair) * p.inter + blockIdx.x * T::kOutCols + col) =
-            pack_bf16x2(silu(gate0) * up0, silu(gate1) * up1);
-      }
-    } else {
-      // 32 output columns (16 pairs) x kRowsPerPass rows.
-      for (int idx = tid; idx < T::kRowsPerPass * 16; idx += T::kThreads) {
-        const int n = idx / 16, col = (idx % 16) * 2;
-        const int pair = pair_s[n];
-        if (pair < 0) continue;
-        const int tile = col / 16, f = col % 16;
-        float v0 = 0.0f, v1 = 0.0f;
-#pragma unroll
-        for (int s = 0; s < T::kKSplit; ++s) {
-          v0 += red[s][tile][f][n];
-          v1 += red[s][tile][f + 1][n];
-        }
-        *reinterpret_cast<uint32_t*>(kp.y + static_cast<int64_t>(pair) * p.hidden + blockIdx.x * T::kOutCols + col) =
-            pack_bf16x2(v0, v1);
-      }
-    }
-    __syncthreads();  // pair_s and red are reused by the next pass
-  }
+  item.compute(kp, sm, work, col_block);
   if constexpr (!T::kGateUp) {
-    if (kp.fused_combine) {  // the last of the column block's num_active CTAs combines it
-      __threadfence();
-      __syncthreads();
-      if (tid == 0) is_last = atomicAdd(&kp.col_done[blockIdx.x], 1) == num_active - 1;
-      __syncthreads();
-      if (!is_last) return;
-      __threadfence();
-      combine_columns<T>(kp, blockIdx.x * T::kOutCols);
-      if (tid == 0) kp.col_done[blockIdx.x] = 0;
-    }
+    if (kp.fused_combine) combine_if_last<T>(kp, sm, static_cast<int>(blockIdx.x), work.num_active);
   }
   if (shared_early) {  // no CTA leaves before its wait (ptx.cuh)
     griddep_wait();
