@@ -18,21 +18,21 @@ static_assert(FfnGateUp::kThreads == FfnDown::kThreads && FfnGateUp::kMinBlocks 
 static_assert(std::is_same_v<SmallSharedOf<FfnGateUp>, SmallSharedOf<FfnDown>>, "one shared-memory layout");
 
 // The tickets in the order they are drawn: gate/up items of the early slots (the shared experts, known before the
-// routing when kp.shared_prewait), the early slots' down items, gate/up items of the other slots, their down items;
-// slot-major, column blocks in order inside a slot. An item waits only for items of smaller tickets, and a ticket is
-// only ever held by a running CTA, so the grid cannot deadlock, whatever number of its CTAs is resident.
+// routing when kp.shared_prewait), gate/up items of the other slots, then the down items of the early slots and of
+// the others; slot-major, column blocks in order inside a slot. (Early down items right after the early gate/up ones
+// held CTAs while the routing ran and pushed the late gate/up items into a later round.) An item waits only for
+// items of smaller tickets, and a ticket is only ever held by a running CTA, so the grid cannot deadlock, whatever
+// number of its CTAs is resident.
 struct Tickets {
   int early_slots, gu_cols, dn_cols;
-  int early_down, late_gate_up, late_down, end;  // the first ticket of each range after the first; the end
+  int down, end;  // the first down ticket; the end
 
   __device__ explicit Tickets(const MoeKernelParams& kp)
       : early_slots(kp.shared_prewait * kp.shared_slots),
         gu_cols(kp.p.inter / FfnGateUp::kOutCols),
         dn_cols(kp.p.hidden / FfnDown::kOutCols) {
-    early_down = early_slots * gu_cols;
-    late_gate_up = early_down + early_slots * dn_cols;
-    late_down = late_gate_up + (kp.max_active - early_slots) * gu_cols;
-    end = late_down + (kp.max_active - early_slots) * dn_cols;
+    down = kp.max_active * gu_cols;
+    end = down + kp.max_active * dn_cols;
   }
 };
 
@@ -42,17 +42,12 @@ struct Item {
 };
 
 __device__ __forceinline__ Item item_of(const Tickets& tk, int ticket) {
-  if (ticket < tk.early_down) return {true, true, ticket / tk.gu_cols, ticket % tk.gu_cols};
-  if (ticket < tk.late_gate_up) {
-    const int r = ticket - tk.early_down;
-    return {false, true, r / tk.dn_cols, r % tk.dn_cols};
+  if (ticket < tk.down) {
+    const int slot = ticket / tk.gu_cols;
+    return {true, slot < tk.early_slots, slot, ticket % tk.gu_cols};
   }
-  if (ticket < tk.late_down) {
-    const int r = ticket - tk.late_gate_up;
-    return {true, false, tk.early_slots + r / tk.gu_cols, r % tk.gu_cols};
-  }
-  const int r = ticket - tk.late_down;
-  return {false, false, tk.early_slots + r / tk.dn_cols, r % tk.dn_cols};
+  const int r = ticket - tk.down, slot = r / tk.dn_cols;
+  return {false, slot < tk.early_slots, slot, r % tk.dn_cols};
 }
 
 // The early items read x and write their own pairs' act and y rows before the grid dependency wait: the exception of
@@ -96,7 +91,9 @@ __global__ void __launch_bounds__(FfnGateUp::kThreads, FfnGateUp::kMinBlocks)
       SmallItem<FfnDown> item;
       item.load_first(kp, work.expert, col_block);  // weights only: in flight while the slot's act completes
       if (threadIdx.x == 0) {
-        while (ld_acquire_gpu(&gate_up_done[it.slot]) < tk.gu_cols) __nanosleep(64);
+        // Polled every few hundred nanoseconds: hundreds of CTAs polling a few lines back to back slowed the loads
+        // of the items still streaming.
+        while (ld_acquire_gpu(&gate_up_done[it.slot]) < tk.gu_cols) __nanosleep(256);
       }
       __syncthreads();
       item.compute(kp, sm, work, col_block);
