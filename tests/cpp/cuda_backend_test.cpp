@@ -1024,6 +1024,16 @@ CaseRegistry build_registry() {
   const MoeRouteCase v3_width{.tag = "", .tokens = 2, .experts = 16, .top_k = 4, .n_group = 4, .topk_group = 2,
                               .norm_topk_prob = true, .routed_scaling_factor = 2.5f, .bias = true, .num_shared = 1};
   add_moe_bf16(r, "v3_like_e16_k4_s1", v3_width, 7168, 32, 241, /*router=*/true);
+  // The decode FFN in one persistent launch (up to 4 tokens at a hidden size of 4096 or more; the 7168 case above
+  // takes it too): V2-Lite's routing with its shared experts at 1 and 4 tokens, V3's group-limited one at 3.
+  for (const int64_t tokens : {int64_t{1}, int64_t{4}}) {
+    MoeRouteCase c = v2_lite_route;
+    c.tokens = tokens;
+    add_moe_bf16(r, "v2_lite_e64_k6_s2", c, 4096, 64, 243 + static_cast<uint64_t>(tokens));
+  }
+  MoeRouteCase v3_one_launch = v3_width;
+  v3_one_launch.tokens = 3;
+  add_moe_bf16(r, "v3_like_e16_k4_s1", v3_one_launch, 4096, 96, 248);
   MoeRouteCase v3_router = v3_shared;
   v3_router.tokens = 40;
   add_moe_bf16(r, "v3_e256_k8_s1", v3_router, 256, 64, 242, /*router=*/true);
@@ -1442,11 +1452,11 @@ TEST(CudaBackend, SplitKSkinnyGemmIsDeterministic) {
   for (const std::string& e : run.memory_errors()) ADD_FAILURE() << e;
 }
 
-// The decode MoE in one persistent launch (up to 8 tokens) hands out its work by tickets and counts finished gate/up
-// items per slot; the last CTA out resets those counters. Several runs on one workspace, then graph replays, each
-// onto an output poisoned with NaN first, must give the first run's bits (a counter left over would make a run skip
-// its work or read act too early). V2-Lite's routing with two shared experts (their items run before the grid
-// dependency wait) and V3's with one, at 1, 3 and 8 tokens.
+// The decode MoE in one persistent launch (up to 4 tokens at a hidden size of 4096 or more) hands out its work by
+// tickets and counts finished gate/up items per slot; the last CTA out resets those counters. Several runs on one
+// workspace, then graph replays, each onto an output poisoned with NaN first, must give the first run's bits (a
+// counter left over would make a run skip its work or read act too early). V2-Lite's routing with two shared experts
+// (their gate/up items may run before the grid dependency wait) and V3's with one, at 1, 3 and 4 tokens.
 TEST(CudaBackend, MoeDecodeOneLaunchRepeatsAndReplaysBitForBit) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
   const std::unique_ptr<Backend> cuda = make_cuda_backend();
@@ -1457,10 +1467,10 @@ TEST(CudaBackend, MoeDecodeOneLaunchRepeatsAndReplaysBitForBit) {
   };
   const Shape shapes[] = {{1, 64, 6, 2, 1, 1, ExpertScoring::kSoftmax, TopkMethod::kGreedy},
                           {3, 64, 6, 2, 1, 1, ExpertScoring::kSoftmax, TopkMethod::kGreedy},
-                          {8, 64, 6, 2, 1, 1, ExpertScoring::kSoftmax, TopkMethod::kGreedy},
-                          {1, 256, 8, 1, 8, 4, ExpertScoring::kSigmoid, TopkMethod::kNoauxTc},
-                          {8, 256, 8, 1, 8, 4, ExpertScoring::kSigmoid, TopkMethod::kNoauxTc}};
-  const int64_t dim = 512, inter = 256;
+                          {4, 64, 6, 2, 1, 1, ExpertScoring::kSoftmax, TopkMethod::kGreedy},
+                          {1, 32, 8, 1, 8, 4, ExpertScoring::kSigmoid, TopkMethod::kNoauxTc},
+                          {4, 32, 8, 1, 8, 4, ExpertScoring::kSigmoid, TopkMethod::kNoauxTc}};
+  const int64_t dim = 4096, inter = 64;
   for (const Shape& sh : shapes) {
     SCOPED_TRACE(str_cat(sh.tokens, " tokens, ", sh.routed, " + ", sh.shared, " experts"));
     const int64_t experts = sh.routed + sh.shared, pairs = sh.top_k + sh.shared;

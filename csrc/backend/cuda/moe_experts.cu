@@ -103,7 +103,8 @@ namespace {
 // stream (moe_forward), which lets the shared experts' gate/up CTAs start before their wait (moe_small_gemm.cuh).
 // DEEPINFER_DISABLE_MOE_SHARED_PREWAIT=1 / DEEPINFER_DISABLE_MOE_DOWN_PREWAIT=1 turn the two early starts off, to
 // measure what each gains on one build; DEEPINFER_DISABLE_MOE_FUSED_FFN=1 keeps the two-kernel small-M path at every
-// size (up to kFusedFfnMaxTokens tokens it is one persistent launch otherwise).
+// size (one persistent launch otherwise up to kFusedFfnMaxTokens tokens at a hidden size of kFusedFfnMinHidden or
+// more).
 void run_experts(const MoeParams& p, cudaStream_t stream, bool right_after_route) {
   using namespace moe_detail;
   check_common(p);
@@ -118,7 +119,7 @@ void run_experts(const MoeParams& p, cudaStream_t stream, bool right_after_route
     kp.shared_prewait = right_after_route && shared_prewait ? 1 : 0;
     kp.down_prewait = down_prewait ? 1 : 0;
     kp.fused_combine = p.num_tokens <= kFusedCombineMaxTokens ? 1 : 0;
-    if (fused_ffn && p.num_tokens <= kFusedFfnMaxTokens) {
+    if (fused_ffn && p.num_tokens <= kFusedFfnMaxTokens && p.hidden >= kFusedFfnMinHidden) {
       launch_small_ffn(kp, stream);
       return;
     }

@@ -30,7 +30,14 @@ constexpr int kRouterClusterLogits = 1024;   // fused router cluster path: token
 constexpr int kCombineThreads = 256;
 constexpr int kDownColsPerCta = 32;        // output columns of a small-M down CTA
 constexpr int kFusedCombineMaxTokens = 32;  // up to this many tokens the small-M down kernel also combines
-constexpr int kFusedFfnMaxTokens = 8;       // up to this many tokens (one token tile) the small-M FFN is one launch
+// The small-M FFN runs as one persistent launch (launch_small_ffn) up to kFusedFfnMaxTokens tokens at a hidden size
+// of at least kFusedFfnMinHidden. Measured on an H200 (moe_bench --decode, same binary, two runs each): V3's dims
+// (7168) 1 token 199.0-199.7 us against 207.5-208.1 with two kernels, 2 tokens 331-352 against 377-378, 4 tokens
+// 622-644 against 668-710, 8 tokens 1128-1172 against 1069-1110; V2-Lite's (2048) 1 token 53.1 against 49.5-50.6
+// and the engine's batch-1 step 2.380 against 2.232 ms. Long items (K = 7168) amortize the tickets and the slot
+// handoff; at 2048 the two grids' one round each is shorter.
+constexpr int kFusedFfnMaxTokens = 4;
+constexpr int kFusedFfnMinHidden = 4096;
 
 static_assert(kMaxRoutedExperts % 32 == 0 && kMaxRoutedExperts <= 32 * 32, "routing: a lane's experts in 32 bits");
 static_assert(kMaxRoutedExperts <= kMaxExperts, "the routed experts come first");
@@ -110,7 +117,8 @@ bool use_down_prefetch(const MoeParams& p, int32_t max_active);
 void launch_route(const MoeKernelParams& kp, cudaStream_t stream);  // route (+ scatter)
 void launch_small_gate_up(const MoeKernelParams& kp, cudaStream_t stream);
 void launch_small_down(const MoeKernelParams& kp, cudaStream_t stream);
-// Gate/up, down and the combine of the small-M path in one persistent launch (num_tokens <= kFusedFfnMaxTokens).
+// Gate/up, down and the combine of the small-M path in one persistent launch (up to 8 tokens: one token tile; the
+// auto choice is narrower, see kFusedFfnMaxTokens).
 void launch_small_ffn(const MoeKernelParams& kp, cudaStream_t stream);
 void launch_grouped_gate_up(const MoeKernelParams& kp, cudaStream_t stream);
 void launch_grouped_down(const MoeKernelParams& kp, cudaStream_t stream);

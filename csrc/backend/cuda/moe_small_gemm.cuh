@@ -212,8 +212,8 @@ struct SmallItem {
             up0 += sm.red[s][1][col][n];
             up1 += sm.red[s][1][col + 1][n];
           }
-          *reinterpret_cast<uint32_t*>(kp.act + static_cast<int64_t>(pair) * p.inter + col_block() * T::kOutCols + col) =
-              pack_bf16x2(silu(gate0) * up0, silu(gate1) * up1);
+          uint16_t* const out = kp.act + static_cast<int64_t>(pair) * p.inter + col_block() * T::kOutCols + col;
+          *reinterpret_cast<uint32_t*>(out) = pack_bf16x2(silu(gate0) * up0, silu(gate1) * up1);
         }
       } else {
         // 32 output columns (16 pairs) x kRowsPerPass rows.

@@ -1,8 +1,8 @@
-// The small-M expert FFN in one persistent launch (decode, up to kFusedFfnMaxTokens tokens): gate/up, down and the
-// combine. Each CTA draws tickets, one work item each (an item is what one CTA of the two-kernel path computes: 16
-// act columns or 32 output columns of one slot), and a down item starts as soon as its slot's gate/up items are done,
-// not when the whole gate/up grid has drained: its first weights are loaded while it waits, the down weights stream
-// beside gate/up's tail, and the shared experts' down work runs before the routing is known, as their gate/up does.
+// The small-M expert FFN in one persistent launch (decode; moe_experts.cu picks it where it measured faster, see
+// kFusedFfnMaxTokens): gate/up, down and the combine. Each CTA draws tickets, one work item each (an item is what one
+// CTA of the two-kernel path computes: 16 act columns or 32 output columns of one slot). A down item starts as soon
+// as its slot's gate/up items are done, not when the whole gate/up grid has drained, with its first weights loaded
+// while it waits; the CTAs that finish early go on to the next item instead of leaving a partial wave.
 #include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
