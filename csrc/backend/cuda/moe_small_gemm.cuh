@@ -292,7 +292,11 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) moe_small_gemm_ker
   }
   item.compute(kp, sm, work, col_block);
   if constexpr (!T::kGateUp) {
-    if (kp.fused_combine) combine_if_last<T>(kp, sm, static_cast<int>(blockIdx.x), work.num_active);
+    // The active count read again here (work.num_active, the same record), not held in a register across the K loop:
+    // the 4-warp kernel spilled 12 bytes with it.
+    if (kp.fused_combine) {
+      combine_if_last<T>(kp, sm, static_cast<int>(blockIdx.x), __ldcg(&kp.slot_info[blockIdx.y]).w);
+    }
   }
   if (shared_early) {  // no CTA leaves before its wait (ptx.cuh)
     griddep_wait();
