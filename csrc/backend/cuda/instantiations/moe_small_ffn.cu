@@ -3,6 +3,7 @@
 // CTA of the two-kernel path computes: 16 act columns or 32 output columns of one slot). A down item starts as soon
 // as its slot's gate/up items are done, not when the whole gate/up grid has drained, with its first weights loaded
 // while it waits; the CTAs that finish early go on to the next item instead of leaving a partial wave.
+#include <algorithm>
 #include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
@@ -50,10 +51,10 @@ __device__ __forceinline__ Item item_of(const Tickets& tk, int ticket) {
   return {false, slot < tk.early_slots, slot, r % tk.dn_cols};
 }
 
-// The early items read x and write their own pairs' act and y rows before the grid dependency wait: the exception of
-// the gate/up kernel's shared slots (moe_small_gemm.cuh), extended to their down items, which read only act rows
-// written by this grid. Everything that reads the routing's output (slot records, the combine's ids and weights)
-// comes after the wait.
+// The early items (shared experts) may run before the grid dependency wait, reading x and writing their own pairs'
+// act and y rows: the exception of the gate/up kernel's shared slots (moe_small_gemm.cuh), extended to their down
+// items, which read only act rows written by this grid. Everything that reads the routing's output (slot records,
+// the combine's ids and weights) comes after the wait.
 __global__ void __launch_bounds__(FfnGateUp::kThreads, FfnGateUp::kMinBlocks)
     moe_small_ffn_kernel(const __grid_constant__ MoeKernelParams kp) {
   __shared__ SmallSharedOf<FfnGateUp> sm;
