@@ -1326,50 +1326,63 @@ TEST(CudaBackend, MlaPrepareMatchesTheUnfusedOpsBitForBit) {
   }
 }
 
+// A routing configuration of the moe op tests below, and its random inputs on the device: logits in [-4, 4], V3's
+// bias in [-0.5, 0.5], x in [-1, 1], weights in [-0.1, 0.1]; normalized weights scaled by 2.5. args() gives the op's
+// arguments with fresh outputs each call.
+struct MoeTestShape {
+  int64_t tokens, routed, top_k, shared, n_group, topk_group;
+  ExpertScoring scoring;
+  TopkMethod method;
+};
+
+struct MoeTestInputs {
+  MoeTestShape sh;
+  int64_t dim = 0;
+  ConstTensorView logits, bias, x, w_gate_up, w_down;
+
+  MoeTestInputs(OpRunner& run, const MoeTestShape& shape, int64_t dim_, int64_t inter, uint64_t seed)
+      : sh(shape), dim(dim_) {
+    const int64_t experts = sh.routed + sh.shared;
+    Rng rng(seed);
+    logits = run.upload(HostTensor::f32({sh.tokens, sh.routed}, rng.uniform(sh.tokens * sh.routed, -4.0f, 4.0f)));
+    if (sh.scoring == ExpertScoring::kSigmoid) {
+      bias = run.upload(HostTensor::f32({sh.routed}, rng.uniform(sh.routed, -0.5f, 0.5f)));
+    }
+    x = run.upload(HostTensor::bf16({sh.tokens, dim}, rng.uniform(sh.tokens * dim)));
+    w_gate_up =
+        run.upload(HostTensor::bf16({experts, 2 * inter, dim}, rng.uniform(experts * 2 * inter * dim, -0.1f, 0.1f)));
+    w_down = run.upload(HostTensor::bf16({experts, dim, inter}, rng.uniform(experts * dim * inter, -0.1f, 0.1f)));
+  }
+
+  MoeArgs args(OpRunner& run) const {
+    const int64_t pairs = sh.top_k + sh.shared;
+    return {.route = {.logits = logits, .correction_bias = bias,
+                      .topk_ids = run.output({sh.tokens, pairs}, DType::kI32),
+                      .topk_weights = run.output({sh.tokens, pairs}, DType::kF32), .scoring = sh.scoring,
+                      .method = sh.method, .n_group = sh.n_group, .topk_group = sh.topk_group,
+                      .norm_topk_prob = true, .routed_scaling_factor = 2.5f, .num_shared_experts = sh.shared},
+            .x = x, .w_gate_up = w_gate_up, .w_down = w_down, .out = run.output({sh.tokens, dim}, DType::kBF16)};
+  }
+};
+
 // The moe op (one alignment, made by the route kernel) against moe_route then moe_experts on the CUDA backend itself
 // (Backend's default moe, which aligns the given ids again): the ids, weights and bfloat16 output equal bit for bit,
 // on the decode path (1 and 5 tokens) and the grouped one (300 tokens), V3 and V2-Lite routing with shared experts.
 TEST(CudaBackend, MoeMatchesRouteThenExpertsBitForBit) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
   const std::unique_ptr<Backend> cuda = make_cuda_backend();
-  struct Shape {
-    int64_t tokens, routed, top_k, shared, n_group, topk_group;
-    ExpertScoring scoring;
-    TopkMethod method;
-  };
-  const Shape shapes[] = {{1, 256, 8, 1, 8, 4, ExpertScoring::kSigmoid, TopkMethod::kNoauxTc},
-                          {5, 256, 8, 1, 8, 4, ExpertScoring::kSigmoid, TopkMethod::kNoauxTc},
-                          {300, 256, 8, 1, 8, 4, ExpertScoring::kSigmoid, TopkMethod::kNoauxTc},
-                          {1, 64, 6, 2, 1, 1, ExpertScoring::kSoftmax, TopkMethod::kGreedy},
-                          {300, 64, 6, 2, 1, 1, ExpertScoring::kSoftmax, TopkMethod::kGreedy}};
-  const int64_t dim = 256, inter = 128;
-  for (const Shape& sh : shapes) {
+  const MoeTestShape shapes[] = {{1, 256, 8, 1, 8, 4, ExpertScoring::kSigmoid, TopkMethod::kNoauxTc},
+                                 {5, 256, 8, 1, 8, 4, ExpertScoring::kSigmoid, TopkMethod::kNoauxTc},
+                                 {300, 256, 8, 1, 8, 4, ExpertScoring::kSigmoid, TopkMethod::kNoauxTc},
+                                 {1, 64, 6, 2, 1, 1, ExpertScoring::kSoftmax, TopkMethod::kGreedy},
+                                 {300, 64, 6, 2, 1, 1, ExpertScoring::kSoftmax, TopkMethod::kGreedy}};
+  for (const MoeTestShape& sh : shapes) {
     SCOPED_TRACE(str_cat(sh.tokens, " tokens, ", sh.routed, " + ", sh.shared, " experts"));
-    const int64_t experts = sh.routed + sh.shared, pairs = sh.top_k + sh.shared;
-    Rng rng(static_cast<uint64_t>(sh.tokens * 1000 + sh.routed));
     DeviceMemory memory;
     OpRunner run(*cuda, memory);
-    const ConstTensorView logits = run.upload(HostTensor::f32({sh.tokens, sh.routed},
-                                                              rng.uniform(sh.tokens * sh.routed, -4.0f, 4.0f)));
-    const ConstTensorView bias = sh.scoring == ExpertScoring::kSigmoid
-                                     ? ConstTensorView(run.upload(HostTensor::f32({sh.routed},
-                                                                                  rng.uniform(sh.routed, -0.5f, 0.5f))))
-                                     : ConstTensorView{};
-    const ConstTensorView x = run.upload(HostTensor::bf16({sh.tokens, dim}, rng.uniform(sh.tokens * dim)));
-    const ConstTensorView w_gate_up =
-        run.upload(HostTensor::bf16({experts, 2 * inter, dim}, rng.uniform(experts * 2 * inter * dim, -0.1f, 0.1f)));
-    const ConstTensorView w_down =
-        run.upload(HostTensor::bf16({experts, dim, inter}, rng.uniform(experts * dim * inter, -0.1f, 0.1f)));
-    const auto make_args = [&]() -> MoeArgs {
-      return {.route = {.logits = logits, .correction_bias = bias,
-                        .topk_ids = run.output({sh.tokens, pairs}, DType::kI32),
-                        .topk_weights = run.output({sh.tokens, pairs}, DType::kF32), .scoring = sh.scoring,
-                        .method = sh.method, .n_group = sh.n_group, .topk_group = sh.topk_group,
-                        .norm_topk_prob = true, .routed_scaling_factor = 2.5f, .num_shared_experts = sh.shared},
-              .x = x, .w_gate_up = w_gate_up, .w_down = w_down,
-              .out = run.output({sh.tokens, dim}, DType::kBF16)};
-    };
-    const MoeArgs fused = make_args(), composed = make_args();
+    const MoeTestInputs inputs(run, sh, /*dim=*/256, /*inter=*/128,
+                               /*seed=*/static_cast<uint64_t>(sh.tokens * 1000 + sh.routed));
+    const MoeArgs fused = inputs.args(run), composed = inputs.args(run);
     cuda->moe(fused);
     cuda->Backend::moe(composed);
     EXPECT_EQ(run.download(fused.route.topk_ids).bytes, run.download(composed.route.topk_ids).bytes) << "ids";
@@ -1460,40 +1473,18 @@ TEST(CudaBackend, SplitKSkinnyGemmIsDeterministic) {
 TEST(CudaBackend, MoeDecodeOneLaunchRepeatsAndReplaysBitForBit) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
   const std::unique_ptr<Backend> cuda = make_cuda_backend();
-  struct Shape {
-    int64_t tokens, routed, top_k, shared, n_group, topk_group;
-    ExpertScoring scoring;
-    TopkMethod method;
-  };
-  const Shape shapes[] = {{1, 64, 6, 2, 1, 1, ExpertScoring::kSoftmax, TopkMethod::kGreedy},
-                          {3, 64, 6, 2, 1, 1, ExpertScoring::kSoftmax, TopkMethod::kGreedy},
-                          {4, 64, 6, 2, 1, 1, ExpertScoring::kSoftmax, TopkMethod::kGreedy},
-                          {1, 32, 8, 1, 8, 4, ExpertScoring::kSigmoid, TopkMethod::kNoauxTc},
-                          {4, 32, 8, 1, 8, 4, ExpertScoring::kSigmoid, TopkMethod::kNoauxTc}};
-  const int64_t dim = 4096, inter = 64;
-  for (const Shape& sh : shapes) {
+  const MoeTestShape shapes[] = {{1, 64, 6, 2, 1, 1, ExpertScoring::kSoftmax, TopkMethod::kGreedy},
+                                 {3, 64, 6, 2, 1, 1, ExpertScoring::kSoftmax, TopkMethod::kGreedy},
+                                 {4, 64, 6, 2, 1, 1, ExpertScoring::kSoftmax, TopkMethod::kGreedy},
+                                 {1, 32, 8, 1, 8, 4, ExpertScoring::kSigmoid, TopkMethod::kNoauxTc},
+                                 {4, 32, 8, 1, 8, 4, ExpertScoring::kSigmoid, TopkMethod::kNoauxTc}};
+  for (const MoeTestShape& sh : shapes) {
     SCOPED_TRACE(str_cat(sh.tokens, " tokens, ", sh.routed, " + ", sh.shared, " experts"));
-    const int64_t experts = sh.routed + sh.shared, pairs = sh.top_k + sh.shared;
-    Rng rng(static_cast<uint64_t>(sh.tokens * 7919 + sh.routed));
     DeviceMemory memory;
     OpRunner run(*cuda, memory);
-    const MoeArgs args{
-        .route = {.logits = run.upload(HostTensor::f32({sh.tokens, sh.routed},
-                                                       rng.uniform(sh.tokens * sh.routed, -4.0f, 4.0f))),
-                  .correction_bias = sh.scoring == ExpertScoring::kSigmoid
-                                         ? ConstTensorView(run.upload(HostTensor::f32(
-                                               {sh.routed}, rng.uniform(sh.routed, -0.5f, 0.5f))))
-                                         : ConstTensorView{},
-                  .topk_ids = run.output({sh.tokens, pairs}, DType::kI32),
-                  .topk_weights = run.output({sh.tokens, pairs}, DType::kF32), .scoring = sh.scoring,
-                  .method = sh.method, .n_group = sh.n_group, .topk_group = sh.topk_group, .norm_topk_prob = true,
-                  .routed_scaling_factor = 2.5f, .num_shared_experts = sh.shared},
-        .x = run.upload(HostTensor::bf16({sh.tokens, dim}, rng.uniform(sh.tokens * dim))),
-        .w_gate_up = run.upload(
-            HostTensor::bf16({experts, 2 * inter, dim}, rng.uniform(experts * 2 * inter * dim, -0.1f, 0.1f))),
-        .w_down =
-            run.upload(HostTensor::bf16({experts, dim, inter}, rng.uniform(experts * dim * inter, -0.1f, 0.1f))),
-        .out = run.output({sh.tokens, dim}, DType::kBF16)};
+    const MoeTestInputs inputs(run, sh, /*dim=*/4096, /*inter=*/64,
+                               /*seed=*/static_cast<uint64_t>(sh.tokens * 7919 + sh.routed));
+    const MoeArgs args = inputs.args(run);
     const auto poison_out = [&] {
       CUDA_TRY(cudaDeviceSynchronize());
       CUDA_TRY(cudaMemset(args.out.data, 0xff, args.out.bytes()));  // bf16 NaN
