@@ -113,8 +113,10 @@ __device__ __forceinline__ void load_tile_pairs(const MoeKernelParams& kp, const
   }
 }
 
-__device__ __forceinline__ const int* ring_pairs(const TileMeta& meta, int tile_index, int block_m, int ring) {
-  return meta.pairs + (tile_index % ring) * block_m;
+// The ring slot holding CTA-local tile `tile_index`'s pairs.
+template <typename T>
+__device__ __forceinline__ const int* ring_pairs(const TileMeta& meta, int tile_index) {
+  return meta.pairs + (tile_index % T::kPairRing) * T::kBlockM;
 }
 
 // Byte offset of 16-byte chunk `chunk` (of 8) of row `row` in a swizzled operand block.
@@ -136,7 +138,7 @@ __device__ __forceinline__ void set_sources(const MoeKernelParams& kp, const Til
   const MoeParams& p = kp.p;
   const int tile = blockIdx.x + tile_index * gridDim.x;
   const TileInfo ti = tile_info<T>(kp, meta, tile, n_tiles);
-  const int* pairs = ring_pairs(meta, tile_index, T::kBlockM, T::kPairRing);
+  const int* pairs = ring_pairs<T>(meta, tile_index);
   const int row = threadIdx.x >> 3, chunk = threadIdx.x & 7;
   src.tile_index = tile_index;
 #pragma unroll
@@ -311,7 +313,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) moe_grouped_gemm_kernel(const 
     // the next step's barrier, which every thread reaches with its stores done.
     __syncthreads();
     const int wg_stage = (step - 1 + wg * (T::kStages - 1)) % T::kStages;  // wg 0: step - 1's, wg 1: step - 2's
-    store_tile<T>(kp, ti, ring_pairs(meta, tile_index, T::kBlockM, T::kPairRing), acc,
+    store_tile<T>(kp, ti, ring_pairs<T>(meta, tile_index), acc,
                   smem_raw + (smem_base - smem_addr(smem_raw)) + wg_stage * T::kStageBytes);
   }
 }

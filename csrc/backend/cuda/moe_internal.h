@@ -89,9 +89,9 @@ struct MoeKernelParams {
   int32_t down_prewait = 0;
 };
 
-// Byte offsets of the workspace arrays (256-byte aligned). The zeroed header (counter, count_accum, col_done) comes
-// first and depends only on the expert count and hidden size, so a workspace serves any token count up to the one it
-// was sized for.
+// Byte offsets of the workspace arrays (256-byte aligned). The zeroed header (counter, count_accum, col_done,
+// ffn_sync) comes first and depends only on the expert count and hidden size, so a workspace serves any token count up
+// to the one it was sized for.
 struct MoeWorkspaceLayout {
   size_t counter = 0, count_accum = 0, col_done = 0, ffn_sync = 0, block_counts = 0, expert_counts = 0,
          expert_offsets = 0, active_experts = 0, slot_info = 0, row_pair = 0, act = 0, y = 0;

@@ -94,7 +94,7 @@ template <int kKSplit, int kRowsPerPass>
 struct SmallShared {
   float red[kKSplit][2][16][kRowsPerPass + 1];
   int32_t pair_s[kRowsPerPass];
-  int32_t flag;  // a broadcast: whether this CTA combines, or the next ticket
+  int32_t flag;  // a broadcast: whether this CTA combines (combine_if_last)
 };
 template <typename T>
 using SmallSharedOf = SmallShared<T::kKSplit, T::kRowsPerPass>;
@@ -228,8 +228,8 @@ struct SmallItem {
             v0 += sm.red[s][tile][f][n];
             v1 += sm.red[s][tile][f + 1][n];
           }
-          *reinterpret_cast<uint32_t*>(kp.y + static_cast<int64_t>(pair) * p.hidden + col_block() * T::kOutCols + col) =
-              pack_bf16x2(v0, v1);
+          uint16_t* const out = kp.y + static_cast<int64_t>(pair) * p.hidden + col_block() * T::kOutCols + col;
+          *reinterpret_cast<uint32_t*>(out) = pack_bf16x2(v0, v1);
         }
       }
       __syncthreads();  // pair_s and red are reused by the next pass
