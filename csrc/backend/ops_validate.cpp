@@ -328,6 +328,12 @@ void MlaDecodeArgs::validate() const {
   expect_same_dtype(q, out_latent, "mla_decode", "q", "out_latent");
   expect_one_device({q, cache, out_latent}, "mla_decode");
   DI_CHECK(fresh_rows >= -1, "mla_decode: fresh_rows ", fresh_rows, " (-1: unknown, else the rows written last)");
+  DI_CHECK(projects() == (out.data != nullptr), "mla_decode: w_uv ", w_uv.shape.str(), " and out ", out.shape.str(),
+           " come together (the value projection) or not at all");
+  if (projects()) {
+    projection().validate();
+    expect_one_device({q, w_uv, out}, "mla_decode");
+  }
   // Row s of q is sequence s's query; query_start may carry an offset (the decode sequences of a larger batch).
   const bool host_starts = on_host(meta.query_start) && meta.query_start.numel() > 0;
   const int64_t first_row = host_starts ? meta.query_begin(0) : 0;

@@ -178,17 +178,18 @@ Tensor DeepseekModel::attention(const LayerWeights& layer, int64_t layer_index, 
     // out = o_latent · W_UV^T per head.
     const TensorView q_dec = q_heads.rows(0, num_decode);                  // [Td, H, nope + rope]
     // q_nope was complete before mla_prepare, which touches neither q_nope nor these columns of q_abs: W_UK may run
-    // beside it.
+    // beside it. The decode reads, before its wait, only cache rows older than this step's: it may start with W_UK.
     backend_.head_linear({.x = q_dec.columns(0, nope), .w = w.w_uk_t.cview(), .out = q_abs.view().columns(0, rank),
-                          .x_head_stride = qk_dim, .out_head_stride = latent_dim, .overlap_previous_op = true});
-    Tensor o_latent = activation({num_decode, heads, rank});                // [Td, H, rank]
-    // The step's new cache rows came from mla_prepare, two ops back (W_UK between): no row is fresh.
-    backend_.mla_decode({.q = q_abs.cview(), .cache = layer_cache, .out_latent = o_latent.view(), .meta = in.decode,
-                         .kv_lora_rank = rank, .softmax_scale = softmax_scale_, .fresh_rows = 0,
-                         .next_op_may_start_early = true});
-    // o_proj, next unless prefill rows follow, reads only its weights before its wait: it may start now.
-    backend_.head_linear({.x = o_latent.cview(), .w = w.w_uv.cview(), .out = attn.view().rows(0, num_decode),
+                          .x_head_stride = qk_dim, .out_head_stride = latent_dim, .overlap_previous_op = true,
                           .next_op_may_start_early = true});
+    Tensor o_latent = activation({num_decode, heads, rank});                // [Td, H, rank], the op's scratch
+    // The step's new cache rows come from mla_prepare, two ops back with W_UK between letting the decode start
+    // early: each sequence's last row is fresh. The op ends with W_UV. o_proj, next unless prefill rows follow, reads
+    // only its weights before its wait: it may start as the projection starts.
+    backend_.mla_decode({.q = q_abs.cview(), .cache = layer_cache, .out_latent = o_latent.view(), .meta = in.decode,
+                         .kv_lora_rank = rank, .softmax_scale = softmax_scale_, .fresh_rows = 1,
+                         .next_op_may_start_early = true, .w_uv = w.w_uv.cview(),
+                         .out = attn.view().rows(0, num_decode)});
   }
   if (in.prefill.num_seqs > 0) {
     backend_.mla_prefill({.q = q_heads, .cache = layer_cache, .kv_b = w.kv_b_proj.cview(), .out = attn.view(),

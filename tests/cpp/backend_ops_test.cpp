@@ -679,7 +679,13 @@ void add_mla_decode(CaseRegistry& r, const MlaDims& d, const std::vector<int32_t
            be.mla_decode({.q = q_abs, .cache = cache, .out_latent = o_latent, .meta = meta, .kv_lora_rank = d.rank,
                           .softmax_scale = scale});
            const TensorView out = run.output({seqs, d.heads, d.v}, DType::kF32);
-           be.head_linear({.x = o_latent, .w = run.upload(HostTensor::f32({d.heads, d.v, d.rank}, w_uv)), .out = out});
+           const TensorView w_uv_dev = run.upload(HostTensor::f32({d.heads, d.v, d.rank}, w_uv));
+           be.head_linear({.x = o_latent, .w = w_uv_dev, .out = out});
+           // The same decode with its value projection in the op (MlaDecodeArgs::w_uv), on scratch of its own.
+           const TensorView scratch = run.output({seqs, d.heads, d.rank}, DType::kF32);
+           const TensorView out_projected = run.output({seqs, d.heads, d.v}, DType::kF32);
+           be.mla_decode({.q = q_abs, .cache = cache, .out_latent = scratch, .meta = meta, .kv_lora_rank = d.rank,
+                          .softmax_scale = scale, .w_uv = w_uv_dev, .out = out_projected});
            const TensorView out_prefill = run.output({seqs, d.heads, d.v}, DType::kF32);
            be.mla_prefill({.q = q_in, .cache = cache,
                            .kv_b = run.upload(HostTensor::f32({d.heads * (d.nope + d.v), d.rank}, kv_b)),
@@ -687,6 +693,7 @@ void add_mla_decode(CaseRegistry& r, const MlaDims& d, const std::vector<int32_t
                            .v_head_dim = d.v, .softmax_scale = scale});
            return {{"latent_out", run.fetch(o_latent)},
                    {"out_absorbed", run.fetch(out)},
+                   {"out_projected", run.fetch(out_projected)},
                    {"out_prefill", run.fetch(out_prefill)},
                    poisoned_rows(run, cache, d.latent_dim())};
          },
@@ -694,6 +701,7 @@ void add_mla_decode(CaseRegistry& r, const MlaDims& d, const std::vector<int32_t
            const NaiveMla n = naive_mla(b, d, q, kv_b, scale);
            return {{"latent_out", n.latent_out},
                    {"out_absorbed", n.out},
+                   {"out_projected", n.out},
                    {"out_prefill", n.out},
                    {"poisoned_rows", {double(b.poisoned_slots())}, Compare::kExact}};
          }});
@@ -767,6 +775,31 @@ void add_mla_bad_meta(CaseRegistry& r, OpKind op, BadMeta bad, uint64_t seed) {
            return {};
          },
          .expect = Expect::kThrowsOnHost});
+}
+
+// mla_decode's value projection given badly: w_uv without out, or w_uv whose width is not kv_lora_rank. The op
+// throws before it writes anything.
+void add_mla_decode_bad_projection(CaseRegistry& r, bool missing_out, uint64_t seed) {
+  Rng rng(seed);
+  const MlaDims d{.heads = 2, .rank = 8, .rope = 4, .nope = 4, .v = 6, .page_size = 4};
+  const PagedBatch b = make_paged_batch(rng, {3, 9}, {1, 1}, d.page_size, d.latent_dim());
+  const int64_t seqs = b.num_seqs();
+  r.add({.op = OpKind::kMlaDecode,
+         .name = str_cat("mla_decode_rejects_", missing_out ? "w_uv_without_out" : "w_uv_of_wrong_width"),
+         .run = [=](OpRunner& run) -> Outputs {
+           const std::vector<float> cache_values(static_cast<size_t>(b.num_pages * d.page_size * d.latent_dim()), 0.5f);
+           const std::vector<float> q(static_cast<size_t>(seqs * d.heads * d.latent_dim()), 0.1f);
+           const int64_t width = missing_out ? d.rank : d.rank + 1;
+           const std::vector<float> w_uv(static_cast<size_t>(d.heads * d.v * width), 0.1f);
+           run.backend().mla_decode(
+               {.q = run.upload(HostTensor::f32({seqs, d.heads, d.latent_dim()}, q)),
+                .cache = run.upload(HostTensor::f32({b.num_pages, d.page_size, d.latent_dim()}, cache_values)),
+                .out_latent = run.output({seqs, d.heads, d.rank}, DType::kF32), .meta = b.meta(run),
+                .kv_lora_rank = d.rank, .w_uv = run.upload(HostTensor::f32({d.heads, d.v, width}, w_uv)),
+                .out = missing_out ? TensorView() : run.output({seqs, d.heads, d.v}, DType::kF32)});
+           return {};
+         },
+         .expect = Expect::kThrows});
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -877,6 +910,8 @@ CaseRegistry build_registry() {
   add_mla_bad_meta(r, OpKind::kMlaDecode, BadMeta::kPageTooLarge, 110);
   add_mla_bad_meta(r, OpKind::kMlaDecode, BadMeta::kPageNegative, 111);
   add_mla_bad_meta(r, OpKind::kMlaDecode, BadMeta::kTwoQueries, 112);
+  add_mla_decode_bad_projection(r, true, 117);
+  add_mla_decode_bad_projection(r, false, 118);
   add_mla_bad_meta(r, OpKind::kMlaPrefill, BadMeta::kPageTooLarge, 113);
   add_mla_bad_meta(r, OpKind::kMlaPrefill, BadMeta::kPageNegative, 114);
   // moe_route: V3 (sigmoid, bias, grouped top-2 sums, -inf masking, normalized, scaled) and V2 (softmax; greedy;

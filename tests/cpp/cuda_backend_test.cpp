@@ -441,17 +441,29 @@ ScatteredPages scatter_pages(Rng& rng, const std::vector<int32_t>& context_lens,
   return l;
 }
 
+// How an MLA decode case runs (add_mla_decode).
+struct MlaDecodeCase {
+  // >= 0: a decode step's order: q and the metadata are uploaded first, then one cache write puts every row but each
+  // sequence's last fresh_rows and a second one those, right before mla_decode (told fresh_rows): a kernel that read a
+  // fresh row before its wait would see the NaN poison. With fresh_rows 0 an unrelated op runs between the one cache
+  // write and mla_decode.
+  int32_t fresh_rows = -1;
+  // Between the fresh rows' write and mla_decode, an op that lets it start early (the model's W_UK: a head_linear
+  // with next_op_may_start_early).
+  bool early_op_between = false;
+  // The op applies the value projection (MlaDecodeArgs::w_uv, random [H, 128, 512]) and returns its output.
+  bool project = false;
+};
+
 // Absorbed MLA decode over a paged cache at DeepSeek's latent width (512 + 64), bfloat16: the cache is NaN-poisoned,
 // then each sequence's latents are written through mla_cache_write at scattered pages; unused page-table entries
 // hold -1 or out-of-range ids. q [S, H, 576] is given directly (q_latent | q_pe); the CPU computes on the same
-// bf16-rounded values in fp32. A long context makes the kernel split the context and combine partials.
-// fresh_rows >= 0 is a decode step's order: q and the metadata are uploaded first, then one cache write puts every
-// row but each sequence's last fresh_rows and a second one those, right before mla_decode (told fresh_rows): a
-// kernel that read a fresh row before its wait would see the NaN poison. With fresh_rows 0 an unrelated op runs
-// between the one cache write and mla_decode, as the model's W_UK does.
+// bf16-rounded values in fp32. A long context makes the kernel split the context and combine partials (in W_UV's
+// kernel when the case projects and that kernel takes the shape).
 void add_mla_decode(CaseRegistry& r, int64_t heads, int64_t page_size, std::vector<int32_t> context_lens,
-                    uint64_t seed, int32_t fresh_rows = -1) {
-  constexpr int64_t kRank = 512, kDim = 576;
+                    uint64_t seed, MlaDecodeCase how = {}) {
+  constexpr int64_t kRank = 512, kDim = 576, kV = 128;
+  const int32_t fresh_rows = how.fresh_rows;
   const Activations act{DType::kBF16};
   Rng rng(seed);
   const auto seqs = static_cast<int32_t>(context_lens.size());
@@ -464,6 +476,9 @@ void add_mla_decode(CaseRegistry& r, int64_t heads, int64_t page_size, std::vect
   const auto tokens = static_cast<int64_t>(layout.slots.size());
   const std::vector<float> latents = act.round(rng.uniform(tokens * kDim));
   const std::vector<float> q = act.round(rng.uniform(seqs * heads * kDim));
+  const float w_range = std::sqrt(3.0f / static_cast<float>(kRank));
+  const std::vector<float> w_uv = how.project ? act.round(rng.uniform(heads * kV * kRank, -w_range, w_range))
+                                              : std::vector<float>();
   // The rows in two writes (slots are sequence by sequence): [0] before the step, [1] the step's fresh rows.
   std::vector<int32_t> slots[2];
   std::vector<float> rows[2];
@@ -480,7 +495,8 @@ void add_mla_decode(CaseRegistry& r, int64_t heads, int64_t page_size, std::vect
   for (int32_t c : context_lens) lens += str_cat("_", c);
   r.add({.op = OpKind::kMlaDecode,
          .name = str_cat("mla_decode_bf16_h", heads, "_ps", page_size, "_ctx", lens,
-                         fresh_rows >= 0 ? str_cat("_fresh", fresh_rows) : std::string()),
+                         fresh_rows >= 0 ? str_cat("_fresh", fresh_rows) : std::string(),
+                         how.early_op_between ? "_early_op_between" : "", how.project ? "_w_uv" : ""),
          .run = [=](OpRunner& run) -> Outputs {
            const std::vector<float> poison(static_cast<size_t>(num_pages * page_size * kDim), std::nanf(""));
            const TensorView cache =
@@ -492,6 +508,12 @@ void add_mla_decode(CaseRegistry& r, int64_t heads, int64_t page_size, std::vect
                                         .max_context_len = max_context};
            const TensorView q_dev = run.upload(act.tensor(run, {seqs, heads, kDim}, q));
            const TensorView out = run.output({seqs, heads, kRank}, act.on(run));
+           ConstTensorView w_uv_dev;
+           TensorView out_v;
+           if (how.project) {
+             w_uv_dev = run.upload(act.tensor(run, {heads, kV, kRank}, w_uv));
+             out_v = run.output({seqs, heads, kV}, act.on(run));
+           }
            ConstTensorView writes[2][2];  // [part]: latent, slot_mapping, all uploaded before the first write
            for (int part = 0; part < 2; ++part) {
              const auto n = static_cast<int64_t>(slots[part].size());
@@ -501,14 +523,24 @@ void add_mla_decode(CaseRegistry& r, int64_t heads, int64_t page_size, std::vect
            }
            const std::vector<float> other(kDim, 1.0f);
            const TensorView unrelated = run.upload(act.tensor(run, {kDim}, other), Access::kReadWrite);
+           // The early op's operands: one head of 64 inputs and 16 outputs (the per-head GEMV at decode sizes).
+           const TensorView early_x = run.upload(act.tensor(run, {1, 1, 64}, std::vector<float>(64, 0.5f)));
+           const TensorView early_w = run.upload(act.tensor(run, {1, 16, 64}, std::vector<float>(16 * 64, 0.25f)));
+           const TensorView early_out = run.output({1, 1, 16}, act.on(run));
            for (int part = 0; part < 2; ++part) {
              if (slots[part].empty()) continue;
              run.backend().mla_cache_write({.latent = writes[part][0], .cache = cache, .slot_mapping = writes[part][1]});
            }
-           // No fresh row: the op right before mla_decode leaves the cache alone (the model's W_UK).
+           // No fresh row: the op right before mla_decode leaves the cache alone and does not let it start early.
            if (fresh_rows == 0) run.backend().add({.x = unrelated, .y = writes[0][0].rows(0, 1).reshaped({kDim})});
+           if (how.early_op_between) {
+             run.backend().head_linear({.x = early_x, .w = early_w, .out = early_out,
+                                        .next_op_may_start_early = true});
+           }
            run.backend().mla_decode({.q = q_dev, .cache = cache, .out_latent = out, .meta = meta,
-                                     .kv_lora_rank = kRank, .softmax_scale = scale, .fresh_rows = fresh_rows});
+                                     .kv_lora_rank = kRank, .softmax_scale = scale, .fresh_rows = fresh_rows,
+                                     .w_uv = w_uv_dev, .out = out_v});
+           if (how.project) return {{"out", run.fetch(out_v)}};  // out_latent is the op's scratch then
            return {{"out_latent", run.fetch(out)}};
          },
          .tolerance = act.tolerance()});
@@ -914,12 +946,26 @@ CaseRegistry build_registry() {
   // A decode step's order, the rows the step wrote last named (fresh_rows): the new token of V2-Lite (narrow) and
   // V3 (wide, warpgroup MMA) contexts that split, three fresh rows across a page boundary, a whole fresh tile, none
   // fresh (every row copied before the wait), and more fresh rows than a context has (32 heads: two narrow CTAs).
-  add_mla_decode(r, 16, 64, {1, 64, 65, 130, 1000}, 97, 1);
-  add_mla_decode(r, 128, 64, {5, 300, 2049}, 98, 1);
-  add_mla_decode(r, 16, 16, {17, 33, 5}, 99, 3);
-  add_mla_decode(r, 16, 64, {64, 130, 5000}, 100, 64);
-  add_mla_decode(r, 16, 64, {65, 1000}, 101, 0);
-  add_mla_decode(r, 32, 7, {40, 3}, 102, 8);
+  add_mla_decode(r, 16, 64, {1, 64, 65, 130, 1000}, 97, {.fresh_rows = 1});
+  add_mla_decode(r, 128, 64, {5, 300, 2049}, 98, {.fresh_rows = 1});
+  add_mla_decode(r, 16, 16, {17, 33, 5}, 99, {.fresh_rows = 3});
+  add_mla_decode(r, 16, 64, {64, 130, 5000}, 100, {.fresh_rows = 64});
+  add_mla_decode(r, 16, 64, {65, 1000}, 101, {.fresh_rows = 0});
+  add_mla_decode(r, 32, 7, {40, 3}, 102, {.fresh_rows = 8});
+  // With the value projection (W_UV): V2-Lite at batch 1 whose context splits (the combine inside W_UV's kernel),
+  // many splits, several sequences, one split (no combine), nine sequences (more than the per-head GEMV takes: the
+  // combine kernel, then head_linear), V3's 128 heads (W_UV on cuBLAS); and the model's order, the new token's row
+  // written two ops back with an op between that lets the decode start early.
+  add_mla_decode(r, 16, 64, {1000}, 103, {.project = true});
+  add_mla_decode(r, 16, 64, {5000}, 104, {.project = true});
+  add_mla_decode(r, 16, 64, {1, 64, 65, 130, 1000}, 105, {.project = true});
+  add_mla_decode(r, 16, 16, {17}, 106, {.project = true});
+  add_mla_decode(r, 16, 64, {300, 1, 64, 700, 9, 130, 2000, 65, 1000}, 107, {.project = true});
+  add_mla_decode(r, 128, 64, {5, 300, 2049}, 108, {.project = true});
+  add_mla_decode(r, 32, 7, {40, 3}, 109, {.project = true});
+  add_mla_decode(r, 16, 64, {1000}, 110, {.fresh_rows = 1, .early_op_between = true, .project = true});
+  add_mla_decode(r, 16, 64, {1, 64, 65, 130, 1000}, 111, {.fresh_rows = 1, .early_op_between = true, .project = true});
+  add_mla_decode(r, 128, 64, {5, 300, 2049}, 112, {.fresh_rows = 1, .early_op_between = true});
   // MLA prefill, bfloat16 at DeepSeek's dims: V2-Lite's 16 heads and V3's 128; full prompts, chunked prefill over a
   // cached prefix (one or many query tiles), context 1, a sequence without queries, page sizes that do not divide
   // 64 (7, 1) or the contexts, long contexts (the workspace grows as cases run).

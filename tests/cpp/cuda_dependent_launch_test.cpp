@@ -59,8 +59,9 @@ using Results = std::vector<std::pair<std::string, std::vector<uint8_t>>>;
 //   copy_strided (reset the residual) -> copy_strided, mla_cache_write (zeros over the latent and this step's cache
 //   rows) -> embedding -> add_rms_norm (lets rope start early) -> rope (the row's last 64 values)
 //   -> mla_cache_write (the row into the cache) -> gather_rows (queries out of the cache, the new rows among them)
-//   -> head_linear (latent · W per row, beside gather_rows: overlap_previous_op)
-//   -> mla_decode (attention + split combine; fresh_rows 0: every row before its wait) -> silu_mul -> add -> rms_norm
+//   -> head_linear (latent · W per row, beside gather_rows: overlap_previous_op; lets mla_decode start early)
+//   -> mla_decode (attention, fresh_rows 1; its value projection W_UV, which combines the splits as it reads them)
+//   -> silu_mul -> add -> rms_norm
 //   -> linear (cuBLAS, float32 logits; when the build has cuBLAS) -> sample (8-CTA clusters for two rows)
 // Every run rewrites the same values: the residual is reset from a copy and the cache rows written are the same.
 // The zeros written first make a kernel that reads the latent or the new cache rows too early see zeros, not the
@@ -68,7 +69,8 @@ using Results = std::vector<std::pair<std::string, std::vector<uint8_t>>>;
 class DecodeChain {
  public:
   static constexpr int64_t kSeqs = 2, kHeads = 16, kRank = 512, kDim = 576, kRope = 64, kPageSize = 16;
-  static constexpr int64_t kEmbedRows = 1000, kInter = kRank / 2, kVocab = 5003, kHeadOut = 128;
+  static constexpr int64_t kProj = 256;  // W_UV's outputs a head: 16 heads x 256 rows take one wave of its kernel
+  static constexpr int64_t kEmbedRows = 1000, kInter = kProj / 2, kVocab = 5003, kHeadOut = 128;
 
   explicit DecodeChain(Backend& b) : with_logits_(b.supports(OpKind::kLinear)) {
     Rng rng(2024);
@@ -135,11 +137,14 @@ class DecodeChain {
     zeros_ = device_floats(b, {kSeqs, kDim}, std::vector<float>(static_cast<size_t>(kSeqs * kDim), 0.0f), bf16);
     head_w_ = device_floats(b, {1, kHeadOut, kRank}, rng.uniform(kHeadOut * kRank), bf16);
     head_out_ = b.empty({kSeqs, 1, kHeadOut}, bf16);
+    const float uv_range = std::sqrt(3.0f / static_cast<float>(kRank));
+    w_uv_ = device_floats(b, {kHeads, kProj, kRank}, rng.uniform(kHeads * kProj * kRank, -uv_range, uv_range), bf16);
+    attention_latent_ = b.empty({kSeqs, kHeads, kRank}, bf16);
     residual_ = b.empty({kSeqs, kDim}, bf16);
     hidden_ = b.empty({kSeqs, kDim}, bf16);
     latent_ = b.empty({kSeqs, kDim}, bf16);
     q_ = b.empty({kSeqs * kHeads, kDim}, bf16);
-    attention_ = b.empty({kSeqs, kHeads, kRank}, bf16);
+    attention_ = b.empty({kSeqs, kHeads, kProj}, bf16);
     act_ = b.empty({kSeqs * kHeads, kInter}, bf16);
     normed_ = b.empty({kSeqs * kHeads, kInter}, bf16);
     if (with_logits_) {
@@ -182,15 +187,20 @@ class DecodeChain {
                    .out = q_.view()});
     after_each_op();
     // The latent was complete before gather_rows, which touches neither it nor head_out.
+    // mla_decode reads before its wait only cache rows no op of this run writes but the last of each sequence: it
+    // may start with head_linear.
     b.head_linear({.x = latent.reshaped({kSeqs, 1, kDim}).columns(0, kRank), .w = head_w_.cview(),
-                   .out = head_out_.view(), .x_head_stride = kDim, .overlap_previous_op = true});
+                   .out = head_out_.view(), .x_head_stride = kDim, .overlap_previous_op = true,
+                   .next_op_may_start_early = true});
     after_each_op();
-    // The cache rows were written two ops back; silu_mul reads nothing before its wait.
-    b.mla_decode({.q = q_.view().reshaped({kSeqs, kHeads, kDim}), .cache = cache, .out_latent = attention_.view(),
-                  .meta = meta_, .kv_lora_rank = kRank, .softmax_scale = 1.0f / std::sqrt(192.0f),
-                  .fresh_rows = 0, .next_op_may_start_early = true});
+    // The cache rows were written three ops back, the op between letting this one start early: each sequence's last
+    // row is fresh. silu_mul reads nothing before its wait.
+    b.mla_decode({.q = q_.view().reshaped({kSeqs, kHeads, kDim}), .cache = cache,
+                  .out_latent = attention_latent_.view(), .meta = meta_, .kv_lora_rank = kRank,
+                  .softmax_scale = 1.0f / std::sqrt(192.0f), .fresh_rows = 1, .next_op_may_start_early = true,
+                  .w_uv = w_uv_.cview(), .out = attention_.view()});
     after_each_op();
-    b.silu_mul({.gate_up = attention_.view().reshaped({kSeqs * kHeads, kRank}), .out = act_.view()});
+    b.silu_mul({.gate_up = attention_.view().reshaped({kSeqs * kHeads, kProj}), .out = act_.view()});
     after_each_op();
     b.add({.x = act_.view(), .y = bias_.cview()});
     after_each_op();
@@ -221,6 +231,7 @@ class DecodeChain {
   Tensor cache_, table_, residual_start_, norm_weight_, inv_freq_, bias_, out_norm_weight_, lm_head_;
   Tensor token_ids_, positions_, slots_, query_rows_, query_start_, context_lens_, page_table_, sampling_rows_;
   Tensor residual_, hidden_, latent_, q_, attention_, act_, normed_, logits_, sampled_, zeros_, head_w_, head_out_;
+  Tensor w_uv_, attention_latent_;  // attention_latent_: mla_decode's scratch, not a result
   AttentionMetadata meta_;
 };
 

@@ -70,6 +70,7 @@ void mla_decode(const MlaDecodeArgs& a) {
       }
     }
   }
+  if (a.projects()) head_linear(a.projection());
 }
 
 void mla_prefill(const MlaPrefillArgs& a) {

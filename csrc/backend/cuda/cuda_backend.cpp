@@ -146,6 +146,9 @@ bool fused_router_enabled_from_env() { return !env_flag("DEEPINFER_DISABLE_FUSED
 bool mla_decode_prewait_enabled_from_env() { return !env_flag("DEEPINFER_DISABLE_MLA_DECODE_PREWAIT"); }
 // DEEPINFER_DISABLE_OP_OVERLAP=1 ignores HeadLinearArgs::overlap_previous_op: head_linear waits for the op before.
 bool op_overlap_enabled_from_env() { return !env_flag("DEEPINFER_DISABLE_OP_OVERLAP"); }
+// DEEPINFER_DISABLE_MLA_FUSED_COMBINE=1 keeps MLA decode's split combine a kernel of its own when the op projects
+// with W_UV (MlaDecodeArgs::w_uv), rather than folded into the projection's head_gemv.
+bool mla_fused_combine_enabled_from_env() { return !env_flag("DEEPINFER_DISABLE_MLA_FUSED_COMBINE"); }
 
 class CudaBackend final : public Backend {
  public:
@@ -486,6 +489,10 @@ class CudaBackend final : public Backend {
     check_on_device(a.out_latent, kOp, "out_latent");
     check_on_device(a.meta.context_lens, kOp, "context_lens");
     check_on_device(a.meta.page_table, kOp, "page_table");
+    if (a.projects()) {
+      check_on_device(a.w_uv, kOp, "w_uv");
+      check_on_device(a.out, kOp, "out");
+    }
     const int64_t seqs = a.meta.num_seqs, heads = a.q.shape[1];
     if (seqs == 0 || heads == 0) return;
     if (a.q.dtype != DType::kBF16 || a.kv_lora_rank != kDecodeRank || a.q.shape[2] != kDecodeRowDim ||
@@ -512,7 +519,9 @@ class CudaBackend final : public Backend {
                             .fresh_rows = a.fresh_rows < 0 || !mla_decode_prewait_enabled_
                                               ? -1
                                               : static_cast<int32_t>(std::min<int64_t>(a.fresh_rows, INT32_MAX)),
-                            .trigger_early = cuda::trigger_early(a.next_op_may_start_early) ? 1 : 0,
+                            // With the projection, the kernel after the combine is W_UV's: it reads only its
+                            // weights before its wait.
+                            .trigger_early = cuda::trigger_early(a.projects() || a.next_op_may_start_early) ? 1 : 0,
                             .softmax_scale = a.softmax_scale};
     // The split partials live in one workspace the backend owns, grown to the largest decode seen so far and never
     // shrunk (the old one is freed in stream order, after the work that still reads it). It is sized from host
@@ -523,7 +532,37 @@ class CudaBackend final : public Backend {
       workspace_ = workspace(bytes);
     }
     p.workspace = bytes > 0 ? workspace_.view().data : nullptr;
+    if (!a.projects()) {
+      cuda::mla_decode(p, stream_.get());
+      return;
+    }
+    // The projection: with split partials and a one-wave head_gemv, W_UV combines them as it reads its x (one
+    // dependent launch fewer: the combine kernel's); else the combine, then head_linear on out_latent.
+    const HeadLinearArgs projection = a.projection();
+    const cuda::HeadGemvParams gemv{.x = nullptr,
+                                    .w = projection.w.as<uint16_t>(),
+                                    .out = projection.out.as<uint16_t>(),
+                                    .tokens = seqs,
+                                    .heads = heads,
+                                    .k = kDecodeRank,
+                                    .n = projection.w.shape[1],
+                                    .x_head_stride = kDecodeRank,
+                                    .out_head_stride = projection.w.shape[1],
+                                    .num_sms = num_sms_,
+                                    .before_wait = 0,
+                                    .trigger_early = cuda::trigger_early(a.next_op_may_start_early) ? 1 : 0,
+                                    .x_partials = static_cast<const float*>(p.workspace),
+                                    .x_splits = cuda::mla_decode_num_splits(p)};
+    const bool fold_combine = mla_fused_combine_enabled_ && head_gemv_enabled_ && p.workspace != nullptr &&
+                              a.w_uv.dtype == DType::kBF16 && a.out.dtype == DType::kBF16 &&
+                              cuda::head_gemv_fits(gemv);
+    p.defer_combine = fold_combine ? 1 : 0;
     cuda::mla_decode(p, stream_.get());
+    if (fold_combine) {
+      cuda::head_gemv(gemv, stream_.get());
+    } else {
+      head_linear(projection);
+    }
   }
 
   // Decompressing prefill: gather each prefill sequence's latent rows (the sequences' contexts back to back),
@@ -880,6 +919,7 @@ class CudaBackend final : public Backend {
   const bool fused_router_enabled_ = fused_router_enabled_from_env();  // moe's router logits in the route kernel
   const bool mla_decode_prewait_enabled_ = mla_decode_prewait_enabled_from_env();  // honours fresh_rows
   const bool op_overlap_enabled_ = op_overlap_enabled_from_env();  // honours overlap_previous_op
+  const bool mla_fused_combine_enabled_ = mla_fused_combine_enabled_from_env();  // split combine inside W_UV
   const cuda::MlaPrefillKernel prefill_kernel_ = cuda::mla_prefill_kernel_from_env();  // DEEPINFER_MLA_PREFILL
   Tensor workspace_;  // MLA decode split partials (see mla_decode)
   Tensor prefill_workspace_;  // MLA prefill gathered latents and decompressed k_nope | v (see mla_prefill)

@@ -5,11 +5,14 @@
 // chunks (one set per token: the warp's rows share a head), the dot products in fp32, and a shuffle reduction over
 // each row's lanes in a fixed order (the same bits every run). When x is known to be complete before the previous
 // kernel (HeadGemvParams::before_wait) all of it runs before the wait, beside that kernel.
+// With x_partials (the kFromPartials variant) the CTA first combines its head's rows of x from MLA decode's split
+// partials into shared memory, which folds the split combine into W_UV and spares the step one dependent launch.
 #include "backend/cuda/head_gemv.cuh"
 
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launch.h"
@@ -44,7 +47,66 @@ __device__ __forceinline__ float dot8(uint4 w, uint4 x, float acc) {
   return acc;
 }
 
+// x rows combined from split partials (HeadGemvParams::x_partials): the splits' weights, then the rows in bf16.
 template <typename T>
+struct PartialsShared {
+  float weight[kHeadGemvMaxTokens][kHeadGemvMaxSplits];  // log-sum-exps, then 2^(lse - max)
+  float inv_sum[kHeadGemvMaxTokens];
+  uint4 x[kHeadGemvMaxTokens][T::kK / 8];
+};
+
+// Combines rows (t, head) of x for every token into s.x; every thread of the CTA calls it, after griddep_wait.
+// The arithmetic is the split combine's (mla_decode.cu): the same weights, splits summed in order, the same rounding.
+template <typename T>
+__device__ void combine_partials(const HeadGemvParams& p, int64_t head, PartialsShared<T>& s) {
+  constexpr int kK = T::kK;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int splits = p.x_splits, tokens = static_cast<int>(p.tokens);
+  const int64_t rows = p.tokens * p.heads;
+  const float* lse = p.x_partials + static_cast<int64_t>(splits) * rows * kK;
+  for (int i = static_cast<int>(threadIdx.x); i < tokens * splits; i += kThreads) {
+    const int t = i / splits, k = i % splits;
+    s.weight[t][k] = __ldcg(lse + k * rows + t * p.heads + head);
+  }
+  __syncthreads();
+  if (warp < tokens) {  // warp t: token t's weights and their sum
+    float m = -INFINITY;
+    for (int k = lane; k < splits; k += 32) m = fmaxf(m, s.weight[warp][k]);
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+    float sum = 0.0f;
+    for (int k = lane; k < splits; k += 32) {
+      const float l = s.weight[warp][k];
+      const float w = l == -INFINITY ? 0.0f : exp2f(l - m);  // m is finite whenever some l is
+      s.weight[warp][k] = w;
+      sum += w;
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (lane == 0) s.inv_sum[warp] = sum > 0.0f ? 1.0f / sum : 0.0f;
+  }
+  __syncthreads();
+  for (int i = static_cast<int>(threadIdx.x); i < tokens * (kK / 2); i += kThreads) {
+    const int t = i / (kK / 2), col = 2 * (i % (kK / 2));
+    const float* src = p.x_partials + (t * p.heads + head) * kK + col;
+    float acc0 = 0.0f, acc1 = 0.0f;
+#pragma unroll 8
+    for (int k = 0; k < splits; ++k) {
+      const float2 v = __ldcg(reinterpret_cast<const float2*>(src + k * rows * kK));
+      const float w = s.weight[t][k];
+      if (w > 0.0f) {  // an empty split wrote no partial: never multiply what it left there
+        acc0 += w * v.x;
+        acc1 += w * v.y;
+      }
+    }
+    const float inv = s.inv_sum[t];
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(acc0 * inv, acc1 * inv);
+    reinterpret_cast<uint32_t*>(&s.x[t][0])[col / 2] = *reinterpret_cast<const uint32_t*>(&pair);
+  }
+  __syncthreads();
+}
+
+template <typename T, bool kFromPartials>
 __global__ void __launch_bounds__(kThreads) head_gemv_kernel(const __grid_constant__ HeadGemvParams p) {
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int sub = lane / T::kLanesPerRow, kl = lane % T::kLanesPerRow;
@@ -66,16 +128,25 @@ __global__ void __launch_bounds__(kThreads) head_gemv_kernel(const __grid_consta
     ptx::griddep_wait();
     ptx::griddep_launch_dependents();
   }
+  [[maybe_unused]] __shared__ std::conditional_t<kFromPartials, PartialsShared<T>, char> partials;
+  if constexpr (kFromPartials) {
+    // Every row of the CTA is in one head (head_gemv_fits: N a multiple of the CTA's rows).
+    combine_partials<T>(p, static_cast<int64_t>(blockIdx.x) * kWarps * T::kRowsPerWarp / p.n, partials);
+  }
   if (active) {
     const int64_t head = row0 / p.n, n0 = row0 % p.n;  // the warp's rows are all in this head (n % kRowsPerWarp == 0)
     uint4 xv[kHeadGemvMaxTokens][T::kChunksPerLane];
 #pragma unroll
     for (int t = 0; t < kHeadGemvMaxTokens; ++t) {
-      const uint16_t* x_row = p.x + (t * p.heads + head) * p.x_head_stride + kl * 8;
 #pragma unroll
       for (int c = 0; c < T::kChunksPerLane; ++c) {
-        xv[t][c] = t < p.tokens ? __ldcg(reinterpret_cast<const uint4*>(x_row + c * T::kLanesPerRow * 8))
-                                : make_uint4(0u, 0u, 0u, 0u);
+        if constexpr (kFromPartials) {
+          xv[t][c] = t < p.tokens ? partials.x[t][kl + c * T::kLanesPerRow] : make_uint4(0u, 0u, 0u, 0u);
+        } else {
+          const uint16_t* x_row = p.x + (t * p.heads + head) * p.x_head_stride + kl * 8;
+          xv[t][c] = t < p.tokens ? __ldcg(reinterpret_cast<const uint4*>(x_row + c * T::kLanesPerRow * 8))
+                                  : make_uint4(0u, 0u, 0u, 0u);
+        }
       }
     }
 #pragma unroll
@@ -118,33 +189,41 @@ int64_t grid_ctas(const HeadGemvParams& p, int64_t rows_per_warp) {
   return (p.heads * p.n / rows_per_warp + kWarps - 1) / kWarps;
 }
 
+// The variant combining x from split partials exists for MLA's 512-wide latent only.
 template <typename T>
+constexpr bool kHasPartialsVariant = T::kK == 512;
+
+template <typename T, bool kFromPartials>
 void launch(const HeadGemvParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(grid_ctas(p, T::kRowsPerWarp)));
-  launch_pdl(head_gemv_kernel<T>, {.grid = grid, .block = dim3(kThreads)}, stream, p);
+  launch_pdl(head_gemv_kernel<T, kFromPartials>, {.grid = grid, .block = dim3(kThreads)}, stream, p);
 }
 
-// CTAs of the variant one SM holds at once (its registers decide), asked of the runtime once.
-template <typename T>
+// CTAs of the variant one SM holds at once (its registers and shared memory decide), asked of the runtime once.
+template <typename T, bool kFromPartials>
 int blocks_per_sm() {
   static const int blocks = [] {
     int n = 0;
-    CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, head_gemv_kernel<T>, kThreads, 0));
+    CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, head_gemv_kernel<T, kFromPartials>, kThreads, 0));
     return n;
   }();
   return blocks;
 }
 
 struct Variant {
-  int64_t rows_per_warp = 0;  // 0: no variant for this K
+  int64_t rows_per_warp = 0;  // 0: no variant for this K (and x source)
   int blocks_per_sm = 0;
 };
 
-Variant variant(int64_t k) {
+Variant variant(int64_t k, bool from_partials) {
   Variant v;
   with_variant(k, [&](auto traits) {
     using T = decltype(traits);
-    v = {T::kRowsPerWarp, blocks_per_sm<T>()};
+    if (!from_partials) {
+      v = {T::kRowsPerWarp, blocks_per_sm<T, false>()};
+    } else if constexpr (kHasPartialsVariant<T>) {
+      v = {T::kRowsPerWarp, blocks_per_sm<T, true>()};
+    }
   });
   return v;
 }
@@ -154,10 +233,19 @@ bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 }  // namespace
 
 bool head_gemv_fits(const HeadGemvParams& p) {
-  const Variant v = variant(p.k);
+  const bool from_partials = p.x_partials != nullptr;
+  const Variant v = variant(p.k, from_partials);
   if (v.rows_per_warp == 0 || p.tokens < 1 || p.tokens > kHeadGemvMaxTokens || p.heads < 1 || p.n < 1 ||
-      p.n % v.rows_per_warp != 0 || p.x_head_stride < p.k || p.x_head_stride % 8 != 0 || p.out_head_stride < p.n ||
-      !aligned16(p.x) || !aligned16(p.w) || p.out == nullptr) {
+      p.n % v.rows_per_warp != 0 || p.out_head_stride < p.n || !aligned16(p.w) || p.out == nullptr) {
+    return false;
+  }
+  if (from_partials) {
+    // A CTA's rows share one head; the partials come from the kernel right before, so nothing runs before the wait.
+    if (p.x_splits < 2 || p.x_splits > kHeadGemvMaxSplits || p.n % (v.rows_per_warp * kWarps) != 0 ||
+        p.before_wait != 0 || !aligned16(p.x_partials)) {
+      return false;
+    }
+  } else if (p.x_head_stride < p.k || p.x_head_stride % 8 != 0 || !aligned16(p.x)) {
     return false;
   }
   // One wave only: every CTA resident at once issues its weight loads before the wait. A larger grid (V3's 128
@@ -168,10 +256,18 @@ bool head_gemv_fits(const HeadGemvParams& p) {
 
 void head_gemv(const HeadGemvParams& p, cudaStream_t stream) {
   DI_CHECK(head_gemv_fits(p), "head_gemv: ", p.tokens, " tokens x ", p.heads, " heads, K ", p.k, ", N ", p.n,
-           ", x head stride ", p.x_head_stride, " are outside what the kernel takes (1..", kHeadGemvMaxTokens,
-           " tokens, K 64/128/256/512, N a multiple of the rows a warp computes, 16-byte aligned x and w rows, one wave ",
-           "of CTAs)");
-  with_variant(p.k, [&](auto traits) { launch<decltype(traits)>(p, stream); });
+           ", x head stride ", p.x_head_stride, ", ", p.x_splits, " split partials are outside what the kernel takes (1..",
+           kHeadGemvMaxTokens, " tokens, K 64/128/256/512, N a multiple of the rows a warp computes, 16-byte aligned x ",
+           "and w rows, one wave of CTAs; from partials: K 512, 2..", kHeadGemvMaxSplits, " splits, N a multiple of ",
+           "a CTA's rows)");
+  with_variant(p.k, [&](auto traits) {
+    using T = decltype(traits);
+    if (p.x_partials == nullptr) {
+      launch<T, false>(p, stream);
+    } else if constexpr (kHasPartialsVariant<T>) {
+      launch<T, true>(p, stream);
+    }
+  });
 }
 
 }  // namespace deepinfer::cuda

@@ -9,6 +9,7 @@
 namespace deepinfer::cuda {
 
 inline constexpr int64_t kHeadGemvMaxTokens = 8;
+inline constexpr int64_t kHeadGemvMaxSplits = 256;  // of x_partials (MLA decode's most splits)
 
 struct HeadGemvParams {
   const uint16_t* x = nullptr;  // [tokens, heads, x_head_stride]
@@ -27,6 +28,13 @@ struct HeadGemvParams {
   // 1: the next kernel may launch as soon as this one starts (HeadLinearArgs::next_op_may_start_early): the trigger
   // comes first, not after the wait.
   int32_t trigger_early = 0;
+  // Optional, in place of x (then unused): the split-KV partials MLA decode leaves with defer_combine, fp32
+  // [x_splits, tokens * heads, k], then their log-sum-exps [x_splits, tokens * heads]. Row (t, h) of x is their
+  // combine, as MLA decode's combine kernel computes it: sum_s w_s part[s] / sum_s w_s with w_s = 2^(lse_s - max
+  // lse), splits of lse -inf skipped, rounded to bf16. Takes K 512, 2..kHeadGemvMaxSplits splits, each CTA's rows in
+  // one head (N a multiple of 32) and before_wait 0.
+  const float* x_partials = nullptr;
+  int32_t x_splits = 0;
 };
 
 }  // namespace deepinfer::cuda

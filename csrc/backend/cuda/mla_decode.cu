@@ -182,6 +182,7 @@ void mla_decode(const MlaDecodeParams& p, cudaStream_t stream) {
     case MlaDecodeKernel::kWideWgmma: mla_detail::launch_mla_decode_wide_wgmma(kp, stream); break;
     default: mla_detail::launch_mla_decode_wide(kp, stream); break;
   }
+  if (kp.defer_combine != 0) return;  // the next kernel reads the partials
   if (kp.num_splits > 8) {
     launch_combine<4>(kp, stream);  // many splits: four blocks a row, four split groups a block
   } else if (kp.num_splits > 1) {

@@ -41,6 +41,10 @@ struct MlaDecodeParams {
   int32_t fresh_rows = -1;
   // 1: the kernel after the split combine may launch as soon as the combine starts (next_op_may_start_early).
   int32_t trigger_early = 0;
+  // 1 with more than one split: no combine kernel; the partials and log-sum-exps stay in the workspace (fp32
+  // [num_splits, batch * num_heads, 512], then [num_splits, batch * num_heads]) for the next kernel, which combines
+  // them as it reads them (head_gemv's x_partials), and `out` is not written.
+  int32_t defer_combine = 0;
   float softmax_scale = 1.0f;
   MlaDecodeKernel kernel = MlaDecodeKernel::kAuto;
 };

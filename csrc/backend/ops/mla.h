@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "backend/ops/attention_metadata.h"
+#include "backend/ops/dense.h"
 #include "core/tensor.h"
 
 namespace deepinfer {
@@ -59,12 +60,23 @@ struct MlaDecodeArgs {
   AttentionMetadata meta;     // S sequences of exactly one query each (query_start 0, 1, ..., S up to an offset)
   int64_t kv_lora_rank = 0;
   float softmax_scale = 1.0f;
-  // What the caller knows of the cache's writers: >= 0 when only the last fresh_rows rows of each sequence may have
-  // been written by the op just before this one (1 when that op is the step's mla_prepare, 0 when another op sits
-  // between), every other row and the metadata by earlier ops or steps. A device backend then reads those while the
-  // op before still runs. -1 (the default): nothing is known.
+  // What the caller knows of the cache's writers: >= 0 when only the last fresh_rows rows of each sequence may still
+  // be being written as this op starts: 1 when the step's mla_prepare is the op just before this one, or the one
+  // before that with an op between that lets this one start early (next_op_may_start_early); 0 when an op between
+  // does not. Every other row and the metadata come from earlier ops or steps. A device backend then reads those
+  // while the op before still runs. -1 (the default): nothing is known.
   int64_t fresh_rows = -1;
   bool next_op_may_start_early = false;  // as HeadLinearArgs::next_op_may_start_early (dense.h)
+  // The absorbed form's value projection, optional (both or neither): out[s, h] = w_uv[h] · o_latent[s, h], as a
+  // head_linear would compute it. Given them, the op's result is `out`, and out_latent is scratch whose contents are
+  // unspecified afterwards: a device backend may fold the split-KV combine into the projection and never write it.
+  ConstTensorView w_uv;  // [H, v_head_dim, kv_lora_rank]
+  TensorView out;        // [S, H, v_head_dim]
+  bool projects() const { return w_uv.data != nullptr; }
+  // The head_linear the projection stands for, on out_latent.
+  HeadLinearArgs projection() const {
+    return {.x = out_latent, .w = w_uv, .out = out, .next_op_may_start_early = next_op_may_start_early};
+  }
   void validate() const;
 };
 
