@@ -953,9 +953,10 @@ CaseRegistry build_registry() {
   add_mla_decode(r, 16, 64, {65, 1000}, 101, {.fresh_rows = 0});
   add_mla_decode(r, 32, 7, {40, 3}, 102, {.fresh_rows = 8});
   // With the value projection (W_UV): V2-Lite at batch 1 whose context splits (the combine inside W_UV's kernel),
-  // many splits, several sequences, one split (no combine), nine sequences (more than the per-head GEMV takes: the
-  // combine kernel, then head_linear), V3's 128 heads (W_UV on cuBLAS); and the model's order, the new token's row
-  // written two ops back with an op between that lets the decode start early.
+  // many splits at batch 1, several sequences (the combine kernel, then W_UV's per-head GEMV), one split (no
+  // combine), nine sequences (more than the per-head GEMV takes: W_UV on cuBLAS), V3's 128 heads (W_UV on cuBLAS);
+  // and the model's order, the new token's row written two ops back with an op between that lets the decode start
+  // early.
   add_mla_decode(r, 16, 64, {1000}, 103, {.project = true});
   add_mla_decode(r, 16, 64, {5000}, 104, {.project = true});
   add_mla_decode(r, 16, 64, {1, 64, 65, 130, 1000}, 105, {.project = true});

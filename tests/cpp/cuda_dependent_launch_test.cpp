@@ -60,7 +60,7 @@ using Results = std::vector<std::pair<std::string, std::vector<uint8_t>>>;
 //   rows) -> embedding -> add_rms_norm (lets rope start early) -> rope (the row's last 64 values)
 //   -> mla_cache_write (the row into the cache) -> gather_rows (queries out of the cache, the new rows among them)
 //   -> head_linear (latent · W per row, beside gather_rows: overlap_previous_op; lets mla_decode start early)
-//   -> mla_decode (attention, fresh_rows 1; its value projection W_UV, which combines the splits as it reads them)
+//   -> mla_decode (attention, fresh_rows 1; split combine; its value projection W_UV)
 //   -> silu_mul -> add -> rms_norm
 //   -> linear (cuBLAS, float32 logits; when the build has cuBLAS) -> sample (8-CTA clusters for two rows)
 // Every run rewrites the same values: the residual is reset from a copy and the cache rows written are the same.

@@ -536,8 +536,12 @@ class CudaBackend final : public Backend {
       cuda::mla_decode(p, stream_.get());
       return;
     }
-    // The projection: with split partials and a one-wave head_gemv, W_UV combines them as it reads its x (one
-    // dependent launch fewer: the combine kernel's); else the combine, then head_linear on out_latent.
+    // The projection: for one sequence with split partials, W_UV's head_gemv combines them as it reads its x (one
+    // dependent launch fewer: the combine kernel's); else the combine kernel, then head_linear on out_latent. v2-lite
+    // on an H200 (engine_bench, context 1k): batch 1 2.210-2.238 ms/step folded against 2.235-2.246 not; batch 2, 4
+    // and 8 were 1-2% slower folded (3.047-3.089 / 4.432-4.481 / 6.216-6.244 against 3.025-3.052 / 4.343-4.395 /
+    // 6.088-6.126): with more rows, the 64 CTAs of W_UV read the partials with less parallelism than the combine's
+    // grid of a CTA per row and column block.
     const HeadLinearArgs projection = a.projection();
     const cuda::HeadGemvParams gemv{.x = nullptr,
                                     .w = projection.w.as<uint16_t>(),
@@ -553,7 +557,7 @@ class CudaBackend final : public Backend {
                                     .trigger_early = cuda::trigger_early(a.next_op_may_start_early) ? 1 : 0,
                                     .x_partials = static_cast<const float*>(p.workspace),
                                     .x_splits = cuda::mla_decode_num_splits(p)};
-    const bool fold_combine = mla_fused_combine_enabled_ && head_gemv_enabled_ && p.workspace != nullptr &&
+    const bool fold_combine = mla_fused_combine_enabled_ && head_gemv_enabled_ && seqs == 1 && p.workspace != nullptr &&
                               a.w_uv.dtype == DType::kBF16 && a.out.dtype == DType::kBF16 &&
                               cuda::head_gemv_fits(gemv);
     p.defer_combine = fold_combine ? 1 : 0;
