@@ -256,10 +256,10 @@ bool head_gemv_fits(const HeadGemvParams& p) {
 
 void head_gemv(const HeadGemvParams& p, cudaStream_t stream) {
   DI_CHECK(head_gemv_fits(p), "head_gemv: ", p.tokens, " tokens x ", p.heads, " heads, K ", p.k, ", N ", p.n,
-           ", x head stride ", p.x_head_stride, ", ", p.x_splits, " split partials are outside what the kernel takes (1..",
-           kHeadGemvMaxTokens, " tokens, K 64/128/256/512, N a multiple of the rows a warp computes, 16-byte aligned x ",
-           "and w rows, one wave of CTAs; from partials: K 512, 2..", kHeadGemvMaxSplits, " splits, N a multiple of ",
-           "a CTA's rows)");
+           ", x head stride ", p.x_head_stride, ", ", p.x_splits,
+           " split partials are outside what the kernel takes (1..", kHeadGemvMaxTokens,
+           " tokens, K 64/128/256/512, N a multiple of the rows a warp computes, 16-byte aligned x and w rows, one ",
+           "wave of CTAs; from partials: K 512, 2..", kHeadGemvMaxSplits, " splits, N a multiple of a CTA's rows)");
   with_variant(p.k, [&](auto traits) {
     using T = decltype(traits);
     if (p.x_partials == nullptr) {
