@@ -523,10 +523,14 @@ void add_mla_decode(CaseRegistry& r, int64_t heads, int64_t page_size, std::vect
            }
            const std::vector<float> other(kDim, 1.0f);
            const TensorView unrelated = run.upload(act.tensor(run, {kDim}, other), Access::kReadWrite);
-           // The early op's operands: one head of 64 inputs and 16 outputs (the per-head GEMV at decode sizes).
-           const TensorView early_x = run.upload(act.tensor(run, {1, 1, 64}, std::vector<float>(64, 0.5f)));
-           const TensorView early_w = run.upload(act.tensor(run, {1, 16, 64}, std::vector<float>(16 * 64, 0.25f)));
-           const TensorView early_out = run.output({1, 1, 16}, act.on(run));
+           // The early op's operands, uploaded before the first write like every input: one head of 64 inputs and
+           // 16 outputs (the per-head GEMV at decode sizes).
+           TensorView early_x, early_w, early_out;
+           if (how.early_op_between) {
+             early_x = run.upload(act.tensor(run, {1, 1, 64}, std::vector<float>(64, 0.5f)));
+             early_w = run.upload(act.tensor(run, {1, 16, 64}, std::vector<float>(16 * 64, 0.25f)));
+             early_out = run.output({1, 1, 16}, act.on(run));
+           }
            for (int part = 0; part < 2; ++part) {
              if (slots[part].empty()) continue;
              run.backend().mla_cache_write({.latent = writes[part][0], .cache = cache, .slot_mapping = writes[part][1]});
