@@ -134,10 +134,6 @@ void MultiLinearArgs::validate() const {
       LinearArgs{.x = x, .w = t.w, .out = t.out}.validate();
     }
   }
-  for (const ConstTensorView& v : prefetch) {
-    DI_CHECK(v.device == x.device, "multi_linear: a prefetch tensor ", v.shape.str(), " on ", device_name(v.device),
-             ", x on ", device_name(x.device));
-  }
 }
 
 void HeadLinearArgs::validate() const {

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <array>
-#include <span>
 #include <utility>
 #include <vector>
 
@@ -43,15 +42,6 @@ void upload_weights(ModelWeights& w, Backend& backend) {
       matrix(layer.moe->experts_down);
     }
   }
-}
-
-// The weights of a MoE layer's shared experts (gate_up, then down: the order the layer reads them), the last s of
-// the stacked experts; empty views for a dense layer.
-std::array<ConstTensorView, 2> shared_expert_weights(const LayerWeights& layer) {
-  if (!layer.moe || layer.moe->num_shared_experts == 0) return {};
-  const MoeWeights& m = *layer.moe;
-  const int64_t s = m.num_shared_experts, routed = m.experts_gate_up.shape()[0] - s;
-  return {m.experts_gate_up.cview().rows(routed, s), m.experts_down.cview().rows(routed, s)};
 }
 
 }  // namespace
@@ -155,25 +145,20 @@ Tensor DeepseekModel::attention(const LayerWeights& layer, int64_t layer_index, 
   // Queries [T, H, nope + rope], through the q LoRA when the model has one, and the latent [T, rank + rope] =
   // [c_kv | k_pe] (c_kv normalized and k_pe rotated below: the row the cache keeps). The two projections of h are one
   // op, so a decode step reads both weights in one launch.
-  // The MoE after this attention reads its shared experts whatever the routing picks: their weights may move toward
-  // the cache while the attention's kernels wait on each other (memory idle at decode sizes), rather than beside the
-  // routed experts' stream.
-  const std::array shared_experts = shared_expert_weights(layer);
-  const std::span<const ConstTensorView> prefetch(shared_experts.data(), shared_experts[0].numel() > 0 ? 2 : 0);
   Tensor latent = activation({t, latent_dim});
   Tensor q;
   if (c.q_lora_rank) {
     Tensor q_a = activation({t, *c.q_lora_rank});                          // [T, q_lora_rank]
     const std::array targets{LinearTarget{.w = w.q_a_proj.cview(), .out = q_a.view()},
                              LinearTarget{.w = w.kv_a_proj.cview(), .out = latent.view()}};
-    backend_.multi_linear({.x = h.cview(), .targets = targets, .prefetch = prefetch});
+    backend_.multi_linear({.x = h.cview(), .targets = targets});
     backend_.rms_norm({.x = q_a.cview(), .weight = w.q_a_norm.cview(), .out = q_a.view(), .eps = eps});
     q = linear(q_a, w.q_b_proj);                                            // [T, H * qk_dim]
   } else {
     q = activation({t, heads * qk_dim});
     const std::array targets{LinearTarget{.w = w.q_proj.cview(), .out = q.view()},
                              LinearTarget{.w = w.kv_a_proj.cview(), .out = latent.view()}};
-    backend_.multi_linear({.x = h.cview(), .targets = targets, .prefetch = prefetch});
+    backend_.multi_linear({.x = h.cview(), .targets = targets});
   }
   const TensorView q_heads = q.view().reshaped({t, heads, qk_dim});        // [T, H, nope + rope]
   // The decode query in the layout of the absorbed decode kernel: q_abs[s, h] = [q_nope[s, h] · W_UK[h] | q_pe[s, h]].

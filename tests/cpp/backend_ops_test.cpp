@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -1230,26 +1229,6 @@ TEST(BackendOps, MoeRouterArgumentsAreChecked) {
   EXPECT_THROW(call(Bad::kRouterWidth), Error);
   EXPECT_THROW(call(Bad::kOtherBuffer), Error);
   EXPECT_THROW(call(Bad::kLogitsWithoutRouter), Error);
-}
-
-// multi_linear's prefetch hint changes no result (the CPU backend ignores it), and a hint on another device than x
-// is an error.
-TEST(BackendOps, MultiLinearPrefetchHintIsCheckedAndChangesNothing) {
-  const std::unique_ptr<Backend> cpu = make_cpu_backend();
-  const int64_t m = 2, k = 8, n = 3;
-  Rng rng(5);
-  const std::vector<float> x = rng.uniform(m * k), w = rng.uniform(n * k), other = rng.uniform(4 * k);
-  const ConstTensorView xv(x.data(), DType::kF32, {m, k}, Device::kCpu), wv(w.data(), DType::kF32, {n, k}, Device::kCpu);
-  const auto call = [&](std::vector<ConstTensorView> prefetch) {
-    std::vector<float> out(m * n, -1.0f);
-    const std::array targets{LinearTarget{.w = wv, .out = {out.data(), DType::kF32, {m, n}, Device::kCpu}}};
-    cpu->multi_linear({.x = xv, .targets = targets, .prefetch = prefetch});
-    return out;
-  };
-  const std::vector<float> plain = call({});
-  EXPECT_EQ(call({ConstTensorView(other.data(), DType::kF32, {4, k}, Device::kCpu), wv}), plain);
-  EXPECT_NE(plain, std::vector<float>(m * n, -1.0f));
-  EXPECT_THROW(call({ConstTensorView(other.data(), DType::kF32, {4, k}, Device::kCuda)}), Error);
 }
 
 #ifdef DEEPINFER_HAVE_CUDA

@@ -13,7 +13,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -26,7 +25,6 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/l2_prefetch_plan.h"
 #include "backend/cuda/mla_prefill.cuh"
 #include "backend/cuda/skinny_gemm.cuh"
 #include "device_memory.h"
@@ -114,10 +112,8 @@ void add_linear_silu_mul(CaseRegistry& r, Activations act, int64_t m, int64_t in
 }
 
 // Products of one x in one op: target 0 plain (float32 out when out0_f32), target 1 gated, target 2 plain.
-// prefetch_rows: [rows, k] tensors passed as the op's prefetch hint (MultiLinearArgs::prefetch), which must change
-// nothing.
 void add_multi_linear(CaseRegistry& r, Activations act, int64_t m, int64_t k, std::vector<int64_t> widths,
-                      bool out0_f32, uint64_t seed, std::vector<int64_t> prefetch_rows = {}) {
+                      bool out0_f32, uint64_t seed) {
   Rng rng(seed);
   const std::vector<float> x = act.round(rng.uniform(m * k));
   std::vector<int64_t> rows;  // weight rows of each target; target 1 is gated: [gate; up]
@@ -126,7 +122,7 @@ void add_multi_linear(CaseRegistry& r, Activations act, int64_t m, int64_t k, st
   for (size_t i = 0; i < widths.size(); ++i) ws.push_back(act.round(rng.uniform(rows[i] * k)));
   r.add({.op = OpKind::kMultiLinear,
          .name = str_cat("multi_linear_", act.tag(), "_", m, "x", k, "_", widths.size(), "_targets",
-                         out0_f32 ? "_out0_f32" : "", prefetch_rows.empty() ? "" : "_prefetch"),
+                         out0_f32 ? "_out0_f32" : ""),
          .run = [=](OpRunner& run) -> Outputs {
            std::vector<LinearTarget> targets;
            for (size_t i = 0; i < widths.size(); ++i) {
@@ -134,12 +130,7 @@ void add_multi_linear(CaseRegistry& r, Activations act, int64_t m, int64_t k, st
              targets.push_back({.w = run.upload(act.tensor(run, {rows[i], k}, ws[i])),
                                 .out = run.output({m, widths[i]}, out_dtype), .silu_mul = i == 1});
            }
-           std::vector<ConstTensorView> prefetch;
-           for (const int64_t n : prefetch_rows) {
-             prefetch.push_back(run.upload(act.tensor(run, {n, k}, std::vector<float>(n * k, 1.0f))));
-           }
-           run.backend().multi_linear(
-               {.x = run.upload(act.tensor(run, {m, k}, x)), .targets = targets, .prefetch = prefetch});
+           run.backend().multi_linear({.x = run.upload(act.tensor(run, {m, k}, x)), .targets = targets});
            Outputs outs;
            for (size_t i = 0; i < widths.size(); ++i) outs.push_back({str_cat("out", i), run.fetch(targets[i].out)});
            return outs;
@@ -834,11 +825,6 @@ CaseRegistry build_registry() {
     add_multi_linear(r, act, 8, 96, {7, 5, 33}, false, s + 122);
     add_multi_linear(r, act, 12, 64, {16, 8}, true, s + 123);           // past 8 tokens: op by op
     add_multi_linear(r, act, 2, 33, {4, 4}, false, s + 124);            // K not a multiple of 32: op by op
-    // With a prefetch hint: V2-Lite's q_proj with kv_a (every one of 228 CTAs issues a share), a gated target
-    // beside a hint of three tensors (two taken), and op by op (no skinny kernel: the hint is dropped).
-    add_multi_linear(r, act, 1, 2048, {3072, 576}, false, s + 125, {2816, 1024});
-    add_multi_linear(r, act, 3, 256, {40, 24}, true, s + 126, {7, 300, 2});
-    add_multi_linear(r, act, 12, 64, {16, 8}, true, s + 147, {64});
     add_head_linear(r, act, 1, 16, 128, 512, s + 117, 192, 576);  // the absorbed decode's exact strides
     // Up to 8 tokens bf16 runs on the per-head GEMV kernel (head_gemv.cu) for K = 64 / 128 / 256 / 512 (more cases
     // below): K = 256 and 64, and N that is not a multiple of a warp's rows (cuBLAS then).
@@ -1481,56 +1467,6 @@ TEST(SkinnyGemm, SplitsKOnlyWhenTheGridIsSmall) {
   EXPECT_EQ(split(16 * 40, 65536, kStore), 4);  // 40 CTAs: 8-way would pass two waves
 }
 
-// Which tensors of a prefetch hint the kernels take (host arithmetic): whole tensors in order while the budget holds
-// them, at most two; empty ones skipped; a misaligned one or one past the budget ends the plan.
-TEST(L2Prefetch, PlanTakesWholeTensorsInOrderWithinTheBudget) {
-  alignas(16) static const std::byte memory[64] = {};
-  const auto view = [](int64_t offset, Shape shape) {
-    return ConstTensorView(memory + offset, DType::kBF16, shape, Device::kCuda);
-  };
-  const auto plan = [](std::vector<ConstTensorView> tensors, int64_t budget) {
-    return cuda::plan_l2_prefetch(tensors, budget, /*after_wait=*/false);
-  };
-  const int64_t mb = int64_t{1} << 20;
-  // V2-Lite's shared experts: gate_up [2, 2816, 2048] then down [2, 2048, 1408], 34.6 MB against 37.5 (3/4 of 50)
-  const cuda::L2PrefetchRegions v2 = plan({view(0, {2, 2816, 2048}), view(16, {2, 2048, 1408})}, 75 * mb / 2);
-  ASSERT_EQ(v2.count, 2);
-  EXPECT_EQ(v2.ptr[0], memory);
-  EXPECT_EQ(v2.ptr[1], memory + 16);
-  EXPECT_EQ(v2.bytes[0], int64_t{2} * 2816 * 2048 * 2);
-  EXPECT_EQ(v2.bytes[1], int64_t{2} * 2048 * 1408 * 2);
-  EXPECT_FALSE(v2.after_wait);
-  EXPECT_EQ(plan({view(0, {1, 4096, 7168}), view(0, {1, 7168, 2048})}, 75 * mb / 2).count, 0);  // V3's: too big
-  EXPECT_EQ(plan({view(0, {8, 8}), view(0, {64, 1024})}, 1000).count, 1);  // the second past the budget
-  EXPECT_EQ(plan({view(0, {0, 8}), view(0, {8, 8})}, 1000).count, 1);      // empty: skipped
-  EXPECT_EQ(plan({view(0, {8, 8}), view(0, {8}), view(0, {8, 8})}, 1000).count, 2);  // at most two
-  EXPECT_EQ(plan({view(2, {8, 8}), view(0, {8, 8})}, 1000).count, 0);     // misaligned: ends the plan
-  EXPECT_EQ(plan({view(0, {3})}, 1000).count, 0);                          // 6 bytes: not a multiple of 16
-  EXPECT_EQ(plan({view(0, {8, 8})}, 0).count, 0);                          // no budget (the switch off)
-  EXPECT_TRUE(cuda::plan_l2_prefetch({}, 1000, /*after_wait=*/true).after_wait);
-}
-
-// The skinny kernel takes prefetch regions only 16-byte aligned, non-empty and a multiple of 16 bytes.
-TEST(SkinnyGemm, FitsOnlyAlignedPrefetchRegions) {
-  alignas(16) static const uint16_t operand[16] = {};
-  const auto fits = [](const void* ptr, int64_t bytes, int count) {
-    cuda::SkinnyGemmParams p{.x = operand, .tokens = 1, .k_dim = 64, .x_row_stride = 64, .num_problems = 1};
-    p.problems[0] = {.w = operand, .n_out = 16, .out_row_stride = 16};
-    p.prefetch.count = count;
-    for (int i = 0; i < std::min(count, cuda::kL2PrefetchMaxRegions); ++i) {
-      p.prefetch.ptr[i] = ptr;
-      p.prefetch.bytes[i] = bytes;
-    }
-    return cuda::skinny_gemm_fits(p);
-  };
-  EXPECT_TRUE(fits(operand, 32, 2));
-  EXPECT_TRUE(fits(nullptr, 0, 0));
-  EXPECT_FALSE(fits(operand + 1, 32, 1));  // 2-byte aligned
-  EXPECT_FALSE(fits(operand, 24, 1));
-  EXPECT_FALSE(fits(operand, 0, 1));
-  EXPECT_FALSE(fits(operand, 32, 3));
-}
-
 // How many K steps a warp of the skinny kernel loads at once (host arithmetic): the whole range, before the grid
 // dependency wait, when it is 5..8 steps (K = 2048 at 8 warps a tile); else 4 at a time, pipelined.
 TEST(SkinnyGemm, LoadsShortWarpRangesWholeBeforeTheWait) {
@@ -1578,47 +1514,6 @@ TEST(CudaBackend, SplitKSkinnyGemmIsDeterministic) {
   EXPECT_EQ(run.download(second).bytes, bits);
   EXPECT_EQ(run.download(replayed).bytes, bits);
   for (const std::string& e : run.memory_errors()) ADD_FAILURE() << e;
-}
-
-// The prefetch hint changes no bit: V2-Lite's q_proj with kv_a at batch 1 (every CTA issues a share of the hint's
-// 35 MB, V2-Lite's shared experts), with the hint issued before and after the grid dependency wait, eager and
-// graph-replayed, against the same op without it.
-TEST(CudaBackend, MultiLinearPrefetchHintChangesNoBit) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
-  for (const char* after_wait : {"0", "1"}) {
-    SCOPED_TRACE(str_cat("DEEPINFER_L2_PREFETCH_AFTER_WAIT=", after_wait));
-    const ScopedEnv env("DEEPINFER_L2_PREFETCH_AFTER_WAIT", after_wait);
-    const std::unique_ptr<Backend> cuda = make_cuda_backend();
-    Rng rng(91);
-    DeviceMemory memory;
-    OpRunner run(*cuda, memory);
-    const int64_t k = 2048;
-    const TensorView x = run.upload(HostTensor::bf16({1, k}, rng.uniform(k)));
-    const TensorView q_w = run.upload(HostTensor::bf16({3072, k}, rng.uniform(3072 * k)));
-    const TensorView kv_w = run.upload(HostTensor::bf16({576, k}, rng.uniform(576 * k)));
-    const TensorView gate_up = run.output({2, 2816, k}, DType::kBF16), down = run.output({2, k, 1408}, DType::kBF16);
-    const std::array<ConstTensorView, 2> hint{gate_up, down};
-    ASSERT_EQ(cuda::plan_l2_prefetch(hint, int64_t{36} << 20, false).count, 2);  // the kernel takes the whole hint
-    const auto targets = [&](const TensorView& q, const TensorView& kv) {
-      return std::array{LinearTarget{.w = q_w, .out = q}, LinearTarget{.w = kv_w, .out = kv}};
-    };
-    const TensorView q0 = run.output({1, 3072}, DType::kBF16), kv0 = run.output({1, 576}, DType::kBF16);
-    const TensorView q1 = run.output({1, 3072}, DType::kBF16), kv1 = run.output({1, 576}, DType::kBF16);
-    const TensorView q2 = run.output({1, 3072}, DType::kBF16), kv2 = run.output({1, 576}, DType::kBF16);
-    const auto plain = targets(q0, kv0), hinted = targets(q1, kv1), replayed = targets(q2, kv2);
-    cuda->multi_linear({.x = x, .targets = plain});
-    cuda->multi_linear({.x = x, .targets = hinted, .prefetch = hint});
-    const std::unique_ptr<StepGraph> graph =
-        cuda->capture([&] { cuda->multi_linear({.x = x, .targets = replayed, .prefetch = hint}); });
-    ASSERT_NE(graph, nullptr);
-    ASSERT_TRUE(graph->replay());
-    CUDA_TRY(cudaDeviceSynchronize());
-    EXPECT_EQ(run.download(q1).bytes, run.download(q0).bytes);
-    EXPECT_EQ(run.download(kv1).bytes, run.download(kv0).bytes);
-    EXPECT_EQ(run.download(q2).bytes, run.download(q0).bytes);
-    EXPECT_EQ(run.download(kv2).bytes, run.download(kv0).bytes);
-    for (const std::string& e : run.memory_errors()) ADD_FAILURE() << e;
-  }
 }
 
 // The decode MoE in one persistent launch (up to 4 tokens at a hidden size of 4096 or more) hands out its work by

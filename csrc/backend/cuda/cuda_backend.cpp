@@ -26,7 +26,6 @@
 #include "backend/cuda/embedding.cuh"
 #include "backend/cuda/graph_arena.h"
 #include "backend/cuda/head_gemv.cuh"
-#include "backend/cuda/l2_prefetch_plan.h"
 #include "backend/cuda/launch.h"
 #include "backend/cuda/mla_cache_write.cuh"
 #include "backend/cuda/mla_decode.cuh"
@@ -151,10 +150,6 @@ bool op_overlap_enabled_from_env() { return !env_flag("DEEPINFER_DISABLE_OP_OVER
 // with W_UV (MlaDecodeArgs::w_uv), rather than folded into the projection's head_gemv.
 bool mla_fused_combine_enabled_from_env() { return !env_flag("DEEPINFER_DISABLE_MLA_FUSED_COMBINE"); }
 
-// DEEPINFER_DISABLE_L2_PREFETCH=1 ignores the ops' prefetch hints (MultiLinearArgs::prefetch);
-// DEEPINFER_L2_PREFETCH_AFTER_WAIT=1 issues them after the kernel's grid dependency wait instead of before it.
-bool l2_prefetch_enabled_from_env() { return !env_flag("DEEPINFER_DISABLE_L2_PREFETCH"); }
-
 class CudaBackend final : public Backend {
  public:
   // The device must already be current (make_cuda_backend makes it so).
@@ -166,10 +161,6 @@ class CudaBackend final : public Backend {
     int device = 0;
     CUDA_TRY(cudaGetDevice(&device));
     CUDA_TRY(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device));
-    int l2_bytes = 0;
-    CUDA_TRY(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
-    // Three quarters of L2: the weights streamed between the prefetch and the reads need room to pass through.
-    l2_prefetch_budget_ = l2_prefetch_enabled_from_env() ? int64_t{l2_bytes} * 3 / 4 : 0;
   }
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
@@ -360,13 +351,12 @@ class CudaBackend final : public Backend {
       check_gemm_operands(a.x, t.w, t.out, "cuda multi_linear");
       targets[i] = {t.w, t.out, t.silu_mul ? cuda::SkinnyEpilogue::kSiluMul : cuda::SkinnyEpilogue::kStore};
     }
-    cuda::SkinnyGemmParams skinny =
+    const cuda::SkinnyGemmParams skinny =
         skinny_params(a.x, std::span<const SkinnyTarget>(targets.data(), a.targets.size()));
     if (a.x.shape[0] == 0 || !use_skinny(a.x.dtype, skinny)) {
-      Backend::multi_linear(a);  // one op per target, each with its own choice of kernel; no prefetch
+      Backend::multi_linear(a);  // one op per target, each with its own choice of kernel
       return;
     }
-    skinny.prefetch = cuda::plan_l2_prefetch(a.prefetch, l2_prefetch_budget_, l2_prefetch_after_wait_);
     const auto timing = timed([&] {
       std::string label = str_cat("multi_linear M=", a.x.shape[0]);
       for (const LinearTarget& t : a.targets) label += str_cat(" [", t.w.shape[0], " x ", t.w.shape[1], "]");
@@ -928,8 +918,6 @@ class CudaBackend final : public Backend {
   bool recording_ = false;
   uint64_t graph_generation_ = 0;
   int num_sms_ = 0;
-  int64_t l2_prefetch_budget_ = 0;  // bytes of prefetch hints honoured per op
-  const bool l2_prefetch_after_wait_ = env_flag("DEEPINFER_L2_PREFETCH_AFTER_WAIT");
   const bool skinny_enabled_ = skinny_gemm_enabled_from_env();
   const bool head_gemv_enabled_ = head_gemv_enabled_from_env();  // head_linear at decode sizes on head_gemv.cu
   const bool fused_router_enabled_ = fused_router_enabled_from_env();  // moe's router logits in the route kernel

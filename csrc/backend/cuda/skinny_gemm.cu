@@ -18,9 +18,6 @@
 // blockIdx.x) that take consecutive slices of K with the same tile layout; after a cluster barrier, rank 0 adds the
 // ranks' partial tiles through distributed shared memory in rank order (the same bits every run) and runs the
 // epilogue once.
-//
-// A launch may carry an L2 prefetch for later kernels (SkinnyGemmParams::prefetch): each CTA issues its share as bulk
-// prefetches once its own weight loads are out.
 #include "backend/cuda/skinny_gemm.cuh"
 
 #include <cooperative_groups.h>
@@ -31,7 +28,6 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/l2_prefetch.cuh"
 #include "backend/cuda/launch.h"
 #include "backend/cuda/ptx.cuh"
 #include "core/env_flag.h"
@@ -142,11 +138,8 @@ __global__ void __launch_bounds__(kThreads, kUnroll == kWholeRangeUnroll ? 2 : 1
     }
   };
   load_weights(step_begin);
-  // The L2 prefetch (a hint for later kernels) queues behind this CTA's own weights, or after them with after_wait.
-  if (!p.prefetch.after_wait) prefetch_l2_share(p.prefetch, blockIdx.x, gridDim.x);
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
-  if (p.prefetch.after_wait) prefetch_l2_share(p.prefetch, blockIdx.x, gridDim.x);
 
   float acc[4] = {};
   if constexpr (kUnroll == kWholeRangeUnroll) {
@@ -310,10 +303,6 @@ bool skinny_gemm_fits(const SkinnyGemmParams& p) {
   }
   for (int i = 0; i < p.num_problems; ++i) {
     if (p.problems[i].n_out < 1 || !aligned16(p.problems[i].w)) return false;
-  }
-  if (p.prefetch.count < 0 || p.prefetch.count > kL2PrefetchMaxRegions) return false;
-  for (int i = 0; i < p.prefetch.count; ++i) {
-    if (!aligned16(p.prefetch.ptr[i]) || p.prefetch.bytes[i] <= 0 || p.prefetch.bytes[i] % 16 != 0) return false;
   }
   return true;
 }

@@ -17,8 +17,7 @@ namespace deepinfer::cuda {
 inline constexpr int64_t kSkinnyMaxTokens = 8;
 
 // Whether the kernel takes these operands: 1..kSkinnyMaxTokens tokens, K a positive multiple of 32, 16-byte aligned
-// x rows and weights, 1..kSkinnyMaxProblems problems with at least one output column each, and prefetch regions
-// that are 16-byte aligned, non-empty multiples of 16 bytes.
+// x rows and weights, 1..kSkinnyMaxProblems problems with at least one output column each.
 bool skinny_gemm_fits(const SkinnyGemmParams& p);
 
 // How many CTAs (a thread-block cluster) share each block of output tiles, each taking a slice of K: 1 (no split)

@@ -6,12 +6,9 @@
 //                                                             gaining the shared experts')
 //   kSiluMul     out[t, n] = silu(acc[t, n]) * acc[t, n_out + n]   (w = [gate; up], 2 * n_out rows)
 // x and w are bf16, row-major with K contiguous; out is bf16 or fp32 with rows out_row_stride elements apart.
-// Its CTAs may also pull other weights into L2 for later kernels (prefetch, a hint).
 #pragma once
 
 #include <cstdint>
-
-#include "backend/cuda/l2_prefetch_params.h"
 
 namespace deepinfer::cuda {
 
@@ -36,7 +33,6 @@ struct SkinnyGemmParams {
   int num_problems = 0;
   SkinnyProblem problems[kSkinnyMaxProblems];
   int32_t num_sms = 132;  // multiprocessors of the device: when the grid is small, K is split over a cluster
-  L2PrefetchRegions prefetch;  // each CTA issues its share (count 0: none)
 };
 
 }  // namespace deepinfer::cuda

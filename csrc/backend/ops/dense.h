@@ -42,10 +42,6 @@ inline constexpr size_t kMultiLinearMaxTargets = 3;
 struct MultiLinearArgs {
   ConstTensorView x;                      // [M, K]
   std::span<const LinearTarget> targets;  // 1..kMultiLinearMaxTargets
-  // Tensors that ops after this one read (weights): a device backend may pull them toward its cache while this op
-  // runs, in order, as far as its cache holds them whole. A hint: no result depends on it, and a backend may ignore
-  // it. Each on x's device.
-  std::span<const ConstTensorView> prefetch;
   void validate() const;
 };
 
