@@ -896,6 +896,7 @@ CaseRegistry build_registry() {
     add_add_rms_norm(r, act, 17, 7168, s + 44);
     add_add_rms_norm(r, act, 4, 1537, s + 45);
     add_add_rms_norm(r, act, 64, 1024, s + 46);
+    add_add_rms_norm(r, act, 2, 12288, s + 38);  // past the two chunks a thread keeps in registers
     // ops that let the next start early, then a skinny linear of their output (V2-Lite: norm -> q/kv_a,
     // W_UV -> o_proj)
     add_early_start_chain(r, act, true, 1, 2048, 576, s + 47);

@@ -199,7 +199,8 @@ inline void add_mla_prepare_rejects(CaseRegistry& r, BadPrepare bad) {
 // The shapes every backend runs: V2-Lite (16 heads) and V3 (128 heads) at DeepSeek's dims (nope 128, rope 64, rank
 // 512); decode only, mixed decode and prefill, prefill only (no q_abs); no tokens, one token, a few hundred; both
 // rope layouts; YaRN's attention scaling; 64-token and odd (7, 3) pages; odd dims whose pairs are not 4-byte aligned
-// in bfloat16; a rope wider than a block (lanes loop over pairs) and a rank past 1024 (the 512-thread reduction).
+// in bfloat16; a rope wider than a block (lanes loop over pairs), a rank past 1024 (the 512-thread reduction) and one
+// past the values a thread keeps in registers.
 inline void add_mla_prepare_cases(CaseRegistry& r, DType device_dtype, double tolerance, uint64_t seed) {
   const MlaPrepareShape v2_lite{.heads = 16, .nope = 128, .rope = 64, .rank = 512, .page_size = 64};
   MlaPrepareShape v3 = v2_lite;
@@ -229,6 +230,8 @@ inline void add_mla_prepare_cases(CaseRegistry& r, DType device_dtype, double to
   add({.tokens = 5, .decode = 2, .heads = 3, .nope = 5, .rope = 4, .rank = 9, .page_size = 3, .interleaved = false});
   add({.tokens = 3, .decode = 1, .heads = 5, .nope = 4, .rope = 512, .rank = 16, .page_size = 4});    // wide rope
   add({.tokens = 3, .decode = 2, .heads = 2, .nope = 8, .rope = 16, .rank = 1536, .page_size = 64});  // wide rank
+  // 1000 at 128 threads: each thread keeps 4 c_kv values with weights loaded ahead and reads its others again
+  add({.tokens = 2, .decode = 2, .heads = 2, .nope = 8, .rope = 16, .rank = 1000, .page_size = 64});
 }
 
 }  // namespace deepinfer::op_test

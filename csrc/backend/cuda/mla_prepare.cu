@@ -13,6 +13,9 @@
 //     once, where rope then a copy read it twice.
 // Splitting a token's heads over blocks keeps small decode batches spread over the SMs (128 heads of 64 rope values
 // are 48 KB to move per token); the rope math (rope_rotation.cuh) is the rope kernel's, so every value matches it.
+// At decode sizes the kernel is a link of the step's dependent chain: what it reads that no earlier kernel of the
+// step writes (position, slot, the first pair's cos and sin, the norm weights) it reads before its grid dependency
+// wait, and each thread keeps its c_kv elements in registers between the norm's two passes (PrepareAhead).
 #include "backend/cuda/mla_prepare.cuh"
 
 #include <climits>
@@ -39,23 +42,47 @@ struct MlaPrepareTraits {
 // Threads of a q block that share a head row: one per rope pair, at most the whole block.
 __host__ __device__ constexpr int64_t pair_lanes(int64_t half, int threads) { return half < threads ? half : threads; }
 
+// What a block reads before its grid dependency wait: the token's position and cache slot (step inputs, copied
+// before the step's first kernel), its first rope pair's cos and sin, and (latent block) the weights of the thread's
+// first kv_a_layernorm elements. After the wait only the rows the projections wrote are left to read.
 template <typename Traits>
-__device__ __forceinline__ void prepare_latent_row(const MlaPrepareParams& p, int64_t t) {
+struct PrepareAhead {
+  static constexpr int kNormCached = 4;  // c_kv elements a thread keeps: kv_lora_rank 512 at 128 threads
+  int64_t slot = -1;
+  float cos_a = 1.0f, sin_a = 0.0f;  // rope pair `first_pair`
+  int64_t first_pair = 0;
+  RowWeightsAhead<Traits::kThreads, kNormCached> norm;
+};
+
+// The cos and sin of the thread's rope pairs: the one computed ahead, or (more pairs than lanes) computed here.
+__device__ __forceinline__ void pair_cos_sin(const MlaPrepareParams& p, int32_t position, int64_t i,
+                                             int64_t first_pair, float ahead_cos, float ahead_sin, float& cos_a,
+                                             float& sin_a) {
+  if (i == first_pair) {
+    cos_a = ahead_cos;
+    sin_a = ahead_sin;
+  } else {
+    rope_cos_sin(position, p.inv_freq[i], p.attention_scaling, cos_a, sin_a);
+  }
+}
+
+template <typename Traits>
+__device__ __forceinline__ void prepare_latent_row(const MlaPrepareParams& p, int64_t t, int32_t position,
+                                                   const PrepareAhead<Traits>& ahead) {
   using T = typename Traits::Element;
   const int64_t row_dim = p.rank + p.rope_dim;
   T* row = static_cast<T*>(p.latent) + t * row_dim;
-  const int64_t slot = p.slot_mapping[t];
+  const int64_t slot = ahead.slot;
   T* cache_row = slot >= 0 && slot < p.num_slots ? static_cast<T*>(p.cache) + slot * row_dim : nullptr;
-  rms_norm_row<Traits::kThreads>(row, p.kv_a_norm, p.rank, p.eps, [&](int64_t i, T v) {
+  rms_norm_row<Traits::kThreads>(row, ahead.norm, p.kv_a_norm, p.rank, p.eps, [&](int64_t i, T v) {
     row[i] = v;
     if (cache_row != nullptr) cache_row[i] = v;
   });
   // k_pe: the columns after c_kv, which the norm neither reads nor writes.
   const int64_t half = p.rope_dim / 2;
-  const int32_t position = p.positions[t];
   for (int64_t i = threadIdx.x; i < half; i += Traits::kThreads) {
     float cos_a, sin_a;
-    rope_cos_sin(position, p.inv_freq[i], p.attention_scaling, cos_a, sin_a);
+    pair_cos_sin(p, position, i, ahead.first_pair, ahead.cos_a, ahead.sin_a, cos_a, sin_a);
     const RopePair r = rope_rotate(load_rope_pair(row + p.rank, i, half, p.interleaved), cos_a, sin_a);
     store_rope_pair(row + p.rank, i, half, p.interleaved, r);
     if (cache_row != nullptr) store_rope_pair(cache_row + p.rank, i, half, p.interleaved, r);
@@ -63,7 +90,8 @@ __device__ __forceinline__ void prepare_latent_row(const MlaPrepareParams& p, in
 }
 
 template <typename Traits>
-__device__ __forceinline__ void rotate_q_heads(const MlaPrepareParams& p, int64_t t, int64_t block) {
+__device__ __forceinline__ void rotate_q_heads(const MlaPrepareParams& p, int64_t t, int64_t block, int32_t position,
+                                               const PrepareAhead<Traits>& ahead) {
   using T = typename Traits::Element;
   constexpr int kBatch = Traits::kHeadsPerBatch;
   const int64_t half = p.rope_dim / 2;
@@ -75,10 +103,9 @@ __device__ __forceinline__ void rotate_q_heads(const MlaPrepareParams& p, int64_
   T* abs_pe = t < p.num_decode ? static_cast<T*>(p.q_abs) + t * p.num_heads * abs_dim + p.rank : nullptr;
   const int64_t h_begin = block * p.heads_per_block;
   const int64_t h_end = min(p.num_heads, h_begin + p.heads_per_block);
-  const int32_t position = p.positions[t];
   for (int64_t i = lane; i < half; i += lanes) {
     float cos_a, sin_a;
-    rope_cos_sin(position, p.inv_freq[i], p.attention_scaling, cos_a, sin_a);
+    pair_cos_sin(p, position, i, ahead.first_pair, ahead.cos_a, ahead.sin_a, cos_a, sin_a);
     for (int64_t h0 = h_begin + row; h0 < h_end; h0 += rows * kBatch) {
       RopePair x[kBatch] = {};
 #pragma unroll
@@ -100,13 +127,27 @@ __device__ __forceinline__ void rotate_q_heads(const MlaPrepareParams& p, int64_
 
 template <typename Traits>
 __global__ void __launch_bounds__(Traits::kThreads) mla_prepare_kernel(__grid_constant__ const MlaPrepareParams p) {
-  ptx::griddep_wait();  // the latent, q and the cache slots come from earlier kernels (ptx.cuh's rule)
-  ptx::griddep_launch_dependents();
   const int64_t t = blockIdx.x;
-  if (blockIdx.y == 0) {
-    prepare_latent_row<Traits>(p, t);
+  const bool latent_block = blockIdx.y == 0;
+  // Before the wait: step inputs and constants only (ptx.cuh's rule 1; the step's inputs were copied before its
+  // first kernel).
+  PrepareAhead<Traits> ahead;
+  const int32_t position = p.positions[t];
+  const int64_t half = p.rope_dim / 2;
+  ahead.first_pair = latent_block || half == 0 ? threadIdx.x : threadIdx.x % pair_lanes(half, Traits::kThreads);
+  if (ahead.first_pair < half) {
+    rope_cos_sin(position, p.inv_freq[ahead.first_pair], p.attention_scaling, ahead.cos_a, ahead.sin_a);
+  }
+  if (latent_block) {
+    ahead.slot = p.slot_mapping[t];
+    ahead.norm.load(p.kv_a_norm, p.rank);
+  }
+  ptx::griddep_wait();  // the latent and q come from earlier kernels, and the cache rows may be read by them
+  ptx::griddep_launch_dependents();
+  if (latent_block) {
+    prepare_latent_row<Traits>(p, t, position, ahead);
   } else {
-    rotate_q_heads<Traits>(p, t, blockIdx.y - 1);
+    rotate_q_heads<Traits>(p, t, blockIdx.y - 1, position, ahead);
   }
 }
 

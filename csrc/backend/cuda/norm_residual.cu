@@ -1,7 +1,8 @@
 // RMSNorm with an optional fused residual add: one block per row. Pass 1: each thread adds (and stores) its slice of
 // the residual and sums the squares of the stored values in fp32; the block reduces the sums (warp shuffles, then one
-// value per warp through shared memory). Pass 2: each thread re-reads its own slice (from L1/L2) and writes the
-// normalized values. Every thread touches the same elements in both passes, so out may alias x.
+// value per warp through shared memory). Pass 2: each thread writes the normalized values of its own slice, kept in
+// registers from pass 1 (the first kKeptChunks chunks, with weights loaded before the grid dependency wait) or read
+// again. Every thread touches the same elements in both passes, so out may alias x.
 #include "backend/cuda/norm_residual.cuh"
 
 #include <climits>
@@ -100,9 +101,20 @@ __device__ __forceinline__ Chunk<Traits> load_weight(const float* w) {
   return c;
 }
 
+// Chunks a thread keeps in registers between the passes, their weights loaded before the grid dependency wait (a
+// constant): V2-Lite's 2048 at 128 threads and V3's 7168 at 512 are two chunks a thread. Later chunks are read again.
+constexpr int kKeptChunks = 2;
+
 template <typename Traits>
 __global__ void __launch_bounds__(Traits::kThreads) norm_residual_kernel(__grid_constant__ const NormResidualParams p) {
   if (p.trigger_early) ptx::griddep_launch_dependents();  // the next kernel reads only constants before its wait
+  constexpr int64_t kStride = int64_t{Traits::kThreads} * Traits::kVec;  // elements between a thread's chunks
+  const int64_t first = static_cast<int64_t>(threadIdx.x) * Traits::kVec;
+  Chunk<Traits> weight[kKeptChunks];
+#pragma unroll
+  for (int c = 0; c < kKeptChunks; ++c) {
+    if (first + c * kStride < p.dim) weight[c] = load_weight<Traits>(p.weight + first + c * kStride);
+  }
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
   using T = typename Traits::Element;
@@ -111,9 +123,9 @@ __global__ void __launch_bounds__(Traits::kThreads) norm_residual_kernel(__grid_
   T* residual = Traits::kAddResidual ? static_cast<T*>(p.residual) + row * p.residual_row_stride : nullptr;
   T* out = static_cast<T*>(p.out) + row * p.out_row_stride;
   const T* source = Traits::kAddResidual ? residual : x;  // the values normalized in pass 2
-
+  // Pass 1 on element i: the value normalized in pass 2 (the residual sum as stored, rounded), its squares summed.
   float sum_sq = 0.0f;
-  for (int64_t i = static_cast<int64_t>(threadIdx.x) * Traits::kVec; i < p.dim; i += Traits::kThreads * Traits::kVec) {
+  const auto pass1 = [&](int64_t i) {
     Chunk<Traits> v = load_chunk<Traits>(x + i);
     if constexpr (Traits::kAddResidual) {
       const Chunk<Traits> r = load_chunk<Traits>(residual + i);
@@ -123,14 +135,26 @@ __global__ void __launch_bounds__(Traits::kThreads) norm_residual_kernel(__grid_
     }
 #pragma unroll
     for (int j = 0; j < Traits::kVec; ++j) sum_sq = fmaf(v.v[j], v.v[j], sum_sq);
+    return v;
+  };
+  Chunk<Traits> kept[kKeptChunks];
+#pragma unroll
+  for (int c = 0; c < kKeptChunks; ++c) {
+    if (first + c * kStride < p.dim) kept[c] = pass1(first + c * kStride);
   }
+  for (int64_t i = first + kKeptChunks * kStride; i < p.dim; i += kStride) pass1(i);
   const float inv_rms = rsqrtf(block_sum<Traits>(sum_sq) / static_cast<float>(p.dim) + p.eps);
-  for (int64_t i = static_cast<int64_t>(threadIdx.x) * Traits::kVec; i < p.dim; i += Traits::kThreads * Traits::kVec) {
-    Chunk<Traits> v = load_chunk<Traits>(source + i);
-    const Chunk<Traits> w = load_weight<Traits>(p.weight + i);
+  const auto pass2 = [&](int64_t i, Chunk<Traits> v, const Chunk<Traits>& w) {
 #pragma unroll
     for (int j = 0; j < Traits::kVec; ++j) v.v[j] = w.v[j] * (v.v[j] * inv_rms);
     store_chunk<Traits>(out + i, v);
+  };
+#pragma unroll
+  for (int c = 0; c < kKeptChunks; ++c) {
+    if (first + c * kStride < p.dim) pass2(first + c * kStride, kept[c], weight[c]);
+  }
+  for (int64_t i = first + kKeptChunks * kStride; i < p.dim; i += kStride) {
+    pass2(i, load_chunk<Traits>(source + i), load_weight<Traits>(p.weight + i));
   }
 }
 
