@@ -55,6 +55,11 @@ struct PartialsShared {
   uint4 x[kHeadGemvMaxTokens][T::kK / 8];
 };
 
+// Splits of partials a thread loads together with the log-sum-exps, before the weights are known: 18 at batch 1
+// and context 1k. The weights are the split combine's only dependency, so with them in flight too the combine costs
+// one global round trip after the wait instead of one for the weights and one or more for the partials.
+inline constexpr int kSplitsAhead = 24;
+
 // Combines rows (t, head) of x for every token into s.x; every thread of the CTA calls it, after griddep_wait.
 // The arithmetic is the split combine's (mla_decode.cu): the same weights, splits summed in order, the same rounding.
 template <typename T>
@@ -64,6 +69,19 @@ __device__ void combine_partials(const HeadGemvParams& p, int64_t head, Partials
   const int splits = p.x_splits, tokens = static_cast<int>(p.tokens);
   const int64_t rows = p.tokens * p.heads;
   const float* lse = p.x_partials + static_cast<int64_t>(splits) * rows * kK;
+  // Element pair i of the combined rows: token i / (K / 2), columns 2 (i % (K / 2)) and the next; its partials are
+  // rows * K floats apart from one split to the next.
+  const auto pair_src = [&](int i) {
+    return p.x_partials + (static_cast<int64_t>(i / (kK / 2)) * p.heads + head) * kK + 2 * (i % (kK / 2));
+  };
+  const int first = static_cast<int>(threadIdx.x);  // the thread's first pair
+  const bool has_first = first < tokens * (kK / 2);
+  float2 ahead[kSplitsAhead];
+#pragma unroll
+  for (int k = 0; k < kSplitsAhead; ++k) {
+    ahead[k] = has_first && k < splits ? __ldcg(reinterpret_cast<const float2*>(pair_src(first) + k * rows * kK))
+                                       : make_float2(0.0f, 0.0f);
+  }
   for (int i = static_cast<int>(threadIdx.x); i < tokens * splits; i += kThreads) {
     const int t = i / splits, k = i % splits;
     s.weight[t][k] = __ldcg(lse + k * rows + t * p.heads + head);
@@ -86,19 +104,26 @@ __device__ void combine_partials(const HeadGemvParams& p, int64_t head, Partials
     if (lane == 0) s.inv_sum[warp] = sum > 0.0f ? 1.0f / sum : 0.0f;
   }
   __syncthreads();
-  for (int i = static_cast<int>(threadIdx.x); i < tokens * (kK / 2); i += kThreads) {
+  for (int i = first; i < tokens * (kK / 2); i += kThreads) {
     const int t = i / (kK / 2), col = 2 * (i % (kK / 2));
-    const float* src = p.x_partials + (t * p.heads + head) * kK + col;
+    const float* src = pair_src(i);
     float acc0 = 0.0f, acc1 = 0.0f;
-#pragma unroll 8
-    for (int k = 0; k < splits; ++k) {
-      const float2 v = __ldcg(reinterpret_cast<const float2*>(src + k * rows * kK));
+    const auto add = [&](int k, float2 v) {
       const float w = s.weight[t][k];
       if (w > 0.0f) {  // an empty split wrote no partial: never multiply what it left there
         acc0 += w * v.x;
         acc1 += w * v.y;
       }
+    };
+    int k = 0;
+    if (i == first) {
+#pragma unroll
+      for (; k < kSplitsAhead; ++k) {
+        if (k < splits) add(k, ahead[k]);
+      }
     }
+#pragma unroll 8
+    for (; k < splits; ++k) add(k, __ldcg(reinterpret_cast<const float2*>(src + k * rows * kK)));
     const float inv = s.inv_sum[t];
     const __nv_bfloat162 pair = __floats2bfloat162_rn(acc0 * inv, acc1 * inv);
     reinterpret_cast<uint32_t*>(&s.x[t][0])[col / 2] = *reinterpret_cast<const uint32_t*>(&pair);

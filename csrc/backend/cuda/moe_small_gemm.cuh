@@ -136,6 +136,21 @@ struct SmallItem {
     load_weights(ks);
   }
 
+  // The pairs of the slot's rows p0 .. p0 + kRowsPerPass into sm.pair_s (-1 past its count); a barrier must come
+  // before they are read.
+  __device__ __forceinline__ void load_pairs(const MoeKernelParams& kp, SmallSharedOf<T>& sm, const SlotWork& work,
+                                             int p0) {
+    const int tid = threadIdx.x;
+    if (tid < T::kRowsPerPass) {
+      const int n = p0 + tid;
+      sm.pair_s[tid] = n >= work.count      ? -1
+                       : work.shared >= 0 ? n * kp.p.top_k + (kp.p.top_k - kp.shared_slots) + work.shared
+                                          : __ldcg(&kp.row_pair[work.row0 + n]);
+    }
+  }
+
+  // The caller has run load_pairs(..., 0) (the down kernel before its wait, where it may), so each pass's pairs load
+  // at the end of the pass before it.
   template <typename ColBlock>
   __device__ __forceinline__ void compute(const MoeKernelParams& kp, SmallSharedOf<T>& sm, const SlotWork& work,
                                           ColBlock col_block) {
@@ -144,12 +159,6 @@ struct SmallItem {
     const int h = warp & 1, ks = warp >> 1;
     bool weights_loaded = true;  // the first group of the first pass
     for (int p0 = 0; p0 < work.count; p0 += T::kRowsPerPass) {
-      if (tid < T::kRowsPerPass) {
-        const int n = p0 + tid;
-        sm.pair_s[tid] = n >= work.count      ? -1
-                         : work.shared >= 0 ? n * p.top_k + (p.top_k - kp.shared_slots) + work.shared
-                                            : __ldcg(&kp.row_pair[work.row0 + n]);
-      }
       __syncthreads();
       const uint16_t* src[T::kTokenTiles];
 #pragma unroll
@@ -233,6 +242,7 @@ struct SmallItem {
         }
       }
       __syncthreads();  // pair_s and red are reused by the next pass
+      if (p0 + T::kRowsPerPass < work.count) load_pairs(kp, sm, work, p0 + T::kRowsPerPass);
     }
   }
 };
@@ -262,9 +272,9 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) moe_small_gemm_ker
   //    scatter, or router and route in one), so x, an input of the call and written before it, is complete. These
   //    CTAs know their expert and pairs without the routing, so they run whole before the wait, while the routing
   //    runs; they write only their own pairs' act rows, which no kernel reads before the down kernel.
-  //  - down (kp.down_prewait): the predecessor is the gate/up kernel, so the routing kernel, which wrote slot_info,
-  //    has completed. The slot record, and with it the first weights (constant), are loaded before the wait, while
-  //    gate/up finishes; act, gate/up's output, is read after it.
+  //  - down (kp.down_prewait): the predecessor is the gate/up kernel, so the routing kernel, which wrote slot_info
+  //    and row_pair, has completed. The slot record, the first pass's row pairs, and the first weights (constant)
+  //    are loaded before the wait, while gate/up finishes; act, gate/up's output, is read after it.
   const bool shared_early = T::kGateUp && static_cast<int>(blockIdx.y) < kp.shared_prewait * kp.shared_slots;
   const bool read_slot_early = shared_early || (!T::kGateUp && kp.down_prewait != 0);
   if (!read_slot_early) {
@@ -276,6 +286,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) moe_small_gemm_ker
   const auto col_block = [] { return static_cast<int>(blockIdx.x); };
   SmallItem<T> item;
   if (e >= 0) item.load_first(kp, e, col_block);
+  // The down kernel's first pairs before the wait (row_pair, like slot_info, is the routing's); gate/up's after it.
+  if (!T::kGateUp && read_slot_early) item.load_pairs(kp, sm, work, 0);
   if (read_slot_early && !shared_early) {
     griddep_wait();
     griddep_launch_dependents();
@@ -290,6 +302,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) moe_small_gemm_ker
       for (int64_t at = begin + threadIdx.x * 128; at < end; at += T::kThreads * 128) prefetch_l2_evict_last(base + at);
     }
   }
+  if (T::kGateUp || !read_slot_early) item.load_pairs(kp, sm, work, 0);
   item.compute(kp, sm, work, col_block);
   if constexpr (!T::kGateUp) {
     // The active count read again here (work.num_active, the same record), not held in a register across the K loop:

@@ -84,6 +84,7 @@ __global__ void __launch_bounds__(FfnGateUp::kThreads, FfnGateUp::kMinBlocks)
     if (work.expert >= 0 && it.gate_up) {
       SmallItem<FfnGateUp> item;
       item.load_first(kp, work.expert, col_block);
+      item.load_pairs(kp, sm, work, 0);
       item.compute(kp, sm, work, col_block);
       __threadfence();  // each thread's act stores, then one count for the CTA (the combine's handoff, too)
       __syncthreads();
@@ -97,6 +98,7 @@ __global__ void __launch_bounds__(FfnGateUp::kThreads, FfnGateUp::kMinBlocks)
         while (ld_acquire_gpu(&gate_up_done[it.slot]) < tk.gu_cols) __nanosleep(256);
       }
       __syncthreads();
+      item.load_pairs(kp, sm, work, 0);
       item.compute(kp, sm, work, col_block);
       wait_once();  // the combine reads the routing's ids and weights, and the active count
       combine_if_last<FfnDown>(kp, sm, it.col_block, __ldcg(&kp.slot_info[it.slot]).w);
