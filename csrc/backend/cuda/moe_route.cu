@@ -558,36 +558,16 @@ void check_experts(const MoeParams& p, MoeExpertsPath path) {
   }
 }
 
-// DEEPINFER_ROUTER_EXCLUSIVE_SM=1 (an experiment): the fused router's CTAs reserve all the shared memory an SM has,
-// so that no other kernel's CTA (the shared experts' gate/up, streaming beside the routing) shares their SMs.
-template <typename Kernel>
-size_t router_exclusive_smem(Kernel kernel) {
-  static const bool exclusive = env_flag("DEEPINFER_ROUTER_EXCLUSIVE_SM");
-  if (!exclusive) return 0;
-  int device = 0, optin = 0;
-  CUDA_TRY(cudaGetDevice(&device));
-  CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  cudaFuncAttributes attributes{};
-  CUDA_TRY(cudaFuncGetAttributes(&attributes, kernel));
-  const size_t dynamic = static_cast<size_t>(optin) - attributes.sharedSizeBytes;
-  CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dynamic)));
-  return dynamic;
-}
-
 void launch_route(const MoeKernelParams& kp, cudaStream_t stream) {
   const LaunchShape shape{.grid = dim3(kp.route_blocks), .block = dim3(kRouteThreads)};
   if (kp.fused_router) {  // one route block (moe_fused_router_supported): the scatter is fused
     const int routed = kp.p.num_experts - kp.p.num_shared_experts;
     const unsigned ctas = (routed + kRouteWarps - 1) / kRouteWarps;
-    LaunchShape router_shape{.grid = dim3(ctas), .block = dim3(kRouteThreads),
-                             .cluster_ctas = kp.router_cluster ? ctas : 1u};
+    const LaunchShape router_shape{.grid = dim3(ctas), .block = dim3(kRouteThreads),
+                                   .cluster_ctas = kp.router_cluster ? ctas : 1u};
     if (kp.p.hidden <= 8 * 256) {  // V2-Lite's 2048
-      static const size_t smem = router_exclusive_smem(moe_router_route_kernel<8>);
-      router_shape.smem_bytes = smem;
       launch_pdl(moe_router_route_kernel<8>, router_shape, stream, kp);
     } else {
-      static const size_t smem = router_exclusive_smem(moe_router_route_kernel<kRouterPiecesMax>);
-      router_shape.smem_bytes = smem;
       launch_pdl(moe_router_route_kernel<kRouterPiecesMax>, router_shape, stream, kp);
     }
     return;
