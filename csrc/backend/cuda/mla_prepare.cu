@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(Traits::kThreads) mla_prepare_kernel(__grid_co
     ahead.slot = p.slot_mapping[t];
     ahead.norm.load(p.kv_a_norm, p.rank);
   }
-  ptx::griddep_wait();  // the latent and q come from earlier kernels, and the cache rows may be read by them
+  ptx::griddep_wait();  // the latent and q come from earlier kernels; the cache rows are written after them
   ptx::griddep_launch_dependents();
   if (latent_block) {
     prepare_latent_row<Traits>(p, t, position, ahead);
