@@ -112,20 +112,23 @@ __device__ __forceinline__ TileRange split_tiles(int context_len, int split, int
   return {begin, min(begin + per_split, num_tiles)};
 }
 
+// The token whose cache row this thread copies in tile `tile` (4 threads a row).
+__device__ __forceinline__ int tile_token(int tile) { return tile * kBlockN + static_cast<int>(threadIdx.x >> 2); }
+
 // Tile `tile` of a sequence (tokens tile * 64 ..) into the swizzled stage at `dst`: the rows of tokens in
 // [tokens_from, tokens_to). Rows past the context are zero-filled (their pages are never looked up: unused
-// page-table slots may hold anything).
+// page-table slots may hold anything). known_page >= 0: the thread's row's page, looked up already.
 template <typename T>
 __device__ __forceinline__ void load_kv_tile(uint32_t dst, const MlaDecodeParams& p, const int32_t* pages,
                                              int tile, int context_len, int tokens_from = 0,
-                                             int tokens_to = INT_MAX) {
+                                             int tokens_to = INT_MAX, int32_t known_page = -1) {
   const int row = threadIdx.x >> 2, sub = threadIdx.x & 3;
-  const int token = tile * kBlockN + row;
+  const int token = tile_token(tile);
   if (token < tokens_from || token >= tokens_to) return;
   const bool valid = token < context_len;
   const uint16_t* src = p.cache;
   if (valid) {
-    const int64_t page = pages[token / p.page_size];
+    const int64_t page = known_page >= 0 ? known_page : pages[token / p.page_size];
     src += (page * p.page_size + token % p.page_size) * kHeadDim;
   }
   const uint32_t src_bytes = valid ? 16u : 0u;
@@ -136,12 +139,17 @@ __device__ __forceinline__ void load_kv_tile(uint32_t dst, const MlaDecodeParams
   }
 }
 
+inline constexpr int kMaxFirstTiles = 2;  // kStages - 1 of the deepest pipeline
+
 // A CTA's sequence and split, read at its start.
 struct CtaKv {
   int context_len = 0;
   TileRange range;
   const int32_t* pages = nullptr;  // the sequence's page-table row
   int settled = 0;                 // rows [0, settled) were copied before griddep_wait
+  // With an early start, the page of this thread's row in each first tile when that row is fresh (-1 otherwise),
+  // looked up before the wait: the page table is a step input, so after the wait only the row's bytes are left.
+  int32_t fresh_page[kMaxFirstTiles] = {-1, -1};
 };
 
 // The start of a decode CTA, up to and including griddep_wait. With p.fresh_rows >= 0 the metadata and every row but
@@ -158,12 +166,15 @@ __device__ __forceinline__ CtaKv start_cta(const MlaDecodeParams& p, int b, int 
   kv.range = split_tiles(kv.context_len, split, p.num_splits);
   kv.pages = p.page_table + static_cast<int64_t>(b) * p.max_pages_per_seq;
   if (early) {
+    static_assert(T::kStages - 1 <= kMaxFirstTiles, "CtaKv::fresh_page holds every first tile");
     kv.settled = max(kv.context_len - p.fresh_rows, 0);
 #pragma unroll
     for (int st = 0; st < T::kStages - 1; ++st) {
       if (kv.range.begin + st < kv.range.end) {
         load_kv_tile<T>(kv_base + st * T::kTileBytes, p, kv.pages, kv.range.begin + st, kv.context_len, 0,
                         kv.settled);
+        const int token = tile_token(kv.range.begin + st);
+        if (token >= kv.settled && token < kv.context_len) kv.fresh_page[st] = kv.pages[token / p.page_size];
       }
     }
     griddep_wait();  // q and the fresh rows come from the previous kernels
@@ -178,7 +189,8 @@ __device__ __forceinline__ void finish_first_tiles(uint32_t kv_base, const MlaDe
 #pragma unroll
   for (int st = 0; st < T::kStages - 1; ++st) {
     if (kv.range.begin + st < kv.range.end) {
-      load_kv_tile<T>(kv_base + st * T::kTileBytes, p, kv.pages, kv.range.begin + st, kv.context_len, kv.settled);
+      load_kv_tile<T>(kv_base + st * T::kTileBytes, p, kv.pages, kv.range.begin + st, kv.context_len, kv.settled,
+                      INT_MAX, kv.fresh_page[st]);
     }
     cp_async_commit();
   }
