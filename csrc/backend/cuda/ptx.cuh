@@ -21,7 +21,7 @@ namespace deepinfer::cuda::ptx {
 //      kernels (moe_small_gemm.cuh), head_gemv with before_wait (W_UK beside mla_prepare) and MLA decode's cache rows
 //      of earlier ops (MlaDecodeParams::fresh_rows). The step's inputs (positions, cache slots, attention metadata),
 //      copied to the device before the step's first kernel, are complete for every kernel of the step, as each one
-//      starts after that first one did: they may be read before the wait as well (mla_prepare does).
+//      starts after that first one did: they may be read before the wait as well (mla_prepare, MLA decode).
 //   2. griddep_launch_dependents() after the wait, anywhere (right after it is fine): the next grid may then be
 //      scheduled, but still blocks in its own griddep_wait until this whole grid has completed and its memory is
 //      visible. Calling it after the wait keeps at most two grids of the stream resident. Exception: a kernel told
