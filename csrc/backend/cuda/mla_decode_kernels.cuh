@@ -151,6 +151,7 @@ struct CtaKv {
   // looked up before the wait: the page table is a step input, so after the wait only the row's bytes are left.
   int32_t fresh_page[kMaxFirstTiles] = {-1, -1};
 };
+static_assert(kMaxFirstTiles == 2, "CtaKv::fresh_page's initializer sets every first tile to -1");
 
 // The start of a decode CTA, up to and including griddep_wait. With p.fresh_rows >= 0 the metadata and every row but
 // the sequence's last fresh_rows were complete before the previous kernel (the step's input upload, earlier steps,

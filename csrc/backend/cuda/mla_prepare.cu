@@ -52,19 +52,18 @@ struct PrepareAhead {
   float cos_a = 1.0f, sin_a = 0.0f;  // rope pair `first_pair`
   int64_t first_pair = 0;
   RowWeightsAhead<Traits::kThreads, kNormCached> norm;
-};
 
-// The cos and sin of the thread's rope pairs: the one computed ahead, or (more pairs than lanes) computed here.
-__device__ __forceinline__ void pair_cos_sin(const MlaPrepareParams& p, int32_t position, int64_t i,
-                                             int64_t first_pair, float ahead_cos, float ahead_sin, float& cos_a,
-                                             float& sin_a) {
-  if (i == first_pair) {
-    cos_a = ahead_cos;
-    sin_a = ahead_sin;
-  } else {
-    rope_cos_sin(position, p.inv_freq[i], p.attention_scaling, cos_a, sin_a);
+  // The cos and sin of the thread's rope pair i: the one computed ahead, or (more pairs than lanes) computed here.
+  __device__ __forceinline__ void pair_cos_sin(const MlaPrepareParams& p, int32_t position, int64_t i, float& c,
+                                               float& s) const {
+    if (i == first_pair) {
+      c = cos_a;
+      s = sin_a;
+    } else {
+      rope_cos_sin(position, p.inv_freq[i], p.attention_scaling, c, s);
+    }
   }
-}
+};
 
 template <typename Traits>
 __device__ __forceinline__ void prepare_latent_row(const MlaPrepareParams& p, int64_t t, int32_t position,
@@ -82,7 +81,7 @@ __device__ __forceinline__ void prepare_latent_row(const MlaPrepareParams& p, in
   const int64_t half = p.rope_dim / 2;
   for (int64_t i = threadIdx.x; i < half; i += Traits::kThreads) {
     float cos_a, sin_a;
-    pair_cos_sin(p, position, i, ahead.first_pair, ahead.cos_a, ahead.sin_a, cos_a, sin_a);
+    ahead.pair_cos_sin(p, position, i, cos_a, sin_a);
     const RopePair r = rope_rotate(load_rope_pair(row + p.rank, i, half, p.interleaved), cos_a, sin_a);
     store_rope_pair(row + p.rank, i, half, p.interleaved, r);
     if (cache_row != nullptr) store_rope_pair(cache_row + p.rank, i, half, p.interleaved, r);
@@ -105,7 +104,7 @@ __device__ __forceinline__ void rotate_q_heads(const MlaPrepareParams& p, int64_
   const int64_t h_end = min(p.num_heads, h_begin + p.heads_per_block);
   for (int64_t i = lane; i < half; i += lanes) {
     float cos_a, sin_a;
-    pair_cos_sin(p, position, i, ahead.first_pair, ahead.cos_a, ahead.sin_a, cos_a, sin_a);
+    ahead.pair_cos_sin(p, position, i, cos_a, sin_a);
     for (int64_t h0 = h_begin + row; h0 < h_end; h0 += rows * kBatch) {
       RopePair x[kBatch] = {};
 #pragma unroll
