@@ -225,9 +225,7 @@ Tensor DeepseekModel::moe(const MoeWeights& w, const Tensor& h) {
                           .routed_scaling_factor = static_cast<float>(c.routed_scaling_factor),
                           .num_shared_experts = w.num_shared_experts},
                 .x = h.cview(), .w_gate_up = w.experts_gate_up.cview(), .w_down = w.experts_down.cview(),
-                .out = out.view(), .router = w.gate.cview(), .router_logits = router_logits.view(),
-                // The residual add and norm after it (or the last layer's add) read only constants before their wait.
-                .next_op_may_start_early = true});
+                .out = out.view(), .router = w.gate.cview(), .router_logits = router_logits.view()});
   return out;
 }
 

@@ -694,7 +694,6 @@ class CudaBackend final : public Backend {
       p.router_weight = static_cast<const uint16_t*>(a.router.data);
       p.router_logits_out = a.router_logits.as<float>();
     }
-    p.next_op_may_start_early = cuda::trigger_early(a.next_op_may_start_early) ? 1 : 0;
     p.workspace = moe_experts_ws_.prepare(*this, p);
     cuda::moe_forward(p, stream_.get());
   }

@@ -46,8 +46,7 @@ void moe_route_align(const MoeParams& p, cudaStream_t stream);
 // Expert GEMMs and the combine into p.out, reading the alignment moe_route_align left in the workspace.
 void moe_experts(const MoeParams& p, cudaStream_t stream);
 
-// moe_route_align, then moe_experts, with the same results; the kernels may hand off between the routing and the
-// experts earlier than two separate calls would (moe_small_gemm.cuh). Every parameter is checked before any launch.
+// moe_route_align, then moe_experts.
 void moe_forward(const MoeParams& p, cudaStream_t stream);
 
 }  // namespace deepinfer::cuda

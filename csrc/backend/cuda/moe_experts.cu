@@ -99,51 +99,27 @@ MoeExpertsPath moe_resolve_path(const MoeParams& p) {
 
 namespace {
 
-// How moe_forward / moe_experts run the experts, decided once for the route kernel and the expert kernels alike (the
-// route handoff needs both sides). DEEPINFER_DISABLE_MOE_SHARED_PREWAIT=1 / DEEPINFER_DISABLE_MOE_DOWN_PREWAIT=1 turn
-// the two early starts off, DEEPINFER_DISABLE_MOE_SLOT_HANDOFF=1 / DEEPINFER_DISABLE_MOE_ROUTE_HANDOFF=1 the two
-// handoffs, to measure what each gains on one build; DEEPINFER_DISABLE_MOE_FUSED_FFN=1 keeps the two-kernel small-M
-// path at every size (one persistent launch otherwise up to kFusedFfnMaxTokens tokens at a hidden size of
-// kFusedFfnMinHidden or more).
-struct ExpertsPlan {
-  MoeExpertsPath path = MoeExpertsPath::kGrouped;
-  bool fused_ffn = false;      // small-M in one persistent launch
-  bool shared_prewait = false, down_prewait = false, slot_handoff = false, route_handoff = false;
-};
-
-// `right_after_route`: the route kernel of the same call is the last kernel before the experts on the stream
-// (moe_forward), which lets the shared experts' gate/up CTAs start before their wait and, with the fused router, the
-// routed ones on the routing's flag (moe_small_gemm.cuh).
-ExpertsPlan plan_experts(const MoeParams& p, const moe_detail::MoeKernelParams& kp, bool right_after_route) {
+// The expert kernels; `right_after_route`: the route kernel of the same call is the last kernel before them on the
+// stream (moe_forward), which lets the shared experts' gate/up CTAs start before their wait (moe_small_gemm.cuh).
+// DEEPINFER_DISABLE_MOE_SHARED_PREWAIT=1 / DEEPINFER_DISABLE_MOE_DOWN_PREWAIT=1 turn the two early starts off, to
+// measure what each gains on one build; DEEPINFER_DISABLE_MOE_FUSED_FFN=1 keeps the two-kernel small-M path at every
+// size (one persistent launch otherwise up to kFusedFfnMaxTokens tokens at a hidden size of kFusedFfnMinHidden or
+// more).
+void run_experts(const MoeParams& p, cudaStream_t stream, bool right_after_route) {
   using namespace moe_detail;
-  static const bool shared_prewait = !env_flag("DEEPINFER_DISABLE_MOE_SHARED_PREWAIT");
-  static const bool down_prewait = !env_flag("DEEPINFER_DISABLE_MOE_DOWN_PREWAIT");
-  static const bool slot_handoff = !env_flag("DEEPINFER_DISABLE_MOE_SLOT_HANDOFF");
-  static const bool route_handoff = !env_flag("DEEPINFER_DISABLE_MOE_ROUTE_HANDOFF");
-  static const bool fused_ffn = !env_flag("DEEPINFER_DISABLE_MOE_FUSED_FFN");
-  ExpertsPlan plan;
-  plan.path = moe_resolve_path(p);
-  if (plan.path != MoeExpertsPath::kSmallM) return plan;
-  plan.fused_ffn = fused_ffn && p.num_tokens <= kFusedFfnMaxTokens && p.hidden >= kFusedFfnMinHidden;
-  plan.shared_prewait = right_after_route && shared_prewait;
-  if (plan.fused_ffn) return plan;
-  plan.down_prewait = down_prewait;
-  plan.slot_handoff = plan.down_prewait && slot_handoff;
-  // The routed gate/up CTAs are the ones that wait for the grid before they leave (gate_up_cta): there must be some.
-  plan.route_handoff = plan.slot_handoff && route_handoff && right_after_route && kp.fused_router != 0 &&
-                       p.top_k > p.num_shared_experts;
-  return plan;
-}
-
-void run_experts(const MoeParams& p, moe_detail::MoeKernelParams kp, const ExpertsPlan& plan, cudaStream_t stream) {
-  using namespace moe_detail;
-  if (plan.path == MoeExpertsPath::kSmallM) {
-    kp.shared_prewait = plan.shared_prewait ? 1 : 0;
-    kp.down_prewait = plan.down_prewait ? 1 : 0;
-    kp.slot_handoff = plan.slot_handoff ? 1 : 0;
-    kp.route_handoff = plan.route_handoff ? 1 : 0;
+  check_common(p);
+  const MoeExpertsPath path = moe_resolve_path(p);
+  check_experts(p, path);
+  if (p.num_tokens == 0) return;
+  MoeKernelParams kp = make_kernel_params(p);
+  if (path == MoeExpertsPath::kSmallM) {
+    static const bool shared_prewait = !env_flag("DEEPINFER_DISABLE_MOE_SHARED_PREWAIT");
+    static const bool down_prewait = !env_flag("DEEPINFER_DISABLE_MOE_DOWN_PREWAIT");
+    static const bool fused_ffn = !env_flag("DEEPINFER_DISABLE_MOE_FUSED_FFN");
+    kp.shared_prewait = right_after_route && shared_prewait ? 1 : 0;
+    kp.down_prewait = down_prewait ? 1 : 0;
     kp.fused_combine = p.num_tokens <= kFusedCombineMaxTokens ? 1 : 0;
-    if (plan.fused_ffn) {
+    if (fused_ffn && p.num_tokens <= kFusedFfnMaxTokens && p.hidden >= kFusedFfnMinHidden) {
       launch_small_ffn(kp, stream);
       return;
     }
@@ -160,25 +136,11 @@ void run_experts(const MoeParams& p, moe_detail::MoeKernelParams kp, const Exper
 
 }  // namespace
 
-void moe_experts(const MoeParams& p, cudaStream_t stream) {
-  using namespace moe_detail;
-  check_common(p);
-  check_experts(p, moe_resolve_path(p));
-  if (p.num_tokens == 0) return;
-  const MoeKernelParams kp = make_kernel_params(p);
-  run_experts(p, kp, plan_experts(p, kp, /*right_after_route=*/false), stream);
-}
+void moe_experts(const MoeParams& p, cudaStream_t stream) { run_experts(p, stream, /*right_after_route=*/false); }
 
 void moe_forward(const MoeParams& p, cudaStream_t stream) {
-  using namespace moe_detail;
-  check_common(p);
-  check_experts(p, moe_resolve_path(p));
-  if (p.num_tokens == 0) return;
-  MoeKernelParams kp = make_kernel_params(p);
-  const ExpertsPlan plan = plan_experts(p, kp, /*right_after_route=*/true);
-  kp.route_handoff = plan.route_handoff ? 1 : 0;  // the route kernel raises the flag
-  launch_route(kp, stream);
-  run_experts(p, kp, plan, stream);
+  moe_route_align(p, stream);
+  run_experts(p, stream, /*right_after_route=*/p.num_tokens > 0);
 }
 
 }  // namespace deepinfer::cuda

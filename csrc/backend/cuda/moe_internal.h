@@ -28,7 +28,6 @@ constexpr int kRouterXBytesMax = 32 * 1024;  // fused router: every token's x in
 constexpr int kRouterClusterMax = 8;         // fused router: the most CTAs one (portable) cluster takes
 constexpr int kRouterClusterLogits = 1024;   // fused router cluster path: tokens x routed experts rank 0 receives
 constexpr int kCombineThreads = 256;
-constexpr int kGateUpColsPerCta = 16;      // act columns of a small-M gate/up CTA (its slot's handoff count)
 constexpr int kDownColsPerCta = 32;        // output columns of a small-M down CTA
 constexpr int kFusedCombineMaxTokens = 32;  // up to this many tokens the small-M down kernel also combines
 // The small-M FFN runs as one persistent launch (launch_small_ffn) up to kFusedFfnMaxTokens tokens at a hidden size
@@ -54,8 +53,8 @@ struct MoeKernelParams {
   int32_t* counter = nullptr;         // [1]: route blocks finished; zero between calls
   int32_t* count_accum = nullptr;     // [E]: rows per expert summed over route blocks; zero between calls
   int32_t* col_done = nullptr;        // [hidden / 32]: small-M down CTAs finished per column block; zero between calls
-  // [kSyncSlots + E]: the small-M decode kernels' handoff counters (MoeSync); zero between calls (the last CTA out
-  // resets them).
+  // [2 + E]: the fused small-M FFN kernel's next ticket, CTAs finished, and per slot its gate/up items finished; zero
+  // between calls (the last CTA out resets them).
   int32_t* ffn_sync = nullptr;
   int32_t* block_counts = nullptr;    // [route_blocks, E]: each route block's histogram
   int32_t* expert_counts = nullptr;   // [E]: rows (pairs) per expert
@@ -88,20 +87,6 @@ struct MoeKernelParams {
   int32_t shared_prewait = 0;
   // 1: each small-M down CTA reads its slot record and loads its first weights before its wait (moe_small_gemm.cuh).
   int32_t down_prewait = 0;
-  // 1 (with down_prewait): each small-M down CTA starts when the gate/up CTAs of its own slot are done (a counter per
-  // slot), not when the whole gate/up grid is; its grid dependency wait moves to its end (moe_small_gemm.cuh).
-  int32_t slot_handoff = 0;
-  // 1 (moe_forward's fused router with the two small-M kernels): the routing raises a flag once its outputs are
-  // written, and the routed gate/up CTAs start on it instead of on the router grid's completion (moe_small_gemm.cuh).
-  int32_t route_handoff = 0;
-};
-
-// Where the handoff counters sit in MoeKernelParams::ffn_sync.
-struct MoeSync {
-  static constexpr int kTicket = 0;      // the one-launch FFN: next ticket
-  static constexpr int kExited = 1;      // CTAs finished (the one-launch FFN's, or the two-kernel down grid's)
-  static constexpr int kRouteReady = 2;  // route_handoff: 1 once the routing's outputs are written
-  static constexpr int kSlots = 3;       // then per slot: its gate/up CTAs (items) finished
 };
 
 // Byte offsets of the workspace arrays (256-byte aligned). The zeroed header (counter, count_accum, col_done,

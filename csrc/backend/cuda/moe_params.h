@@ -73,10 +73,6 @@ struct MoeParams {
   MoeExpertsPath path = MoeExpertsPath::kAuto;
   MoeDownPrefetch down_prefetch = MoeDownPrefetch::kAuto;
   int32_t num_sms = 132;  // multiprocessors of the device (cudaDevAttrMultiProcessorCount)
-  // 1: the kernel after the op reads only constants before its grid dependency wait (MoeArgs::next_op_may_start_early,
-  // already filtered by launch.h's trigger_early): the small-M down kernel then lets it launch once its work may
-  // start, not only at its end (moe_small_gemm.cuh).
-  int32_t next_op_may_start_early = 0;
 };
 
 }  // namespace deepinfer::cuda

@@ -425,11 +425,6 @@ __global__ void __launch_bounds__(kRouteThreads) moe_router_route_kernel(const _
   for (int e = threadIdx.x; e < kp.p.num_experts; e += kRouteThreads) smem.route.hist[e] = 0;
   __syncthreads();
   route_block(kp, smem.route, 0, true, kp.router_cluster ? cluster_logits : nullptr);
-  if (kp.route_handoff) {  // the routing's outputs are written: the routed gate/up CTAs may start (moe_small_gemm.cuh)
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) atomicExch(kp.ffn_sync + MoeSync::kRouteReady, 1);
-  }
 }
 
 // Grid: one block per route block (larger batches).
@@ -468,7 +463,7 @@ MoeWorkspaceLayout moe_workspace_layout(const MoeParams& p) {
   l.counter = take(sizeof(int32_t));
   l.count_accum = take(experts * sizeof(int32_t));
   l.col_done = take(static_cast<size_t>(std::max(p.hidden, 0) / kDownColsPerCta) * sizeof(int32_t));
-  l.ffn_sync = take((MoeSync::kSlots + experts) * sizeof(int32_t));
+  l.ffn_sync = take((2 + experts) * sizeof(int32_t));
   l.zeroed_bytes = at;
   l.block_counts = take(static_cast<size_t>(l.route_blocks) * experts * sizeof(int32_t));
   l.expert_counts = take(experts * sizeof(int32_t));

@@ -37,7 +37,7 @@ struct SmallTraits {
   static constexpr int kRowTiles = 2;                    // m16 tiles of weight rows
   static constexpr int kThreads = 32 * kKSplit * kRowTiles;
   static constexpr int kUnroll = kTokenTiles == 1 ? 3 : 4;  // K chunks loaded before their MMAs
-  static constexpr int kOutCols = kGateUp ? kGateUpColsPerCta : kDownColsPerCta;  // output columns of a CTA
+  static constexpr int kOutCols = kGateUp ? 16 : kDownColsPerCta;  // output columns of a CTA
   // Resident CTAs per SM the registers are budgeted for (<= 64 registers with one token tile, 128 with four): 32
   // or 16 warps an SM. The launcher's one-wave test counts on it.
   static constexpr int kMinBlocks = (kTokenTiles == 1 ? 4 : 2) * (4 / kKSplit);
@@ -261,142 +261,59 @@ __device__ __forceinline__ void combine_if_last(const MoeKernelParams& kp, Small
   if (threadIdx.x == 0) kp.col_done[col_block] = 0;
 }
 
-// The handoffs of the two small-M kernels (kp.slot_handoff, kp.route_handoff) on the counters of MoeSync: a CTA
-// waits for CTAs of an earlier grid by polling a counter they raise. That cannot deadlock: a grid launches only once
-// every CTA of its predecessor has triggered (griddep_launch_dependents) or left, so each of those is running or done,
-// and none of them waits for a later grid.
-
-// Thread 0 polls *counter until it reaches `target` (acquire), then the CTA meets it at a barrier.
-template <int kPollNs>
-__device__ __forceinline__ void wait_for_count(const int* counter, int target) {
-  if (threadIdx.x == 0) {
-    while (ld_acquire_gpu(counter) < target) __nanosleep(kPollNs);
-  }
-  __syncthreads();
-}
-
-// Every thread's global writes so far, then one count for the CTA (the release side of wait_for_count).
-__device__ __forceinline__ void count_cta_done(int* counter) {
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) atomicAdd(counter, 1);
-}
-
-// The routed gate/up CTAs poll the routing's flag about every 100 ns: they have nothing else to do, and they are few
-// enough not to slow the shared experts' loads. The down CTAs poll their slot's count every few hundred nanoseconds,
-// as the one-launch FFN does: hundreds of CTAs polling back to back slowed the gate/up loads still streaming.
-constexpr int kRoutePollNs = 64;
-constexpr int kSlotPollNs = 256;
-
-// One gate/up CTA: 16 act columns of its slot.
-//  - Shared slots run before the wait (kp.shared_prewait): the exception of ptx.cuh's rule 1, on one fact of a chain of
-//    programmatic dependent launches: a grid starts only once every CTA of its predecessor has passed its own wait, so
-//    every kernel before the predecessor has completed and its memory is visible. The predecessor is a routing kernel
-//    of the same moe_forward, so x, an input of the call and written before it, is complete. These CTAs know their
-//    expert and pairs without the routing, so they run whole while the routing runs; they write only their own pairs'
-//    act rows. With the route handoff they leave without the wait: the routed CTAs wait before they leave, so the grid
-//    still completes after the routing, and the SMs are free for them sooner.
-//  - The others read the routing's slot record: after the wait, or, with the route handoff, as soon as the routing's
-//    flag is up; they trigger there (the down kernel's CTAs may then launch) and wait for the grid before they leave.
-//  - With the slot handoff each CTA counts itself done for its slot once its act rows are written.
 template <typename T>
-__device__ __forceinline__ void gate_up_cta(const MoeKernelParams& kp, SmallSharedOf<T>& sm) {
-  const int slot = static_cast<int>(blockIdx.y);
-  const bool shared_early = slot < kp.shared_prewait * kp.shared_slots;
-  if (shared_early) {
-  } else if (kp.route_handoff) {
-    wait_for_count<kRoutePollNs>(kp.ffn_sync + MoeSync::kRouteReady, 1);
-    griddep_launch_dependents();
-  } else {
+__global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) moe_small_gemm_kernel(const __grid_constant__ MoeKernelParams kp) {
+  __shared__ SmallSharedOf<T> sm;
+  const MoeParams& p = kp.p;
+  // Two exceptions to ptx.cuh's rule that nothing global is read before griddep_wait, both on one fact of a chain of
+  // programmatic dependent launches: a grid starts only once every CTA of its predecessor has passed its own wait,
+  // so every kernel before the predecessor has completed and its memory is visible.
+  //  - gate/up, shared slots (kp.shared_prewait): the predecessor is a routing kernel of the same moe_forward (route,
+  //    scatter, or router and route in one), so x, an input of the call and written before it, is complete. These
+  //    CTAs know their expert and pairs without the routing, so they run whole before the wait, while the routing
+  //    runs; they write only their own pairs' act rows, which no kernel reads before the down kernel.
+  //  - down (kp.down_prewait): the predecessor is the gate/up kernel, so the routing kernel, which wrote slot_info
+  //    and row_pair, has completed. The slot record, the first pass's row pairs, and the first weights (constant)
+  //    are loaded before the wait, while gate/up finishes; act, gate/up's output, is read after it.
+  const bool shared_early = T::kGateUp && static_cast<int>(blockIdx.y) < kp.shared_prewait * kp.shared_slots;
+  const bool read_slot_early = shared_early || (!T::kGateUp && kp.down_prewait != 0);
+  if (!read_slot_early) {
     griddep_wait();
     griddep_launch_dependents();
   }
-  const SlotWork work = slot_work(kp, slot, shared_early);
+  const SlotWork work = slot_work(kp, static_cast<int>(blockIdx.y), shared_early);
   const int e = work.expert;
   const auto col_block = [] { return static_cast<int>(blockIdx.x); };
-  if (e >= 0) {
-    SmallItem<T> item;
-    item.load_first(kp, e, col_block);
+  SmallItem<T> item;
+  if (e >= 0) item.load_first(kp, e, col_block);
+  // The down kernel's first pairs before the wait (row_pair, like slot_info, is the routing's); gate/up's after it.
+  if (!T::kGateUp && read_slot_early) item.load_pairs(kp, sm, work, 0);
+  if (read_slot_early && !shared_early) {
+    griddep_wait();
+    griddep_launch_dependents();
+  }
+  if (e < 0) return;
+  if constexpr (T::kGateUp) {
     if (kp.down_prefetch) {  // this CTA's share of W_down[e] into L2, for the down kernel that follows
-      const MoeParams& p = kp.p;
       const char* base = reinterpret_cast<const char*>(p.w_down + static_cast<int64_t>(e) * p.hidden * p.inter);
       const int64_t bytes = static_cast<int64_t>(p.hidden) * p.inter * 2;
       const int64_t per_cta = (bytes / gridDim.x + 127) / 128 * 128;
       const int64_t begin = blockIdx.x * per_cta, end = min(bytes, begin + per_cta);
       for (int64_t at = begin + threadIdx.x * 128; at < end; at += T::kThreads * 128) prefetch_l2_evict_last(base + at);
     }
-    item.load_pairs(kp, sm, work, 0);
-    item.compute(kp, sm, work, col_block);
-    if (kp.slot_handoff) count_cta_done(kp.ffn_sync + MoeSync::kSlots + slot);
   }
-  if (shared_early && kp.route_handoff) return;
-  if (shared_early || kp.route_handoff) {  // no CTA leaves before its wait (ptx.cuh), but as said above
-    griddep_wait();
-    griddep_launch_dependents();
-  }
-}
-
-// One down CTA: 32 output columns of its slot, and the combine of the column block if it is the block's last.
-//  - down_prewait: the predecessor is the gate/up kernel, so the routing kernel, which wrote slot_info and row_pair,
-//    has completed (the fact above), or, with the route handoff, its flag is up (checked again here: this grid may
-//    launch before the routing grid completes). The slot record, the first pass's row pairs and the first weights
-//    (constant) are loaded before the wait, while gate/up finishes; act, gate/up's output, is read after it.
-//  - slot_handoff: act is read once the gate/up CTAs of this slot are done (their count), not the whole grid. The
-//    grid dependency wait comes last, before the CTA leaves; the next kernel may launch as the work starts when it
-//    reads only constants before its own wait (p.next_op_may_start_early), else after that wait. The last CTA out
-//    zeroes the counters for the next call: every CTA of both grids is past its polls by then.
-template <typename T>
-__device__ __forceinline__ void down_cta(const MoeKernelParams& kp, SmallSharedOf<T>& sm) {
-  const int slot = static_cast<int>(blockIdx.y);
-  const bool early = kp.down_prewait != 0, handoff = early && kp.slot_handoff != 0;
-  if (!early) {
-    griddep_wait();
-    griddep_launch_dependents();
-  }
-  if (handoff && kp.route_handoff) wait_for_count<kRoutePollNs>(kp.ffn_sync + MoeSync::kRouteReady, 1);
-  const SlotWork work = slot_work(kp, slot, false);
-  const int e = work.expert;
-  const auto col_block = [] { return static_cast<int>(blockIdx.x); };
-  SmallItem<T> item;
-  if (e >= 0) item.load_first(kp, e, col_block);
-  item.load_pairs(kp, sm, work, 0);  // pair_s is read only after the barrier at the start of compute
-  if (handoff) {
-    if (e >= 0) wait_for_count<kSlotPollNs>(kp.ffn_sync + MoeSync::kSlots + slot, kp.p.inter / kGateUpColsPerCta);
-    if (kp.p.next_op_may_start_early) griddep_launch_dependents();
-  } else if (early) {
-    griddep_wait();
-    griddep_launch_dependents();
-  }
-  if (e >= 0) {
-    item.compute(kp, sm, work, col_block);
+  if (T::kGateUp || !read_slot_early) item.load_pairs(kp, sm, work, 0);
+  item.compute(kp, sm, work, col_block);
+  if constexpr (!T::kGateUp) {
     // The active count read again here (work.num_active, the same record), not held in a register across the K loop:
     // the 4-warp kernel spilled 12 bytes with it.
     if (kp.fused_combine) {
       combine_if_last<T>(kp, sm, static_cast<int>(blockIdx.x), __ldcg(&kp.slot_info[blockIdx.y]).w);
     }
   }
-  if (!handoff) return;
-  griddep_wait();
-  if (!kp.p.next_op_may_start_early) griddep_launch_dependents();
-  if (threadIdx.x == 0) {
-    int* const sync = kp.ffn_sync;
-    __threadfence();
-    if (atomicAdd(sync + MoeSync::kExited, 1) == static_cast<int>(gridDim.x * gridDim.y) - 1) {
-      __threadfence();
-      for (int s = 0; s < kp.max_active; ++s) sync[MoeSync::kSlots + s] = 0;
-      sync[MoeSync::kRouteReady] = 0;
-      sync[MoeSync::kExited] = 0;
-    }
-  }
-}
-
-template <typename T>
-__global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) moe_small_gemm_kernel(const __grid_constant__ MoeKernelParams kp) {
-  __shared__ SmallSharedOf<T> sm;
-  if constexpr (T::kGateUp) {
-    gate_up_cta<T>(kp, sm);
-  } else {
-    down_cta<T>(kp, sm);
+  if (shared_early) {  // no CTA leaves before its wait (ptx.cuh)
+    griddep_wait();
+    griddep_launch_dependents();
   }
 }
 

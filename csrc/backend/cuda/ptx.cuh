@@ -27,11 +27,6 @@ namespace deepinfer::cuda::ptx {
 //      visible. Calling it after the wait keeps at most two grids of the stream resident. Exception: a kernel told
 //      that its successor reads only constants before its wait (an op's next_op_may_start_early: trigger_early)
 //      triggers at its start; the successor must then not be one of rule 1's exceptions.
-//   3. Handoffs inside the MoE decode (moe_small_gemm.cuh, kp.slot_handoff and kp.route_handoff): a CTA may instead
-//      start on a counter that CTAs of an earlier grid raise after their writes (release, then acquire), and then
-//      trigger before its wait; the wait moves to its end, before it leaves. Polling cannot deadlock, since a grid
-//      launches only once every CTA of its predecessor has triggered or left. The shared experts' gate/up CTAs then
-//      leave without the wait: their grid's routed CTAs wait, so it still completes after its predecessor.
 // Work that is not ours (cuBLAS) never triggers and so counts as triggering when it completes: the kernel after it
 // waits for all of it, as without PDL.
 

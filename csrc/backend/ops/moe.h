@@ -59,10 +59,6 @@ struct MoeArgs {
   // routing (the CUDA kernels do at decode sizes). Empty: route.logits is an input and router_logits stays empty.
   ConstTensorView router;
   TensorView router_logits;
-  // The op that follows reads only its weights (constants) before its grid dependency wait (as
-  // HeadLinearArgs::next_op_may_start_early, dense.h): the CUDA decode kernels may then let it launch before their
-  // own wait, which their slot handoff moves to their end.
-  bool next_op_may_start_early = false;
 
   // The experts half, on the routing outputs.
   MoeExpertsArgs experts() const {

@@ -59,9 +59,9 @@ __global__ void __launch_bounds__(FfnGateUp::kThreads, FfnGateUp::kMinBlocks)
     moe_small_ffn_kernel(const __grid_constant__ MoeKernelParams kp) {
   __shared__ SmallSharedOf<FfnGateUp> sm;
   __shared__ int ticket_s[2];  // by iteration parity: a thread may still read one while thread 0 writes the other
-  int* const next_ticket = kp.ffn_sync + MoeSync::kTicket;
-  int* const exited = kp.ffn_sync + MoeSync::kExited;
-  int* const gate_up_done = kp.ffn_sync + MoeSync::kSlots;  // per slot
+  int* const next_ticket = kp.ffn_sync;
+  int* const exited = kp.ffn_sync + 1;
+  int* const gate_up_done = kp.ffn_sync + 2;  // per slot
   const Tickets tk(kp);
   bool waited = false;
   const auto wait_once = [&] {
