@@ -1391,8 +1391,10 @@ struct MoeTestInputs {
   MoeTestShape sh;
   int64_t dim = 0;
   ConstTensorView logits, bias, x, w_gate_up, w_down;
+  ConstTensorView router;  // [routed, dim] with `with_router`: the op computes the logits itself
 
-  MoeTestInputs(OpRunner& run, const MoeTestShape& shape, int64_t dim_, int64_t inter, uint64_t seed)
+  MoeTestInputs(OpRunner& run, const MoeTestShape& shape, int64_t dim_, int64_t inter, uint64_t seed,
+                bool with_router = false)
       : sh(shape), dim(dim_) {
     const int64_t experts = sh.routed + sh.shared;
     Rng rng(seed);
@@ -1404,16 +1406,23 @@ struct MoeTestInputs {
     w_gate_up =
         run.upload(HostTensor::bf16({experts, 2 * inter, dim}, rng.uniform(experts * 2 * inter * dim, -0.1f, 0.1f)));
     w_down = run.upload(HostTensor::bf16({experts, dim, inter}, rng.uniform(experts * dim * inter, -0.1f, 0.1f)));
+    if (with_router) {
+      router = run.upload(HostTensor::bf16({sh.routed, dim}, rng.uniform(sh.routed * dim, -0.1f, 0.1f)));
+    }
   }
 
   MoeArgs args(OpRunner& run) const {
     const int64_t pairs = sh.top_k + sh.shared;
-    return {.route = {.logits = logits, .correction_bias = bias,
+    TensorView router_logits;
+    if (router.data != nullptr) router_logits = run.output({sh.tokens, sh.routed}, DType::kF32);
+    return {.route = {.logits = router.data != nullptr ? ConstTensorView(router_logits) : logits,
+                      .correction_bias = bias,
                       .topk_ids = run.output({sh.tokens, pairs}, DType::kI32),
                       .topk_weights = run.output({sh.tokens, pairs}, DType::kF32), .scoring = sh.scoring,
                       .method = sh.method, .n_group = sh.n_group, .topk_group = sh.topk_group,
                       .norm_topk_prob = true, .routed_scaling_factor = 2.5f, .num_shared_experts = sh.shared},
-            .x = x, .w_gate_up = w_gate_up, .w_down = w_down, .out = run.output({sh.tokens, dim}, DType::kBF16)};
+            .x = x, .w_gate_up = w_gate_up, .w_down = w_down, .out = run.output({sh.tokens, dim}, DType::kBF16),
+            .router = router, .router_logits = router_logits};
   }
 };
 
@@ -1555,6 +1564,69 @@ TEST(CudaBackend, MoeDecodeOneLaunchRepeatsAndReplaysBitForBit) {
       poison_out();
       ASSERT_TRUE(graph->replay());
       EXPECT_EQ(run.download(args.out).bytes, first) << "replay " << replay + 1;
+    }
+    for (const std::string& e : run.memory_errors()) ADD_FAILURE() << e;
+  }
+}
+
+// The decode MoE keeps counters in its workspace between calls (route blocks, each column block's down CTAs for the
+// fused combine), which every call must leave zero. Three calls on different inputs (so act rows or counts left by
+// the call before are wrong for the next) run back to back on one workspace, twice, without a host synchronization
+// between them; then as a replayed graph. Each output must equal the bits of that call run alone; the lone runs are
+// checked against the CPU by the moe cases of CudaVsCpu. V2-Lite's routing at its width (2048, the router in the
+// route kernel) at 1 and 5 tokens, V3's with one shared expert at 3, and a case of given logits.
+TEST(CudaBackend, MoeDecodeCallsChainAndReplayBitForBit) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  const std::unique_ptr<Backend> cuda = make_cuda_backend();
+  struct ChainCase {
+    MoeTestShape sh;
+    int64_t dim;
+    bool router;
+  };
+  const ChainCase cases[] = {
+      {{1, 64, 6, 2, 1, 1, ExpertScoring::kSoftmax, TopkMethod::kGreedy}, 2048, true},
+      {{5, 64, 6, 2, 1, 1, ExpertScoring::kSoftmax, TopkMethod::kGreedy}, 2048, true},
+      {{3, 32, 8, 1, 8, 4, ExpertScoring::kSigmoid, TopkMethod::kNoauxTc}, 256, true},
+      {{2, 64, 6, 2, 1, 1, ExpertScoring::kSoftmax, TopkMethod::kGreedy}, 512, false}};
+  for (const ChainCase& c : cases) {
+    SCOPED_TRACE(str_cat(c.sh.tokens, " tokens, ", c.sh.routed, " + ", c.sh.shared, " experts, width ", c.dim,
+                         c.router ? ", router in the route kernel" : ""));
+    DeviceMemory memory;
+    OpRunner run(*cuda, memory);
+    std::vector<MoeTestInputs> inputs;
+    std::vector<MoeArgs> args;
+    std::vector<std::vector<std::byte>> alone;
+    for (uint64_t i = 0; i < 3; ++i) {
+      inputs.emplace_back(run, c.sh, c.dim, /*inter=*/128, /*seed=*/900 + 10 * i + static_cast<uint64_t>(c.sh.tokens),
+                          c.router);
+      args.push_back(inputs.back().args(run));
+      cuda->moe(args.back());
+      alone.push_back(run.download(args.back().out).bytes);
+    }
+    const auto poison_outputs = [&] {
+      CUDA_TRY(cudaDeviceSynchronize());
+      for (const MoeArgs& a : args) CUDA_TRY(cudaMemset(a.out.data, 0xff, a.out.bytes()));  // bf16 NaN
+      CUDA_TRY(cudaDeviceSynchronize());
+    };
+    const auto chain = [&] {
+      for (int round = 0; round < 2; ++round) {
+        for (const MoeArgs& a : args) cuda->moe(a);
+      }
+    };
+    const auto expect_alone = [&](const std::string& what) {
+      for (size_t i = 0; i < args.size(); ++i) {
+        EXPECT_EQ(run.download(args[i].out).bytes, alone[i]) << what << ", call " << i + 1;
+      }
+    };
+    poison_outputs();
+    chain();
+    expect_alone("eager chain");
+    const std::unique_ptr<StepGraph> graph = cuda->capture(chain);
+    ASSERT_NE(graph, nullptr);
+    for (int replay = 0; replay < 3; ++replay) {
+      poison_outputs();
+      ASSERT_TRUE(graph->replay());
+      expect_alone(str_cat("replay ", replay + 1));
     }
     for (const std::string& e : run.memory_errors()) ADD_FAILURE() << e;
   }
