@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launch.h"
@@ -120,6 +121,22 @@ void launch_combine(const MlaDecodeParams& p, cudaStream_t stream) {
              stream, p);
 }
 
+// DEEPINFER_MLA_DECODE_SPLITS=n: n splits (at most one a tile) wherever the caller leaves the count to the
+// heuristic below; a measurement switch, to time the split count on one build. Read once.
+int forced_splits_from_env() {
+  static const int forced = [] {
+    const char* value = std::getenv("DEEPINFER_MLA_DECODE_SPLITS");
+    if (value == nullptr || *value == '\0') return 0;
+    char* end = nullptr;
+    const long n = std::strtol(value, &end, 10);
+    DI_CHECK(end != value && *end == '\0' && n >= 1 && n <= mla_detail::kMaxForcedSplits,
+             "DEEPINFER_MLA_DECODE_SPLITS=", value, " is not a split count in [1, ", mla_detail::kMaxForcedSplits,
+             "]");
+    return static_cast<int>(n);
+  }();
+  return forced;
+}
+
 }  // namespace
 
 int mla_decode_num_splits(const MlaDecodeParams& p) {
@@ -127,6 +144,9 @@ int mla_decode_num_splits(const MlaDecodeParams& p) {
   const int64_t ctas = static_cast<int64_t>(p.batch) * (p.num_heads / heads_per_cta(resolve_kernel(p)));
   const int64_t max_tiles = ceil_div(std::max(p.max_context_len, 1), kBlockN);
   if (ctas <= 0 || max_tiles <= 1) return 1;
+  if (const int forced = forced_splits_from_env(); forced > 0) {
+    return static_cast<int>(std::min<int64_t>(forced, max_tiles));
+  }
   // Time ~ waves * (tiles per split + fixed cost of a CTA: query load, pipeline fill, partial write, combine),
   // one CTA per SM (both kernels use most of the shared memory). Ties go to fewer splits.
   constexpr double kCtaOverheadTiles = 1.0;
