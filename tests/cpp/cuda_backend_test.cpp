@@ -25,6 +25,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/mla_decode.cuh"
 #include "backend/cuda/mla_prefill.cuh"
 #include "backend/cuda/skinny_gemm.cuh"
 #include "device_memory.h"
@@ -1451,6 +1452,24 @@ TEST(CudaBackend, MoeMatchesRouteThenExpertsBitForBit) {
         << "weights";
     EXPECT_EQ(run.download(fused.out).bytes, run.download(composed.out).bytes) << "out";
     for (const std::string& e : run.memory_errors()) ADD_FAILURE() << e;
+  }
+}
+
+// DEEPINFER_MLA_DECODE_SPLITS's values (host code: runs without a device): unset or empty leaves the heuristic, a
+// count in [1, 256] forces it, anything else is an error that names the variable.
+TEST(MlaDecodeSplitsSwitch, AcceptsCountsAndRejectsTheRest) {
+  EXPECT_EQ(cuda::parse_mla_decode_splits(nullptr), 0);
+  EXPECT_EQ(cuda::parse_mla_decode_splits(""), 0);
+  EXPECT_EQ(cuda::parse_mla_decode_splits("1"), 1);
+  EXPECT_EQ(cuda::parse_mla_decode_splits("9"), 9);
+  EXPECT_EQ(cuda::parse_mla_decode_splits("256"), 256);
+  for (const char* bad : {"0", "-3", "257", "abc", "9x", " ", "99999999999999999999"}) {
+    try {
+      cuda::parse_mla_decode_splits(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("DEEPINFER_MLA_DECODE_SPLITS"), std::string::npos) << e.what();
+    }
   }
 }
 

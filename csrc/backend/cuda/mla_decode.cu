@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 
@@ -121,23 +122,23 @@ void launch_combine(const MlaDecodeParams& p, cudaStream_t stream) {
              stream, p);
 }
 
-// DEEPINFER_MLA_DECODE_SPLITS=n: n splits (at most one a tile) wherever the caller leaves the count to the
-// heuristic below; a measurement switch, to time the split count on one build. Read once.
+// Read once: the switch holds for the process.
 int forced_splits_from_env() {
-  static const int forced = [] {
-    const char* value = std::getenv("DEEPINFER_MLA_DECODE_SPLITS");
-    if (value == nullptr || *value == '\0') return 0;
-    char* end = nullptr;
-    const long n = std::strtol(value, &end, 10);
-    DI_CHECK(end != value && *end == '\0' && n >= 1 && n <= mla_detail::kMaxForcedSplits,
-             "DEEPINFER_MLA_DECODE_SPLITS=", value, " is not a split count in [1, ", mla_detail::kMaxForcedSplits,
-             "]");
-    return static_cast<int>(n);
-  }();
+  static const int forced = parse_mla_decode_splits(std::getenv("DEEPINFER_MLA_DECODE_SPLITS"));
   return forced;
 }
 
 }  // namespace
+
+int parse_mla_decode_splits(const char* value) {
+  if (value == nullptr || *value == '\0') return 0;
+  char* end = nullptr;
+  errno = 0;
+  const long n = std::strtol(value, &end, 10);
+  DI_CHECK(end != value && *end == '\0' && errno == 0 && n >= 1 && n <= mla_detail::kMaxForcedSplits,
+           "DEEPINFER_MLA_DECODE_SPLITS=", value, " is not a split count in [1, ", mla_detail::kMaxForcedSplits, "]");
+  return static_cast<int>(n);
+}
 
 int mla_decode_num_splits(const MlaDecodeParams& p) {
   if (p.num_splits > 0) return p.num_splits;

@@ -18,6 +18,11 @@ namespace deepinfer::cuda {
 // max_context_len and num_sms).
 int mla_decode_num_splits(const MlaDecodeParams& p);
 
+// The value of DEEPINFER_MLA_DECODE_SPLITS (a measurement switch: that many splits wherever the heuristic would
+// choose, at most one a tile): 0 when unset or empty, else an integer in [1, 256]; anything else throws
+// deepinfer::Error naming the variable.
+int parse_mla_decode_splits(const char* value);
+
 // Bytes of workspace `mla_decode(p, ...)` needs; 0 when it runs without splits.
 size_t mla_decode_workspace_bytes(const MlaDecodeParams& p);
 
