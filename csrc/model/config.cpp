@@ -174,7 +174,8 @@ ModelConfig parse_model_config(const json& j) {
   const std::string act = get_or<std::string>(j, "hidden_act", "silu");
   DI_CHECK_ARG(act == "silu", "config.json: hidden_act '", act, "' is not supported (DeepSeek uses silu)");
 
-  const std::string scoring = get_or<std::string>(j, "scoring_func", c.version == ModelVersion::kV3 ? "sigmoid" : "softmax");
+  const std::string scoring =
+      get_or<std::string>(j, "scoring_func", c.version == ModelVersion::kV3 ? "sigmoid" : "softmax");
   if (scoring == "sigmoid") {
     c.scoring = ExpertScoring::kSigmoid;
   } else if (scoring == "softmax") {
@@ -182,7 +183,8 @@ ModelConfig parse_model_config(const json& j) {
   } else {
     throw InvalidArgument(str_cat("config.json: scoring_func '", scoring, "' is not supported"));
   }
-  const std::string topk = get_or<std::string>(j, "topk_method", c.version == ModelVersion::kV3 ? "noaux_tc" : "greedy");
+  const std::string topk =
+      get_or<std::string>(j, "topk_method", c.version == ModelVersion::kV3 ? "noaux_tc" : "greedy");
   if (c.version == ModelVersion::kV3) {
     DI_CHECK_ARG(topk == "noaux_tc", "config.json: topk_method '", topk, "' is not supported for V3 (noaux_tc)");
     c.topk_method = TopkMethod::kNoauxTc;

@@ -105,7 +105,8 @@ void DeepseekModel::run_into(const StepInputs& in, const LatentCache& cache, Ten
   Tensor residual = activation({num_tokens, d});                            // [T, D]
   backend_.embedding({.token_ids = in.token_ids, .table = weights_.embed.cview(), .out = residual.view()});
   Tensor h = activation({num_tokens, d});                                   // normalized input of each sublayer
-  backend_.rms_norm({.x = residual.cview(), .weight = weights_.layers[0].input_norm.cview(), .out = h.view(), .eps = eps});
+  backend_.rms_norm(
+      {.x = residual.cview(), .weight = weights_.layers[0].input_norm.cview(), .out = h.view(), .eps = eps});
 
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const LayerWeights& layer = weights_.layers[static_cast<size_t>(i)];

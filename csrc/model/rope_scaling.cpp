@@ -40,9 +40,10 @@ RopeTables compute_rope_tables(const ModelConfig& c) {
     const float interpolated = extrapolated / static_cast<float>(r.factor);
     t.inv_freq[i] = interpolated * (1.0f - extrapolation_weight) + extrapolated * extrapolation_weight;
   }
-  t.attention_scaling = r.mscale_all_dim != 0.0 && r.mscale != 0.0
-                            ? static_cast<float>(yarn_mscale(r.factor, r.mscale) / yarn_mscale(r.factor, r.mscale_all_dim))
-                            : static_cast<float>(yarn_mscale(r.factor, 1.0));
+  t.attention_scaling =
+      r.mscale_all_dim != 0.0 && r.mscale != 0.0
+          ? static_cast<float>(yarn_mscale(r.factor, r.mscale) / yarn_mscale(r.factor, r.mscale_all_dim))
+          : static_cast<float>(yarn_mscale(r.factor, 1.0));
   return t;
 }
 

@@ -51,7 +51,8 @@ __device__ __forceinline__ float block_reduce(float v, float* scratch, bool is_m
 // skipped. Grid (batch * heads, kColGroups): a block combines 512 / kColGroups columns of one row; its warps split
 // into kColGroups groups that each take every kColGroups-th split, so many splits are read with more parallelism.
 template <int kColGroups>
-__global__ void __launch_bounds__(kCombineThreads) mla_decode_combine_kernel(const __grid_constant__ MlaDecodeParams p) {
+__global__ void __launch_bounds__(kCombineThreads)
+    mla_decode_combine_kernel(const __grid_constant__ MlaDecodeParams p) {
   constexpr int kCols = kValueDim / kColGroups;          // columns of this block
   constexpr int kWarpsPerGroup = kCols / 128;            // a warp covers 128 columns
   constexpr int kGroups = kCombineWarps / kWarpsPerGroup;

@@ -19,9 +19,10 @@
 // s[4 j + 2 half + e]), so k-step kk of P · V packs s[8 kk .. 8 kk + 7] in pairs.
 // Pipeline within a warpgroup (the softmax overlaps the previous tile's P · V): iteration i issues S_i = Q · K_i^T,
 // then O += P_{i-1} · V_{i-1}, waits only for S_i, runs the softmax of tile i while P_{i-1} · V_{i-1} still runs on
-// the tensor cores, then waits for it, rescales O and packs P_i. The last P · V runs after the loop. Copies: cp.async by all 256 threads, one group per iteration holding K_{i+1} and V_i (V is needed
-// one iteration later than K), two slots each; one __syncthreads per iteration orders slot reuse (every warpgroup
-// waited for the wgmma that read a slot before the barrier that precedes its refill).
+// the tensor cores, then waits for it, rescales O and packs P_i. The last P · V runs after the loop. Copies: cp.async
+// by all 256 threads, one group per iteration holding K_{i+1} and V_i (V is needed one iteration later than K), two
+// slots each; one __syncthreads per iteration orders slot reuse (every warpgroup waited for the wgmma that read a
+// slot before the barrier that precedes its refill).
 // Shared memory (kBlockN = 128): Q 48 KB + K 2 x 48 KB + V 2 x 32 KB + 1 KB alignment = 209 KB: one CTA per SM.
 // Registers a thread: O 64 + S kBlockN / 2 + P kBlockN / 4 (fp32, fp32, bf16x2) = 160 at kBlockN 128 (ptxas, sm_90a:
 // 221 in all, no spills; 184 at kBlockN 64). ptxas reports no serialized wgmma: the loop has no branch between a

@@ -77,7 +77,8 @@ struct MoeKernelParams {
   // the logits through L2 (three round trips, slow while the shared experts' loads fill the memory system).
   int32_t router_cluster = 0;
   int32_t down_prefetch = 0;          // 1: the small-M gate/up kernel prefetches W_down of its expert into L2
-  int32_t fused_combine = 0;          // 1: the last small-M down CTA of each column block combines it (no combine kernel)
+  int32_t fused_combine = 0;          // 1: the last small-M down CTA of each column block combines it (no combine
+                                      // kernel)
   // S when the routing computes the ids (router logits given) and appends S shared experts to every token: then the
   // route kernel gives them small-M slots 0 .. S - 1 (expert E + j, every token's pair k + j), the routed experts
   // follow. 0: slots in expert order.

@@ -262,7 +262,8 @@ __device__ __forceinline__ void combine_if_last(const MoeKernelParams& kp, Small
 }
 
 template <typename T>
-__global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) moe_small_gemm_kernel(const __grid_constant__ MoeKernelParams kp) {
+__global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
+    moe_small_gemm_kernel(const __grid_constant__ MoeKernelParams kp) {
   __shared__ SmallSharedOf<T> sm;
   const MoeParams& p = kp.p;
   // Two exceptions to ptx.cuh's rule that nothing global is read before griddep_wait, both on one fact of a chain of

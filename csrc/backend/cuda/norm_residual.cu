@@ -182,7 +182,8 @@ void launch_norm(const NormResidualParams& p, DType dtype, const char* op, cudaS
   dispatch_activation(dtype, op, [&](auto element) {
     using T = decltype(element);
     constexpr int kVec = Vec16<T>::kSize;
-    const bool residual_ok = kMode == Residual::kNone || (is_aligned(p.residual, 16) && p.residual_row_stride % kVec == 0);
+    const bool residual_ok =
+        kMode == Residual::kNone || (is_aligned(p.residual, 16) && p.residual_row_stride % kVec == 0);
     const bool vector = p.dim % kVec == 0 && p.x_row_stride % kVec == 0 && p.out_row_stride % kVec == 0 &&
                         is_aligned(p.x, 16) && is_aligned(p.out, 16) && is_aligned(p.weight, 16) && residual_ok;
     if (vector) {

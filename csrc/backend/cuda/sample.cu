@@ -255,13 +255,15 @@ __device__ __forceinline__ uint32_t bucket_floor(uint32_t prefix, int level) { r
 // candidates fall short. Between levels, a group still reading the row copies the candidates once they are known
 // to fit.
 template <int kCluster, bool kMass, typename TargetOf>
-__device__ __noinline__ uint32_t radix_select(Group<kCluster>& g, const Row& row, Candidates& c, Floor floor, float max_s,
-                                 TargetOf target_of, const Buffers& b, int32_t capacity, KernelShared& sh) {
+__device__ __noinline__ uint32_t radix_select(Group<kCluster>& g, const Row& row, Candidates& c, Floor floor,
+                                              float max_s, TargetOf target_of, const Buffers& b, int32_t capacity,
+                                              KernelShared& sh) {
   uint32_t prefix = 0;
   uint64_t target = 0, count_above = 0;
   for (int level = 0; level < 3; ++level) {
     sample_row::radix_histogram<kMass>(row, c, floor, level, prefix, max_s, g.sh);
-    const BinPick pick = g.template pick_bin<kMass>([&](uint64_t total) { return level == 0 ? target_of(total) : target; });
+    const BinPick pick =
+        g.template pick_bin<kMass>([&](uint64_t total) { return level == 0 ? target_of(total) : target; });
     if (!pick.found) return kNoFloor;
     prefix = (prefix << level_width(level)) | pick.bin;
     target = pick.target - (kMass ? pick.above.mass : pick.above.count);
@@ -498,8 +500,9 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(__grid_constant__ c
 
   if (tid == 0 && Group<kCluster>::rank() == 0) {
     out[0] = token;
-    out[1] = want_logprobs ? __float_as_int(static_cast<float>(static_cast<double>(__ldg(row.logits + token)) - log_norm))
-                           : 0;
+    out[1] = want_logprobs
+                 ? __float_as_int(static_cast<float>(static_cast<double>(__ldg(row.logits + token)) - log_norm))
+                 : 0;
     out[2] = num_top;
     out[3] = 0;
     for (int32_t j = num_top; j < kMaxTopLogprobs; ++j) {

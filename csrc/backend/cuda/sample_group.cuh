@@ -174,7 +174,9 @@ struct Group {
   // Exact: integer sums in any order.
   __device__ uint64_t sum(uint64_t v) {
 #pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, static_cast<unsigned long long>(v), offset);
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      v += __shfl_xor_sync(0xffffffffu, static_cast<unsigned long long>(v), offset);
+    }
     if (threadIdx.x % 32 == 0) sh.warp_u64[threadIdx.x / 32] = v;
     __syncthreads();
     v = 0;
