@@ -20,6 +20,7 @@
 #include <memory>
 #include <numeric>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -1545,6 +1546,40 @@ TEST(CudaBackend, SplitKSkinnyGemmIsDeterministic) {
   for (const std::string& e : run.memory_errors()) ADD_FAILURE() << e;
 }
 
+// The moe calls `args`, in order and `rounds` times over, on one workspace without a host synchronization between
+// them: run eagerly `eager_runs` times, then captured as a graph and replayed 3 times, every output poisoned with NaN
+// before each run. Each call's output must come back as `expected` (its bits when run alone).
+void expect_moe_calls_repeat_and_replay(Backend& cuda, OpRunner& run, std::span<const MoeArgs> args,
+                                        std::span<const std::vector<std::byte>> expected, int eager_runs, int rounds) {
+  const auto poison_outputs = [&] {
+    CUDA_TRY(cudaDeviceSynchronize());
+    for (const MoeArgs& a : args) CUDA_TRY(cudaMemset(a.out.data, 0xff, a.out.bytes()));  // bf16 NaN
+    CUDA_TRY(cudaDeviceSynchronize());
+  };
+  const auto calls = [&] {
+    for (int round = 0; round < rounds; ++round) {
+      for (const MoeArgs& a : args) cuda.moe(a);
+    }
+  };
+  const auto expect_expected = [&](const std::string& what) {
+    for (size_t i = 0; i < args.size(); ++i) {
+      EXPECT_EQ(run.download(args[i].out).bytes, expected[i]) << what << ", call " << i + 1;
+    }
+  };
+  for (int again = 0; again < eager_runs; ++again) {
+    poison_outputs();
+    calls();
+    expect_expected(str_cat("eager run ", again + 1));
+  }
+  const std::unique_ptr<StepGraph> graph = cuda.capture(calls);
+  ASSERT_NE(graph, nullptr);
+  for (int replay = 0; replay < 3; ++replay) {
+    poison_outputs();
+    ASSERT_TRUE(graph->replay());
+    expect_expected(str_cat("replay ", replay + 1));
+  }
+}
+
 // The decode MoE in one persistent launch (up to 4 tokens at a hidden size of 4096 or more) hands out its work by
 // tickets and counts finished gate/up items per slot; the last CTA out resets those counters. Several runs on one
 // workspace, then graph replays, each onto an output poisoned with NaN first, must give the first run's bits (a
@@ -1565,25 +1600,10 @@ TEST(CudaBackend, MoeDecodeOneLaunchRepeatsAndReplaysBitForBit) {
     const MoeTestInputs inputs(run, sh, /*dim=*/4096, /*inter=*/64,
                                /*seed=*/static_cast<uint64_t>(sh.tokens * 7919 + sh.routed));
     const MoeArgs args = inputs.args(run);
-    const auto poison_out = [&] {
-      CUDA_TRY(cudaDeviceSynchronize());
-      CUDA_TRY(cudaMemset(args.out.data, 0xff, args.out.bytes()));  // bf16 NaN
-      CUDA_TRY(cudaDeviceSynchronize());
-    };
     cuda->moe(args);
     const std::vector<std::byte> first = run.download(args.out).bytes;
-    for (int again = 0; again < 3; ++again) {
-      poison_out();
-      cuda->moe(args);
-      EXPECT_EQ(run.download(args.out).bytes, first) << "run " << again + 2;
-    }
-    const std::unique_ptr<StepGraph> graph = cuda->capture([&] { cuda->moe(args); });
-    ASSERT_NE(graph, nullptr);
-    for (int replay = 0; replay < 3; ++replay) {
-      poison_out();
-      ASSERT_TRUE(graph->replay());
-      EXPECT_EQ(run.download(args.out).bytes, first) << "replay " << replay + 1;
-    }
+    expect_moe_calls_repeat_and_replay(*cuda, run, std::span(&args, 1), std::span(&first, 1), /*eager_runs=*/3,
+                                       /*rounds=*/1);
     for (const std::string& e : run.memory_errors()) ADD_FAILURE() << e;
   }
 }
@@ -1622,31 +1642,7 @@ TEST(CudaBackend, MoeDecodeCallsChainAndReplayBitForBit) {
       cuda->moe(args.back());
       alone.push_back(run.download(args.back().out).bytes);
     }
-    const auto poison_outputs = [&] {
-      CUDA_TRY(cudaDeviceSynchronize());
-      for (const MoeArgs& a : args) CUDA_TRY(cudaMemset(a.out.data, 0xff, a.out.bytes()));  // bf16 NaN
-      CUDA_TRY(cudaDeviceSynchronize());
-    };
-    const auto chain = [&] {
-      for (int round = 0; round < 2; ++round) {
-        for (const MoeArgs& a : args) cuda->moe(a);
-      }
-    };
-    const auto expect_alone = [&](const std::string& what) {
-      for (size_t i = 0; i < args.size(); ++i) {
-        EXPECT_EQ(run.download(args[i].out).bytes, alone[i]) << what << ", call " << i + 1;
-      }
-    };
-    poison_outputs();
-    chain();
-    expect_alone("eager chain");
-    const std::unique_ptr<StepGraph> graph = cuda->capture(chain);
-    ASSERT_NE(graph, nullptr);
-    for (int replay = 0; replay < 3; ++replay) {
-      poison_outputs();
-      ASSERT_TRUE(graph->replay());
-      expect_alone(str_cat("replay ", replay + 1));
-    }
+    expect_moe_calls_repeat_and_replay(*cuda, run, args, alone, /*eager_runs=*/1, /*rounds=*/2);
     for (const std::string& e : run.memory_errors()) ADD_FAILURE() << e;
   }
 }
