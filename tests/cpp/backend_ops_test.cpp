@@ -951,6 +951,15 @@ CaseRegistry build_registry() {
                                                           .n_group = 5, .topk_group = 3, .top_k = 4,
                                                           .norm_topk_prob = true, .routed_scaling_factor = 1.0f},
                        4, false, 127);
+  add_tied_moe_route(r, "v2_lite_greedy_e64_k6_ties", {.scoring = ExpertScoring::kSoftmax,
+                                                       .method = TopkMethod::kGreedy, .experts = 64, .n_group = 1,
+                                                       .topk_group = 1, .top_k = 6, .norm_topk_prob = false,
+                                                       .routed_scaling_factor = 1.0f, .num_shared = 2},
+                     5, 128);
+  add_tied_moe_route(r, "v3_e256_g8_keep4_k8_ties", {.scoring = ExpertScoring::kSigmoid, .method = TopkMethod::kNoauxTc,
+                                                     .experts = 256, .n_group = 8, .topk_group = 4, .top_k = 8,
+                                                     .norm_topk_prob = true, .routed_scaling_factor = 2.5f},
+                     3, 129);
   {
     std::vector<float> logits, bias;
     masked_group_inputs(6, logits, bias);

@@ -139,6 +139,17 @@ inline void add_random_moe_route(CaseRegistry& r, const std::string& tag, const 
   add_moe_route(r, tag, c, tokens, logits, bias ? rng.uniform(c.experts, -0.5f, 0.5f) : std::vector<float>{});
 }
 
+// Logits on a grid of nine values (-1.9, -1.4, .., 2.1): many experts tie on their score, and groups on theirs, so the
+// choice at the top-k boundary rests on the tie rule (the lower index) alone. The grid holds no x and -x, whose
+// sigmoids sum to exactly 1 and would tie groups in exact arithmetic only.
+inline void add_tied_moe_route(CaseRegistry& r, const std::string& tag, const RouteConfig& c, int64_t tokens,
+                               uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> logits = rng.uniform(tokens * c.experts, -2.0f, 2.0f);
+  for (float& v : logits) v = std::round(v * 2.0f) / 2.0f + 0.1f;
+  add_moe_route(r, tag, c, tokens, logits, {});
+}
+
 // V3 routing where the best expert by unbiased score sits in a group that loses on its top-2 sum, and every biased
 // score is negative: masking the dropped groups with 0 instead of -inf would pick their experts.
 constexpr RouteConfig kMaskedGroupRoute{.scoring = ExpertScoring::kSigmoid, .method = TopkMethod::kNoauxTc,

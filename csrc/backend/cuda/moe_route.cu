@@ -24,7 +24,9 @@ namespace cg = cooperative_groups;
 constexpr int kExpertsPerLane = kMaxRoutedExperts / 32;  // routed expert e sits on lane e % 32, slot e / 32
 constexpr int kScanItems = (kMaxExperts + kRouteThreads - 1) / kRouteThreads;  // experts a thread in the scans
 
-using BlockScan = cub::BlockScan<int32_t, kRouteThreads>;
+// Padded rows in the high 32 bits, active experts in the low ones: one scan gives both offsets (a sum stays below
+// 2^32 in each half: at most kMaxExperts experts, and max_rows < 2^31).
+using BlockScan = cub::BlockScan<uint64_t, kRouteThreads>;
 
 struct RouteSmem {
   int32_t hist[kMaxExperts];                        // this block's pairs per expert
@@ -38,8 +40,13 @@ struct RouteSmem {
   int32_t is_last;
 };
 
-__device__ __forceinline__ bool better(float v1, int e1, float v2, int e2) {
-  return v1 > v2 || (v1 == v2 && e1 < e2);
+// A selection score as an unsigned key that orders like the float: key(a) > key(b) exactly when a > b, equal floats
+// (-0 and +0 too) give equal keys, -inf gives 0x007fffff. NaN gives 0, below every number, and is never chosen while a
+// number is left. The +1 keeps 0 for "not a candidate".
+__device__ __forceinline__ uint32_t choice_key(float v) {
+  if (v != v) return 0u;
+  const uint32_t bits = __float_as_uint(v + 0.0f);  // -0 + 0 = +0
+  return ((bits & 0x80000000u) != 0u ? ~bits : (bits | 0x80000000u)) + 1u;
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -130,31 +137,31 @@ __device__ void route_token(const MoeKernelParams& kp, int token, int block, con
       if (e < routed_experts && ((keep >> (e / per_group)) & 1u) == 0) c[j] = -INFINITY;
     }
   }
-  // routed_k rounds of a warp arg-max (value descending, index ascending).
-  uint32_t taken = 0;
+  // routed_k rounds of a warp arg-max (value descending, index ascending): each lane's best key (its lowest expert on
+  // a tie), the warp's best key in one reduction, then the lowest expert holding it in another. Two redux.sync a
+  // round instead of five shuffle steps of value and index.
+  uint32_t key[kExpertsPerLane];  // 0: past the routed experts, or taken
+#pragma unroll
+  for (int j = 0; j < kExpertsPerLane; ++j) key[j] = lane + 32 * j < routed_experts ? choice_key(c[j]) : 0u;
   int my_id = 0;
   for (int r = 0; r < routed_k; ++r) {
-    float best_v = -INFINITY;
-    int best_e = 0x7fffffff;
+    uint32_t best = 0u;
+    int best_j = 0;
 #pragma unroll
     for (int j = 0; j < kExpertsPerLane; ++j) {
-      const int e = lane + 32 * j;
-      if (e < routed_experts && ((taken >> j) & 1u) == 0 && better(c[j], e, best_v, best_e)) {
-        best_v = c[j];
-        best_e = e;
+      if (key[j] > best) {
+        best = key[j];
+        best_j = j;
       }
     }
+    const uint32_t top = __reduce_max_sync(0xffffffffu, best);
+    const uint32_t holder = top != 0u && best == top ? static_cast<uint32_t>(lane + 32 * best_j) : 0xffffffffu;
+    const uint32_t chosen = __reduce_min_sync(0xffffffffu, holder);
 #pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      const float other_v = __shfl_xor_sync(0xffffffffu, best_v, offset);
-      const int other_e = __shfl_xor_sync(0xffffffffu, best_e, offset);
-      if (better(other_v, other_e, best_v, best_e)) {
-        best_v = other_v;
-        best_e = other_e;
-      }
+    for (int j = 0; j < kExpertsPerLane; ++j) {
+      if (chosen == static_cast<uint32_t>(lane + 32 * j)) key[j] = 0u;
     }
-    if ((best_e & 31) == lane) taken |= 1u << (best_e >> 5);
-    if (lane == r) my_id = best_e;
+    if (lane == r && chosen != 0xffffffffu) my_id = static_cast<int>(chosen);
   }
   const float w = lane < routed_k ? score[my_id] : 0.0f;
   const float sum = warp_sum(w);
@@ -223,6 +230,20 @@ __device__ void scatter_chunk(const MoeKernelParams& kp, int b, int own, RouteSm
       __syncthreads();
     }
   }
+}
+
+// scatter_chunk for a single route block of at most 32 pairs, on one warp: lane j places pair j. Its row is its
+// expert's first row plus the pairs of that expert on lower lanes, as scatter_chunk's order gives. Needs s.offsets and
+// s.chunk_ids.
+__device__ void scatter_one_warp(const MoeKernelParams& kp, const RouteSmem& s, int lane) {
+  const int num_pairs = kp.p.num_tokens * kp.p.top_k;
+  int e = -1;
+  if (lane < num_pairs) {
+    e = s.chunk_ids[lane];
+    if (e < 0 || e >= kp.p.num_experts) e = -1;  // an invalid id gets no row (the combine skips it too)
+  }
+  const uint32_t peers = __match_any_sync(0xffffffffu, e);
+  if (e >= 0) kp.row_pair[s.offsets[e] + __popc(peers & lanemask_lt())] = lane;
 }
 
 __device__ __forceinline__ float dot_bf16x8(const uint4& a, const uint4& b) {
@@ -349,34 +370,34 @@ __device__ void route_block(const MoeKernelParams& kp, RouteSmem& s, int block, 
   }
 
   // The last block: every block's counts are in place. Thread tid scans experts tid * kScanItems + i (CUB's blocked
-  // arrangement), so the scans run in expert order.
-  int count[kScanItems], padded[kScanItems], offset[kScanItems], active[kScanItems], active_pos[kScanItems];
+  // arrangement), so the scan runs in expert order.
+  int count[kScanItems];
+  uint64_t packed[kScanItems];  // (padded rows << 32) | active
 #pragma unroll
   for (int i = 0; i < kScanItems; ++i) {
     const int e = tid * kScanItems + i;
     count[i] = 0;
     if (e < num_experts) count[i] = single_block ? s.hist[e] : atomicExch(&kp.count_accum[e], 0);
-    padded[i] = (count[i] + kRowAlign - 1) / kRowAlign * kRowAlign;
-    active[i] = count[i] > 0 ? 1 : 0;
+    const int padded = (count[i] + kRowAlign - 1) / kRowAlign * kRowAlign;
+    packed[i] = (static_cast<uint64_t>(padded) << 32) | (count[i] > 0 ? 1u : 0u);
   }
-  int total_rows = 0;
-  BlockScan(s.scan).ExclusiveSum(padded, offset, total_rows);
-  __syncthreads();  // the scan storage is reused
-  int num_active = 0;
-  BlockScan(s.scan).ExclusiveSum(active, active_pos, num_active);
+  uint64_t totals = 0;
+  BlockScan(s.scan).ExclusiveSum(packed, packed, totals);
+  const int total_rows = static_cast<int>(totals >> 32), num_active = static_cast<int>(totals & 0xffffffffu);
 #pragma unroll
   for (int i = 0; i < kScanItems; ++i) {
     const int e = tid * kScanItems + i;
+    const int offset = static_cast<int>(packed[i] >> 32), active_pos = static_cast<int>(packed[i] & 0xffffffffu);
     if (e < num_experts) {
       kp.expert_counts[e] = count[i];
-      kp.expert_offsets[e] = offset[i];
-      s.offsets[e] = offset[i];
+      kp.expert_offsets[e] = offset;
+      s.offsets[e] = offset;
       if (count[i] > 0) {
-        kp.active_experts[active_pos[i]] = e;
+        kp.active_experts[active_pos] = e;
         // Shared experts (the last ones) first, then the routed ones in order (MoeKernelParams::shared_slots).
         const int shared_at = e - (num_experts - kp.shared_slots);
-        const int slot = shared_at >= 0 ? shared_at : active_pos[i] + kp.shared_slots;
-        if (slot < kp.max_active) kp.slot_info[slot] = make_int4(e, count[i], offset[i], num_active);
+        const int slot = shared_at >= 0 ? shared_at : active_pos + kp.shared_slots;
+        if (slot < kp.max_active) kp.slot_info[slot] = make_int4(e, count[i], offset, num_active);
       }
     }
   }
@@ -390,7 +411,11 @@ __device__ void route_block(const MoeKernelParams& kp, RouteSmem& s, int block, 
   }
   if (kp.fused_scatter) {
     __syncthreads();
-    for (int b = 0; b < kp.route_blocks; ++b) scatter_chunk(kp, b, block, s);
+    if (single_block && static_cast<int64_t>(p.num_tokens) * top_k <= 32) {
+      if (warp == 0) scatter_one_warp(kp, s, lane);  // decode: no per-warp histograms, no barriers
+    } else {
+      for (int b = 0; b < kp.route_blocks; ++b) scatter_chunk(kp, b, block, s);
+    }
   }
 }
 
