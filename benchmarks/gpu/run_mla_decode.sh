@@ -17,6 +17,7 @@ SOURCES=(
   csrc/backend/cuda/cuda_stream.cpp
   csrc/backend/cuda/device_buffer.cpp
   csrc/backend/cpu/mla.cpp
+  csrc/backend/cpu/dense.cpp
   csrc/backend/cpu/gemm.cpp
   csrc/backend/ops_validate.cpp
   csrc/core/tensor.cpp
