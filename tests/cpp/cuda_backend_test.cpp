@@ -1456,6 +1456,21 @@ TEST(CudaBackend, MoeMatchesRouteThenExpertsBitForBit) {
   }
 }
 
+// The split heuristic's choices (host code) where they were measured on an H200, v2-lite at batch 1: one 64-token
+// tile a split at 1k (17 splits), four at 8k (33, not 65 of two); larger batches fill the GPU with fewer splits.
+TEST(MlaDecodeSplitsHeuristic, PicksTheMeasuredCounts) {
+  const auto splits = [](int32_t batch, int32_t context) {
+    return cuda::mla_decode_num_splits(
+        {.batch = batch, .num_heads = 16, .max_context_len = context + 1, .num_sms = 132});
+  };
+  EXPECT_EQ(splits(1, 1024), 17);
+  EXPECT_EQ(splits(1, 8192), 33);
+  EXPECT_EQ(splits(8, 1024), 9);
+  EXPECT_EQ(splits(32, 8192), 4);
+  EXPECT_EQ(splits(128, 8192), 1);
+  EXPECT_EQ(splits(1, 32), 1);  // one tile: nothing to split
+}
+
 // DEEPINFER_MLA_DECODE_SPLITS's values (host code: runs without a device): unset or empty leaves the heuristic, a
 // count in [1, 256] forces it, anything else is an error that names the variable.
 TEST(MlaDecodeSplitsSwitch, AcceptsCountsAndRejectsTheRest) {

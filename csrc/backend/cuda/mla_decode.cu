@@ -149,16 +149,20 @@ int mla_decode_num_splits(const MlaDecodeParams& p) {
   if (const int forced = forced_splits_from_env(); forced > 0) {
     return static_cast<int>(std::min<int64_t>(forced, max_tiles));
   }
-  // Time ~ waves * (tiles per split + fixed cost of a CTA: query load, pipeline fill, partial write, combine),
-  // one CTA per SM (both kernels use most of the shared memory). Ties go to fewer splits.
+  // Time ~ waves * (tiles per split + fixed cost of a CTA: query load, pipeline fill) + splits * (a partial written
+  // and read back by the combine), one CTA per SM (both kernels use most of the shared memory). Ties go to fewer
+  // splits. The split cost is fitted to the v2-lite step at batch 1 on an H200 (results/mla_decode_splits/): 17
+  // one-tile splits beat 9 at 1k, and at 8k 26-33 splits of 4-5 tiles beat 65 of 2 (2.367 against 2.475 ms/step).
   constexpr double kCtaOverheadTiles = 1.0;
+  constexpr double kSplitCostTiles = 0.1;
   const int64_t sms = std::max(p.num_sms, 1);
   const int64_t limit = std::min<int64_t>(mla_detail::kMaxSplits, max_tiles);
   int best = 1;
   double best_cost = 0.0;
   for (int64_t s = 1; s <= limit; ++s) {
     const double waves = static_cast<double>(ceil_div(ctas * s, sms));
-    const double cost = waves * (static_cast<double>(ceil_div(max_tiles, s)) + kCtaOverheadTiles);
+    const double cost = waves * (static_cast<double>(ceil_div(max_tiles, s)) + kCtaOverheadTiles) +
+                        kSplitCostTiles * static_cast<double>(s);
     if (s == 1 || cost < best_cost - 1e-9) {
       best = static_cast<int>(s);
       best_cost = cost;
