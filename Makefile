@@ -14,12 +14,20 @@ cpp-build:
 cpp-test: cpp-build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
 
-# Compiles the CUDA sources for sm_90a (nvcc is enough; no GPU needed), so a CUDA build break fails CI.
+# Compiles the CUDA sources for sm_90a (nvcc is enough; no GPU needed), so a CUDA build break fails CI; then builds
+# the kernel benchmarks the way their GPU scripts do (BUILD_ONLY=1), so a source list that no longer links fails too.
 cuda-build:
 	@if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then \
+	  nvcc=$$(command -v nvcc || echo /usr/local/cuda/bin/nvcc) && \
 	  cmake -S . -B build/cuda -G Ninja -DDEEPINFER_BUILD_TESTS=OFF -DDEEPINFER_BUILD_PYTHON=OFF -DDEEPINFER_CUDA=ON \
-	    -DCMAKE_CUDA_COMPILER=$$(command -v nvcc || echo /usr/local/cuda/bin/nvcc) && \
-	  cmake --build build/cuda -j $(JOBS) --target deepinfer_cuda; \
+	    -DCMAKE_CUDA_COMPILER=$$nvcc && \
+	  cmake --build build/cuda -j $(JOBS) --target deepinfer_cuda && \
+	  for bench in mla_decode moe sample; do \
+	    BUILD_ONLY=1 NVCC=$$nvcc OUT=build/kernel_bench/$$bench BUILD=build/kernel_bench/$$bench \
+	      bash benchmarks/gpu/run_$$bench.sh > build/kernel_bench_$$bench.log 2>&1 || \
+	      { tail -n 40 build/kernel_bench_$$bench.log; echo "run_$$bench.sh does not build"; exit 1; }; \
+	    tail -n 1 build/kernel_bench_$$bench.log; \
+	  done; \
 	else echo "nvcc not found: skipping the CUDA compile check"; fi
 
 py-test: install

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the MLA decode test + microbenchmark for sm_90a with nvcc and runs it; logs and the JSON go to $OUT
 # (default ./out/mla_decode). Run from the repository root on a Hopper GPU machine (CUDA 13, gcc, no other deps).
+#   BUILD_ONLY=1: build (compile and link) only, no GPU needed; CI checks the source list this way.
 #   BENCH_COMMIT / BENCH_DATE: recorded in the JSON (git is used when available).
 #   MLA_BENCH_ARGS: extra arguments for the program (e.g. --quick).
 set -euo pipefail
@@ -41,5 +42,6 @@ SOURCES=(
       grep -oE '\b(HGMMA|HMMA|LDSM|LDGSTS|LDL|STL|BAR)\b' | sort | uniq -c | tr -s ' \n' ' ')"
   done
 } 2>&1 | tee "$OUT/build.log"
+if [[ "${BUILD_ONLY:-0}" == 1 ]]; then echo "built $BUILD/mla_decode_bench; not run (BUILD_ONLY=1)"; exit 0; fi
 
 "$BUILD/mla_decode_bench" --json "$OUT/mla_decode_h200.json" ${MLA_BENCH_ARGS:-} 2>&1 | tee "$OUT/run.log"

@@ -2,6 +2,7 @@
 # Builds the fused MoE test + microbenchmark for sm_90a with nvcc and runs it; logs and the JSON go to $OUT
 # (default ./out/moe). Run from the repository root on a Hopper GPU machine (CUDA 13, gcc, no other deps; cuBLAS is
 # loaded at run time for the GEMM-peak ceiling when the machine has it).
+#   BUILD_ONLY=1: build (compile and link) only, no GPU needed; CI checks the source list this way.
 #   BENCH_COMMIT / BENCH_DATE / BENCH_COMMAND: recorded in the JSON (git is used when available).
 #   MOE_BENCH_ARGS: extra arguments for the program (e.g. --quick).
 #   MOE_BENCH_BIN: a moe_bench built elsewhere with this script; used when it starts here, else rebuilt.
@@ -54,6 +55,7 @@ BIN="$BUILD/moe_bench"
   echo "$BIN" > "$OUT/bin_path"
 } 2>&1 | tee "$OUT/build.log"
 BIN=$(cat "$OUT/bin_path")
+if [[ "${BUILD_ONLY:-0}" == 1 ]]; then echo "built $BIN; not run (BUILD_ONLY=1)"; exit 0; fi
 
 # cuBLAS for the GEMM-peak ceiling: the toolkit's, or the one Python's CUDA wheels carry.
 for d in /usr/local/cuda/lib64 $(find /opt /usr/local /usr/lib -maxdepth 9 -name 'libcublas.so*' -path '*nvidia*' \

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the sampling microbenchmark for sm_90a with nvcc and runs it; logs and the JSON go to $OUT (default
 # ./out/sample). Run from the repository root on a Hopper GPU machine (CUDA 13, gcc with OpenMP, no other deps).
+#   BUILD_ONLY=1: build (compile and link) only, no GPU needed; CI checks the source list this way.
 #   BENCH_COMMIT / BENCH_DATE: recorded in the JSON (git is used when available).
 set -euo pipefail
 source "$(dirname "$0")/kernel_bench_env.sh"
@@ -22,5 +23,6 @@ SOURCES=(benchmarks/kernels/sample_bench.cu csrc/backend/cuda/sample.cu csrc/bac
   grep -h -E "registers|spill" "$BUILD"/csrc_backend_cuda_sample.o.log || true
   "$NVCC" "${FLAGS[@]}" "$BUILD"/*.o -o "$BUILD/sample_bench"
 } 2>&1 | tee "$OUT/build.log"
+if [[ "${BUILD_ONLY:-0}" == 1 ]]; then echo "built $BUILD/sample_bench; not run (BUILD_ONLY=1)"; exit 0; fi
 
 "$BUILD/sample_bench" --json "$OUT/sample_h200.json" 2>&1 | tee "$OUT/run.log"
