@@ -10,6 +10,7 @@ import datetime
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -178,3 +179,32 @@ def read_floors(path: Path | None) -> dict:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return {}
+
+
+def sharegpt_prompt_budget(c: dict, ttft_contexts: list[int], output_tokens: int) -> int:
+    """The prompt tokens a ShareGPT request keeps: what fits the longest TTFT context with its output (the engine's
+    max_model_len is sized from those)."""
+    return min(c["max_position_embeddings"], max(ttft_contexts) + 8) - output_tokens - 1
+
+
+def sharegpt_prompts(path: Path, num: int, vocab: int, budget: int) -> tuple[list[list[int]], dict]:
+    """The first `num` ShareGPT first-turn prompts as DeepSeek-V3 token ids (BOS first), folded into the vocabulary
+    and truncated to `budget` tokens."""
+    from deepinfer.tokenizer import Tokenizer
+
+    data = json.loads(path.read_text(encoding="utf-8"))
+    texts = []
+    for item in data:
+        turns = item.get("conversations") or []
+        if turns and turns[0].get("value"):
+            texts.append(turns[0]["value"])
+        if len(texts) >= num:
+            break
+    tok = Tokenizer.default_deepseek_v3()
+    ids = tok.encode_batch(texts)
+    folded = sum(1 for p in ids for t in p if t >= vocab)
+    truncated = sum(1 for p in ids if len(p) > budget)
+    ids = [[t % vocab for t in p[:budget]] for p in ids]
+    lens = [len(p) for p in ids]
+    return ids, {"prompts": len(ids), "prompt_tokens_total": sum(lens), "prompt_tokens_mean": statistics.mean(lens),
+                 "prompt_tokens_max": max(lens), "truncated_prompts": truncated, "ids_folded_into_vocab": folded}

@@ -57,7 +57,8 @@ os.environ.setdefault("DEEPINFER_NO_PROGRESS", "1")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench_common import (SHAPE_NAMES, V3_SLICE_LAYERS, parameter_count, read_floors, run_metadata,  # noqa: E402
-                          shape_config, step_bytes, step_bytes_expected, write_json)
+                          shape_config, sharegpt_prompt_budget, sharegpt_prompts, step_bytes, step_bytes_expected,
+                          write_json)
 
 DEFAULT_COPY_GBPS = 4270.0  # an H200's device-to-device copy, used only when floors.json is missing
 
@@ -119,29 +120,6 @@ def write_model_dir(root: Path, name: str, config: dict) -> tuple[Path, str]:
         for f in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(TRAINED_MODEL_DIR / f, d / f)
         return d, "demo"
-
-
-def sharegpt_prompts(path: Path, num: int, vocab: int, budget: int) -> tuple[list[list[int]], dict]:
-    """The first `num` ShareGPT first-turn prompts as DeepSeek-V3 token ids (BOS first), folded into the vocabulary
-    and truncated to `budget` tokens."""
-    from deepinfer.tokenizer import Tokenizer
-
-    data = json.loads(path.read_text(encoding="utf-8"))
-    texts = []
-    for item in data:
-        turns = item.get("conversations") or []
-        if turns and turns[0].get("value"):
-            texts.append(turns[0]["value"])
-        if len(texts) >= num:
-            break
-    tok = Tokenizer.default_deepseek_v3()
-    ids = tok.encode_batch(texts)
-    folded = sum(1 for p in ids for t in p if t >= vocab)
-    truncated = sum(1 for p in ids if len(p) > budget)
-    ids = [[t % vocab for t in p[:budget]] for p in ids]
-    lens = [len(p) for p in ids]
-    return ids, {"prompts": len(ids), "prompt_tokens_total": sum(lens), "prompt_tokens_mean": statistics.mean(lens),
-                 "prompt_tokens_max": max(lens), "truncated_prompts": truncated, "ids_folded_into_vocab": folded}
 
 
 # ------------------------------------------------------------------------------------------------------- cases
@@ -379,6 +357,7 @@ def run_mode(name: str, c: dict, model_dir: Path, mode: str, args, result: dict,
             else:
                 entry["sharegpt"] = sharegpt_case(engine, sharegpt[0], sharegpt[1], args, deadline())
                 sg = entry["sharegpt"]
+                attach_hf_sharegpt(sg, result.get("_hf"), name)
                 print(f"{name}/{mode} ShareGPT x{sg['completed_requests']}: {sg['requests_per_s']:.2f} req/s, "
                       f"{sg['output_tokens_per_s']:,.0f} output tok/s, {sg['total_tokens_per_s']:,.0f} total tok/s "
                       f"({sg['status']})", flush=True)
@@ -417,6 +396,9 @@ def hf_index(path: Path) -> dict | None:
         for r in entry.get("ttft", []):
             if r.get("status") == "ok":
                 idx[(shape, "ttft", 1, r["context"])] = (r["ttft_ms_min"], None)
+        sg = entry.get("sharegpt") or {}
+        if sg.get("requests_per_s"):
+            idx[(shape, "sharegpt")] = sg
     return idx
 
 
@@ -431,6 +413,17 @@ def attach_hf(row: dict, hf: dict | None, shape: str, kind: str) -> None:
         row["speedup_vs_hf"] = row["decode_tokens_per_s"] / row["hf_tokens_per_s"]
     else:
         row["hf_ttft_ms"] = hf[key][0]
+
+
+def attach_hf_sharegpt(sg: dict, hf: dict | None, shape: str) -> None:
+    """transformers' offline figures beside the engine's, when both ran on the same prompts."""
+    theirs = (hf or {}).get((shape, "sharegpt"))
+    if not theirs or not sg.get("requests_per_s"):
+        return
+    sg["hf"] = {k: theirs.get(k) for k in ("requests_per_s", "output_tokens_per_s", "total_tokens_per_s",
+                                            "completed_requests", "prompts", "prompt_tokens_mean", "batch_size",
+                                            "status")}
+    sg["output_speedup_vs_hf"] = sg["output_tokens_per_s"] / theirs["output_tokens_per_s"]
 
 
 def hf_source_text(src: dict | None) -> str:
@@ -495,6 +488,13 @@ def render_markdown(result: dict) -> str:
                               f"{sg['output_tokens_per_s']:,.0f} output tok/s, "
                               f"{sg['total_tokens_per_s']:,.0f} total tok/s** "
                               f"({sg['status']}, {sg['wall_s']:.1f} s)", ""]
+                    theirs = sg.get("hf")
+                    if theirs:
+                        lines += [f"transformers on the same prompts ({theirs['completed_requests']} of "
+                                  f"{theirs['prompts']} requests, `model.generate` in batches of "
+                                  f"{theirs['batch_size']}, {theirs['status']}): {theirs['requests_per_s']:.2f} "
+                                  f"requests/s, {theirs['output_tokens_per_s']:,.0f} output tok/s: the engine "
+                                  f"gives {sg['output_speedup_vs_hf']:.1f}x the output tokens a second", ""]
                 else:
                     lines += [f"Offline throughput, ShareGPT: {sg.get('status')}", ""]
     return "\n".join(lines) + "\n"
@@ -515,6 +515,8 @@ def main(argv=None) -> int:
                     attach_hf(r, hf, name, "decode")
                 for r in entry.get("ttft", []):
                     attach_hf(r, hf, name, "ttft")
+                if entry.get("sharegpt"):
+                    attach_hf_sharegpt(entry["sharegpt"], hf, name)
         if hf:
             result["hf_baseline_source"] = hf["_source"]
         write_json(path_json, result)
@@ -560,7 +562,7 @@ def main(argv=None) -> int:
                 shape_hf = hf
             sharegpt = None
             if args.sharegpt and args.sharegpt.is_file() and tokenizer == "deepseek-v3":
-                budget = min(c["max_position_embeddings"], max(args.ttft_contexts) + 8) - args.sharegpt_output - 1
+                budget = sharegpt_prompt_budget(c, args.ttft_contexts, args.sharegpt_output)
                 sharegpt = sharegpt_prompts(args.sharegpt, args.sharegpt_num, c["vocab_size"], budget)
             else:
                 result["shapes"][name]["sharegpt_note"] = (

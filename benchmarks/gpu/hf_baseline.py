@@ -17,6 +17,12 @@ Measured, with CUDA events after warm-up:
   --batches size (the cache's own batch_repeat_interleave); then --warmup untimed and up to --steps timed
   single-token steps (greedy argmax fed back), stopping early after --case-s seconds. ms/step is the median step,
   tok/s = batch / mean step time. A case that runs out of memory is recorded as "oom" and the run goes on.
+- Offline throughput (--sharegpt FILE): the engine benchmark's ShareGPT requests (the first --sharegpt-num first-turn
+  prompts in DeepSeek-V3 tokens, truncated as engine_bench.py truncates them for the same --ttft-contexts), each
+  generating exactly --sharegpt-output tokens greedily. They go through `model.generate` in static batches of
+  --sharegpt-batch in submission order, left-padded: what a transformers user does offline. Requests/s, output
+  tok/s and total tok/s are measured over the batches that finished within --sharegpt-s seconds; the row is
+  "partial" when that limit or the budget cut it short.
 The whole script stops starting new cases after --budget-s seconds (recorded as skipped). Writes
 OUT/hf_baseline.json after every case.
 """
@@ -35,7 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import (SHAPE_NAMES, V3_SLICE_LAYERS, parameter_count, run_metadata,  # noqa: E402
-                          shape_config, write_json)
+                          shape_config, sharegpt_prompt_budget, sharegpt_prompts, write_json)
 
 # config.json fields of the shapes that DeepseekV3Config does not take (V2's names, or V3 fields it derives).
 NOT_V3_CONFIG = ("architectures", "model_type", "topk_method", "scoring_func", "moe_layer_freq")
@@ -57,6 +63,11 @@ def parse_args(argv=None):
     ap.add_argument("--attn-impl", default="sdpa", help="transformers attention implementation")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sharegpt", type=Path, default=None, help="sharegpt_v3_filtered_1000.json: offline throughput")
+    ap.add_argument("--sharegpt-num", type=int, default=1000)
+    ap.add_argument("--sharegpt-output", type=int, default=256, help="output tokens per ShareGPT request")
+    ap.add_argument("--sharegpt-batch", type=int, default=128, help="requests per model.generate call")
+    ap.add_argument("--sharegpt-s", type=float, default=240.0, help="start no batch after this many seconds")
     ap.add_argument("--out", type=Path, default=Path("."), help="folder for hf_baseline.json")
     return ap.parse_args(argv)
 
@@ -113,6 +124,68 @@ class Timer:
             self.b.synchronize()
             return self.a.elapsed_time(self.b) / 1e3
         return time.perf_counter() - self.t
+
+
+def sharegpt_offline(model, c: dict, args, device, over_budget, publish) -> dict:
+    """The ShareGPT requests through model.generate in static batches (see the module docstring). publish(row) is
+    called after every batch, so a run cut short keeps what finished."""
+    try:
+        prompts, info = sharegpt_prompts(args.sharegpt, args.sharegpt_num, c["vocab_size"],
+                                         sharegpt_prompt_budget(c, args.ttft_contexts, args.sharegpt_output))
+    except Exception as e:  # noqa: BLE001 - no tokenizer or no prompt file: the row says why
+        return {"status": f"skipped: {type(e).__name__}: {str(e)[:200]}"}
+    n_out, pad = args.sharegpt_output, 2  # padding is masked out; 2 is neither BOS nor EOS
+    row: dict = {**info, "output_tokens_per_request": n_out, "batch_size": args.sharegpt_batch,
+                 "method": "model.generate, greedy, min_new_tokens = max_new_tokens, static batches in submission "
+                           "order, left padding"}
+    done = prompt_tokens = output_tokens = 0
+    wall = 0.0
+    t0 = time.perf_counter()
+    status = "ok"
+    for first in range(0, len(prompts), args.sharegpt_batch):
+        if time.perf_counter() - t0 > args.sharegpt_s or over_budget():
+            status = f"partial: time limit after {done} of {len(prompts)} requests"
+            break
+        batch = prompts[first:first + args.sharegpt_batch]
+        width = max(len(p) for p in batch)
+        ids = torch.full((len(batch), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for j, p in enumerate(batch):
+            ids[j, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[j, width - len(p):] = 1
+        try:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=n_out,
+                                 min_new_tokens=n_out, do_sample=False, pad_token_id=pad, use_cache=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            wall += time.perf_counter() - t
+        except torch.OutOfMemoryError as e:
+            status = f"oom at request {first}: {str(e)[:160]}"
+            break
+        generated = out.shape[1] - width
+        if generated != n_out:
+            status = f"error: a batch generated {generated} tokens a request, not {n_out}"
+            break
+        done += len(batch)
+        prompt_tokens += sum(len(p) for p in batch)
+        output_tokens += len(batch) * generated
+        print(f"sharegpt: {done} of {len(prompts)} requests, {wall:.1f} s of generate", flush=True)
+        tally(row, f"partial: {done} of {len(prompts)} requests so far" if done < len(prompts) else status, done,
+              prompt_tokens, output_tokens, wall)
+        publish(row)
+    tally(row, status, done, prompt_tokens, output_tokens, wall)
+    return row
+
+
+def tally(row: dict, status: str, done: int, prompt_tokens: int, output_tokens: int, wall: float) -> None:
+    row.update({"status": status, "completed_requests": done, "completed_prompt_tokens": prompt_tokens,
+                "output_tokens_total": output_tokens, "wall_s": wall})
+    if done and wall > 0:
+        row.update({"requests_per_s": done / wall, "output_tokens_per_s": output_tokens / wall,
+                    "total_tokens_per_s": (prompt_tokens + output_tokens) / wall})
 
 
 def run_shape(name: str, args, device, result: dict, t_begin: float, save) -> None:
@@ -231,6 +304,20 @@ def run_shape(name: str, args, device, result: dict, t_begin: float, save) -> No
                     work = None
                 save()
             cache = None
+        if args.sharegpt is not None:
+            if over_budget():
+                entry["sharegpt"] = {"status": "skipped: time budget"}
+            else:
+                def publish(row: dict) -> None:
+                    entry["sharegpt"] = row
+                    save()
+
+                entry["sharegpt"] = sharegpt_offline(model, c, args, device, over_budget, publish)
+                sg = entry["sharegpt"]
+                if sg.get("requests_per_s"):
+                    print(f"{name} ShareGPT x{sg['completed_requests']}: {sg['requests_per_s']:.2f} req/s, "
+                          f"{sg['output_tokens_per_s']:,.0f} output tok/s ({sg['status']})", flush=True)
+            save()
     model = None  # free the weights before the next shape
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -248,9 +335,9 @@ def main(argv=None) -> int:
         print("hf_baseline: no CUDA device visible to torch", file=sys.stderr)
         return 1
     torch.manual_seed(args.seed)
-    result: dict = {"what": "HF transformers DeepseekV3ForCausalLM, bf16, random weights: TTFT and decode",
+    result: dict = {"what": "HF transformers DeepseekV3ForCausalLM, bf16, random weights: TTFT, decode, offline throughput",
                     **run_metadata(), "device": str(device), "torch": torch.__version__,
-                    "transformers": transformers.__version__, "settings": vars(args) | {"out": None}, "shapes": {}}
+                    "transformers": transformers.__version__, "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()} | {"out": None}, "shapes": {}}
     if device.type == "cuda":
         result["gpu_torch_name"] = torch.cuda.get_device_name(0)
     path = args.out / "hf_baseline.json"

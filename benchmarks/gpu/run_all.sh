@@ -8,7 +8,7 @@
 #     parity        hf_parity.py: trained DeepSeek-dim checkpoints, DeepInfer CUDA/CPU vs transformers -> hf_parity.json
 #                   (its training + transformers half starts in the background at once, beside the build)
 #     floors        floors.py: copy bandwidth and GEMM peaks measured with torch                 -> floors.json
-#     bench_hf      hf_baseline.py: transformers on v2-lite and v3-slice                          -> hf_baseline.json
+#     bench_hf      hf_baseline.py: transformers on v2-lite and v3-slice (+ ShareGPT offline)     -> hf_baseline.json
 #     bench_engine  engine_bench.py: decode vs roofline, TTFT, ShareGPT throughput -> engine_bench.{json,md}
 #     kernels       run_mla_decode.sh, run_moe.sh (and run_sample.sh when it exists)  -> mla_decode/, moe/, sample/
 #   Each step logs to $OUT/<step>.log; a failed step does not stop the others; $OUT/summary.md (and .json) is
@@ -163,7 +163,9 @@ step_floors() {
 step_bench_hf() {
   local extra=()
   [[ "$SMOKE" == 1 ]] && extra=(--shapes smoke --device cpu --contexts 64 256 --ttft-contexts 64 256 --batches 1 4
-                                --steps 3)
+                                --steps 3 --sharegpt-num 16 --sharegpt-output 8 --sharegpt-batch 8)
+  # transformers' offline throughput on the engine's ShareGPT requests, a minute of it (a partial figure)
+  [[ -f "$SHAREGPT" ]] && extra+=(--sharegpt "$SHAREGPT" --sharegpt-s 60)
   # shellcheck disable=SC2086
   hf_python benchmarks/gpu/hf_baseline.py --out "$OUT" --v3-layers "$V3_SLICE_LAYERS" --budget-s "$(budget_for 45)" \
     "${extra[@]}" ${HF_ARGS:-}
