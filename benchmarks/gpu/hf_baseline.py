@@ -335,9 +335,11 @@ def main(argv=None) -> int:
         print("hf_baseline: no CUDA device visible to torch", file=sys.stderr)
         return 1
     torch.manual_seed(args.seed)
-    result: dict = {"what": "HF transformers DeepseekV3ForCausalLM, bf16, random weights: TTFT, decode, offline throughput",
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()} | {"out": None}
+    result: dict = {"what": "HF transformers DeepseekV3ForCausalLM, bf16, random weights: TTFT, decode, offline "
+                            "throughput",
                     **run_metadata(), "device": str(device), "torch": torch.__version__,
-                    "transformers": transformers.__version__, "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()} | {"out": None}, "shapes": {}}
+                    "transformers": transformers.__version__, "settings": settings, "shapes": {}}
     if device.type == "cuda":
         result["gpu_torch_name"] = torch.cuda.get_device_name(0)
     path = args.out / "hf_baseline.json"
