@@ -523,6 +523,8 @@ class CudaBackend final : public Backend {
                             // weights before its wait.
                             .trigger_early = cuda::trigger_early(a.projects() || a.next_op_may_start_early) ? 1 : 0,
                             .softmax_scale = a.softmax_scale};
+    // The split count, chosen once: the workspace, the decode kernels and W_UV's fold below all take this one.
+    p.num_splits = cuda::mla_decode_num_splits(p);
     // The split partials live in one workspace the backend owns, grown to the largest decode seen so far and never
     // shrunk (the old one is freed in stream order, after the work that still reads it). It is sized from host
     // values only (batch, heads, max_context_len), so no step waits for the device. A CUDA graph captured later must
@@ -556,7 +558,7 @@ class CudaBackend final : public Backend {
                                     .before_wait = 0,
                                     .trigger_early = cuda::trigger_early(a.next_op_may_start_early) ? 1 : 0,
                                     .x_partials = static_cast<const float*>(p.workspace),
-                                    .x_splits = cuda::mla_decode_num_splits(p)};
+                                    .x_splits = p.num_splits};
     const bool fold_combine = mla_fused_combine_enabled_ && head_gemv_enabled_ && seqs == 1 && p.workspace != nullptr &&
                               a.w_uv.dtype == DType::kBF16 && a.out.dtype == DType::kBF16 &&
                               cuda::head_gemv_fits(gemv);
