@@ -10,13 +10,13 @@ kernel_bench_env mla_decode
 FLAGS=(-std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc -Xcompiler -fopenmp -lineinfo)
 SOURCES=(
   benchmarks/kernels/mla_decode_bench.cu
-  csrc/backend/cuda/mla_decode.cu
-  csrc/backend/cuda/instantiations/mla_decode_narrow.cu
-  csrc/backend/cuda/instantiations/mla_decode_wide.cu
-  csrc/backend/cuda/instantiations/mla_decode_wide_wgmma.cu
-  csrc/backend/cuda/launch.cpp
-  csrc/backend/cuda/cuda_stream.cpp
-  csrc/backend/cuda/device_buffer.cpp
+  csrc/backend/cuda/mla/mla_decode.cu
+  csrc/backend/cuda/mla/instantiations/mla_decode_narrow.cu
+  csrc/backend/cuda/mla/instantiations/mla_decode_wide.cu
+  csrc/backend/cuda/mla/instantiations/mla_decode_wide_wgmma.cu
+  csrc/backend/cuda/runtime/launch.cpp
+  csrc/backend/cuda/runtime/cuda_stream.cpp
+  csrc/backend/cuda/runtime/device_buffer.cpp
   csrc/backend/cpu/mla.cpp
   csrc/backend/cpu/dense.cpp
   csrc/backend/cpu/gemm.cpp

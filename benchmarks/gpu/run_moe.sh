@@ -13,16 +13,16 @@ FLAGS=(-std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc --expt-relaxe
        -lineinfo)
 SOURCES=(
   benchmarks/kernels/moe_bench.cu
-  csrc/backend/cuda/moe_route.cu
-  csrc/backend/cuda/moe_experts.cu
-  csrc/backend/cuda/instantiations/moe_small_gate_up.cu
-  csrc/backend/cuda/instantiations/moe_small_down.cu
-  csrc/backend/cuda/instantiations/moe_small_ffn.cu
-  csrc/backend/cuda/instantiations/moe_grouped_gate_up.cu
-  csrc/backend/cuda/instantiations/moe_grouped_down.cu
-  csrc/backend/cuda/launch.cpp
-  csrc/backend/cuda/cuda_stream.cpp
-  csrc/backend/cuda/device_buffer.cpp
+  csrc/backend/cuda/moe/moe_route.cu
+  csrc/backend/cuda/moe/moe_experts.cu
+  csrc/backend/cuda/moe/instantiations/moe_small_gate_up.cu
+  csrc/backend/cuda/moe/instantiations/moe_small_down.cu
+  csrc/backend/cuda/moe/moe_small_ffn.cu
+  csrc/backend/cuda/moe/instantiations/moe_grouped_gate_up.cu
+  csrc/backend/cuda/moe/instantiations/moe_grouped_down.cu
+  csrc/backend/cuda/runtime/launch.cpp
+  csrc/backend/cuda/runtime/cuda_stream.cpp
+  csrc/backend/cuda/runtime/device_buffer.cpp
   csrc/core/env_flag.cpp
 )
 

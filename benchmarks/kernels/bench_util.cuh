@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/runtime/cuda_check.h"
 
 namespace deepinfer::bench {
 

@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "bench_util.cuh"
-#include "backend/cuda/cuda_check.h"
-#include "backend/cuda/ptx.cuh"
+#include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/ptx.cuh"
 
 namespace {
 

@@ -16,10 +16,10 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
-#include "backend/cuda/cuda_check.h"
-#include "backend/cuda/cuda_stream.h"
-#include "backend/cuda/device_buffer.h"
-#include "backend/cuda/mla_decode.cuh"
+#include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/cuda_stream.h"
+#include "backend/cuda/runtime/device_buffer.h"
+#include "backend/cuda/mla/mla_decode.cuh"
 #include "core/half.h"
 #include "bench_util.cuh"
 

@@ -22,11 +22,11 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/cuda_check.h"
-#include "backend/cuda/cuda_stream.h"
-#include "backend/cuda/device_buffer.h"
-#include "backend/cuda/moe.cuh"
-#include "backend/cuda/moe_internal.h"
+#include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/cuda_stream.h"
+#include "backend/cuda/runtime/device_buffer.h"
+#include "backend/cuda/moe/moe.cuh"
+#include "backend/cuda/moe/moe_internal.h"
 #include "bench_util.cuh"
 
 namespace deepinfer::bench {

@@ -1,4 +1,4 @@
-// Microbenchmark of the sampling kernel (ops/sample.h, csrc/backend/cuda/sample.cu) at DeepSeek-V3's vocabulary
+// Microbenchmark of the sampling kernel (ops/sample.h, csrc/backend/cuda/sample/sample.cu) at DeepSeek-V3's vocabulary
 // (129280): rows N in {1, 32, 256} x {greedy, top_p 0.9 + top_k 50, top_p 0.95 at temperature 0.6, temperature
 // only, greedy + 20 logprobs}. Prints microseconds per call and GB/s of logits read (N x V x 4 bytes) beside the
 // device-to-device copy bandwidth measured in the same run (bytes read + written). Each timed call follows an
@@ -16,10 +16,10 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
-#include "backend/cuda/cuda_check.h"
-#include "backend/cuda/cuda_stream.h"
-#include "backend/cuda/device_buffer.h"
-#include "backend/cuda/sample.cuh"
+#include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/cuda_stream.h"
+#include "backend/cuda/runtime/device_buffer.h"
+#include "backend/cuda/sample/sample.cuh"
 #include "bench_util.cuh"
 
 namespace deepinfer {

@@ -9,7 +9,7 @@
 
 #include "engine/engine.h"
 #ifdef DEEPINFER_HAVE_CUDA
-#include "backend/cuda/device_info.h"
+#include "backend/cuda/runtime/device_info.h"
 #endif
 #include "engine/sequence_scorer.h"
 

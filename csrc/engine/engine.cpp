@@ -8,7 +8,7 @@
 
 #ifdef DEEPINFER_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/device_info.h"
+#include "backend/cuda/runtime/device_info.h"
 #endif
 
 namespace deepinfer {

@@ -23,10 +23,10 @@
 #ifdef DEEPINFER_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "backend/cuda/cuda_check.h"
-#include "backend/cuda/cuda_stream.h"
-#include "backend/cuda/device_buffer.h"
-#include "backend/cuda/rms_norm.cuh"
+#include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/cuda_stream.h"
+#include "backend/cuda/runtime/device_buffer.h"
+#include "backend/cuda/norm/rms_norm.cuh"
 #endif
 
 namespace deepinfer::op_test {

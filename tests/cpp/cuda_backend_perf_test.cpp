@@ -16,9 +16,9 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_check.h"
-#include "backend/cuda/cuda_stream.h"
-#include "backend/cuda/mla_prefill.cuh"
+#include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/cuda_stream.h"
+#include "backend/cuda/mla/mla_prefill.cuh"
 #include "core/error.h"
 #include "device_memory.h"
 #include "scoped_env.h"

@@ -26,9 +26,9 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/mla_decode.cuh"
-#include "backend/cuda/mla_prefill.cuh"
-#include "backend/cuda/skinny_gemm.cuh"
+#include "backend/cuda/mla/mla_decode.cuh"
+#include "backend/cuda/mla/mla_prefill.cuh"
+#include "backend/cuda/gemm/skinny_gemm.cuh"
 #include "device_memory.h"
 #include "mla_prepare_cases.h"
 #include "moe_cases.h"

@@ -26,8 +26,8 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_check.h"
-#include "backend/cuda/launch.h"
+#include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/launch.h"
 #include "device_memory.h"
 #include "op_test_harness.h"
 

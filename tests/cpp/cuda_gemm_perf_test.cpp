@@ -26,7 +26,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/runtime/cuda_check.h"
 #include "core/error.h"
 #include "device_memory.h"
 

@@ -12,9 +12,9 @@
 #include <cstddef>
 #include <vector>
 
-#include "backend/cuda/cuda_check.h"
-#include "backend/cuda/cuda_stream.h"
-#include "backend/cuda/device_buffer.h"
+#include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/cuda_stream.h"
+#include "backend/cuda/runtime/device_buffer.h"
 #include "op_test_harness.h"
 
 namespace deepinfer::op_test {

@@ -1,0 +1,19 @@
+// The wgmma MLA prefill attention kernel at DeepSeek's dims (q/k head 128 + 64, v head 128).
+#include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/launch.h"
+#include "backend/cuda/mla/mla_prefill_wgmma.cuh"
+
+namespace deepinfer::cuda::mla_prefill_detail {
+
+// Keys per tile: 128 (the design point) or 64 (half the shared memory and S registers, twice the barriers).
+constexpr int kWgmmaPrefillBlockN = 128;
+
+void launch_mla_prefill_attention_wgmma(const MlaPrefillAttentionParams& p, cudaStream_t stream) {
+  using T = WgmmaPrefillTraits<kWgmmaPrefillBlockN>;
+  const auto kernel = mla_prefill_attention_wgmma_kernel<T>;
+  CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
+  const dim3 grid((p.max_queries + T::kBlockM - 1) / T::kBlockM, p.num_heads, p.num_seqs);
+  launch_pdl(kernel, {.grid = grid, .block = dim3(T::kThreads), .smem_bytes = T::kSmemBytes}, stream, p);
+}
+
+}  // namespace deepinfer::cuda::mla_prefill_detail

@@ -1,0 +1,62 @@
+// Latent-cache write: one block per token copies its latent row into its cache slot in the widest unit the row size
+// and alignment allow (a 576-value bf16 row moves as 72 16-byte accesses).
+#include "backend/cuda/mla/mla_cache_write.cuh"
+
+#include <climits>
+
+#include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/elementwise/elementwise_vec.cuh"
+#include "backend/cuda/runtime/launch.h"
+#include "backend/cuda/mla/mla_cache_write_params.h"
+#include "backend/cuda/runtime/ptx.cuh"
+
+namespace deepinfer::cuda {
+namespace {
+
+template <typename CopyUnit>
+struct ScatterTraits {
+  static_assert(sizeof(CopyUnit) <= 16, "at most 16-byte accesses");
+  using Unit = CopyUnit;
+  static constexpr int kThreads = 128;
+};
+
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kThreads) mla_cache_write_kernel(
+    __grid_constant__ const MlaCacheWriteParams p) {
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
+  const int64_t t = blockIdx.x;
+  const int64_t slot = p.slot_mapping[t];
+  if (slot < 0 || slot >= p.num_slots) return;
+  copy_row<typename Traits::Unit>(static_cast<const char*>(p.latent) + t * p.row_bytes,
+                                  static_cast<char*>(p.cache) + slot * p.row_bytes, p.row_bytes);
+}
+
+}  // namespace
+
+void mla_cache_write(const MlaCacheWriteArgs& a, cudaStream_t stream) {
+  constexpr const char* kOp = "cuda mla_cache_write";
+  DI_CHECK(a.cache.shape.ndim() == 3 && a.latent.shape.ndim() == 2 && a.latent.shape[1] == a.cache.shape[2] &&
+               a.slot_mapping.shape.ndim() == 1 && a.slot_mapping.shape[0] == a.latent.shape[0],
+           kOp, ": latent ", a.latent.shape.str(), " cache ", a.cache.shape.str(), " slots ",
+           a.slot_mapping.shape.str());
+  DI_CHECK(a.latent.dtype == a.cache.dtype && a.slot_mapping.dtype == DType::kI32, kOp, ": latent is ",
+           dtype_name(a.latent.dtype), ", the cache ", dtype_name(a.cache.dtype), ", the slots ",
+           dtype_name(a.slot_mapping.dtype), " (must be int32)");
+  DI_CHECK(a.latent.device == Device::kCuda && a.cache.device == Device::kCuda &&
+               a.slot_mapping.device == Device::kCuda,
+           kOp, ": latent, cache and slot_mapping must be in device memory");
+  const MlaCacheWriteParams p{.latent = a.latent.data, .cache = a.cache.data,
+                              .slot_mapping = a.slot_mapping.as<int32_t>(), .num_tokens = a.latent.shape[0],
+                              .num_slots = a.cache.shape[0] * a.cache.shape[1],
+                              .row_bytes = a.cache.shape[2] * static_cast<int64_t>(dtype_size(a.cache.dtype))};
+  DI_CHECK(p.num_tokens <= INT_MAX, kOp, ": ", p.num_tokens, " tokens exceed the grid");
+  if (p.num_tokens == 0 || p.row_bytes == 0) return;
+  dispatch_copy_unit(copy_unit_bytes(p.latent, p.cache, p.row_bytes), [&](auto unit) {
+    using Traits = ScatterTraits<decltype(unit)>;
+    launch_pdl(mla_cache_write_kernel<Traits>,
+               {.grid = dim3(static_cast<unsigned>(p.num_tokens)), .block = dim3(Traits::kThreads)}, stream, p);
+  });
+}
+
+}  // namespace deepinfer::cuda

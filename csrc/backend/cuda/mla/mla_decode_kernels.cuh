@@ -1,0 +1,625 @@
+// Device code of the MLA decode kernels; included only by instantiations/mla_decode_*.cu.
+//
+// One CTA = one sequence x one block of heads x one split (a range of 64-token tiles). Tiles of the paged cache
+// stream into shared memory through cp.async, several stages deep; every tile is shared by all heads of the block
+// (MLA is an MQA over a 576-wide latent). Both products run on the tensor cores (mma.sync m16n8k16, bf16 in,
+// fp32 accumulate) with the heads as the M dimension:
+//   S[heads, 64] = Q[heads, 576] · K^T        (K = the tile's 576-wide rows)
+//   O[heads, 512] = O * alpha + P[heads, 64] · V   (V = the first 512 columns of the same rows)
+// with an online softmax in the log2 domain. A tile's rows are 72 chunks of 16 bytes, stored as 9 column blocks of
+// 64 dims with chunk c of row r at chunk c ^ (r & 7) (see tile_offset), so the 8 rows an ldmatrix reads fall in 8
+// distinct bank groups.
+//
+// Narrow kernel (16 heads): the queries live in registers. QK: warp w takes k-half w / 4 (288 of the 576 dims)
+// and tokens 16 * (w % 4) .. +16; the two k-halves are summed through shared memory. PV: warp w owns output
+// columns 64 w .. +64 for all 16 heads. Three stages of 72 KB.
+// Wide kernel (64 heads): the queries live in shared memory. QK: warp w takes heads 16 * (w % 4) .. +16 and tokens
+// 32 * (w / 4) .. +32. PV: warp w owns columns 64 w .. +64 for all 64 heads (128 fp32 accumulators a thread).
+// Two stages. mla_decode_wgmma.cuh has the same wide kernel on warpgroup MMA (the default for 64-head blocks).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "backend/cuda/mla/mla_decode_internal.h"
+#include "backend/cuda/mla/mla_decode_params.h"
+#include "backend/cuda/runtime/ptx.cuh"
+
+namespace deepinfer::cuda::mla_detail {
+
+using namespace ::deepinfer::cuda::ptx;  // NOLINT: the shared PTX wrappers
+
+template <int kHeadsPerCta, int kNumStages>
+struct MlaDecodeTraits {
+  static constexpr int kHeads = kHeadsPerCta;
+  static constexpr int kStages = kNumStages;
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kRowTiles = kHeads / 16;               // m16 tiles of heads
+  static constexpr int kRowBytes = kHeadDim * 2;              // 1152
+  static constexpr int kChunks = kRowBytes / 16;              // 72 chunks of 16 bytes a row
+  static constexpr int kTileBytes = kBlockN * kRowBytes;      // 73,728
+  static constexpr int kColsPerWarp = kValueDim / kWarps;     // PV: output columns a warp owns
+  static constexpr int kPRowBytes = kBlockN * 2;              // one row of P (bf16)
+
+  static_assert(kHeadDim == 576 && kValueDim == 512, "DeepSeek MLA: 512 latent + 64 rope dims");
+  static_assert(kHeads % 16 == 0, "heads come in m16 tiles");
+  static_assert(kChunks % 8 == 0, "the XOR swizzle permutes groups of 8 chunks");
+  static_assert(kThreads == kBlockN * 4 && kChunks % 4 == 0, "4 threads copy each row of a tile");
+  static_assert(kColsPerWarp == 64, "PV: each warp owns 8 n8 tiles of output columns");
+  static_assert(kBlockN == 64 && kPRowBytes == 128, "P rows are 8 chunks: the swizzle covers them exactly");
+  static_assert(kStages >= 2, "at least double buffering");
+};
+
+using NarrowTraits = MlaDecodeTraits<kNarrowHeads, 3>;
+using WideTraits = MlaDecodeTraits<kWideHeads, 2>;
+
+// ---------------------------------------------------------------------------------------------------------------
+// PTX wrappers (the shared ones, ldmatrix among them, are in ptx.cuh)
+
+// D[16x8] += A[16x16] · B[16x8], bf16 inputs, fp32 accumulators.
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Barrier 1 among the first `kCount` threads (barrier 0 is __syncthreads).
+template <int kCount>
+__device__ __forceinline__ void named_barrier_sync() {
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kCount) : "memory");
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // lo in the low half: the lower column index
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// Byte offset of 16-byte chunk `chunk` (of 72) of row `row` (of 64) in a tile: 9 column blocks of 64 rows x 128
+// bytes (8 KB each); inside a block, chunk c of row r sits at chunk c ^ (r & 7). This is the 128-byte swizzle that
+// wgmma descriptors read (8-row atoms of 1 KB), and it keeps ldmatrix free of bank conflicts.
+__device__ __forceinline__ uint32_t tile_offset(int row, int chunk) {
+  return static_cast<uint32_t>((chunk >> 3) * (kBlockN * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+}
+// The same for the [heads, 64] bf16 P tile (128-byte rows).
+__device__ __forceinline__ uint32_t p_offset(int row, int chunk) {
+  return static_cast<uint32_t>(row * (kBlockN * 2) + ((chunk ^ (row & 7)) << 4));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Work split and tile loads
+
+struct TileRange {
+  int begin = 0;  // first tile (of kBlockN tokens) of this split
+  int end = 0;    // one past the last
+};
+
+__device__ __forceinline__ TileRange split_tiles(int context_len, int split, int num_splits) {
+  const int num_tiles = (max(context_len, 0) + kBlockN - 1) / kBlockN;
+  const int per_split = (num_tiles + num_splits - 1) / num_splits;
+  const int begin = split * per_split;
+  return {begin, min(begin + per_split, num_tiles)};
+}
+
+// The token whose cache row this thread copies in tile `tile` (4 threads a row).
+__device__ __forceinline__ int tile_token(int tile) { return tile * kBlockN + static_cast<int>(threadIdx.x >> 2); }
+
+// Tile `tile` of a sequence (tokens tile * 64 ..) into the swizzled stage at `dst`: the rows of tokens in
+// [tokens_from, tokens_to). Rows past the context are zero-filled (their pages are never looked up: unused
+// page-table slots may hold anything). known_page >= 0: the thread's row's page, looked up already.
+template <typename T>
+__device__ __forceinline__ void load_kv_tile(uint32_t dst, const MlaDecodeParams& p, const int32_t* pages,
+                                             int tile, int context_len, int tokens_from = 0,
+                                             int tokens_to = INT_MAX, int32_t known_page = -1) {
+  const int row = threadIdx.x >> 2, sub = threadIdx.x & 3;
+  const int token = tile_token(tile);
+  if (token < tokens_from || token >= tokens_to) return;
+  const bool valid = token < context_len;
+  const uint16_t* src = p.cache;
+  if (valid) {
+    const int64_t page = known_page >= 0 ? known_page : pages[token / p.page_size];
+    src += (page * p.page_size + token % p.page_size) * kHeadDim;
+  }
+  const uint32_t src_bytes = valid ? 16u : 0u;
+#pragma unroll
+  for (int k = 0; k < T::kChunks / 4; ++k) {
+    const int chunk = sub + 4 * k;
+    cp_async_16(dst + tile_offset(row, chunk), src + chunk * 8, src_bytes);
+  }
+}
+
+inline constexpr int kMaxFirstTiles = 2;  // kStages - 1 of the deepest pipeline
+
+// A CTA's sequence and split, read at its start.
+struct CtaKv {
+  int context_len = 0;
+  TileRange range;
+  const int32_t* pages = nullptr;  // the sequence's page-table row
+  int settled = 0;                 // rows [0, settled) were copied before griddep_wait
+  // With an early start, the page of this thread's row in each first tile when that row is fresh (-1 otherwise),
+  // looked up before the wait: the page table is a step input, so after the wait only the row's bytes are left.
+  int32_t fresh_page[kMaxFirstTiles] = {-1, -1};
+};
+static_assert(kMaxFirstTiles == 2, "CtaKv::fresh_page's initializer sets every first tile to -1");
+
+// The start of a decode CTA, up to and including griddep_wait. With p.fresh_rows >= 0 the metadata and every row but
+// the sequence's last fresh_rows were complete before the previous kernel (the step's input upload, earlier steps,
+// earlier kernels), so the CTA reads them, and starts the copies of those rows of its first kStages - 1 tiles, while
+// the previous kernel still runs; the rest waits. Those copies stay uncommitted: finish_first_tiles puts them in the
+// first commit group.
+template <typename T>
+__device__ __forceinline__ CtaKv start_cta(const MlaDecodeParams& p, int b, int split, uint32_t kv_base) {
+  const bool early = p.fresh_rows >= 0;
+  if (!early) griddep_wait();  // q and the cache come from earlier kernels; the trigger is allow_dependent_launch()
+  CtaKv kv;
+  kv.context_len = p.context_lens[b];
+  kv.range = split_tiles(kv.context_len, split, p.num_splits);
+  kv.pages = p.page_table + static_cast<int64_t>(b) * p.max_pages_per_seq;
+  if (early) {
+    static_assert(T::kStages - 1 <= kMaxFirstTiles, "CtaKv::fresh_page holds every first tile");
+    kv.settled = max(kv.context_len - p.fresh_rows, 0);
+#pragma unroll
+    for (int st = 0; st < T::kStages - 1; ++st) {
+      if (kv.range.begin + st < kv.range.end) {
+        load_kv_tile<T>(kv_base + st * T::kTileBytes, p, kv.pages, kv.range.begin + st, kv.context_len, 0,
+                        kv.settled);
+        const int token = tile_token(kv.range.begin + st);
+        if (token >= kv.settled && token < kv.context_len) kv.fresh_page[st] = kv.pages[token / p.page_size];
+      }
+    }
+    griddep_wait();  // q and the fresh rows come from the previous kernels
+  }
+  return kv;
+}
+
+// The first kStages - 1 tiles' remaining rows (all of them without an early start), one commit group a stage; the
+// first group also holds the early copies and whatever the caller issued since start_cta (the wide kernels' q).
+template <typename T>
+__device__ __forceinline__ void finish_first_tiles(uint32_t kv_base, const MlaDecodeParams& p, const CtaKv& kv) {
+#pragma unroll
+  for (int st = 0; st < T::kStages - 1; ++st) {
+    if (kv.range.begin + st < kv.range.end) {
+      load_kv_tile<T>(kv_base + st * T::kTileBytes, p, kv.pages, kv.range.begin + st, kv.context_len, kv.settled,
+                      INT_MAX, kv.fresh_page[st]);
+    }
+    cp_async_commit();
+  }
+}
+
+// Lets the next kernel (the split-combine, or the next op's) start its launch while this grid finishes. Called once
+// the main loop is done (ptx.cuh's rule allows any point after griddep_wait): the next grid's CTAs, resident while
+// they wait, then share the SMs with this grid's only during its epilogue.
+__device__ __forceinline__ void allow_dependent_launch() {
+  griddep_launch_dependents();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Epilogues
+
+// A split with no tiles: log-sum-exp -inf (the combine skips it), or a zero output when it is the only split
+// (context length 0).
+template <typename T>
+__device__ void store_empty(const MlaDecodeParams& p, int b, int h0, int split) {
+  const int64_t rows = static_cast<int64_t>(p.batch) * p.num_heads;
+  const int64_t row0 = static_cast<int64_t>(b) * p.num_heads + h0;
+  if (p.num_splits == 1) {
+    uint32_t* out = reinterpret_cast<uint32_t*>(p.out + row0 * kValueDim);
+    for (int i = threadIdx.x; i < T::kHeads * kValueDim / 2; i += kThreads) out[i] = 0u;
+  } else if (threadIdx.x < T::kHeads) {
+    float* lse = static_cast<float*>(p.workspace) + static_cast<int64_t>(p.num_splits) * rows * kValueDim;
+    lse[split * rows + row0 + threadIdx.x] = -INFINITY;
+  }
+}
+
+// Writes this warp's accumulators: rows rt * 16 + g (+ 8), columns 64 * warp + 8 * nt + 2 t (+ 1), divided by the
+// row sums; with splits, an fp32 partial plus the row's log2-sum-exp.
+template <typename T>
+__device__ void store_output(const MlaDecodeParams& p, int b, int h0, int split, const float (&acc)[T::kRowTiles][8][4],
+                             const float* row_max, const float* row_sum) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int64_t rows = static_cast<int64_t>(p.batch) * p.num_heads;
+  const int64_t row0 = static_cast<int64_t>(b) * p.num_heads + h0;
+#pragma unroll
+  for (int rt = 0; rt < T::kRowTiles; ++rt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = rt * 16 + g + 8 * half;
+      const float l = row_sum[r];
+      const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
+      if (p.num_splits == 1) {
+        uint16_t* out = p.out + (row0 + r) * kValueDim + warp * T::kColsPerWarp + 2 * t;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          *reinterpret_cast<uint32_t*>(out + nt * 8) =
+              pack_bf16x2(acc[rt][nt][2 * half] * inv_l, acc[rt][nt][2 * half + 1] * inv_l);
+        }
+      } else {
+        float* part = static_cast<float*>(p.workspace) + (split * rows + row0 + r) * kValueDim +
+                      warp * T::kColsPerWarp + 2 * t;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          *reinterpret_cast<float2*>(part + nt * 8) =
+              make_float2(acc[rt][nt][2 * half] * inv_l, acc[rt][nt][2 * half + 1] * inv_l);
+        }
+        if (warp == 0 && t == 0) {
+          float* lse = static_cast<float*>(p.workspace) + static_cast<int64_t>(p.num_splits) * rows * kValueDim;
+          lse[split * rows + row0 + r] = l > 0.0f ? row_max[r] + log2f(l) : -INFINITY;
+        }
+      }
+    }
+  }
+}
+
+// O = alpha * O + P · V for this warp's 64 columns: P [kHeads, 64] bf16 at p_tile, V = the tile's first 512 columns.
+template <typename T>
+__device__ __forceinline__ void accumulate_pv(float (&acc)[T::kRowTiles][8][4], uint32_t p_tile, uint32_t kv,
+                                              const float* alpha) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+#pragma unroll
+  for (int rt = 0; rt < T::kRowTiles; ++rt) {
+    const float a_lo = alpha[rt * 16 + g], a_hi = alpha[rt * 16 + g + 8];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      acc[rt][nt][0] *= a_lo;
+      acc[rt][nt][1] *= a_lo;
+      acc[rt][nt][2] *= a_hi;
+      acc[rt][nt][3] *= a_hi;
+    }
+  }
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+    uint32_t pa[T::kRowTiles][4];
+#pragma unroll
+    for (int rt = 0; rt < T::kRowTiles; ++rt) {
+      const int row = rt * 16 + (lane & 15);
+      ldmatrix_x4(pa[rt], p_tile + p_offset(row, kk * 2 + (lane >> 4)));
+    }
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      // matrices: (tokens 0-7, cols 0-7), (tokens 8-15, cols 0-7), (tokens 0-7, cols 8-15), (tokens 8-15, cols 8-15)
+      const int token = kk * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
+      const int chunk = warp * (T::kColsPerWarp / 8) + np * 2 + (lane >> 4);
+      uint32_t vb[4];
+      ldmatrix_x4_trans(vb, kv + tile_offset(token, chunk));
+#pragma unroll
+      for (int rt = 0; rt < T::kRowTiles; ++rt) {
+        mma_bf16_16816(acc[rt][2 * np], pa[rt], vb[0], vb[1]);
+        mma_bf16_16816(acc[rt][2 * np + 1], pa[rt], vb[2], vb[3]);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Narrow kernel: 16 heads per CTA
+
+template <typename T>
+struct NarrowSmem {
+  static constexpr int kKv = 0;                                          // [kStages][64][576] bf16, swizzled
+  static constexpr int kP = kKv + T::kStages * T::kTileBytes;            // [16][64] bf16, swizzled
+  static constexpr int kSPart = kP + T::kHeads * T::kPRowBytes;          // [4 groups][32 lanes][8] fp32
+  static constexpr int kRedMax = kSPart + 4 * 32 * 8 * 4;                // [4 groups][16] fp32
+  static constexpr int kRedSum = kRedMax + 4 * T::kHeads * 4;            // [4 groups][16] fp32
+  static constexpr int kAlpha = kRedSum + 4 * T::kHeads * 4;             // [16] fp32
+  static constexpr int kRowMax = kAlpha + T::kHeads * 4;                 // [16] fp32
+  static constexpr int kBytes = kRowMax + T::kHeads * 4;
+  static_assert(kBytes <= 227 * 1024, "fits one CTA per SM");
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1) mla_decode_narrow_kernel(const __grid_constant__ MlaDecodeParams p) {
+  static_assert(T::kHeads == 16 && T::kWarps == 8, "warp roles below assume 16 heads and 8 warps");
+  using L = NarrowSmem<T>;
+  constexpr int kKSteps = kHeadDim / 2 / 16;  // 18 k16 steps per k-half
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t kv_base = smem_addr(smem + L::kKv);
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int h0 = blockIdx.x * T::kHeads, split = blockIdx.y, b = blockIdx.z;
+  const CtaKv start = start_cta<T>(p, b, split, kv_base);
+  const int context_len = start.context_len;
+  const TileRange range = start.range;
+  if (range.begin >= range.end) {
+    store_empty<T>(p, b, h0, split);
+    return;
+  }
+  const int num_tiles = range.end - range.begin;
+  const int32_t* pages = start.pages;
+  const uint32_t p_tile = smem_addr(smem + L::kP);
+  float* red_max = reinterpret_cast<float*>(smem + L::kRedMax);
+  float* red_sum = reinterpret_cast<float*>(smem + L::kRedSum);
+  float* alpha = reinterpret_cast<float*>(smem + L::kAlpha);
+  float* row_max = reinterpret_cast<float*>(smem + L::kRowMax);
+
+  // Complete the first tiles' copies; load the queries into registers meanwhile.
+  finish_first_tiles<T>(kv_base, p, start);
+  const int k_half = warp >> 2, group = warp & 3;  // QK role: dims 288 * k_half .., tokens 16 * group ..
+  uint32_t qf[kKSteps][4];                         // A fragments of Q[16 heads, this k-half]
+  {
+    const uint32_t* q_lo =
+        reinterpret_cast<const uint32_t*>(p.q + (static_cast<int64_t>(b) * p.num_heads + h0 + g) * kHeadDim);
+    const uint32_t* q_hi = q_lo + 8 * kHeadDim / 2;
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      const int word = (k_half * (kHeadDim / 2) + ks * 16 + 2 * t) / 2;
+      qf[ks][0] = __ldg(q_lo + word);
+      qf[ks][1] = __ldg(q_hi + word);
+      qf[ks][2] = __ldg(q_lo + word + 4);
+      qf[ks][3] = __ldg(q_hi + word + 4);
+    }
+  }
+
+  const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
+  float acc[1][8][4] = {};
+  float m_run[2] = {-INFINITY, -INFINITY};  // QK role (k_half 0): running max of rows g, g + 8
+  float l_run[2] = {0.0f, 0.0f};            // and this warp's share of their sums
+  float4* s_part = reinterpret_cast<float4*>(smem + L::kSPart) + (group * 32 + lane) * 2;
+  int stage = 0;
+  for (int i = 0; i < num_tiles; ++i) {
+    cp_async_wait<T::kStages - 2>();
+    __syncthreads();  // tile i visible to all; every warp is done with tile i - 1's stage
+    {
+      const int next = i + T::kStages - 1;
+      if (next < num_tiles) {
+        const int next_stage = (stage + T::kStages - 1) % T::kStages;
+        load_kv_tile<T>(kv_base + next_stage * T::kTileBytes, p, pages, range.begin + next, context_len);
+      }
+      cp_async_commit();
+    }
+    const uint32_t kv = kv_base + stage * T::kTileBytes;
+    const int valid = context_len - (range.begin + i) * kBlockN;  // tokens of this tile inside the context
+
+    // S (partial over this warp's k-half) for 16 heads x 16 tokens
+    float s[2][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      // matrices: (tokens 0-7, k 0-7), (tokens 0-7, k 8-15), (tokens 8-15, k 0-7), (tokens 8-15, k 8-15)
+      const int token = group * 16 + ((lane >> 4) << 3) + (lane & 7);
+      const int chunk = k_half * (T::kChunks / 2) + ks * 2 + ((lane >> 3) & 1);
+      uint32_t kb[4];
+      ldmatrix_x4(kb, kv + tile_offset(token, chunk));
+      mma_bf16_16816(s[0], qf[ks], kb[0], kb[1]);
+      mma_bf16_16816(s[1], qf[ks], kb[2], kb[3]);
+    }
+    if (k_half == 1) {
+      s_part[0] = make_float4(s[0][0], s[0][1], s[0][2], s[0][3]);
+      s_part[1] = make_float4(s[1][0], s[1][1], s[1][2], s[1][3]);
+    }
+    __syncthreads();
+    if (k_half == 0) {
+      const float4 o0 = s_part[0], o1 = s_part[1];
+      s[0][0] += o0.x, s[0][1] += o0.y, s[0][2] += o0.z, s[0][3] += o0.w;
+      s[1][0] += o1.x, s[1][1] += o1.y, s[1][2] += o1.z, s[1][3] += o1.w;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int token = group * 16 + nt * 8 + 2 * t + (e & 1);
+          s[nt][e] = token < valid ? s[nt][e] * scale_log2 : -INFINITY;
+        }
+      }
+      const float mx_lo = quad_max(fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1])));
+      const float mx_hi = quad_max(fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3])));
+      if (t == 0) {
+        red_max[group * 16 + g] = mx_lo;
+        red_max[group * 16 + g + 8] = mx_hi;
+      }
+      named_barrier_sync<128>();  // the four k_half-0 warps
+      float new_lo = m_run[0], new_hi = m_run[1];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        new_lo = fmaxf(new_lo, red_max[j * 16 + g]);
+        new_hi = fmaxf(new_hi, red_max[j * 16 + g + 8]);
+      }
+      const float a_lo = exp2f(m_run[0] - new_lo), a_hi = exp2f(m_run[1] - new_hi);  // 0 on the first tile
+      m_run[0] = new_lo;
+      m_run[1] = new_hi;
+      float sum_lo = 0.0f, sum_hi = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const float p0 = exp2f(s[nt][0] - new_lo), p1 = exp2f(s[nt][1] - new_lo);
+        const float p2 = exp2f(s[nt][2] - new_hi), p3 = exp2f(s[nt][3] - new_hi);
+        sum_lo += p0 + p1;
+        sum_hi += p2 + p3;
+        const int chunk = group * 2 + nt;
+        *reinterpret_cast<uint32_t*>(smem + L::kP + p_offset(g, chunk) + 4 * t) = pack_bf16x2(p0, p1);
+        *reinterpret_cast<uint32_t*>(smem + L::kP + p_offset(g + 8, chunk) + 4 * t) = pack_bf16x2(p2, p3);
+      }
+      l_run[0] = l_run[0] * a_lo + sum_lo;
+      l_run[1] = l_run[1] * a_hi + sum_hi;
+      if (group == 0 && t == 0) {
+        alpha[g] = a_lo;
+        alpha[g + 8] = a_hi;
+      }
+    }
+    __syncthreads();
+    accumulate_pv<T>(acc, p_tile, kv, alpha);
+    stage = stage + 1 == T::kStages ? 0 : stage + 1;
+  }
+  allow_dependent_launch();
+
+  if (k_half == 0) {
+    const float l_lo = quad_sum(l_run[0]), l_hi = quad_sum(l_run[1]);
+    if (t == 0) {
+      red_sum[group * 16 + g] = l_lo;
+      red_sum[group * 16 + g + 8] = l_hi;
+      if (group == 0) {
+        row_max[g] = m_run[0];
+        row_max[g + 8] = m_run[1];
+      }
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < T::kHeads) {  // reduce the four groups' sums in place, into group 0's slots
+    red_sum[threadIdx.x] += red_sum[16 + threadIdx.x] + red_sum[32 + threadIdx.x] + red_sum[48 + threadIdx.x];
+  }
+  __syncthreads();
+  store_output<T>(p, b, h0, split, acc, row_max, red_sum);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Wide kernel: 64 heads per CTA
+
+template <typename T>
+struct WideSmem {
+  static constexpr int kQ = 0;                                           // [64][576] bf16, swizzled
+  static constexpr int kKv = kQ + T::kHeads * T::kRowBytes;              // [kStages][64][576] bf16, swizzled
+  static constexpr int kP = kKv + T::kStages * T::kTileBytes;            // [64][64] bf16, swizzled
+  static constexpr int kRedMax = kP + T::kHeads * T::kPRowBytes;         // [2 halves][64] fp32
+  static constexpr int kRedSum = kRedMax + 2 * T::kHeads * 4;            // [2 halves][64] fp32
+  static constexpr int kAlpha = kRedSum + 2 * T::kHeads * 4;             // [64] fp32
+  static constexpr int kRowMax = kAlpha + T::kHeads * 4;                 // [64] fp32
+  static constexpr int kBytes = kRowMax + T::kHeads * 4;
+  static_assert(kBytes <= 227 * 1024, "fits one CTA per SM");
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1) mla_decode_wide_kernel(const __grid_constant__ MlaDecodeParams p) {
+  static_assert(T::kHeads == 64 && T::kWarps == 8, "warp roles below assume 64 heads and 8 warps");
+  using L = WideSmem<T>;
+  constexpr int kKSteps = kHeadDim / 16;  // 36
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t kv_base = smem_addr(smem + L::kKv);
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int h0 = blockIdx.x * T::kHeads, split = blockIdx.y, b = blockIdx.z;
+  const CtaKv start = start_cta<T>(p, b, split, kv_base);
+  const int context_len = start.context_len;
+  const TileRange range = start.range;
+  if (range.begin >= range.end) {
+    store_empty<T>(p, b, h0, split);
+    return;
+  }
+  const int num_tiles = range.end - range.begin;
+  const int32_t* pages = start.pages;
+  const uint32_t q_base = smem_addr(smem + L::kQ);
+  const uint32_t p_tile = smem_addr(smem + L::kP);
+  float* red_max = reinterpret_cast<float*>(smem + L::kRedMax);
+  float* red_sum = reinterpret_cast<float*>(smem + L::kRedSum);
+  float* alpha = reinterpret_cast<float*>(smem + L::kAlpha);
+  float* row_max = reinterpret_cast<float*>(smem + L::kRowMax);
+
+  {  // queries: 64 rows of 576, four threads a row; they travel with the first tile
+    const int row = threadIdx.x >> 2, sub = threadIdx.x & 3;
+    const uint16_t* src = p.q + (static_cast<int64_t>(b) * p.num_heads + h0 + row) * kHeadDim;
+#pragma unroll
+    for (int k = 0; k < T::kChunks / 4; ++k) {
+      const int chunk = sub + 4 * k;
+      cp_async_16(q_base + tile_offset(row, chunk), src + chunk * 8, 16u);
+    }
+  }
+  finish_first_tiles<T>(kv_base, p, start);
+
+  const int rows = warp & 3, half = warp >> 2;  // QK role: heads 16 * rows .., tokens 32 * half ..
+  const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
+  float acc[T::kRowTiles][8][4] = {};
+  float m_run[2] = {-INFINITY, -INFINITY};  // QK role: running max of rows 16 * rows + g (+ 8)
+  float l_run[2] = {0.0f, 0.0f};            // and this warp's share of their sums
+  const int r_lo = rows * 16 + g, r_hi = r_lo + 8;
+  int stage = 0;
+  for (int i = 0; i < num_tiles; ++i) {
+    cp_async_wait<T::kStages - 2>();
+    __syncthreads();
+    {
+      const int next = i + T::kStages - 1;
+      if (next < num_tiles) {
+        const int next_stage = (stage + T::kStages - 1) % T::kStages;
+        load_kv_tile<T>(kv_base + next_stage * T::kTileBytes, p, pages, range.begin + next, context_len);
+      }
+      cp_async_commit();
+    }
+    const uint32_t kv = kv_base + stage * T::kTileBytes;
+    const int valid = context_len - (range.begin + i) * kBlockN;
+
+    float s[4][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      uint32_t qa[4];
+      ldmatrix_x4(qa, q_base + tile_offset(rows * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        const int token = half * 32 + np * 16 + ((lane >> 4) << 3) + (lane & 7);
+        uint32_t kb[4];
+        ldmatrix_x4(kb, kv + tile_offset(token, ks * 2 + ((lane >> 3) & 1)));
+        mma_bf16_16816(s[2 * np], qa, kb[0], kb[1]);
+        mma_bf16_16816(s[2 * np + 1], qa, kb[2], kb[3]);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int token = half * 32 + nt * 8 + 2 * t + (e & 1);
+        s[nt][e] = token < valid ? s[nt][e] * scale_log2 : -INFINITY;
+      }
+    }
+    float mx_lo = -INFINITY, mx_hi = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      mx_lo = fmaxf(mx_lo, fmaxf(s[nt][0], s[nt][1]));
+      mx_hi = fmaxf(mx_hi, fmaxf(s[nt][2], s[nt][3]));
+    }
+    mx_lo = quad_max(mx_lo);
+    mx_hi = quad_max(mx_hi);
+    if (t == 0) {
+      red_max[half * T::kHeads + r_lo] = mx_lo;
+      red_max[half * T::kHeads + r_hi] = mx_hi;
+    }
+    __syncthreads();
+    const float new_lo = fmaxf(m_run[0], fmaxf(red_max[r_lo], red_max[T::kHeads + r_lo]));
+    const float new_hi = fmaxf(m_run[1], fmaxf(red_max[r_hi], red_max[T::kHeads + r_hi]));
+    const float a_lo = exp2f(m_run[0] - new_lo), a_hi = exp2f(m_run[1] - new_hi);
+    m_run[0] = new_lo;
+    m_run[1] = new_hi;
+    float sum_lo = 0.0f, sum_hi = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      const float p0 = exp2f(s[nt][0] - new_lo), p1 = exp2f(s[nt][1] - new_lo);
+      const float p2 = exp2f(s[nt][2] - new_hi), p3 = exp2f(s[nt][3] - new_hi);
+      sum_lo += p0 + p1;
+      sum_hi += p2 + p3;
+      const int chunk = half * 4 + nt;
+      *reinterpret_cast<uint32_t*>(smem + L::kP + p_offset(r_lo, chunk) + 4 * t) = pack_bf16x2(p0, p1);
+      *reinterpret_cast<uint32_t*>(smem + L::kP + p_offset(r_hi, chunk) + 4 * t) = pack_bf16x2(p2, p3);
+    }
+    l_run[0] = l_run[0] * a_lo + sum_lo;
+    l_run[1] = l_run[1] * a_hi + sum_hi;
+    if (half == 0 && t == 0) {
+      alpha[r_lo] = a_lo;
+      alpha[r_hi] = a_hi;
+    }
+    __syncthreads();
+    accumulate_pv<T>(acc, p_tile, kv, alpha);
+    stage = stage + 1 == T::kStages ? 0 : stage + 1;
+  }
+  allow_dependent_launch();
+
+  {
+    const float l_lo = quad_sum(l_run[0]), l_hi = quad_sum(l_run[1]);
+    if (t == 0) {
+      red_sum[half * T::kHeads + r_lo] = l_lo;
+      red_sum[half * T::kHeads + r_hi] = l_hi;
+      if (half == 0) {
+        row_max[r_lo] = m_run[0];
+        row_max[r_hi] = m_run[1];
+      }
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < T::kHeads) red_sum[threadIdx.x] += red_sum[T::kHeads + threadIdx.x];
+  __syncthreads();
+  store_output<T>(p, b, h0, split, acc, row_max, red_sum);
+}
+
+}  // namespace deepinfer::cuda::mla_detail

@@ -1,0 +1,10 @@
+// The grouped down kernel (prefill): y = act · W_down^T, 128 x 256 tiles on wgmma.
+#include "backend/cuda/moe/moe_grouped_gemm.cuh"
+
+namespace deepinfer::cuda::moe_detail {
+
+void launch_grouped_down(const MoeKernelParams& kp, cudaStream_t stream) {
+  launch_grouped_gemm<GroupedTraits<GemmKind::kDown>>(kp, stream);
+}
+
+}  // namespace deepinfer::cuda::moe_detail

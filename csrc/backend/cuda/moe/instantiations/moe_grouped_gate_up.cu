@@ -1,0 +1,10 @@
+// The grouped gate/up kernel (prefill): act = silu(x · W_gate^T) * (x · W_up^T), 128 x (128 + 128) tiles on wgmma.
+#include "backend/cuda/moe/moe_grouped_gemm.cuh"
+
+namespace deepinfer::cuda::moe_detail {
+
+void launch_grouped_gate_up(const MoeKernelParams& kp, cudaStream_t stream) {
+  launch_grouped_gemm<GroupedTraits<GemmKind::kGateUp>>(kp, stream);
+}
+
+}  // namespace deepinfer::cuda::moe_detail

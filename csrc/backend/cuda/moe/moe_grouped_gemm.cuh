@@ -1,0 +1,331 @@
+// Device code of the grouped expert kernels (prefill: many rows per expert); included only by
+// instantiations/moe_grouped_*.cu.
+//
+// Compute-bound. The padded row space (each expert's rows rounded up to 128) is cut into 128-row blocks, each inside
+// one expert; a tile is (row block, column block). One persistent CTA per SM walks the tiles blockIdx.x,
+// blockIdx.x + gridDim.x, ...; consecutive tiles share a row block (column blocks vary fastest), so CTAs running
+// side by side read the same activations and the same expert's weights through L2.
+//   gate/up: tile = 128 rows x (128 gate + 128 up columns) of x · W_gate_up[e]^T, K = hidden; the epilogue writes
+//            act = silu(gate) * up, 128 columns, rows addressed by pair (x rows gathered by token).
+//   down:    tile = 128 rows x 256 columns of act · W_down[e]^T, K = inter; writes y rows by pair.
+// Two warpgroups, each 64 rows x 256 columns on wgmma m64n256k16 (128 fp32 accumulators a thread), A and B from
+// shared memory. Tiles stream in through cp.async, 64-wide K blocks, 4 stages; stage layout = the 128-byte swizzle
+// (16-byte chunk c of row r at c ^ (r & 7), 8-row atoms of 1 KB), which the wgmma descriptors read directly.
+// The K-block loop runs across tile boundaries, so the copies of the next tile overlap this tile's epilogue.
+// A stage is refilled two steps after its MMAs were issued: by then both warpgroups have waited for them.
+// Tile metadata never waits on L2 inside the K loop: the experts' row offsets and counts are copied to shared memory
+// once, and each tile's 128 row -> pair entries arrive by cp.async with the first K block of the tile before it, into
+// a ring of three. (Read from L2 where needed, the expert search and the pair loads stalled every thread for a chain
+// of dependent L2 round trips at each tile change, with the tensor cores idle.) The epilogue stages each
+// warpgroup's outputs in the two stages just consumed and stores whole row segments (store_tile).
+// Measured on an H200 (moe_bench --prefill, V2-Lite, 4096 tokens, same machine): the layer 1088-1098 us before these
+// two changes, 1032-1095 us with the metadata alone, 989-1031 us with both.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/launch.h"
+#include "backend/cuda/moe/moe_internal.h"
+#include "backend/cuda/moe/moe_ptx.cuh"
+
+namespace deepinfer::cuda::moe_detail {
+
+template <GemmKind kKindValue>
+struct GroupedTraits {
+  static constexpr GemmKind kKind = kKindValue;
+  static constexpr bool kGateUp = kKindValue == GemmKind::kGateUp;
+  static constexpr int kBlockM = 128;
+  static constexpr int kBlockN = 256;                 // B rows of a tile (gate/up: 128 gate + 128 up)
+  static constexpr int kBlockK = 64;                  // one 128-byte swizzle row
+  static constexpr int kStages = 4;
+  static constexpr int kThreads = 256;                // two warpgroups
+  static constexpr int kABytes = kBlockM * kBlockK * 2;
+  static constexpr int kBBytes = kBlockN * kBlockK * 2;
+  static constexpr int kStageBytes = kABytes + kBBytes;
+  static constexpr int kPairRing = 3;  // row -> pair tables in shared memory: this tile's, the next one's, one landing
+  // After the stages: the pair ring (16-byte aligned for cp.async), expert offsets [kMaxExperts + 1], expert counts
+  // [kMaxExperts].
+  static constexpr int kMetaBytes = ((2 * kMaxExperts + 1 + kPairRing * kBlockM) * 4 + 1023) / 1024 * 1024;
+  static constexpr int kSmemBytes = kStages * kStageBytes + kMetaBytes + 1024;  // + alignment to the 1 KB swizzle atom
+  static constexpr int kOutCols = kGateUp ? kBlockN / 2 : kBlockN;  // output columns of a tile
+  static constexpr int kARows = kBlockM * 8 / kThreads;  // rows of A a thread copies (one 16-byte chunk each)
+  static constexpr int kBRows = kBlockN * 8 / kThreads;
+  static_assert(kBlockM == kRowAlign, "a row block never straddles two experts");
+  static_assert(kStages >= 3, "a stage is refilled two steps after its MMAs");
+  static_assert(kABytes % 1024 == 0 && kStageBytes % 1024 == 0, "operands start on swizzle atoms");
+  static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM");
+  static_assert(kARows * 32 == kBlockM && kBRows * 32 == kBlockN, "thread t copies chunk t % 8 of rows t / 8 + 32 q");
+  static_assert(kBlockM % 4 == 0 && kBlockM / 4 <= kThreads, "a tile's pairs: one 16-byte copy of 4 entries a thread");
+};
+
+// The tile metadata a CTA keeps in shared memory (generic pointers for reads, the pair ring's shared address for
+// cp.async).
+struct TileMeta {
+  const int* offsets;  // [E + 1] expert_offsets
+  const int* counts;   // [E] expert_counts
+  int* pairs;          // [kPairRing][kBlockM]: row_pair of CTA-local tile i in slot i % kPairRing
+  uint32_t pairs_addr;
+};
+
+struct TileInfo {
+  int expert = 0;
+  int row0 = 0;        // first padded row of the tile
+  int valid_rows = 0;  // rows of the tile that hold pairs
+  int col0 = 0;        // first output column
+};
+
+template <typename T>
+__device__ __forceinline__ TileInfo tile_info(const MoeKernelParams& kp, const TileMeta& meta, int tile, int n_tiles) {
+  TileInfo ti;
+  ti.row0 = (tile / n_tiles) * T::kBlockM;
+  ti.col0 = (tile % n_tiles) * T::kOutCols;
+  int lo = 0, hi = kp.p.num_experts;  // the last expert whose first row is <= row0 (empty experts come before it)
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (meta.offsets[mid] <= ti.row0) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  ti.expert = lo;
+  ti.valid_rows = min(T::kBlockM, meta.counts[lo] - (ti.row0 - meta.offsets[lo]));
+  return ti;
+}
+
+// First padded row of CTA-local tile `tile_index`.
+template <typename T>
+__device__ __forceinline__ int tile_row0(int tile_index, int n_tiles) {
+  return (static_cast<int>(blockIdx.x) + tile_index * static_cast<int>(gridDim.x)) / n_tiles * T::kBlockM;
+}
+
+// Queues the copy of CTA-local tile `tile_index`'s row -> pair entries into its ring slot (threads 0 .. 31; entries
+// past the expert's count are copied too and never read: row0 + kBlockM never passes the padded total).
+template <typename T>
+__device__ __forceinline__ void load_tile_pairs(const MoeKernelParams& kp, const TileMeta& meta, int tile_index,
+                                                int n_tiles) {
+  if (threadIdx.x < T::kBlockM / 4) {
+    const int slot = tile_index % T::kPairRing;
+    cp_async_16(meta.pairs_addr + (slot * T::kBlockM + threadIdx.x * 4) * 4,
+                kp.row_pair + tile_row0<T>(tile_index, n_tiles) + threadIdx.x * 4, 16u);
+  }
+}
+
+// The ring slot holding CTA-local tile `tile_index`'s pairs.
+template <typename T>
+__device__ __forceinline__ const int* ring_pairs(const TileMeta& meta, int tile_index) {
+  return meta.pairs + (tile_index % T::kPairRing) * T::kBlockM;
+}
+
+// Byte offset of 16-byte chunk `chunk` (of 8) of row `row` in a swizzled operand block.
+__device__ __forceinline__ uint32_t swizzle_offset(int row, int chunk) {
+  return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
+}
+
+// The global sources of one thread's chunks for the tile the copies are in.
+template <typename T>
+struct TileSources {
+  int tile_index = -1;  // CTA-local index of the tile these belong to
+  const uint16_t* a[T::kARows];  // null: padding row, zero-filled
+  const uint16_t* b[T::kBRows];
+};
+
+template <typename T>
+__device__ __forceinline__ void set_sources(const MoeKernelParams& kp, const TileMeta& meta, TileSources<T>& src,
+                                            int tile_index, int n_tiles) {
+  const MoeParams& p = kp.p;
+  const int tile = blockIdx.x + tile_index * gridDim.x;
+  const TileInfo ti = tile_info<T>(kp, meta, tile, n_tiles);
+  const int* pairs = ring_pairs<T>(meta, tile_index);
+  const int row = threadIdx.x >> 3, chunk = threadIdx.x & 7;
+  src.tile_index = tile_index;
+#pragma unroll
+  for (int q = 0; q < T::kARows; ++q) {
+    const int r = row + 32 * q;
+    const int pair = r < ti.valid_rows ? pairs[r] : -1;
+    if (pair < 0) {
+      src.a[q] = nullptr;
+    } else if constexpr (T::kGateUp) {
+      src.a[q] = p.x + static_cast<int64_t>(pair / p.top_k) * p.hidden + chunk * 8;
+    } else {
+      src.a[q] = kp.act + static_cast<int64_t>(pair) * p.inter + chunk * 8;
+    }
+  }
+#pragma unroll
+  for (int q = 0; q < T::kBRows; ++q) {
+    const int r = row + 32 * q;
+    int64_t w_row;
+    if constexpr (T::kGateUp) {  // rows 0..127 gate columns col0.., rows 128..255 the matching up columns
+      w_row = static_cast<int64_t>(ti.expert) * 2 * p.inter + (r < 128 ? ti.col0 + r : p.inter + ti.col0 + r - 128);
+      src.b[q] = p.w_gate_up + w_row * p.hidden + chunk * 8;
+    } else {
+      w_row = static_cast<int64_t>(ti.expert) * p.hidden + ti.col0 + r;
+      src.b[q] = p.w_down + w_row * p.inter + chunk * 8;
+    }
+  }
+}
+
+// Queues the copies of CTA-local step `step` (tile step / kb_per_tile, K block step % kb_per_tile). The first K block
+// of tile i also brings tile i + 1's pairs: they land (step's wait and barrier) at least kb_per_tile - 2 >= 0 steps
+// before set_sources reads them for tile i + 1's first K block. Their ring slot held tile i - 2's pairs, last read by
+// that tile's epilogue, which every thread finished before the barrier of tile i - 1's first step; this copy is
+// queued at step - 2 >= that step (kb_per_tile >= 2).
+template <typename T>
+__device__ __forceinline__ void load_step(const MoeKernelParams& kp, const TileMeta& meta, TileSources<T>& src,
+                                          int step, int kb_per_tile, int n_tiles, int my_tiles, uint32_t smem_base) {
+  const int tile_index = step / kb_per_tile;
+  const int kb = step - tile_index * kb_per_tile;
+  if (tile_index != src.tile_index) set_sources<T>(kp, meta, src, tile_index, n_tiles);
+  if (kb == 0 && tile_index + 1 < my_tiles) load_tile_pairs<T>(kp, meta, tile_index + 1, n_tiles);
+  const uint32_t a_stage = smem_base + (step % T::kStages) * T::kStageBytes;
+  const uint32_t b_stage = a_stage + T::kABytes;
+  const int row = threadIdx.x >> 3, chunk = threadIdx.x & 7;
+#pragma unroll
+  for (int q = 0; q < T::kARows; ++q) {
+    const uint16_t* a = src.a[q];
+    cp_async_16(a_stage + swizzle_offset(row + 32 * q, chunk), a != nullptr ? a + kb * T::kBlockK : kp.p.x,
+                a != nullptr ? 16u : 0u);
+  }
+#pragma unroll
+  for (int q = 0; q < T::kBRows; ++q) {
+    cp_async_16(b_stage + swizzle_offset(row + 32 * q, chunk), src.b[q] + kb * T::kBlockK, 16u);
+  }
+}
+
+// The epilogue, per warpgroup: its 64 x kOutCols outputs go as bf16 through a staging buffer in shared memory, then
+// out to their rows in 16-byte stores, a warp writing whole row segments. (Stored straight from the accumulator
+// fragments, every warp store touched 8 rows with 16 bytes each, and the tile's tensor-core idle time at each tile
+// change grew with it.) Thread (warp w of the warpgroup, lane g * 4 + t) holds rows 16 w + g (+ 8) and columns
+// 8 j + 2 t (+ 1). `stage` (kStageBytes, no copies in flight, no MMA reading it) is this warpgroup's own.
+template <typename T>
+__device__ __forceinline__ void store_tile(const MoeKernelParams& kp, const TileInfo& ti, const int* pairs,
+                                           const float (&acc)[128], uint8_t* stage) {
+  constexpr int kPitch = T::kOutCols * 2 + 16;  // bytes a staged row: + 16 puts a fragment store's 8 rows on
+                                                // distinct banks
+  constexpr int kChunks = T::kOutCols / 8;      // 16-byte chunks of a row
+  static_assert(64 * kPitch <= T::kStageBytes, "a warpgroup's outputs fit its stage");
+  const MoeParams& p = kp.p;
+  const int wg = threadIdx.x >> 7, wt = threadIdx.x & 127;
+  const int rows = min(64, ti.valid_rows - 64 * wg);
+  if (rows <= 0) return;  // the whole warpgroup: all its rows are padding
+  const int warp = wt >> 5, lane = wt & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    uint8_t* row = stage + (16 * warp + g + 8 * half) * kPitch + 4 * t;
+    if constexpr (T::kGateUp) {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {  // gate in accumulator columns 8 j + .., up in 128 + 8 j + ..
+        const float a0 = silu(acc[4 * j + 2 * half]) * acc[4 * j + 64 + 2 * half];
+        const float a1 = silu(acc[4 * j + 2 * half + 1]) * acc[4 * j + 64 + 2 * half + 1];
+        *reinterpret_cast<uint32_t*>(row + 16 * j) = pack_bf16x2(a0, a1);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        *reinterpret_cast<uint32_t*>(row + 16 * j) = pack_bf16x2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+      }
+    }
+  }
+  warpgroup_barrier_sync(1 + wg);
+  uint16_t* const out = T::kGateUp ? kp.act : kp.y;
+  const int64_t pitch = T::kGateUp ? p.inter : p.hidden;
+  for (int i = wt; i < rows * kChunks; i += 128) {
+    const int r = i / kChunks, c = i - r * kChunks;
+    const uint4 v = *reinterpret_cast<const uint4*>(stage + r * kPitch + 16 * c);
+    *reinterpret_cast<uint4*>(out + pairs[64 * wg + r] * pitch + ti.col0 + 8 * c) = v;
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(T::kThreads, 1) moe_grouped_gemm_kernel(const __grid_constant__ MoeKernelParams kp) {
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  const uint32_t smem_base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  griddep_wait();
+  griddep_launch_dependents();
+  const MoeParams& p = kp.p;
+  const int k_dim = T::kGateUp ? p.hidden : p.inter;
+  const int n_tiles = (T::kGateUp ? p.inter : p.hidden) / T::kOutCols;
+  const int total_tiles = __ldcg(&kp.expert_offsets[p.num_experts]) / T::kBlockM * n_tiles;
+  if (static_cast<int>(blockIdx.x) >= total_tiles) return;
+  const int my_tiles = (total_tiles - 1 - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x) + 1;
+  const int kb_per_tile = k_dim / T::kBlockK;
+  const int total_steps = my_tiles * kb_per_tile;
+  const int wg = threadIdx.x >> 7;
+
+  // The metadata: expert offsets and counts, and the first tile's pairs (the later ones come by cp.async).
+  const uint32_t meta_addr = smem_base + T::kStages * T::kStageBytes;
+  int* pairs_s = reinterpret_cast<int*>(smem_raw + (meta_addr - smem_addr(smem_raw)));
+  int* offsets_s = pairs_s + T::kPairRing * T::kBlockM;
+  int* counts_s = offsets_s + kMaxExperts + 1;
+  for (int i = threadIdx.x; i <= p.num_experts; i += T::kThreads) {
+    offsets_s[i] = __ldcg(&kp.expert_offsets[i]);
+    if (i < p.num_experts) counts_s[i] = __ldcg(&kp.expert_counts[i]);
+  }
+  const TileMeta meta{.offsets = offsets_s, .counts = counts_s, .pairs = pairs_s, .pairs_addr = meta_addr};
+  if (threadIdx.x < T::kBlockM) pairs_s[threadIdx.x] = __ldcg(&kp.row_pair[tile_row0<T>(0, n_tiles) + threadIdx.x]);
+  __syncthreads();
+
+  TileSources<T> src;
+#pragma unroll
+  for (int s = 0; s < T::kStages - 2; ++s) {
+    if (s < total_steps) load_step<T>(kp, meta, src, s, kb_per_tile, n_tiles, my_tiles, smem_base);
+    cp_async_commit();
+  }
+
+  float acc[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+  int step = 0;
+  for (int tile_index = 0; tile_index < my_tiles; ++tile_index) {
+    const TileInfo ti = tile_info<T>(kp, meta, blockIdx.x + tile_index * gridDim.x, n_tiles);
+    // A warpgroup whose 64 rows are all padding (an expert's last row block) issues no MMAs: the other one then has
+    // the tensor cores to itself. Its stale accumulators are never stored.
+    const bool has_rows = ti.valid_rows > wg * 64;
+    // The K loop reads no accumulator outside wgmma, so the compiler keeps one MMA group in flight across it.
+    for (int kb = 0; kb < kb_per_tile; ++kb, ++step) {
+      cp_async_wait<T::kStages - 3>();  // this step's copies (one group, the next step's, may still fly)
+      fence_proxy_async();
+      __syncthreads();
+      const uint32_t a_stage = smem_base + (step % T::kStages) * T::kStageBytes;
+      const uint64_t desc_a = sw128_desc(a_stage + wg * 64 * 128, 16, 1024);
+      const uint64_t desc_b = sw128_desc(a_stage + T::kABytes, 16, 1024);
+      if (has_rows) {
+        wgmma_fence();
+#pragma unroll
+        for (int k16 = 0; k16 < T::kBlockK / 16; ++k16) {  // +32 bytes a k16 step: +2 in the descriptor
+          wgmma_m64n256k16_bf16<BLayout::kKMajor>(acc, desc_a + 2 * k16, desc_b + 2 * k16, (kb > 0 || k16 > 0) ? 1 : 0);
+        }
+        wgmma_commit();
+      }
+      // Refill the stage of step - 2: every warpgroup waited for its MMAs before this step's barrier.
+      if (step + T::kStages - 2 < total_steps) {
+        load_step<T>(kp, meta, src, step + T::kStages - 2, kb_per_tile, n_tiles, my_tiles, smem_base);
+      }
+      cp_async_commit();
+      wgmma_wait<1>();
+    }
+    wgmma_wait<0>();
+    fence_registers(acc);
+    // Staging goes to the stages of this tile's last two K blocks: no copies fly into them (the next ones are in
+    // flight into the other two) and, after this barrier, no warpgroup's MMAs read them. They are refilled only after
+    // the next step's barrier, which every thread reaches with its stores done.
+    __syncthreads();
+    const int wg_stage = (step - 1 + wg * (T::kStages - 1)) % T::kStages;  // wg 0: step - 1's, wg 1: step - 2's
+    store_tile<T>(kp, ti, ring_pairs<T>(meta, tile_index), acc,
+                  smem_raw + (smem_base - smem_addr(smem_raw)) + wg_stage * T::kStageBytes);
+  }
+}
+
+template <typename T>
+void launch_grouped_gemm(const MoeKernelParams& kp, cudaStream_t stream) {
+  const auto kernel = moe_grouped_gemm_kernel<T>;
+  CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
+  const int n_tiles = (T::kGateUp ? kp.p.inter : kp.p.hidden) / T::kOutCols;
+  const int64_t max_tiles = static_cast<int64_t>(kp.max_rows / T::kBlockM) * n_tiles;
+  const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(kp.p.num_sms, max_tiles)));
+  launch_pdl(kernel, {.grid = dim3(grid), .block = dim3(T::kThreads), .smem_bytes = T::kSmemBytes}, stream, kp);
+}
+
+}  // namespace deepinfer::cuda::moe_detail

@@ -1,0 +1,355 @@
+// Device code of the small-M expert kernels (decode: few rows per expert); included only by
+// instantiations/moe_small_*.cu and moe_small_ffn.cu.
+//
+// Memory-bound: every active expert's weights are read once, at full bandwidth, straight from global memory into
+// registers (16-byte loads, no shared-memory staging). The weight rows are the M dimension of mma.sync m16n8k16 and
+// the expert's rows (tokens) the N dimension, 8 a tile:
+//   CTA = (column block, active expert). 2 tiles of 16 weight rows x kKSplit slices of K: 8 warps (4 slices), or 4
+//   warps (2 slices) when the launcher wants twice the resident CTAs: a grid that fits the GPU in one wave of 4-warp
+//   CTAs streams to its end, where with 8-warp CTAs a partial second wave would run at a fraction of the bandwidth
+//   (V2-Lite's gate/up at batch 1: 88 x 8 CTAs against 132 x 4 resident 8-warp CTAs).
+//   gate/up: 16 act columns a CTA; warp row tile 0 holds gate rows i0 .. +16, tile 1 the up rows I + i0 .. +16.
+//   down:    32 output columns a CTA; the two row tiles are rows d0 .. +16 and d0 + 16 .. +16 of W_down.
+// The K slices' partial sums meet in shared memory; the epilogue applies silu(gate) * up (gate/up) and writes
+// bf16 rows of act or y, addressed by pair.
+//
+// K order inside an MMA is free as long as A and B agree: for every 32-wide K chunk, lane (g, t) loads 16 bytes
+// (k = 8t .. 8t+7) of weight rows g and g + 8 and of row g of the activations, and feeds k = 8t .. 8t+3 to the first
+// m16n8k16 and 8t+4 .. 8t+7 to the second, in the fragment slots of k = 2t, 2t+1, 2t+8, 2t+9.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/runtime/launch.h"
+#include "backend/cuda/moe/moe_internal.h"
+#include "backend/cuda/moe/moe_ptx.cuh"
+#include "core/env_flag.h"
+
+namespace deepinfer::cuda::moe_detail {
+
+template <GemmKind kKindValue, int kTokenTilesValue, int kKSplitValue = 4>
+struct SmallTraits {
+  static constexpr GemmKind kKind = kKindValue;
+  static constexpr bool kGateUp = kKindValue == GemmKind::kGateUp;
+  static constexpr int kTokenTiles = kTokenTilesValue;   // n8 tiles of expert rows per pass
+  static constexpr int kRowsPerPass = 8 * kTokenTiles;
+  static constexpr int kKSplit = kKSplitValue;           // warps along K
+  static constexpr int kRowTiles = 2;                    // m16 tiles of weight rows
+  static constexpr int kThreads = 32 * kKSplit * kRowTiles;
+  static constexpr int kUnroll = kTokenTiles == 1 ? 3 : 4;  // K chunks loaded before their MMAs
+  static constexpr int kOutCols = kGateUp ? 16 : kDownColsPerCta;  // output columns of a CTA
+  // Resident CTAs per SM the registers are budgeted for (<= 64 registers with one token tile, 128 with four): 32
+  // or 16 warps an SM. The launcher's one-wave test counts on it.
+  static constexpr int kMinBlocks = (kTokenTiles == 1 ? 4 : 2) * (4 / kKSplit);
+  static_assert(kKSplit == 2 || kKSplit == 4, "4 or 8 warps: 2 row tiles x 2 or 4 K slices");
+  static_assert(kTokenTiles >= 1 && kTokenTiles <= 4, "at most 32 rows a pass");
+  static_assert(kOutCols == 32 || kGateUp, "the fused combine covers the down CTA's 32 columns, 2 a thread");
+};
+
+// The combine of the columns [col0, col0 + 32) of every token, by the last down CTA of the column block:
+// out[t, c] = add[t, c] + sum_j weight[t, j] * y[t * top_k + j, c], slots in order (as the combine kernel).
+template <typename T>
+__device__ void combine_columns(const MoeKernelParams& kp, int col0) {
+  const MoeParams& p = kp.p;
+  for (int idx = threadIdx.x; idx < p.num_tokens * 16; idx += T::kThreads) {
+    const int token = idx / 16, col = col0 + (idx % 16) * 2;
+    float acc0 = 0.0f, acc1 = 0.0f;
+    for (int j = 0; j < p.top_k; ++j) {
+      const int64_t pair = static_cast<int64_t>(token) * p.top_k + j;
+      const int e = __ldcg(&p.topk_ids[pair]);
+      if (e < 0 || e >= p.num_experts) continue;
+      const float w = __ldcg(&p.topk_weights[pair]);
+      if (w == 0.0f) continue;
+      const uint32_t v = __ldcg(reinterpret_cast<const unsigned int*>(kp.y + pair * p.hidden + col));
+      acc0 = fmaf(w, bf16_lo(v), acc0);
+      acc1 = fmaf(w, bf16_hi(v), acc1);
+    }
+    const int64_t at = static_cast<int64_t>(token) * p.hidden + col;
+    if (p.add != nullptr) {
+      const uint32_t a = __ldcg(reinterpret_cast<const unsigned int*>(p.add + at));
+      acc0 += bf16_lo(a);
+      acc1 += bf16_hi(a);
+    }
+    *reinterpret_cast<uint32_t*>(p.out + at) = pack_bf16x2(acc0, acc1);
+  }
+}
+
+// Where a CTA's work comes from: its slot's expert, rows and first row, and the active expert count; for the shared
+// slots computed before the wait, the expert and every token's pair are known without the routing's output.
+struct SlotWork {
+  int expert, count, row0, num_active;
+  int shared;  // >= 0: shared expert `shared` of every token (pair t * top_k + k + shared), rows not read
+};
+
+// The work of a slot, from the routing's record (after the grid dependency wait), or, for shared slot `slot` run
+// before it, from the parameters alone.
+__device__ __forceinline__ SlotWork slot_work(const MoeKernelParams& kp, int slot, bool shared_early) {
+  if (shared_early) return {kp.p.num_experts - kp.shared_slots + slot, kp.p.num_tokens, 0, 0, slot};
+  const int4 info = __ldcg(&kp.slot_info[slot]);  // expert -1: no expert in this slot
+  return {info.x, info.y, info.z, info.w, -1};
+}
+
+// Shared memory of one work item: the K slices' partial sums and the rows' pairs of a pass.
+template <int kKSplit, int kRowsPerPass>
+struct SmallShared {
+  float red[kKSplit][2][16][kRowsPerPass + 1];
+  int32_t pair_s[kRowsPerPass];
+  int32_t flag;  // a broadcast: whether this CTA combines (combine_if_last)
+};
+template <typename T>
+using SmallSharedOf = SmallShared<T::kKSplit, T::kRowsPerPass>;
+
+// One work item: output column block `col_block` of one slot. load_first issues the first group of weight loads
+// (constants, so allowed before the grid dependency wait); compute does the rest: the slot's rows in passes, the K
+// slices' reduction, the epilogue (act or y rows by pair). Ends with a barrier (shared memory is free again).
+// `col_block` is a callable: the grid kernels pass one that reads blockIdx.x where needed, which keeps a register
+// free (the 4-warp down kernel spilled with the block index held across the K loop).
+template <typename T>
+struct SmallItem {
+  const uint16_t* w_lo = nullptr;
+  const uint16_t* w_hi = nullptr;
+  int num_chunks = 0;
+  uint4 a_lo[T::kUnroll], a_hi[T::kUnroll];
+
+  // This warp's chunks c, c + kKSplit, ... of one group, whose loads are in flight together; chunks past the end
+  // load zeros (their MMAs add nothing), so the tail costs one round trip, not one a chunk.
+  __device__ __forceinline__ void load_weights(int c) {
+#pragma unroll
+    for (int u = 0; u < T::kUnroll; ++u) {
+      const bool in = c + u * T::kKSplit < num_chunks;
+      a_lo[u] = in ? ld_stream_16(w_lo + (c + u * T::kKSplit) * 32) : make_uint4(0u, 0u, 0u, 0u);
+      a_hi[u] = in ? ld_stream_16(w_hi + (c + u * T::kKSplit) * 32) : make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+
+  template <typename ColBlock>
+  __device__ __forceinline__ void load_first(const MoeKernelParams& kp, int e, ColBlock col_block) {
+    const MoeParams& p = kp.p;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int h = warp & 1, ks = warp >> 1;
+    const int k_dim = T::kGateUp ? p.hidden : p.inter;
+    const int64_t w_row = T::kGateUp ? static_cast<int64_t>(e) * 2 * p.inter + h * p.inter + col_block() * T::kOutCols
+                                     : static_cast<int64_t>(e) * p.hidden + col_block() * T::kOutCols + h * 16;
+    w_lo = (T::kGateUp ? p.w_gate_up : p.w_down) + (w_row + g) * k_dim + 8 * t;
+    w_hi = w_lo + 8 * static_cast<int64_t>(k_dim);
+    num_chunks = k_dim / 32;
+    load_weights(ks);
+  }
+
+  // The pairs of the slot's rows p0 .. p0 + kRowsPerPass into sm.pair_s (-1 past its count); a barrier must come
+  // before they are read.
+  __device__ __forceinline__ void load_pairs(const MoeKernelParams& kp, SmallSharedOf<T>& sm, const SlotWork& work,
+                                             int p0) {
+    const int tid = threadIdx.x;
+    if (tid < T::kRowsPerPass) {
+      const int n = p0 + tid;
+      sm.pair_s[tid] = n >= work.count      ? -1
+                       : work.shared >= 0 ? n * kp.p.top_k + (kp.p.top_k - kp.shared_slots) + work.shared
+                                          : __ldcg(&kp.row_pair[work.row0 + n]);
+    }
+  }
+
+  // The caller has run load_pairs(..., 0) (the down kernel before its wait, where it may), so each pass's pairs load
+  // at the end of the pass before it.
+  template <typename ColBlock>
+  __device__ __forceinline__ void compute(const MoeKernelParams& kp, SmallSharedOf<T>& sm, const SlotWork& work,
+                                          ColBlock col_block) {
+    const MoeParams& p = kp.p;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int h = warp & 1, ks = warp >> 1;
+    bool weights_loaded = true;  // the first group of the first pass
+    for (int p0 = 0; p0 < work.count; p0 += T::kRowsPerPass) {
+      __syncthreads();
+      const uint16_t* src[T::kTokenTiles];
+#pragma unroll
+      for (int nt = 0; nt < T::kTokenTiles; ++nt) {
+        const int pair = sm.pair_s[8 * nt + g];
+        if (pair < 0) {
+          src[nt] = nullptr;
+        } else if constexpr (T::kGateUp) {
+          src[nt] = p.x + static_cast<int64_t>(pair / p.top_k) * p.hidden + 8 * t;
+        } else {
+          src[nt] = kp.act + static_cast<int64_t>(pair) * p.inter + 8 * t;
+        }
+      }
+      float acc[T::kTokenTiles][4];
+#pragma unroll
+      for (int nt = 0; nt < T::kTokenTiles; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+
+      for (int c = ks; c < num_chunks; c += T::kKSplit * T::kUnroll) {
+        if (!weights_loaded) load_weights(c);
+        weights_loaded = false;
+        uint4 b[T::kUnroll][T::kTokenTiles];
+#pragma unroll
+        for (int u = 0; u < T::kUnroll; ++u) {
+          const bool in = c + u * T::kKSplit < num_chunks;
+#pragma unroll
+          for (int nt = 0; nt < T::kTokenTiles; ++nt) {
+            b[u][nt] = in && src[nt] != nullptr ? ld_cg_16(src[nt] + (c + u * T::kKSplit) * 32)
+                                                : make_uint4(0u, 0u, 0u, 0u);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < T::kUnroll; ++u) {
+#pragma unroll
+          for (int nt = 0; nt < T::kTokenTiles; ++nt) {
+            mma_bf16_16816(acc[nt], a_lo[u].x, a_hi[u].x, a_lo[u].y, a_hi[u].y, b[u][nt].x, b[u][nt].y);
+            mma_bf16_16816(acc[nt], a_lo[u].z, a_hi[u].z, a_lo[u].w, a_hi[u].w, b[u][nt].z, b[u][nt].w);
+          }
+        }
+      }
+      // Accumulator (row g / g + 8 of the row tile, rows 2t, 2t + 1 of the token tile) -> red[ks][h][feature][row].
+#pragma unroll
+      for (int nt = 0; nt < T::kTokenTiles; ++nt) {
+        sm.red[ks][h][g][8 * nt + 2 * t] = acc[nt][0];
+        sm.red[ks][h][g][8 * nt + 2 * t + 1] = acc[nt][1];
+        sm.red[ks][h][g + 8][8 * nt + 2 * t] = acc[nt][2];
+        sm.red[ks][h][g + 8][8 * nt + 2 * t + 1] = acc[nt][3];
+      }
+      __syncthreads();
+      if constexpr (T::kGateUp) {
+        // 16 act columns (8 pairs) x kRowsPerPass rows.
+        for (int idx = tid; idx < T::kRowsPerPass * 8; idx += T::kThreads) {
+          const int n = idx / 8, col = (idx % 8) * 2;
+          const int pair = sm.pair_s[n];
+          if (pair < 0) continue;
+          float gate0 = 0.0f, gate1 = 0.0f, up0 = 0.0f, up1 = 0.0f;
+#pragma unroll
+          for (int s = 0; s < T::kKSplit; ++s) {
+            gate0 += sm.red[s][0][col][n];
+            gate1 += sm.red[s][0][col + 1][n];
+            up0 += sm.red[s][1][col][n];
+            up1 += sm.red[s][1][col + 1][n];
+          }
+          uint16_t* const out = kp.act + static_cast<int64_t>(pair) * p.inter + col_block() * T::kOutCols + col;
+          *reinterpret_cast<uint32_t*>(out) = pack_bf16x2(silu(gate0) * up0, silu(gate1) * up1);
+        }
+      } else {
+        // 32 output columns (16 pairs) x kRowsPerPass rows.
+        for (int idx = tid; idx < T::kRowsPerPass * 16; idx += T::kThreads) {
+          const int n = idx / 16, col = (idx % 16) * 2;
+          const int pair = sm.pair_s[n];
+          if (pair < 0) continue;
+          const int tile = col / 16, f = col % 16;
+          float v0 = 0.0f, v1 = 0.0f;
+#pragma unroll
+          for (int s = 0; s < T::kKSplit; ++s) {
+            v0 += sm.red[s][tile][f][n];
+            v1 += sm.red[s][tile][f + 1][n];
+          }
+          uint16_t* const out = kp.y + static_cast<int64_t>(pair) * p.hidden + col_block() * T::kOutCols + col;
+          *reinterpret_cast<uint32_t*>(out) = pack_bf16x2(v0, v1);
+        }
+      }
+      __syncthreads();  // pair_s and red are reused by the next pass
+      if (p0 + T::kRowsPerPass < work.count) load_pairs(kp, sm, work, p0 + T::kRowsPerPass);
+    }
+  }
+};
+
+// After a down item: the last of the column block's num_active items combines the block (combine_columns).
+template <typename T>
+__device__ __forceinline__ void combine_if_last(const MoeKernelParams& kp, SmallSharedOf<T>& sm, int col_block,
+                                                int num_active) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) sm.flag = atomicAdd(&kp.col_done[col_block], 1) == num_active - 1;
+  __syncthreads();
+  if (!sm.flag) return;
+  __threadfence();
+  combine_columns<T>(kp, col_block * T::kOutCols);
+  if (threadIdx.x == 0) kp.col_done[col_block] = 0;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
+    moe_small_gemm_kernel(const __grid_constant__ MoeKernelParams kp) {
+  __shared__ SmallSharedOf<T> sm;
+  const MoeParams& p = kp.p;
+  // Two exceptions to ptx.cuh's rule that nothing global is read before griddep_wait, both on one fact of a chain of
+  // programmatic dependent launches: a grid starts only once every CTA of its predecessor has passed its own wait,
+  // so every kernel before the predecessor has completed and its memory is visible.
+  //  - gate/up, shared slots (kp.shared_prewait): the predecessor is a routing kernel of the same moe_forward (route,
+  //    scatter, or router and route in one), so x, an input of the call and written before it, is complete. These
+  //    CTAs know their expert and pairs without the routing, so they run whole before the wait, while the routing
+  //    runs; they write only their own pairs' act rows, which no kernel reads before the down kernel.
+  //  - down (kp.down_prewait): the predecessor is the gate/up kernel, so the routing kernel, which wrote slot_info
+  //    and row_pair, has completed. The slot record, the first pass's row pairs, and the first weights (constant)
+  //    are loaded before the wait, while gate/up finishes; act, gate/up's output, is read after it.
+  const bool shared_early = T::kGateUp && static_cast<int>(blockIdx.y) < kp.shared_prewait * kp.shared_slots;
+  const bool read_slot_early = shared_early || (!T::kGateUp && kp.down_prewait != 0);
+  if (!read_slot_early) {
+    griddep_wait();
+    griddep_launch_dependents();
+  }
+  const SlotWork work = slot_work(kp, static_cast<int>(blockIdx.y), shared_early);
+  const int e = work.expert;
+  const auto col_block = [] { return static_cast<int>(blockIdx.x); };
+  SmallItem<T> item;
+  if (e >= 0) item.load_first(kp, e, col_block);
+  // The down kernel's first pairs before the wait (row_pair, like slot_info, is the routing's); gate/up's after it.
+  if (!T::kGateUp && read_slot_early) item.load_pairs(kp, sm, work, 0);
+  if (read_slot_early && !shared_early) {
+    griddep_wait();
+    griddep_launch_dependents();
+  }
+  if (e < 0) return;
+  if constexpr (T::kGateUp) {
+    if (kp.down_prefetch) {  // this CTA's share of W_down[e] into L2, for the down kernel that follows
+      const char* base = reinterpret_cast<const char*>(p.w_down + static_cast<int64_t>(e) * p.hidden * p.inter);
+      const int64_t bytes = static_cast<int64_t>(p.hidden) * p.inter * 2;
+      const int64_t per_cta = (bytes / gridDim.x + 127) / 128 * 128;
+      const int64_t begin = blockIdx.x * per_cta, end = min(bytes, begin + per_cta);
+      for (int64_t at = begin + threadIdx.x * 128; at < end; at += T::kThreads * 128) prefetch_l2_evict_last(base + at);
+    }
+  }
+  if (T::kGateUp || !read_slot_early) item.load_pairs(kp, sm, work, 0);
+  item.compute(kp, sm, work, col_block);
+  if constexpr (!T::kGateUp) {
+    // The active count read again here (work.num_active, the same record), not held in a register across the K loop:
+    // the 4-warp kernel spilled 12 bytes with it.
+    if (kp.fused_combine) {
+      combine_if_last<T>(kp, sm, static_cast<int>(blockIdx.x), __ldcg(&kp.slot_info[blockIdx.y]).w);
+    }
+  }
+  if (shared_early) {  // no CTA leaves before its wait (ptx.cuh)
+    griddep_wait();
+    griddep_launch_dependents();
+  }
+}
+
+// Grid (output column blocks, max_active experts); experts past the active count exit at once.
+template <typename T>
+dim3 small_gemm_grid(const MoeKernelParams& kp) {
+  const int out_cols = T::kGateUp ? kp.p.inter : kp.p.hidden;
+  return dim3(out_cols / T::kOutCols, kp.max_active);
+}
+
+template <typename T>
+void launch_small_gemm(const MoeKernelParams& kp, cudaStream_t stream) {
+  launch_pdl(moe_small_gemm_kernel<T>, {.grid = small_gemm_grid<T>(kp), .block = dim3(T::kThreads)}, stream, kp);
+}
+
+// 8-warp CTAs, unless the CTAs that stream after the grid dependency wait need more than one wave of them and fit in
+// one wave of 4-warp CTAs (same tiles, half the warps along K, twice the CTAs resident). The shared slots of a gate/up
+// grid that runs them before the wait (kp.shared_prewait) do not count: they stream while the routing runs and have
+// left their SMs by the time the other CTAs may start (V2-Lite at batch 1: 6 x 88 routed CTAs, one wave of 8-warp
+// CTAs, twice the loads in flight of the 4-warp ones). DEEPINFER_MOE_COUNT_SHARED_CTAS=1 counts them again, to
+// measure the difference on one build.
+template <GemmKind kKind, int kTokenTiles>
+void launch_small_gemm_in_fewest_waves(const MoeKernelParams& kp, cudaStream_t stream) {
+  using Wide = SmallTraits<kKind, kTokenTiles, 4>;
+  using Narrow = SmallTraits<kKind, kTokenTiles, 2>;
+  static const bool count_shared = env_flag("DEEPINFER_MOE_COUNT_SHARED_CTAS");
+  const dim3 grid = small_gemm_grid<Wide>(kp);
+  const bool shared_early = kKind == GemmKind::kGateUp && kp.shared_prewait != 0 && !count_shared;
+  const int64_t late_slots = int64_t{grid.y} - (shared_early ? kp.shared_slots : 0);
+  const int64_t ctas = int64_t{grid.x} * late_slots;
+  if (ctas > int64_t{Wide::kMinBlocks} * kp.p.num_sms && ctas <= int64_t{Narrow::kMinBlocks} * kp.p.num_sms) {
+    launch_small_gemm<Narrow>(kp, stream);
+  } else {
+    launch_small_gemm<Wide>(kp, stream);
+  }
+}
+
+}  // namespace deepinfer::cuda::moe_detail
