@@ -781,11 +781,12 @@ def main(argv=None):
     # ---- report
     size_total = sum(files.values())
     gpu_name = torch.cuda.get_device_name(device) if use_cuda else None
+    commit = os.environ.get("BENCH_COMMIT")  # a tree copied to the GPU machine without .git
     try:
-        commit = subprocess.run(
+        commit = commit or subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False
         ).stdout.strip()
-        commit = commit if len(commit) == 40 else None
+        commit = commit if len(commit) >= 7 else None
     except OSError:
         commit = None
     defaults = vars(parse_args([]))
@@ -798,7 +799,10 @@ def main(argv=None):
     report = {
         "what": "DeepInfer embedded demo model: DeepSeek-V3 architecture + 1 MTP layer, trained on tinyshakespeare",
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "command": command,
+        "commit": commit or "unknown",
+        "gpu": gpu_name or "cpu",
         "base_commit": commit,
         "environment": {
             "device": gpu_name or "cpu",

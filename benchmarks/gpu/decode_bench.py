@@ -5,7 +5,7 @@
 Each case submits `batch` requests of `context` random prompt tokens that generate --output-tokens tokens each
 (ignore_eos), and reports decode tokens/s (generated tokens after the first, over the time from the last first token
 to the end), ms per step, and the roofline floor of a step: (bytes of the weights a step touches + bytes of latent
-cache it reads) / the copy bandwidth given with --copy-gbps (measure it in the same run; 4,270 GB/s on an H200).
+cache it reads) / the copy bandwidth given with --copy-gbps (measure it in the same run with floors.py).
 Weights a decode step touches: everything but the embedding table, with routed experts counted as
 min(E, batch x top_k) experts per MoE layer (an upper bound on what distinct experts cost).
 """

@@ -4,7 +4,7 @@
     python benchmarks/gpu/floors.py --device cpu --out DIR   # a quick check of the script without a GPU
 
 - Copy bandwidth: a device-to-device copy of --copy-gib GiB (`dst.copy_(src)`), bytes moved = 2 x size (read +
-  write), the convention of benchmarks/kernels (about 4,270 GB/s on an H200). The best of --repeats timed batches
+  write), the convention of benchmarks/kernels. The best of --repeats timed batches
   of --iters copies, each batch timed with CUDA events after a warm-up; the median is recorded too.
 - bf16 GEMM peak: torch.matmul (cuBLAS) of 8192^3 and 4096x7168x7168 in bf16 with fp32 accumulation
   (reduced-precision reductions off); TFLOP/s = 2 M N K / time, best of the repeats. The larger of the two shapes

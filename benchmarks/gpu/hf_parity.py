@@ -1,6 +1,6 @@
 """Greedy parity on a trained checkpoint: DeepInfer on the GPU and on the CPU against Hugging Face transformers.
 
-    python benchmarks/gpu/hf_parity.py --out OUT_DIR                      # on a GPU machine (about 2-3 minutes)
+    python benchmarks/gpu/hf_parity.py --out OUT_DIR                      # on a GPU machine
     python benchmarks/gpu/hf_parity.py --smoke --out OUT_DIR              # the whole pipeline on a CPU
     python benchmarks/gpu/hf_parity.py --phase prepare --work W ...       # train + HF references only (no deepinfer)
     python benchmarks/gpu/hf_parity.py --phase compare --work W --out O   # DeepInfer runs + verdict (no torch)

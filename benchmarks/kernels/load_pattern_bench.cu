@@ -1,5 +1,5 @@
 // Which pattern of 16-byte global loads streams a bf16 weight matrix at the HBM's bandwidth: the question behind the
-// batch-1 GEMV and small-M MoE kernels, which run at 2.2-3.0 TB/s against a 4.3 TB/s copy.
+// batch-1 GEMV and small-M MoE kernels, which stream below a plain copy (docs/experiments/load_pattern/ has the runs).
 //
 // Every variant reads the same matrix once, as the kernels do: a warp owns 16 weight rows and a slice of K, CTAs of
 // 4 warps, no shared memory, and feeds every 16 bytes it loads to one m16n8k16 MMA, as the kernels do (the values do

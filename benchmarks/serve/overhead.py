@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -24,7 +25,7 @@ from datetime import datetime, timezone
 import httpx
 
 from deepinfer import DeepInferenceEngine, EngineConfig
-from deepinfer.bench.serve import default_dataset, load_prompts, main as bench_main, sample_prompts
+from deepinfer.bench.serve import default_dataset, load_prompts, main as bench_main, run_provenance, sample_prompts
 
 
 def offline(prompts: list[str], max_tokens: int, max_model_len: int) -> dict:
@@ -91,7 +92,8 @@ def main() -> int:
                                        args.max_prompt_chars)})
         pairs[-1]["ratio"] = pairs[-1]["served"]["duration"] / pairs[-1]["offline"]["duration"]
     ratios = sorted(p["ratio"] for p in pairs)
-    result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpus": os.cpu_count(),
+    result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), **run_provenance(),
+              "command": shlex.join(["python3", "benchmarks/serve/overhead.py", *sys.argv[1:]]),
               "num_prompts": args.num_prompts, "max_tokens": args.max_tokens, "max_model_len": args.max_model_len,
               "max_prompt_chars": args.max_prompt_chars, "pairs": pairs,
               "median_served_over_offline_duration": ratios[len(ratios) // 2]}

@@ -85,6 +85,9 @@ def test_bench_serve_against_the_server(server, tmp_path):
     assert result["mean_ttft_ms"] > 0 and result["mean_e2el_ms"] >= result["mean_ttft_ms"]
     assert result["mean_tpot_ms"] > 0 and result["p99_itl_ms"] >= result["p50_itl_ms"] > 0
     assert result["request_throughput"] > 0 and result["output_throughput"] > 0
+    # provenance, as the GPU benchmark scripts record it
+    assert result["command"].startswith("deepinfer bench serve ") and result["date"]
+    assert result["commit"] and result["gpu"]
 
     chat_out = tmp_path / "chat.json"
     code = main(["--base-url", server.base_url + "/v1", "--api-key", "bench-key", "--dataset", str(dataset),

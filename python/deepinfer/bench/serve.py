@@ -23,6 +23,7 @@ import math
 import os
 import random
 import shlex
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -47,6 +48,28 @@ def default_dataset() -> Path | None:
 
 
 # ----------------------------------------------------------------------------------------------- prompts
+
+
+def run_provenance() -> dict[str, Any]:
+    """The commit and machine a result was measured from, as the GPU benchmark scripts record them: BENCH_COMMIT when
+    given (a tree copied without .git), else git's HEAD of the checkout this package runs from, else "unknown"; the
+    first GPU as nvidia-smi names it, or "cpu". The commit is the load generator's; a remote server's own build is
+    whatever its /version says."""
+    commit = os.environ.get("BENCH_COMMIT")
+    if not commit:
+        try:
+            out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+                                 capture_output=True, text=True, timeout=10)
+            commit = out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+        except (OSError, subprocess.SubprocessError):
+            commit = "unknown"
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=True)
+        gpu = out.stdout.strip().splitlines()[0].strip() or "cpu"
+    except (OSError, subprocess.SubprocessError, IndexError):
+        gpu = "cpu"
+    return {"commit": commit, "gpu": gpu, "cpus": os.cpu_count()}
 
 
 def _prompt_of(item: Any) -> str | None:
@@ -427,6 +450,7 @@ def run_bench_serve(args: argparse.Namespace) -> int:
         return 1
     result["dataset"] = args.dataset or str(SHAREGPT_RELATIVE)
     result["command"] = _command_line(args)
+    result.update(run_provenance())
     print(format_report(result, args.percentiles))
     if args.save_result:
         path = Path(args.save_result)
