@@ -24,11 +24,10 @@ from typing import Any, Callable, Union
 from deepinfer import _deepinfer
 from deepinfer.config import EngineConfig
 from deepinfer.default_model import default_model
-from deepinfer.detokenizer import IncrementalDetokenizer, find_stop
 from deepinfer.generation_defaults import load_generation_defaults
 from deepinfer.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput, TokenLogprobs
 from deepinfer.sampling_params import SamplingParams
-from deepinfer.tokenizer import Tokenizer
+from deepinfer.tokenizer import IncrementalDetokenizer, Tokenizer, find_stop, first_completed_stop
 
 logger = logging.getLogger("deepinfer")
 
@@ -68,12 +67,6 @@ def resolve_model_path(name: str | None) -> tuple[Path, str | None]:
             raise ValueError(f"model {name!r} is not a local directory and could not be downloaded: {e}") from e
         return Path(local), None
     raise ValueError(f"model path {name!r} does not exist or is not a directory")
-
-
-def _first_completed_stop(text: str, stops: Sequence[str]) -> str | None:
-    """The stop string that completes first in `text` (find_stop's rule: earliest end, then earliest start)."""
-    hits = [(i + len(s), i, s) for s in stops if s and (i := text.find(s)) != -1]
-    return min(hits)[2] if hits else None
 
 
 class _Completion:
@@ -397,7 +390,7 @@ class DeepInferenceEngine:
             c.logprobs.extend(new_logprobs)
         if stopped:
             c.finished, c.finish_reason = True, "stop"
-            c.stop_reason = _first_completed_stop(c.decoded, c.params.stop)
+            c.stop_reason = first_completed_stop(c.decoded, c.params.stop)
             if not d.finished:
                 self._abort_core(c.core_id)  # the core would keep generating: free its pages now
         elif d.finished:

@@ -17,7 +17,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 from fastapi import Request
@@ -30,6 +29,7 @@ from deepinfer.server.metrics import ServerMetrics
 from deepinfer.server.protocol import (APIError, ChatCompletionRequest, CompletionRequest, check_unsupported,
                                        validation_error)
 from deepinfer.server.reasoning import ReasoningParser
+from deepinfer.tokenizer import TokenText
 
 logger = logging.getLogger("deepinfer.server")
 
@@ -94,51 +94,7 @@ class ServerState:
             run.kill()
 
 
-# ----------------------------------------------------------------------------------------------- token text
-
-
-@lru_cache(maxsize=1)
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's byte-level alphabet, inverted: the character that stands for each byte -> the byte."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    chars = printable[:]
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    return {chr(c): b for b, c in zip(printable, chars)}
-
-
-class TokenText:
-    """A token's text and raw bytes, for logprobs (a byte-level token may hold part of a UTF-8 character)."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self._tokenizer = tokenizer
-        self._cache: dict[int, tuple[str, list[int]]] = {}
-
-    def get(self, token_id: int) -> tuple[str, list[int]]:
-        hit = self._cache.get(token_id)
-        if hit is not None:
-            return hit
-        piece = None
-        try:
-            piece = self._tokenizer.convert_ids_to_tokens(token_id)
-        except Exception:
-            pass
-        decoder = _byte_decoder()
-        if isinstance(piece, str) and piece and all(ch in decoder for ch in piece):
-            raw = bytes(decoder[ch] for ch in piece)
-            text = raw.decode("utf-8", errors="replace")
-        else:
-            text = self._tokenizer.decode([token_id], skip_special_tokens=False)
-            raw = text.encode("utf-8")
-        value = (text, list(raw))
-        if len(self._cache) < 200_000:
-            self._cache[token_id] = value
-        return value
+# ----------------------------------------------------------------------------------------------- logprobs
 
 
 def _finite(logprob: float) -> float:
