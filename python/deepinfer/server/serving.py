@@ -32,16 +32,14 @@ from deepinfer.sampling_params import SamplingParams
 from deepinfer.server.choices import ChatFormat, Choice, ChoiceFormat, CompletionFormat
 from deepinfer.server.metrics import ServerMetrics
 from deepinfer.server.protocol import (APIError, ChatCompletionRequest, CompletionRequest, check_unsupported,
-                                       validation_error)
+                                       check_values, validation_error)
 from deepinfer.server.reasoning import ReasoningParser
 from deepinfer.tokenizer import TokenText
 
 logger = logging.getLogger("deepinfer.server")
 
-MAX_N = 128                       # completions per prompt
 MAX_PROMPTS_PER_REQUEST = 256     # prompts in one /v1/completions batch
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (chat defaults to the rest of the context)
-_CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 
 # ----------------------------------------------------------------------------------------------- server state
@@ -307,8 +305,8 @@ class OpenAIServing:
     # ---- shared steps
 
     async def _parse(self, request: Request, model: Any, endpoint: str) -> tuple[Any, int]:
-        """The request's JSON body as ``model`` (a pydantic request class), after the checks every generation endpoint
-        makes: unsupported parameters, the model name, n. Returns the request and its n."""
+        """The request's JSON body as ``model`` (a pydantic request class), checked by protocol.py's passes and
+        against the served model names. Returns the request and its n."""
         body = await self._read_json(request)
         check_unsupported(body, endpoint)
         try:
@@ -316,7 +314,7 @@ class OpenAIServing:
         except ValidationError as e:
             raise validation_error(e) from None
         self._check_model(req.model)
-        return req, self._check_n(req.n)
+        return req, check_values(req)
 
     async def _read_json(self, request: Request) -> dict[str, Any]:
         raw = await request.body()
@@ -336,13 +334,6 @@ class OpenAIServing:
             raise APIError(404, f"The model `{model}` does not exist. This server serves "
                                 f"{', '.join(repr(m) for m in self.state.options.served_model_names)}.",
                            param="model", code="model_not_found")
-
-    def _check_n(self, n: int | None) -> int:
-        n = 1 if n is None else n
-        if not 1 <= n <= MAX_N:
-            raise APIError(400, f"Invalid value for 'n': must be between 1 and {MAX_N}, got {n}", param="n",
-                           code="invalid_value")
-        return n
 
     def _max_tokens(self, requested: int | None, prompt_len: int, default: int | None, param: str) -> int:
         max_len = self.state.max_model_len
@@ -561,22 +552,14 @@ class OpenAIServing:
 
     # ---- /v1/chat/completions
 
-    def _chat_messages(self, req: ChatCompletionRequest) -> list[dict[str, Any]]:
+    @staticmethod
+    def _chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
+        """The messages as the chat template takes them (check_values has checked roles and content parts)."""
         messages = []
-        for i, m in enumerate(req.messages):
-            if m.role not in _CHAT_ROLES:
-                raise APIError(400, f"Invalid value for 'messages[{i}].role': {m.role!r}; expected one of "
-                                    f"{sorted(_CHAT_ROLES)}", param=f"messages[{i}].role", code="invalid_value")
+        for m in req.messages:
             content: Any = m.content
             if isinstance(content, list):
-                texts = []
-                for j, part in enumerate(content):
-                    if part.type != "text" or part.text is None:
-                        raise APIError(400, f"Content parts of type {part.type!r} are not supported: this model "
-                                            "takes text only", param=f"messages[{i}].content[{j}].type",
-                                       code="unsupported_parameter")
-                    texts.append(part.text)
-                content = "\n".join(texts)
+                content = "\n".join(part.text for part in content)
             message: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content}
             for key in ("name", "reasoning_content", "tool_calls", "tool_call_id"):
                 value = getattr(m, key)
@@ -599,16 +582,6 @@ class OpenAIServing:
     async def chat_completions(self, request: Request) -> Response:
         arrival = time.monotonic()
         req, n = await self._parse(request, ChatCompletionRequest, "chat")
-        if req.top_logprobs is not None and not req.logprobs:
-            raise APIError(400, "'top_logprobs' requires 'logprobs' to be true", param="top_logprobs",
-                           code="invalid_value")
-        if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
-            raise APIError(400, f"Invalid value for 'top_logprobs': must be between 0 and 20, got {req.top_logprobs}",
-                           param="top_logprobs", code="invalid_value")
-        if req.max_tokens is not None and req.max_completion_tokens is not None \
-                and req.max_tokens != req.max_completion_tokens:
-            raise APIError(400, "Give 'max_completion_tokens' or 'max_tokens', not two different values",
-                           param="max_tokens", code="invalid_value")
         ids = self._render_chat(req)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
