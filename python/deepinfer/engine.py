@@ -24,11 +24,10 @@ from typing import Any, Callable, Union
 from deepinfer import _deepinfer
 from deepinfer.config import EngineConfig
 from deepinfer.default_model import default_model
-from deepinfer.detokenizer import IncrementalDetokenizer, find_stop
 from deepinfer.generation_defaults import load_generation_defaults
 from deepinfer.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput, TokenLogprobs
 from deepinfer.sampling_params import SamplingParams
-from deepinfer.tokenizer import Tokenizer
+from deepinfer.tokenizer import IncrementalDetokenizer, Tokenizer, find_stop, first_completed_stop
 
 logger = logging.getLogger("deepinfer")
 
@@ -68,12 +67,6 @@ def resolve_model_path(name: str | None) -> tuple[Path, str | None]:
             raise ValueError(f"model {name!r} is not a local directory and could not be downloaded: {e}") from e
         return Path(local), None
     raise ValueError(f"model path {name!r} does not exist or is not a directory")
-
-
-def _first_completed_stop(text: str, stops: Sequence[str]) -> str | None:
-    """The stop string that completes first in `text` (find_stop's rule: earliest end, then earliest start)."""
-    hits = [(i + len(s), i, s) for s in stops if s and (i := text.find(s)) != -1]
-    return min(hits)[2] if hits else None
 
 
 class _Completion:
@@ -312,21 +305,33 @@ class DeepInferenceEngine:
             return None, ids
         raise TypeError(f"a prompt is a string, a list of token ids or a mapping; got {type(prompt).__name__}")
 
-    def _check_length(self, prompt_ids: list[int], params: SamplingParams) -> None:
+    def _check_length(self, prompt_ids: list[int]) -> None:
         max_len = self.max_model_len
         if len(prompt_ids) >= max_len:
             raise ValueError(f"the prompt has {len(prompt_ids)} tokens, but max_model_len is {max_len} "
                              "(the prompt plus at least one generated token must fit)")
 
+    def _checked_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        """The prompt's text (None for token ids) and token ids: the one place a prompt is tokenized and checked
+        (ValueError / TypeError) before it is queued."""
+        text, prompt_ids = self._prompt_ids(prompt)
+        self._check_length(prompt_ids)
+        return text, prompt_ids
+
     def submit(self, prompt: PromptType, params: SamplingParams | None = None, *,
                loop: asyncio.AbstractEventLoop | None = None, request_id: str | None = None) -> RequestStream:
         """Queues one request (n completions) and returns its stream. Raises ValueError, queuing nothing, when the
         request cannot be served. With `loop`, the stream is iterated with `async for` on that event loop."""
+        if self._closed:  # before the prompt is even looked at
+            raise RuntimeError("the engine is shut down")
+        text, prompt_ids = self._checked_prompt(prompt)
+        return self._enqueue(text, prompt_ids, params or self._default_params, loop, request_id)
+
+    def _enqueue(self, text: str | None, prompt_ids: list[int], params: SamplingParams,
+                 loop: asyncio.AbstractEventLoop | None, request_id: str | None) -> RequestStream:
+        """Queues a checked prompt (see _checked_prompt): all of its n completions, or none."""
         if self._closed:
             raise RuntimeError("the engine is shut down")
-        params = params or self._default_params
-        text, prompt_ids = self._prompt_ids(prompt)
-        self._check_length(prompt_ids, params)
         rid = request_id or f"req-{next(self._ids)}"
         stream = RequestStream(self, rid, text, prompt_ids, params, loop)
         with self._lock:
@@ -397,7 +402,7 @@ class DeepInferenceEngine:
             c.logprobs.extend(new_logprobs)
         if stopped:
             c.finished, c.finish_reason = True, "stop"
-            c.stop_reason = _first_completed_stop(c.decoded, c.params.stop)
+            c.stop_reason = first_completed_stop(c.decoded, c.params.stop)
             if not d.finished:
                 self._abort_core(c.core_id)  # the core would keep generating: free its pages now
         elif d.finished:
@@ -451,13 +456,12 @@ class DeepInferenceEngine:
         else:
             params = self._params(sampling_params, dict(kwargs))
             per_prompt = [params] * len(batch)
-        for prompt, params in zip(batch, per_prompt):  # validate everything first: fail before queuing anything
-            _, ids = self._prompt_ids(prompt)
-            self._check_length(ids, params)
+        # Every prompt tokenized and checked once, all before any is queued.
+        checked = [self._checked_prompt(prompt) for prompt in batch]
         streams: list[RequestStream] = []
         try:
-            for prompt, params in zip(batch, per_prompt):
-                streams.append(self.submit(prompt, params))
+            for (text, ids), params in zip(checked, per_prompt):
+                streams.append(self._enqueue(text, ids, params, None, None))
         except BaseException:
             for s in streams:
                 s.abort()

@@ -10,8 +10,7 @@ import pytest
 from conftest import SHAREGPT_PROMPTS as PROMPTS
 from conftest import V3_TOKENIZER_DIR as V3_DIR
 
-from deepinfer.detokenizer import IncrementalDetokenizer, find_stop, held_back_length
-from deepinfer.tokenizer import Tokenizer
+from deepinfer.tokenizer import IncrementalDetokenizer, Tokenizer, find_stop, held_back_length
 
 REPL = "\ufffd"
 

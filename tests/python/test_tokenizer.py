@@ -100,7 +100,7 @@ def hf_tokenizers():
 
 @needs_assets
 def test_default_tokenizer_json_is_byte_identical_to_reference(default_tok):
-    from deepinfer.tokenizer import _deepseek_v3_tokenizer_json
+    from deepinfer.tokenizer.tokenizer import _deepseek_v3_tokenizer_json
 
     rebuilt = _deepseek_v3_tokenizer_json().encode("utf-8")
     assert rebuilt == (V3_DIR / "tokenizer.json").read_bytes()
@@ -109,7 +109,7 @@ def test_default_tokenizer_json_is_byte_identical_to_reference(default_tok):
 
 @needs_assets
 def test_default_tokenizer_config_is_byte_identical_to_reference():
-    from deepinfer.tokenizer import _V3_CONFIG_DIR
+    from deepinfer.tokenizer.tokenizer import _V3_CONFIG_DIR
 
     shipped = _V3_CONFIG_DIR / "tokenizer_config.json"
     assert shipped.read_bytes() == (V3_DIR / "tokenizer_config.json").read_bytes()
@@ -299,7 +299,7 @@ def test_corrupt_generation_config(tmp_path):
 def test_default_with_wrong_or_missing_package(tmp_path, monkeypatch):
     from importlib import metadata
 
-    import deepinfer.tokenizer as tk
+    import deepinfer.tokenizer.tokenizer as tk
 
     class FakeDist:
         version = "9.9.9"

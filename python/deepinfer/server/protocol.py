@@ -1,9 +1,12 @@
 """The OpenAI wire format: request models (validated strictly), errors, and parameter policy.
 
-Requests are validated in two passes. First the raw JSON object is checked against parameters that OpenAI defines
-but this server does not implement (tools, logit_bias, response_format json_schema, ...): those are refused with a
-400 that names the parameter, never silently dropped. Then the object is validated by a strict pydantic model
-(no type coercion, unknown keys refused), so a string where a number belongs is an error, not a guess.
+Requests are validated here, in three passes. First the raw JSON object is checked against parameters that OpenAI
+defines but this server does not implement (tools, logit_bias, response_format json_schema, ...): those are refused
+with a 400 that names the parameter, never silently dropped. Then the object is validated by a strict pydantic model
+(no type coercion, unknown keys refused), so a string where a number belongs is an error, not a guess. Last,
+``check_values`` checks what the types do not say (n's range; chat's logprobs options, token limits, roles and
+content parts). What needs the engine (the model's name, the prompt's tokens against the vocabulary and the context,
+the chat template) is checked where the request is tokenized, in serving.py.
 """
 
 from __future__ import annotations
@@ -18,10 +21,16 @@ __all__ = [
     "ChatMessage",
     "CompletionRequest",
     "StreamOptions",
+    "MAX_N",
     "check_unsupported",
+    "check_values",
     "error_body",
     "validation_error",
 ]
+
+
+MAX_N = 128  # completions per prompt
+_CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 
 # ----------------------------------------------------------------------------------------------- errors
@@ -201,6 +210,44 @@ def check_unsupported(body: dict[str, Any], endpoint: Literal["chat", "completio
     stream_options = body.get("stream_options")
     if stream_options is not None and body.get("stream") is not True:
         raise APIError(400, "'stream_options' is only allowed when 'stream' is true", param="stream_options")
+
+
+# ----------------------------------------------------------------------------------------------- values
+
+
+def check_values(req: CompletionRequest | ChatCompletionRequest) -> int:
+    """Raises a 400 for the first value of a (model-validated) request that its types allow but the API does not;
+    returns the request's n."""
+    n = 1 if req.n is None else req.n
+    if not 1 <= n <= MAX_N:
+        raise APIError(400, f"Invalid value for 'n': must be between 1 and {MAX_N}, got {n}", param="n",
+                       code="invalid_value")
+    if isinstance(req, ChatCompletionRequest):
+        _check_chat_values(req)
+    return n
+
+
+def _check_chat_values(req: ChatCompletionRequest) -> None:
+    if req.top_logprobs is not None and not req.logprobs:
+        raise APIError(400, "'top_logprobs' requires 'logprobs' to be true", param="top_logprobs",
+                       code="invalid_value")
+    if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
+        raise APIError(400, f"Invalid value for 'top_logprobs': must be between 0 and 20, got {req.top_logprobs}",
+                       param="top_logprobs", code="invalid_value")
+    if req.max_tokens is not None and req.max_completion_tokens is not None \
+            and req.max_tokens != req.max_completion_tokens:
+        raise APIError(400, "Give 'max_completion_tokens' or 'max_tokens', not two different values",
+                       param="max_tokens", code="invalid_value")
+    for i, m in enumerate(req.messages):
+        if m.role not in _CHAT_ROLES:
+            raise APIError(400, f"Invalid value for 'messages[{i}].role': {m.role!r}; expected one of "
+                                f"{sorted(_CHAT_ROLES)}", param=f"messages[{i}].role", code="invalid_value")
+        if isinstance(m.content, list):
+            for j, part in enumerate(m.content):
+                if part.type != "text" or part.text is None:
+                    raise APIError(400, f"Content parts of type {part.type!r} are not supported: this model "
+                                        "takes text only", param=f"messages[{i}].content[{j}].type",
+                                   code="unsupported_parameter")
 
 
 # ----------------------------------------------------------------------------------------------- validation

