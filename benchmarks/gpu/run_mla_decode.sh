@@ -14,7 +14,6 @@ SOURCES=(
   csrc/backend/cuda/mla/instantiations/mla_decode_narrow.cu
   csrc/backend/cuda/mla/instantiations/mla_decode_wide.cu
   csrc/backend/cuda/mla/instantiations/mla_decode_wide_wgmma.cu
-  csrc/backend/cuda/runtime/launch.cpp
   csrc/backend/cuda/runtime/cuda_stream.cpp
   csrc/backend/cuda/runtime/device_buffer.cpp
   csrc/backend/cpu/mla.cpp
@@ -22,7 +21,6 @@ SOURCES=(
   csrc/backend/cpu/gemm.cpp
   csrc/backend/ops_validate.cpp
   csrc/core/tensor.cpp
-  csrc/core/env_flag.cpp
 )
 
 {

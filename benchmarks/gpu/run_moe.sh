@@ -20,10 +20,8 @@ SOURCES=(
   csrc/backend/cuda/moe/moe_small_ffn.cu
   csrc/backend/cuda/moe/instantiations/moe_grouped_gate_up.cu
   csrc/backend/cuda/moe/instantiations/moe_grouped_down.cu
-  csrc/backend/cuda/runtime/launch.cpp
   csrc/backend/cuda/runtime/cuda_stream.cpp
   csrc/backend/cuda/runtime/device_buffer.cpp
-  csrc/core/env_flag.cpp
 )
 
 build() {

@@ -7,9 +7,9 @@ set -euo pipefail
 source "$(dirname "$0")/kernel_bench_env.sh"
 kernel_bench_env sample
 FLAGS=(-std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc --expt-relaxed-constexpr -Xcompiler -fopenmp -lineinfo)
-SOURCES=(benchmarks/kernels/sample_bench.cu csrc/backend/cuda/sample/sample.cu csrc/backend/cuda/runtime/launch.cpp
-         csrc/backend/cuda/runtime/cuda_stream.cpp csrc/backend/cuda/runtime/device_buffer.cpp csrc/backend/cpu/sample.cpp
-         csrc/backend/ops_validate.cpp csrc/core/tensor.cpp csrc/core/env_flag.cpp)
+SOURCES=(benchmarks/kernels/sample_bench.cu csrc/backend/cuda/sample/sample.cu csrc/backend/cuda/runtime/cuda_stream.cpp
+         csrc/backend/cuda/runtime/device_buffer.cpp csrc/backend/cpu/sample.cpp csrc/backend/ops_validate.cpp
+         csrc/core/tensor.cpp)
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv || true
   "$NVCC" --version | tail -n 2

@@ -147,7 +147,7 @@ std::vector<CheckResult> run_check(const CheckCase& c, std::mt19937_64& rng, cud
     CUDA_TRY(cudaMemsetAsync(workspace.data(), 0xff, workspace.bytes(), stream));  // NaN: unwritten partials show
     p.workspace = workspace.data();
     CUDA_TRY(cudaMemsetAsync(d_out.data(), 0xff, d_out.bytes(), stream));  // NaN: unwritten outputs show
-    cuda::mla_decode(p, stream);
+    cuda::mla_decode(p, {stream});
     std::vector<uint16_t> got(ref.size());
     CUDA_TRY(cudaMemcpyAsync(got.data(), d_out.data(), d_out.bytes(), cudaMemcpyDeviceToHost, stream));
     CUDA_TRY(cudaStreamSynchronize(stream));
@@ -251,7 +251,7 @@ PerfResult run_perf(const PerfCase& c, PerfBuffers& buf, std::mt19937_64& rng, c
     read_flush<<<4 * num_sms, 512, 0, stream>>>(buf.flush.as<int4>(), static_cast<int64_t>(buf.flush.bytes() / 16),
                                                  buf.flush.as<int>());
   };
-  const double ms = time_ms(stream, 3, 30, [&] { cuda::mla_decode(p, stream); }, flush);
+  const double ms = time_ms(stream, 3, 30, [&] { cuda::mla_decode(p, {stream}); }, flush);
   CUDA_TRY(cudaGetLastError());
   PerfResult r{.heads = heads, .batch = batch, .context = context, .splits = cuda::mla_decode_num_splits(p),
                .kernel = kernel_name(c.kernel), .tag = c.tag, .ms = ms};

@@ -415,9 +415,9 @@ CheckResult run_check(const CheckCase& c, const DeviceModel& dm, std::mt19937_64
   r.path = experts ? path_name(cuda::moe_resolve_path(p)) : "route-only";
 
   if (experts) {
-    cuda::moe_forward(p, stream);
+    cuda::moe_forward(p, {stream});
   } else {
-    cuda::moe_route_align(p, stream);
+    cuda::moe_route_align(p, {stream});
   }
   CUDA_TRY(cudaGetLastError());
   CUDA_TRY(cudaStreamSynchronize(stream));
@@ -728,18 +728,17 @@ PerfResult run_perf(const PerfCase& c, std::mt19937_64& rng, cudaStream_t stream
   r.path = path_name(path);
   const auto forward = [&] {
     if (!c.separate_combine && !c.two_kernels) {
-      cuda::moe_forward(p, stream);
+      cuda::moe_forward(p, {stream});
       return;
     }
     using namespace cuda::moe_detail;  // the launches moe_forward made before the one-launch FFN (no shared experts)
     MoeKernelParams kp = make_kernel_params(p);
     kp.down_prefetch = use_down_prefetch(p, kp.max_active) ? 1 : 0;
-    kp.down_prewait = 1;
     kp.fused_combine = c.two_kernels ? 1 : 0;
-    launch_route(kp, stream);
-    launch_small_gate_up(kp, stream);
-    launch_small_down(kp, stream);
-    if (!kp.fused_combine) launch_combine(kp, stream);
+    launch_route(kp, {stream});
+    launch_small_gate_up(kp, {stream});
+    launch_small_down(kp, {stream});
+    if (!kp.fused_combine) launch_combine(kp, {stream});
   };
   r.us_eager = 1e3 * time_ms(stream, 3, 20, forward, flush);
   CUDA_TRY(cudaGetLastError());
@@ -755,16 +754,16 @@ PerfResult run_perf(const PerfCase& c, std::mt19937_64& rng, cudaStream_t stream
     MoeKernelParams kp = make_kernel_params(p);
     kp.down_prefetch = path == MoeExpertsPath::kSmallM && use_down_prefetch(p, kp.max_active) ? 1 : 0;
     kp.fused_combine = path == MoeExpertsPath::kSmallM && T <= kFusedCombineMaxTokens ? 1 : 0;  // in "down"
-    r.us_route = 1e3 * time_ms(stream, 2, 10, [&] { launch_route(kp, stream); }, flush);
+    r.us_route = 1e3 * time_ms(stream, 2, 10, [&] { launch_route(kp, {stream}); }, flush);
     if (path == MoeExpertsPath::kSmallM) {
-      r.us_gate_up = 1e3 * time_ms(stream, 2, 10, [&] { launch_small_gate_up(kp, stream); }, flush);
-      r.us_down = 1e3 * time_ms(stream, 2, 10, [&] { launch_small_down(kp, stream); }, flush);
-      if (T <= 8) r.us_ffn = 1e3 * time_ms(stream, 2, 10, [&] { launch_small_ffn(kp, stream); }, flush);
+      r.us_gate_up = 1e3 * time_ms(stream, 2, 10, [&] { launch_small_gate_up(kp, {stream}); }, flush);
+      r.us_down = 1e3 * time_ms(stream, 2, 10, [&] { launch_small_down(kp, {stream}); }, flush);
+      if (T <= 8) r.us_ffn = 1e3 * time_ms(stream, 2, 10, [&] { launch_small_ffn(kp, {stream}); }, flush);
     } else {
-      r.us_gate_up = 1e3 * time_ms(stream, 2, 10, [&] { launch_grouped_gate_up(kp, stream); }, flush);
-      r.us_down = 1e3 * time_ms(stream, 2, 10, [&] { launch_grouped_down(kp, stream); }, flush);
+      r.us_gate_up = 1e3 * time_ms(stream, 2, 10, [&] { launch_grouped_gate_up(kp, {stream}); }, flush);
+      r.us_down = 1e3 * time_ms(stream, 2, 10, [&] { launch_grouped_down(kp, {stream}); }, flush);
     }
-    r.us_combine = 1e3 * time_ms(stream, 2, 10, [&] { launch_combine(kp, stream); }, flush);
+    r.us_combine = 1e3 * time_ms(stream, 2, 10, [&] { launch_combine(kp, {stream}); }, flush);
     CUDA_TRY(cudaGetLastError());
   }
   const auto l = cuda::moe_detail::moe_workspace_layout(p);

@@ -114,7 +114,7 @@ int run(int argc, char** argv) {
     const std::vector<SamplingRow> host_rows = upload_rows(c, kMaxRows);
     const SampleArgs device_args = args_for(kMaxRows, Device::kCuda, d_logits.data(), d_rows.data(), d_out.data());
     device_args.validate();
-    cuda::sample(device_args, stream.get());
+    cuda::sample(device_args, {stream.get()});
     std::vector<SampledToken> got(kMaxRows), want(kMaxRows);
     CUDA_TRY(cudaMemcpyAsync(static_cast<void*>(got.data()), d_out.data(), d_out.bytes(), cudaMemcpyDeviceToHost,
                              stream.get()));
@@ -130,7 +130,7 @@ int run(int argc, char** argv) {
   {
     const std::vector<SamplingRow> host_rows = upload_rows(kConfigs[1], 32);
     const SampleArgs a = args_for(32, Device::kCuda, d_logits.data(), d_rows.data(), d_out.data());
-    cuda::sample(a, stream.get());
+    cuda::sample(a, {stream.get()});
     std::vector<SampledToken> eager(32), replayed(32);
     CUDA_TRY(cudaMemcpyAsync(static_cast<void*>(eager.data()), d_out.data(), 32 * sizeof(SampledToken),
                              cudaMemcpyDeviceToHost, stream.get()));
@@ -138,7 +138,7 @@ int run(int argc, char** argv) {
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
     CUDA_TRY(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeGlobal));
-    cuda::sample(a, stream.get());
+    cuda::sample(a, {stream.get()});
     CUDA_TRY(cudaStreamEndCapture(stream.get(), &graph));
     CUDA_TRY(cudaGraphInstantiate(&exec, graph, 0));
     CUDA_TRY(cudaMemsetAsync(d_out.data(), 0, d_out.bytes(), stream.get()));
@@ -178,7 +178,7 @@ int run(int argc, char** argv) {
       if ((!only.empty() && only != c.name) || (only_rows != 0 && only_rows != rows)) continue;
       upload_rows(c, rows);
       const SampleArgs a = args_for(rows, Device::kCuda, d_logits.data(), d_rows.data(), d_out.data());
-      const double ms = time_ms(stream.get(), 3, 30, [&] { cuda::sample(a, stream.get()); }, flush_l2);
+      const double ms = time_ms(stream.get(), 3, 30, [&] { cuda::sample(a, {stream.get()}); }, flush_l2);
       const double gbps = static_cast<double>(rows) * kVocab * sizeof(float) / (ms * 1e-3) / 1e9;
       results.push_back({.config = c.name, .rows = rows, .us = ms * 1e3, .gbps = gbps,
                          .copy_fraction = gbps / copy_gbps});

@@ -1309,7 +1309,7 @@ TEST(BackendOpsCuda, RmsNormBf16MatchesCpu) {
                     .weight = run.upload(HostTensor::f32({s.dim}, w)),
                     .out = TensorView{out_dev.data, DType::kBF16, {s.rows, s.dim}, Device::kCuda},
                     .eps = 1e-6f, .row_stride = s.row_stride},
-                   stream.get());
+                   {stream.get()});
     std::vector<bool> head(static_cast<size_t>(s.rows * stride));
     for (int64_t i = 0; i < s.rows * stride; ++i) head[i] = i % stride < s.dim;
     const Outputs got = split_by_mask(run.fetch(out_dev), head, "normalized", "between_rows");
@@ -1324,7 +1324,7 @@ TEST(BackendOpsCuda, RmsNormRejectsHostOrFloatTensors) {
   std::vector<float> x(8, 1.0f), w(4, 1.0f);
   const TensorView host_view{x.data(), DType::kF32, {2, 4}, Device::kCpu};
   EXPECT_THROW(cuda::rms_norm({.x = host_view, .weight = {w.data(), DType::kF32, {4}, Device::kCpu},
-                               .out = host_view}, nullptr),
+                               .out = host_view}, {nullptr}),
                Error);
 }
 #endif  // DEEPINFER_HAVE_CUDA

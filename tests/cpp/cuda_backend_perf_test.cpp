@@ -21,7 +21,6 @@
 #include "backend/cuda/mla/mla_prefill.cuh"
 #include "core/error.h"
 #include "device_memory.h"
-#include "scoped_env.h"
 
 namespace deepinfer::op_test {
 namespace {
@@ -184,8 +183,8 @@ TEST(CudaBackendPerf, DISABLED_OpsAtModelSizes) {
 }
 
 // MLA prefill at V2-Lite (16 heads) and V3 (128 heads) dims, full prompts of 1 x 4096, 4 x 1024 and 1 x 8192 tokens in
-// 64-token pages, through both attention kernels (DEEPINFER_MLA_PREFILL=wgmma, the default, and mma): the whole op
-// (gather, decompression GEMM and causal attention) on a backend made with each value, then the attention kernel
+// 64-token pages, through both attention kernels (CudaTuning::mla_prefill_kernel: wgmma, the default, and mma): the
+// whole op (gather, decompression GEMM and causal attention) on a backend made with each, then the attention kernel
 // alone (cuda::mla_prefill_attention on a filled workspace). FLOPs: the decompression GEMM (2 * rows * H * 256 * 512)
 // plus the causal attention (2 * (192 + 128) per visible (query, key) pair and head).
 TEST(CudaBackendPerf, DISABLED_MlaPrefill) {
@@ -198,8 +197,9 @@ TEST(CudaBackendPerf, DISABLED_MlaPrefill) {
   Path paths[2] = {{.name = "mma", .kernel = cuda::MlaPrefillKernel::kMma, .backend = nullptr},
                    {.name = "wgmma", .kernel = cuda::MlaPrefillKernel::kWgmma, .backend = nullptr}};
   for (Path& path : paths) {
-    const ScopedEnv kernel("DEEPINFER_MLA_PREFILL", path.name);
-    path.backend = make_cuda_backend();
+    cuda::CudaTuning tuning = cuda::CudaTuning::from_env();
+    tuning.mla_prefill_kernel = path.kernel;
+    path.backend = make_cuda_backend(0, tuning);
   }
   if (!paths[0].backend->supports(OpKind::kMlaPrefill)) GTEST_SKIP() << "mla_prefill needs cuBLAS";
   PerfRunner perf;
@@ -246,7 +246,7 @@ TEST(CudaBackendPerf, DISABLED_MlaPrefill) {
                                        .num_seqs = seqs, .num_heads = static_cast<int32_t>(heads),
                                        .max_context_len = len, .max_queries = len, .softmax_scale = 0.07f,
                                        .kernel = path.kernel},
-                                      stream.get());
+                                      {stream.get()});
         });
         perf.report(str_cat("  attention kernel alone [", path.name, "]"), attention_seconds,
                     double(q.bytes() + out.bytes() + kv.bytes() + latents.bytes()), attention_flops);

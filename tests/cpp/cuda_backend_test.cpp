@@ -19,7 +19,6 @@
 #include <cstdlib>
 #include <memory>
 #include <numeric>
-#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -29,6 +28,7 @@
 #include "backend/cuda/mla/mla_decode.cuh"
 #include "backend/cuda/mla/mla_prefill.cuh"
 #include "backend/cuda/gemm/skinny_gemm.cuh"
+#include "backend/cuda/runtime/tuning.h"
 #include "device_memory.h"
 #include "mla_prepare_cases.h"
 #include "moe_cases.h"
@@ -1109,17 +1109,18 @@ const CaseRegistry& registry() {
   return r;
 }
 
-// One CUDA backend and one CPU backend for the whole suite.
-// A CUDA and a CPU backend shared by a suite of registry cases. A backend reads DEEPINFER_MLA_PREFILL when it is made:
-// kPrefillKernel, when not null, is the value the CUDA one is made with.
-template <const char* kPrefillKernel>
+// A CUDA and a CPU backend shared by a suite of registry cases. The CUDA one is made with the environment's tuning
+// record (so DEEPINFER_DISABLE_PDL=1 runs the suite on plain launches), its prefill kernel replaced by kPrefillKernel
+// when that is not kDefault.
+enum class PrefillKernel : uint8_t { kDefault, kMma };
+template <PrefillKernel kPrefillKernel>
 class CudaAgainstCpu : public ::testing::TestWithParam<size_t> {
  public:
   static void SetUpTestSuite() {
     if (!cuda_device_available()) return;
-    std::optional<ScopedEnv> kernel;
-    if (kPrefillKernel != nullptr) kernel.emplace("DEEPINFER_MLA_PREFILL", kPrefillKernel);
-    cuda_ = make_cuda_backend();
+    cuda::CudaTuning tuning = cuda::CudaTuning::from_env();
+    if (kPrefillKernel == PrefillKernel::kMma) tuning.mla_prefill_kernel = cuda::MlaPrefillKernel::kMma;
+    cuda_ = make_cuda_backend(0, tuning);
     cpu_ = make_cpu_backend();
   }
   static void TearDownTestSuite() {
@@ -1140,7 +1141,7 @@ class CudaAgainstCpu : public ::testing::TestWithParam<size_t> {
   static inline std::unique_ptr<Backend> cpu_;
 };
 
-class CudaVsCpu : public CudaAgainstCpu<nullptr> {};
+class CudaVsCpu : public CudaAgainstCpu<PrefillKernel::kDefault> {};
 
 TEST_P(CudaVsCpu, Case) { run_case(); }
 
@@ -1150,8 +1151,8 @@ INSTANTIATE_TEST_SUITE_P(CudaBackend, CudaVsCpu, ::testing::Range<size_t>(0, reg
                          });
 
 // The mma.sync MLA prefill attention kernel on every MLA prefill case of the registry, against the CPU reference (the
-// suite above runs them through the default kernel, wgmma). Its backend is made with DEEPINFER_MLA_PREFILL=mma, which
-// a backend reads when it is made. On a GPU, --gtest_filter='*mla_prefill*' runs every prefill case through both
+// suite above runs them through the default kernel, wgmma). Its backend's tuning record names the mma kernel
+// (CudaTuning::mla_prefill_kernel, DEEPINFER_MLA_PREFILL=mma in the environment). On a GPU, --gtest_filter='*mla_prefill*' runs every prefill case through both
 // kernels ('*MmaMlaPrefill*': through the mma.sync one only).
 std::vector<size_t> mla_prefill_cases() {
   std::vector<size_t> indices;
@@ -1161,8 +1162,7 @@ std::vector<size_t> mla_prefill_cases() {
   return indices;
 }
 
-inline constexpr char kMmaPrefill[] = "mma";
-class CudaMmaMlaPrefillVsCpu : public CudaAgainstCpu<kMmaPrefill> {};
+class CudaMmaMlaPrefillVsCpu : public CudaAgainstCpu<PrefillKernel::kMma> {};
 
 TEST_P(CudaMmaMlaPrefillVsCpu, Case) { run_case(); }
 
@@ -1171,29 +1171,53 @@ INSTANTIATE_TEST_SUITE_P(CudaBackend, CudaMmaMlaPrefillVsCpu, ::testing::ValuesI
                            return registry().cases()[info.param].name;
                          });
 
-// The switch's values: unset, empty and "wgmma" pick the Hopper kernel, "mma" mma.sync, anything else throws.
-TEST(CudaBackend, MlaPrefillKernelSwitch) {
+// DEEPINFER_MLA_PREFILL's values (host code: runs without a device): unset, empty and "wgmma" pick the Hopper kernel,
+// "mma" mma.sync, anything else throws.
+TEST(CudaTuning, MlaPrefillKernelSwitch) {
+  const auto kernel = [] { return cuda::CudaTuning::from_env().mla_prefill_kernel; };
   {
     const ScopedEnv unset("DEEPINFER_MLA_PREFILL", "");
     ::unsetenv("DEEPINFER_MLA_PREFILL");
-    EXPECT_EQ(cuda::mla_prefill_kernel_from_env(), cuda::MlaPrefillKernel::kWgmma);
+    EXPECT_EQ(kernel(), cuda::MlaPrefillKernel::kWgmma);
   }
   {
     const ScopedEnv empty("DEEPINFER_MLA_PREFILL", "");
-    EXPECT_EQ(cuda::mla_prefill_kernel_from_env(), cuda::MlaPrefillKernel::kWgmma);
+    EXPECT_EQ(kernel(), cuda::MlaPrefillKernel::kWgmma);
   }
   {
     const ScopedEnv mma("DEEPINFER_MLA_PREFILL", "mma");
-    EXPECT_EQ(cuda::mla_prefill_kernel_from_env(), cuda::MlaPrefillKernel::kMma);
+    EXPECT_EQ(kernel(), cuda::MlaPrefillKernel::kMma);
   }
   {
     const ScopedEnv wgmma("DEEPINFER_MLA_PREFILL", "wgmma");
-    EXPECT_EQ(cuda::mla_prefill_kernel_from_env(), cuda::MlaPrefillKernel::kWgmma);
+    EXPECT_EQ(kernel(), cuda::MlaPrefillKernel::kWgmma);
   }
   {
     const ScopedEnv typo("DEEPINFER_MLA_PREFILL", "wgmm");
-    EXPECT_THROW(cuda::mla_prefill_kernel_from_env(), Error);
+    EXPECT_THROW(kernel(), Error);
   }
+}
+
+// The on/off switches (host code): unset leaves the defaults (PDL and the skinny GEMM on, no profiling); "1" turns
+// each kill switch on, "0" leaves it off.
+TEST(CudaTuning, FlagsFromTheEnvironment) {
+  const ScopedEnv pdl("DEEPINFER_DISABLE_PDL", ""), skinny("DEEPINFER_DISABLE_SKINNY_GEMM", "");
+  const ScopedEnv profile("DEEPINFER_PROFILE_OPS", "");
+  for (const char* name : {"DEEPINFER_DISABLE_PDL", "DEEPINFER_DISABLE_SKINNY_GEMM", "DEEPINFER_PROFILE_OPS"}) {
+    ::unsetenv(name);
+  }
+  const cuda::CudaTuning defaults = cuda::CudaTuning::from_env();
+  EXPECT_TRUE(defaults.pdl);
+  EXPECT_TRUE(defaults.skinny_gemm);
+  EXPECT_FALSE(defaults.profile_ops);
+  EXPECT_EQ(defaults.mla_decode_splits, cuda::CudaTuning{}.mla_decode_splits);
+  ::setenv("DEEPINFER_DISABLE_PDL", "1", 1);
+  ::setenv("DEEPINFER_DISABLE_SKINNY_GEMM", "0", 1);
+  ::setenv("DEEPINFER_PROFILE_OPS", "1", 1);
+  const cuda::CudaTuning set = cuda::CudaTuning::from_env();
+  EXPECT_FALSE(set.pdl);
+  EXPECT_TRUE(set.skinny_gemm);
+  EXPECT_TRUE(set.profile_ops);
 }
 
 constexpr OpKind kImplemented[] = {OpKind::kEmbedding, OpKind::kGatherRows, OpKind::kCopyStrided,
@@ -1474,14 +1498,19 @@ TEST(MlaDecodeSplitsHeuristic, PicksTheMeasuredCounts) {
 // DEEPINFER_MLA_DECODE_SPLITS's values (host code: runs without a device): unset or empty leaves the heuristic, a
 // count in [1, 256] forces it, anything else is an error that names the variable.
 TEST(MlaDecodeSplitsSwitch, AcceptsCountsAndRejectsTheRest) {
-  EXPECT_EQ(cuda::parse_mla_decode_splits(nullptr), 0);
-  EXPECT_EQ(cuda::parse_mla_decode_splits(""), 0);
-  EXPECT_EQ(cuda::parse_mla_decode_splits("1"), 1);
-  EXPECT_EQ(cuda::parse_mla_decode_splits("9"), 9);
-  EXPECT_EQ(cuda::parse_mla_decode_splits("256"), 256);
+  const auto splits = [](const char* value) {
+    const ScopedEnv env("DEEPINFER_MLA_DECODE_SPLITS", value == nullptr ? "" : value);
+    if (value == nullptr) ::unsetenv("DEEPINFER_MLA_DECODE_SPLITS");
+    return cuda::CudaTuning::from_env().mla_decode_splits;
+  };
+  EXPECT_EQ(splits(nullptr), 0);
+  EXPECT_EQ(splits(""), 0);
+  EXPECT_EQ(splits("1"), 1);
+  EXPECT_EQ(splits("9"), 9);
+  EXPECT_EQ(splits("256"), 256);
   for (const char* bad : {"0", "-3", "257", "abc", "9x", " ", "99999999999999999999"}) {
     try {
-      cuda::parse_mla_decode_splits(bad);
+      splits(bad);
       ADD_FAILURE() << "accepted '" << bad << "'";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("DEEPINFER_MLA_DECODE_SPLITS"), std::string::npos) << e.what();

@@ -5,8 +5,9 @@
 //   - op by op, with the device synchronized after each op (no two kernels ever overlap): the reference;
 //   - queued back to back (programmatic dependent launches on the stream);
 //   - replayed from a captured graph (programmatic edges between the kernel nodes), several times.
-// The ops' values themselves are checked against the CPU in cuda_backend_test.cpp. With DEEPINFER_DISABLE_PDL=1 the
-// same test runs the plain launches. Skipped without a GPU.
+// The ops' values themselves are checked against the CPU in cuda_backend_test.cpp. The test runs twice: on a backend
+// whose tuning record launches with PDL, and on one that launches plainly (CudaTuning::pdl off, as
+// DEEPINFER_DISABLE_PDL=1 makes it). Skipped without a GPU.
 #ifdef DEEPINFER_HAVE_CUDA
 
 #include <gtest/gtest.h>
@@ -27,7 +28,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/runtime/cuda_check.h"
-#include "backend/cuda/runtime/launch.h"
+#include "backend/cuda/runtime/tuning.h"
 #include "device_memory.h"
 #include "op_test_harness.h"
 
@@ -246,26 +247,33 @@ void expect_same_bytes(const Results& got, const Results& want, const std::strin
   }
 }
 
-TEST(CudaDependentLaunch, ChainedOpsMatchTheSerializedRunEagerlyAndInAGraph) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
-  SCOPED_TRACE(cuda::pdl_enabled() ? "programmatic dependent launches" : "plain launches (DEEPINFER_DISABLE_PDL)");
-  const std::unique_ptr<Backend> cuda = make_cuda_backend();
-  const DecodeChain chain(*cuda);
-
-  chain.run(*cuda, [] { CUDA_TRY(cudaDeviceSynchronize()); });
-  const Results reference = chain.results(*cuda);
+// The chain op by op (the reference), back to back, and from a captured graph, on `cuda`.
+void run_chain(Backend& cuda) {
+  const DecodeChain chain(cuda);
+  chain.run(cuda, [] { CUDA_TRY(cudaDeviceSynchronize()); });
+  const Results reference = chain.results(cuda);
 
   for (int i = 0; i < 3; ++i) {
-    chain.run(*cuda, [] {});
-    expect_same_bytes(chain.results(*cuda), reference, str_cat("eager run ", i));
+    chain.run(cuda, [] {});
+    expect_same_bytes(chain.results(cuda), reference, str_cat("eager run ", i));
   }
 
-  const std::unique_ptr<StepGraph> graph = cuda->capture([&] { chain.run(*cuda, [] {}); });
+  const std::unique_ptr<StepGraph> graph = cuda.capture([&] { chain.run(cuda, [] {}); });
   ASSERT_NE(graph, nullptr);
-  expect_same_bytes(chain.results(*cuda), reference, "capture's eager run");
+  expect_same_bytes(chain.results(cuda), reference, "capture's eager run");
   for (int i = 0; i < 5; ++i) {
     ASSERT_TRUE(graph->replay());
-    expect_same_bytes(chain.results(*cuda), reference, str_cat("graph replay ", i));
+    expect_same_bytes(chain.results(cuda), reference, str_cat("graph replay ", i));
+  }
+}
+
+TEST(CudaDependentLaunch, ChainedOpsMatchTheSerializedRunEagerlyAndInAGraph) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  for (const bool pdl : {true, false}) {
+    SCOPED_TRACE(pdl ? "programmatic dependent launches" : "plain launches (CudaTuning::pdl off)");
+    cuda::CudaTuning tuning = cuda::CudaTuning::from_env();
+    tuning.pdl = pdl;
+    run_chain(*make_cuda_backend(0, tuning));
   }
 }
 

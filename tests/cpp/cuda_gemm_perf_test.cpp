@@ -1,5 +1,5 @@
-// Decode-sized GEMMs on the GPU: the skinny kernel against cuBLAS (a second backend made with
-// DEEPINFER_DISABLE_SKINNY_GEMM=1), at DeepSeek-V2-Lite's and V3's projection shapes and 1..8 tokens, beside a
+// Decode-sized GEMMs on the GPU: the skinny kernel against cuBLAS (a second backend whose tuning record has
+// skinny_gemm off), at DeepSeek-V2-Lite's and V3's projection shapes and 1..8 tokens, beside a
 // device-to-device copy measured in the same run. Disabled in normal runs (the GPU script passes
 // --gtest_also_run_disabled_tests).
 //
@@ -98,10 +98,11 @@ void print_versus(const char* name, int64_t m, double bytes, double t_skinny, do
 
 TEST(CudaGemmPerf, DISABLED_SkinnyVsCublas) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
-  const std::unique_ptr<Backend> skinny = make_cuda_backend();
-  ::setenv("DEEPINFER_DISABLE_SKINNY_GEMM", "1", 1);
-  const std::unique_ptr<Backend> cublas = make_cuda_backend();
-  ::unsetenv("DEEPINFER_DISABLE_SKINNY_GEMM");
+  cuda::CudaTuning tuning = cuda::CudaTuning::from_env();
+  tuning.skinny_gemm = true;
+  const std::unique_ptr<Backend> skinny = make_cuda_backend(0, tuning);
+  tuning.skinny_gemm = false;  // every GEMM on cuBLAS
+  const std::unique_ptr<Backend> cublas = make_cuda_backend(0, tuning);
   GemmPerf perf;
   const double copy = perf.copy_gbs();
   std::printf("[ perf     ] device-to-device copy: %.0f GB/s\n", copy);

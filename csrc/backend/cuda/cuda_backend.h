@@ -8,12 +8,15 @@
 #include <memory>
 
 #include "backend/backend.h"
+#include "backend/cuda/runtime/tuning.h"
 
 namespace deepinfer {
 
 // Makes `device_index` the calling thread's current device and builds the backend on it (its stream, memory pool,
-// cuBLAS handle and workspace). Ops must later be called from a thread whose current device is that one.
+// cuBLAS handle and workspaces), with the tuning record the environment asks for (cuda::CudaTuning::from_env, read
+// once here) or the one given. Ops must later be called from a thread whose current device is that one.
 // Throws deepinfer::Error when the device does not exist or CUDA cannot be initialized.
 std::unique_ptr<Backend> make_cuda_backend(int device_index = 0);
+std::unique_ptr<Backend> make_cuda_backend(int device_index, const cuda::CudaTuning& tuning);
 
 }  // namespace deepinfer

@@ -77,14 +77,14 @@ __global__ void __launch_bounds__(Traits::kThreads) silu_mul_kernel(__grid_const
 }
 
 template <typename Traits>
-void launch_add(const AddParams& p, cudaStream_t stream) {
+void launch_add(const AddParams& p, LaunchStream stream) {
   launch_pdl(add_kernel<Traits>,
              {.grid = dim3(grid_blocks(p.n / Traits::kVec, Traits::kThreads)), .block = dim3(Traits::kThreads)},
              stream, p);
 }
 
 template <typename Traits>
-void launch_silu_mul(const SiluMulParams& p, cudaStream_t stream) {
+void launch_silu_mul(const SiluMulParams& p, LaunchStream stream) {
   const int64_t items = p.rows * (p.inter / Traits::kVec);
   launch_pdl(silu_mul_kernel<Traits>,
              {.grid = dim3(grid_blocks(items, Traits::kThreads)), .block = dim3(Traits::kThreads)}, stream, p);
@@ -96,7 +96,7 @@ void check_on_device(const ConstTensorView& t, const char* op, const char* name)
 
 }  // namespace
 
-void add(const AddArgs& a, cudaStream_t stream) {
+void add(const AddArgs& a, LaunchStream stream) {
   DI_CHECK(a.x.numel() == a.y.numel(), "cuda add: x ", a.x.shape.str(), " y ", a.y.shape.str());
   DI_CHECK(a.x.dtype == a.y.dtype, "cuda add: x is ", dtype_name(a.x.dtype), " but y is ", dtype_name(a.y.dtype));
   check_on_device(a.x, "cuda add", "x");
@@ -113,7 +113,7 @@ void add(const AddArgs& a, cudaStream_t stream) {
   });
 }
 
-void silu_mul(const SiluMulArgs& a, cudaStream_t stream) {
+void silu_mul(const SiluMulArgs& a, LaunchStream stream) {
   DI_CHECK(a.gate_up.shape.ndim() == 2 && a.out.shape.ndim() == 2 && a.gate_up.shape[0] == a.out.shape[0] &&
                a.gate_up.shape[1] == 2 * a.out.shape[1],
            "cuda silu_mul: gate_up ", a.gate_up.shape.str(), " out ", a.out.shape.str());

@@ -4,12 +4,13 @@
 
 #include <cuda_runtime_api.h>
 
+#include "backend/cuda/runtime/launch_stream.h"
 #include "backend/ops/dense.h"
 
 namespace deepinfer::cuda {
 
 // Check the views (device, dtypes, shapes; throw deepinfer::Error) and queue the kernel on `stream`.
-void add(const AddArgs& a, cudaStream_t stream);
-void silu_mul(const SiluMulArgs& a, cudaStream_t stream);
+void add(const AddArgs& a, LaunchStream stream);
+void silu_mul(const SiluMulArgs& a, LaunchStream stream);
 
 }  // namespace deepinfer::cuda

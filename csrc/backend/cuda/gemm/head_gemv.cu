@@ -219,7 +219,7 @@ template <typename T>
 constexpr bool kHasPartialsVariant = T::kK == 512;
 
 template <typename T, bool kFromPartials>
-void launch(const HeadGemvParams& p, cudaStream_t stream) {
+void launch(const HeadGemvParams& p, LaunchStream stream) {
   const dim3 grid(static_cast<unsigned>(grid_ctas(p, T::kRowsPerWarp)));
   launch_pdl(head_gemv_kernel<T, kFromPartials>, {.grid = grid, .block = dim3(kThreads)}, stream, p);
 }
@@ -279,7 +279,7 @@ bool head_gemv_fits(const HeadGemvParams& p) {
   return grid_ctas(p, v.rows_per_warp) <= int64_t{v.blocks_per_sm} * p.num_sms;
 }
 
-void head_gemv(const HeadGemvParams& p, cudaStream_t stream) {
+void head_gemv(const HeadGemvParams& p, LaunchStream stream) {
   DI_CHECK(head_gemv_fits(p), "head_gemv: ", p.tokens, " tokens x ", p.heads, " heads, K ", p.k, ", N ", p.n,
            ", x head stride ", p.x_head_stride, ", ", p.x_splits,
            " split partials are outside what the kernel takes (1..", kHeadGemvMaxTokens,

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/cuda/gemm/head_gemv_params.h"
+#include "backend/cuda/runtime/launch_stream.h"
 
 namespace deepinfer::cuda {
 
@@ -15,6 +16,6 @@ namespace deepinfer::cuda {
 bool head_gemv_fits(const HeadGemvParams& p);
 
 // Queues the kernel on `stream`; throws deepinfer::Error when !head_gemv_fits(p).
-void head_gemv(const HeadGemvParams& p, cudaStream_t stream);
+void head_gemv(const HeadGemvParams& p, LaunchStream stream);
 
 }  // namespace deepinfer::cuda

@@ -30,7 +30,6 @@
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/launch.h"
 #include "backend/cuda/runtime/ptx.cuh"
-#include "core/env_flag.h"
 #include "core/error.h"
 
 namespace deepinfer::cuda {
@@ -271,22 +270,21 @@ int64_t max_steps_per_warp(const TileLayout& layout, int ways) {
 }
 
 // Whole range (every load before the wait) where that takes more than one pipelined group and fits the registers
-// of kWholeRangeUnroll steps. DEEPINFER_DISABLE_SKINNY_WHOLE_RANGE=1 keeps the pipelined loads (an A/B on one build).
+// of kWholeRangeUnroll steps.
 int unroll_for(const TileLayout& layout, int ways) {
-  static const bool disabled = env_flag("DEEPINFER_DISABLE_SKINNY_WHOLE_RANGE");
   const int64_t steps = max_steps_per_warp(layout, ways);
-  return !disabled && steps > kPipelinedUnroll && steps <= kWholeRangeUnroll ? kWholeRangeUnroll : kPipelinedUnroll;
+  return steps > kPipelinedUnroll && steps <= kWholeRangeUnroll ? kWholeRangeUnroll : kPipelinedUnroll;
 }
 
 template <int kSplit, int kUnroll>
-void launch(const TileLayout& layout, cudaStream_t stream) {
+void launch(const TileLayout& layout, LaunchStream stream) {
   const dim3 grid(static_cast<unsigned>(layout.blocks * kSplit));
   launch_pdl(skinny_gemm_kernel<kSplit, kUnroll>, {.grid = grid, .block = dim3(kThreads), .cluster_ctas = kSplit},
              stream, layout.args);
 }
 
 template <int kSplit>
-void launch(const TileLayout& layout, cudaStream_t stream) {
+void launch(const TileLayout& layout, LaunchStream stream) {
   if (unroll_for(layout, kSplit) == kWholeRangeUnroll) {
     launch<kSplit, kWholeRangeUnroll>(layout, stream);
   } else {
@@ -318,7 +316,7 @@ int skinny_gemm_loads_in_flight(const SkinnyGemmParams& p) {
   return unroll_for(layout, split_ways(layout));
 }
 
-void skinny_gemm(const SkinnyGemmParams& p, cudaStream_t stream) {
+void skinny_gemm(const SkinnyGemmParams& p, LaunchStream stream) {
   DI_CHECK(skinny_gemm_fits(p), "skinny_gemm: ", p.tokens, " tokens, K ", p.k_dim, ", ", p.num_problems,
            " problems: needs 1..", kSkinnyMaxTokens, " tokens, K a multiple of ", kStepK, ", 1..",
            kSkinnyMaxProblems, " problems and 16-byte aligned rows (use cuBLAS)");

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "backend/cuda/gemm/skinny_gemm_params.h"
+#include "backend/cuda/runtime/launch_stream.h"
 
 namespace deepinfer::cuda {
 
@@ -30,6 +31,6 @@ int skinny_gemm_split(const SkinnyGemmParams& p);
 int skinny_gemm_loads_in_flight(const SkinnyGemmParams& p);
 
 // Queues the kernel on `stream`; throws deepinfer::Error when !skinny_gemm_fits(p).
-void skinny_gemm(const SkinnyGemmParams& p, cudaStream_t stream);
+void skinny_gemm(const SkinnyGemmParams& p, LaunchStream stream);
 
 }  // namespace deepinfer::cuda

@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(Traits::kThreads) copy_strided_kernel(__grid_c
 
 }  // namespace
 
-void copy_strided(const CopyStridedArgs& a, cudaStream_t stream) {
+void copy_strided(const CopyStridedArgs& a, LaunchStream stream) {
   constexpr const char* kOp = "cuda copy_strided";
   DI_CHECK(a.src.shape.ndim() == 2 && a.dst.shape == a.src.shape, kOp, ": src ", a.src.shape.str(), " dst ",
            a.dst.shape.str());

@@ -4,11 +4,12 @@
 
 #include <cuda_runtime_api.h>
 
+#include "backend/cuda/runtime/launch_stream.h"
 #include "backend/ops/copy.h"
 
 namespace deepinfer::cuda {
 
 // Checks the views (device, dtypes, shapes, strides; throws deepinfer::Error) and queues the kernel on `stream`.
-void copy_strided(const CopyStridedArgs& a, cudaStream_t stream);
+void copy_strided(const CopyStridedArgs& a, LaunchStream stream);
 
 }  // namespace deepinfer::cuda

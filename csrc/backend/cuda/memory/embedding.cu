@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(Traits::kThreads) embedding_kernel(__grid_cons
 
 // Checks the views (device, dtypes, shapes; throws deepinfer::Error) and queues the gather.
 void gather(const ConstTensorView& table, const ConstTensorView& ids, const TensorView& out, const char* op,
-            cudaStream_t stream) {
+            LaunchStream stream) {
   DI_CHECK(table.shape.ndim() == 2 && out.shape.ndim() == 2 && ids.shape.ndim() == 1 &&
                out.shape[0] == ids.shape[0] && out.shape[1] == table.shape[1],
            op, ": out ", out.shape.str(), " for ", ids.shape.str(), " ids of ", table.shape.str());
@@ -62,11 +62,11 @@ void gather(const ConstTensorView& table, const ConstTensorView& ids, const Tens
 
 }  // namespace
 
-void embedding(const EmbeddingArgs& a, cudaStream_t stream) {
+void embedding(const EmbeddingArgs& a, LaunchStream stream) {
   gather(a.table, a.token_ids, a.out, "cuda embedding", stream);
 }
 
-void gather_rows(const GatherRowsArgs& a, cudaStream_t stream) {
+void gather_rows(const GatherRowsArgs& a, LaunchStream stream) {
   gather(a.src, a.indices, a.out, "cuda gather_rows", stream);
 }
 

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "backend/cuda/runtime/launch_stream.h"
 #include "backend/ops/copy.h"
 #include "backend/ops/dense.h"
 
@@ -11,7 +12,7 @@ namespace deepinfer::cuda {
 
 // Check the views (device, dtypes, shapes; throw deepinfer::Error) and queue the kernel on `stream`. The ids are not
 // read on the host: an id outside the table gives a zero row (ForwardBatch::validate checks them before upload).
-void embedding(const EmbeddingArgs& a, cudaStream_t stream);
-void gather_rows(const GatherRowsArgs& a, cudaStream_t stream);
+void embedding(const EmbeddingArgs& a, LaunchStream stream);
+void gather_rows(const GatherRowsArgs& a, LaunchStream stream);
 
 }  // namespace deepinfer::cuda

@@ -34,7 +34,7 @@ __global__ void __launch_bounds__(Traits::kThreads) mla_cache_write_kernel(
 
 }  // namespace
 
-void mla_cache_write(const MlaCacheWriteArgs& a, cudaStream_t stream) {
+void mla_cache_write(const MlaCacheWriteArgs& a, LaunchStream stream) {
   constexpr const char* kOp = "cuda mla_cache_write";
   DI_CHECK(a.cache.shape.ndim() == 3 && a.latent.shape.ndim() == 2 && a.latent.shape[1] == a.cache.shape[2] &&
                a.slot_mapping.shape.ndim() == 1 && a.slot_mapping.shape[0] == a.latent.shape[0],

@@ -4,9 +4,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdint>
-#include <cstdlib>
 
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/launch.h"
@@ -116,39 +114,21 @@ __global__ void __launch_bounds__(kCombineThreads)
 // The combine may start launching while the attention grid drains (each attention CTA allows it once its main loop
 // is done) and waits for that grid's memory at griddep_wait.
 template <int kColGroups>
-void launch_combine(const MlaDecodeParams& p, cudaStream_t stream) {
+void launch_combine(const MlaDecodeParams& p, LaunchStream stream) {
   launch_pdl(mla_decode_combine_kernel<kColGroups>,
              {.grid = dim3(static_cast<unsigned>(static_cast<int64_t>(p.batch) * p.num_heads), kColGroups),
               .block = dim3(kCombineThreads)},
              stream, p);
 }
 
-// Read once: the switch holds for the process.
-int forced_splits_from_env() {
-  static const int forced = parse_mla_decode_splits(std::getenv("DEEPINFER_MLA_DECODE_SPLITS"));
-  return forced;
-}
-
 }  // namespace
-
-int parse_mla_decode_splits(const char* value) {
-  if (value == nullptr || *value == '\0') return 0;
-  char* end = nullptr;
-  errno = 0;
-  const long n = std::strtol(value, &end, 10);
-  DI_CHECK(end != value && *end == '\0' && errno == 0 && n >= 1 && n <= mla_detail::kMaxForcedSplits,
-           "DEEPINFER_MLA_DECODE_SPLITS=", value, " is not a split count in [1, ", mla_detail::kMaxForcedSplits, "]");
-  return static_cast<int>(n);
-}
 
 int mla_decode_num_splits(const MlaDecodeParams& p) {
   if (p.num_splits > 0) return p.num_splits;
   const int64_t ctas = static_cast<int64_t>(p.batch) * (p.num_heads / heads_per_cta(resolve_kernel(p)));
   const int64_t max_tiles = ceil_div(std::max(p.max_context_len, 1), kBlockN);
   if (ctas <= 0 || max_tiles <= 1) return 1;
-  if (const int forced = forced_splits_from_env(); forced > 0) {
-    return static_cast<int>(std::min<int64_t>(forced, max_tiles));
-  }
+  if (p.forced_splits > 0) return static_cast<int>(std::min<int64_t>(p.forced_splits, max_tiles));
   // Time ~ waves * (tiles per split + fixed cost of a CTA: query load, pipeline fill) + splits * (a partial written
   // and read back by the combine), one CTA per SM (both kernels use most of the shared memory). Ties go to fewer
   // splits. The split cost is fitted to the v2-lite step at batch 1 on an H200 (results/mla_decode_splits/): 17
@@ -178,7 +158,7 @@ size_t mla_decode_workspace_bytes(const MlaDecodeParams& p) {
   return static_cast<size_t>(splits) * rows * (kValueDim + 1) * sizeof(float);
 }
 
-void mla_decode(const MlaDecodeParams& p, cudaStream_t stream) {
+void mla_decode(const MlaDecodeParams& p, LaunchStream stream) {
   DI_CHECK(p.batch >= 0 && p.batch <= 65535, "mla_decode: batch ", p.batch, " outside [0, 65535]");
   if (p.batch == 0) return;
   const MlaDecodeKernel kernel = resolve_kernel(p);

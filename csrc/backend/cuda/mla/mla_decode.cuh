@@ -11,22 +11,18 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/cuda/mla/mla_decode_params.h"
+#include "backend/cuda/runtime/launch_stream.h"
 
 namespace deepinfer::cuda {
 
 // The split count the launcher uses for `p` (p.num_splits if set, else a heuristic over batch, heads,
-// max_context_len and num_sms).
+// max_context_len and num_sms, or p.forced_splits where the heuristic would choose).
 int mla_decode_num_splits(const MlaDecodeParams& p);
-
-// The value of DEEPINFER_MLA_DECODE_SPLITS (a measurement switch: that many splits wherever the heuristic would
-// choose, at most one a tile): 0 when unset or empty, else an integer in [1, 256]; anything else throws
-// deepinfer::Error naming the variable.
-int parse_mla_decode_splits(const char* value);
 
 // Bytes of workspace `mla_decode(p, ...)` needs; 0 when it runs without splits.
 size_t mla_decode_workspace_bytes(const MlaDecodeParams& p);
 
 // Checks the parameters (throws deepinfer::Error) and queues the kernels on `stream`.
-void mla_decode(const MlaDecodeParams& p, cudaStream_t stream);
+void mla_decode(const MlaDecodeParams& p, LaunchStream stream);
 
 }  // namespace deepinfer::cuda

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/cuda/mla/mla_decode_params.h"
+#include "backend/cuda/runtime/launch_stream.h"
 
 namespace deepinfer::cuda::mla_detail {
 
@@ -15,11 +16,11 @@ constexpr int kThreads = 256;      // threads per CTA of the attention kernels
 constexpr int kNarrowHeads = 16;   // heads per CTA, narrow kernel
 constexpr int kWideHeads = 64;     // heads per CTA, wide kernel
 constexpr int kMaxSplits = 128;    // upper bound of the split heuristic
-constexpr int kMaxForcedSplits = 256;  // upper bound of p.num_splits (the combine stages weights in shared memory)
+constexpr int kMaxForcedSplits = kMlaDecodeMaxSplits;  // upper bound of p.num_splits and p.forced_splits
 
 // `p.num_splits` is resolved (>= 1) and the workspace is set when it is above 1.
-void launch_mla_decode_narrow(const MlaDecodeParams& p, cudaStream_t stream);
-void launch_mla_decode_wide(const MlaDecodeParams& p, cudaStream_t stream);
-void launch_mla_decode_wide_wgmma(const MlaDecodeParams& p, cudaStream_t stream);
+void launch_mla_decode_narrow(const MlaDecodeParams& p, LaunchStream stream);
+void launch_mla_decode_wide(const MlaDecodeParams& p, LaunchStream stream);
+void launch_mla_decode_wide_wgmma(const MlaDecodeParams& p, LaunchStream stream);
 
 }  // namespace deepinfer::cuda::mla_detail

@@ -12,6 +12,9 @@
 
 namespace deepinfer::cuda {
 
+// The most KV splits a decode takes (num_splits, forced_splits): the combine stages one weight a split in shared memory.
+inline constexpr int32_t kMlaDecodeMaxSplits = 256;
+
 // Which kernel runs. kAuto picks by head count; the others exist for tests and benchmarks.
 enum class MlaDecodeKernel : uint8_t {
   kAuto,
@@ -34,6 +37,9 @@ struct MlaDecodeParams {
   int32_t max_context_len = 0;             // host-side upper bound of context_lens; picks the split count
   int32_t num_sms = 132;                   // multiprocessors of the device (cudaDevAttrMultiProcessorCount)
   int32_t num_splits = 0;                  // KV splits per sequence (<= 256); 0 = chosen by mla_decode_num_splits
+  // > 0: the heuristic's count replaced by this one (at most one split a tile): CudaTuning::mla_decode_splits, a
+  // measurement knob.
+  int32_t forced_splits = 0;
   // >= 0: every row of a sequence but its last fresh_rows, and the metadata, were complete before the kernel that
   // precedes this one (earlier kernels, the step's input upload, earlier steps): the kernel copies them while that
   // kernel still runs (before its grid dependency wait; ptx.cuh: a grid starts only after every CTA of its

@@ -2,8 +2,6 @@
 #include "backend/cuda/mla/mla_prefill.cuh"
 
 #include <cstdint>
-#include <cstdlib>
-#include <string_view>
 
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/launch.h"
@@ -39,7 +37,7 @@ __global__ void __launch_bounds__(kGatherThreads) mla_prefill_gather_kernel(
 
 }  // namespace
 
-void mla_prefill_gather(const MlaPrefillGatherParams& p, cudaStream_t stream) {
+void mla_prefill_gather(const MlaPrefillGatherParams& p, LaunchStream stream) {
   using T = mla_prefill_detail::MlaPrefillTraits;
   DI_CHECK(p.num_seqs >= 0 && p.num_seqs <= kMaxGridY && p.max_context_len >= 0 && p.page_size > 0 &&
                p.max_pages_per_seq >= 0,
@@ -56,7 +54,7 @@ void mla_prefill_gather(const MlaPrefillGatherParams& p, cudaStream_t stream) {
   launch_pdl(mla_prefill_gather_kernel, {.grid = grid, .block = dim3(kGatherThreads)}, stream, p);
 }
 
-void mla_prefill_attention(const MlaPrefillAttentionParams& p, cudaStream_t stream) {
+void mla_prefill_attention(const MlaPrefillAttentionParams& p, LaunchStream stream) {
   DI_CHECK(p.num_seqs >= 0 && p.num_seqs <= kMaxGridY && p.num_heads >= 0 && p.num_heads <= kMaxGridY &&
                p.max_context_len >= 0 && p.max_queries >= 0,
            "mla_prefill_attention: ", p.num_seqs, " sequences, ", p.num_heads, " heads, longest context ",
@@ -73,14 +71,6 @@ void mla_prefill_attention(const MlaPrefillAttentionParams& p, cudaStream_t stre
   } else {
     mla_prefill_detail::launch_mla_prefill_attention(p, stream);
   }
-}
-
-MlaPrefillKernel mla_prefill_kernel_from_env() {
-  const char* value = std::getenv("DEEPINFER_MLA_PREFILL");
-  const std::string_view name = value == nullptr ? "" : value;
-  if (name.empty() || name == "wgmma") return MlaPrefillKernel::kWgmma;
-  DI_CHECK(name == "mma", "DEEPINFER_MLA_PREFILL must be wgmma or mma (or unset: wgmma), got \"", name, "\"");
-  return MlaPrefillKernel::kMma;
 }
 
 }  // namespace deepinfer::cuda

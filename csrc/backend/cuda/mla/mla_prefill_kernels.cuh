@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "backend/cuda/mla/mla_prefill_params.h"
+#include "backend/cuda/runtime/launch_stream.h"
 #include "backend/cuda/runtime/ptx.cuh"
 
 namespace deepinfer::cuda::mla_prefill_detail {
@@ -313,8 +314,8 @@ __global__ void __launch_bounds__(T::kThreads) mla_prefill_attention_kernel(
   }
 }
 
-void launch_mla_prefill_attention(const MlaPrefillAttentionParams& p, cudaStream_t stream);
+void launch_mla_prefill_attention(const MlaPrefillAttentionParams& p, LaunchStream stream);
 // The wgmma kernel (mla_prefill_wgmma.cuh), launched by instantiations/mla_prefill_attention_wgmma.cu.
-void launch_mla_prefill_attention_wgmma(const MlaPrefillAttentionParams& p, cudaStream_t stream);
+void launch_mla_prefill_attention_wgmma(const MlaPrefillAttentionParams& p, LaunchStream stream);
 
 }  // namespace deepinfer::cuda::mla_prefill_detail

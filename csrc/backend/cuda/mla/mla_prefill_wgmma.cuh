@@ -1,6 +1,6 @@
 // The Hopper (wgmma) MLA prefill attention kernel; included only by instantiations/mla_prefill_attention_wgmma.cu.
 // Same semantics, inputs and output as the mma.sync kernel (mla_prefill_kernels.cuh; mla_prefill_params.h), chosen
-// by MlaPrefillAttentionParams::kernel (the backend reads DEEPINFER_MLA_PREFILL=wgmma|mma; wgmma is the default).
+// by MlaPrefillAttentionParams::kernel (CudaTuning::mla_prefill_kernel: wgmma, the default, or mma).
 //
 // Work split: one CTA per (128-query tile, head, sequence), longest query tiles first; two warpgroups, warpgroup wg
 // owns query rows 64 wg .. +64 of the tile, and both share every key/value tile. Per key tile of kBlockN keys:

@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(Traits::kThreads) mla_prepare_kernel(__grid_co
 }
 
 template <typename Traits>
-void launch(MlaPrepareParams p, cudaStream_t stream) {
+void launch(MlaPrepareParams p, LaunchStream stream) {
   const int64_t half = p.rope_dim / 2;
   int64_t head_blocks = 0;
   if (half > 0 && p.num_heads > 0) {
@@ -166,7 +166,7 @@ void launch(MlaPrepareParams p, cudaStream_t stream) {
 
 }  // namespace
 
-void mla_prepare(const MlaPrepareArgs& a, cudaStream_t stream) {
+void mla_prepare(const MlaPrepareArgs& a, LaunchStream stream) {
   constexpr const char* kOp = "cuda mla_prepare";
   a.validate();  // shapes, dtypes, one device; never reads device memory
   const int64_t tokens = a.num_tokens();

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "backend/cuda/runtime/launch_stream.h"
 #include "backend/ops/mla.h"
 
 namespace deepinfer::cuda {
@@ -12,6 +13,6 @@ namespace deepinfer::cuda {
 // Checks the views (device, dtypes, shapes; throws deepinfer::Error) and queues the kernel on `stream`. Neither reads
 // device memory on the host nor allocates, so it can be recorded in a CUDA graph. The slots are not read on the host:
 // a slot outside the cache is skipped (ForwardBatch::validate checks them before upload).
-void mla_prepare(const MlaPrepareArgs& a, cudaStream_t stream);
+void mla_prepare(const MlaPrepareArgs& a, LaunchStream stream);
 
 }  // namespace deepinfer::cuda

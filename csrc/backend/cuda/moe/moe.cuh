@@ -23,6 +23,7 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/cuda/moe/moe_params.h"
+#include "backend/cuda/runtime/launch_stream.h"
 
 namespace deepinfer::cuda {
 
@@ -41,12 +42,12 @@ bool moe_fused_router_supported(int64_t num_tokens, int64_t hidden);
 
 // Routing (when p.router_logits is set) and the alignment into the workspace. Throws deepinfer::Error on bad
 // parameters; queues kernels on `stream`.
-void moe_route_align(const MoeParams& p, cudaStream_t stream);
+void moe_route_align(const MoeParams& p, LaunchStream stream);
 
 // Expert GEMMs and the combine into p.out, reading the alignment moe_route_align left in the workspace.
-void moe_experts(const MoeParams& p, cudaStream_t stream);
+void moe_experts(const MoeParams& p, LaunchStream stream);
 
 // moe_route_align, then moe_experts.
-void moe_forward(const MoeParams& p, cudaStream_t stream);
+void moe_forward(const MoeParams& p, LaunchStream stream);
 
 }  // namespace deepinfer::cuda

@@ -9,7 +9,6 @@
 #include "backend/cuda/moe/moe.cuh"
 #include "backend/cuda/moe/moe_internal.h"
 #include "backend/cuda/moe/moe_ptx.cuh"
-#include "core/env_flag.h"
 #include "core/error.h"
 
 namespace deepinfer::cuda {
@@ -74,7 +73,7 @@ __global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(const __gr
 
 }  // namespace
 
-void launch_combine(const MoeKernelParams& kp, cudaStream_t stream) {
+void launch_combine(const MoeKernelParams& kp, LaunchStream stream) {
   const int chunks = kp.p.hidden / 8;
   const int column_blocks = (chunks + kCombineThreads - 1) / kCombineThreads;
   launch_pdl(moe_combine_kernel, {.grid = dim3(kp.p.num_tokens, column_blocks), .block = dim3(kCombineThreads)},
@@ -101,11 +100,9 @@ namespace {
 
 // The expert kernels; `right_after_route`: the route kernel of the same call is the last kernel before them on the
 // stream (moe_forward), which lets the shared experts' gate/up CTAs start before their wait (moe_small_gemm.cuh).
-// DEEPINFER_DISABLE_MOE_SHARED_PREWAIT=1 / DEEPINFER_DISABLE_MOE_DOWN_PREWAIT=1 turn the two early starts off, to
-// measure what each gains on one build; DEEPINFER_DISABLE_MOE_FUSED_FFN=1 keeps the two-kernel small-M path at every
-// size (one persistent launch otherwise up to kFusedFfnMaxTokens tokens at a hidden size of kFusedFfnMinHidden or
-// more).
-void run_experts(const MoeParams& p, cudaStream_t stream, bool right_after_route) {
+// The small-M path is one persistent launch up to kFusedFfnMaxTokens tokens at a hidden size of kFusedFfnMinHidden or
+// more, and two kernels (gate/up, then down) otherwise.
+void run_experts(const MoeParams& p, LaunchStream stream, bool right_after_route) {
   using namespace moe_detail;
   check_common(p);
   const MoeExpertsPath path = moe_resolve_path(p);
@@ -113,13 +110,9 @@ void run_experts(const MoeParams& p, cudaStream_t stream, bool right_after_route
   if (p.num_tokens == 0) return;
   MoeKernelParams kp = make_kernel_params(p);
   if (path == MoeExpertsPath::kSmallM) {
-    static const bool shared_prewait = !env_flag("DEEPINFER_DISABLE_MOE_SHARED_PREWAIT");
-    static const bool down_prewait = !env_flag("DEEPINFER_DISABLE_MOE_DOWN_PREWAIT");
-    static const bool fused_ffn = !env_flag("DEEPINFER_DISABLE_MOE_FUSED_FFN");
-    kp.shared_prewait = right_after_route && shared_prewait ? 1 : 0;
-    kp.down_prewait = down_prewait ? 1 : 0;
+    kp.shared_prewait = right_after_route ? 1 : 0;
     kp.fused_combine = p.num_tokens <= kFusedCombineMaxTokens ? 1 : 0;
-    if (fused_ffn && p.num_tokens <= kFusedFfnMaxTokens && p.hidden >= kFusedFfnMinHidden) {
+    if (p.num_tokens <= kFusedFfnMaxTokens && p.hidden >= kFusedFfnMinHidden) {
       launch_small_ffn(kp, stream);
       return;
     }
@@ -136,9 +129,9 @@ void run_experts(const MoeParams& p, cudaStream_t stream, bool right_after_route
 
 }  // namespace
 
-void moe_experts(const MoeParams& p, cudaStream_t stream) { run_experts(p, stream, /*right_after_route=*/false); }
+void moe_experts(const MoeParams& p, LaunchStream stream) { run_experts(p, stream, /*right_after_route=*/false); }
 
-void moe_forward(const MoeParams& p, cudaStream_t stream) {
+void moe_forward(const MoeParams& p, LaunchStream stream) {
   moe_route_align(p, stream);
   run_experts(p, stream, /*right_after_route=*/p.num_tokens > 0);
 }

@@ -319,7 +319,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) moe_grouped_gemm_kernel(const 
 }
 
 template <typename T>
-void launch_grouped_gemm(const MoeKernelParams& kp, cudaStream_t stream) {
+void launch_grouped_gemm(const MoeKernelParams& kp, LaunchStream stream) {
   const auto kernel = moe_grouped_gemm_kernel<T>;
   CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
   const int n_tiles = (T::kGateUp ? kp.p.inter : kp.p.hidden) / T::kOutCols;

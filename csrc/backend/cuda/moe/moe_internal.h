@@ -86,8 +86,6 @@ struct MoeKernelParams {
   // 1: the small-M gate/up CTAs of the shared slots do all their work before their grid dependency wait (moe_forward
   // only: its route kernel runs right before, so x, an input of the router, is complete; moe_small_gemm.cuh).
   int32_t shared_prewait = 0;
-  // 1: each small-M down CTA reads its slot record and loads its first weights before its wait (moe_small_gemm.cuh).
-  int32_t down_prewait = 0;
 };
 
 // Byte offsets of the workspace arrays (256-byte aligned). The zeroed header (counter, count_accum, col_done,
@@ -115,14 +113,14 @@ void check_experts(const MoeParams& p, MoeExpertsPath path);
 bool use_down_prefetch(const MoeParams& p, int32_t max_active);
 
 // Stage launchers: programmatic dependent launches on `stream` (launch_pdl, launch.h).
-void launch_route(const MoeKernelParams& kp, cudaStream_t stream);  // route (+ scatter)
-void launch_small_gate_up(const MoeKernelParams& kp, cudaStream_t stream);
-void launch_small_down(const MoeKernelParams& kp, cudaStream_t stream);
+void launch_route(const MoeKernelParams& kp, LaunchStream stream);  // route (+ scatter)
+void launch_small_gate_up(const MoeKernelParams& kp, LaunchStream stream);
+void launch_small_down(const MoeKernelParams& kp, LaunchStream stream);
 // Gate/up, down and the combine of the small-M path in one persistent launch (up to 8 tokens: one token tile; the
 // auto choice is narrower, see kFusedFfnMaxTokens).
-void launch_small_ffn(const MoeKernelParams& kp, cudaStream_t stream);
-void launch_grouped_gate_up(const MoeKernelParams& kp, cudaStream_t stream);
-void launch_grouped_down(const MoeKernelParams& kp, cudaStream_t stream);
-void launch_combine(const MoeKernelParams& kp, cudaStream_t stream);
+void launch_small_ffn(const MoeKernelParams& kp, LaunchStream stream);
+void launch_grouped_gate_up(const MoeKernelParams& kp, LaunchStream stream);
+void launch_grouped_down(const MoeKernelParams& kp, LaunchStream stream);
+void launch_combine(const MoeKernelParams& kp, LaunchStream stream);
 
 }  // namespace deepinfer::cuda::moe_detail

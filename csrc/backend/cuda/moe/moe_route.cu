@@ -12,7 +12,6 @@
 #include "backend/cuda/moe/moe.cuh"
 #include "backend/cuda/moe/moe_internal.h"
 #include "backend/cuda/moe/moe_ptx.cuh"
-#include "core/env_flag.h"
 #include "core/error.h"
 
 namespace deepinfer::cuda {
@@ -527,12 +526,10 @@ MoeKernelParams make_kernel_params(const MoeParams& p) {
   // Routing appends every shared expert to every token, so each has rows and a slot of its own.
   kp.shared_slots = p.router_logits != nullptr ? p.num_shared_experts : 0;
   kp.fused_router = p.router_weight != nullptr ? 1 : 0;
-  // DEEPINFER_DISABLE_ROUTER_CLUSTER=1 keeps the counter path at every size (an A/B on one build).
-  static const bool cluster_disabled = env_flag("DEEPINFER_DISABLE_ROUTER_CLUSTER");
   const int64_t routed = p.num_experts - p.num_shared_experts;
   const bool one_cluster = (routed + kRouteWarps - 1) / kRouteWarps <= kRouterClusterMax &&
                            static_cast<int64_t>(p.num_tokens) * routed <= kRouterClusterLogits;
-  kp.router_cluster = kp.fused_router && !cluster_disabled && one_cluster ? 1 : 0;
+  kp.router_cluster = kp.fused_router && one_cluster ? 1 : 0;
   return kp;
 }
 
@@ -583,7 +580,7 @@ void check_experts(const MoeParams& p, MoeExpertsPath path) {
   }
 }
 
-void launch_route(const MoeKernelParams& kp, cudaStream_t stream) {
+void launch_route(const MoeKernelParams& kp, LaunchStream stream) {
   const LaunchShape shape{.grid = dim3(kp.route_blocks), .block = dim3(kRouteThreads)};
   if (kp.fused_router) {  // one route block (moe_fused_router_supported): the scatter is fused
     const int routed = kp.p.num_experts - kp.p.num_shared_experts;
@@ -616,7 +613,7 @@ void moe_workspace_init(const MoeParams& p, cudaStream_t stream) {
   CUDA_TRY(cudaMemsetAsync(p.workspace, 0, moe_detail::moe_workspace_layout(p).zeroed_bytes, stream));
 }
 
-void moe_route_align(const MoeParams& p, cudaStream_t stream) {
+void moe_route_align(const MoeParams& p, LaunchStream stream) {
   moe_detail::check_common(p);
   if (p.num_tokens == 0) return;
   moe_detail::launch_route(moe_detail::make_kernel_params(p), stream);

@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(FfnGateUp::kThreads, FfnGateUp::kMinBlocks)
 
 }  // namespace
 
-void launch_small_ffn(const MoeKernelParams& kp, cudaStream_t stream) {
+void launch_small_ffn(const MoeKernelParams& kp, LaunchStream stream) {
   // As many CTAs as can be resident (more would only draw the end ticket), fewer when there are fewer items.
   static const int per_sm = [] {
     int n = 0;

@@ -23,7 +23,6 @@
 #include "backend/cuda/runtime/launch.h"
 #include "backend/cuda/moe/moe_internal.h"
 #include "backend/cuda/moe/moe_ptx.cuh"
-#include "core/env_flag.h"
 
 namespace deepinfer::cuda::moe_detail {
 
@@ -273,11 +272,11 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
   //    scatter, or router and route in one), so x, an input of the call and written before it, is complete. These
   //    CTAs know their expert and pairs without the routing, so they run whole before the wait, while the routing
   //    runs; they write only their own pairs' act rows, which no kernel reads before the down kernel.
-  //  - down (kp.down_prewait): the predecessor is the gate/up kernel, so the routing kernel, which wrote slot_info
+  //  - down: the predecessor is the gate/up kernel, so the routing kernel, which wrote slot_info
   //    and row_pair, has completed. The slot record, the first pass's row pairs, and the first weights (constant)
   //    are loaded before the wait, while gate/up finishes; act, gate/up's output, is read after it.
   const bool shared_early = T::kGateUp && static_cast<int>(blockIdx.y) < kp.shared_prewait * kp.shared_slots;
-  const bool read_slot_early = shared_early || (!T::kGateUp && kp.down_prewait != 0);
+  const bool read_slot_early = shared_early || !T::kGateUp;
   if (!read_slot_early) {
     griddep_wait();
     griddep_launch_dependents();
@@ -326,7 +325,7 @@ dim3 small_gemm_grid(const MoeKernelParams& kp) {
 }
 
 template <typename T>
-void launch_small_gemm(const MoeKernelParams& kp, cudaStream_t stream) {
+void launch_small_gemm(const MoeKernelParams& kp, LaunchStream stream) {
   launch_pdl(moe_small_gemm_kernel<T>, {.grid = small_gemm_grid<T>(kp), .block = dim3(T::kThreads)}, stream, kp);
 }
 
@@ -334,15 +333,13 @@ void launch_small_gemm(const MoeKernelParams& kp, cudaStream_t stream) {
 // one wave of 4-warp CTAs (same tiles, half the warps along K, twice the CTAs resident). The shared slots of a gate/up
 // grid that runs them before the wait (kp.shared_prewait) do not count: they stream while the routing runs and have
 // left their SMs by the time the other CTAs may start (V2-Lite at batch 1: 6 x 88 routed CTAs, one wave of 8-warp
-// CTAs, twice the loads in flight of the 4-warp ones). DEEPINFER_MOE_COUNT_SHARED_CTAS=1 counts them again, to
-// measure the difference on one build.
+// CTAs, twice the loads in flight of the 4-warp ones).
 template <GemmKind kKind, int kTokenTiles>
-void launch_small_gemm_in_fewest_waves(const MoeKernelParams& kp, cudaStream_t stream) {
+void launch_small_gemm_in_fewest_waves(const MoeKernelParams& kp, LaunchStream stream) {
   using Wide = SmallTraits<kKind, kTokenTiles, 4>;
   using Narrow = SmallTraits<kKind, kTokenTiles, 2>;
-  static const bool count_shared = env_flag("DEEPINFER_MOE_COUNT_SHARED_CTAS");
   const dim3 grid = small_gemm_grid<Wide>(kp);
-  const bool shared_early = kKind == GemmKind::kGateUp && kp.shared_prewait != 0 && !count_shared;
+  const bool shared_early = kKind == GemmKind::kGateUp && kp.shared_prewait != 0;
   const int64_t late_slots = int64_t{grid.y} - (shared_early ? kp.shared_slots : 0);
   const int64_t ctas = int64_t{grid.x} * late_slots;
   if (ctas > int64_t{Wide::kMinBlocks} * kp.p.num_sms && ctas <= int64_t{Narrow::kMinBlocks} * kp.p.num_sms) {

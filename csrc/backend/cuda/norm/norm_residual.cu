@@ -159,13 +159,13 @@ __global__ void __launch_bounds__(Traits::kThreads) norm_residual_kernel(__grid_
 }
 
 template <typename Traits>
-void launch(const NormResidualParams& p, cudaStream_t stream) {
+void launch(const NormResidualParams& p, LaunchStream stream) {
   launch_pdl(norm_residual_kernel<Traits>,
              {.grid = dim3(static_cast<unsigned>(p.rows)), .block = dim3(Traits::kThreads)}, stream, p);
 }
 
 template <typename T, Residual kMode, bool kVectorized>
-void launch_sized(const NormResidualParams& p, cudaStream_t stream) {
+void launch_sized(const NormResidualParams& p, LaunchStream stream) {
   // Short rows get a small block; hidden-size rows (2048..7168) enough threads to keep the loads in flight.
   const int64_t steps = kVectorized ? p.dim / Vec16<T>::kSize : p.dim;
   if (steps <= 256) {
@@ -176,7 +176,7 @@ void launch_sized(const NormResidualParams& p, cudaStream_t stream) {
 }
 
 template <Residual kMode>
-void launch_norm(const NormResidualParams& p, DType dtype, const char* op, cudaStream_t stream) {
+void launch_norm(const NormResidualParams& p, DType dtype, const char* op, LaunchStream stream) {
   DI_CHECK(p.rows <= INT_MAX, op, ": ", p.rows, " rows exceed the grid");
   if (p.rows == 0 || p.dim == 0) return;
   dispatch_activation(dtype, op, [&](auto element) {
@@ -200,7 +200,7 @@ void check_on_device(const ConstTensorView& t, const char* op, const char* name)
 
 }  // namespace
 
-void add_rms_norm(const AddRmsNormArgs& a, cudaStream_t stream) {
+void add_rms_norm(const AddRmsNormArgs& a, LaunchStream stream) {
   constexpr const char* kOp = "cuda add_rms_norm";
   DI_CHECK(a.residual.shape.ndim() == 2 && a.x.shape == a.residual.shape && a.out.shape == a.residual.shape &&
                a.weight.numel() == a.residual.shape[1],
@@ -219,11 +219,11 @@ void add_rms_norm(const AddRmsNormArgs& a, cudaStream_t stream) {
                                .weight = static_cast<const float*>(a.weight.data), .out = a.out.data,
                                .rows = a.residual.shape[0], .dim = dim, .x_row_stride = dim,
                                .residual_row_stride = dim, .out_row_stride = dim, .eps = a.eps,
-                               .trigger_early = trigger_early(a.next_op_may_start_early)},
+                               .trigger_early = a.next_op_may_start_early},
                               a.residual.dtype, kOp, stream);
 }
 
-void rms_norm_f32(const RmsNormArgs& a, cudaStream_t stream) {
+void rms_norm_f32(const RmsNormArgs& a, LaunchStream stream) {
   constexpr const char* kOp = "cuda rms_norm";
   DI_CHECK(a.x.dtype == DType::kF32 && a.out.dtype == DType::kF32 && a.weight.dtype == DType::kF32, kOp,
            ": x, weight and out must be float32 here, got ", dtype_name(a.x.dtype), ", ", dtype_name(a.weight.dtype),

@@ -5,15 +5,16 @@
 
 #include <cuda_runtime_api.h>
 
+#include "backend/cuda/runtime/launch_stream.h"
 #include "backend/ops/dense.h"
 
 namespace deepinfer::cuda {
 
 // residual += x; out = rms_norm(residual) * weight. residual, x and out share one dtype; out may alias x.
 // Checks the views (device, dtypes, shapes; throws deepinfer::Error) and queues the kernel on `stream`.
-void add_rms_norm(const AddRmsNormArgs& a, cudaStream_t stream);
+void add_rms_norm(const AddRmsNormArgs& a, LaunchStream stream);
 
 // RmsNormArgs on float32 rows (row_stride honoured, in place allowed). Throws for other dtypes.
-void rms_norm_f32(const RmsNormArgs& a, cudaStream_t stream);
+void rms_norm_f32(const RmsNormArgs& a, LaunchStream stream);
 
 }  // namespace deepinfer::cuda

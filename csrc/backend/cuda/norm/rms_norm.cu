@@ -32,12 +32,12 @@ __global__ void __launch_bounds__(Traits::kThreads) rms_norm_kernel(__grid_const
 }
 
 template <typename Traits>
-void launch(const RmsNormParams& p, cudaStream_t stream) {
+void launch(const RmsNormParams& p, LaunchStream stream) {
   launch_pdl(rms_norm_kernel<Traits>, {.grid = dim3(static_cast<unsigned>(p.rows)), .block = dim3(Traits::kThreads)},
              stream, p);
 }
 
-void launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
+void launch_rms_norm(const RmsNormParams& p, LaunchStream stream) {
   if (rms_norm_block_threads(p.dim) == 128) {
     launch<RmsNormTraits<128>>(p, stream);
   } else {
@@ -47,7 +47,7 @@ void launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-void rms_norm(const RmsNormArgs& a, cudaStream_t stream) {
+void rms_norm(const RmsNormArgs& a, LaunchStream stream) {
   DI_CHECK(a.x.dtype == DType::kBF16 && a.out.dtype == DType::kBF16 && a.weight.dtype == DType::kF32,
            "cuda rms_norm: x and out must be bfloat16 and weight float32, got ", dtype_name(a.x.dtype), ", ",
            dtype_name(a.out.dtype), " and ", dtype_name(a.weight.dtype));

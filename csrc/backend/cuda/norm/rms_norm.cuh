@@ -4,11 +4,12 @@
 
 #include <cuda_runtime_api.h>
 
+#include "backend/cuda/runtime/launch_stream.h"
 #include "backend/ops/dense.h"
 
 namespace deepinfer::cuda {
 
 // Checks the views (device, dtypes, shapes; throws deepinfer::Error) and queues the kernel on `stream`.
-void rms_norm(const RmsNormArgs& a, cudaStream_t stream);
+void rms_norm(const RmsNormArgs& a, LaunchStream stream);
 
 }  // namespace deepinfer::cuda

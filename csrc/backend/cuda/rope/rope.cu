@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(Traits::kThreads) rope_kernel(__grid_constant_
 
 }  // namespace
 
-void rope(const RopeParams& p, DType dtype, cudaStream_t stream) {
+void rope(const RopeParams& p, DType dtype, LaunchStream stream) {
   DI_CHECK(p.num_tokens >= 0 && p.num_heads >= 0 && p.rot_dim >= 0 && p.rot_dim % 2 == 0, "cuda rope: ",
            p.num_tokens, " tokens, ", p.num_heads, " heads, rot_dim ", p.rot_dim, " (must be even)");
   if (p.num_tokens == 0 || p.num_heads == 0 || p.rot_dim == 0) return;

@@ -5,12 +5,13 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/cuda/rope/rope_params.h"
+#include "backend/cuda/runtime/launch_stream.h"
 #include "core/dtype.h"
 
 namespace deepinfer::cuda {
 
 // Checks the parameters (throws deepinfer::Error) and queues the kernel on `stream`. `dtype` is the type of x's
 // elements: float32 or bfloat16.
-void rope(const RopeParams& p, DType dtype, cudaStream_t stream);
+void rope(const RopeParams& p, DType dtype, LaunchStream stream);
 
 }  // namespace deepinfer::cuda

@@ -16,8 +16,8 @@
 // kernels that cannot take part (cuBLAS's): the absorbed decode's per-head products run on head_gemv.cu for that.
 //
 // The launches are valid during stream capture: the dependency is recorded as a programmatic edge of the graph
-// (CUDA 12.3 and later). DEEPINFER_DISABLE_PDL=1 in the environment (read once) launches without the attribute, to
-// measure what PDL gains or to rule it out; griddepcontrol then does nothing.
+// (CUDA 12.3 and later). A LaunchStream with pdl off (CudaTuning::pdl, DEEPINFER_DISABLE_PDL=1) launches without the
+// attribute, to measure what PDL gains or to rule it out; griddepcontrol then does nothing.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,6 +26,7 @@
 #include <type_traits>
 
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/launch_stream.h"
 
 namespace deepinfer::cuda {
 
@@ -36,19 +37,11 @@ struct LaunchShape {
   unsigned cluster_ctas = 1;  // CTAs per thread-block cluster along x (grid.x is a multiple); 1: no clusters
 };
 
-// Whether launch_pdl adds the programmatic-stream-serialization attribute: unless DEEPINFER_DISABLE_PDL is on
-// (core/env_flag.h), read at the first call.
-bool pdl_enabled();
-
-// Whether a kernel told that its successor reads only constants before its wait (`next_op_may_start_early`, an op's
-// argument) triggers that launch at its start: when asked, unless DEEPINFER_DISABLE_EARLY_TRIGGER is on (read at the
-// first call).
-bool trigger_early(bool next_op_may_start_early);
-
-// Queues kernel<<<shape>>>(params) on `stream` as a programmatic dependent of the work before it; throws
-// deepinfer::Error when the launch is refused. The kernel keeps ptx.cuh's rule: griddep_wait() before touching memory.
+// Queues kernel<<<shape>>>(params) on `stream` as a programmatic dependent of the work before it (with stream.pdl;
+// else plainly); throws deepinfer::Error when the launch is refused. The kernel keeps ptx.cuh's rule: griddep_wait()
+// before touching memory.
 template <typename Params>
-void launch_pdl(void (*kernel)(Params), const LaunchShape& shape, cudaStream_t stream,
+void launch_pdl(void (*kernel)(Params), const LaunchShape& shape, LaunchStream stream,
                 const std::type_identity_t<Params>& params) {
   cudaLaunchAttribute attributes[2] = {};
   unsigned count = 0;
@@ -59,7 +52,7 @@ void launch_pdl(void (*kernel)(Params), const LaunchShape& shape, cudaStream_t s
     attributes[count].val.clusterDim.z = 1;
     ++count;
   }
-  if (pdl_enabled()) {
+  if (stream.pdl) {
     attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attributes[count].val.programmaticStreamSerializationAllowed = 1;
     ++count;
@@ -68,7 +61,7 @@ void launch_pdl(void (*kernel)(Params), const LaunchShape& shape, cudaStream_t s
   config.gridDim = shape.grid;
   config.blockDim = shape.block;
   config.dynamicSmemBytes = shape.smem_bytes;
-  config.stream = stream;
+  config.stream = stream.handle;
   config.attrs = count > 0 ? attributes : nullptr;
   config.numAttrs = count;
   CUDA_TRY(cudaLaunchKernelEx(&config, kernel, params));

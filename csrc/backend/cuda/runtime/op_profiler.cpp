@@ -5,13 +5,8 @@
 #include <utility>
 
 #include "backend/cuda/runtime/cuda_check.h"
-#include "core/env_flag.h"
 
 namespace deepinfer::cuda {
-
-OpProfiler::OpProfiler(cudaStream_t stream) : stream_(stream) {
-  enabled_ = env_flag("DEEPINFER_PROFILE_OPS");
-}
 
 OpProfiler::~OpProfiler() {
   if (!enabled_) return;

@@ -1,6 +1,6 @@
-// GPU time per op, for finding where a step's time goes: with DEEPINFER_PROFILE_OPS=1 in the environment the CUDA
-// backend brackets every op it queues with CUDA events (never while recording a graph), and prints a table of the
-// totals per op label to stderr when it is destroyed. Off, it costs one branch per op.
+// GPU time per op, for finding where a step's time goes: with CudaTuning::profile_ops (DEEPINFER_PROFILE_OPS=1) the
+// CUDA context brackets every op it queues with CUDA events (never while recording a graph: CudaContext::timed), and
+// prints a table of the totals per op label to stderr when it is destroyed. Off, it costs one branch per op.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +14,7 @@ namespace deepinfer::cuda {
 
 class OpProfiler {
  public:
-  explicit OpProfiler(cudaStream_t stream);
+  OpProfiler(cudaStream_t stream, bool enabled) : stream_(stream), enabled_(enabled) {}
   ~OpProfiler();
   OpProfiler(const OpProfiler&) = delete;
   OpProfiler& operator=(const OpProfiler&) = delete;

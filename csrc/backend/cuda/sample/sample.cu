@@ -528,7 +528,7 @@ int cluster_size(int64_t rows, int num_sms) {
 }
 
 template <int kCluster>
-void launch(const SampleParams& p, size_t shared_bytes, cudaStream_t stream) {
+void launch(const SampleParams& p, size_t shared_bytes, LaunchStream stream) {
   CUDA_TRY(cudaFuncSetAttribute(sample_kernel<kCluster>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 static_cast<int>(shared_bytes)));
   launch_pdl(sample_kernel<kCluster>,
@@ -552,7 +552,7 @@ int num_sms_of_current_device() {
 
 }  // namespace
 
-void sample(const SampleArgs& a, cudaStream_t stream) {
+void sample(const SampleArgs& a, LaunchStream stream) {
   const int64_t num_rows = a.logits.shape[0], vocab = a.logits.shape[1];
   for (const ConstTensorView* t : {&a.penalty_tokens, &a.penalty_counts, &a.masked_tokens}) {
     DI_CHECK(t->numel() == 0 || t->device == Device::kCuda, "cuda sample: the token lists must be in device memory");

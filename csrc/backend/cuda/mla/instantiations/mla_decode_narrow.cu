@@ -6,7 +6,7 @@
 
 namespace deepinfer::cuda::mla_detail {
 
-void launch_mla_decode_narrow(const MlaDecodeParams& p, cudaStream_t stream) {
+void launch_mla_decode_narrow(const MlaDecodeParams& p, LaunchStream stream) {
   using T = NarrowTraits;
   constexpr int kSmemBytes = NarrowSmem<T>::kBytes;
   const auto kernel = mla_decode_narrow_kernel<T>;

@@ -5,7 +5,7 @@
 
 namespace deepinfer::cuda::mla_detail {
 
-void launch_mla_decode_wide(const MlaDecodeParams& p, cudaStream_t stream) {
+void launch_mla_decode_wide(const MlaDecodeParams& p, LaunchStream stream) {
   using T = WideTraits;
   constexpr int kSmemBytes = WideSmem<T>::kBytes;
   const auto kernel = mla_decode_wide_kernel<T>;

@@ -5,7 +5,7 @@
 
 namespace deepinfer::cuda::mla_detail {
 
-void launch_mla_decode_wide_wgmma(const MlaDecodeParams& p, cudaStream_t stream) {
+void launch_mla_decode_wide_wgmma(const MlaDecodeParams& p, LaunchStream stream) {
   using T = WideTraits;
   constexpr int kSmemBytes = WgmmaSmem<T>::kBytes;
   const auto kernel = mla_decode_wide_wgmma_kernel<T>;

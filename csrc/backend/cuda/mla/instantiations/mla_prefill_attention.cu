@@ -5,7 +5,7 @@
 
 namespace deepinfer::cuda::mla_prefill_detail {
 
-void launch_mla_prefill_attention(const MlaPrefillAttentionParams& p, cudaStream_t stream) {
+void launch_mla_prefill_attention(const MlaPrefillAttentionParams& p, LaunchStream stream) {
   using T = MlaPrefillTraits;
   const auto kernel = mla_prefill_attention_kernel<T>;
   CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));

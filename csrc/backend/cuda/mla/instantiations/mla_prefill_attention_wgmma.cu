@@ -8,7 +8,7 @@ namespace deepinfer::cuda::mla_prefill_detail {
 // Keys per tile: 128 (the design point) or 64 (half the shared memory and S registers, twice the barriers).
 constexpr int kWgmmaPrefillBlockN = 128;
 
-void launch_mla_prefill_attention_wgmma(const MlaPrefillAttentionParams& p, cudaStream_t stream) {
+void launch_mla_prefill_attention_wgmma(const MlaPrefillAttentionParams& p, LaunchStream stream) {
   using T = WgmmaPrefillTraits<kWgmmaPrefillBlockN>;
   const auto kernel = mla_prefill_attention_wgmma_kernel<T>;
   CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));

@@ -3,7 +3,7 @@
 
 namespace deepinfer::cuda::moe_detail {
 
-void launch_grouped_gate_up(const MoeKernelParams& kp, cudaStream_t stream) {
+void launch_grouped_gate_up(const MoeKernelParams& kp, LaunchStream stream) {
   launch_grouped_gemm<GroupedTraits<GemmKind::kGateUp>>(kp, stream);
 }
 

@@ -3,7 +3,7 @@
 
 namespace deepinfer::cuda::moe_detail {
 
-void launch_small_down(const MoeKernelParams& kp, cudaStream_t stream) {
+void launch_small_down(const MoeKernelParams& kp, LaunchStream stream) {
   if (kp.p.num_tokens <= 8) {
     launch_small_gemm_in_fewest_waves<GemmKind::kDown, 1>(kp, stream);
   } else {

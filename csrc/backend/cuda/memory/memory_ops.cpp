@@ -1,0 +1,27 @@
+#include "backend/cuda/memory/memory_ops.h"
+
+#include "backend/cuda/memory/copy_strided.cuh"
+#include "backend/cuda/memory/embedding.cuh"
+#include "backend/cuda/runtime/context.h"
+
+namespace deepinfer::cuda {
+
+void embedding(CudaContext& ctx, const EmbeddingArgs& a) {
+  const auto timing = ctx.timed("embedding");
+  a.validate();  // shapes and dtypes; the ids are device memory, checked on the host before their upload
+  embedding(a, ctx.launch());
+}
+
+void gather_rows(CudaContext& ctx, const GatherRowsArgs& a) {
+  const auto timing = ctx.timed("gather_rows");
+  a.validate();
+  gather_rows(a, ctx.launch());
+}
+
+void copy_strided(CudaContext& ctx, const CopyStridedArgs& a) {
+  const auto timing = ctx.timed("copy_strided");
+  a.validate();
+  copy_strided(a, ctx.launch());
+}
+
+}  // namespace deepinfer::cuda

@@ -1,0 +1,162 @@
+// moe_route, moe_experts and moe: the argument checks, the fused kernels' parameters (route_params,
+// set_experts_params), the workspace and the router's placement.
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/cuda/gemm/gemm_ops.h"
+#include "backend/cuda/moe/moe.cuh"
+#include "backend/cuda/moe/moe_ops.h"
+#include "backend/cuda/runtime/context.h"
+#include "backend/cuda/runtime/op_checks.h"
+
+namespace deepinfer::cuda {
+namespace {
+
+// Experts and pairs a token, routed and shared together.
+void check_moe_sizes(int64_t experts, int64_t top_k, const char* op) {
+  constexpr int64_t kMaxExperts = kMoeMaxExperts, kMaxTopK = kMoeMaxPairs;
+  if (experts < 1 || experts > kMaxExperts || top_k < 1 || top_k > kMaxTopK) {
+    throw UnsupportedOp(str_cat(op, ": the kernels take 1 to ", kMaxExperts, " experts and 1 to ", kMaxTopK,
+                                " pairs a token (routed and shared); got ", experts, " experts, ", top_k, " pairs"));
+  }
+}
+
+// The routing half of the fused MoE kernels' parameters (routed + shared experts and pairs), after the checks.
+MoeParams route_params(const CudaContext& ctx, const MoeRouteArgs& a, const char* op) {
+  check_on_device(a.logits, op, "logits");
+  check_on_device(a.correction_bias, op, "correction_bias");
+  check_on_device(a.topk_ids, op, "topk_ids");
+  check_on_device(a.topk_weights, op, "topk_weights");
+  const int64_t tokens = a.logits.shape[0], routed = a.logits.shape[1], shared = a.num_shared_experts;
+  const int64_t experts = routed + shared, top_k = a.topk_ids.shape[1];  // routed + shared experts and pairs
+  if (tokens > 0 && top_k > 0) {  // nothing to route: no limit applies (the call does nothing)
+    if (routed > kMoeMaxRoutedExperts) {
+      throw UnsupportedOp(str_cat(op, ": the kernels route among at most ", kMoeMaxRoutedExperts, " experts; got ",
+                                  routed));
+    }
+    check_moe_sizes(experts, top_k, op);
+  }
+  DI_CHECK(tokens <= (int64_t{1} << 24), op, ": ", tokens, " tokens");
+  return {.router_logits = a.logits.as<float>(),
+          .correction_bias = a.correction_bias.numel() > 0 ? a.correction_bias.as<float>() : nullptr,
+          .topk_ids = a.topk_ids.as<int32_t>(),
+          .topk_weights = a.topk_weights.as<float>(),
+          .num_tokens = static_cast<int32_t>(tokens),
+          .num_experts = static_cast<int32_t>(experts),
+          .top_k = static_cast<int32_t>(top_k),
+          .num_shared_experts = static_cast<int32_t>(shared),
+          .n_group = static_cast<int32_t>(a.n_group),
+          .topk_group = static_cast<int32_t>(a.topk_group),
+          .routed_scaling_factor = a.routed_scaling_factor,
+          .scoring = a.scoring == ExpertScoring::kSoftmax ? MoeScoring::kSoftmax : MoeScoring::kSigmoid,
+          .method = a.method == TopkMethod::kGreedy               ? MoeTopkMethod::kGreedy
+                    : a.method == TopkMethod::kGroupLimitedGreedy ? MoeTopkMethod::kGroupLimitedGreedy
+                                                                  : MoeTopkMethod::kNoauxTc,
+          .normalize = a.norm_topk_prob ? MoeNormalize::kYes : MoeNormalize::kNo,
+          .num_sms = ctx.num_sms()};
+}
+
+// The experts half: operands, sizes, and the ids and weights (read, never written, when given as inputs).
+void set_experts_params(const CudaContext& ctx, const MoeExpertsArgs& a, const char* op, MoeParams& p) {
+  check_on_device(a.x, op, "x");
+  check_on_device(a.w_gate_up, op, "w_gate_up");
+  check_on_device(a.w_down, op, "w_down");
+  check_on_device(a.topk_ids, op, "topk_ids");
+  check_on_device(a.topk_weights, op, "topk_weights");
+  check_on_device(a.out, op, "out");
+  const int64_t tokens = a.x.shape[0], hidden = a.x.shape[1], experts = a.w_gate_up.shape[0];
+  const int64_t inter = a.w_down.shape[2], top_k = a.topk_ids.shape[1];
+  p.num_tokens = static_cast<int32_t>(tokens);
+  p.num_sms = ctx.num_sms();
+  if (tokens == 0) return;
+  if (a.x.dtype != DType::kBF16 || a.w_gate_up.dtype != DType::kBF16 || a.w_down.dtype != DType::kBF16 ||
+      hidden % 32 != 0 || inter % 32 != 0 || hidden == 0 || inter == 0 || top_k == 0) {
+    throw UnsupportedOp(str_cat(op, ": the kernels take bfloat16 x and weights with hidden and intermediate sizes "
+                                "in positive multiples of 32; got ", dtype_name(a.x.dtype), " x, ",
+                                dtype_name(a.w_gate_up.dtype), " weights, hidden ", hidden, ", intermediate ", inter,
+                                ", top_k ", top_k));
+  }
+  check_moe_sizes(experts, top_k, op);
+  DI_CHECK(tokens <= (int64_t{1} << 24) && hidden <= INT32_MAX && inter <= INT32_MAX, op, ": ", tokens,
+           " tokens, hidden ", hidden, ", intermediate ", inter);
+  p.topk_ids = const_cast<int32_t*>(a.topk_ids.as<int32_t>());  // given ids: the kernels only read them
+  p.topk_weights = const_cast<float*>(a.topk_weights.as<float>());
+  p.x = a.x.as<uint16_t>();
+  p.w_gate_up = a.w_gate_up.as<uint16_t>();
+  p.w_down = a.w_down.as<uint16_t>();
+  p.add = nullptr;
+  p.out = a.out.as<uint16_t>();
+  p.hidden = static_cast<int32_t>(hidden);
+  p.inter = static_cast<int32_t>(inter);
+  p.num_experts = static_cast<int32_t>(experts);
+  p.top_k = static_cast<int32_t>(top_k);
+}
+
+// The fused kernels' workspace of `use`, 256-byte aligned (what the kernels want), for `p`. Its zeroed header
+// (completion counter and count accumulators) is zeroed when the buffer is new or the header's layout (experts,
+// hidden) changes; every call leaves it zero.
+void* moe_workspace(CudaContext& ctx, WorkspaceUse use, const MoeParams& p) {
+  constexpr size_t kAlign = 256;
+  const uint64_t layout = (uint64_t{static_cast<uint32_t>(p.num_experts)} << 32) | static_cast<uint32_t>(p.hidden);
+  const WorkspaceGrant ws =
+      ctx.workspace(use, {.bytes = moe_workspace_bytes(p), .alignment = kAlign, .layout = layout});
+  if (ws.fresh) {
+    MoeParams init = p;
+    init.workspace = ws.data;
+    moe_workspace_init(init, ctx.stream());
+  }
+  return ws.data;
+}
+
+}  // namespace
+
+// Routing runs the fused route + alignment kernels (moe_route_align): the alignment it also leaves in its workspace is
+// unused here, since moe_experts takes the ids as an input and aligns them itself (the moe op below does not). The
+// kernels count the shared experts in num_experts and top_k (moe_params.h).
+void moe_route(CudaContext& ctx, const MoeRouteArgs& a) {
+  const auto timing = ctx.timed("moe_route");
+  a.validate();  // shapes and dtypes only
+  MoeParams p = route_params(ctx, a, "cuda moe_route");
+  if (p.num_tokens == 0 || p.top_k == 0) return;
+  p.workspace = moe_workspace(ctx, WorkspaceUse::kMoeRoute, p);
+  moe_route_align(p, ctx.launch());
+}
+
+// The experts take the given ids (the "given ids" mode of the fused kernels: with no router logits, the first kernel
+// only aligns the (token, slot) pairs by expert), then the grouped SwiGLU GEMMs and the weighted combine.
+void moe_experts(CudaContext& ctx, const MoeExpertsArgs& a) {
+  const auto timing = ctx.timed("moe_experts");
+  a.validate();  // shapes and dtypes; the ids are device memory, checked on the host before their upload
+  MoeParams p;
+  set_experts_params(ctx, a, "cuda moe_experts", p);
+  if (p.num_tokens == 0) return;
+  p.workspace = moe_workspace(ctx, WorkspaceUse::kMoeExperts, p);
+  moe_forward(p, ctx.launch());
+}
+
+// Routing and experts with one alignment: the route kernel groups the pairs by expert as it routes, and the expert
+// kernels read that grouping (moe_forward with router logits), one kernel fewer than moe_route + moe_experts. With the
+// router given, the route kernel also computes the logits at decode sizes (one kernel fewer again); otherwise linear
+// computes them first.
+void moe(CudaContext& ctx, const MoeArgs& a) {
+  const auto timing = ctx.timed("moe");
+  constexpr const char* kOp = "cuda moe";
+  a.validate();
+  check_on_device(a.router, kOp, "router");
+  const int64_t tokens = a.x.shape[0];
+  if (tokens == 0) return;
+  const bool fuse_router =
+      a.router.data != nullptr && a.x.dtype == DType::kBF16 && moe_fused_router_supported(tokens, a.x.shape[1]);
+  if (a.router.data != nullptr && !fuse_router) linear(ctx, {.x = a.x, .w = a.router, .out = a.router_logits});
+  MoeParams p = route_params(ctx, a.route, kOp);
+  set_experts_params(ctx, a.experts(), kOp, p);
+  if (fuse_router) {
+    p.router_weight = static_cast<const uint16_t*>(a.router.data);
+    p.router_logits_out = a.router_logits.as<float>();
+  }
+  p.workspace = moe_workspace(ctx, WorkspaceUse::kMoeExperts, p);
+  moe_forward(p, ctx.launch());
+}
+
+}  // namespace deepinfer::cuda
