@@ -22,6 +22,7 @@
 #include "core/env_flag.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/cuda_stream.h"
+#include "backend/cuda/runtime/device_info.h"
 #include "backend/cuda/elementwise/elementwise.cuh"
 #include "backend/cuda/memory/embedding.cuh"
 #include "backend/cuda/runtime/graph_arena.h"
@@ -205,6 +206,13 @@ class CudaBackend final : public Backend {
   // Memory
 
   DType activation_dtype() const override { return DType::kBF16; }
+
+  std::optional<DeviceMemoryInfo> memory_info() const override {
+    int device = 0;
+    CUDA_TRY(cudaGetDevice(&device));
+    const cuda::DeviceMemory mem = cuda::device_memory(device);
+    return DeviceMemoryInfo{.free_bytes = mem.free_bytes, .total_bytes = mem.total_bytes};
+  }
 
   // While a graph is recorded, tensors come from the graph arena (see capture()).
   Tensor empty(Shape shape, DType dtype) override {
