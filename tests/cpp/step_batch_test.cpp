@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "backend/ops/sample.h"
@@ -98,15 +99,9 @@ TEST(BuildStepBatch, PutsDecodesFirstAndMapsSampledRowsToPlanOrder) {
 }
 
 TEST(PackStep, EveryArrayStartsSixteenBytesAligned) {
-  ForwardBatch b;
-  b.token_ids = {1, 2, 3};
-  b.positions = {0, 1, 2};
-  b.slot_mapping = {4, 5, 6};
-  b.logits_indices = {2};
-  b.query_start = {0, 3};
-  b.context_lens = {3};
-  b.page_table = {1};
-  b.max_pages_per_seq = 1;
+  ForwardBatchBuilder builder(/*page_size=*/4, /*max_pages_per_seq=*/1);
+  builder.add(std::vector<int32_t>{1, 2, 3}, 0, std::vector<int32_t>{1}, /*samples=*/true);
+  ForwardBatch b = std::move(builder).take();
   b.sampling.rows.assign(kSamplingRowWords, 7);
   b.sampling.penalty_tokens = {9};
   b.sampling.penalty_counts = {1};
