@@ -3,7 +3,9 @@
 #pragma once
 
 #include <functional>
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string_view>
 
 #include "backend/ops/copy.h"
@@ -39,6 +41,12 @@ class StepGraph {
   [[nodiscard]] virtual bool replay() = 0;
 };
 
+// A device's memory as the device reports it: what this process and every other holds counts as used.
+struct DeviceMemoryInfo {
+  int64_t free_bytes = 0;
+  int64_t total_bytes = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -63,6 +71,9 @@ class Backend {
   // Host memory that copy_to_device reads asynchronously (page-locked on a GPU), for the step's uploads: its contents
   // must stay unchanged until the next copy_to_host, which waits for everything queued before it.
   virtual Tensor staging(Shape shape, DType dtype) { return Tensor::empty(shape, dtype); }
+  // The device's memory now, which the engine sizes the latent cache by; std::nullopt where the backend's memory is
+  // the host's (the CPU), whose cache the engine sizes by a budget of its own.
+  virtual std::optional<DeviceMemoryInfo> memory_info() const { return std::nullopt; }
 
   // Graphs. capture() runs `work` (ops queued on this backend) once as usual, which sizes every workspace it needs,
   // then records it for replay. The tensors `work` allocates while recorded come from memory the backend keeps for

@@ -3,13 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "engine/device_backend.h"
 #include "engine/model_runner.h"
-#include "engine/sampling_inputs.h"
-
-#ifdef DEEPINFER_HAVE_CUDA
-#include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/runtime/device_info.h"
-#endif
 
 namespace deepinfer {
 
@@ -26,75 +21,6 @@ void EngineOptions::validate() const {
   DI_CHECK_ARG(gpu_memory_utilization > 0.0 && gpu_memory_utilization <= 1.0,
                "gpu_memory_utilization must be in (0, 1], got ", gpu_memory_utilization);
 }
-
-namespace {
-
-std::unique_ptr<Backend> make_backend(const std::string& device) {
-  if (device == "cpu") return make_cpu_backend();
-#ifdef DEEPINFER_HAVE_CUDA
-  DI_CHECK_ARG(cuda::device_count() > 0, "device 'cuda': no CUDA device is visible");
-  return make_cuda_backend();
-#else
-  throw InvalidArgument("device 'cuda': this build has no CUDA backend (it was built without nvcc)");
-#endif
-}
-
-#ifdef DEEPINFER_HAVE_CUDA
-// The working memory of the largest step, measured: one prefill of max_num_batched_tokens tokens (capped by the
-// model's positions) into a cache of just the pages it needs. The CUDA backend's pool keeps the memory it took, so
-// afterwards the device's used memory counts the weights, the step's peak activations and workspaces together.
-void profile_largest_step(DeepseekModel& model, const EngineOptions& options) {
-  const ModelConfig& c = model.config();
-  const auto tokens = static_cast<int32_t>(
-      std::min<int64_t>(options.max_num_batched_tokens, c.max_position_embeddings - 1));
-  const int32_t pages = (tokens + options.page_size - 1) / options.page_size;
-  LatentCache cache({.num_layers = c.num_hidden_layers, .num_pages = pages, .page_size = options.page_size,
-                     .latent_dim = c.latent_dim()},
-                    model.backend());
-  ForwardBatch b;
-  b.max_pages_per_seq = pages;
-  b.query_start = {0, tokens};
-  b.context_lens = {tokens};
-  for (int32_t p = 0; p < pages; ++p) b.page_table.push_back(p);
-  for (int32_t pos = 0; pos < tokens; ++pos) {
-    b.token_ids.push_back(pos % static_cast<int32_t>(c.vocab_size));
-    b.positions.push_back(pos);
-    b.slot_mapping.push_back(pos);
-  }
-  b.logits_indices = {tokens - 1};
-  model.logits_on_host(model.forward(b, cache));  // waits for the step
-}
-#endif  // DEEPINFER_HAVE_CUDA
-
-// Pages the latent cache gets: a fixed count, the CPU budget, or on a GPU what gpu_memory_utilization leaves after
-// the weights, the largest step's measured working memory, and the decode graphs' memory.
-int64_t cache_pages(const EngineOptions& options, const ModelConfig& config, DeepseekModel& model, int64_t page_bytes,
-                    bool graphs) {
-  if (options.num_cache_pages > 0) return options.num_cache_pages;
-  if (options.device == "cpu") return options.cache_memory_bytes / page_bytes;
-#ifdef DEEPINFER_HAVE_CUDA
-  profile_largest_step(model, options);
-  const cuda::DeviceMemory mem = cuda::device_memory(0);
-  const int64_t used = mem.total_bytes - mem.free_bytes;  // weights, working memory, the CUDA context, other processes
-  // Decode graphs: the logits buffer they all write ([max_num_seqs, V] float32) and the arena for a decode step's
-  // temporaries (far less than the prefill measured above), with room to spare. Plus the sampler and fragmentation.
-  const int64_t graph_reserve =
-      graphs ? int64_t{2} * options.max_num_seqs * config.vocab_size * 4 + (int64_t{256} << 20) : 0;
-  const int64_t reserve = graph_reserve + (int64_t{512} << 20);
-  const auto budget = static_cast<int64_t>(options.gpu_memory_utilization * static_cast<double>(mem.total_bytes)) -
-                      used - reserve;
-  DI_CHECK_ARG(budget >= page_bytes, "gpu_memory_utilization ", options.gpu_memory_utilization, " of ",
-               mem.total_bytes >> 20, " MiB leaves no room for the latent cache (", used >> 20,
-               " MiB in use after a step of ", options.max_num_batched_tokens, " tokens, ", reserve >> 20,
-               " MiB reserved for graphs and workspaces)");
-  return budget / page_bytes;
-#else
-  static_cast<void>(config), static_cast<void>(model), static_cast<void>(graphs);
-  return 0;
-#endif
-}
-
-}  // namespace
 
 LoadedModel load_model(const EngineOptions& options, const LoadProgress& progress) {
   options.validate();
@@ -118,7 +44,13 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& options, const LoadP
   const int64_t page_bytes = shape.bytes_per_page(loaded.backend->activation_dtype());
   // Decode graphs pad their batches with rows that read and write one page no request owns.
   const bool graphs = options.device == "cuda" && !options.enforce_eager;
-  const int64_t pages = cache_pages(options, config, *loaded.model, page_bytes, graphs);
+  const int64_t pages = latent_cache_pages({.num_cache_pages = options.num_cache_pages,
+                                            .cache_memory_bytes = options.cache_memory_bytes,
+                                            .gpu_memory_utilization = options.gpu_memory_utilization,
+                                            .max_num_batched_tokens = options.max_num_batched_tokens,
+                                            .max_num_seqs = options.max_num_seqs,
+                                            .graphs = graphs},
+                                           shape, *loaded.model);
   DI_CHECK_ARG(pages >= 1 && pages <= INT32_MAX, "the cache budget holds ", pages, " pages of ", page_bytes,
                " bytes; raise it");
   shape.num_pages = static_cast<int32_t>(pages);
@@ -243,7 +175,6 @@ void Engine::loop() {
     scheduler_.abort(id);
     ids.push_back(id);
   }
-  seeds_.clear();
   for (uint64_t id : ids) emit({.id = id, .finished = true, .finish_reason = FinishReason::kAbort});
   {
     std::lock_guard lock(mutex_);
@@ -268,17 +199,15 @@ void Engine::admit_pending() {
     request->prompt_token_ids = std::move(p.prompt);
     request->params = std::move(p.params);
     request->eos_token_ids = model_->config().eos_token_ids;
-    const uint64_t seed = request->params.seed ? *request->params.seed : seed_rng_();
+    request->seed = request->params.seed ? *request->params.seed : seed_rng_();
     try {
       scheduler_.add(std::move(request));
-      seeds_.insert_or_assign(p.id, seed);
     } catch (const std::exception& e) {
       emit({.id = p.id, .finished = true, .finish_reason = FinishReason::kError, .error = e.what()});
     }
   }
   for (uint64_t id : aborts) {
     if (scheduler_.abort(id)) {
-      seeds_.erase(id);
       emit({.id = id, .finished = true, .finish_reason = FinishReason::kAbort});
     }
   }
@@ -293,7 +222,6 @@ void Engine::fail_plan(const SchedulePlan& plan, const std::string& message) {
   for (const auto& chunk : plan.chunks) {
     const uint64_t id = chunk.request->id;
     if (scheduler_.abort(id)) {
-      seeds_.erase(id);
       emit({.id = id, .finished = true, .finish_reason = FinishReason::kError, .error = message});
     }
   }
@@ -308,64 +236,49 @@ void Engine::step_once() {
     work_cv_.wait_for(lock, std::chrono::milliseconds(5));
     return;
   }
-  std::vector<int32_t> sampled;
-  std::vector<SampledToken> results;  // in plan order of the sampling chunks
-  uint64_t prompt_tokens = 0;
+  std::vector<SampledToken> sampled;  // one per sampling chunk, in plan order
   bool pure_decode = false;
   try {
-    PreparedBatch prepared = prepare_batch(plan, options_.page_size);
-    pure_decode = prepared.batch.is_pure_decode();
-    // The sampling rows go in logits-row order, which puts decode sequences first.
-    std::vector<const Request*> row_request(prepared.sampling_chunks.size());
-    for (size_t i = 0; i < prepared.sampling_chunks.size(); ++i) {
-      row_request[static_cast<size_t>(prepared.logits_row_of_sampling_chunk[i])] = prepared.sampling_chunks[i]->request;
-    }
-    const auto vocab = static_cast<int32_t>(model_->config().vocab_size);
-    for (const Request* r : row_request) {
-      append_sampling_inputs(*r, seeds_.at(r->id), vocab, prepared.batch.sampling);
-    }
-    const std::vector<SampledToken> rows = runner_.execute(prepared.batch);  // the step's one device-to-host copy
-    for (size_t i = 0; i < prepared.sampling_chunks.size(); ++i) {
-      results.push_back(rows[static_cast<size_t>(prepared.logits_row_of_sampling_chunk[i])]);
-      sampled.push_back(results.back().token);
-    }
-    for (const auto& chunk : plan.chunks) {
-      if (chunk.start < chunk.request->num_prompt_tokens()) {
-        prompt_tokens += static_cast<uint64_t>(
-            std::min(chunk.start + chunk.num_tokens, chunk.request->num_prompt_tokens()) - chunk.start);
-      }
-    }
+    const StepBatch step =
+        build_step_batch(plan, options_.page_size, static_cast<int32_t>(model_->config().vocab_size));
+    pure_decode = step.forward.is_pure_decode();
+    sampled = runner_.execute(step);  // the step's one device-to-host copy
   } catch (const std::exception& e) {
     fail_plan(plan, std::string("the step failed: ") + e.what());
     return;
   }
-  // What update() needs to be told per request is read now: it destroys the requests that finish.
-  struct ChunkInfo {
-    size_t result = 0;
-    bool wants_logprobs = false;
-    int32_t num_preemptions = 0;
-  };
-  std::unordered_map<uint64_t, ChunkInfo> info;
-  size_t k = 0;
-  for (const auto& chunk : plan.chunks) {
-    ChunkInfo& ci = info[chunk.request->id];
-    ci.num_preemptions = chunk.request->num_preemptions;
-    ci.wants_logprobs = chunk.request->params.logprobs >= 0;
-    if (chunk.samples) ci.result = k++;
+  const uint64_t prompt_tokens = num_prompt_tokens(plan);  // before update() destroys the requests that finish
+  emit_updates(plan, sampled);
+  record_step(std::chrono::steady_clock::now() - started, pure_decode, prompt_tokens, sampled.size());
+}
+
+uint64_t Engine::num_prompt_tokens(const SchedulePlan& plan) {
+  uint64_t tokens = 0;
+  for (const ScheduledChunk& chunk : plan.chunks) {
+    const int32_t prompt_end = std::min(chunk.start + chunk.num_tokens, chunk.request->num_prompt_tokens());
+    if (chunk.start < prompt_end) tokens += static_cast<uint64_t>(prompt_end - chunk.start);
   }
-  const std::vector<RequestUpdate> updates = scheduler_.update(plan, sampled);
-  for (const RequestUpdate& u : updates) {
-    const ChunkInfo& ci = info.at(u.id);
+  return tokens;
+}
+
+void Engine::emit_updates(const SchedulePlan& plan, std::span<const SampledToken> sampled) {
+  std::vector<int32_t> tokens;
+  tokens.reserve(sampled.size());
+  for (const SampledToken& s : sampled) tokens.push_back(s.token);
+  for (const RequestUpdate& u : scheduler_.update(plan, tokens)) {
     RequestOutputDelta delta{.id = u.id, .finished = u.finished, .finish_reason = u.reason,
-                             .num_preemptions = ci.num_preemptions};
+                             .num_preemptions = u.num_preemptions};
     if (u.new_token >= 0) {
       delta.new_token_ids.push_back(u.new_token);
-      if (ci.wants_logprobs) delta.logprobs.push_back(SampleResult::from(results[ci.result]));
+      if (u.logprobs >= 0) delta.logprobs.push_back(SampleResult::from(sampled[static_cast<size_t>(u.sampled_index)]));
     }
-    if (u.finished) seeds_.erase(u.id);
     emit(std::move(delta));
   }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+}
+
+void Engine::record_step(std::chrono::steady_clock::duration elapsed, bool pure_decode, uint64_t prompt_tokens,
+                         uint64_t generated_tokens) {
+  const double seconds = std::chrono::duration<double>(elapsed).count();
   std::lock_guard lock(mutex_);
   stats_.num_steps += 1;
   stats_.step_seconds += seconds;
@@ -374,7 +287,7 @@ void Engine::step_once() {
     stats_.decode_step_seconds += seconds;
   }
   stats_.num_prompt_tokens_computed += prompt_tokens;
-  stats_.num_generated_tokens += sampled.size();
+  stats_.num_generated_tokens += generated_tokens;
   stats_.num_graph_replays = static_cast<uint64_t>(runner_.num_graph_replays());
   stats_.num_graphs = runner_.num_graphs();
   stats_.num_preemptions = scheduler_.total_preemptions();

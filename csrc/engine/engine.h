@@ -2,22 +2,24 @@
 // requests and collect outputs from any thread; nothing here needs Python's GIL.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
 #include <random>
+#include <span>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include "backend/backend.h"
 #include "engine/cache_manager.h"
+#include "engine/latent_cache.h"
 #include "engine/sample_result.h"
-#include "engine/step_runner.h"
 #include "engine/scheduler.h"
+#include "engine/step_runner.h"
 #include "model/deepseek.h"
 
 namespace deepinfer {
@@ -101,6 +103,12 @@ class Engine {
          SchedulerConfig scheduler_config);
   void loop();
   void step_once();
+  // Prompt tokens the plan computes (its chunks may also recompute output tokens after a preemption).
+  static uint64_t num_prompt_tokens(const SchedulePlan& plan);
+  // Applies the plan's sampled tokens (one per sampling chunk, in plan order) and emits each request's delta.
+  void emit_updates(const SchedulePlan& plan, std::span<const SampledToken> sampled);
+  void record_step(std::chrono::steady_clock::duration elapsed, bool pure_decode, uint64_t prompt_tokens,
+                   uint64_t generated_tokens);
   void admit_pending();
   void fail_plan(const SchedulePlan& plan, const std::string& message);
   void emit(RequestOutputDelta delta);
@@ -113,8 +121,7 @@ class Engine {
   SchedulerConfig scheduler_config_;
   Scheduler scheduler_;                              // touched only by the step thread
   StepRunner runner_;                                // touched only by the step thread
-  std::unordered_map<uint64_t, uint64_t> seeds_;     // per request: its own seed, or one drawn at admission
-  std::mt19937_64 seed_rng_;
+  std::mt19937_64 seed_rng_;                         // the seeds of requests without one of their own
 
   struct PendingRequest {
     uint64_t id;

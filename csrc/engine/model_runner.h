@@ -1,20 +1,14 @@
-// Turns a scheduler plan into the model's flat ForwardBatch (decode sequences first).
+// Turns a scheduler plan into its step: the flat ForwardBatch (decode sequences first) with the sampling inputs of
+// the requests that sample.
 #pragma once
 
-#include <vector>
+#include <cstdint>
 
 #include "engine/scheduler.h"
-#include "model/forward_batch.h"
+#include "engine/step_batch.h"
 
 namespace deepinfer {
 
-struct PreparedBatch {
-  ForwardBatch batch;
-  // For every sampling chunk in plan order: its row in the logits the model returns.
-  std::vector<int32_t> logits_row_of_sampling_chunk;
-  std::vector<const ScheduledChunk*> sampling_chunks;  // plan order
-};
-
-PreparedBatch prepare_batch(const SchedulePlan& plan, int32_t page_size);
+StepBatch build_step_batch(const SchedulePlan& plan, int32_t page_size, int32_t vocab_size);
 
 }  // namespace deepinfer

@@ -25,6 +25,7 @@ struct Request {
   std::vector<int32_t> output_token_ids;
   SamplingParams params;
   std::vector<int32_t> eos_token_ids;  // the model's EOS ids; ignored when params.ignore_eos
+  uint64_t seed = 0;                   // the sampler's: params.seed, or one the engine drew at admission
 
   int32_t num_computed_tokens = 0;  // tokens [0, num_computed_tokens) have their latent in the cache
   std::vector<int32_t> page_ids;    // page table: token i lives in page_ids[i / page_size]

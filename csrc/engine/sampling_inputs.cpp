@@ -9,13 +9,13 @@
 
 namespace deepinfer {
 
-void append_sampling_inputs(const Request& r, uint64_t seed, int32_t vocab_size, SamplingBatch& out) {
+void append_sampling_inputs(const Request& r, int32_t vocab_size, SamplingBatch& out) {
   const SamplingParams& p = r.params;
   SamplingRow row{.temperature = p.temperature,
                   .top_k = p.top_k <= 0 || p.top_k >= vocab_size ? 0 : p.top_k,  // -1 and 0 both mean off
                   .top_p = p.top_p,
                   .log_min_p = p.min_p > 0.0f ? std::log(p.min_p) : -std::numeric_limits<float>::infinity(),
-                  .seed = seed,
+                  .seed = r.seed,
                   .step = r.num_output_tokens(),
                   .repetition_penalty = p.repetition_penalty,
                   .presence_penalty = p.presence_penalty,

@@ -5,13 +5,13 @@
 #include <cstdint>
 
 #include "engine/request.h"
-#include "model/forward_batch.h"
+#include "engine/step_batch.h"
 
 namespace deepinfer {
 
-// Appends the row of `request` (about to sample its next token) to `out`. `seed` is the request's (its own, or one
-// the engine drew for it at admission): with the output length as the counter, its draws depend on nothing else in
-// the batch, and a preempted request recomputed later draws the same numbers again.
-void append_sampling_inputs(const Request& request, uint64_t seed, int32_t vocab_size, SamplingBatch& out);
+// Appends the row of `request` (about to sample its next token) to `out`. Its random stream is request.seed with the
+// output length as the counter: its draws depend on nothing else in the batch, and a preempted request recomputed
+// later draws the same numbers again.
+void append_sampling_inputs(const Request& request, int32_t vocab_size, SamplingBatch& out);
 
 }  // namespace deepinfer

@@ -163,6 +163,8 @@ std::vector<RequestUpdate> Scheduler::update(const SchedulePlan& plan, std::span
     u.reason = reason;
     u.num_output_tokens = r.num_output_tokens();
     u.num_preemptions = r.num_preemptions;
+    u.sampled_index = static_cast<int32_t>(next_sample) - 1;
+    u.logprobs = r.params.logprobs;
     if (u.finished) {
       r.finish_reason = reason;
       u.output_token_ids = std::move(r.output_token_ids);

@@ -56,7 +56,8 @@ struct SchedulePlan {
   int32_t num_sampling_chunks() const;
 };
 
-// The outcome of one sampling chunk.
+// The outcome of one sampling chunk, with what the caller reports of its request (a finished one is gone once
+// update() returns).
 struct RequestUpdate {
   uint64_t id = 0;
   int32_t new_token = -1;
@@ -65,6 +66,8 @@ struct RequestUpdate {
   int32_t num_output_tokens = 0;          // including new_token
   int32_t num_preemptions = 0;            // of this request so far
   std::vector<int32_t> output_token_ids;  // the whole output, filled only when finished
+  int32_t sampled_index = -1;             // which of update()'s sampled tokens is new_token
+  int32_t logprobs = -1;                  // the request's params.logprobs (-1: it wants none)
 };
 
 class Scheduler {

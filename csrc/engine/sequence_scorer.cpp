@@ -2,6 +2,10 @@
 
 #include <algorithm>
 #include <numeric>
+#include <utility>
+
+#include "engine/step_batch.h"
+#include "engine/step_runner.h"
 
 namespace deepinfer {
 
@@ -30,19 +34,9 @@ std::vector<float> SequenceScorer::last_logits(std::span<const int32_t> tokens, 
     int32_t count = done < prefill_end ? (prefill_chunk > 0 ? std::min(prefill_chunk, prefill_end - done)
                                                             : prefill_end - done)
                                        : 1;
-    ForwardBatch b;
-    b.max_pages_per_seq = num_pages;
-    b.num_decode_seqs = count == 1 ? 1 : 0;
-    b.query_start = {0, count};
-    b.context_lens = {done + count};
-    b.page_table = pages;
-    for (int32_t pos = done; pos < done + count; ++pos) {
-      b.token_ids.push_back(tokens[static_cast<size_t>(pos)]);
-      b.positions.push_back(pos);
-      b.slot_mapping.push_back(pages[static_cast<size_t>(pos / page_size)] * page_size + pos % page_size);
-    }
-    b.logits_indices = {count - 1};
-    Tensor out = loaded_.model->logits_on_host(loaded_.model->forward(b, cache));
+    ForwardBatchBuilder builder(page_size, num_pages);
+    builder.add(tokens.subspan(static_cast<size_t>(done), static_cast<size_t>(count)), done, pages, /*samples=*/true);
+    const Tensor out = run_forward(*loaded_.model, cache, std::move(builder).take());
     logits.assign(out.f32_span().begin(), out.f32_span().end());
     done += count;
   }

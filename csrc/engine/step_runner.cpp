@@ -33,33 +33,45 @@ ForwardBatch pad_decode_batch(const ForwardBatch& batch, std::span<const int32_t
   DI_CHECK(static_cast<int32_t>(needed) <= width, "pad_decode_batch: a context of ", longest, " tokens needs ", needed,
            " pages; graphs hold ", max_pages);
 
-  ForwardBatch out;
-  out.token_ids = batch.token_ids;
-  out.positions = batch.positions;
-  out.slot_mapping = batch.slot_mapping;
-  out.query_start = batch.query_start;
-  out.context_lens = batch.context_lens;
-  out.logits_indices = batch.logits_indices;
-  out.sampling = batch.sampling;
-  out.num_decode_seqs = padded;
-  out.max_pages_per_seq = width;
-  out.decode_context_bound = width * page_size;
-  out.page_table.assign(static_cast<size_t>(padded) * static_cast<size_t>(width), -1);
+  // The real rows again, in a table of the new width, then the padding rows: one token each at position 0 of the
+  // scratch page, whose logits rows follow the real ones.
+  ForwardBatchBuilder builder(page_size, width);
+  const std::span<const int32_t> table(batch.page_table);
+  auto next_logits = batch.logits_indices.begin();
   for (int32_t s = 0; s < seqs; ++s) {
-    const auto row = batch.page_table.begin() + static_cast<ptrdiff_t>(s) * batch.max_pages_per_seq;
-    std::copy(row, row + std::min(width, batch.max_pages_per_seq),
-              out.page_table.begin() + static_cast<ptrdiff_t>(s) * width);
+    const auto i = static_cast<size_t>(s);
+    DI_CHECK(batch.context_lens[i] == batch.positions[i] + 1, "pad_decode_batch: sequence ", s, " decodes position ",
+             batch.positions[i], " with a context of ", batch.context_lens[i]);
+    const bool samples = next_logits != batch.logits_indices.end() && *next_logits == s;
+    if (samples) ++next_logits;
+    builder.add(std::span(batch.token_ids).subspan(i, 1), batch.positions[i],
+                table.subspan(i * static_cast<size_t>(batch.max_pages_per_seq),
+                              static_cast<size_t>(std::min(width, batch.max_pages_per_seq))),
+                samples);
   }
-  for (int32_t s = seqs; s < padded; ++s) {
-    out.token_ids.push_back(0);
-    out.positions.push_back(0);
-    out.slot_mapping.push_back(scratch_page * page_size);
-    out.query_start.push_back(s + 1);
-    out.context_lens.push_back(1);
-    out.logits_indices.push_back(s);
-    out.page_table[static_cast<size_t>(s) * static_cast<size_t>(width)] = scratch_page;
-  }
+  DI_CHECK(next_logits == batch.logits_indices.end(), "pad_decode_batch: logits rows out of sequence order");
+  const int32_t padding_token[] = {0}, padding_pages[] = {scratch_page};
+  for (int32_t s = seqs; s < padded; ++s) builder.add(padding_token, 0, padding_pages, /*samples=*/true);
+  ForwardBatch out = std::move(builder).take();
+  out.sampling = batch.sampling;
+  out.decode_context_bound = width * page_size;
   return out;
+}
+
+Tensor run_forward(DeepseekModel& model, const LatentCache& cache, const ForwardBatch& batch) {
+  const LatentCacheShape& shape = cache.shape();
+  batch.validate(static_cast<int32_t>(model.config().vocab_size), shape.num_pages, shape.page_size);
+  std::vector<int32_t> packed;
+  const StepLayout layout = pack_step(batch, packed);
+  Tensor host = Tensor::empty({layout.total()}, DType::kI32);
+  std::copy(packed.begin(), packed.end(), host.view().as<int32_t>());
+  Backend& backend = model.backend();
+  const Tensor device = backend.upload(std::move(host), DType::kI32);  // the CPU hands the host tensor back
+  Tensor logits = model.run(bind_step(device.cview(), layout, batch).model, cache.layers());
+  if (logits.device() == Device::kCpu) return logits;
+  Tensor host_logits = Tensor::empty(logits.shape(), DType::kF32);
+  backend.copy_to_host(logits.cview(), host_logits.view());  // waits for the step
+  return host_logits;
 }
 
 StepRunner::StepRunner(DeepseekModel& model, const LatentCache& cache, StepRunnerOptions options)
@@ -105,7 +117,7 @@ ConstTensorView StepRunner::replay_graph(const ForwardBatch& padded, const StepL
     // graph_inputs_, at offsets that depend on the key alone), the model and the shared logits buffer. Graphs replay
     // one at a time and the sampler reads the logits right after, so every graph writes them to the same place.
     g.inputs = bind_step(graph_inputs_.cview(), layout, padded);
-    g.graph = backend_.capture([this, &g, logits] { model_.run_into(g.inputs, cache_, logits); });
+    g.graph = backend_.capture([this, &g, logits] { model_.run_into(g.inputs.model, cache_.layers(), logits); });
     if (g.graph == nullptr) {  // this backend has no graphs (nothing ran): the caller runs the step eagerly
       graphs_.erase(key);
       options_.use_graphs = false;
@@ -165,7 +177,7 @@ std::vector<SampledToken> StepRunner::execute(const ForwardBatch& batch) {
     eager_inputs = backend_.empty({layout.total()}, DType::kI32);
     upload(packed_, eager_inputs.view());
     in = bind_step(eager_inputs.cview(), layout, run_batch);
-    eager_logits = model_.run(in, cache_);
+    eager_logits = model_.run(in.model, cache_.layers());
     logits = eager_logits.cview();
   }
 
@@ -175,6 +187,14 @@ std::vector<SampledToken> StepRunner::execute(const ForwardBatch& batch) {
   std::vector<SampledToken> tokens(static_cast<size_t>(n));
   backend_.copy_to_host(out.cview(),
                         TensorView{tokens.data(), DType::kI32, Shape{n, kSampledTokenWords}, Device::kCpu});
+  return tokens;
+}
+
+std::vector<SampledToken> StepRunner::execute(const StepBatch& step) {
+  const std::vector<SampledToken> rows = execute(step.forward);
+  std::vector<SampledToken> tokens;
+  tokens.reserve(step.logits_row_of_sample.size());
+  for (int32_t row : step.logits_row_of_sample) tokens.push_back(rows.at(static_cast<size_t>(row)));
   return tokens;
 }
 

@@ -11,8 +11,9 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "engine/latent_cache.h"
+#include "engine/step_batch.h"
 #include "model/deepseek.h"
-#include "model/latent_cache.h"
 
 namespace deepinfer {
 
@@ -34,6 +35,11 @@ std::vector<int32_t> graph_batch_buckets(int32_t max_batch);
 ForwardBatch pad_decode_batch(const ForwardBatch& batch, std::span<const int32_t> buckets, int32_t max_pages,
                               int32_t scratch_page, int32_t page_size);
 
+// Runs `batch` once, eagerly, outside the step loop (the largest-step profile, the sequence scorer, tests): validates
+// it, uploads its arrays in one copy (none on the CPU) and returns the logits of its logits rows as
+// [logits rows, vocab_size] float32 in host memory, once the step is done.
+Tensor run_forward(DeepseekModel& model, const LatentCache& cache, const ForwardBatch& batch);
+
 class StepRunner {
  public:
   StepRunner(DeepseekModel& model, const LatentCache& cache, StepRunnerOptions options);
@@ -44,6 +50,8 @@ class StepRunner {
   // Runs `batch` (batch.sampling filled in for each logits row) and returns one SampledToken per logits row.
   // Validates the batch and its sampling inputs on the host first.
   std::vector<SampledToken> execute(const ForwardBatch& batch);
+  // Runs a plan's step: one SampledToken per sampling chunk, in the plan's order.
+  std::vector<SampledToken> execute(const StepBatch& step);
 
   int64_t num_graphs() const { return static_cast<int64_t>(graphs_.size()); }
   int64_t num_graph_replays() const { return num_replays_; }

@@ -67,34 +67,16 @@ Tensor DeepseekModel::linear(const Tensor& x, const Tensor& w) {
   return out;
 }
 
-Tensor DeepseekModel::logits_on_host(Tensor logits) const {
-  DI_CHECK(logits.dtype() == DType::kF32, "logits must be float32, got ", dtype_name(logits.dtype()));
-  if (logits.device() == Device::kCpu) return logits;
-  Tensor host = Tensor::empty(logits.shape(), DType::kF32);
-  backend_.copy_to_host(logits.cview(), host.view());  // the step's one device-to-host copy
-  return host;
-}
-
-// The eager path: one host-to-device copy of the packed arrays (none on the CPU, where upload() hands the host tensor
-// back), then the step.
-Tensor DeepseekModel::forward(const ForwardBatch& batch, const LatentCache& cache) {
-  batch.validate(static_cast<int32_t>(config_.vocab_size), cache.shape().num_pages, cache.shape().page_size);
-  std::vector<int32_t> packed;
-  const StepLayout layout = pack_step(batch, packed);
-  Tensor host = Tensor::empty({layout.total()}, DType::kI32);
-  std::copy(packed.begin(), packed.end(), host.view().as<int32_t>());
-  const Tensor device = backend_.upload(std::move(host), DType::kI32);
-  return run(bind_step(device.cview(), layout, batch), cache);
-}
-
-Tensor DeepseekModel::run(const StepInputs& in, const LatentCache& cache) {
+Tensor DeepseekModel::run(const ModelInputs& in, std::span<const TensorView> cache) {
   Tensor logits = backend_.empty({in.num_logits, config_.vocab_size}, DType::kF32);
   run_into(in, cache, logits.view());
   return logits;
 }
 
-void DeepseekModel::run_into(const StepInputs& in, const LatentCache& cache, TensorView logits) {
+void DeepseekModel::run_into(const ModelInputs& in, std::span<const TensorView> cache, TensorView logits) {
   const ModelConfig& c = config_;
+  DI_CHECK(static_cast<int64_t>(cache.size()) == c.num_hidden_layers, "model: a latent cache of ", cache.size(),
+           " layers for ", c.num_hidden_layers);
   DI_CHECK(logits.dtype == DType::kF32 && logits.shape.ndim() == 2 && logits.shape[0] == in.num_logits &&
                logits.shape[1] == c.vocab_size,
            "model: logits ", logits.shape.str(), " ", dtype_name(logits.dtype), " for ", in.num_logits, " rows of ",
@@ -135,7 +117,7 @@ void DeepseekModel::run_into(const StepInputs& in, const LatentCache& cache, Ten
 }
 
 Tensor DeepseekModel::attention(const LayerWeights& layer, int64_t layer_index, const Tensor& h,
-                                const StepInputs& in, const LatentCache& cache) {
+                                const ModelInputs& in, std::span<const TensorView> cache) {
   const ModelConfig& c = config_;
   const MlaWeights& w = layer.attn;
   const int64_t t = h.shape()[0], heads = c.num_attention_heads, rank = c.kv_lora_rank;
@@ -167,7 +149,7 @@ Tensor DeepseekModel::attention(const LayerWeights& layer, int64_t layer_index, 
   Tensor q_abs = num_decode > 0 ? activation({num_decode, heads, latent_dim}) : Tensor();  // [Td, H, rank + rope]
   // Normalizes c_kv, rotates q_pe and k_pe, writes the latent rows into the cache and the decode tokens' rotated q_pe
   // into q_abs, in one op.
-  const TensorView layer_cache = cache.layer(layer_index);
+  const TensorView layer_cache = cache[static_cast<size_t>(layer_index)];
   backend_.mla_prepare({.latent = latent.view(), .q = q_heads, .q_abs = q_abs.view(), .cache = layer_cache,
                         .slot_mapping = in.slot_mapping, .positions = in.positions, .kv_a_norm = w.kv_a_norm.cview(),
                         .inv_freq = inv_freq_.cview(), .kv_lora_rank = rank, .eps = eps,
@@ -228,59 +210,6 @@ Tensor DeepseekModel::moe(const MoeWeights& w, const Tensor& h) {
                 .x = h.cview(), .w_gate_up = w.experts_gate_up.cview(), .w_down = w.experts_down.cview(),
                 .out = out.view(), .router = w.gate.cview(), .router_logits = router_logits.view()});
   return out;
-}
-
-int32_t ForwardBatch::max_context_len(int32_t first, int32_t count) const {
-  int32_t longest = 0;
-  for (int32_t s = first; s < first + count; ++s) longest = std::max(longest, context_lens[static_cast<size_t>(s)]);
-  return longest;
-}
-
-void ForwardBatch::validate(int32_t vocab_size, int32_t num_pages, int32_t page_size) const {
-  const size_t t = token_ids.size();
-  const auto seqs = static_cast<size_t>(num_seqs());
-  DI_CHECK(positions.size() == t && slot_mapping.size() == t, "forward batch: ", t, " tokens but ",
-           positions.size(), " positions and ", slot_mapping.size(), " slots");
-  DI_CHECK(query_start.size() == seqs + 1 && query_start.front() == 0 && query_start.back() == static_cast<int32_t>(t),
-           "forward batch: query_start does not cover the ", t, " tokens");
-  DI_CHECK(max_pages_per_seq >= 0 && page_table.size() == seqs * static_cast<size_t>(max_pages_per_seq),
-           "forward batch: page table size ", page_table.size(), " for ", seqs, " sequences of ", max_pages_per_seq,
-           " pages");
-  DI_CHECK(num_decode_seqs >= 0 && num_decode_seqs <= num_seqs(), "forward batch: ", num_decode_seqs,
-           " decode sequences of ", num_seqs());
-  for (size_t s = 0; s < seqs; ++s) {
-    const int32_t queries = query_start[s + 1] - query_start[s], ctx = context_lens[s];
-    DI_CHECK(queries >= 0 && queries <= ctx, "forward batch: sequence ", s, " has ", queries,
-             " queries and a context of ", ctx);
-    DI_CHECK(s >= static_cast<size_t>(num_decode_seqs) || queries == 1, "forward batch: decode sequence ", s, " has ",
-             queries, " queries");
-    const int64_t pages = (static_cast<int64_t>(ctx) + page_size - 1) / page_size;
-    DI_CHECK(pages <= max_pages_per_seq, "forward batch: sequence ", s, " needs ", pages, " pages, the table holds ",
-             max_pages_per_seq);
-    for (int64_t p = 0; p < pages; ++p) {
-      const int32_t page = page_table[s * static_cast<size_t>(max_pages_per_seq) + static_cast<size_t>(p)];
-      DI_CHECK(page >= 0 && page < num_pages, "forward batch: page ", page, " of sequence ", s, " outside [0, ",
-               num_pages, ")");
-    }
-  }
-  const int64_t num_slots = static_cast<int64_t>(num_pages) * page_size;
-  for (size_t i = 0; i < t; ++i) {
-    DI_CHECK(token_ids[i] >= 0 && token_ids[i] < vocab_size, "forward batch: token id ", token_ids[i],
-             " outside [0, ", vocab_size, ")");
-    DI_CHECK(slot_mapping[i] >= 0 && slot_mapping[i] < num_slots, "forward batch: slot ", slot_mapping[i],
-             " outside [0, ", num_slots, ")");
-  }
-  for (int32_t r : logits_indices) {
-    DI_CHECK(r >= 0 && r < static_cast<int32_t>(t), "forward batch: logits row ", r, " of ", t);
-  }
-  if (decode_context_bound > 0) {
-    DI_CHECK(decode_context_bound >= max_context_len(0, num_decode_seqs) &&
-                 decode_context_bound <= static_cast<int64_t>(max_pages_per_seq) * page_size,
-             "forward batch: decode context bound ", decode_context_bound, " below the longest decode context ",
-             max_context_len(0, num_decode_seqs), " or beyond the page table's ", max_pages_per_seq, " pages");
-  }
-  DI_CHECK(sampling.penalty_tokens.size() == sampling.penalty_counts.size(), "forward batch: ",
-           sampling.penalty_tokens.size(), " penalty tokens but ", sampling.penalty_counts.size(), " counts");
 }
 
 }  // namespace deepinfer

@@ -3,13 +3,12 @@
 #pragma once
 
 #include <memory>
+#include <span>
 
 #include "backend/backend.h"
 #include "model/config.h"
-#include "model/forward_batch.h"
-#include "model/latent_cache.h"
+#include "model/model_inputs.h"
 #include "model/rope_scaling.h"
-#include "model/step_inputs.h"
 #include "model/weights.h"
 
 namespace deepinfer {
@@ -24,23 +23,19 @@ class DeepseekModel {
   const ModelConfig& config() const { return config_; }
   Backend& backend() const { return backend_; }
 
-  // Writes the latents of the batch's tokens into `cache`, attends, and returns the logits of
-  // batch.logits_indices as [logits_indices.size(), vocab_size] float32, on the backend's device. Validates the batch
-  // on the host and uploads its arrays.
-  Tensor forward(const ForwardBatch& batch, const LatentCache& cache);
-  // The same on inputs already on the device (bind_step): queues device work only, never waits for the device, so a
-  // backend can record it as a graph.
-  Tensor run(const StepInputs& in, const LatentCache& cache);
-  // The same, writing the logits into `logits` ([logits rows, vocab_size] float32, on the device): a recorded graph
+  // Runs the layers over one step's inputs: writes the latents of its tokens into `cache` (the paged latent cache,
+  // one [num_pages, page_size, latent_dim] view per layer), attends, and returns the logits of in.logits_indices as
+  // [num_logits, vocab_size] float32 on the backend's device. Queues device work only, never waits for the device,
+  // so a backend can record it as a graph.
+  Tensor run(const ModelInputs& in, std::span<const TensorView> cache);
+  // The same, writing the logits into `logits` ([num_logits, vocab_size] float32, on the device): a recorded graph
   // keeps writing where it was recorded to write.
-  void run_into(const StepInputs& in, const LatentCache& cache, TensorView logits);
-  // The logits forward() returned, as float32 in host memory for the sampler (a copy only on a GPU).
-  Tensor logits_on_host(Tensor logits) const;
+  void run_into(const ModelInputs& in, std::span<const TensorView> cache, TensorView logits);
 
  private:
   // h [T, D] -> attention output [T, D]; writes the layer's latents into the cache.
-  Tensor attention(const LayerWeights& layer, int64_t layer_index, const Tensor& h, const StepInputs& in,
-                   const LatentCache& cache);
+  Tensor attention(const LayerWeights& layer, int64_t layer_index, const Tensor& h, const ModelInputs& in,
+                   std::span<const TensorView> cache);
   Tensor mlp(const MlpWeights& w, const Tensor& h);
   Tensor moe(const MoeWeights& w, const Tensor& h);
   Tensor linear(const Tensor& x, const Tensor& w);

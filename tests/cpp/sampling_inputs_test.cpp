@@ -35,10 +35,11 @@ TEST(SamplingInputs, CopiesTheParametersAndCountsTheStep) {
   r.params.top_p = 0.9f;
   r.params.min_p = 0.05f;
   r.params.logprobs = 3;
+  r.seed = 42;
   SamplingBatch b;
-  append_sampling_inputs(r, 42, 100, b);
+  append_sampling_inputs(r, 100, b);
   r.params.top_k = 500;  // beyond the vocabulary: off
-  append_sampling_inputs(r, 42, 100, b);
+  append_sampling_inputs(r, 100, b);
   ASSERT_EQ(b.rows.size(), 2 * static_cast<size_t>(kSamplingRowWords));
   const SamplingRow a = row_at(b, 0), c = row_at(b, 1);
   EXPECT_EQ(a.temperature, 0.7f);
@@ -55,7 +56,9 @@ TEST(SamplingInputs, CopiesTheParametersAndCountsTheStep) {
 
   r.params.min_p = 0.0f;
   SamplingBatch d;
-  append_sampling_inputs(r, 1, 100, d);
+  r.seed = 1;
+  append_sampling_inputs(r, 100, d);
+  EXPECT_EQ(row_at(d, 0).seed, 1u);
   EXPECT_TRUE(std::isinf(row_at(d, 0).log_min_p) && row_at(d, 0).log_min_p < 0);
 }
 
@@ -63,7 +66,7 @@ TEST(SamplingInputs, PenaltyListsHoldDistinctTokensWithOutputCounts) {
   Request r = request({5, 6, 5}, {6, 9, 9, 9});
   r.params.repetition_penalty = 1.3f;
   SamplingBatch b;
-  append_sampling_inputs(r, 0, 100, b);
+  append_sampling_inputs(r, 100, b);
   SamplingRow row = row_at(b, 0);
   std::map<int32_t, int32_t> got;
   for (int32_t i = row.penalty_begin; i < row.penalty_end; ++i) got[b.penalty_tokens[i]] = b.penalty_counts[i];
@@ -72,7 +75,7 @@ TEST(SamplingInputs, PenaltyListsHoldDistinctTokensWithOutputCounts) {
   // Presence and frequency alone cover the output only.
   Request s = request({5, 6, 5}, {6, 9, 9, 9});
   s.params.presence_penalty = 0.5f;
-  append_sampling_inputs(s, 0, 100, b);
+  append_sampling_inputs(s, 100, b);
   row = row_at(b, 1);
   got.clear();
   for (int32_t i = row.penalty_begin; i < row.penalty_end; ++i) got[b.penalty_tokens[i]] = b.penalty_counts[i];
@@ -85,19 +88,19 @@ TEST(SamplingInputs, MasksEosAndStopIdsUntilMinTokens) {
   r.params.min_tokens = 2;
   r.params.stop_token_ids = {11, 12};
   SamplingBatch b;
-  append_sampling_inputs(r, 0, 100, b);
+  append_sampling_inputs(r, 100, b);
   SamplingRow row = row_at(b, 0);
   EXPECT_EQ(std::vector<int32_t>(b.masked_tokens.begin() + row.mask_begin, b.masked_tokens.begin() + row.mask_end),
             (std::vector<int32_t>{1, 11, 12}));
 
   r.params.ignore_eos = true;  // EOS is no stop then: only the stop ids are masked
-  append_sampling_inputs(r, 0, 100, b);
+  append_sampling_inputs(r, 100, b);
   row = row_at(b, 1);
   EXPECT_EQ(std::vector<int32_t>(b.masked_tokens.begin() + row.mask_begin, b.masked_tokens.begin() + row.mask_end),
             (std::vector<int32_t>{11, 12}));
 
   r.output_token_ids.push_back(8);  // min_tokens reached: nothing masked
-  append_sampling_inputs(r, 0, 100, b);
+  append_sampling_inputs(r, 100, b);
   row = row_at(b, 2);
   EXPECT_EQ(row.mask_begin, row.mask_end);
 }

@@ -39,32 +39,6 @@ TEST(GraphBatchBuckets, CoverEveryBatchUpToTheMaximum) {
   EXPECT_EQ(graph_batch_buckets(12), (std::vector<int32_t>{1, 2, 4, 8, 12}));
 }
 
-TEST(PackStep, EveryArrayStartsSixteenBytesAligned) {
-  ForwardBatch b;
-  b.token_ids = {1, 2, 3};
-  b.positions = {0, 1, 2};
-  b.slot_mapping = {4, 5, 6};
-  b.logits_indices = {2};
-  b.query_start = {0, 3};
-  b.context_lens = {3};
-  b.page_table = {1};
-  b.max_pages_per_seq = 1;
-  b.sampling.rows.assign(kSamplingRowWords, 7);
-  b.sampling.penalty_tokens = {9};
-  b.sampling.penalty_counts = {1};
-  std::vector<int32_t> packed;
-  const StepLayout layout = pack_step(b, packed);
-  EXPECT_EQ(static_cast<int64_t>(packed.size()), layout.total());
-  for (int p = 0; p < StepLayout::kNumParts; ++p) {
-    const auto part = static_cast<StepLayout::Part>(p);
-    EXPECT_EQ(layout.begin(part) % 4, 0) << "part " << p;
-  }
-  EXPECT_EQ(packed[static_cast<size_t>(layout.begin(StepLayout::kSamplingRows))], 7);
-  EXPECT_EQ(layout.size(StepLayout::kSamplingRows), kSamplingRowWords);
-  EXPECT_EQ(packed[static_cast<size_t>(layout.begin(StepLayout::kPenaltyCounts))], 1);
-  EXPECT_EQ(layout.size(StepLayout::kMaskedTokens), 0);
-}
-
 // A small DeepSeek-V3 layout (MLA with q_lora, one dense layer, one MoE layer) with random weights.
 class PaddedDecodeTest : public ::testing::Test {
  protected:
@@ -94,42 +68,22 @@ class PaddedDecodeTest : public ::testing::Test {
 
   // Prefills sequence s (pages 4s .. 4s+3, 16 tokens of room) with `len` tokens.
   void prefill(int32_t s, int32_t len) {
-    ForwardBatch b;
-    b.max_pages_per_seq = 4;
-    b.query_start = {0, len};
-    b.context_lens = {len};
-    b.page_table = pages_of(s);
-    for (int32_t pos = 0; pos < len; ++pos) {
-      b.token_ids.push_back((7 * s + 3 * pos + 2) % 96);
-      b.positions.push_back(pos);
-      b.slot_mapping.push_back(slot(s, pos));
-    }
-    b.logits_indices = {len - 1};
-    loaded_.model->forward(b, *cache_);
+    std::vector<int32_t> tokens;
+    for (int32_t pos = 0; pos < len; ++pos) tokens.push_back((7 * s + 3 * pos + 2) % 96);
+    ForwardBatchBuilder builder(kPageSize, 4);
+    builder.add(tokens, 0, pages_of(s), /*samples=*/true);
+    run_forward(*loaded_.model, *cache_, std::move(builder).take());
   }
   static std::vector<int32_t> pages_of(int32_t s) { return {4 * s, 4 * s + 1, 4 * s + 2, 4 * s + 3}; }
-  static int32_t slot(int32_t s, int32_t pos) {
-    return pages_of(s)[static_cast<size_t>(pos / kPageSize)] * kPageSize + pos % kPageSize;
-  }
 
   // One decode step of sequences 0..n-1 with contexts ctx[s] (the new token at position ctx[s] - 1).
   static ForwardBatch decode_batch(const std::vector<int32_t>& ctx) {
-    ForwardBatch b;
-    const auto n = static_cast<int32_t>(ctx.size());
-    b.num_decode_seqs = n;
-    b.max_pages_per_seq = 4;
-    b.query_start.push_back(0);
-    for (int32_t s = 0; s < n; ++s) {
-      b.token_ids.push_back((11 * s + 5) % 96);
-      b.positions.push_back(ctx[static_cast<size_t>(s)] - 1);
-      b.slot_mapping.push_back(slot(s, ctx[static_cast<size_t>(s)] - 1));
-      b.query_start.push_back(s + 1);
-      b.context_lens.push_back(ctx[static_cast<size_t>(s)]);
-      const std::vector<int32_t> pages = pages_of(s);
-      b.page_table.insert(b.page_table.end(), pages.begin(), pages.end());
-      b.logits_indices.push_back(s);
+    ForwardBatchBuilder builder(kPageSize, 4);
+    for (int32_t s = 0; s < static_cast<int32_t>(ctx.size()); ++s) {
+      const int32_t token[] = {(11 * s + 5) % 96};
+      builder.add(token, ctx[static_cast<size_t>(s)] - 1, pages_of(s), /*samples=*/true);
     }
-    return b;
+    return std::move(builder).take();
   }
 
   TempDir dir_{"step_runner_test"};
@@ -155,8 +109,8 @@ TEST_F(PaddedDecodeTest, PaddedRowsLeaveTheRealRowsLogitsUnchanged) {
 
   // The plain step first (it writes the decode tokens' latents), then the padded one over the same cache: the same
   // writes again, so both see identical caches.
-  const Tensor a = loaded_.model->forward(plain, *cache_);
-  const Tensor b = loaded_.model->forward(padded, *cache_);
+  const Tensor a = run_forward(*loaded_.model, *cache_, plain);
+  const Tensor b = run_forward(*loaded_.model, *cache_, padded);
   ASSERT_EQ(b.shape()[0], 4);
   const int64_t vocab = a.shape()[1];
   for (int64_t r = 0; r < 3; ++r) {
@@ -183,7 +137,7 @@ TEST_F(PaddedDecodeTest, RejectsBatchesNoGraphServes) {
 TEST_F(PaddedDecodeTest, RunnerSamplesTheGreedyTokenOfEachRow) {
   for (int32_t s = 0; s < 2; ++s) prefill(s, 4);
   ForwardBatch batch = decode_batch({5, 5});
-  const Tensor logits = loaded_.model->forward(batch, *cache_);
+  const Tensor logits = run_forward(*loaded_.model, *cache_, batch);
   for (int32_t s = 0; s < 2; ++s) {
     SamplingRow row;  // greedy
     const auto* words = reinterpret_cast<const int32_t*>(&row);
@@ -198,6 +152,13 @@ TEST_F(PaddedDecodeTest, RunnerSamplesTheGreedyTokenOfEachRow) {
     EXPECT_EQ(tokens[static_cast<size_t>(r)].token, std::max_element(row, row + vocab) - row);
   }
   EXPECT_EQ(runner.num_graphs(), 0);
+  // A plan's step comes back in the plan's order: here its second logits row first.
+  const std::vector<SampledToken> in_plan_order =
+      runner.execute(StepBatch{.forward = batch, .logits_row_of_sample = {1, 0}});
+  ASSERT_EQ(in_plan_order.size(), 2u);
+  ASSERT_NE(tokens[0].token, tokens[1].token);  // so that the order shows
+  EXPECT_EQ(in_plan_order[0].token, tokens[1].token);
+  EXPECT_EQ(in_plan_order[1].token, tokens[0].token);
 }
 
 // The CPU backend with "graphs": capture() runs the work twice as the CUDA backend does, and a replay runs it

@@ -65,6 +65,7 @@ class CudaBackend final : public Backend {
   bool supports(OpKind op) const override { return cuda_supports(op); }
 
   DType activation_dtype() const override { return DType::kBF16; }
+  std::optional<DeviceMemoryInfo> memory_info() const override { return ctx_.memory_info(); }
   Tensor empty(Shape shape, DType dtype) override { return ctx_.empty(shape, dtype); }
   Tensor zeros(Shape shape, DType dtype) override { return ctx_.zeros(shape, dtype); }
   Tensor staging(Shape shape, DType dtype) override { return ctx_.staging(shape, dtype); }

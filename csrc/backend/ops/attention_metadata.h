@@ -11,7 +11,7 @@ namespace deepinfer {
 // after this step's cache write, `context_lens[s]` cached tokens; its query i sits at absolute position
 // context_lens[s] - num_queries + i. Page p of sequence s is page_table[s, p].
 //
-// The three arrays are int32 tensors on the op's device (the model uploads them once per step); the scalars are
+// The three arrays are int32 tensors on the op's device (the engine uploads them once per step); the scalars are
 // host values. validate() checks the arrays' values only when they are in host memory; a device backend trusts
 // them (ForwardBatch::validate checked them on the host before the upload).
 struct AttentionMetadata {

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/device_info.h"
 #include "backend/cuda/runtime/step_graph.h"
 #include "core/half.h"
 
@@ -36,12 +37,16 @@ CudaContext::CudaContext(const CudaTuning& tuning)
       , cublas_(stream_.get())
 #endif
 {
-  int device = 0;
-  CUDA_TRY(cudaGetDevice(&device));
-  CUDA_TRY(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device));
+  CUDA_TRY(cudaGetDevice(&device_));
+  CUDA_TRY(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_));
 }
 
 CudaContext::~CudaContext() { cudaStreamSynchronize(stream_.get()); }
+
+DeviceMemoryInfo CudaContext::memory_info() const {
+  const DeviceMemory mem = device_memory(device_);
+  return {.free_bytes = mem.free_bytes, .total_bytes = mem.total_bytes};
+}
 
 // ---------------------------------------------------------------------------------------------------------------------
 // Memory

@@ -45,6 +45,9 @@ class CudaContext {
   cublasHandle_t cublas() const { return cublas_.get(); }
 #endif
 
+  // The device's free and total bytes now (Backend::memory_info), for sizing the latent cache.
+  DeviceMemoryInfo memory_info() const;
+
   // Memory: Backend's calls (backend.h says what each does). While a graph is recorded, empty() takes its tensors from
   // the graph arena (see capture()).
   Tensor empty(Shape shape, DType dtype);
@@ -81,6 +84,7 @@ class CudaContext {
   OpProfiler profiler_{stream_.get(), tuning_.profile_ops};
   bool recording_ = false;
   uint64_t graph_generation_ = 0;
+  int device_ = 0;
   int num_sms_ = 0;
   std::array<Workspace, kWorkspaceUses> workspaces_;
 #ifdef DEEPINFER_HAVE_CUBLAS
