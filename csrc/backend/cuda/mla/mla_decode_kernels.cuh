@@ -25,6 +25,7 @@
 
 #include "backend/cuda/mla/mla_decode_internal.h"
 #include "backend/cuda/mla/mla_decode_params.h"
+#include "backend/cuda/runtime/launch.h"
 #include "backend/cuda/runtime/ptx.cuh"
 
 namespace deepinfer::cuda::mla_detail {
@@ -621,6 +622,19 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wide_kernel(const __gr
   if (threadIdx.x < T::kHeads) red_sum[threadIdx.x] += red_sum[T::kHeads + threadIdx.x];
   __syncthreads();
   store_output<T>(p, b, h0, split, acc, row_max, red_sum);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Launch (each kernel's instantiation file calls it)
+
+// One CTA per (head block, split, sequence). Head blocks vary fastest, so the CTAs that read the same tiles run side
+// by side and share them through L2.
+template <typename T>
+void launch_decode_kernel(void (*kernel)(MlaDecodeParams), int smem_bytes, const MlaDecodeParams& p,
+                          cudaStream_t stream) {
+  const dim3 grid(p.num_heads / T::kHeads, p.num_splits, p.batch);
+  launch_pdl_large_smem(kernel, {.grid = grid, .block = dim3(kThreads), .smem_bytes = static_cast<size_t>(smem_bytes)},
+                        stream, p);
 }
 
 }  // namespace deepinfer::cuda::mla_detail
