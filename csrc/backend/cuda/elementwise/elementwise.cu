@@ -29,12 +29,11 @@ __global__ void __launch_bounds__(Traits::kThreads) add_kernel(__grid_constant__
   using T = typename Traits::Element;
   T* x = static_cast<T*>(p.x);
   const T* y = static_cast<const T*>(p.y);
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * Traits::kThreads;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * Traits::kThreads + threadIdx.x;
+  const GridStride<Traits::kThreads> grid;
   int64_t done = 0;
   if constexpr (Traits::kVector) {
     const int64_t vectors = p.n / Traits::kVec;
-    for (int64_t v = first; v < vectors; v += stride) {
+    for (int64_t v = grid.first; v < vectors; v += grid.step) {
       Vec16<T> a = load16(x + v * Traits::kVec);
       const Vec16<T> b = load16(y + v * Traits::kVec);
 #pragma unroll
@@ -43,7 +42,7 @@ __global__ void __launch_bounds__(Traits::kThreads) add_kernel(__grid_constant__
     }
     done = vectors * Traits::kVec;
   }
-  for (int64_t i = done + first; i < p.n; i += stride) x[i] = from_float<T>(to_float(x[i]) + to_float(y[i]));
+  for (int64_t i = done + grid.first; i < p.n; i += grid.step) x[i] = from_float<T>(to_float(x[i]) + to_float(y[i]));
 }
 
 template <typename Traits>
@@ -56,8 +55,8 @@ __global__ void __launch_bounds__(Traits::kThreads) silu_mul_kernel(__grid_const
   // Work item w covers kVec consecutive outputs of one row (kVec divides inter on the vector path).
   const int64_t per_row = p.inter / Traits::kVec;
   const int64_t items = p.rows * per_row;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * Traits::kThreads;
-  for (int64_t w = static_cast<int64_t>(blockIdx.x) * Traits::kThreads + threadIdx.x; w < items; w += stride) {
+  const GridStride<Traits::kThreads> grid;
+  for (int64_t w = grid.first; w < items; w += grid.step) {
     const int64_t row = w / per_row;
     const int64_t col = (w - row * per_row) * Traits::kVec;
     const T* gate = gate_up + row * 2 * p.inter + col;
@@ -78,16 +77,13 @@ __global__ void __launch_bounds__(Traits::kThreads) silu_mul_kernel(__grid_const
 
 template <typename Traits>
 void launch_add(const AddParams& p, LaunchStream stream) {
-  launch_pdl(add_kernel<Traits>,
-             {.grid = dim3(grid_blocks(p.n / Traits::kVec, Traits::kThreads)), .block = dim3(Traits::kThreads)},
-             stream, p);
+  launch_pdl(add_kernel<Traits>, grid_stride_shape<Traits::kThreads>(p.n / Traits::kVec), stream, p);
 }
 
 template <typename Traits>
 void launch_silu_mul(const SiluMulParams& p, LaunchStream stream) {
   const int64_t items = p.rows * (p.inter / Traits::kVec);
-  launch_pdl(silu_mul_kernel<Traits>,
-             {.grid = dim3(grid_blocks(items, Traits::kThreads)), .block = dim3(Traits::kThreads)}, stream, p);
+  launch_pdl(silu_mul_kernel<Traits>, grid_stride_shape<Traits::kThreads>(items), stream, p);
 }
 
 void check_on_device(const ConstTensorView& t, const char* op, const char* name) {

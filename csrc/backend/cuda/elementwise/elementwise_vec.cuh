@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/launch.h"
 #include "core/dtype.h"
 
 namespace deepinfer::cuda {
@@ -61,6 +62,28 @@ inline unsigned grid_blocks(int64_t work_items, int threads_per_block) {
   const int64_t blocks = (work_items + threads_per_block - 1) / threads_per_block;
   return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > kMaxGridBlocks ? kMaxGridBlocks : blocks));
 }
+
+// The launch shape of a grid-stride kernel of kThreads-thread blocks over `work_items` items.
+template <int kThreads>
+LaunchShape grid_stride_shape(int64_t work_items) {
+  return {.grid = dim3(grid_blocks(work_items, kThreads)), .block = dim3(kThreads)};
+}
+
+// A grid-stride loop's first item and step for this thread (kThreads threads a block):
+// for (int64_t w = g.first; w < items; w += g.step).
+template <int kThreads>
+struct GridStride {
+  int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  int64_t step = static_cast<int64_t>(gridDim.x) * kThreads;
+};
+
+// The copy kernels' traits (strided copy, row gather, cache write): the unit one access moves and the block size.
+template <typename CopyUnit, int kThreadsPerBlock>
+struct CopyUnitTraits {
+  static_assert(sizeof(CopyUnit) <= 16, "at most 16-byte accesses");
+  using Unit = CopyUnit;
+  static constexpr int kThreads = kThreadsPerBlock;
+};
 
 // Copies `row_bytes` bytes from src to dst with the block's threads, `Unit` bytes at a time (row_bytes, src and dst
 // are multiples of sizeof(Unit)).

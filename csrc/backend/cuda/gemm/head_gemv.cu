@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "backend/cuda/mla/mla_split_weights.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/launch.h"
 #include "backend/cuda/runtime/ptx.cuh"
@@ -61,7 +62,8 @@ struct PartialsShared {
 inline constexpr int kSplitsAhead = 24;
 
 // Combines rows (t, head) of x for every token into s.x; every thread of the CTA calls it, after griddep_wait.
-// The arithmetic is the split combine's (mla_decode.cu): the same weights, splits summed in order, the same rounding.
+// The arithmetic is the split combine's (mla_decode.cu): the same weights (mla_split_weights.cuh), splits summed in
+// order, the same rounding.
 template <typename T>
 __device__ void combine_partials(const HeadGemvParams& p, int64_t head, PartialsShared<T>& s) {
   constexpr int kK = T::kK;
@@ -88,20 +90,15 @@ __device__ void combine_partials(const HeadGemvParams& p, int64_t head, Partials
   }
   __syncthreads();
   if (warp < tokens) {  // warp t: token t's weights and their sum
-    float m = -INFINITY;
-    for (int k = lane; k < splits; k += 32) m = fmaxf(m, s.weight[warp][k]);
+    float* weight = s.weight[warp];  // the log-sum-exps, turned into weights in place
+    const auto lse = [&](int k) { return weight[k]; };
+    float m = mla_detail::splits_lse_max(lane, 32, splits, lse);
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
-    float sum = 0.0f;
-    for (int k = lane; k < splits; k += 32) {
-      const float l = s.weight[warp][k];
-      const float w = l == -INFINITY ? 0.0f : exp2f(l - m);  // m is finite whenever some l is
-      s.weight[warp][k] = w;
-      sum += w;
-    }
+    float sum = mla_detail::split_weights(lane, 32, splits, m, lse, [&](int k, float w) { weight[k] = w; });
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    if (lane == 0) s.inv_sum[warp] = sum > 0.0f ? 1.0f / sum : 0.0f;
+    if (lane == 0) s.inv_sum[warp] = mla_detail::inverse_weight_sum(sum);
   }
   __syncthreads();
   for (int i = first; i < tokens * (kK / 2); i += kThreads) {

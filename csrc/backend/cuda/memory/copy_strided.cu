@@ -14,12 +14,8 @@
 namespace deepinfer::cuda {
 namespace {
 
-template <typename CopyUnit>
-struct CopyTraits {
-  static_assert(sizeof(CopyUnit) <= 16, "at most 16-byte accesses");
-  using Unit = CopyUnit;
-  static constexpr int kThreads = 256;
-};
+template <typename Unit>
+using CopyTraits = CopyUnitTraits<Unit, 256>;
 
 template <typename Traits>
 __global__ void __launch_bounds__(Traits::kThreads) copy_strided_kernel(__grid_constant__ const CopyStridedParams p) {
@@ -28,10 +24,10 @@ __global__ void __launch_bounds__(Traits::kThreads) copy_strided_kernel(__grid_c
   using Unit = typename Traits::Unit;
   const int64_t units_per_row = p.row_bytes / static_cast<int64_t>(sizeof(Unit));
   const int64_t items = p.rows * units_per_row;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * Traits::kThreads;
+  const GridStride<Traits::kThreads> grid;
   const auto* src = static_cast<const std::byte*>(p.src);
   auto* dst = static_cast<std::byte*>(p.dst);
-  for (int64_t w = static_cast<int64_t>(blockIdx.x) * Traits::kThreads + threadIdx.x; w < items; w += stride) {
+  for (int64_t w = grid.first; w < items; w += grid.step) {
     const int64_t row = w / units_per_row;
     const int64_t offset = (w - row * units_per_row) * static_cast<int64_t>(sizeof(Unit));
     *reinterpret_cast<Unit*>(dst + row * p.dst_stride_bytes + offset) =
@@ -62,8 +58,7 @@ void copy_strided(const CopyStridedArgs& a, LaunchStream stream) {
   dispatch_copy_unit(unit, [&](auto u) {
     using Traits = CopyTraits<decltype(u)>;
     const int64_t items = p.rows * (p.row_bytes / static_cast<int64_t>(sizeof(u)));
-    launch_pdl(copy_strided_kernel<Traits>,
-               {.grid = dim3(grid_blocks(items, Traits::kThreads)), .block = dim3(Traits::kThreads)}, stream, p);
+    launch_pdl(copy_strided_kernel<Traits>, grid_stride_shape<Traits::kThreads>(items), stream, p);
   });
 }
 

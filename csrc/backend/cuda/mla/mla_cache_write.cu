@@ -13,12 +13,8 @@
 namespace deepinfer::cuda {
 namespace {
 
-template <typename CopyUnit>
-struct ScatterTraits {
-  static_assert(sizeof(CopyUnit) <= 16, "at most 16-byte accesses");
-  using Unit = CopyUnit;
-  static constexpr int kThreads = 128;
-};
+template <typename Unit>
+using ScatterTraits = CopyUnitTraits<Unit, 128>;
 
 template <typename Traits>
 __global__ void __launch_bounds__(Traits::kThreads) mla_cache_write_kernel(

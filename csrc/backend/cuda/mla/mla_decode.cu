@@ -9,6 +9,7 @@
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/launch.h"
 #include "backend/cuda/mla/mla_decode_internal.h"
+#include "backend/cuda/mla/mla_split_weights.cuh"
 #include "backend/cuda/runtime/ptx.cuh"
 #include "core/error.h"
 
@@ -68,17 +69,14 @@ __global__ void __launch_bounds__(kCombineThreads)
   const float* part = static_cast<const float*>(p.workspace);
   const float* lse = part + static_cast<int64_t>(p.num_splits) * rows * kValueDim;
 
-  float lse_max = -INFINITY;
-  for (int k = threadIdx.x; k < p.num_splits; k += kCombineThreads) lse_max = fmaxf(lse_max, lse[k * rows + row]);
-  lse_max = block_reduce(lse_max, scratch, true);
-  float weight_sum = 0.0f;
-  for (int k = threadIdx.x; k < p.num_splits; k += kCombineThreads) {
-    const float l = lse[k * rows + row];
-    const float w = l == -INFINITY ? 0.0f : exp2f(l - lse_max);  // lse_max is finite whenever some l is
-    weights[k] = w;
-    weight_sum += w;
-  }
-  weight_sum = block_reduce(weight_sum, scratch, false);  // its barriers also publish `weights`
+  const auto row_lse = [&](int k) { return lse[k * rows + row]; };
+  const int first = static_cast<int>(threadIdx.x);
+  const float lse_max =
+      block_reduce(mla_detail::splits_lse_max(first, kCombineThreads, p.num_splits, row_lse), scratch, true);
+  const float weight_sum = block_reduce(  // its barriers also publish `weights`
+      mla_detail::split_weights(first, kCombineThreads, p.num_splits, lse_max, row_lse,
+                                [&](int k, float w) { weights[k] = w; }),
+      scratch, false);
 
   const int group = warp / kWarpsPerGroup;
   const int col_in_block = (warp % kWarpsPerGroup) * 128 + lane * 4;
@@ -102,7 +100,7 @@ __global__ void __launch_bounds__(kCombineThreads)
       acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
     }
   }
-  const float inv = weight_sum > 0.0f ? 1.0f / weight_sum : 0.0f;
+  const float inv = mla_detail::inverse_weight_sum(weight_sum);
   const __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x * inv, acc.y * inv);
   const __nv_bfloat162 hi = __floats2bfloat162_rn(acc.z * inv, acc.w * inv);
   uint2 packed;

@@ -25,6 +25,7 @@
 
 #include "backend/cuda/mla/mla_decode_internal.h"
 #include "backend/cuda/mla/mla_decode_params.h"
+#include "backend/cuda/runtime/launch.h"
 #include "backend/cuda/runtime/ptx.cuh"
 
 namespace deepinfer::cuda::mla_detail {
@@ -197,6 +198,33 @@ __device__ __forceinline__ void finish_first_tiles(uint32_t kv_base, const MlaDe
   }
 }
 
+// The wide kernels' queries: 64 rows of 576 into the swizzled layout at q_base, four threads a row. Not committed:
+// they travel in the first tile's commit group (finish_first_tiles).
+template <typename T>
+__device__ __forceinline__ void queue_queries(uint32_t q_base, const MlaDecodeParams& p, int b, int h0) {
+  static_assert(T::kHeads * 4 == kThreads, "four threads a query row");
+  const int row = threadIdx.x >> 2, sub = threadIdx.x & 3;
+  const uint16_t* src = p.q + (static_cast<int64_t>(b) * p.num_heads + h0 + row) * kHeadDim;
+#pragma unroll
+  for (int k = 0; k < T::kChunks / 4; ++k) {
+    const int chunk = sub + 4 * k;
+    cp_async_16(q_base + tile_offset(row, chunk), src + chunk * 8, 16u);
+  }
+}
+
+// The main loop's copy for iteration i, once tile i's copy is waited for: tile i + kStages - 1 into the stage that
+// tile i - 1 used (an empty commit group past the last tile keeps cp_async_wait's count right).
+template <typename T>
+__device__ __forceinline__ void queue_next_tile(uint32_t kv_base, const MlaDecodeParams& p, const int32_t* pages,
+                                                const TileRange& range, int i, int stage, int context_len) {
+  const int next = i + T::kStages - 1;
+  if (next < range.end - range.begin) {
+    const int next_stage = (stage + T::kStages - 1) % T::kStages;
+    load_kv_tile<T>(kv_base + next_stage * T::kTileBytes, p, pages, range.begin + next, context_len);
+  }
+  cp_async_commit();
+}
+
 // Lets the next kernel (the split-combine, or the next op's) start its launch while this grid finishes. Called once
 // the main loop is done (ptx.cuh's rule allows any point after griddep_wait): the next grid's CTAs, resident while
 // they wait, then share the SMs with this grid's only during its epilogue.
@@ -302,6 +330,92 @@ __device__ __forceinline__ void accumulate_pv(float (&acc)[T::kRowTiles][8][4], 
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// Online softmax, shared by the three kernels
+
+// A thread's share of one tile's scores: the m16n8 accumulator layout of rows r_lo and r_lo + 8 of S[rows, 64],
+// columns (tokens) 8 (kNTiles part + nt) + 2 t (+ 1) in s[nt] (elements 0, 1: row r_lo; 2, 3: row r_lo + 8), where
+// `part` (of kParts) names the warp's (or warpgroup's) slice of the tile's columns and t = lane % 4.
+template <int kRows, int kParts, int kNTiles>
+struct SoftmaxRows {
+  static_assert(kParts * kNTiles * 8 == kBlockN, "the parts cover the tile's columns");
+  int part, r_lo, t;
+};
+
+// One tile's online-softmax update in the log2 domain: masks the tokens at or past `valid` (and scales the rest by
+// scale_log2), exchanges row maxima with the other parts through red_max ([kParts][kRows] fp32, `barrier` between
+// the writes and the reads), writes P (bf16) to the swizzled P tile, updates the running maxima and this thread's
+// share of the row sums, and returns the rescale factors of rows r_lo and r_lo + 8 (0 on the first tile).
+template <int kRows, int kParts, int kNTiles, typename Barrier>
+__device__ __forceinline__ float2 online_softmax_tile(const SoftmaxRows<kRows, kParts, kNTiles>& th,
+                                                      float (&s)[kNTiles][4], int valid, float scale_log2,
+                                                      float* red_max, uint8_t* p_tile, float (&m_run)[2],
+                                                      float (&l_run)[2], Barrier&& barrier) {
+  const int r_lo = th.r_lo, r_hi = th.r_lo + 8;
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int token = (th.part * kNTiles + nt) * 8 + 2 * th.t + (e & 1);
+      s[nt][e] = token < valid ? s[nt][e] * scale_log2 : -INFINITY;
+    }
+  }
+  float mx_lo = fmaxf(s[0][0], s[0][1]), mx_hi = fmaxf(s[0][2], s[0][3]);
+#pragma unroll
+  for (int nt = 1; nt < kNTiles; ++nt) {
+    mx_lo = fmaxf(mx_lo, fmaxf(s[nt][0], s[nt][1]));
+    mx_hi = fmaxf(mx_hi, fmaxf(s[nt][2], s[nt][3]));
+  }
+  mx_lo = quad_max(mx_lo);
+  mx_hi = quad_max(mx_hi);
+  if (th.t == 0) {
+    red_max[th.part * kRows + r_lo] = mx_lo;
+    red_max[th.part * kRows + r_hi] = mx_hi;
+  }
+  barrier();
+  float parts_lo = red_max[r_lo], parts_hi = red_max[r_hi];
+#pragma unroll
+  for (int j = 1; j < kParts; ++j) {
+    parts_lo = fmaxf(parts_lo, red_max[j * kRows + r_lo]);
+    parts_hi = fmaxf(parts_hi, red_max[j * kRows + r_hi]);
+  }
+  const float new_lo = fmaxf(m_run[0], parts_lo), new_hi = fmaxf(m_run[1], parts_hi);
+  const float2 alpha = make_float2(exp2f(m_run[0] - new_lo), exp2f(m_run[1] - new_hi));  // 0 on the first tile
+  m_run[0] = new_lo;
+  m_run[1] = new_hi;
+  float sum_lo = 0.0f, sum_hi = 0.0f;
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt) {
+    const float p0 = exp2f(s[nt][0] - new_lo), p1 = exp2f(s[nt][1] - new_lo);
+    const float p2 = exp2f(s[nt][2] - new_hi), p3 = exp2f(s[nt][3] - new_hi);
+    sum_lo += p0 + p1;
+    sum_hi += p2 + p3;
+    const int chunk = th.part * kNTiles + nt;
+    *reinterpret_cast<uint32_t*>(p_tile + p_offset(r_lo, chunk) + 4 * th.t) = pack_bf16x2(p0, p1);
+    *reinterpret_cast<uint32_t*>(p_tile + p_offset(r_hi, chunk) + 4 * th.t) = pack_bf16x2(p2, p3);
+  }
+  l_run[0] = l_run[0] * alpha.x + sum_lo;
+  l_run[1] = l_run[1] * alpha.y + sum_hi;
+  return alpha;
+}
+
+// After the main loop: the row sums of this thread's rows, summed over its quad, into red_sum ([kParts][kRows]),
+// and part 0's running maxima into row_max. The caller synchronizes before the sums are read.
+template <int kRows, int kParts, int kNTiles>
+__device__ __forceinline__ void publish_row_stats(const SoftmaxRows<kRows, kParts, kNTiles>& th,
+                                                  const float (&m_run)[2], const float (&l_run)[2], float* red_sum,
+                                                  float* row_max) {
+  const float l_lo = quad_sum(l_run[0]), l_hi = quad_sum(l_run[1]);
+  if (th.t == 0) {
+    red_sum[th.part * kRows + th.r_lo] = l_lo;
+    red_sum[th.part * kRows + th.r_lo + 8] = l_hi;
+    if (th.part == 0) {
+      row_max[th.r_lo] = m_run[0];
+      row_max[th.r_lo + 8] = m_run[1];
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // Narrow kernel: 16 heads per CTA
 
 template <typename T>
@@ -360,6 +474,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_narrow_kernel(const __
     }
   }
 
+  const SoftmaxRows<T::kHeads, 4, 2> th{.part = group, .r_lo = g, .t = t};  // the softmax role (k_half 0)
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
   float acc[1][8][4] = {};
   float m_run[2] = {-INFINITY, -INFINITY};  // QK role (k_half 0): running max of rows g, g + 8
@@ -369,14 +484,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_narrow_kernel(const __
   for (int i = 0; i < num_tiles; ++i) {
     cp_async_wait<T::kStages - 2>();
     __syncthreads();  // tile i visible to all; every warp is done with tile i - 1's stage
-    {
-      const int next = i + T::kStages - 1;
-      if (next < num_tiles) {
-        const int next_stage = (stage + T::kStages - 1) % T::kStages;
-        load_kv_tile<T>(kv_base + next_stage * T::kTileBytes, p, pages, range.begin + next, context_len);
-      }
-      cp_async_commit();
-    }
+    queue_next_tile<T>(kv_base, p, pages, range, i, stage, context_len);
     const uint32_t kv = kv_base + stage * T::kTileBytes;
     const int valid = context_len - (range.begin + i) * kBlockN;  // tokens of this tile inside the context
 
@@ -401,46 +509,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_narrow_kernel(const __
       const float4 o0 = s_part[0], o1 = s_part[1];
       s[0][0] += o0.x, s[0][1] += o0.y, s[0][2] += o0.z, s[0][3] += o0.w;
       s[1][0] += o1.x, s[1][1] += o1.y, s[1][2] += o1.z, s[1][3] += o1.w;
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int token = group * 16 + nt * 8 + 2 * t + (e & 1);
-          s[nt][e] = token < valid ? s[nt][e] * scale_log2 : -INFINITY;
-        }
-      }
-      const float mx_lo = quad_max(fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1])));
-      const float mx_hi = quad_max(fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3])));
-      if (t == 0) {
-        red_max[group * 16 + g] = mx_lo;
-        red_max[group * 16 + g + 8] = mx_hi;
-      }
-      named_barrier_sync<128>();  // the four k_half-0 warps
-      float new_lo = m_run[0], new_hi = m_run[1];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        new_lo = fmaxf(new_lo, red_max[j * 16 + g]);
-        new_hi = fmaxf(new_hi, red_max[j * 16 + g + 8]);
-      }
-      const float a_lo = exp2f(m_run[0] - new_lo), a_hi = exp2f(m_run[1] - new_hi);  // 0 on the first tile
-      m_run[0] = new_lo;
-      m_run[1] = new_hi;
-      float sum_lo = 0.0f, sum_hi = 0.0f;
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const float p0 = exp2f(s[nt][0] - new_lo), p1 = exp2f(s[nt][1] - new_lo);
-        const float p2 = exp2f(s[nt][2] - new_hi), p3 = exp2f(s[nt][3] - new_hi);
-        sum_lo += p0 + p1;
-        sum_hi += p2 + p3;
-        const int chunk = group * 2 + nt;
-        *reinterpret_cast<uint32_t*>(smem + L::kP + p_offset(g, chunk) + 4 * t) = pack_bf16x2(p0, p1);
-        *reinterpret_cast<uint32_t*>(smem + L::kP + p_offset(g + 8, chunk) + 4 * t) = pack_bf16x2(p2, p3);
-      }
-      l_run[0] = l_run[0] * a_lo + sum_lo;
-      l_run[1] = l_run[1] * a_hi + sum_hi;
+      const float2 a = online_softmax_tile(th, s, valid, scale_log2, red_max, smem + L::kP, m_run, l_run,
+                                           [] { named_barrier_sync<128>(); });  // the four k_half-0 warps
       if (group == 0 && t == 0) {
-        alpha[g] = a_lo;
-        alpha[g + 8] = a_hi;
+        alpha[g] = a.x;
+        alpha[g + 8] = a.y;
       }
     }
     __syncthreads();
@@ -449,17 +522,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_narrow_kernel(const __
   }
   allow_dependent_launch();
 
-  if (k_half == 0) {
-    const float l_lo = quad_sum(l_run[0]), l_hi = quad_sum(l_run[1]);
-    if (t == 0) {
-      red_sum[group * 16 + g] = l_lo;
-      red_sum[group * 16 + g + 8] = l_hi;
-      if (group == 0) {
-        row_max[g] = m_run[0];
-        row_max[g + 8] = m_run[1];
-      }
-    }
-  }
+  if (k_half == 0) publish_row_stats(th, m_run, l_run, red_sum, row_max);
   __syncthreads();
   if (threadIdx.x < T::kHeads) {  // reduce the four groups' sums in place, into group 0's slots
     red_sum[threadIdx.x] += red_sum[16 + threadIdx.x] + red_sum[32 + threadIdx.x] + red_sum[48 + threadIdx.x];
@@ -510,15 +573,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wide_kernel(const __gr
   float* alpha = reinterpret_cast<float*>(smem + L::kAlpha);
   float* row_max = reinterpret_cast<float*>(smem + L::kRowMax);
 
-  {  // queries: 64 rows of 576, four threads a row; they travel with the first tile
-    const int row = threadIdx.x >> 2, sub = threadIdx.x & 3;
-    const uint16_t* src = p.q + (static_cast<int64_t>(b) * p.num_heads + h0 + row) * kHeadDim;
-#pragma unroll
-    for (int k = 0; k < T::kChunks / 4; ++k) {
-      const int chunk = sub + 4 * k;
-      cp_async_16(q_base + tile_offset(row, chunk), src + chunk * 8, 16u);
-    }
-  }
+  queue_queries<T>(q_base, p, b, h0);
   finish_first_tiles<T>(kv_base, p, start);
 
   const int rows = warp & 3, half = warp >> 2;  // QK role: heads 16 * rows .., tokens 32 * half ..
@@ -527,18 +582,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wide_kernel(const __gr
   float m_run[2] = {-INFINITY, -INFINITY};  // QK role: running max of rows 16 * rows + g (+ 8)
   float l_run[2] = {0.0f, 0.0f};            // and this warp's share of their sums
   const int r_lo = rows * 16 + g, r_hi = r_lo + 8;
+  const SoftmaxRows<T::kHeads, 2, 4> th{.part = half, .r_lo = r_lo, .t = t};
   int stage = 0;
   for (int i = 0; i < num_tiles; ++i) {
     cp_async_wait<T::kStages - 2>();
     __syncthreads();
-    {
-      const int next = i + T::kStages - 1;
-      if (next < num_tiles) {
-        const int next_stage = (stage + T::kStages - 1) % T::kStages;
-        load_kv_tile<T>(kv_base + next_stage * T::kTileBytes, p, pages, range.begin + next, context_len);
-      }
-      cp_async_commit();
-    }
+    queue_next_tile<T>(kv_base, p, pages, range, i, stage, context_len);
     const uint32_t kv = kv_base + stage * T::kTileBytes;
     const int valid = context_len - (range.begin + i) * kBlockN;
 
@@ -556,48 +605,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wide_kernel(const __gr
         mma_bf16_16816(s[2 * np + 1], qa, kb[2], kb[3]);
       }
     }
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int token = half * 32 + nt * 8 + 2 * t + (e & 1);
-        s[nt][e] = token < valid ? s[nt][e] * scale_log2 : -INFINITY;
-      }
-    }
-    float mx_lo = -INFINITY, mx_hi = -INFINITY;
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-      mx_lo = fmaxf(mx_lo, fmaxf(s[nt][0], s[nt][1]));
-      mx_hi = fmaxf(mx_hi, fmaxf(s[nt][2], s[nt][3]));
-    }
-    mx_lo = quad_max(mx_lo);
-    mx_hi = quad_max(mx_hi);
-    if (t == 0) {
-      red_max[half * T::kHeads + r_lo] = mx_lo;
-      red_max[half * T::kHeads + r_hi] = mx_hi;
-    }
-    __syncthreads();
-    const float new_lo = fmaxf(m_run[0], fmaxf(red_max[r_lo], red_max[T::kHeads + r_lo]));
-    const float new_hi = fmaxf(m_run[1], fmaxf(red_max[r_hi], red_max[T::kHeads + r_hi]));
-    const float a_lo = exp2f(m_run[0] - new_lo), a_hi = exp2f(m_run[1] - new_hi);
-    m_run[0] = new_lo;
-    m_run[1] = new_hi;
-    float sum_lo = 0.0f, sum_hi = 0.0f;
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-      const float p0 = exp2f(s[nt][0] - new_lo), p1 = exp2f(s[nt][1] - new_lo);
-      const float p2 = exp2f(s[nt][2] - new_hi), p3 = exp2f(s[nt][3] - new_hi);
-      sum_lo += p0 + p1;
-      sum_hi += p2 + p3;
-      const int chunk = half * 4 + nt;
-      *reinterpret_cast<uint32_t*>(smem + L::kP + p_offset(r_lo, chunk) + 4 * t) = pack_bf16x2(p0, p1);
-      *reinterpret_cast<uint32_t*>(smem + L::kP + p_offset(r_hi, chunk) + 4 * t) = pack_bf16x2(p2, p3);
-    }
-    l_run[0] = l_run[0] * a_lo + sum_lo;
-    l_run[1] = l_run[1] * a_hi + sum_hi;
+    const float2 a = online_softmax_tile(th, s, valid, scale_log2, red_max, smem + L::kP, m_run, l_run,
+                                         [] { __syncthreads(); });
     if (half == 0 && t == 0) {
-      alpha[r_lo] = a_lo;
-      alpha[r_hi] = a_hi;
+      alpha[r_lo] = a.x;
+      alpha[r_hi] = a.y;
     }
     __syncthreads();
     accumulate_pv<T>(acc, p_tile, kv, alpha);
@@ -605,21 +617,24 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wide_kernel(const __gr
   }
   allow_dependent_launch();
 
-  {
-    const float l_lo = quad_sum(l_run[0]), l_hi = quad_sum(l_run[1]);
-    if (t == 0) {
-      red_sum[half * T::kHeads + r_lo] = l_lo;
-      red_sum[half * T::kHeads + r_hi] = l_hi;
-      if (half == 0) {
-        row_max[r_lo] = m_run[0];
-        row_max[r_hi] = m_run[1];
-      }
-    }
-  }
+  publish_row_stats(th, m_run, l_run, red_sum, row_max);
   __syncthreads();
   if (threadIdx.x < T::kHeads) red_sum[threadIdx.x] += red_sum[T::kHeads + threadIdx.x];
   __syncthreads();
   store_output<T>(p, b, h0, split, acc, row_max, red_sum);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Launch (each kernel's instantiation file calls it)
+
+// One CTA per (head block, split, sequence). Head blocks vary fastest, so the CTAs that read the same tiles run side
+// by side and share them through L2.
+template <typename T>
+void launch_decode_kernel(void (*kernel)(MlaDecodeParams), int smem_bytes, const MlaDecodeParams& p,
+                          LaunchStream stream) {
+  const dim3 grid(p.num_heads / T::kHeads, p.num_splits, p.batch);
+  launch_pdl_large_smem(kernel, {.grid = grid, .block = dim3(kThreads), .smem_bytes = static_cast<size_t>(smem_bytes)},
+                        stream, p);
 }
 
 }  // namespace deepinfer::cuda::mla_detail

@@ -47,53 +47,11 @@ struct WgmmaSmem {
 // accumulators; S columns (tokens) 32 wg + 8 j + 2 t (+ 1); O columns 256 wg + 8 j + 2 t (+ 1).
 struct WgmmaThread {
   int wg, t, r_lo, r_hi;
+  // The same rows as the softmax sees them: warpgroup wg holds S columns 32 wg .., four n8 tiles.
+  __device__ __forceinline__ SoftmaxRows<kWideHeads, 2, 4> softmax_rows() const {
+    return {.part = wg, .r_lo = r_lo, .t = t};
+  }
 };
-
-// Online softmax of one tile's scores: masks tokens past the context, exchanges row maxima between the two
-// warpgroups (one barrier), writes P (bf16) to the shared P tile, updates the running max and this thread's share
-// of the row sums, and returns the rescale factors of its two rows.
-template <typename T>
-__device__ __forceinline__ float2 wgmma_softmax(const WgmmaThread& th, float (&s)[16], int valid, float scale_log2,
-                                                float* red_max, uint8_t* p_tile, float (&m_run)[2],
-                                                float (&l_run)[2]) {
-#pragma unroll
-  for (int e = 0; e < 16; ++e) {
-    const int token = th.wg * 32 + (e >> 2) * 8 + 2 * th.t + (e & 1);
-    s[e] = token < valid ? s[e] * scale_log2 : -INFINITY;
-  }
-  float mx_lo = -INFINITY, mx_hi = -INFINITY;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    mx_lo = fmaxf(mx_lo, fmaxf(s[4 * j], s[4 * j + 1]));
-    mx_hi = fmaxf(mx_hi, fmaxf(s[4 * j + 2], s[4 * j + 3]));
-  }
-  mx_lo = quad_max(mx_lo);
-  mx_hi = quad_max(mx_hi);
-  if (th.t == 0) {
-    red_max[th.wg * T::kHeads + th.r_lo] = mx_lo;
-    red_max[th.wg * T::kHeads + th.r_hi] = mx_hi;
-  }
-  __syncthreads();
-  const float new_lo = fmaxf(m_run[0], fmaxf(red_max[th.r_lo], red_max[T::kHeads + th.r_lo]));
-  const float new_hi = fmaxf(m_run[1], fmaxf(red_max[th.r_hi], red_max[T::kHeads + th.r_hi]));
-  const float2 alpha = make_float2(exp2f(m_run[0] - new_lo), exp2f(m_run[1] - new_hi));  // 0 on the first tile
-  m_run[0] = new_lo;
-  m_run[1] = new_hi;
-  float sum_lo = 0.0f, sum_hi = 0.0f;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float p0 = exp2f(s[4 * j] - new_lo), p1 = exp2f(s[4 * j + 1] - new_lo);
-    const float p2 = exp2f(s[4 * j + 2] - new_hi), p3 = exp2f(s[4 * j + 3] - new_hi);
-    sum_lo += p0 + p1;
-    sum_hi += p2 + p3;
-    const int chunk = th.wg * 4 + j;
-    *reinterpret_cast<uint32_t*>(p_tile + p_offset(th.r_lo, chunk) + 4 * th.t) = pack_bf16x2(p0, p1);
-    *reinterpret_cast<uint32_t*>(p_tile + p_offset(th.r_hi, chunk) + 4 * th.t) = pack_bf16x2(p2, p3);
-  }
-  l_run[0] = l_run[0] * alpha.x + sum_lo;
-  l_run[1] = l_run[1] * alpha.y + sum_hi;
-  return alpha;
-}
 
 __device__ __forceinline__ void rescale_o(float (&o)[128], float2 alpha) {
 #pragma unroll
@@ -135,15 +93,7 @@ template <typename T>
 __device__ __forceinline__ void wgmma_store_output(const MlaDecodeParams& p, const WgmmaThread& th, int b, int h0,
                                                    int split, const float (&o)[128], const float (&m_run)[2],
                                                    const float (&l_run)[2], float* red_sum, float* row_max) {
-  const float l_lo = quad_sum(l_run[0]), l_hi = quad_sum(l_run[1]);
-  if (th.t == 0) {
-    red_sum[th.wg * T::kHeads + th.r_lo] = l_lo;
-    red_sum[th.wg * T::kHeads + th.r_hi] = l_hi;
-    if (th.wg == 0) {
-      row_max[th.r_lo] = m_run[0];
-      row_max[th.r_hi] = m_run[1];
-    }
-  }
+  publish_row_stats(th.softmax_rows(), m_run, l_run, red_sum, row_max);
   __syncthreads();
   const int64_t rows = static_cast<int64_t>(p.batch) * p.num_heads;
   const int64_t row0 = static_cast<int64_t>(b) * p.num_heads + h0;
@@ -203,15 +153,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t p_tile = smem_addr(smem + L::kP);
   float* red_max = reinterpret_cast<float*>(smem + L::kRedMax);
 
-  {  // queries: 64 rows of 576, four threads a row; they travel with the first tile
-    const int row = threadIdx.x >> 2, sub = threadIdx.x & 3;
-    const uint16_t* src = p.q + (static_cast<int64_t>(b) * p.num_heads + h0 + row) * kHeadDim;
-#pragma unroll
-    for (int k = 0; k < T::kChunks / 4; ++k) {
-      const int chunk = sub + 4 * k;
-      cp_async_16(q_base + tile_offset(row, chunk), src + chunk * 8, 16u);
-    }
-  }
+  queue_queries<T>(q_base, p, b, h0);
   finish_first_tiles<T>(kv_base, p, start);
 
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
@@ -227,22 +169,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     cp_async_wait<T::kStages - 2>();
     fence_proxy_async();
     __syncthreads();
-    {
-      const int next = i + T::kStages - 1;
-      if (next < num_tiles) {
-        const int next_stage = (stage + T::kStages - 1) % T::kStages;
-        load_kv_tile<T>(kv_base + next_stage * T::kTileBytes, p, pages, range.begin + next, context_len);
-      }
-      cp_async_commit();
-    }
+    queue_next_tile<T>(kv_base, p, pages, range, i, stage, context_len);
     const uint32_t kv = kv_base + stage * T::kTileBytes;
     wgmma_fence();
     issue_qk(s, q_base, kv, th.wg);
     wgmma_commit();
     wgmma_wait<0>();
     fence_registers(s);
-    const float2 alpha = wgmma_softmax<T>(th, s, context_len - (range.begin + i) * kBlockN, scale_log2, red_max,
-                                          smem + L::kP, m_run, l_run);
+    // s[16] is the m64n32 accumulator: four n8 tiles of the m16n8 layout the softmax reads
+    const float2 alpha = online_softmax_tile(th.softmax_rows(), reinterpret_cast<float(&)[4][4]>(s),
+                                             context_len - (range.begin + i) * kBlockN, scale_log2, red_max,
+                                             smem + L::kP, m_run, l_run, [] { __syncthreads(); });
     fence_proxy_async();
     __syncthreads();
     rescale_o(o, alpha);

@@ -321,11 +321,11 @@ __global__ void __launch_bounds__(T::kThreads, 1) moe_grouped_gemm_kernel(const 
 template <typename T>
 void launch_grouped_gemm(const MoeKernelParams& kp, LaunchStream stream) {
   const auto kernel = moe_grouped_gemm_kernel<T>;
-  CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
   const int n_tiles = (T::kGateUp ? kp.p.inter : kp.p.hidden) / T::kOutCols;
   const int64_t max_tiles = static_cast<int64_t>(kp.max_rows / T::kBlockM) * n_tiles;
   const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(kp.p.num_sms, max_tiles)));
-  launch_pdl(kernel, {.grid = dim3(grid), .block = dim3(T::kThreads), .smem_bytes = T::kSmemBytes}, stream, kp);
+  launch_pdl_large_smem(kernel, {.grid = dim3(grid), .block = dim3(T::kThreads), .smem_bytes = T::kSmemBytes},
+                        stream, kp);
 }
 
 }  // namespace deepinfer::cuda::moe_detail

@@ -349,4 +349,14 @@ void launch_small_gemm_in_fewest_waves(const MoeKernelParams& kp, LaunchStream s
   }
 }
 
+// Up to 8 tokens no expert has more than 8 rows (one pass of one token tile); beyond, 32 rows a pass.
+template <GemmKind kKind>
+void launch_small_gemm_for_tokens(const MoeKernelParams& kp, LaunchStream stream) {
+  if (kp.p.num_tokens <= 8) {
+    launch_small_gemm_in_fewest_waves<kKind, 1>(kp, stream);
+  } else {
+    launch_small_gemm<SmallTraits<kKind, 4>>(kp, stream);
+  }
+}
+
 }  // namespace deepinfer::cuda::moe_detail

@@ -2,7 +2,7 @@
 // the residual and sums the squares of the stored values in fp32; the block reduces the sums (warp shuffles, then one
 // value per warp through shared memory). Pass 2: each thread writes the normalized values of its own slice, kept in
 // registers from pass 1 (the first kKeptChunks chunks, with weights loaded before the grid dependency wait) or read
-// again. Every thread touches the same elements in both passes, so out may alias x.
+// again: rms_norm_row.cuh's RowSlice and RowWeightsAhead, the rms_norm kernel's way. Every thread touches the same elements in both passes, so out may alias x.
 #include "backend/cuda/norm/norm_residual.cuh"
 
 #include <climits>
@@ -12,6 +12,7 @@
 #include "backend/cuda/runtime/launch.h"
 #include "backend/cuda/runtime/ptx.cuh"
 #include "backend/cuda/norm/norm_residual_params.h"
+#include "backend/cuda/norm/rms_norm_row.cuh"
 
 namespace deepinfer::cuda {
 namespace {
@@ -27,21 +28,7 @@ struct NormTraits {
   static constexpr bool kVector = kVectorized;
   static constexpr int kVec = kVectorized ? Vec16<T>::kSize : 1;
   static constexpr int kThreads = kThreadsPerBlock;
-  static constexpr int kWarps = kThreadsPerBlock / 32;
 };
-
-template <typename Traits>
-__device__ __forceinline__ float block_sum(float v) {
-  __shared__ float warp_totals[Traits::kWarps];
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  if (threadIdx.x % 32 == 0) warp_totals[threadIdx.x / 32] = v;
-  __syncthreads();
-  float total = 0.0f;
-#pragma unroll
-  for (int w = 0; w < Traits::kWarps; ++w) total += warp_totals[w];
-  return total;
-}
 
 // kVec consecutive elements starting at element `i` (a multiple of kVec) as fp32.
 template <typename Traits>
@@ -83,24 +70,6 @@ __device__ __forceinline__ Chunk<Traits> store_chunk(typename Traits::Element* p
   return rounded;
 }
 
-template <typename Traits>
-__device__ __forceinline__ Chunk<Traits> load_weight(const float* w) {
-  Chunk<Traits> c;
-  if constexpr (Traits::kVector) {
-#pragma unroll
-    for (int j = 0; j < Traits::kVec; j += 4) {
-      const float4 f = *reinterpret_cast<const float4*>(w + j);
-      c.v[j] = f.x;
-      c.v[j + 1] = f.y;
-      c.v[j + 2] = f.z;
-      c.v[j + 3] = f.w;
-    }
-  } else {
-    c.v[0] = *w;
-  }
-  return c;
-}
-
 // Chunks a thread keeps in registers between the passes, their weights loaded before the grid dependency wait (a
 // constant): V2-Lite's 2048 at 128 threads and V3's 7168 at 512 are two chunks a thread. Later chunks are read again.
 constexpr int kKeptChunks = 2;
@@ -108,13 +77,9 @@ constexpr int kKeptChunks = 2;
 template <typename Traits>
 __global__ void __launch_bounds__(Traits::kThreads) norm_residual_kernel(__grid_constant__ const NormResidualParams p) {
   if (p.trigger_early) ptx::griddep_launch_dependents();  // the next kernel reads only constants before its wait
-  constexpr int64_t kStride = int64_t{Traits::kThreads} * Traits::kVec;  // elements between a thread's chunks
-  const int64_t first = static_cast<int64_t>(threadIdx.x) * Traits::kVec;
-  Chunk<Traits> weight[kKeptChunks];
-#pragma unroll
-  for (int c = 0; c < kKeptChunks; ++c) {
-    if (first + c * kStride < p.dim) weight[c] = load_weight<Traits>(p.weight + first + c * kStride);
-  }
+  const RowSlice<Traits::kThreads, Traits::kVec, kKeptChunks> slice;
+  RowWeightsAhead<Traits::kThreads, kKeptChunks, Traits::kVec> weight;
+  weight.load(p.weight, p.dim, slice);
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
   using T = typename Traits::Element;
@@ -138,24 +103,20 @@ __global__ void __launch_bounds__(Traits::kThreads) norm_residual_kernel(__grid_
     return v;
   };
   Chunk<Traits> kept[kKeptChunks];
+  slice.for_each(p.dim, [&](int c, int64_t i) { kept[c] = pass1(i); }, [&](int64_t i) { pass1(i); });
+  const float inv_rms = rsqrtf(sum_over_block<Traits::kThreads>(sum_sq) / static_cast<float>(p.dim) + p.eps);
+  const auto pass2 = [&](int64_t i, Chunk<Traits> v, const float (&w)[Traits::kVec]) {
 #pragma unroll
-  for (int c = 0; c < kKeptChunks; ++c) {
-    if (first + c * kStride < p.dim) kept[c] = pass1(first + c * kStride);
-  }
-  for (int64_t i = first + kKeptChunks * kStride; i < p.dim; i += kStride) pass1(i);
-  const float inv_rms = rsqrtf(block_sum<Traits>(sum_sq) / static_cast<float>(p.dim) + p.eps);
-  const auto pass2 = [&](int64_t i, Chunk<Traits> v, const Chunk<Traits>& w) {
-#pragma unroll
-    for (int j = 0; j < Traits::kVec; ++j) v.v[j] = w.v[j] * (v.v[j] * inv_rms);
+    for (int j = 0; j < Traits::kVec; ++j) v.v[j] = w[j] * (v.v[j] * inv_rms);
     store_chunk<Traits>(out + i, v);
   };
-#pragma unroll
-  for (int c = 0; c < kKeptChunks; ++c) {
-    if (first + c * kStride < p.dim) pass2(first + c * kStride, kept[c], weight[c]);
-  }
-  for (int64_t i = first + kKeptChunks * kStride; i < p.dim; i += kStride) {
-    pass2(i, load_chunk<Traits>(source + i), load_weight<Traits>(p.weight + i));
-  }
+  slice.for_each(
+      p.dim, [&](int c, int64_t i) { pass2(i, kept[c], weight.w[c]); },
+      [&](int64_t i) {
+        float w[Traits::kVec];
+        load_weights(p.weight + i, w);
+        pass2(i, load_chunk<Traits>(source + i), w);
+      });
 }
 
 template <typename Traits>

@@ -1,5 +1,7 @@
 // RMSNorm of one row by one thread block: the reduction and rounding of the rms_norm kernel, shared with
-// mla_prepare's kernel so that both normalize c_kv to the same bits.
+// mla_prepare's kernel so that both normalize c_kv to the same bits. Its pieces (the block sum, and RowSlice and
+// RowWeightsAhead, which keep a thread's values and weights in registers between the passes) are also those of the
+// fused residual norm (norm_residual.cu).
 #pragma once
 
 #include <cstdint>
@@ -33,17 +35,53 @@ __device__ __forceinline__ float sum_over_block(float v) {
   return total;
 }
 
-// The weights of a thread's first kCached elements of a row (j, j + kThreads, ...; 0 past dim), loaded ahead: a
-// kernel may load them before its grid dependency wait, as they are constants.
-template <int kThreads, int kCached>
-struct RowWeightsAhead {
-  float w[kCached];
-  __device__ __forceinline__ void load(const float* weight, int64_t dim) {
+// The elements of a row that thread j of a kThreads-thread block handles: chunks of kVec consecutive elements at
+// kVec (j + c kThreads), c = 0, 1, ... The first kKept chunks are visited in an unrolled loop, so what one pass computes
+// for them can stay in registers (arrays indexed by c) until the next; later chunks are visited in a plain loop.
+// Every pass visits the same elements from the same thread, so a pass may write what an earlier one read.
+template <int kThreads, int kVec, int kKept>
+struct RowSlice {
+  static constexpr int64_t kStride = int64_t{kThreads} * kVec;  // elements between a thread's chunks
+  int64_t first = static_cast<int64_t>(threadIdx.x) * kVec;        // the thread's first element
+
+  // kept(c, i) for the thread's first kKept chunks inside the row (i: the chunk's first element), then rest(i).
+  template <typename Kept, typename Rest>
+  __device__ __forceinline__ void for_each(const int64_t& dim, Kept&& kept, Rest&& rest) const {
 #pragma unroll
-    for (int c = 0; c < kCached; ++c) {
-      const int64_t i = threadIdx.x + int64_t{c} * kThreads;
-      w[c] = i < dim ? weight[i] : 0.0f;
+    for (int c = 0; c < kKept; ++c) {
+      if (first + c * kStride < dim) kept(c, first + c * kStride);
     }
+    for (int64_t i = first + kKept * kStride; i < dim; i += kStride) rest(i);
+  }
+};
+
+// kVec consecutive weights from `weight`, in 16-byte loads when kVec is a multiple of 4 (the caller checked the
+// alignment).
+template <int kVec>
+__device__ __forceinline__ void load_weights(const float* weight, float (&w)[kVec]) {
+  if constexpr (kVec % 4 == 0) {
+#pragma unroll
+    for (int j = 0; j < kVec; j += 4) {
+      const float4 f = *reinterpret_cast<const float4*>(weight + j);
+      w[j] = f.x;
+      w[j + 1] = f.y;
+      w[j + 2] = f.z;
+      w[j + 3] = f.w;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) w[j] = weight[j];
+  }
+}
+
+// The weights of a thread's first kKept chunks of a row (RowSlice's), loaded ahead: a kernel may load them before its
+// grid dependency wait, as they are constants. Chunks past the row are left unset (RowSlice never visits them).
+template <int kThreads, int kKept, int kVec = 1>
+struct RowWeightsAhead {
+  using Slice = RowSlice<kThreads, kVec, kKept>;
+  float w[kKept][kVec];
+  __device__ __forceinline__ void load(const float* weight, int64_t dim, const Slice& slice = {}) {
+    slice.for_each(dim, [&](int c, int64_t i) { load_weights(weight + i, w[c]); }, [](int64_t) {});
   }
 };
 
@@ -56,27 +94,23 @@ struct RowWeightsAhead {
 template <int kThreads, int kCached, typename T, typename Store>
 __device__ __forceinline__ void rms_norm_row(const T* x, const RowWeightsAhead<kThreads, kCached>& ahead,
                                              const float* weight, int64_t dim, float eps, Store&& store) {
+  const RowSlice<kThreads, 1, kCached> slice;
   float kept[kCached];
   float sum_sq = 0.0f;
-#pragma unroll
-  for (int c = 0; c < kCached; ++c) {
-    const int64_t i = threadIdx.x + int64_t{c} * kThreads;
-    kept[c] = i < dim ? to_float(x[i]) : 0.0f;
-    if (i < dim) sum_sq = fmaf(kept[c], kept[c], sum_sq);
-  }
-  for (int64_t i = threadIdx.x + int64_t{kCached} * kThreads; i < dim; i += kThreads) {
-    const float v = to_float(x[i]);
-    sum_sq = fmaf(v, v, sum_sq);
-  }
+  slice.for_each(
+      dim,
+      [&](int c, int64_t i) {
+        kept[c] = to_float(x[i]);
+        sum_sq = fmaf(kept[c], kept[c], sum_sq);
+      },
+      [&](int64_t i) {
+        const float v = to_float(x[i]);
+        sum_sq = fmaf(v, v, sum_sq);
+      });
   const float inv_rms = rsqrtf(sum_over_block<kThreads>(sum_sq) / static_cast<float>(dim) + eps);
-#pragma unroll
-  for (int c = 0; c < kCached; ++c) {
-    const int64_t i = threadIdx.x + int64_t{c} * kThreads;
-    if (i < dim) store(i, from_float<T>(ahead.w[c] * (kept[c] * inv_rms)));
-  }
-  for (int64_t i = threadIdx.x + int64_t{kCached} * kThreads; i < dim; i += kThreads) {
-    store(i, from_float<T>(weight[i] * (to_float(x[i]) * inv_rms)));
-  }
+  slice.for_each(
+      dim, [&](int c, int64_t i) { store(i, from_float<T>(ahead.w[c][0] * (kept[c] * inv_rms))); },
+      [&](int64_t i) { store(i, from_float<T>(weight[i] * (to_float(x[i]) * inv_rms))); });
 }
 
 // The same with no weights loaded ahead: the thread's first element is still kept between the passes.

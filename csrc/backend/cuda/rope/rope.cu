@@ -30,8 +30,8 @@ __global__ void __launch_bounds__(Traits::kThreads) rope_kernel(__grid_constant_
   const int64_t half = p.rot_dim / 2;
   const int64_t head_groups = (p.num_heads + Traits::kHeadsPerThread - 1) / Traits::kHeadsPerThread;
   const int64_t items = p.num_tokens * head_groups * half;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * Traits::kThreads;
-  for (int64_t w = static_cast<int64_t>(blockIdx.x) * Traits::kThreads + threadIdx.x; w < items; w += stride) {
+  const GridStride<Traits::kThreads> grid;
+  for (int64_t w = grid.first; w < items; w += grid.step) {
     const int64_t i = w % half;
     const int64_t rest = w / half;
     const int64_t group = rest % head_groups;
@@ -59,8 +59,7 @@ void rope(const RopeParams& p, DType dtype, LaunchStream stream) {
     using Traits = RopeTraits<decltype(element)>;
     const int64_t head_groups = (p.num_heads + Traits::kHeadsPerThread - 1) / Traits::kHeadsPerThread;
     const int64_t items = p.num_tokens * head_groups * (p.rot_dim / 2);
-    launch_pdl(rope_kernel<Traits>,
-               {.grid = dim3(grid_blocks(items, Traits::kThreads)), .block = dim3(Traits::kThreads)}, stream, p);
+    launch_pdl(rope_kernel<Traits>, grid_stride_shape<Traits::kThreads>(items), stream, p);
   });
 }
 

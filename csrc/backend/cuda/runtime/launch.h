@@ -67,4 +67,15 @@ void launch_pdl(void (*kernel)(Params), const LaunchShape& shape, LaunchStream s
   CUDA_TRY(cudaLaunchKernelEx(&config, kernel, params));
 }
 
+// launch_pdl for a kernel whose dynamic shared memory may pass the 48 KB a kernel gets without asking: raises the
+// kernel's limit to shape.smem_bytes first. The limit is an attribute of the kernel on the current device, so it is
+// set at every launch (a host-side call, not part of a captured graph).
+template <typename Params>
+void launch_pdl_large_smem(void (*kernel)(Params), const LaunchShape& shape, LaunchStream stream,
+                           const std::type_identity_t<Params>& params) {
+  CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(shape.smem_bytes)));
+  launch_pdl(kernel, shape, stream, params);
+}
+
 }  // namespace deepinfer::cuda

@@ -529,12 +529,10 @@ int cluster_size(int64_t rows, int num_sms) {
 
 template <int kCluster>
 void launch(const SampleParams& p, size_t shared_bytes, LaunchStream stream) {
-  CUDA_TRY(cudaFuncSetAttribute(sample_kernel<kCluster>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(shared_bytes)));
-  launch_pdl(sample_kernel<kCluster>,
-             {.grid = dim3(static_cast<unsigned>(p.num_rows * kCluster)), .block = dim3(kThreads),
-              .smem_bytes = shared_bytes, .cluster_ctas = kCluster},
-             stream, p);
+  launch_pdl_large_smem(sample_kernel<kCluster>,
+                        {.grid = dim3(static_cast<unsigned>(p.num_rows * kCluster)), .block = dim3(kThreads),
+                         .smem_bytes = shared_bytes, .cluster_ctas = kCluster},
+                        stream, p);
 }
 
 int num_sms_of_current_device() {

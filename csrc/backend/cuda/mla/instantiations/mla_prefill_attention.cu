@@ -8,9 +8,8 @@ namespace deepinfer::cuda::mla_prefill_detail {
 void launch_mla_prefill_attention(const MlaPrefillAttentionParams& p, LaunchStream stream) {
   using T = MlaPrefillTraits;
   const auto kernel = mla_prefill_attention_kernel<T>;
-  CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
   const dim3 grid((p.max_queries + T::kBlockM - 1) / T::kBlockM, p.num_heads, p.num_seqs);
-  launch_pdl(kernel, {.grid = grid, .block = dim3(T::kThreads), .smem_bytes = T::kSmemBytes}, stream, p);
+  launch_pdl_large_smem(kernel, {.grid = grid, .block = dim3(T::kThreads), .smem_bytes = T::kSmemBytes}, stream, p);
 }
 
 }  // namespace deepinfer::cuda::mla_prefill_detail

@@ -4,11 +4,7 @@
 namespace deepinfer::cuda::moe_detail {
 
 void launch_small_down(const MoeKernelParams& kp, LaunchStream stream) {
-  if (kp.p.num_tokens <= 8) {
-    launch_small_gemm_in_fewest_waves<GemmKind::kDown, 1>(kp, stream);
-  } else {
-    launch_small_gemm<SmallTraits<GemmKind::kDown, 4>>(kp, stream);
-  }
+  launch_small_gemm_for_tokens<GemmKind::kDown>(kp, stream);
 }
 
 }  // namespace deepinfer::cuda::moe_detail
