@@ -1,11 +1,24 @@
 # Developer shortcuts. `make test` is what CI runs.
 BUILD_DIR ?= build/cpp
 JOBS ?= 2
+# One interpreter for pip, pytest and the CLI (the one .ci/run installs the test requirements into).
+PYTHON ?= python3
+
+# Every recipe line fails when any command of a pipe fails (make's default /bin/sh -c would take the last one's
+# status: `pip install ... | tail` exited 0 when the build failed).
+SHELL := bash
+.SHELLFLAGS := -e -o pipefail -c
 
 .PHONY: install cpp-build cpp-test cuda-build py-test test demo clean
 
+# The whole pip log goes to build/install.log; a failed build shows its tail and stops make (pytest never runs against
+# a deepinfer installed earlier). The import afterwards checks that the extension just built is the one installed.
 install:
-	pip install --no-build-isolation -v . 2>&1 | tail -n 3
+	@mkdir -p build
+	@$(PYTHON) -m pip install --no-build-isolation -v . > build/install.log 2>&1 || \
+	  { tail -n 40 build/install.log; echo "make install: pip install failed (whole log: build/install.log)"; exit 1; }
+	@tail -n 3 build/install.log
+	@cd build && $(PYTHON) -c "import deepinfer, deepinfer._deepinfer; print('installed', deepinfer.__file__)"
 
 cpp-build:
 	cmake -S . -B $(BUILD_DIR) -G Ninja -DDEEPINFER_BUILD_TESTS=ON -DDEEPINFER_BUILD_PYTHON=OFF -DDEEPINFER_CUDA=OFF
@@ -31,12 +44,12 @@ cuda-build:
 	else echo "nvcc not found: skipping the CUDA compile check"; fi
 
 py-test: install
-	python -m pytest -q tests/python
+	$(PYTHON) -m pytest -q tests/python
 
 test: cpp-test cuda-build py-test
 
 demo: install
-	deepinfer generate "To be, or not to be" --max-tokens 48
+	$(PYTHON) -m deepinfer.cli generate "To be, or not to be" --max-tokens 48
 
 clean:
 	rm -rf build
