@@ -6,7 +6,7 @@
 //   - queued back to back (programmatic dependent launches on the stream);
 //   - replayed from a captured graph (programmatic edges between the kernel nodes), several times.
 // The ops' values themselves are checked against the CPU in cuda_backend_test.cpp. With DEEPINFER_DISABLE_PDL=1 the
-// same test runs the plain launches. Skipped without a GPU.
+// same test runs the plain launches. Fails without a GPU.
 #ifdef DEEPINFER_HAVE_CUDA
 
 #include <gtest/gtest.h>
@@ -247,7 +247,7 @@ void expect_same_bytes(const Results& got, const Results& want, const std::strin
 }
 
 TEST(CudaDependentLaunch, ChainedOpsMatchTheSerializedRunEagerlyAndInAGraph) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  DEEPINFER_REQUIRE_CUDA_DEVICE();
   SCOPED_TRACE(cuda::pdl_enabled() ? "programmatic dependent launches" : "plain launches (DEEPINFER_DISABLE_PDL)");
   const std::unique_ptr<Backend> cuda = make_cuda_backend();
   const DecodeChain chain(*cuda);
