@@ -19,12 +19,14 @@ from pathlib import Path
 
 import pytest
 
-httpx = pytest.importorskip("httpx")
-openai = pytest.importorskip("openai")
-pytest.importorskip("fastapi")
-pytest.importorskip("uvicorn")
-pytest.importorskip("prometheus_client")
-pytest.importorskip("yaml")
+from conftest import require_module
+
+httpx = require_module("httpx")
+openai = require_module("openai")
+require_module("fastapi")
+require_module("uvicorn")
+require_module("prometheus_client")
+require_module("yaml")
 
 import deepinfer  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
