@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the C++ tests with the CUDA backend (sm_90a, cuBLAS) and runs the CUDA op tests (every test whose name holds
-# "Cuda": the CUDA backend against the CPU reference). Logs and the GoogleTest XML report go to $OUT (default
+# Builds the C++ tests with the CUDA backend (sm_90a, cuBLAS) and runs every test of the binary: the GPU ones (whose
+# name holds "Cuda": the CUDA backend against the CPU reference; they fail without a device) and the host-only rest. Logs and the GoogleTest XML report go to $OUT (default
 # ./out/cuda_op_tests). Run from anywhere in the repository on a Hopper GPU machine with CUDA 13, CMake and a C++20
 # compiler. Arguments go to the test binary (e.g. --gtest_also_run_disabled_tests for the bandwidth figures of
 # CudaBackendPerf). The exit status is the test binary's.
@@ -9,7 +9,7 @@
 #   JSON_INCLUDE  a folder holding nlohmann/json.hpp, for a machine without the nlohmann_json CMake package.
 #   CMAKE_ARGS    more CMake arguments, split on spaces (e.g. cuBLAS library paths for a toolkit without it).
 #   BUILD         the build folder (default build/cuda_op_tests); JOBS: parallel build jobs (default: all cores).
-#   GTEST_FILTER  the tests to run (default '*Cuda*').
+#   GTEST_FILTER  the tests to run (default '*': all; '*Cuda*' for the GPU ones only).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-out/cuda_op_tests}
@@ -44,5 +44,5 @@ cmake_args+=("${extra_cmake_args[@]}")
   echo "build: $(( $(date +%s) - start )) s"
 } 2>&1 | tee "$OUT/build.log"
 
-"$BUILD/deepinfer/deepinfer_cpp_tests" --gtest_filter="${GTEST_FILTER:-*Cuda*}" \
+"$BUILD/deepinfer/deepinfer_cpp_tests" --gtest_filter="${GTEST_FILTER:-*}" \
   --gtest_output="xml:$OUT/cuda_op_tests.xml" "$@" 2>&1 | tee "$OUT/test.log"

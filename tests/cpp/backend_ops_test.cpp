@@ -27,6 +27,7 @@
 #include "backend/cuda/runtime/cuda_stream.h"
 #include "backend/cuda/runtime/device_buffer.h"
 #include "backend/cuda/norm/rms_norm.cuh"
+#include "cuda_device_required.h"
 #endif
 
 namespace deepinfer::op_test {
@@ -1264,17 +1265,10 @@ class CudaMemory final : public Memory {
   std::vector<cuda::DeviceBuffer> buffers_;
 };
 
-bool have_cuda_device() {
-  int count = 0;
-  const bool ok = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-  cudaGetLastError();  // clear "no device" / "no driver"
-  return ok;
-}
-
 // The CUDA RMSNorm (bf16 in and out, fp32 weight) against the CPU rms_norm on the same bf16 values widened to fp32.
 // The only expected difference is the final rounding to bf16: half a bf16 ulp, 2^-9 relative.
 TEST(BackendOpsCuda, RmsNormBf16MatchesCpu) {
-  if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
+  DEEPINFER_REQUIRE_CUDA_DEVICE();
   struct RmsCase {
     int64_t rows, dim, row_stride;
     Placement placement;
@@ -1320,7 +1314,7 @@ TEST(BackendOpsCuda, RmsNormBf16MatchesCpu) {
 }
 
 TEST(BackendOpsCuda, RmsNormRejectsHostOrFloatTensors) {
-  if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device";
+  DEEPINFER_REQUIRE_CUDA_DEVICE();
   std::vector<float> x(8, 1.0f), w(4, 1.0f);
   const TensorView host_view{x.data(), DType::kF32, {2, 4}, Device::kCpu};
   EXPECT_THROW(cuda::rms_norm({.x = host_view, .weight = {w.data(), DType::kF32, {4}, Device::kCpu},
@@ -1343,7 +1337,7 @@ namespace {
 class SharedCasesCudaVsCpu : public ::testing::TestWithParam<size_t> {};
 
 TEST_P(SharedCasesCudaVsCpu, Case) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  DEEPINFER_REQUIRE_CUDA_DEVICE();
   const std::unique_ptr<Backend> cuda = make_cuda_backend();
   const std::unique_ptr<Backend> cpu = make_cpu_backend();
   DeviceMemory device_memory;

@@ -1,6 +1,6 @@
 // Achieved bandwidth and TFLOP/s of the CUDA backend's ops at model sizes, beside a device-to-device copy measured in
 // the same run: DeepSeek-V3-sized elementwise ops, norms and GEMMs, and the MLA prefill paths. Disabled in normal
-// runs (the GPU script passes --gtest_also_run_disabled_tests); skipped without a GPU.
+// runs (the GPU script passes --gtest_also_run_disabled_tests); they fail without a GPU.
 #ifdef DEEPINFER_HAVE_CUDA
 
 #include <gtest/gtest.h>
@@ -69,7 +69,7 @@ class PerfRunner {
 };
 
 TEST(CudaBackendPerf, DISABLED_OpsAtModelSizes) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  DEEPINFER_REQUIRE_CUDA_DEVICE();
   const std::unique_ptr<Backend> cuda = make_cuda_backend();
   PerfRunner perf;
   constexpr DType kBf16 = DType::kBF16;
@@ -188,7 +188,7 @@ TEST(CudaBackendPerf, DISABLED_OpsAtModelSizes) {
 // alone (cuda::mla_prefill_attention on a filled workspace). FLOPs: the decompression GEMM (2 * rows * H * 256 * 512)
 // plus the causal attention (2 * (192 + 128) per visible (query, key) pair and head).
 TEST(CudaBackendPerf, DISABLED_MlaPrefill) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  DEEPINFER_REQUIRE_CUDA_DEVICE();
   struct Path {
     const char* name;
     cuda::MlaPrefillKernel kernel;

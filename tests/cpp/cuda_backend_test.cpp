@@ -6,8 +6,9 @@
 // and fp32 summation order differ: tolerance 1e-2 of the largest reference value) and float32 (tolerance 1e-5).
 // Copies (embedding, gathers, strided copies, cache write) and untouched elements compare exactly. Index arrays
 // (ids, positions, slots, attention metadata) are device tensors, as the model passes them. MLA decode and prefill
-// and the MoE experts run in bfloat16 only (their kernels' type); MoE routing takes fp32 logits. Skipped without a
-// GPU.
+// and the MoE experts run in bfloat16 only (their kernels' type); MoE routing takes fp32 logits. The tests that need
+// a GPU are the *Cuda* ones and fail without one (cuda_device_required.h); the rest (the host-side heuristics and
+// switches) run anywhere the CUDA build does.
 #ifdef DEEPINFER_HAVE_CUDA
 
 #include <gtest/gtest.h>
@@ -1131,7 +1132,7 @@ class CudaAgainstCpu : public ::testing::TestWithParam<size_t> {
  protected:
   // The case GetParam() on the CUDA backend against the CPU reference.
   void run_case() {
-    if (cuda_ == nullptr) GTEST_SKIP() << "no CUDA device";
+    DEEPINFER_REQUIRE_CUDA_DEVICE();
     DeviceMemory device_memory;
     HostMemory host_memory;
     expect_matches_reference(registry().cases()[GetParam()], *cuda_, device_memory, *cpu_, host_memory);
@@ -1172,8 +1173,8 @@ INSTANTIATE_TEST_SUITE_P(CudaBackend, CudaMmaMlaPrefillVsCpu, ::testing::ValuesI
                          });
 
 // DEEPINFER_MLA_PREFILL's values (host code: runs without a device): unset, empty and "wgmma" pick the Hopper kernel,
-// "mma" mma.sync, anything else throws.
-TEST(CudaTuning, MlaPrefillKernelSwitch) {
+// "mma" mma.sync, anything else throws. Host-only: no "Cuda" in its name.
+TEST(TuningRecord, MlaPrefillKernelSwitch) {
   const auto kernel = [] { return cuda::CudaTuning::from_env().mla_prefill_kernel; };
   {
     const ScopedEnv unset("DEEPINFER_MLA_PREFILL", "");
@@ -1200,7 +1201,7 @@ TEST(CudaTuning, MlaPrefillKernelSwitch) {
 
 // The on/off switches (host code): unset leaves the defaults (PDL and the skinny GEMM on, no profiling); "1" turns
 // each kill switch on, "0" leaves it off.
-TEST(CudaTuning, FlagsFromTheEnvironment) {
+TEST(TuningRecord, FlagsFromTheEnvironment) {
   const ScopedEnv pdl("DEEPINFER_DISABLE_PDL", ""), skinny("DEEPINFER_DISABLE_SKINNY_GEMM", "");
   const ScopedEnv profile("DEEPINFER_PROFILE_OPS", "");
   for (const char* name : {"DEEPINFER_DISABLE_PDL", "DEEPINFER_DISABLE_SKINNY_GEMM", "DEEPINFER_PROFILE_OPS"}) {
@@ -1229,7 +1230,7 @@ constexpr OpKind kGemms[] = {OpKind::kLinear, OpKind::kHeadLinear, OpKind::kMlaP
 
 // supports() reports exactly the implemented ops (the GEMMs only with cuBLAS), and every supported op has cases.
 TEST(CudaBackend, ReportsTheOpsItImplements) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  DEEPINFER_REQUIRE_CUDA_DEVICE();
   const std::unique_ptr<Backend> cuda = make_cuda_backend();
   EXPECT_EQ(cuda->device(), Device::kCuda);
   EXPECT_EQ(cuda->name(), "cuda");
@@ -1253,7 +1254,7 @@ TEST(CudaBackend, ReportsTheOpsItImplements) {
 // at once, the graph arena only once the tensors above it go, so the recording needs more arena than the warm-up
 // reserved. capture() must then grow the arena and record again, and the graph must compute what the eager run does.
 TEST(CudaBackend, CaptureRecordsAgainWhenTheArenaRunsShort) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  DEEPINFER_REQUIRE_CUDA_DEVICE();
   const std::unique_ptr<Backend> cuda = make_cuda_backend();  // a fresh arena: sized by this capture alone
   constexpr int64_t n = 1 << 18;                              // 1 MiB of float32
   const std::vector<float> one(static_cast<size_t>(n), 1.0f);
@@ -1281,7 +1282,7 @@ TEST(CudaBackend, CaptureRecordsAgainWhenTheArenaRunsShort) {
 }
 
 TEST(CudaBackend, MemoryRoundTrips) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  DEEPINFER_REQUIRE_CUDA_DEVICE();
   const std::unique_ptr<Backend> cuda = make_cuda_backend();
   EXPECT_EQ(cuda->activation_dtype(), DType::kBF16);
   {
@@ -1320,7 +1321,7 @@ TEST(CudaBackend, MemoryRoundTrips) {
 
 // Host tensors, mixed dtypes and unsupported dtypes are rejected before anything is queued.
 TEST(CudaBackend, RejectsHostTensorsAndMixedDtypes) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  DEEPINFER_REQUIRE_CUDA_DEVICE();
   const std::unique_ptr<Backend> cuda = make_cuda_backend();
   DeviceMemory memory;
   OpRunner run(memory);
@@ -1365,7 +1366,7 @@ TEST(CudaBackend, RejectsHostTensorsAndMixedDtypes) {
 // The fused mla_prepare kernel against the five ops it replaces, run on the CUDA backend itself (Backend's default
 // mla_prepare): bfloat16 results equal bit for bit, so the fusion leaves the model's CUDA results where they were.
 TEST(CudaBackend, MlaPrepareMatchesTheUnfusedOpsBitForBit) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  DEEPINFER_REQUIRE_CUDA_DEVICE();
   const std::unique_ptr<Backend> cuda = make_cuda_backend();
   for (const int64_t heads : {int64_t{16}, int64_t{128}}) {
     for (const bool interleaved : {true, false}) {
@@ -1456,7 +1457,7 @@ struct MoeTestInputs {
 // (Backend's default moe, which aligns the given ids again): the ids, weights and bfloat16 output equal bit for bit,
 // on the decode path (1 and 5 tokens) and the grouped one (300 tokens), V3 and V2-Lite routing with shared experts.
 TEST(CudaBackend, MoeMatchesRouteThenExpertsBitForBit) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  DEEPINFER_REQUIRE_CUDA_DEVICE();
   const std::unique_ptr<Backend> cuda = make_cuda_backend();
   const MoeTestShape shapes[] = {{1, 256, 8, 1, 8, 4, ExpertScoring::kSigmoid, TopkMethod::kNoauxTc},
                                  {5, 256, 8, 1, 8, 4, ExpertScoring::kSigmoid, TopkMethod::kNoauxTc},
@@ -1566,7 +1567,7 @@ TEST(SkinnyGemm, LoadsShortWarpRangesWholeBeforeTheWait) {
 // Split K adds the cluster's partial sums in rank order, so the bits do not depend on timing: the same launch twice
 // and a graph replay of it give the same output (V3's router shape, 4 CTAs a cluster).
 TEST(CudaBackend, SplitKSkinnyGemmIsDeterministic) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  DEEPINFER_REQUIRE_CUDA_DEVICE();
   const std::unique_ptr<Backend> cuda = make_cuda_backend();
   const int64_t m = 3, n = 256, k = 7168;
   Rng rng(77);
@@ -1630,7 +1631,7 @@ void expect_moe_calls_repeat_and_replay(Backend& cuda, OpRunner& run, std::span<
 // counter left over would make a run skip its work or read act too early). V2-Lite's routing with two shared experts
 // (their gate/up items may run before the grid dependency wait) and V3's with one, at 1, 3 and 4 tokens.
 TEST(CudaBackend, MoeDecodeOneLaunchRepeatsAndReplaysBitForBit) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  DEEPINFER_REQUIRE_CUDA_DEVICE();
   const std::unique_ptr<Backend> cuda = make_cuda_backend();
   const MoeTestShape shapes[] = {{1, 64, 6, 2, 1, 1, ExpertScoring::kSoftmax, TopkMethod::kGreedy},
                                  {3, 64, 6, 2, 1, 1, ExpertScoring::kSoftmax, TopkMethod::kGreedy},
@@ -1659,7 +1660,7 @@ TEST(CudaBackend, MoeDecodeOneLaunchRepeatsAndReplaysBitForBit) {
 // checked against the CPU by the moe cases of CudaVsCpu. V2-Lite's routing at its width (2048, the router in the
 // route kernel) at 1 and 5 tokens, V3's with one shared expert at 3, and a case of given logits.
 TEST(CudaBackend, MoeDecodeCallsChainAndReplayBitForBit) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  DEEPINFER_REQUIRE_CUDA_DEVICE();
   const std::unique_ptr<Backend> cuda = make_cuda_backend();
   struct ChainCase {
     MoeTestShape sh;

@@ -7,7 +7,7 @@
 //   - replayed from a captured graph (programmatic edges between the kernel nodes), several times.
 // The ops' values themselves are checked against the CPU in cuda_backend_test.cpp. The test runs twice: on a backend
 // whose tuning record launches with PDL, and on one that launches plainly (CudaTuning::pdl off, as
-// DEEPINFER_DISABLE_PDL=1 makes it). Skipped without a GPU.
+// DEEPINFER_DISABLE_PDL=1 makes it). Fails without a GPU.
 #ifdef DEEPINFER_HAVE_CUDA
 
 #include <gtest/gtest.h>
@@ -268,7 +268,7 @@ void run_chain(Backend& cuda) {
 }
 
 TEST(CudaDependentLaunch, ChainedOpsMatchTheSerializedRunEagerlyAndInAGraph) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  DEEPINFER_REQUIRE_CUDA_DEVICE();
   for (const bool pdl : {true, false}) {
     SCOPED_TRACE(pdl ? "programmatic dependent launches" : "plain launches (CudaTuning::pdl off)");
     cuda::CudaTuning tuning = cuda::CudaTuning::from_env();

@@ -97,7 +97,7 @@ void print_versus(const char* name, int64_t m, double bytes, double t_skinny, do
 }
 
 TEST(CudaGemmPerf, DISABLED_SkinnyVsCublas) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  DEEPINFER_REQUIRE_CUDA_DEVICE();
   cuda::CudaTuning tuning = cuda::CudaTuning::from_env();
   tuning.skinny_gemm = true;
   const std::unique_ptr<Backend> skinny = make_cuda_backend(0, tuning);

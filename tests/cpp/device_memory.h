@@ -15,17 +15,12 @@
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/cuda_stream.h"
 #include "backend/cuda/runtime/device_buffer.h"
+#include "cuda_device_required.h"
 #include "op_test_harness.h"
 
 namespace deepinfer::op_test {
 
-// True when a CUDA device can be used; clears the error a machine without a GPU or driver reports.
-inline bool cuda_device_available() {
-  int count = 0;
-  const bool ok = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-  cudaGetLastError();
-  return ok;
-}
+using ::deepinfer::test::cuda_device_available;
 
 class DeviceMemory final : public Memory {
  public:

@@ -391,7 +391,12 @@ inline void expect_matches_naive(const OpCase& c, Backend& backend, Memory& memo
   OpRunner runner(backend, memory);
   const CaseRun got = run_checked(c, runner);
   if (got.unsupported) GTEST_SKIP() << backend.name() << " declined: " << *got.unsupported;
-  if (!got.outputs) return;
+  if (!got.outputs) {  // the case expects a throw (checked), or the run threw (recorded as a failure)
+    if (!expects_throw(c, runner) && !::testing::Test::HasFailure()) {
+      ADD_FAILURE() << c.name << ": nothing to compare, and no failure recorded";
+    }
+    return;
+  }
   for (const std::string& e : compare_outputs(*got.outputs, c.naive(), c.tolerance)) {
     ADD_FAILURE() << c.name << " on " << backend.name() << " vs naive: " << e;
   }
@@ -409,7 +414,15 @@ inline void expect_matches_reference(const OpCase& c, Backend& test, Memory& tes
   const CaseRun got = run_checked(c, test_runner);
   if (got.unsupported) GTEST_SKIP() << test.name() << " declined: " << *got.unsupported;
   const CaseRun ref = run_checked(c, reference_runner);
-  if (!got.outputs || !ref.outputs) return;
+  // A case the reference declines compares nothing: reported as skipped (never as passed).
+  if (ref.unsupported) GTEST_SKIP() << reference.name() << " (the reference) declined: " << *ref.unsupported;
+  if (!got.outputs || !ref.outputs) {
+    // No outputs: the case expects a throw (run_checked checked it), or a run threw (run_checked recorded that).
+    if (!expects_throw(c, test_runner) && !::testing::Test::HasFailure()) {
+      ADD_FAILURE() << c.name << ": nothing to compare, and no failure recorded";
+    }
+    return;
+  }
   for (const std::string& e : compare_outputs(*got.outputs, *ref.outputs, c.tolerance * tolerance_scale)) {
     ADD_FAILURE() << c.name << " on " << test.name() << " vs " << reference.name() << ": " << e;
   }

@@ -29,6 +29,7 @@
 #include <sys/resource.h>
 
 #include "backend/cuda/cuda_backend.h"
+#include "cuda_device_required.h"
 #endif
 
 namespace deepinfer {
@@ -733,12 +734,8 @@ TEST(LoadWeights, CpuBackendSinkEqualsTheHostSink) {
 #ifdef DEEPINFER_HAVE_CUDA
 // The backend sink on a GPU: bfloat16 matrices (staged in chunks: the embedding spans several) and float32 vectors.
 TEST(LoadWeights, CudaBackendSinkHoldsTheRoundedValues) {
-  std::unique_ptr<Backend> cuda;
-  try {
-    cuda = make_cuda_backend();
-  } catch (const Error& e) {
-    GTEST_SKIP() << "no CUDA device: " << e.what();
-  }
+  DEEPINFER_REQUIRE_CUDA_DEVICE();
+  const std::unique_ptr<Backend> cuda = make_cuda_backend();
   ModelConfig c = tiny_config(ModelVersion::kV3);
   c.vocab_size = 3 * (int64_t{1} << 22) / c.hidden_size + 5;  // embed: three staging chunks and a bit
   const auto source = make_dummy_source(19);
@@ -761,12 +758,8 @@ TEST(LoadWeights, CudaBackendSinkHoldsTheRoundedValues) {
 // A timing, not a test (run with --gtest_also_run_disabled_tests on a GPU): DeepSeek-V2-Lite's shapes (15.7B
 // parameters) from the dummy source into the GPU, with the host's peak resident memory.
 TEST(LoadWeights, DISABLED_CudaV2LiteDummyLoad) {
-  std::unique_ptr<Backend> cuda;
-  try {
-    cuda = make_cuda_backend();
-  } catch (const Error& e) {
-    GTEST_SKIP() << "no CUDA device: " << e.what();
-  }
+  DEEPINFER_REQUIRE_CUDA_DEVICE();
+  const std::unique_ptr<Backend> cuda = make_cuda_backend();
   ModelConfig c;
   c.version = ModelVersion::kV2;
   c.vocab_size = 102400;

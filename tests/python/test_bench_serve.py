@@ -7,9 +7,11 @@ import math
 
 import pytest
 
-pytest.importorskip("httpx")
-pytest.importorskip("openai")
-pytest.importorskip("fastapi")
+from conftest import require_module, skip_or_fail
+
+require_module("httpx")
+require_module("openai")
+require_module("fastapi")
 
 from deepinfer.bench.serve import _percentile, default_dataset, load_prompts, main, sample_prompts  # noqa: E402
 from test_server import ServerProcess  # noqa: E402
@@ -47,7 +49,7 @@ def test_load_prompts_formats(tmp_path):
 def test_sharegpt_default_dataset():
     path = default_dataset()
     if path is None:
-        pytest.skip("the ShareGPT prompts are not beside the repository")
+        skip_or_fail("the ShareGPT prompts are not beside the repository (../shared/assets/prompts)")
     prompts = load_prompts(path)
     assert len(prompts) == 1000 and all(isinstance(p, str) and p for p in prompts)
 

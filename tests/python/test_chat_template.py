@@ -7,6 +7,7 @@ from datetime import datetime
 import pytest
 
 from conftest import V3_TOKENIZER_DIR as V3_DIR
+from conftest import require_asset, require_module
 
 from deepinfer.chat import ChatTemplateError, render_chat_template, select_chat_template
 from deepinfer.tokenizer import Tokenizer
@@ -14,16 +15,14 @@ from deepinfer.tokenizer import Tokenizer
 
 @pytest.fixture(scope="module")
 def ours():
-    if not (V3_DIR / "tokenizer.json").is_file():
-        pytest.skip("shared/assets/deepseek-v3-tokenizer (beside the repository) is not present")
+    require_asset(V3_DIR / "tokenizer.json")
     return Tokenizer.from_dir(V3_DIR)
 
 
 @pytest.fixture(scope="module")
 def hf():
-    if not (V3_DIR / "tokenizer.json").is_file():
-        pytest.skip("shared/assets/deepseek-v3-tokenizer (beside the repository) is not present")
-    transformers = pytest.importorskip("transformers")
+    require_asset(V3_DIR / "tokenizer.json")
+    transformers = require_module("transformers")
     transformers.logging.set_verbosity_error()
     return transformers.AutoTokenizer.from_pretrained(str(V3_DIR))
 
@@ -209,8 +208,7 @@ def test_missing_template_is_a_clear_value_error():
 
 
 def test_tokenizer_without_template(tmp_path):
-    if not (V3_DIR / "tokenizer.json").is_file():
-        pytest.skip("shared/assets/deepseek-v3-tokenizer (beside the repository) is not present")
+    require_asset(V3_DIR / "tokenizer.json")
     import shutil
 
     shutil.copyfile(V3_DIR / "tokenizer.json", tmp_path / "tokenizer.json")

@@ -5,10 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import skip_or_fail
+
 from deepinfer import DeepInferenceEngine, EngineConfig, SamplingParams
 from deepinfer.default_model import TRAINED_MODEL_DIR, has_trained_model
 
-pytestmark = pytest.mark.skipif(not has_trained_model(), reason="this build ships no trained demo model")
+if not has_trained_model():  # the repository ships it: in CI its absence is a broken install
+    skip_or_fail(f"this build ships no trained demo model ({TRAINED_MODEL_DIR})")
 
 PROMPTS = ["ROMEO:", "First Citizen:\nBefore we proceed any further, hear me speak.", "KING RICHARD III:\nNow is the",
            "To be, or not to be"]

@@ -11,10 +11,12 @@ import random
 
 import pytest
 
-pytest.importorskip("fastapi")
-pytest.importorskip("prometheus_client")
-pytest.importorskip("yaml")
-httpx = pytest.importorskip("httpx")
+from conftest import require_module
+
+require_module("fastapi")
+require_module("prometheus_client")
+require_module("yaml")
+httpx = require_module("httpx")
 
 from deepinfer.config import EngineConfig, QuantizationConfig  # noqa: E402
 from deepinfer.outputs import CompletionOutput, RequestOutput  # noqa: E402

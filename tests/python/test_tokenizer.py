@@ -11,13 +11,15 @@ import pytest
 
 from conftest import SHAREGPT_PROMPTS as PROMPTS
 from conftest import V3_TOKENIZER_DIR as V3_DIR
+from conftest import default_v3_tokenizer, require_asset, require_module
 
-from deepinfer.tokenizer import DEEPSEEK_V3_TOKENIZER_REQUIREMENT, Tokenizer
+from deepinfer.tokenizer import Tokenizer
 
-needs_assets = pytest.mark.skipif(
-    not (V3_DIR / "tokenizer.json").is_file(),
-    reason="shared/assets/deepseek-v3-tokenizer (beside the repository) is not present",
-)
+
+@pytest.fixture
+def needs_assets():
+    """The tokenizer files under ../shared/assets (absent: a skip, or a failure in CI)."""
+    return require_asset(V3_DIR / "tokenizer.json")
 
 TEXTS = [
     "Hello, world! This is a test.",
@@ -48,8 +50,7 @@ def _sha256(path: Path) -> str:
 
 
 def _load_prompts(limit: int | None = None) -> list[str]:
-    if not PROMPTS.is_file():
-        pytest.skip("shared/assets/prompts/sharegpt_v3_filtered_1000.json is not present")
+    require_asset(PROMPTS)
     data = json.loads(PROMPTS.read_text(encoding="utf-8"))
     out = []
     for item in data[:limit]:
@@ -60,8 +61,7 @@ def _load_prompts(limit: int | None = None) -> list[str]:
 
 @pytest.fixture(scope="module")
 def reference():
-    if not (V3_DIR / "tokenizer.json").is_file():
-        pytest.skip("shared/assets/deepseek-v3-tokenizer is not present")
+    require_asset(V3_DIR / "tokenizer.json")
     from tokenizers import Tokenizer as HFTokenizer
 
     return HFTokenizer.from_file(str(V3_DIR / "tokenizer.json"))
@@ -69,25 +69,20 @@ def reference():
 
 @pytest.fixture(scope="module")
 def default_tok():
-    try:
-        return Tokenizer.default_deepseek_v3()
-    except (ModuleNotFoundError, ValueError) as e:
-        pytest.skip(f"default tokenizer unavailable ({DEEPSEEK_V3_TOKENIZER_REQUIREMENT} needed): {e}")
+    return default_v3_tokenizer()
 
 
 @pytest.fixture(scope="module")
 def dir_tok():
-    if not (V3_DIR / "tokenizer.json").is_file():
-        pytest.skip("shared/assets/deepseek-v3-tokenizer is not present")
+    require_asset(V3_DIR / "tokenizer.json")
     return Tokenizer.from_dir(V3_DIR)
 
 
 @pytest.fixture(scope="module")
 def hf_tokenizers():
     """transformers' AutoTokenizer on the asset dir: as loaded, and with add_bos_token=True."""
-    if not (V3_DIR / "tokenizer.json").is_file():
-        pytest.skip("shared/assets/deepseek-v3-tokenizer is not present")
-    transformers = pytest.importorskip("transformers")
+    require_asset(V3_DIR / "tokenizer.json")
+    transformers = require_module("transformers")
     transformers.logging.set_verbosity_error()
     plain = transformers.AutoTokenizer.from_pretrained(str(V3_DIR))
     with_bos = transformers.AutoTokenizer.from_pretrained(str(V3_DIR), add_bos_token=True)
@@ -98,8 +93,7 @@ def hf_tokenizers():
 # The default tokenizer is DeepSeek-V3's, exactly
 
 
-@needs_assets
-def test_default_tokenizer_json_is_byte_identical_to_reference(default_tok):
+def test_default_tokenizer_json_is_byte_identical_to_reference(needs_assets, default_tok):
     from deepinfer.tokenizer.tokenizer import _deepseek_v3_tokenizer_json
 
     rebuilt = _deepseek_v3_tokenizer_json().encode("utf-8")
@@ -107,8 +101,7 @@ def test_default_tokenizer_json_is_byte_identical_to_reference(default_tok):
     assert hashlib.sha256(rebuilt).hexdigest().startswith("621ac2e3")
 
 
-@needs_assets
-def test_default_tokenizer_config_is_byte_identical_to_reference():
+def test_default_tokenizer_config_is_byte_identical_to_reference(needs_assets):
     from deepinfer.tokenizer.tokenizer import _V3_CONFIG_DIR
 
     shipped = _V3_CONFIG_DIR / "tokenizer_config.json"
@@ -198,8 +191,7 @@ def test_default_equals_from_dir(default_tok, dir_tok):
 
 
 def _tokenizer_dir(tmp_path: Path, config: dict | None = None, **extra_files: str) -> Path:
-    if not (V3_DIR / "tokenizer.json").is_file():
-        pytest.skip("shared/assets/deepseek-v3-tokenizer is not present")
+    require_asset(V3_DIR / "tokenizer.json")
     d = tmp_path / "tok"
     d.mkdir()
     shutil.copyfile(V3_DIR / "tokenizer.json", d / "tokenizer.json")
