@@ -27,6 +27,7 @@
 #include "backend/cuda/runtime/graph_arena.h"
 #include "backend/cuda/gemm/head_gemv.cuh"
 #include "backend/cuda/runtime/launch.h"
+#include "backend/cuda/runtime/launch_ledger.h"
 #include "backend/cuda/mla/mla_cache_write.cuh"
 #include "backend/cuda/mla/mla_decode.cuh"
 #include "backend/cuda/mla/mla_prepare.cuh"
@@ -92,8 +93,8 @@ void free_pinned(void* data, void*) { cudaFreeHost(data); }
 // moves on whenever memory a graph may have recorded (a workspace, the graph arena) is replaced.
 class CudaStepGraph final : public StepGraph {
  public:
-  CudaStepGraph(cudaGraphExec_t exec, cudaStream_t stream, const uint64_t& generation)
-      : exec_(exec), stream_(stream), generation_(generation), recorded_in_(generation) {}
+  CudaStepGraph(cudaGraphExec_t exec, cudaStream_t stream, const uint64_t& generation, cuda::LaunchLedger& ledger)
+      : exec_(exec), stream_(stream), generation_(generation), recorded_in_(generation), ledger_(ledger) {}
   CudaStepGraph(const CudaStepGraph&) = delete;
   CudaStepGraph& operator=(const CudaStepGraph&) = delete;
   ~CudaStepGraph() override { cudaGraphExecDestroy(exec_); }
@@ -101,6 +102,7 @@ class CudaStepGraph final : public StepGraph {
   bool replay() override {
     if (generation_ != recorded_in_) return false;
     CUDA_TRY(cudaGraphLaunch(exec_, stream_));
+    ledger_.unknown_work();
     return true;
   }
 
@@ -109,6 +111,7 @@ class CudaStepGraph final : public StepGraph {
   cudaStream_t stream_;
   const uint64_t& generation_;  // the backend's, which outlives its graphs
   uint64_t recorded_in_;
+  cuda::LaunchLedger& ledger_;  // the backend's, which outlives its graphs
 };
 
 void check_on_device(const ConstTensorView& t, const char* op, const char* name) {
@@ -141,10 +144,11 @@ bool skinny_gemm_enabled_from_env() { return !env_flag("DEEPINFER_DISABLE_SKINNY
 bool head_gemv_enabled_from_env() { return !env_flag("DEEPINFER_DISABLE_HEAD_GEMV"); }
 // DEEPINFER_DISABLE_FUSED_ROUTER=1 computes the MoE router logits with linear before the route kernel.
 bool fused_router_enabled_from_env() { return !env_flag("DEEPINFER_DISABLE_FUSED_ROUTER"); }
-// DEEPINFER_DISABLE_MLA_DECODE_PREWAIT=1 ignores MlaDecodeArgs::fresh_rows: every cache read waits for the previous
-// kernel.
+// DEEPINFER_DISABLE_MLA_DECODE_PREWAIT=1 overrides the launch ledger's fresh_rows for MLA decode: every cache read
+// waits for the previous kernel.
 bool mla_decode_prewait_enabled_from_env() { return !env_flag("DEEPINFER_DISABLE_MLA_DECODE_PREWAIT"); }
-// DEEPINFER_DISABLE_OP_OVERLAP=1 ignores HeadLinearArgs::overlap_previous_op: head_linear waits for the op before.
+// DEEPINFER_DISABLE_OP_OVERLAP=1 overrides the launch ledger's before_wait for head_linear: it waits for the op
+// before.
 bool op_overlap_enabled_from_env() { return !env_flag("DEEPINFER_DISABLE_OP_OVERLAP"); }
 // DEEPINFER_DISABLE_MLA_FUSED_COMBINE=1 keeps MLA decode's split combine a kernel of its own when the op projects
 // with W_UV (MlaDecodeArgs::w_uv), rather than folded into the projection's head_gemv.
@@ -237,6 +241,7 @@ class CudaBackend final : public Backend {
     CUDA_TRY(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
     work();
     stream_.synchronize();
+    ledger_.serialized();
     uint64_t used_high = 0;
     CUDA_TRY(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &used_high));
     if (arena_.reserve(static_cast<size_t>(used_high > used_before ? used_high - used_before : 0))) {
@@ -256,7 +261,10 @@ class CudaBackend final : public Backend {
   Tensor zeros(Shape shape, DType dtype) override {
     Tensor t = empty(shape, dtype);
     const TensorView v = t.view();
-    if (v.bytes() > 0) CUDA_TRY(cudaMemsetAsync(v.data, 0, v.bytes(), stream_.get()));
+    if (v.bytes() > 0) {
+      CUDA_TRY(cudaMemsetAsync(v.data, 0, v.bytes(), stream_.get()));
+      ledger_.serialized();
+    }
     return t;
   }
 
@@ -266,6 +274,7 @@ class CudaBackend final : public Backend {
     check_copy(host, dst, Device::kCpu, Device::kCuda, "cuda copy_to_device");
     if (dst.bytes() > 0) {
       CUDA_TRY(cudaMemcpyAsync(dst.data, host.data, dst.bytes(), cudaMemcpyHostToDevice, stream_.get()));
+      ledger_.serialized();
     }
   }
 
@@ -274,6 +283,7 @@ class CudaBackend final : public Backend {
     if (host.bytes() == 0) return;
     CUDA_TRY(cudaMemcpyAsync(host.data, src.data, host.bytes(), cudaMemcpyDeviceToHost, stream_.get()));
     stream_.synchronize();
+    ledger_.serialized();
     if (profiler_.enabled()) profiler_.collect();
   }
 
@@ -305,13 +315,17 @@ class CudaBackend final : public Backend {
     const int64_t m = a.x.shape[0], n = a.w.shape[0], k = a.x.shape[1];
     if (m == 0 || n == 0) return;
     if (k == 0) {
-      if (!a.accumulate) CUDA_TRY(cudaMemsetAsync(a.out.data, 0, a.out.bytes(), stream_.get()));
+      if (!a.accumulate) {
+        CUDA_TRY(cudaMemsetAsync(a.out.data, 0, a.out.bytes(), stream_.get()));
+        ledger_.serialized();
+      }
       return;
     }
     const cuda::SkinnyGemmParams skinny = skinny_params(
         a.x, {{a.w, a.out, a.accumulate ? cuda::SkinnyEpilogue::kAccumulate : cuda::SkinnyEpilogue::kStore}});
     if (use_skinny(a.x.dtype, skinny)) {
       cuda::skinny_gemm(skinny, stream_.get());
+      ledger_.launched(cuda::Trigger::kAfterWait, cuda::OpAccesses::any());
       return;
     }
 #ifdef DEEPINFER_HAVE_CUBLAS
@@ -324,6 +338,7 @@ class CudaBackend final : public Backend {
                           static_cast<int>(k), &beta, a.out.data, cuda_type(a.out.dtype), static_cast<int>(n),
                           CUBLAS_COMPUTE_32F,
                           CUBLAS_GEMM_DEFAULT));
+    ledger_.library_work(cuda::accesses_of(a));
 #else
     throw UnsupportedOp(str_cat(kOp, ": this build has no cuBLAS"));
 #endif
@@ -340,6 +355,7 @@ class CudaBackend final : public Backend {
     const auto timing =
         timed([&] { return str_cat("linear_silu_mul [", a.w.shape[0], " x ", a.w.shape[1], "] M=", a.x.shape[0]); });
     cuda::skinny_gemm(skinny, stream_.get());
+    ledger_.launched(cuda::Trigger::kAfterWait, cuda::OpAccesses::any());
   }
 
   void multi_linear(const MultiLinearArgs& a) override {
@@ -363,6 +379,7 @@ class CudaBackend final : public Backend {
       return label;
     });
     cuda::skinny_gemm(skinny, stream_.get());
+    ledger_.launched(cuda::Trigger::kAfterWait, cuda::OpAccesses::any());
   }
 
   void head_linear(const HeadLinearArgs& a) override {
@@ -375,15 +392,17 @@ class CudaBackend final : public Backend {
     const int64_t out_stride = a.out_head_stride == 0 ? n : a.out_head_stride;
     if (tokens == 0 || heads == 0 || n == 0) return;
     if (head_gemv_enabled_ && a.x.dtype == DType::kBF16 && a.w.dtype == DType::kBF16 && a.out.dtype == DType::kBF16) {
+      const cuda::Trigger trigger = ledger_.trigger(OpKind::kHeadLinear);
       const cuda::HeadGemvParams gemv{.x = static_cast<const uint16_t*>(a.x.data),
                                       .w = static_cast<const uint16_t*>(a.w.data),
                                       .out = static_cast<uint16_t*>(a.out.data), .tokens = tokens, .heads = heads,
                                       .k = k, .n = n, .x_head_stride = x_stride, .out_head_stride = out_stride,
                                       .num_sms = num_sms_,
-                                      .before_wait = a.overlap_previous_op && op_overlap_enabled_ ? 1 : 0,
-                                      .trigger_early = cuda::trigger_early(a.next_op_may_start_early) ? 1 : 0};
+                                      .before_wait = op_overlap_enabled_ && ledger_.head_linear_before_wait(a) ? 1 : 0,
+                                      .trigger_early = trigger == cuda::Trigger::kAtStart ? 1 : 0};
       if (cuda::head_gemv_fits(gemv)) {  // decode sizes: weights loaded while the previous kernel drains
         cuda::head_gemv(gemv, stream_.get());
+        ledger_.launched(trigger, cuda::accesses_of(a));
         return;
       }
     }
@@ -392,6 +411,7 @@ class CudaBackend final : public Backend {
       const size_t elem = dtype_size(a.out.dtype);
       CUDA_TRY(cudaMemset2DAsync(a.out.data, static_cast<size_t>(out_stride) * elem, 0, static_cast<size_t>(n) * elem,
                                  static_cast<size_t>(tokens * heads), stream_.get()));
+      ledger_.serialized();
       return;
     }
     // Head h: out[:, h, :] = x[:, h, :] · w[h]^T. Column-major per head: out_h^T[N, T] = w_h^T · x_h^T, where x_h is
@@ -405,6 +425,7 @@ class CudaBackend final : public Backend {
         gemm_int(heads * x_stride, kOp, "H * x head stride"), x_stride, &beta, a.out.data, cuda_type(a.out.dtype),
         gemm_int(heads * out_stride, kOp, "H * out head stride"), out_stride, gemm_int(heads, kOp, "H"),
         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    ledger_.library_work(cuda::accesses_of(a));
 #else
     throw UnsupportedOp(str_cat(kOp, ": this build has no cuBLAS"));
 #endif
@@ -414,18 +435,21 @@ class CudaBackend final : public Backend {
     const auto timing = timed("embedding");
     a.validate();  // shapes and dtypes; the ids are device memory, checked on the host before their upload
     cuda::embedding(a, stream_.get());
+    ledger_.launched(cuda::Trigger::kAfterWait, cuda::OpAccesses::any());
   }
 
   void gather_rows(const GatherRowsArgs& a) override {
     const auto timing = timed("gather_rows");
     a.validate();
     cuda::gather_rows(a, stream_.get());
+    ledger_.launched(cuda::Trigger::kAfterWait, cuda::accesses_of(a));
   }
 
   void copy_strided(const CopyStridedArgs& a) override {
     const auto timing = timed("copy_strided");
     a.validate();
     cuda::copy_strided(a, stream_.get());
+    ledger_.launched(cuda::Trigger::kAfterWait, cuda::OpAccesses::any());
   }
 
   void rms_norm(const RmsNormArgs& a) override {
@@ -436,24 +460,29 @@ class CudaBackend final : public Backend {
     } else {
       cuda::rms_norm(a, stream_.get());
     }
+    ledger_.launched(cuda::Trigger::kAfterWait, cuda::OpAccesses::any());
   }
 
   void add_rms_norm(const AddRmsNormArgs& a) override {
     const auto timing = timed("add_rms_norm");
     a.validate();
-    cuda::add_rms_norm(a, stream_.get());
+    const cuda::Trigger trigger = ledger_.trigger(OpKind::kAddRmsNorm);
+    cuda::add_rms_norm(a, trigger == cuda::Trigger::kAtStart, stream_.get());
+    ledger_.launched(trigger, cuda::OpAccesses::any());
   }
 
   void silu_mul(const SiluMulArgs& a) override {
     const auto timing = timed("silu_mul");
     a.validate();
     cuda::silu_mul(a, stream_.get());
+    ledger_.launched(cuda::Trigger::kAfterWait, cuda::OpAccesses::any());
   }
 
   void add(const AddArgs& a) override {
     const auto timing = timed("add");
     a.validate();
     cuda::add(a, stream_.get());
+    ledger_.launched(cuda::Trigger::kAfterWait, cuda::accesses_of(a));
   }
 
   void rope(const RopeArgs& a) override {
@@ -466,18 +495,21 @@ class CudaBackend final : public Backend {
                 .token_stride = a.token_stride, .head_stride = a.head_stride,
                 .attention_scaling = a.attention_scaling, .interleaved = a.interleaved},
                a.dtype, stream_.get());
+    ledger_.launched(cuda::Trigger::kAfterWait, cuda::OpAccesses::any());
   }
 
   void mla_cache_write(const MlaCacheWriteArgs& a) override {
     const auto timing = timed("mla_cache_write");
     a.validate();  // shapes and dtypes; the slots are device memory, checked on the host before their upload
     cuda::mla_cache_write(a, stream_.get());
+    ledger_.launched(cuda::Trigger::kAfterWait, cuda::accesses_of(a));
   }
 
   // One kernel for the norm, both ropes, the cache write and the decode query's rope columns (mla_prepare.cu).
   void mla_prepare(const MlaPrepareArgs& a) override {
     const auto timing = timed("mla_prepare");
     cuda::mla_prepare(a, stream_.get());  // validates: shapes, dtypes, devices; the slots are device memory
+    ledger_.launched(cuda::Trigger::kAfterWait, cuda::accesses_of(a));
   }
 
   void mla_decode(const MlaDecodeArgs& a) override {
@@ -516,12 +548,8 @@ class CudaBackend final : public Backend {
                             .max_pages_per_seq = a.meta.max_pages_per_seq,
                             .max_context_len = a.meta.max_context_len,
                             .num_sms = num_sms_,
-                            .fresh_rows = a.fresh_rows < 0 || !mla_decode_prewait_enabled_
-                                              ? -1
-                                              : static_cast<int32_t>(std::min<int64_t>(a.fresh_rows, INT32_MAX)),
-                            // With the projection, the kernel after the combine is W_UV's: it reads only its
-                            // weights before its wait.
-                            .trigger_early = cuda::trigger_early(a.projects() || a.next_op_may_start_early) ? 1 : 0,
+                            .fresh_rows = mla_decode_prewait_enabled_ ? ledger_.mla_decode_fresh_rows(a) : -1,
+                            .trigger_early = ledger_.trigger(OpKind::kMlaDecode) == cuda::Trigger::kAtStart ? 1 : 0,
                             .softmax_scale = a.softmax_scale};
     // The split count, chosen once: the workspace, the decode kernels and W_UV's fold below all take this one.
     p.num_splits = cuda::mla_decode_num_splits(p);
@@ -534,8 +562,13 @@ class CudaBackend final : public Backend {
       workspace_ = workspace(bytes);
     }
     p.workspace = bytes > 0 ? workspace_.view().data : nullptr;
+    // The attention kernels trigger after their wait: once the op after this one starts, every op before it has
+    // completed, whatever the combine or W_UV's kernel trigger. The op is recorded before the projection's
+    // head_linear, which records itself.
+    const auto record = [&] { ledger_.launched(cuda::Trigger::kAfterWait, cuda::OpAccesses::any()); };
     if (!a.projects()) {
       cuda::mla_decode(p, stream_.get());
+      record();
       return;
     }
     // The projection: for one sequence with split partials, W_UV's head_gemv combines them as it reads its x (one
@@ -545,6 +578,7 @@ class CudaBackend final : public Backend {
     // 6.088-6.126): with more rows, the 64 CTAs of W_UV read the partials with less parallelism than the combine's
     // grid of a CTA per row and column block.
     const HeadLinearArgs projection = a.projection();
+    const bool projection_early = ledger_.trigger(OpKind::kHeadLinear) == cuda::Trigger::kAtStart;
     const cuda::HeadGemvParams gemv{.x = nullptr,
                                     .w = projection.w.as<uint16_t>(),
                                     .out = projection.out.as<uint16_t>(),
@@ -556,7 +590,7 @@ class CudaBackend final : public Backend {
                                     .out_head_stride = projection.w.shape[1],
                                     .num_sms = num_sms_,
                                     .before_wait = 0,
-                                    .trigger_early = cuda::trigger_early(a.next_op_may_start_early) ? 1 : 0,
+                                    .trigger_early = projection_early ? 1 : 0,
                                     .x_partials = static_cast<const float*>(p.workspace),
                                     .x_splits = p.num_splits};
     const bool fold_combine = mla_fused_combine_enabled_ && head_gemv_enabled_ && seqs == 1 && p.workspace != nullptr &&
@@ -564,8 +598,9 @@ class CudaBackend final : public Backend {
                               cuda::head_gemv_fits(gemv);
     p.defer_combine = fold_combine ? 1 : 0;
     cuda::mla_decode(p, stream_.get());
+    record();
     if (fold_combine) {
-      cuda::head_gemv(gemv, stream_.get());
+      cuda::head_gemv(gemv, stream_.get());  // part of this op's entry: it starts after the attention's trigger
     } else {
       head_linear(projection);
     }
@@ -648,6 +683,7 @@ class CudaBackend final : public Backend {
                                  .softmax_scale = a.softmax_scale,
                                  .kernel = prefill_kernel_},
                                 stream_.get());
+    ledger_.launched(cuda::Trigger::kAfterWait, cuda::OpAccesses::any());
 #else
     throw UnsupportedOp(str_cat(kOp, ": this build has no cuBLAS"));
 #endif
@@ -662,6 +698,7 @@ class CudaBackend final : public Backend {
     if (p.num_tokens == 0 || p.top_k == 0) return;
     p.workspace = moe_route_ws_.prepare(*this, p);
     cuda::moe_route_align(p, stream_.get());
+    ledger_.launched(cuda::Trigger::kAfterWait, cuda::OpAccesses::any());
   }
 
   // The experts take the given ids (the "given ids" mode of the fused kernels: with no router logits, the first
@@ -674,6 +711,7 @@ class CudaBackend final : public Backend {
     if (p.num_tokens == 0) return;
     p.workspace = moe_experts_ws_.prepare(*this, p);
     cuda::moe_forward(p, stream_.get());
+    ledger_.launched(cuda::Trigger::kAfterWait, cuda::OpAccesses::any());
   }
 
   // Routing and experts with one alignment: the route kernel groups the pairs by expert as it routes, and the expert
@@ -698,6 +736,7 @@ class CudaBackend final : public Backend {
     }
     p.workspace = moe_experts_ws_.prepare(*this, p);
     cuda::moe_forward(p, stream_.get());
+    ledger_.launched(cuda::Trigger::kAfterWait, cuda::OpAccesses::any());
   }
 
   void sample(const SampleArgs& a) override {
@@ -708,6 +747,7 @@ class CudaBackend final : public Backend {
     check_on_device(a.rows, kOp, "rows");
     check_on_device(a.out, kOp, "out");
     cuda::sample(a, stream_.get());
+    ledger_.launched(cuda::Trigger::kAfterWait, cuda::OpAccesses::any());
   }
 
  private:
@@ -756,6 +796,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<StepGraph> record(const std::function<void()>& work) {
     cudaGraph_t graph = nullptr;
     CUDA_TRY(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal));
+    ledger_.serialized();  // the graph's first kernel has no predecessor in it
     recording_ = true;
     try {
       work();
@@ -772,7 +813,7 @@ class CudaBackend final : public Backend {
     const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
     CUDA_TRY(status);
-    return std::make_unique<CudaStepGraph>(exec, stream_.get(), graph_generation_);
+    return std::make_unique<CudaStepGraph>(exec, stream_.get(), graph_generation_, ledger_);
   }
 
   // Brackets an op for the profiler, never while a graph is recorded. A label built from the op's shapes comes as a
@@ -919,12 +960,14 @@ class CudaBackend final : public Backend {
   cuda::OpProfiler profiler_{stream_.get()};
   bool recording_ = false;
   uint64_t graph_generation_ = 0;
+  // The ops that may still run on the stream and what they touch: decides the kernels' pre-wait reads and triggers.
+  cuda::LaunchLedger ledger_{cuda::early_trigger_enabled()};
   int num_sms_ = 0;
   const bool skinny_enabled_ = skinny_gemm_enabled_from_env();
   const bool head_gemv_enabled_ = head_gemv_enabled_from_env();  // head_linear at decode sizes on head_gemv.cu
   const bool fused_router_enabled_ = fused_router_enabled_from_env();  // moe's router logits in the route kernel
-  const bool mla_decode_prewait_enabled_ = mla_decode_prewait_enabled_from_env();  // honours fresh_rows
-  const bool op_overlap_enabled_ = op_overlap_enabled_from_env();  // honours overlap_previous_op
+  const bool mla_decode_prewait_enabled_ = mla_decode_prewait_enabled_from_env();  // honours the ledger's fresh_rows
+  const bool op_overlap_enabled_ = op_overlap_enabled_from_env();  // honours the ledger's before_wait
   const bool mla_fused_combine_enabled_ = mla_fused_combine_enabled_from_env();  // split combine inside W_UV
   const cuda::MlaPrefillKernel prefill_kernel_ = cuda::mla_prefill_kernel_from_env();  // DEEPINFER_MLA_PREFILL
   Tensor workspace_;  // MLA decode split partials (see mla_decode)

@@ -9,9 +9,9 @@ bool pdl_enabled() {
   return enabled;
 }
 
-bool trigger_early(bool next_op_may_start_early) {
+bool early_trigger_enabled() {
   static const bool enabled = !env_flag("DEEPINFER_DISABLE_EARLY_TRIGGER");
-  return next_op_may_start_early && enabled;
+  return enabled;
 }
 
 }  // namespace deepinfer::cuda

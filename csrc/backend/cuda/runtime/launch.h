@@ -40,10 +40,9 @@ struct LaunchShape {
 // (core/env_flag.h), read at the first call.
 bool pdl_enabled();
 
-// Whether a kernel told that its successor reads only constants before its wait (`next_op_may_start_early`, an op's
-// argument) triggers that launch at its start: when asked, unless DEEPINFER_DISABLE_EARLY_TRIGGER is on (read at the
-// first call).
-bool trigger_early(bool next_op_may_start_early);
+// Whether the backend may have a kernel trigger its successor's launch at its start (LaunchLedger::trigger): unless
+// DEEPINFER_DISABLE_EARLY_TRIGGER is on (read at the first call).
+bool early_trigger_enabled();
 
 // Queues kernel<<<shape>>>(params) on `stream` as a programmatic dependent of the work before it; throws
 // deepinfer::Error when the launch is refused. The kernel keeps ptx.cuh's rule: griddep_wait() before touching memory.
