@@ -1,8 +1,7 @@
 // The CUDA backend's launch ledger (backend/cuda/runtime/launch_ledger.h) on the CPU: its region overlaps, the
 // possibly running set under each trigger, the model's decode layer giving the launch parameters the CUDA backend
 // passed before the ledger decided them (W_UK computing before its wait, the decode's fresh_rows 1, the early
-// triggers), and the pre-wait reads it must refuse. The tensors are carved out of a host buffer: the ledger only
-// compares addresses.
+// triggers), and the pre-wait reads it must refuse.
 #include "backend/cuda/runtime/launch_ledger.h"
 
 #include <gtest/gtest.h>
@@ -15,20 +14,19 @@
 namespace deepinfer::cuda {
 namespace {
 
-// Hands out views at increasing addresses of one buffer, 256 bytes apart, as a device pool would.
+// Hands out views at increasing addresses, 256 bytes apart, as a device pool would. Nothing is behind them: the
+// ledger only compares addresses.
 class Arena {
  public:
   TensorView take(Shape shape, DType dtype) {
     const size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
-    std::byte* data = memory_.data() + used_;
-    used_ += (bytes + 255) / 256 * 256 + 256;
-    EXPECT_LE(used_, memory_.size());
+    void* data = reinterpret_cast<void*>(next_);
+    next_ += (bytes + 255) / 256 * 256 + 256;
     return {data, dtype, shape, Device::kCuda};
   }
 
  private:
-  std::vector<std::byte> memory_ = std::vector<std::byte>(size_t{16} << 20);
-  size_t used_ = 0;
+  uintptr_t next_ = uintptr_t{1} << 32;
 };
 
 // One decode layer's tensors as DeepseekModel::attention builds them (V2-Lite: 16 heads, rank 512, rope 64,
