@@ -327,7 +327,6 @@ void MlaDecodeArgs::validate() const {
   expect_same_dtype(q, cache, "mla_decode", "q", "cache");
   expect_same_dtype(q, out_latent, "mla_decode", "q", "out_latent");
   expect_one_device({q, cache, out_latent}, "mla_decode");
-  DI_CHECK(fresh_rows >= -1, "mla_decode: fresh_rows ", fresh_rows, " (-1: unknown, else the rows written last)");
   DI_CHECK(projects() == (out.data != nullptr), "mla_decode: w_uv ", w_uv.shape.str(), " and out ", out.shape.str(),
            " come together (the value projection) or not at all");
   if (projects()) {

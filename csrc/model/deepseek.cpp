@@ -93,16 +93,13 @@ void DeepseekModel::run_into(const ModelInputs& in, std::span<const TensorView> 
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const LayerWeights& layer = weights_.layers[static_cast<size_t>(i)];
     Tensor attn_out = attention(layer, i, h, in, cache);                  // [T, D]
-    // The ops after each norm (the MoE's router, the MLP's or the next attention's first GEMM) read only their
-    // weights before their wait: they may start as the norm starts.
     backend_.add_rms_norm({.residual = residual.view(), .x = attn_out.cview(),
-                           .weight = layer.post_attention_norm.cview(), .out = h.view(), .eps = eps,
-                           .next_op_may_start_early = true});
+                           .weight = layer.post_attention_norm.cview(), .out = h.view(), .eps = eps});
     Tensor ffn_out = layer.moe ? moe(*layer.moe, h) : mlp(*layer.mlp, h);  // [T, D]
     if (i + 1 < c.num_hidden_layers) {
       backend_.add_rms_norm({.residual = residual.view(), .x = ffn_out.cview(),
                              .weight = weights_.layers[static_cast<size_t>(i + 1)].input_norm.cview(), .out = h.view(),
-                             .eps = eps, .next_op_may_start_early = true});
+                             .eps = eps});
     } else {
       backend_.add({.x = residual.view(), .y = ffn_out.cview()});
     }
@@ -160,18 +157,11 @@ Tensor DeepseekModel::attention(const LayerWeights& layer, int64_t layer_index, 
     // Absorbed decode: q_nope into latent space per head (the rank columns of q_abs), attend over the shared latent,
     // out = o_latent · W_UV^T per head.
     const TensorView q_dec = q_heads.rows(0, num_decode);                  // [Td, H, nope + rope]
-    // q_nope was complete before mla_prepare, which touches neither q_nope nor these columns of q_abs: W_UK may run
-    // beside it. The decode reads, before its wait, only cache rows older than this step's: it may start with W_UK.
     backend_.head_linear({.x = q_dec.columns(0, nope), .w = w.w_uk_t.cview(), .out = q_abs.view().columns(0, rank),
-                          .x_head_stride = qk_dim, .out_head_stride = latent_dim, .overlap_previous_op = true,
-                          .next_op_may_start_early = true});
+                          .x_head_stride = qk_dim, .out_head_stride = latent_dim});
     Tensor o_latent = activation({num_decode, heads, rank});                // [Td, H, rank], the op's scratch
-    // The step's new cache rows come from mla_prepare, two ops back with W_UK between letting the decode start
-    // early: each sequence's last row is fresh. The op ends with W_UV. o_proj, next unless prefill rows follow, reads
-    // only its weights before its wait: it may start as the projection starts.
     backend_.mla_decode({.q = q_abs.cview(), .cache = layer_cache, .out_latent = o_latent.view(), .meta = in.decode,
-                         .kv_lora_rank = rank, .softmax_scale = softmax_scale_, .fresh_rows = 1,
-                         .next_op_may_start_early = true, .w_uv = w.w_uv.cview(),
+                         .kv_lora_rank = rank, .softmax_scale = softmax_scale_, .w_uv = w.w_uv.cview(),
                          .out = attn.view().rows(0, num_decode)});
   }
   if (in.prefill.num_seqs > 0) {

@@ -143,9 +143,9 @@ void add_multi_linear(CaseRegistry& r, Activations act, int64_t m, int64_t k, st
 
 // x rows (t, h) `x_stride` elements apart (0 = K), out rows `out_stride` apart (0 = N); the values between out rows
 // must stay untouched.
-// overlap: the absorbed decode's order for HeadLinearArgs::overlap_previous_op. x starts as zeros and gets its values
-// from an add, then an unrelated add runs, then head_linear (told it may overlap that one): a kernel that read x
-// before the first add completed would compute on zeros.
+// overlap: x starts as zeros and gets its values from an add, then an unrelated add runs, then head_linear, which the
+// backend's launch ledger lets compute beside that add (it touches neither x nor out), as W_UK beside mla_prepare: a
+// kernel that read x before the first add completed would compute on zeros.
 void add_head_linear(CaseRegistry& r, Activations act, int64_t t, int64_t h, int64_t k, int64_t n, uint64_t seed,
                      int64_t x_stride = 0, int64_t out_stride = 0, bool overlap = false) {
   Rng rng(seed);
@@ -174,8 +174,7 @@ void add_head_linear(CaseRegistry& r, Activations act, int64_t t, int64_t h, int
              x_buf = run.upload(act.tensor(run, {t, h, xs}, x));
            }
            run.backend().head_linear({.x = x_buf.columns(0, k), .w = w_dev, .out = out_buf.columns(0, n),
-                                      .x_head_stride = x_stride, .out_head_stride = out_stride,
-                                      .overlap_previous_op = overlap});
+                                      .x_head_stride = x_stride, .out_head_stride = out_stride});
            return split_by_mask(run.fetch(out_buf), written, "out", "between_rows");
          },
          .tolerance = act.tolerance()});
@@ -289,8 +288,8 @@ void add_add_rms_norm(CaseRegistry& r, Activations act, int64_t rows, int64_t di
          .tolerance = act.tolerance()});
 }
 
-// A decode chain whose first op lets the next start early (next_op_may_start_early): add_rms_norm, or the per-head
-// W_UV product, then a skinny linear of its output, which starts before the first op has its inputs and must still
+// A decode chain whose first op lets the next start early (the backend's choice for both): add_rms_norm, or the
+// per-head W_UV product, then a skinny linear of its output, which starts before the first op has its inputs and must still
 // read that output only once it is complete.
 void add_early_start_chain(CaseRegistry& r, Activations act, bool norm_first, int64_t rows, int64_t dim, int64_t n,
                            uint64_t seed) {
@@ -314,13 +313,12 @@ void add_early_start_chain(CaseRegistry& r, Activations act, bool norm_first, in
              const TensorView res = run.upload(act.tensor(run, {rows, dim}, residual), Access::kReadWrite);
              run.backend().add_rms_norm({.residual = res, .x = run.upload(act.tensor(run, {rows, dim}, x)),
                                          .weight = run.upload(HostTensor::f32({dim}, first_w)), .out = mid,
-                                         .eps = 1e-5f, .next_op_may_start_early = true});
+                                         .eps = 1e-5f});
              outputs.push_back({"residual", run.fetch(res)});
            } else {
              run.backend().head_linear({.x = run.upload(act.tensor(run, {rows, kHeads, kLatent}, x)),
                                         .w = run.upload(act.tensor(run, {kHeads, dim / kHeads, kLatent}, first_w)),
-                                        .out = mid.reshaped({rows, kHeads, dim / kHeads}),
-                                        .next_op_may_start_early = true});
+                                        .out = mid.reshaped({rows, kHeads, dim / kHeads})});
            }
            run.backend().linear({.x = mid, .w = w_dev, .out = out});
            outputs.push_back({"first", run.fetch(mid)});
@@ -446,13 +444,16 @@ ScatteredPages scatter_pages(Rng& rng, const std::vector<int32_t>& context_lens,
 
 // How an MLA decode case runs (add_mla_decode).
 struct MlaDecodeCase {
-  // >= 0: a decode step's order: q and the metadata are uploaded first, then one cache write puts every row but each
-  // sequence's last fresh_rows and a second one those, right before mla_decode (told fresh_rows): a kernel that read a
-  // fresh row before its wait would see the NaN poison. With fresh_rows 0 an unrelated op runs between the one cache
-  // write and mla_decode.
-  int32_t fresh_rows = -1;
-  // Between the fresh rows' write and mla_decode, an op that lets it start early (the model's W_UK: a head_linear
-  // with next_op_may_start_early).
+  // A decode step's order: q and the metadata are uploaded first, then mla_cache_write puts every row but each
+  // sequence's last, and mla_prepare that one (the step's token, normalized and rotated as the model's are), shortly
+  // before mla_decode, so the backend's launch ledger lets the decode copy the other rows before its wait (fresh_rows
+  // 1): a kernel that read the newest row before its wait would see the NaN poison.
+  bool step_write = false;
+  // Between mla_prepare and mla_decode, an op that touches neither the cache nor the metadata and does not let the
+  // decode start early (an add): every row is then complete as the decode starts (fresh_rows 0).
+  bool unrelated_op_between = false;
+  // Between mla_prepare and mla_decode, an op that lets it start early beside mla_prepare (the model's W_UK: a
+  // head_linear at decode sizes).
   bool early_op_between = false;
   // The op applies the value projection (MlaDecodeArgs::w_uv, random [H, 128, 512]) and returns its output.
   bool project = false;
@@ -466,7 +467,7 @@ struct MlaDecodeCase {
 void add_mla_decode(CaseRegistry& r, int64_t heads, int64_t page_size, std::vector<int32_t> context_lens,
                     uint64_t seed, MlaDecodeCase how = {}) {
   constexpr int64_t kRank = 512, kDim = 576, kV = 128;
-  const int32_t fresh_rows = how.fresh_rows;
+  const int32_t fresh_rows = how.step_write ? 1 : 0;
   const Activations act{DType::kBF16};
   Rng rng(seed);
   const auto seqs = static_cast<int32_t>(context_lens.size());
@@ -487,18 +488,25 @@ void add_mla_decode(CaseRegistry& r, int64_t heads, int64_t page_size, std::vect
   std::vector<float> rows[2];
   for (int32_t s = 0, t = 0; s < seqs; ++s) {
     for (int32_t j = 0; j < context_lens[s]; ++j, ++t) {
-      const int part = fresh_rows >= 0 && j >= context_lens[s] - fresh_rows ? 1 : 0;
+      const int part = j >= context_lens[s] - fresh_rows ? 1 : 0;
       slots[part].push_back(layout.slots[static_cast<size_t>(t)]);
       rows[part].insert(rows[part].end(), latents.begin() + t * kDim, latents.begin() + (t + 1) * kDim);
     }
   }
   const int32_t max_context = context_lens.empty() ? 0 : *std::max_element(context_lens.begin(), context_lens.end());
   const float scale = 1.0f / std::sqrt(192.0f);
+  // The step write's other operands: each sequence's newest position, q_pe for q_abs's rope columns, the norm weight.
+  constexpr int64_t kRope = kDim - kRank;
+  std::vector<int32_t> positions;
+  for (int32_t c : context_lens) positions.push_back(c - 1);
+  const std::vector<float> q_pe = act.round(rng.uniform(seqs * heads * kRope));
+  const std::vector<float> kv_a_norm = rng.uniform(kRank, 0.5f, 1.5f);
+  const std::vector<float> inv_freq = rope_inv_freq(kRope);
   std::string lens;
   for (int32_t c : context_lens) lens += str_cat("_", c);
   r.add({.op = OpKind::kMlaDecode,
          .name = str_cat("mla_decode_bf16_h", heads, "_ps", page_size, "_ctx", lens,
-                         fresh_rows >= 0 ? str_cat("_fresh", fresh_rows) : std::string(),
+                         how.step_write ? "_step_write" : "", how.unrelated_op_between ? "_unrelated_op_between" : "",
                          how.early_op_between ? "_early_op_between" : "", how.project ? "_w_uv" : ""),
          .run = [=](OpRunner& run) -> Outputs {
            const std::vector<float> poison(static_cast<size_t>(num_pages * page_size * kDim), std::nanf(""));
@@ -509,7 +517,9 @@ void add_mla_decode(CaseRegistry& r, int64_t heads, int64_t page_size, std::vect
                                         .page_table = run.upload(HostTensor::i32({seqs, max_pages}, page_table)),
                                         .num_seqs = seqs, .max_pages_per_seq = max_pages,
                                         .max_context_len = max_context};
-           const TensorView q_dev = run.upload(act.tensor(run, {seqs, heads, kDim}, q));
+           // The step write puts q_pe's rotation into q's rope columns.
+           const TensorView q_dev =
+               run.upload(act.tensor(run, {seqs, heads, kDim}, q), how.step_write ? Access::kReadWrite : Access::kReadOnly);
            const TensorView out = run.output({seqs, heads, kRank}, act.on(run));
            ConstTensorView w_uv_dev;
            TensorView out_v;
@@ -518,10 +528,14 @@ void add_mla_decode(CaseRegistry& r, int64_t heads, int64_t page_size, std::vect
              out_v = run.output({seqs, heads, kV}, act.on(run));
            }
            ConstTensorView writes[2][2];  // [part]: latent, slot_mapping, all uploaded before the first write
+           TensorView step_latent;        // writes[1][0], normalized and rotated in place by mla_prepare
            for (int part = 0; part < 2; ++part) {
              const auto n = static_cast<int64_t>(slots[part].size());
              if (n == 0) continue;
-             writes[part][0] = run.upload(act.tensor(run, {n, kDim}, rows[part]));
+             const TensorView latent =
+                 run.upload(act.tensor(run, {n, kDim}, rows[part]), part == 1 ? Access::kReadWrite : Access::kReadOnly);
+             if (part == 1) step_latent = latent;
+             writes[part][0] = latent;
              writes[part][1] = run.upload(HostTensor::i32({n}, slots[part]));
            }
            const std::vector<float> other(kDim, 1.0f);
@@ -534,19 +548,28 @@ void add_mla_decode(CaseRegistry& r, int64_t heads, int64_t page_size, std::vect
              early_w = run.upload(act.tensor(run, {1, 16, 64}, std::vector<float>(16 * 64, 0.25f)));
              early_out = run.output({1, 1, 16}, act.on(run));
            }
-           for (int part = 0; part < 2; ++part) {
-             if (slots[part].empty()) continue;
-             run.backend().mla_cache_write({.latent = writes[part][0], .cache = cache, .slot_mapping = writes[part][1]});
+           TensorView step_q_pe;
+           ConstTensorView step_positions, step_norm, step_inv_freq;
+           if (how.step_write) {
+             step_q_pe = run.upload(act.tensor(run, {seqs, heads, kRope}, q_pe), Access::kReadWrite);
+             step_positions = run.upload(HostTensor::i32({seqs}, positions));
+             step_norm = run.upload(HostTensor::f32({kRank}, kv_a_norm));
+             step_inv_freq = run.upload(HostTensor::f32({kRope / 2}, inv_freq));
            }
-           // No fresh row: the op right before mla_decode leaves the cache alone and does not let it start early.
-           if (fresh_rows == 0) run.backend().add({.x = unrelated, .y = writes[0][0].rows(0, 1).reshaped({kDim})});
-           if (how.early_op_between) {
-             run.backend().head_linear({.x = early_x, .w = early_w, .out = early_out,
-                                        .next_op_may_start_early = true});
+           if (!slots[0].empty()) {
+             run.backend().mla_cache_write({.latent = writes[0][0], .cache = cache, .slot_mapping = writes[0][1]});
            }
+           if (how.step_write) {
+             run.backend().mla_prepare({.latent = step_latent, .q = step_q_pe, .q_abs = q_dev, .cache = cache,
+                                        .slot_mapping = writes[1][1], .positions = step_positions,
+                                        .kv_a_norm = step_norm, .inv_freq = step_inv_freq, .kv_lora_rank = kRank});
+           }
+           if (how.unrelated_op_between) {
+             run.backend().add({.x = unrelated, .y = writes[0][0].rows(0, 1).reshaped({kDim})});
+           }
+           if (how.early_op_between) run.backend().head_linear({.x = early_x, .w = early_w, .out = early_out});
            run.backend().mla_decode({.q = q_dev, .cache = cache, .out_latent = out, .meta = meta,
-                                     .kv_lora_rank = kRank, .softmax_scale = scale, .fresh_rows = fresh_rows,
-                                     .w_uv = w_uv_dev, .out = out_v});
+                                     .kv_lora_rank = kRank, .softmax_scale = scale, .w_uv = w_uv_dev, .out = out_v});
            if (how.project) return {{"out", run.fetch(out_v)}};  // out_latent is the op's scratch then
            return {{"out_latent", run.fetch(out)}};
          },
@@ -844,7 +867,7 @@ CaseRegistry build_registry() {
     add_head_linear(r, act, 3, 16, 128, 512, s + 15, 192, 576);  // the decode query: q_nope cols into q_latent cols
     add_head_linear(r, act, 2, 128, 128, 512, s + 16, 192, 576);
     add_head_linear(r, act, 4, 3, 5, 7, s + 17, 9, 11);         // odd strides (unaligned rows)
-    // W_UK beside the op before it (overlap_previous_op): V2-Lite and V3 decode queries, a second token count
+    // W_UK beside the op before it (the ledger's before_wait): V2-Lite and V3 decode queries, a second token count
     add_head_linear(r, act, 1, 16, 128, 512, s + 18, 192, 576, true);
     add_head_linear(r, act, 3, 128, 128, 512, s + 19, 192, 576, true);
     // head_linear at decode sizes with MLA's wider head strides: W_UK into q_latent's columns, W_UV from the latent
@@ -951,15 +974,16 @@ CaseRegistry build_registry() {
   add_mla_decode(r, 16, 64, {5000}, 94);
   add_mla_decode(r, 128, 64, {4096, 1}, 95);
   add_mla_decode(r, 16, 1, {9, 2}, 96);
-  // A decode step's order, the rows the step wrote last named (fresh_rows): the new token of V2-Lite (narrow) and
-  // V3 (wide, warpgroup MMA) contexts that split, three fresh rows across a page boundary, a whole fresh tile, none
-  // fresh (every row copied before the wait), and more fresh rows than a context has (32 heads: two narrow CTAs).
-  add_mla_decode(r, 16, 64, {1, 64, 65, 130, 1000}, 97, {.fresh_rows = 1});
-  add_mla_decode(r, 128, 64, {5, 300, 2049}, 98, {.fresh_rows = 1});
-  add_mla_decode(r, 16, 16, {17, 33, 5}, 99, {.fresh_rows = 3});
-  add_mla_decode(r, 16, 64, {64, 130, 5000}, 100, {.fresh_rows = 64});
-  add_mla_decode(r, 16, 64, {65, 1000}, 101, {.fresh_rows = 0});
-  add_mla_decode(r, 32, 7, {40, 3}, 102, {.fresh_rows = 8});
+  // A decode step's order, the step's token written by mla_prepare right before (fresh_rows 1 from the launch
+  // ledger): V2-Lite (narrow) and V3 (wide, warpgroup MMA) contexts that split, newest rows at a page's start and end,
+  // a context of one row, an unrelated op between (none fresh: every row copied before the wait), 32 heads (two
+  // narrow CTAs) over pages of 7.
+  add_mla_decode(r, 16, 64, {1, 64, 65, 130, 1000}, 97, {.step_write = true});
+  add_mla_decode(r, 128, 64, {5, 300, 2049}, 98, {.step_write = true});
+  add_mla_decode(r, 16, 16, {17, 33, 5}, 99, {.step_write = true});
+  add_mla_decode(r, 16, 64, {64, 130, 5000}, 100, {.step_write = true});
+  add_mla_decode(r, 16, 64, {65, 1000}, 101, {.step_write = true, .unrelated_op_between = true});
+  add_mla_decode(r, 32, 7, {40, 3}, 102, {.step_write = true});
   // With the value projection (W_UV): V2-Lite at batch 1 whose context splits (the combine inside W_UV's kernel),
   // many splits at batch 1, several sequences (the combine kernel, then W_UV's per-head GEMV), one split (no
   // combine), nine sequences (more than the per-head GEMV takes: W_UV on cuBLAS), V3's 128 heads (W_UV on cuBLAS);
@@ -972,9 +996,9 @@ CaseRegistry build_registry() {
   add_mla_decode(r, 16, 64, {300, 1, 64, 700, 9, 130, 2000, 65, 1000}, 107, {.project = true});
   add_mla_decode(r, 128, 64, {5, 300, 2049}, 108, {.project = true});
   add_mla_decode(r, 32, 7, {40, 3}, 109, {.project = true});
-  add_mla_decode(r, 16, 64, {1000}, 110, {.fresh_rows = 1, .early_op_between = true, .project = true});
-  add_mla_decode(r, 16, 64, {1, 64, 65, 130, 1000}, 111, {.fresh_rows = 1, .early_op_between = true, .project = true});
-  add_mla_decode(r, 128, 64, {5, 300, 2049}, 112, {.fresh_rows = 1, .early_op_between = true});
+  add_mla_decode(r, 16, 64, {1000}, 110, {.step_write = true, .early_op_between = true, .project = true});
+  add_mla_decode(r, 16, 64, {1, 64, 65, 130, 1000}, 111, {.step_write = true, .early_op_between = true, .project = true});
+  add_mla_decode(r, 128, 64, {5, 300, 2049}, 112, {.step_write = true, .early_op_between = true});
   // MLA prefill, bfloat16 at DeepSeek's dims: V2-Lite's 16 heads and V3's 128; full prompts, chunked prefill over a
   // cached prefix (one or many query tiles), context 1, a sequence without queries, page sizes that do not divide
   // 64 (7, 1) or the contexts, long contexts (the workspace grows as cases run).

@@ -58,10 +58,11 @@ using Results = std::vector<std::pair<std::string, std::vector<uint8_t>>>;
 // Two decode sequences over a paged latent cache (V2-Lite's 16 heads, contexts long enough for the attention to split
 // and combine), bfloat16:
 //   copy_strided (reset the residual) -> copy_strided, mla_cache_write (zeros over the latent and this step's cache
-//   rows) -> embedding -> add_rms_norm (lets rope start early) -> rope (the row's last 64 values)
-//   -> mla_cache_write (the row into the cache) -> gather_rows (queries out of the cache, the new rows among them)
-//   -> head_linear (latent · W per row, beside gather_rows: overlap_previous_op; lets mla_decode start early)
-//   -> mla_decode (attention, fresh_rows 1; split combine; its value projection W_UV)
+//   rows) -> embedding -> add_rms_norm (lets gather_rows start early) -> gather_rows (the queries, from a table)
+//   -> mla_prepare (the latent normalized, rotated and written into the cache; q_pe rotated into q_abs)
+//   -> head_linear W_UK (q_nope into q_abs's latent columns; the launch ledger lets it compute beside mla_prepare and
+//      lets mla_decode start with it) -> mla_decode (attention, fresh_rows 1: each sequence's newest row is
+//      mla_prepare's; split combine; its value projection W_UV)
 //   -> silu_mul -> add -> rms_norm
 //   -> linear (cuBLAS, float32 logits; when the build has cuBLAS) -> sample (8-CTA clusters for two rows)
 // Every run rewrites the same values: the residual is reset from a copy and the cache rows written are the same.
@@ -71,7 +72,8 @@ class DecodeChain {
  public:
   static constexpr int64_t kSeqs = 2, kHeads = 16, kRank = 512, kDim = 576, kRope = 64, kPageSize = 16;
   static constexpr int64_t kProj = 256;  // W_UV's outputs a head: 16 heads x 256 rows take one wave of its kernel
-  static constexpr int64_t kEmbedRows = 1000, kInter = kProj / 2, kVocab = 5003, kHeadOut = 128;
+  static constexpr int64_t kEmbedRows = 1000, kInter = kProj / 2, kVocab = 5003, kNope = 128, kQk = kNope + kRope;
+  static constexpr int32_t kQueryRows = 300;
 
   explicit DecodeChain(Backend& b) : with_logits_(b.supports(OpKind::kLinear)) {
     Rng rng(2024);
@@ -86,7 +88,7 @@ class DecodeChain {
     std::vector<int32_t> pool(static_cast<size_t>(num_pages));
     std::iota(pool.begin(), pool.end(), 0);
     rng.shuffle(pool);
-    std::vector<int32_t> page_table(static_cast<size_t>(kSeqs * max_pages)), new_slots, old_slots, positions;
+    std::vector<int32_t> page_table(static_cast<size_t>(kSeqs * max_pages)), new_slots, positions;
     size_t next_page = 0;
     for (int64_t s = 0; s < kSeqs; ++s) {
       const int32_t ctx = context_lens[static_cast<size_t>(s)];
@@ -100,17 +102,11 @@ class DecodeChain {
                                     j % kPageSize);
       };
       new_slots.push_back(slot_of(ctx - 1));  // this step's token
-      for (int32_t j = 0; j < ctx - 1; ++j) old_slots.push_back(slot_of(j));
       positions.push_back(ctx - 1);
     }
-    // Queries: head 0 of each sequence is the row this step writes, the other heads older rows.
+    // Queries: rows of a table, gathered anew every run (mla_prepare rotates their rope columns in place).
     std::vector<int32_t> query_rows;
-    for (int64_t s = 0; s < kSeqs; ++s) {
-      query_rows.push_back(new_slots[static_cast<size_t>(s)]);
-      for (int64_t h = 1; h < kHeads; ++h) {
-        query_rows.push_back(old_slots[static_cast<size_t>(rng.integer(0, static_cast<int32_t>(old_slots.size()) - 1))]);
-      }
-    }
+    for (int64_t i = 0; i < kSeqs * kHeads; ++i) query_rows.push_back(rng.integer(0, kQueryRows - 1));
     std::vector<int32_t> token_ids(static_cast<size_t>(kSeqs));
     for (int32_t& id : token_ids) id = rng.integer(0, static_cast<int32_t>(kEmbedRows) - 1);
     const int32_t max_context = *std::max_element(context_lens.begin(), context_lens.end());
@@ -136,8 +132,11 @@ class DecodeChain {
              .total_context_len = std::accumulate(context_lens.begin(), context_lens.end(), int64_t{0})};
 
     zeros_ = device_floats(b, {kSeqs, kDim}, std::vector<float>(static_cast<size_t>(kSeqs * kDim), 0.0f), bf16);
-    head_w_ = device_floats(b, {1, kHeadOut, kRank}, rng.uniform(kHeadOut * kRank), bf16);
-    head_out_ = b.empty({kSeqs, 1, kHeadOut}, bf16);
+    query_table_ = device_floats(b, {kQueryRows, kQk}, rng.uniform(kQueryRows * kQk), bf16);
+    kv_a_norm_ = device_floats(b, {kRank}, rng.uniform(kRank, 0.5f, 1.5f), DType::kF32);
+    const float uk_range = std::sqrt(3.0f / static_cast<float>(kNope));
+    w_uk_ = device_floats(b, {kHeads, kRank, kNope}, rng.uniform(kHeads * kRank * kNope, -uk_range, uk_range), bf16);
+    q_nope_rope_ = b.empty({kSeqs * kHeads, kQk}, bf16);
     const float uv_range = std::sqrt(3.0f / static_cast<float>(kRank));
     w_uv_ = device_floats(b, {kHeads, kProj, kRank}, rng.uniform(kHeads * kProj * kRank, -uv_range, uv_range), bf16);
     attention_latent_ = b.empty({kSeqs, kHeads, kRank}, bf16);
@@ -176,30 +175,23 @@ class DecodeChain {
     b.embedding({.token_ids = token_ids_.cview(), .table = table_.cview(), .out = hidden_.view()});
     after_each_op();
     b.add_rms_norm({.residual = residual_.view(), .x = hidden_.cview(), .weight = norm_weight_.cview(),
-                    .out = latent, .eps = 1e-6f, .next_op_may_start_early = true});
+                    .out = latent, .eps = 1e-6f});
     after_each_op();
-    b.rope({.x = latent.columns(kRank, kRope).data, .dtype = latent.dtype, .device = latent.device, .num_heads = 1,
-            .rot_dim = kRope, .token_stride = kDim, .head_stride = kRope, .positions = positions_.cview(),
-            .inv_freq = inv_freq_.cview()});
+    b.gather_rows({.src = query_table_.cview(), .indices = query_rows_.cview(), .out = q_nope_rope_.view()});
     after_each_op();
-    b.mla_cache_write({.latent = latent, .cache = cache, .slot_mapping = slots_.cview()});
+    const TensorView q_heads = q_nope_rope_.view().reshaped({kSeqs, kHeads, kQk});
+    const TensorView q_abs = q_.view().reshaped({kSeqs, kHeads, kDim});
+    b.mla_prepare({.latent = latent, .q = q_heads, .q_abs = q_abs, .cache = cache, .slot_mapping = slots_.cview(),
+                   .positions = positions_.cview(), .kv_a_norm = kv_a_norm_.cview(), .inv_freq = inv_freq_.cview(),
+                   .kv_lora_rank = kRank});
     after_each_op();
-    b.gather_rows({.src = cache.reshaped({cache.shape[0] * kPageSize, kDim}), .indices = query_rows_.cview(),
-                   .out = q_.view()});
+    // The model's W_UK: it reads q_nope and writes q_abs's latent columns, neither of which mla_prepare touches.
+    b.head_linear({.x = q_heads.columns(0, kNope), .w = w_uk_.cview(), .out = q_abs.columns(0, kRank),
+                   .x_head_stride = kQk, .out_head_stride = kDim});
     after_each_op();
-    // The latent was complete before gather_rows, which touches neither it nor head_out.
-    // mla_decode reads before its wait only cache rows no op of this run writes but the last of each sequence: it
-    // may start with head_linear.
-    b.head_linear({.x = latent.reshaped({kSeqs, 1, kDim}).columns(0, kRank), .w = head_w_.cview(),
-                   .out = head_out_.view(), .x_head_stride = kDim, .overlap_previous_op = true,
-                   .next_op_may_start_early = true});
-    after_each_op();
-    // The cache rows were written three ops back, the op between letting this one start early: each sequence's last
-    // row is fresh. silu_mul reads nothing before its wait.
-    b.mla_decode({.q = q_.view().reshaped({kSeqs, kHeads, kDim}), .cache = cache,
-                  .out_latent = attention_latent_.view(), .meta = meta_, .kv_lora_rank = kRank,
-                  .softmax_scale = 1.0f / std::sqrt(192.0f), .fresh_rows = 1, .next_op_may_start_early = true,
-                  .w_uv = w_uv_.cview(), .out = attention_.view()});
+    b.mla_decode({.q = q_abs, .cache = cache, .out_latent = attention_latent_.view(), .meta = meta_,
+                  .kv_lora_rank = kRank, .softmax_scale = 1.0f / std::sqrt(192.0f), .w_uv = w_uv_.cview(),
+                  .out = attention_.view()});
     after_each_op();
     b.silu_mul({.gate_up = attention_.view().reshaped({kSeqs * kHeads, kProj}), .out = act_.view()});
     after_each_op();
@@ -218,7 +210,7 @@ class DecodeChain {
     Results r = {{"residual", bytes_of(b, residual_.cview())},   {"latent", bytes_of(b, latent_.cview())},
                  {"cache", bytes_of(b, cache_.cview())},         {"q", bytes_of(b, q_.cview())},
                  {"attention", bytes_of(b, attention_.cview())}, {"act", bytes_of(b, act_.cview())},
-                 {"head_out", bytes_of(b, head_out_.cview())},
+                 {"q_nope_rope", bytes_of(b, q_nope_rope_.cview())},
                  {"normed", bytes_of(b, normed_.cview())}};
     if (with_logits_) {
       r.emplace_back("logits", bytes_of(b, logits_.cview()));
@@ -231,7 +223,8 @@ class DecodeChain {
   bool with_logits_ = false;
   Tensor cache_, table_, residual_start_, norm_weight_, inv_freq_, bias_, out_norm_weight_, lm_head_;
   Tensor token_ids_, positions_, slots_, query_rows_, query_start_, context_lens_, page_table_, sampling_rows_;
-  Tensor residual_, hidden_, latent_, q_, attention_, act_, normed_, logits_, sampled_, zeros_, head_w_, head_out_;
+  Tensor residual_, hidden_, latent_, q_, attention_, act_, normed_, logits_, sampled_, zeros_, query_table_;
+  Tensor kv_a_norm_, w_uk_, q_nope_rope_;
   Tensor w_uv_, attention_latent_;  // attention_latent_: mla_decode's scratch, not a result
   AttentionMetadata meta_;
 };

@@ -56,15 +56,6 @@ struct HeadLinearArgs {
   TensorView out;               // [T, H, N]
   int64_t x_head_stride = 0;    // elements; 0 = K
   int64_t out_head_stride = 0;  // elements; 0 = N
-  // True when x was complete before the op just before this one, and that op neither reads nor writes out's
-  // elements: a device backend may then compute this op while that one still runs (the absorbed decode's q_nope ·
-  // W_UK beside mla_prepare, which rotates the other columns of the same rows).
-  bool overlap_previous_op = false;
-  // True when the op that follows reads nothing before its grid dependency wait but constants (weights): a device
-  // backend may then let it launch as soon as this op starts, rather than once this op's inputs are complete, so its
-  // constant loads overlap more of the chain. Leave false when the next op counts on the ops before this one having
-  // finished when it starts (overlap_previous_op, fresh_rows).
-  bool next_op_may_start_early = false;
   void validate() const;
 };
 
@@ -94,7 +85,6 @@ struct AddRmsNormArgs {
   ConstTensorView weight;  // [D] float32
   TensorView out;          // [T, D]
   float eps = 1e-6f;
-  bool next_op_may_start_early = false;  // as HeadLinearArgs::next_op_may_start_early
   void validate() const;
 };
 

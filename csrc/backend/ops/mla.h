@@ -30,6 +30,9 @@ struct MlaCacheWriteArgs {
 //      q_abs[:, :, rank:], the rope columns of the absorbed decode query. q_abs[:, :, :rank] is left as it is.
 // Rope pairs, angles and scaling are RopeArgs's; slots follow mla_cache_write (a device backend skips a slot outside
 // the cache, as its mla_cache_write does). A backend may fuse the five steps when that saves passes over memory.
+// The step contract: the tokens are one step's (a ForwardBatch's), so of a sequence that an mla_decode of the same step
+// attends over, this op writes only the newest row, that of its decode token; the other tokens' rows belong to other
+// sequences. A device backend relies on it to read a decode's older cache rows while this op may still run.
 struct MlaPrepareArgs {
   TensorView latent;              // [T, rank + rope]: c_kv | k_pe, normalized and rotated in place
   TensorView q;                   // [T, H, nope + rope]: q_pe rotated in place
@@ -60,13 +63,6 @@ struct MlaDecodeArgs {
   AttentionMetadata meta;     // S sequences of exactly one query each (query_start 0, 1, ..., S up to an offset)
   int64_t kv_lora_rank = 0;
   float softmax_scale = 1.0f;
-  // What the caller knows of the cache's writers: >= 0 when only the last fresh_rows rows of each sequence may still
-  // be being written as this op starts: 1 when the step's mla_prepare is the op just before this one, or the one
-  // before that with an op between that lets this one start early (next_op_may_start_early); 0 when an op between
-  // does not. Every other row and the metadata come from earlier ops or steps. A device backend then reads those
-  // while the op before still runs. -1 (the default): nothing is known.
-  int64_t fresh_rows = -1;
-  bool next_op_may_start_early = false;  // as HeadLinearArgs::next_op_may_start_early (dense.h)
   // The absorbed form's value projection, optional (both or neither): out[s, h] = w_uv[h] · o_latent[s, h], as a
   // head_linear would compute it. Given them, the op's result is `out`, and out_latent is scratch whose contents are
   // unspecified afterwards: a device backend may fold the split-KV combine into the projection and never write it.
@@ -74,9 +70,7 @@ struct MlaDecodeArgs {
   TensorView out;        // [S, H, v_head_dim]
   bool projects() const { return w_uv.data != nullptr; }
   // The head_linear the projection stands for, on out_latent.
-  HeadLinearArgs projection() const {
-    return {.x = out_latent, .w = w_uv, .out = out, .next_op_may_start_early = next_op_may_start_early};
-  }
+  HeadLinearArgs projection() const { return {.x = out_latent, .w = w_uv, .out = out}; }
   void validate() const;
 };
 

@@ -9,12 +9,14 @@ void add(CudaContext& ctx, const AddArgs& a) {
   const auto timing = ctx.timed("add");
   a.validate();
   add(a, ctx.launch());
+  ctx.ledger().launched(Trigger::kAfterWait, accesses_of(a));
 }
 
 void silu_mul(CudaContext& ctx, const SiluMulArgs& a) {
   const auto timing = ctx.timed("silu_mul");
   a.validate();
   silu_mul(a, ctx.launch());
+  ctx.ledger().launched(Trigger::kAfterWait, OpAccesses::any());
 }
 
 }  // namespace deepinfer::cuda

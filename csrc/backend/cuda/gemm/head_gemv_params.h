@@ -23,9 +23,9 @@ struct HeadGemvParams {
   int64_t out_head_stride = 0;  // elements, >= n
   int32_t num_sms = 132;        // multiprocessors of the device: the kernel takes grids that fit one wave
   // 1: x was complete before the previous kernel started and that kernel does not touch out, so the kernel computes
-  // before its grid dependency wait (HeadLinearArgs::overlap_previous_op); 0: it reads x after the wait.
+  // before its grid dependency wait (the backend asks its launch ledger); 0: it reads x after the wait.
   int32_t before_wait = 0;
-  // 1: the next kernel may launch as soon as this one starts (HeadLinearArgs::next_op_may_start_early): the trigger
+  // 1: the next kernel may launch as soon as this one starts (LaunchLedger::trigger): the trigger
   // comes first, not after the wait.
   int32_t trigger_early = 0;
   // Optional, in place of x (then unused): the split-KV partials MLA decode leaves with defer_combine, fp32

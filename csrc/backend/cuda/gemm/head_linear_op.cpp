@@ -22,14 +22,19 @@ void head_linear(CudaContext& ctx, const HeadLinearArgs& a) {
   const int64_t out_stride = a.out_head_stride == 0 ? n : a.out_head_stride;
   if (tokens == 0 || heads == 0 || n == 0) return;
   if (a.x.dtype == DType::kBF16 && a.w.dtype == DType::kBF16 && a.out.dtype == DType::kBF16) {
+    // Whether the GEMV may compute before its wait, and when it lets the next op start: the ledger's answers from
+    // the ops still possibly running.
+    const Trigger trigger = ctx.ledger().trigger(OpKind::kHeadLinear);
     const HeadGemvParams gemv{.x = static_cast<const uint16_t*>(a.x.data),
                               .w = static_cast<const uint16_t*>(a.w.data),
                               .out = static_cast<uint16_t*>(a.out.data), .tokens = tokens, .heads = heads, .k = k,
                               .n = n, .x_head_stride = x_stride, .out_head_stride = out_stride,
-                              .num_sms = ctx.num_sms(), .before_wait = a.overlap_previous_op ? 1 : 0,
-                              .trigger_early = a.next_op_may_start_early ? 1 : 0};
+                              .num_sms = ctx.num_sms(),
+                              .before_wait = ctx.ledger().head_linear_before_wait(a) ? 1 : 0,
+                              .trigger_early = trigger == Trigger::kAtStart ? 1 : 0};
     if (head_gemv_fits(gemv)) {  // decode sizes: weights loaded while the previous kernel drains
       head_gemv(gemv, ctx.launch());
+      ctx.ledger().launched(trigger, accesses_of(a));
       return;
     }
   }
@@ -38,6 +43,7 @@ void head_linear(CudaContext& ctx, const HeadLinearArgs& a) {
     const size_t elem = dtype_size(a.out.dtype);
     CUDA_TRY(cudaMemset2DAsync(a.out.data, static_cast<size_t>(out_stride) * elem, 0, static_cast<size_t>(n) * elem,
                                static_cast<size_t>(tokens * heads), ctx.stream()));
+    ctx.ledger().serialized();
     return;
   }
   // Head h: out[:, h, :] = x[:, h, :] · w[h]^T. Column-major per head: out_h^T[N, T] = w_h^T · x_h^T, where x_h is
@@ -51,6 +57,7 @@ void head_linear(CudaContext& ctx, const HeadLinearArgs& a) {
       gemm_int(heads * x_stride, kOp, "H * x head stride"), x_stride, &beta, a.out.data, cuda_type(a.out.dtype),
       gemm_int(heads * out_stride, kOp, "H * out head stride"), out_stride, gemm_int(heads, kOp, "H"),
       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  ctx.ledger().library_work(accesses_of(a));
 #else
   throw UnsupportedOp(str_cat(kOp, ": this build has no cuBLAS"));
 #endif

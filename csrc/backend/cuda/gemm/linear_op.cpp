@@ -72,13 +72,17 @@ void linear(CudaContext& ctx, const LinearArgs& a) {
   const int64_t m = a.x.shape[0], n = a.w.shape[0], k = a.x.shape[1];
   if (m == 0 || n == 0) return;
   if (k == 0) {
-    if (!a.accumulate) CUDA_TRY(cudaMemsetAsync(a.out.data, 0, a.out.bytes(), ctx.stream()));
+    if (!a.accumulate) {
+      CUDA_TRY(cudaMemsetAsync(a.out.data, 0, a.out.bytes(), ctx.stream()));
+      ctx.ledger().serialized();
+    }
     return;
   }
   const SkinnyGemmParams skinny = skinny_params(
       ctx, a.x, {{a.w, a.out, a.accumulate ? SkinnyEpilogue::kAccumulate : SkinnyEpilogue::kStore}});
   if (use_skinny(ctx, a.x.dtype, skinny)) {
     skinny_gemm(skinny, ctx.launch());
+    ctx.ledger().launched(Trigger::kAfterWait, OpAccesses::any());
     return;
   }
 #ifdef DEEPINFER_HAVE_CUBLAS
@@ -90,6 +94,7 @@ void linear(CudaContext& ctx, const LinearArgs& a) {
                         gemm_int(k, kOp, "K"), &alpha, a.w.data, type, static_cast<int>(k), a.x.data, type,
                         static_cast<int>(k), &beta, a.out.data, cuda_type(a.out.dtype), static_cast<int>(n),
                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  ctx.ledger().library_work(accesses_of(a));
 #else
   throw UnsupportedOp(str_cat(kOp, ": this build has no cuBLAS"));
 #endif
@@ -109,6 +114,7 @@ void linear_silu_mul(CudaContext& ctx, const LinearSiluMulArgs& a) {
   const auto timing = ctx.timed(
       [&] { return str_cat("linear_silu_mul [", a.w.shape[0], " x ", a.w.shape[1], "] M=", a.x.shape[0]); });
   skinny_gemm(skinny, ctx.launch());
+  ctx.ledger().launched(Trigger::kAfterWait, OpAccesses::any());
 }
 
 void multi_linear(CudaContext& ctx, const MultiLinearArgs& a) {
@@ -139,6 +145,7 @@ void multi_linear(CudaContext& ctx, const MultiLinearArgs& a) {
     return label;
   });
   skinny_gemm(skinny, ctx.launch());
+  ctx.ledger().launched(Trigger::kAfterWait, OpAccesses::any());
 }
 
 }  // namespace deepinfer::cuda

@@ -10,18 +10,21 @@ void embedding(CudaContext& ctx, const EmbeddingArgs& a) {
   const auto timing = ctx.timed("embedding");
   a.validate();  // shapes and dtypes; the ids are device memory, checked on the host before their upload
   embedding(a, ctx.launch());
+  ctx.ledger().launched(Trigger::kAfterWait, OpAccesses::any());
 }
 
 void gather_rows(CudaContext& ctx, const GatherRowsArgs& a) {
   const auto timing = ctx.timed("gather_rows");
   a.validate();
   gather_rows(a, ctx.launch());
+  ctx.ledger().launched(Trigger::kAfterWait, accesses_of(a));
 }
 
 void copy_strided(CudaContext& ctx, const CopyStridedArgs& a) {
   const auto timing = ctx.timed("copy_strided");
   a.validate();
   copy_strided(a, ctx.launch());
+  ctx.ledger().launched(Trigger::kAfterWait, OpAccesses::any());
 }
 
 }  // namespace deepinfer::cuda

@@ -60,11 +60,10 @@ void mla_decode(CudaContext& ctx, const MlaDecodeArgs& a) {
                     .max_context_len = a.meta.max_context_len,
                     .num_sms = ctx.num_sms(),
                     .forced_splits = ctx.tuning().mla_decode_splits,
-                    .fresh_rows =
-                        a.fresh_rows < 0 ? -1 : static_cast<int32_t>(std::min<int64_t>(a.fresh_rows, INT32_MAX)),
-                    // With the projection, the kernel after the combine is W_UV's: it reads only its weights before
-                    // its wait.
-                    .trigger_early = (a.projects() || a.next_op_may_start_early) ? 1 : 0,
+                    // The cache rows it may copy before its wait, and when its combine lets the next op start: the
+                    // ledger's answers from the ops still possibly running.
+                    .fresh_rows = ctx.ledger().mla_decode_fresh_rows(a),
+                    .trigger_early = ctx.ledger().trigger(OpKind::kMlaDecode) == Trigger::kAtStart ? 1 : 0,
                     .softmax_scale = a.softmax_scale};
   // The split count, chosen once: the workspace, the decode kernels and W_UV's fold below all take this one.
   p.num_splits = mla_decode_num_splits(p);
@@ -74,8 +73,13 @@ void mla_decode(CudaContext& ctx, const MlaDecodeArgs& a) {
   const size_t bytes = mla_decode_workspace_bytes(p);
   void* const workspace = ctx.workspace(WorkspaceUse::kMlaDecode, {.bytes = bytes}).data;
   p.workspace = bytes > 0 ? workspace : nullptr;
+  // The attention kernels trigger after their wait: once the op after this one starts, every op before it has
+  // completed, whatever the combine's or W_UV's trigger. The op is recorded before the projection's head_linear,
+  // which records itself; a folded projection is part of this op.
+  const auto record = [&] { ctx.ledger().launched(Trigger::kAfterWait, OpAccesses::any()); };
   if (!a.projects()) {
     mla_decode(p, ctx.launch());
+    record();
     return;
   }
   // The projection: for one sequence with split partials, W_UV's head_gemv combines them as it reads its x (one
@@ -94,13 +98,14 @@ void mla_decode(CudaContext& ctx, const MlaDecodeArgs& a) {
                             .out_head_stride = projection.w.shape[1],
                             .num_sms = ctx.num_sms(),
                             .before_wait = 0,
-                            .trigger_early = a.next_op_may_start_early ? 1 : 0,
+                            .trigger_early = ctx.ledger().trigger(OpKind::kHeadLinear) == Trigger::kAtStart ? 1 : 0,
                             .x_partials = static_cast<const float*>(p.workspace),
                             .x_splits = p.num_splits};
   const bool fold_combine = seqs == 1 && p.workspace != nullptr && a.w_uv.dtype == DType::kBF16 &&
                             a.out.dtype == DType::kBF16 && head_gemv_fits(gemv);
   p.defer_combine = fold_combine ? 1 : 0;
   mla_decode(p, ctx.launch());
+  record();
   if (fold_combine) {
     head_gemv(gemv, ctx.launch());
   } else {

@@ -45,7 +45,7 @@ struct MlaDecodeParams {
   // kernel still runs (before its grid dependency wait; ptx.cuh: a grid starts only after every CTA of its
   // predecessor has passed its own wait). -1: any of it may come from the previous kernel.
   int32_t fresh_rows = -1;
-  // 1: the kernel after the split combine may launch as soon as the combine starts (next_op_may_start_early).
+  // 1: the kernel after the split combine may launch as soon as the combine starts (LaunchLedger::trigger).
   int32_t trigger_early = 0;
   // 1 with more than one split: no combine kernel; the partials and log-sum-exps stay in the workspace (fp32
   // [num_splits, batch * num_heads, 512], then [num_splits, batch * num_heads]) for the next kernel, which combines

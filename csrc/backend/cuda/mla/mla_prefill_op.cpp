@@ -84,6 +84,7 @@ void mla_prefill(CudaContext& ctx, const MlaPrefillArgs& a) {
                          .softmax_scale = a.softmax_scale,
                          .kernel = ctx.tuning().mla_prefill_kernel},
                         ctx.launch());
+  ctx.ledger().launched(Trigger::kAfterWait, OpAccesses::any());  // the attention kernel waits first
 #else
   throw UnsupportedOp(str_cat(kOp, ": this build has no cuBLAS"));
 #endif

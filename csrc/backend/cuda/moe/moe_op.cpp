@@ -121,6 +121,7 @@ void moe_route(CudaContext& ctx, const MoeRouteArgs& a) {
   if (p.num_tokens == 0 || p.top_k == 0) return;
   p.workspace = moe_workspace(ctx, WorkspaceUse::kMoeRoute, p);
   moe_route_align(p, ctx.launch());
+  ctx.ledger().launched(Trigger::kAfterWait, OpAccesses::any());
 }
 
 // The experts take the given ids (the "given ids" mode of the fused kernels: with no router logits, the first kernel
@@ -133,6 +134,7 @@ void moe_experts(CudaContext& ctx, const MoeExpertsArgs& a) {
   if (p.num_tokens == 0) return;
   p.workspace = moe_workspace(ctx, WorkspaceUse::kMoeExperts, p);
   moe_forward(p, ctx.launch());
+  ctx.ledger().launched(Trigger::kAfterWait, OpAccesses::any());
 }
 
 // Routing and experts with one alignment: the route kernel groups the pairs by expert as it routes, and the expert
@@ -157,6 +159,7 @@ void moe(CudaContext& ctx, const MoeArgs& a) {
   }
   p.workspace = moe_workspace(ctx, WorkspaceUse::kMoeExperts, p);
   moe_forward(p, ctx.launch());
+  ctx.ledger().launched(Trigger::kAfterWait, OpAccesses::any());
 }
 
 }  // namespace deepinfer::cuda

@@ -14,12 +14,15 @@ void rms_norm(CudaContext& ctx, const RmsNormArgs& a) {
   } else {
     rms_norm(a, ctx.launch());
   }
+  ctx.ledger().launched(Trigger::kAfterWait, OpAccesses::any());
 }
 
 void add_rms_norm(CudaContext& ctx, const AddRmsNormArgs& a) {
   const auto timing = ctx.timed("add_rms_norm");
   a.validate();
-  add_rms_norm(a, ctx.launch());
+  const Trigger trigger = ctx.ledger().trigger(OpKind::kAddRmsNorm);
+  add_rms_norm(a, trigger == Trigger::kAtStart, ctx.launch());
+  ctx.ledger().launched(trigger, OpAccesses::any());
 }
 
 }  // namespace deepinfer::cuda

@@ -161,7 +161,7 @@ void check_on_device(const ConstTensorView& t, const char* op, const char* name)
 
 }  // namespace
 
-void add_rms_norm(const AddRmsNormArgs& a, LaunchStream stream) {
+void add_rms_norm(const AddRmsNormArgs& a, bool trigger_early, LaunchStream stream) {
   constexpr const char* kOp = "cuda add_rms_norm";
   DI_CHECK(a.residual.shape.ndim() == 2 && a.x.shape == a.residual.shape && a.out.shape == a.residual.shape &&
                a.weight.numel() == a.residual.shape[1],
@@ -180,7 +180,7 @@ void add_rms_norm(const AddRmsNormArgs& a, LaunchStream stream) {
                                .weight = static_cast<const float*>(a.weight.data), .out = a.out.data,
                                .rows = a.residual.shape[0], .dim = dim, .x_row_stride = dim,
                                .residual_row_stride = dim, .out_row_stride = dim, .eps = a.eps,
-                               .trigger_early = a.next_op_may_start_early},
+                               .trigger_early = trigger_early},
                               a.residual.dtype, kOp, stream);
 }
 

@@ -11,8 +11,9 @@
 namespace deepinfer::cuda {
 
 // residual += x; out = rms_norm(residual) * weight. residual, x and out share one dtype; out may alias x.
-// Checks the views (device, dtypes, shapes; throws deepinfer::Error) and queues the kernel on `stream`.
-void add_rms_norm(const AddRmsNormArgs& a, LaunchStream stream);
+// Checks the views (device, dtypes, shapes; throws deepinfer::Error) and queues the kernel on `stream`. With
+// trigger_early the kernel lets the next one launch at its start (the backend's launch ledger decides).
+void add_rms_norm(const AddRmsNormArgs& a, bool trigger_early, LaunchStream stream);
 
 // RmsNormArgs on float32 rows (row_stride honoured, in place allowed). Throws for other dtypes.
 void rms_norm_f32(const RmsNormArgs& a, LaunchStream stream);

@@ -20,7 +20,7 @@ struct NormResidualParams {
   int64_t residual_row_stride = 0;  // elements
   int64_t out_row_stride = 0;       // elements
   float eps = 1e-6f;
-  bool trigger_early = false;       // the next kernel may launch as soon as this one starts (next_op_may_start_early)
+  bool trigger_early = false;       // the next kernel may launch as soon as this one starts (LaunchLedger::trigger)
 };
 
 }  // namespace deepinfer::cuda

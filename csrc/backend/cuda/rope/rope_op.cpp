@@ -15,6 +15,7 @@ void rope(CudaContext& ctx, const RopeArgs& a) {
         .token_stride = a.token_stride, .head_stride = a.head_stride, .attention_scaling = a.attention_scaling,
         .interleaved = a.interleaved},
        a.dtype, ctx.launch());
+  ctx.ledger().launched(Trigger::kAfterWait, OpAccesses::any());
 }
 
 }  // namespace deepinfer::cuda

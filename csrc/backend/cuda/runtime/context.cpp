@@ -71,7 +71,10 @@ Tensor CudaContext::staging(Shape shape, DType dtype) {
 Tensor CudaContext::zeros(Shape shape, DType dtype) {
   Tensor t = empty(shape, dtype);
   const TensorView v = t.view();
-  if (v.bytes() > 0) CUDA_TRY(cudaMemsetAsync(v.data, 0, v.bytes(), stream_.get()));
+  if (v.bytes() > 0) {
+    CUDA_TRY(cudaMemsetAsync(v.data, 0, v.bytes(), stream_.get()));
+    ledger_.serialized();
+  }
   return t;
 }
 
@@ -81,6 +84,7 @@ void CudaContext::copy_to_device(ConstTensorView host, TensorView dst) {
   check_copy(host, dst, Device::kCpu, Device::kCuda, "cuda copy_to_device");
   if (dst.bytes() > 0) {
     CUDA_TRY(cudaMemcpyAsync(dst.data, host.data, dst.bytes(), cudaMemcpyHostToDevice, stream_.get()));
+    ledger_.serialized();
   }
 }
 
@@ -89,6 +93,7 @@ void CudaContext::copy_to_host(ConstTensorView src, TensorView host) {
   if (host.bytes() == 0) return;
   CUDA_TRY(cudaMemcpyAsync(host.data, src.data, host.bytes(), cudaMemcpyDeviceToHost, stream_.get()));
   stream_.synchronize();
+  ledger_.serialized();
   if (profiler_.enabled()) profiler_.collect();
 }
 
@@ -123,6 +128,7 @@ std::unique_ptr<StepGraph> CudaContext::capture(const std::function<void()>& wor
   CUDA_TRY(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
   work();
   stream_.synchronize();
+  ledger_.serialized();
   uint64_t used_high = 0;
   CUDA_TRY(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &used_high));
   if (arena_.reserve(static_cast<size_t>(used_high > used_before ? used_high - used_before : 0))) {
@@ -144,6 +150,7 @@ std::unique_ptr<StepGraph> CudaContext::capture(const std::function<void()>& wor
 std::unique_ptr<StepGraph> CudaContext::record(const std::function<void()>& work) {
   cudaGraph_t graph = nullptr;
   CUDA_TRY(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal));
+  ledger_.serialized();  // the graph's first kernel has no predecessor in it
   recording_ = true;
   try {
     work();
@@ -160,7 +167,7 @@ std::unique_ptr<StepGraph> CudaContext::record(const std::function<void()>& work
   const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
   CUDA_TRY(status);
-  return std::make_unique<CudaStepGraph>(exec, stream_.get(), graph_generation_);
+  return std::make_unique<CudaStepGraph>(exec, stream_.get(), graph_generation_, ledger_);
 }
 
 // ---------------------------------------------------------------------------------------------------------------------

@@ -3,8 +3,10 @@
 //
 // It holds the stream every op is queued on, the stream-ordered memory pool (empty(), zeros(), upload()), the graph
 // arena and the capture of step graphs (capture()), the op profiler (timed()), the cuBLAS handle, the device's SM
-// count, the workspaces ops keep across calls (workspace()), and the tuning record (tuning(); launch() carries its
-// PDL switch to the kernel launchers).
+// count, the workspaces ops keep across calls (workspace()), the tuning record (tuning(); launch() carries its
+// PDL switch to the kernel launchers), and the launch ledger (ledger(): which ops may still run as the next kernel
+// starts, so an op knows what its kernels may read before their wait and when they may let the next op start).
+// Every entry point tells the ledger what it queued.
 #pragma once
 
 #include <array>
@@ -20,6 +22,7 @@
 #include "backend/cuda/runtime/cublas_handle.h"
 #include "backend/cuda/runtime/cuda_stream.h"
 #include "backend/cuda/runtime/graph_arena.h"
+#include "backend/cuda/runtime/launch_ledger.h"
 #include "backend/cuda/runtime/launch_stream.h"
 #include "backend/cuda/runtime/memory_pool.h"
 #include "backend/cuda/runtime/op_profiler.h"
@@ -41,6 +44,8 @@ class CudaContext {
   // Where the kernel launchers queue their kernels: the stream, with the tuning's PDL switch.
   LaunchStream launch() const { return {.handle = stream_.get(), .pdl = tuning_.pdl}; }
   int num_sms() const { return num_sms_; }
+  LaunchLedger& ledger() { return ledger_; }
+  const LaunchLedger& ledger() const { return ledger_; }
 #ifdef DEEPINFER_HAVE_CUBLAS
   cublasHandle_t cublas() const { return cublas_.get(); }
 #endif
@@ -84,6 +89,7 @@ class CudaContext {
   OpProfiler profiler_{stream_.get(), tuning_.profile_ops};
   bool recording_ = false;
   uint64_t graph_generation_ = 0;
+  LaunchLedger ledger_;
   int device_ = 0;
   int num_sms_ = 0;
   std::array<Workspace, kWorkspaceUses> workspaces_;

@@ -19,14 +19,15 @@ namespace deepinfer::cuda::ptx {
 //      what the chain of waits has already made complete (rule 2: a grid starts only after every CTA of its
 //      predecessor has passed its own wait, so everything before the predecessor has completed): the MoE small-M
 //      kernels (moe_small_gemm.cuh), head_gemv with before_wait (W_UK beside mla_prepare) and MLA decode's cache rows
-//      of earlier ops (MlaDecodeParams::fresh_rows). The step's inputs (positions, cache slots, attention metadata),
+//      of earlier ops (MlaDecodeParams::fresh_rows); the backend sets those two from its launch ledger
+//      (launch_ledger.h), which knows which ops may still run. The step's inputs (positions, cache slots, attention metadata),
 //      copied to the device before the step's first kernel, are complete for every kernel of the step, as each one
 //      starts after that first one did: they may be read before the wait as well (mla_prepare, MLA decode).
 //   2. griddep_launch_dependents() after the wait, anywhere (right after it is fine): the next grid may then be
 //      scheduled, but still blocks in its own griddep_wait until this whole grid has completed and its memory is
-//      visible. Calling it after the wait keeps at most two grids of the stream resident. Exception: a kernel told
-//      that its successor reads only constants before its wait (an op's next_op_may_start_early: trigger_early)
-//      triggers at its start; the successor must then not be one of rule 1's exceptions.
+//      visible. Calling it after the wait keeps at most two grids of the stream resident. Exception: a kernel given
+//      trigger_early triggers at its start (LaunchLedger::trigger picks which); the ops before it may then still run
+//      when its successor starts, which the ledger accounts for in the exceptions of rule 1 it decides.
 // Work that is not ours (cuBLAS) never triggers and so counts as triggering when it completes: the kernel after it
 // waits for all of it, as without PDL.
 

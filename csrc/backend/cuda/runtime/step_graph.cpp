@@ -7,6 +7,7 @@ namespace deepinfer::cuda {
 bool CudaStepGraph::replay() {
   if (generation_ != recorded_in_) return false;
   CUDA_TRY(cudaGraphLaunch(exec_, stream_));
+  ledger_.unknown_work();
   return true;
 }
 

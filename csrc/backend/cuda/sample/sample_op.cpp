@@ -14,6 +14,7 @@ void sample(CudaContext& ctx, const SampleArgs& a) {
   check_on_device(a.rows, kOp, "rows");
   check_on_device(a.out, kOp, "out");
   sample(a, ctx.launch());
+  ctx.ledger().launched(Trigger::kAfterWait, OpAccesses::any());
 }
 
 }  // namespace deepinfer::cuda
