@@ -271,8 +271,8 @@ bool head_gemv_fits(const HeadGemvParams& p) {
     return false;
   }
   // One wave only: every CTA resident at once issues its weight loads before the wait. A larger grid (V3's 128
-  // heads: 512-1024 CTAs) would load most of its weights after it, slower than cuBLAS there (v3-slice batch 1 3.06
-  // against 2.99 ms/step on an H200).
+  // heads: 512-1024 CTAs) would load most of its weights after it, and measured slower than cuBLAS there (the
+  // v3-slice batch-1 step).
   return grid_ctas(p, v.rows_per_warp) <= int64_t{v.blocks_per_sm} * p.num_sms;
 }
 

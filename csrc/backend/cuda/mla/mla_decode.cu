@@ -129,8 +129,8 @@ int mla_decode_num_splits(const MlaDecodeParams& p) {
   if (p.forced_splits > 0) return static_cast<int>(std::min<int64_t>(p.forced_splits, max_tiles));
   // Time ~ waves * (tiles per split + fixed cost of a CTA: query load, pipeline fill) + splits * (a partial written
   // and read back by the combine), one CTA per SM (both kernels use most of the shared memory). Ties go to fewer
-  // splits. The split cost is fitted to the v2-lite step at batch 1 on an H200 (results/mla_decode_splits/): 17
-  // one-tile splits beat 9 at 1k, and at 8k 26-33 splits of 4-5 tiles beat 65 of 2 (2.367 against 2.475 ms/step).
+  // splits. The split cost is fitted to the v2-lite step at batch 1 on an H200 (docs/experiments/mla_decode_splits/):
+  // at 1k one-tile splits beat fewer, longer ones, and at 8k splits of 4-5 tiles beat twice as many of 2.
   constexpr double kCtaOverheadTiles = 1.0;
   constexpr double kSplitCostTiles = 0.1;
   const int64_t sms = std::max(p.num_sms, 1);

@@ -29,8 +29,8 @@
 // wgmma and its wait, which is why tile 0 (no P · V yet) is peeled off the loop.
 // Expected rate: per 128 x 128 tile both warpgroups issue 2560 tensor-core cycles (20 m64n128k16 each, 64 cycles
 // apiece at about 4 K FLOP/clock/SM) and 16 K exp2 (1 K cycles at 16 a clock): the softmax hides behind P · V but not
-// behind Q · K^T, and the copies, barrier and masking add to the critical path; aim: 450-550 TFLOP/s on the
-// attention FLOPs at long prompts (2-2.5x the mma.sync kernel), below FlashAttention-3-class kernels, which add a
+// behind Q · K^T, and the copies, barrier and masking add to the critical path: well above the mma.sync kernel at
+// long prompts, below FlashAttention-3-class kernels, which add a
 // producer warpgroup with TMA and mbarriers and ping-pong the two consumer warpgroups' softmax against each other.
 // Keys past the context are zero-filled (never NaN) and masked; query rows past the sequence compute on zeros and are
 // not stored.

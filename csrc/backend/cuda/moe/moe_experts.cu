@@ -15,12 +15,10 @@ namespace deepinfer::cuda {
 namespace moe_detail {
 namespace {
 
-// The small-M path while the average expert has at most this many rows. Measured on an H200 (V2-Lite dims): at 256
-// tokens (24 rows an expert) small-M 510 us, grouped 366 us; at 128 tokens (12 rows) small-M 419 us, and the engine's
-// whole decode step at batch 128 took as long as at batch 256 (14.5 vs 14.4 ms, grouped at 256), though batch 256 has
-// more of every other kind of work and the grouped kernels read the same weights for fewer rows at 128. So the switch
-// moved from 16 to 8 rows (the grouped kernels at 128 tokens have not been timed alone yet). At 8 tokens (< 1 row)
-// small-M streams at 76% of copy bandwidth, where the grouped kernel would compute 128-row blocks of padding.
+// The small-M path while the average expert has at most this many rows. Measured on an H200 at V2-Lite's dims: the
+// grouped kernels beat small-M at 256 tokens (24 rows an expert), and the engine's decode step at batch 128 (12 rows)
+// took as long as at batch 256, so the switch moved from 16 to 8 rows. Far below one row an expert, small-M streams
+// the weights near copy bandwidth, where the grouped kernel would compute 128-row blocks of padding.
 constexpr int64_t kSmallMaxAverageRows = 8;
 // Auto down prefetch when the active experts' W_down fits well inside L2 (50 MB on an H200).
 constexpr int64_t kDownPrefetchMaxBytes = int64_t{36} << 20;

@@ -31,10 +31,8 @@ constexpr int kCombineThreads = 256;
 constexpr int kDownColsPerCta = 32;        // output columns of a small-M down CTA
 constexpr int kFusedCombineMaxTokens = 32;  // up to this many tokens the small-M down kernel also combines
 // The small-M FFN runs as one persistent launch (launch_small_ffn) up to kFusedFfnMaxTokens tokens at a hidden size
-// of at least kFusedFfnMinHidden. Measured on an H200 (moe_bench --decode, same binary, two runs each): V3's dims
-// (7168) 1 token 199.0-199.7 us against 207.5-208.1 with two kernels, 2 tokens 331-352 against 377-378, 4 tokens
-// 622-644 against 668-710, 8 tokens 1128-1172 against 1069-1110; V2-Lite's (2048) 1 token 53.1 against 49.5-50.6
-// and the engine's batch-1 step 2.380 against 2.232 ms. Long items (K = 7168) amortize the tickets and the slot
+// of at least kFusedFfnMinHidden, where it measured faster than two kernels (moe_bench --decode on an H200): at V3's
+// hidden size (7168) up to 4 tokens, not at 8, and not at V2-Lite's (2048) even for 1 token. Long items (K = 7168) amortize the tickets and the slot
 // handoff; at 2048 the two grids' one round each is shorter.
 constexpr int kFusedFfnMaxTokens = 4;
 constexpr int kFusedFfnMinHidden = 4096;
