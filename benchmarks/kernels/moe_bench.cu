@@ -2,7 +2,7 @@
 // reference written here (self-contained), then a microbenchmark beside the ceilings measured in the same run
 // (device-to-device copy bandwidth; bf16 GEMM peak through cuBLAS when the library can be loaded).
 //
-// usage: moe_bench [--json PATH] [--quick | --prefill | --decode] [--no-checks] [--probe]
+// usage: moe_bench [--json PATH] [--quick | --prefill | --decode] [--no-checks] [--probe] [--seed N]
 //   --quick: timings at 1 and 4096 tokens only; --prefill: the grouped path only (4096 tokens twice, V3 at 4096,
 //   V2-Lite at 1024, the dense one-expert GEMM), to compare builds of the prefill kernels; --decode: 1 to 8 tokens,
 //   the one-launch small-M FFN beside the two-kernel path, V2-Lite and V3; --no-checks: no
@@ -792,6 +792,7 @@ PerfResult run_perf(const PerfCase& c, std::mt19937_64& rng, cudaStream_t stream
 int run(int argc, char** argv) {
   std::string json_path = "moe_h200.json";
   bool quick = false, prefill = false, decode = false, run_checks = true, probe = false;
+  uint64_t seed = std::random_device{}();  // --seed N: the same weights and routing in every run (an A/B of builds)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) json_path = argv[++i];
@@ -800,6 +801,7 @@ int run(int argc, char** argv) {
     if (a == "--decode") decode = true;
     if (a == "--no-checks") run_checks = false;
     if (a == "--probe") probe = true;
+    if (a == "--seed" && i + 1 < argc) seed = std::stoull(argv[++i]);
   }
   int device = 0;
   CUDA_TRY(cudaGetDevice(&device));
@@ -811,7 +813,6 @@ int run(int argc, char** argv) {
   if (probe) return 0;  // the binary starts and sees the GPU
   CudaStream stream_owner;
   const cudaStream_t stream = stream_owner.get();
-  const uint64_t seed = std::random_device{}();
   std::mt19937_64 rng(seed);
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
 

@@ -35,7 +35,8 @@ def make_run(folder: Path, new_b1_ms: float, new_moe_us: float) -> None:
     write(folder / "new" / "mla_decode_r1" / "mla_decode_h200.json", mla)
     for tree, us in (("base", 48.0), ("new", new_moe_us)):
         write(folder / tree / "moe_r1" / "moe_h200.json",
-              {"perf": [{"model": "v2-lite", "tag": "main", "tokens": 1, "path": "small-m", "time_us_graph": us}]})
+              {"perf": [{"model": "v2-lite", "tag": "main", "tokens": 1, "path": "small-m", "time_us_graph": us,
+                         "bytes": 100_000_000}]})
 
 
 def run(folder: Path, tolerance: float = 2.0) -> tuple[int, dict]:
@@ -64,7 +65,7 @@ def test_a_slower_case_is_flagged(tmp_path):
     rc, report = run(tmp_path)
     assert rc == 1
     assert report["flagged"] == ["decode v2-lite graphs batch 1 ctx 1024 (ms/step)",
-                                 "moe v2-lite main T=1 small-m (us, graph)"]
+                                 "moe v2-lite main T=1 small-m (us per GB read, graph)"]
     rc, _ = run(tmp_path, tolerance=5.0)
     assert rc == 0
 
@@ -73,4 +74,4 @@ def test_a_case_missing_in_one_tree_is_flagged(tmp_path):
     make_run(tmp_path, new_b1_ms=2.0, new_moe_us=48.0)
     (tmp_path / "new" / "moe_r1" / "moe_h200.json").unlink()
     rc, report = run(tmp_path)
-    assert rc == 1 and report["flagged"] == ["moe v2-lite main T=1 small-m (us, graph)"]
+    assert rc == 1 and report["flagged"] == ["moe v2-lite main T=1 small-m (us per GB read, graph)"]
