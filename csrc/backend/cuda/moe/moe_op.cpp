@@ -105,6 +105,7 @@ void* moe_workspace(CudaContext& ctx, WorkspaceUse use, const MoeParams& p) {
     MoeParams init = p;
     init.workspace = ws.data;
     moe_workspace_init(init, ctx.stream());
+    ctx.ledger().serialized();  // a memset: it waits for the work before it, and the work after waits for it
   }
   return ws.data;
 }

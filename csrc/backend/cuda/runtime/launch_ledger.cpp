@@ -16,6 +16,21 @@ int64_t positive_mod(int64_t v, int64_t m) {
 
 bool writes(Touch t) { return t != Touch::kRead; }
 
+// The rows of x a head_linear reads and the rows of out it writes: T x H rows of K (x) and N (out) elements, at the
+// ops' head strides. Empty regions when the shapes are not the op's (validate() refuses those).
+struct HeadLinearRegions {
+  Region x;
+  Region out;
+};
+HeadLinearRegions head_linear_regions(const HeadLinearArgs& a) {
+  if (a.x.shape.ndim() != 3 || a.w.shape.ndim() != 3) return {};
+  const int64_t rows = a.x.shape[0] * a.x.shape[1], k = a.x.shape[2], n = a.w.shape[1];
+  const int64_t x_stride = a.x_head_stride == 0 ? k : a.x_head_stride;
+  const int64_t out_stride = a.out_head_stride == 0 ? n : a.out_head_stride;
+  return {.x = Region::window(a.x.data, a.x.dtype, rows, k, x_stride),
+          .out = Region::window(a.out.data, a.out.dtype, rows, n, out_stride)};
+}
+
 }  // namespace
 
 Region Region::bytes(const void* data, size_t bytes) {
@@ -68,12 +83,8 @@ OpAccesses accesses_of(const LinearArgs& a) {
 
 OpAccesses accesses_of(const HeadLinearArgs& a) {
   if (a.x.shape.ndim() != 3 || a.w.shape.ndim() != 3) return OpAccesses::any();
-  const int64_t rows = a.x.shape[0] * a.x.shape[1], k = a.x.shape[2], n = a.w.shape[1];
-  const int64_t x_stride = a.x_head_stride == 0 ? k : a.x_head_stride;
-  const int64_t out_stride = a.out_head_stride == 0 ? n : a.out_head_stride;
-  return OpAccesses::exactly({{Region::window(a.x.data, a.x.dtype, rows, k, x_stride), Touch::kRead},
-                              {Region::of(a.w), Touch::kRead},
-                              {Region::window(a.out.data, a.out.dtype, rows, n, out_stride), Touch::kWrite}});
+  const HeadLinearRegions r = head_linear_regions(a);
+  return OpAccesses::exactly({{r.x, Touch::kRead}, {Region::of(a.w), Touch::kRead}, {r.out, Touch::kWrite}});
 }
 
 OpAccesses accesses_of(const GatherRowsArgs& a) {
@@ -162,12 +173,9 @@ bool LaunchLedger::may_touch_before_wait(std::initializer_list<Region> reads,
 
 bool LaunchLedger::head_linear_before_wait(const HeadLinearArgs& a) const {
   if (a.x.shape.ndim() != 3 || a.w.shape.ndim() != 3) return false;
-  const int64_t rows = a.x.shape[0] * a.x.shape[1], k = a.x.shape[2], n = a.w.shape[1];
-  const int64_t x_stride = a.x_head_stride == 0 ? k : a.x_head_stride;
-  const int64_t out_stride = a.out_head_stride == 0 ? n : a.out_head_stride;
+  const HeadLinearRegions r = head_linear_regions(a);
   // x read and out written before the wait; w is a weight, which no op writes.
-  return may_touch_before_wait({Region::window(a.x.data, a.x.dtype, rows, k, x_stride)},
-                               {Region::window(a.out.data, a.out.dtype, rows, n, out_stride)});
+  return may_touch_before_wait({r.x}, {r.out});
 }
 
 int32_t LaunchLedger::mla_decode_fresh_rows(const MlaDecodeArgs& a) const {
