@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "backend/ops/copy.h"
@@ -74,6 +75,9 @@ class Backend {
   // The device's memory now, which the engine sizes the latent cache by; std::nullopt where the backend's memory is
   // the host's (the CPU), whose cache the engine sizes by a budget of its own.
   virtual std::optional<DeviceMemoryInfo> memory_info() const { return std::nullopt; }
+  // Why this device cannot compute with FP8 weights (a GPU without FP8 tensor cores), or "" when it can. The CPU
+  // can: it is the reference and dequantizes.
+  virtual std::string fp8_unsupported_reason() const { return {}; }
 
   // Graphs. capture() runs `work` (ops queued on this backend) once as usual, which sizes every workspace it needs,
   // then records it for replay. The tensors `work` allocates while recorded come from memory the backend keeps for

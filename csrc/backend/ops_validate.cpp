@@ -71,6 +71,19 @@ void expect_row_stride(int64_t stride, int64_t row, const char* op, const char* 
   DI_CHECK(stride == 0 || stride >= row, op, ": ", name, " ", stride, " < row size ", row);
 }
 
+// A linear weight: x's dtype, or block-scaled FP8 with float32 scales of its block grid on the same device.
+void expect_weight(const WeightView& w, const ConstTensorView& x, const char* op, const char* name) {
+  if (!w.is_fp8()) {
+    expect_same_dtype(x, w, op, "x", name);
+    return;
+  }
+  const Shape grid = fp8_scale_shape(w.shape);
+  DI_CHECK(w.scale_inv.dtype == DType::kF32 && w.scale_inv.shape == grid, op, ": FP8 ", name, " ", w.shape.str(),
+           " needs float32 scale_inv ", grid.str(), " (one per ", kFp8Block, "x", kFp8Block, " block), got ",
+           dtype_name(w.scale_inv.dtype), " ", w.scale_inv.shape.str());
+  DI_CHECK(w.scale_inv.device == w.device, op, ": ", name, " and its scales are on different devices");
+}
+
 }  // namespace
 
 std::string_view op_name(OpKind op) {
@@ -106,6 +119,7 @@ void LinearArgs::validate() const {
   DI_CHECK(x.shape[1] == w.shape[1] && out.shape[0] == x.shape[0] && out.shape[1] == w.shape[0],
            "linear: x ", x.shape.str(), " · w ", w.shape.str(), "^T does not fit out ", out.shape.str());
   expect_activation(x, "linear", "x");
+  expect_weight(w, x, "linear", "w");
   // out is x's dtype, or float32 (router and vocabulary logits keep full precision from bf16 activations).
   if (out.dtype != DType::kF32) expect_same_dtype(x, out, "linear", "x", "out");
   expect_one_device({x, w, out}, "linear");
@@ -120,6 +134,7 @@ void LinearSiluMulArgs::validate() const {
            "linear_silu_mul: x ", x.shape.str(), " · w ", w.shape.str(), "^T (gate rows, then as many up rows) "
            "does not fit out ", out.shape.str());
   expect_activation(x, "linear_silu_mul", "x");
+  expect_weight(w, x, "linear_silu_mul", "w");
   expect_same_dtype(x, out, "linear_silu_mul", "x", "out");
   expect_one_device({x, w, out}, "linear_silu_mul");
 }
@@ -397,6 +412,8 @@ void MoeExpertsArgs::validate() const {
   expect_dtype(topk_ids, DType::kI32, "moe_experts", "topk_ids");
   expect_dtype(topk_weights, DType::kF32, "moe_experts", "topk_weights");
   expect_activation(x, "moe_experts", "x");
+  expect_weight(w_gate_up, x, "moe_experts", "w_gate_up");
+  expect_weight(w_down, x, "moe_experts", "w_down");
   expect_same_dtype(x, out, "moe_experts", "x", "out");
   expect_one_device({x, w_gate_up, w_down, topk_ids, topk_weights, out}, "moe_experts");
   expect_entries_below(topk_ids, w_down.shape[0], "moe_experts", "expert id");
@@ -418,6 +435,8 @@ void MoeArgs::validate() const {
            "moe: x ", x.shape.str(), " gate_up ", w_gate_up.shape.str(), " down ", w_down.shape.str(), " out ",
            out.shape.str());
   expect_activation(x, "moe", "x");
+  expect_weight(w_gate_up, x, "moe", "w_gate_up");
+  expect_weight(w_down, x, "moe", "w_down");
   expect_same_dtype(x, out, "moe", "x", "out");
   expect_one_device({x, w_gate_up, w_down, e.topk_ids, out}, "moe");
   if (router.data == nullptr) {

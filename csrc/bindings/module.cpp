@@ -3,6 +3,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/function.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
@@ -95,6 +96,8 @@ NB_MODULE(_deepinfer, m) {
       .def_rw("max_num_seqs", &EngineOptions::max_num_seqs)
       .def_rw("max_num_batched_tokens", &EngineOptions::max_num_batched_tokens)
       .def_rw("enforce_eager", &EngineOptions::enforce_eager)
+      .def_rw("fp8_weights", &EngineOptions::fp8_weights)
+      .def_rw("fp8_activations", &EngineOptions::fp8_activations)
       .def("validate", &EngineOptions::validate);
 
   nb::class_<ModelConfig>(m, "ModelConfig", "The parsed config.json (read-only summary).")
@@ -163,6 +166,7 @@ NB_MODULE(_deepinfer, m) {
           "options"_a, "progress"_a = nb::none(), "Loads the model and starts the step thread.")
       .def_prop_ro("model_config", &Engine::model_config, nb::rv_policy::reference_internal)
       .def_prop_ro("max_model_len", &Engine::max_model_len)
+      .def_prop_ro("weight_bytes", &Engine::weight_bytes)
       .def("add_request", &Engine::add_request, "request_id"_a, "prompt_token_ids"_a, "params"_a,
            "Queues a request; raises ValueError when it cannot be served.")
       .def("abort", &Engine::abort, "request_id"_a)

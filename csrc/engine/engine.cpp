@@ -22,6 +22,24 @@ void EngineOptions::validate() const {
                "gpu_memory_utilization must be in (0, 1], got ", gpu_memory_utilization);
 }
 
+namespace {
+
+// The sink of the weights' format: FP8 weights on a device that computes with them, stored FP8 values in float32 on
+// the CPU (exact), and a bf16 checkpoint's FP8 quantization emulated in float32 on the CPU.
+std::unique_ptr<WeightSink> make_weight_sink(const EngineOptions& options, const ModelConfig& config,
+                                             Backend& backend) {
+  if (!options.fp8_weights) return make_backend_sink(backend);
+  const std::string reason = backend.fp8_unsupported_reason();
+  DI_CHECK_ARG(reason.empty(), "quantization fp8: ", reason);
+  const Fp8ScaleFormat scales = config.fp8.scale_fmt == "ue8m0" ? Fp8ScaleFormat::kUe8m0 : Fp8ScaleFormat::kFloat;
+  if (backend.device() == Device::kCpu) {
+    return config.fp8.enabled ? make_backend_sink(backend) : make_fp8_emulating_host_sink(scales);
+  }
+  return make_backend_sink(backend, {.fp8 = true, .fp8_activations = options.fp8_activations, .scale_format = scales});
+}
+
+}  // namespace
+
 LoadedModel load_model(const EngineOptions& options, const LoadProgress& progress) {
   options.validate();
   ModelConfig config = load_model_config(options.model_path);
@@ -29,7 +47,7 @@ LoadedModel load_model(const EngineOptions& options, const LoadProgress& progres
                                                           : open_checkpoint_source(options.model_path, config);
   LoadedModel loaded{.backend = make_backend(options.device)};
   // Each weight goes to the device as it is read: the host never holds the model.
-  const std::unique_ptr<WeightSink> sink = make_backend_sink(*loaded.backend);
+  const std::unique_ptr<WeightSink> sink = make_weight_sink(options, config, *loaded.backend);
   ModelWeights weights = load_weights(config, *source, *sink, progress);
   loaded.model = std::make_unique<DeepseekModel>(std::move(config), std::move(weights), *loaded.backend);
   return loaded;
@@ -69,6 +87,14 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& options, const LoadP
                         .max_model_len = static_cast<int32_t>(max_len)};
   sched.validate();
   return std::unique_ptr<Engine>(new Engine(options, std::move(loaded), shape, scratch_page, sched));
+}
+
+std::vector<std::pair<std::string, int64_t>> Engine::weight_bytes() const {
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (const auto& [dtype, bytes] : weight_bytes_by_dtype(model_->weights())) {
+    out.emplace_back(std::string(dtype_name(dtype)), bytes);
+  }
+  return out;
 }
 
 Engine::Engine(EngineOptions options, LoadedModel loaded, LatentCacheShape cache_shape, int32_t scratch_page,

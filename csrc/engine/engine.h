@@ -12,6 +12,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -39,6 +40,10 @@ struct EngineOptions {
   int32_t max_num_seqs = 256;
   int32_t max_num_batched_tokens = 8192;
   bool enforce_eager = false;                // CUDA: no decode graphs
+  // Linear layers' weights in block-scaled FP8: an FP8 checkpoint's as stored, a bf16 checkpoint's quantized at load.
+  // The CPU computes with their dequantized values (exactly the FP8 weights, in float32).
+  bool fp8_weights = false;
+  bool fp8_activations = true;               // W8A8 (prefill GEMMs quantize activations); false: weight-only FP8
 
   void validate() const;
 };
@@ -85,6 +90,8 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   const ModelConfig& model_config() const { return model_->config(); }
+  // The resident weights' bytes by dtype name ("float8_e4m3fn", "bfloat16", ...; FP8 scales count as float32).
+  std::vector<std::pair<std::string, int64_t>> weight_bytes() const;
   const EngineOptions& options() const { return options_; }
   int32_t max_model_len() const { return scheduler_config_.max_model_len; }
 

@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
-#include "model/fp8.h"
+#include "core/fp8.h"
 
 namespace deepinfer {
 namespace {
@@ -183,6 +183,17 @@ void Checkpoint::read_rows_f32(std::string_view name, std::span<const int64_t> e
   DI_CHECK(t.dtype == DType::kF8E4M3, "tensor ", name, " in file ", file, " has dtype ", dtype_name(t.dtype),
            "; read_f32 reads floating-point tensors only");
 
+  const std::vector<float> scale_inv = fp8_scales(name, fp8_block);
+  const std::span<const uint8_t> codes(reinterpret_cast<const uint8_t*>(t.bytes.data()), t.bytes.size());
+  dequantize_fp8_rows({.codes = codes, .rows = rows, .cols = t.shape[1], .scale_inv = scale_inv, .block = fp8_block},
+                      first_row, num_rows, out);
+}
+
+std::vector<float> Checkpoint::fp8_scales(std::string_view name, std::array<int64_t, 2> fp8_block) const {
+  const Entry& e = entry(name);
+  const TensorInfo& t = *e.tensor;
+  const std::filesystem::path& file = files_[e.file_index].path();
+  const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
   DI_CHECK(t.shape.size() == 2, "FP8 tensor ", name, " in file ", file, " has shape ", shape_str(t.shape),
            "; only 2-D block-scaled FP8 weights are supported");
   DI_CHECK(fp8_block[0] > 0 && fp8_block[1] > 0, "invalid FP8 block size [", fp8_block[0], ", ",
@@ -205,9 +216,32 @@ void Checkpoint::read_rows_f32(std::string_view name, std::span<const int64_t> e
   // The scales are small (one per 128x128 block): widen them all, and let the dequantization pick the rows.
   std::vector<float> scale_inv(static_cast<size_t>(scale_shape[0] * scale_shape[1]));
   widen_float(scale.dtype, scale.bytes, scale_inv);
-  const std::span<const uint8_t> codes(reinterpret_cast<const uint8_t*>(t.bytes.data()), t.bytes.size());
-  dequantize_fp8_rows({.codes = codes, .rows = rows, .cols = cols, .scale_inv = scale_inv, .block = fp8_block},
-                      first_row, num_rows, out);
+  return scale_inv;
+}
+
+void Checkpoint::read_fp8_rows(std::string_view name, std::span<const int64_t> expected_shape, int64_t first_row,
+                               int64_t num_rows, std::span<uint8_t> codes, std::span<float> scale_inv,
+                               std::array<int64_t, 2> fp8_block) const {
+  const Entry& e = entry(name);
+  const TensorInfo& t = *e.tensor;
+  const std::filesystem::path& file = files_[e.file_index].path();
+  DI_CHECK(t.supported && t.dtype == DType::kF8E4M3, "tensor ", name, " in file ", file, " is ", t.dtype_tag,
+           ", not FP8");
+  DI_CHECK(std::equal(t.shape.begin(), t.shape.end(), expected_shape.begin(), expected_shape.end()), "tensor ",
+           name, " in ", file, " has shape ", shape_str(t.shape), ", expected ", shape_str(expected_shape));
+  const std::vector<float> all_scales = fp8_scales(name, fp8_block);
+  const int64_t rows = t.shape[0], cols = t.shape[1];
+  const int64_t scale_cols = (cols + fp8_block[1] - 1) / fp8_block[1];
+  const int64_t scale_rows = (num_rows + fp8_block[0] - 1) / fp8_block[0];
+  DI_CHECK(first_row >= 0 && num_rows >= 0 && first_row + num_rows <= rows && first_row % fp8_block[0] == 0,
+           "FP8 rows [", first_row, ", ", first_row + num_rows, ") of tensor ", name, " ", shape_str(t.shape),
+           ": the first must start a block of ", fp8_block[0], " rows");
+  DI_CHECK(static_cast<int64_t>(codes.size()) == num_rows * cols &&
+               static_cast<int64_t>(scale_inv.size()) == scale_rows * scale_cols,
+           "FP8 rows of tensor ", name, ": ", codes.size(), " codes and ", scale_inv.size(), " scales for ",
+           num_rows, " rows");
+  std::memcpy(codes.data(), t.bytes.data() + first_row * cols, codes.size());
+  std::copy_n(all_scales.begin() + (first_row / fp8_block[0]) * scale_cols, scale_inv.size(), scale_inv.begin());
 }
 
 }  // namespace deepinfer

@@ -61,7 +61,17 @@ class Checkpoint {
   void read_rows_f32(std::string_view name, std::span<const int64_t> expected_shape, int64_t first_row,
                      int64_t num_rows, std::span<float> out, std::array<int64_t, 2> fp8_block = {128, 128}) const;
 
+  // The stored e4m3 codes of rows [first_row, first_row + num_rows) of 2-D FP8 tensor `name` (first_row on a block
+  // boundary), and the float32 scale_inv of their block rows ([ceil(num_rows / fp8_block[0]), ceil(cols /
+  // fp8_block[1])]), as they are. Throws on another dtype, a shape other than expected_shape, or a range off the blocks.
+  void read_fp8_rows(std::string_view name, std::span<const int64_t> expected_shape, int64_t first_row,
+                     int64_t num_rows, std::span<uint8_t> codes, std::span<float> scale_inv,
+                     std::array<int64_t, 2> fp8_block = {128, 128}) const;
+
  private:
+  // The whole scale_inv of FP8 tensor `name`, widened, after the checks of its presence, dtype and shape.
+  std::vector<float> fp8_scales(std::string_view name, std::array<int64_t, 2> fp8_block) const;
+
   struct Entry {
     const TensorInfo* tensor;  // owned by files_[file_index]
     size_t file_index;

@@ -18,9 +18,15 @@ void upload_weights(ModelWeights& w, Backend& backend) {
   };
   const auto matrix = [&](Tensor& t) { place(t, act); };
   const auto vector = [&](Tensor& t) { place(t, DType::kF32); };
+  // An FP8 weight keeps its codes and scales as they are.
+  const auto linear = [&](Weight& w) {
+    if (!w.is_fp8()) return matrix(w.values);
+    place(w.values, DType::kF8E4M3);
+    place(w.scale_inv, DType::kF32);
+  };
   const auto mlp = [&](MlpWeights& m) {
-    matrix(m.gate_up);
-    matrix(m.down);
+    linear(m.gate_up);
+    linear(m.down);
   };
   matrix(w.embed);
   matrix(w.lm_head);
@@ -29,17 +35,16 @@ void upload_weights(ModelWeights& w, Backend& backend) {
     vector(layer.input_norm);
     vector(layer.post_attention_norm);
     MlaWeights& a = layer.attn;
-    for (Tensor* t : {&a.q_proj, &a.q_a_proj, &a.q_b_proj, &a.kv_a_proj, &a.kv_b_proj, &a.w_uk_t, &a.w_uv, &a.o_proj}) {
-      matrix(*t);
-    }
+    for (Weight* t : {&a.q_proj, &a.q_a_proj, &a.q_b_proj, &a.kv_a_proj, &a.o_proj}) linear(*t);
+    for (Tensor* t : {&a.kv_b_proj, &a.w_uk_t, &a.w_uv}) matrix(*t);
     vector(a.q_a_norm);
     vector(a.kv_a_norm);
     if (layer.mlp) mlp(*layer.mlp);
     if (layer.moe) {
       matrix(layer.moe->gate);
       vector(layer.moe->correction_bias);
-      matrix(layer.moe->experts_gate_up);
-      matrix(layer.moe->experts_down);
+      linear(layer.moe->experts_gate_up);
+      linear(layer.moe->experts_down);
     }
   }
 }
@@ -61,7 +66,7 @@ DeepseekModel::DeepseekModel(ModelConfig config, ModelWeights weights, Backend& 
 
 Tensor DeepseekModel::activation(Shape shape) { return backend_.empty(shape, backend_.activation_dtype()); }
 
-Tensor DeepseekModel::linear(const Tensor& x, const Tensor& w) {
+Tensor DeepseekModel::linear(const Tensor& x, const Weight& w) {
   Tensor out = activation({x.shape()[0], w.shape()[0]});
   backend_.linear({.x = x.cview(), .w = w.cview(), .out = out.view()});
   return out;

@@ -21,6 +21,7 @@ class DeepseekModel {
   DeepseekModel(ModelConfig config, ModelWeights weights, Backend& backend);
 
   const ModelConfig& config() const { return config_; }
+  const ModelWeights& weights() const { return weights_; }
   Backend& backend() const { return backend_; }
 
   // Runs the layers over one step's inputs: writes the latents of its tokens into `cache` (the paged latent cache,
@@ -38,7 +39,7 @@ class DeepseekModel {
                    std::span<const TensorView> cache);
   Tensor mlp(const MlpWeights& w, const Tensor& h);
   Tensor moe(const MoeWeights& w, const Tensor& h);
-  Tensor linear(const Tensor& x, const Tensor& w);
+  Tensor linear(const Tensor& x, const Weight& w);
   Tensor activation(Shape shape);  // uninitialized, on the backend's device, in its activation dtype
 
   ModelConfig config_;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -25,38 +27,63 @@ TensorView flat_range(const Tensor& dst, int64_t offset, int64_t count) {
   return dst.view().reshaped({dst.numel()}).rows(offset, count);
 }
 
-class HostSink final : public WeightSink {
+// Where a sink's tensors live: host memory, or a backend's device.
+class Placement {
  public:
-  Tensor allocate(Shape shape, WeightRole) override { return Tensor::empty(shape, DType::kF32); }
+  virtual ~Placement() = default;
+  virtual Tensor empty(Shape shape, DType dtype) = 0;
+  // Host elements into `dst` (same dtype and count).
+  virtual void put(ConstTensorView host, TensorView dst) = 0;
+};
 
-  void write(Tensor& dst, int64_t offset, std::span<const float> values) override {
-    check_write(dst, offset, values.size());
-    DI_CHECK(dst.device() == Device::kCpu || dst.numel() == 0, "host sink: the destination is not in host memory");
-    if (!values.empty()) std::memcpy(dst.f32() + offset, values.data(), values.size_bytes());
+class HostPlacement final : public Placement {
+ public:
+  Tensor empty(Shape shape, DType dtype) override { return Tensor::empty(shape, dtype); }
+  void put(ConstTensorView host, TensorView dst) override {
+    DI_CHECK(dst.device == Device::kCpu || dst.numel() == 0, "host sink: the destination is not in host memory");
+    if (host.numel() > 0) std::memcpy(dst.data, host.data, host.numel() * dtype_size(host.dtype));
   }
 };
 
-class BackendSink final : public WeightSink {
+class BackendPlacement final : public Placement {
  public:
-  explicit BackendSink(Backend& backend) : backend_(backend) {
-    const DType matrix = backend_.activation_dtype();
-    DI_CHECK(matrix == DType::kF32 || matrix == DType::kBF16, "weights can be placed as float32 or bfloat16, but ",
-             backend_.name(), " computes in ", dtype_name(matrix));
+  explicit BackendPlacement(Backend& backend) : backend_(backend) {}
+  Tensor empty(Shape shape, DType dtype) override { return backend_.empty(shape, dtype); }
+  void put(ConstTensorView host, TensorView dst) override { backend_.copy_to_device(host, dst); }
+
+ private:
+  Backend& backend_;
+};
+
+// One FP8 block row of a linear weight, collecting its rows before it is quantized.
+struct PendingBlockRow {
+  std::vector<float> values;  // [rows, cols]
+  int64_t rows = 0;           // rows of the block row (128, or fewer at the matrix's end)
+  int64_t written = 0;
+};
+
+class Sink final : public WeightSink {
+ public:
+  // emulate_fp8: linear weights are float32 tensors holding the dequantized FP8 values (format.fp8 must be set).
+  Sink(std::unique_ptr<Placement> placement, DType matrix_dtype, WeightFormat format, bool emulate_fp8)
+      : placement_(std::move(placement)), matrix_dtype_(matrix_dtype), format_(format), emulate_fp8_(emulate_fp8) {
+    DI_CHECK(matrix_dtype == DType::kF32 || matrix_dtype == DType::kBF16,
+             "weights can be placed as float32 or bfloat16, not ", dtype_name(matrix_dtype));
   }
 
   Tensor allocate(Shape shape, WeightRole role) override {
-    return backend_.empty(shape, role == WeightRole::kMatrix ? backend_.activation_dtype() : DType::kF32);
+    return placement_->empty(shape, role == WeightRole::kVector ? DType::kF32 : matrix_dtype_);
   }
 
   void write(Tensor& dst, int64_t offset, std::span<const float> values) override {
     check_write(dst, offset, values.size());
     const auto count = static_cast<int64_t>(values.size());
     if (dst.dtype() == DType::kF32) {
-      backend_.copy_to_device(ConstTensorView(values.data(), DType::kF32, {count}, Device::kCpu),
-                              flat_range(dst, offset, count));
+      placement_->put(ConstTensorView(values.data(), DType::kF32, {count}, Device::kCpu),
+                      flat_range(dst, offset, count));
       return;
     }
-    DI_CHECK(dst.dtype() == DType::kBF16, "backend sink: cannot write float32 values into a ",
+    DI_CHECK(dst.dtype() == DType::kBF16, "weight sink: cannot write float32 values into a ",
              dtype_name(dst.dtype()), " tensor");
     staging_.resize(static_cast<size_t>(std::min(count, kStagingElements)));
     for (int64_t begin = 0; begin < count; begin += kStagingElements) {
@@ -65,20 +92,115 @@ class BackendSink final : public WeightSink {
       uint16_t* bits = staging_.data();
 #pragma omp parallel for schedule(static) if (n >= kParallelElements)
       for (int64_t i = 0; i < n; ++i) bits[i] = float_to_bf16(src[i]);
-      backend_.copy_to_device(ConstTensorView(bits, DType::kBF16, {n}, Device::kCpu),
-                              flat_range(dst, offset + begin, n));
+      placement_->put(ConstTensorView(bits, DType::kBF16, {n}, Device::kCpu), flat_range(dst, offset + begin, n));
     }
   }
 
+  Weight allocate_linear(Shape shape) override {
+    DI_CHECK(shape.ndim() == 2 || shape.ndim() == 3, "a linear weight is 2-D or 3-D (stacked experts), got ",
+             shape.str());
+    if (!format_.fp8) return Weight(allocate(shape, WeightRole::kMatrix));
+    if (emulate_fp8_) return Weight(placement_->empty(shape, DType::kF32));
+    return Weight(placement_->empty(shape, DType::kF8E4M3), placement_->empty(fp8_scale_shape(shape), DType::kF32),
+                  format_.fp8_activations);
+  }
+
+  void write(Weight& dst, int64_t offset, std::span<const float> values) override {
+    if (!format_.fp8) {
+      write(dst.values, offset, values);
+      return;
+    }
+    check_write(dst.values, offset, values.size());
+    const int64_t rows = dst.shape()[dst.shape().ndim() - 2], cols = dst.shape()[dst.shape().ndim() - 1];
+    const auto count = static_cast<int64_t>(values.size());
+    DI_CHECK(cols > 0 && offset % cols == 0 && count % cols == 0, "FP8 weight ", dst.shape().str(),
+             ": writes must be whole rows, got ", count, " values at element ", offset);
+    for (int64_t i = 0; i < count / cols; ++i) {
+      const int64_t row = offset / cols + i, matrix = row / rows, r = row % rows, block_row = r / kFp8Block;
+      PendingBlockRow& pending = pending_[{dst.values.view().data, matrix * fp8_blocks(rows) + block_row}];
+      if (pending.values.empty()) {
+        pending.rows = std::min(kFp8Block, rows - block_row * kFp8Block);
+        pending.values.resize(static_cast<size_t>(pending.rows * cols));
+      }
+      std::copy_n(values.data() + i * cols, cols, pending.values.data() + (r % kFp8Block) * cols);
+      if (++pending.written == pending.rows) {
+        const PendingBlockRow done = std::move(pending);
+        pending_.erase({dst.values.view().data, matrix * fp8_blocks(rows) + block_row});
+        quantize_block_row(dst, matrix, block_row * kFp8Block, done);
+      }
+    }
+  }
+
+  bool takes_fp8() const override { return format_.fp8 && !emulate_fp8_; }
+
+  void write_fp8(Weight& dst, int64_t matrix, int64_t first_row, const Fp8Rows& piece) override {
+    DI_CHECK(takes_fp8() && dst.is_fp8(), "weight sink: stored FP8 codes go only into an FP8 weight");
+    const Shape& shape = dst.shape();
+    const int64_t rows = shape[shape.ndim() - 2], cols = shape[shape.ndim() - 1];
+    const int64_t matrices = shape.ndim() == 3 ? shape[0] : 1, block_cols = fp8_blocks(cols);
+    DI_CHECK(matrix >= 0 && matrix < matrices && first_row % kFp8Block == 0 && first_row + piece.rows <= rows &&
+                 static_cast<int64_t>(piece.codes.size()) == piece.rows * cols &&
+                 static_cast<int64_t>(piece.scale_inv.size()) == fp8_blocks(piece.rows) * block_cols,
+             "FP8 weight ", shape.str(), ": ", piece.rows, " stored rows (", piece.codes.size(), " codes, ",
+             piece.scale_inv.size(), " scales) at row ", first_row, " of matrix ", matrix, " do not fit");
+    const int64_t code_at = (matrix * rows + first_row) * cols;
+    placement_->put(ConstTensorView(piece.codes.data(), DType::kF8E4M3, {piece.rows * cols}, Device::kCpu),
+                    flat_range(dst.values, code_at, piece.rows * cols));
+    const int64_t scale_at = (matrix * fp8_blocks(rows) + first_row / kFp8Block) * block_cols;
+    const int64_t scales = static_cast<int64_t>(piece.scale_inv.size());
+    placement_->put(ConstTensorView(piece.scale_inv.data(), DType::kF32, {scales}, Device::kCpu),
+                    flat_range(dst.scale_inv, scale_at, scales));
+  }
+
+  void finish() override {
+    DI_CHECK(pending_.empty(), "weight sink: ", pending_.size(), " FP8 block rows were written only in part");
+  }
+
  private:
-  Backend& backend_;
+  // Quantizes a complete block row and places it: codes and scales, or (emulating) their dequantized values.
+  void quantize_block_row(Weight& dst, int64_t matrix, int64_t first_row, const PendingBlockRow& block) {
+    const Shape& shape = dst.shape();
+    const int64_t rows = shape[shape.ndim() - 2], cols = shape[shape.ndim() - 1];
+    codes_.resize(block.values.size());
+    scales_.resize(static_cast<size_t>(fp8_blocks(block.rows) * fp8_blocks(cols)));
+    quantize_fp8_block_rows(block.values, block.rows, cols, format_.scale_format, codes_, scales_);
+    if (emulate_fp8_) {
+      dequantized_.resize(block.values.size());
+      dequantize_fp8_blocks(codes_, block.rows, cols, scales_, {kFp8Block, kFp8Block}, dequantized_);
+      write(dst.values, (matrix * rows + first_row) * cols, dequantized_);
+      return;
+    }
+    write_fp8(dst, matrix, first_row, {.codes = codes_, .scale_inv = scales_, .rows = block.rows});
+  }
+
+  std::unique_ptr<Placement> placement_;
+  DType matrix_dtype_;
+  WeightFormat format_;
+  bool emulate_fp8_;
   std::vector<uint16_t> staging_;  // bfloat16 bits of the chunk being copied
+  std::map<std::pair<const void*, int64_t>, PendingBlockRow> pending_;  // (weight, block row over its matrices)
+  std::vector<uint8_t> codes_;
+  std::vector<float> scales_, dequantized_;
 };
 
 }  // namespace
 
-std::unique_ptr<WeightSink> make_host_sink() { return std::make_unique<HostSink>(); }
+void WeightSink::write_fp8(Weight&, int64_t, int64_t, const Fp8Rows&) {
+  throw Error("this weight sink does not take stored FP8 weights (takes_fp8() is false)");
+}
 
-std::unique_ptr<WeightSink> make_backend_sink(Backend& backend) { return std::make_unique<BackendSink>(backend); }
+std::unique_ptr<WeightSink> make_host_sink(WeightFormat format) {
+  return std::make_unique<Sink>(std::make_unique<HostPlacement>(), DType::kF32, format, false);
+}
+
+std::unique_ptr<WeightSink> make_fp8_emulating_host_sink(Fp8ScaleFormat scale_format) {
+  return std::make_unique<Sink>(std::make_unique<HostPlacement>(), DType::kF32,
+                                WeightFormat{.fp8 = true, .fp8_activations = false, .scale_format = scale_format}, true);
+}
+
+std::unique_ptr<WeightSink> make_backend_sink(Backend& backend, WeightFormat format) {
+  return std::make_unique<Sink>(std::make_unique<BackendPlacement>(backend), backend.activation_dtype(), format,
+                                false);
+}
 
 }  // namespace deepinfer

@@ -1,37 +1,81 @@
 // Where loaded weights go. The loader reads a checkpoint piece by piece (a tensor, a chunk of rows, one expert)
 // and hands each piece to a sink right away, so the host never holds a whole model in float32.
+//
+// A sink also decides how linear layers' weights are stored (WeightFormat): in the matrix dtype, or as block-scaled
+// FP8 (core/weight.h). An FP8 sink takes FP8 checkpoints' codes and scales as they are (write_fp8), and quantizes
+// float32 values it is given (a bf16 checkpoint, or a piece whose blocks do not line up with the stored ones) into
+// 128 x 128 blocks once every row of a block row has arrived.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <span>
 
+#include "core/fp8.h"
 #include "core/tensor.h"
+#include "core/weight.h"
 
 namespace deepinfer {
 
 class Backend;
 
-// What a weight is to the ops: a matrix (stored in the sink's matrix dtype) or a norm weight / bias (float32).
-enum class WeightRole : uint8_t { kMatrix, kVector };
+// What a weight is to the ops: a matrix kept in the sink's matrix dtype (embeddings, the router, MLA's absorbed
+// per-head matrices), a norm weight / bias (float32), or a linear layer's weight, which the sink's WeightFormat
+// applies to. The FP8 weights are those DeepSeek's own FP8 release quantizes: every projection of attention and of
+// the MLPs and experts; embeddings, lm_head, norms and the router stay in the model dtype.
+enum class WeightRole : uint8_t { kMatrix, kVector, kLinear };
 
-// Host float32 tensors (the CPU backend, tests) or a backend's device (the CUDA backend narrows to bfloat16).
+// How linear weights are stored.
+struct WeightFormat {
+  bool fp8 = false;                                 // block-scaled FP8; otherwise the matrix dtype
+  bool fp8_activations = true;                      // W8A8 (prefill GEMMs quantize activations); false: W8A16
+  Fp8ScaleFormat scale_format = Fp8ScaleFormat::kFloat;  // for values the sink quantizes itself
+};
+
+// A piece of an FP8 weight as a checkpoint stores it: whole block rows of one matrix.
+struct Fp8Rows {
+  std::span<const uint8_t> codes;  // [rows, cols] e4m3
+  std::span<const float> scale_inv;  // [ceil(rows / 128), ceil(cols / 128)]
+  int64_t rows = 0;
+};
+
 class WeightSink {
  public:
   virtual ~WeightSink() = default;
-  // An uninitialized destination for a weight of `shape`: matrices in the sink's matrix dtype, vectors float32.
+  // An uninitialized destination for a weight of `shape` (kMatrix or kVector): matrices in the sink's matrix dtype,
+  // vectors float32.
   virtual Tensor allocate(Shape shape, WeightRole role) = 0;
   // Writes `values` (float32, host) into elements [offset, offset + values.size()) of `dst` (row-major, counted
   // over the whole tensor), narrowing to dst's dtype. Returns once `values` may be changed or freed.
   virtual void write(Tensor& dst, int64_t offset, std::span<const float> values) = 0;
+
+  // A linear layer's weight of `shape` ([N, K], or [E, N, K] stacked experts) in the sink's format. The default is a
+  // matrix (allocate with kMatrix).
+  virtual Weight allocate_linear(Shape shape) { return Weight(allocate(shape, WeightRole::kMatrix)); }
+  // Float32 values into a linear weight, as write() does; an FP8 weight quantizes them (whole rows only, every row
+  // of the weight written exactly once).
+  virtual void write(Weight& dst, int64_t offset, std::span<const float> values) { write(dst.values, offset, values); }
+  // Whether write_fp8 places stored FP8 pieces as they are (the sink's weights are FP8).
+  virtual bool takes_fp8() const { return false; }
+  // Stored FP8 block rows into matrix `matrix` (0 for a 2-D weight) of `dst` from row `first_row` on (a multiple of
+  // 128), codes and scales as they are. Only where takes_fp8().
+  virtual void write_fp8(Weight& dst, int64_t matrix, int64_t first_row, const Fp8Rows& rows);
+  // Checks that every FP8 weight was written whole (no block row left waiting for rows); the loader calls it last.
+  virtual void finish() {}
 };
 
-// Host float32 tensors, written with memcpy: what load_weights returned before sinks existed.
-std::unique_ptr<WeightSink> make_host_sink();
+// Host float32 tensors, written with memcpy: what load_weights returned before sinks existed. With format.fp8, linear
+// weights are kept as FP8 codes and scales in host memory (the CPU backend's reference for the FP8 kernels).
+std::unique_ptr<WeightSink> make_host_sink(WeightFormat format = {});
+
+// Host float32 tensors whose linear weights are quantized to FP8 and dequantized again as they are written: a float32
+// model that computes with exactly the FP8 weights (the CPU engine's quantization="fp8" on a bf16 checkpoint).
+std::unique_ptr<WeightSink> make_fp8_emulating_host_sink(Fp8ScaleFormat scale_format = Fp8ScaleFormat::kFloat);
 
 // Tensors of `backend` (Backend::empty): matrices in backend.activation_dtype() (float32 or bfloat16), vectors in
-// float32. A write to a bfloat16 tensor narrows on the host (round to nearest even) through a bounded staging
-// buffer, a chunk at a time, then copies each chunk with backend.copy_to_device. `backend` must outlive the sink.
-std::unique_ptr<WeightSink> make_backend_sink(Backend& backend);
+// float32, linear weights per `format`. A write to a bfloat16 tensor narrows on the host (round to nearest even)
+// through a bounded staging buffer, a chunk at a time, then copies each chunk with backend.copy_to_device.
+// `backend` must outlive the sink.
+std::unique_ptr<WeightSink> make_backend_sink(Backend& backend, WeightFormat format = {});
 
 }  // namespace deepinfer

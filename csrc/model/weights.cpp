@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <map>
 #include <optional>
+#include <type_traits>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -27,6 +29,14 @@ class CheckpointSource final : public WeightSource {
   void read_rows(const std::string& name, std::span<const int64_t> shape, int64_t first_row, int64_t num_rows,
                  std::span<float> out) const override {
     checkpoint_.read_rows_f32(name, shape, first_row, num_rows, out, fp8_block_);
+  }
+  bool stores_fp8(const std::string& name) const override {
+    return fp8_block_ == std::array<int64_t, 2>{kFp8Block, kFp8Block} && checkpoint_.contains(name) &&
+           checkpoint_.get(name).dtype == DType::kF8E4M3;
+  }
+  void read_fp8_rows(const std::string& name, std::span<const int64_t> shape, int64_t first_row, int64_t num_rows,
+                     std::span<uint8_t> codes, std::span<float> scale_inv) const override {
+    checkpoint_.read_fp8_rows(name, shape, first_row, num_rows, codes, scale_inv, fp8_block_);
   }
 
  private:
@@ -161,7 +171,41 @@ class Loader {
       : source_(source), sink_(sink), progress_(progress), total_(total) {}
 
   Tensor allocate(Shape shape, WeightRole role) { return sink_.allocate(shape, role); }
-  void write(Tensor& dst, int64_t offset, std::span<const float> values) { sink_.write(dst, offset, values); }
+  Weight allocate_linear(Shape shape) { return sink_.allocate_linear(shape); }
+  template <typename Dst>
+  void write(Dst& dst, int64_t offset, std::span<const float> values) { sink_.write(dst, offset, values); }
+  void finish() { sink_.finish(); }
+
+  // A linear layer's weight `name` of `shape`, placed in the sink's format.
+  Weight read_linear(const std::string& name, Shape shape) {
+    Weight w = allocate_linear(shape);
+    copy_linear(name, shape, 0, num_rows(shape), w, 0);
+    return w;
+  }
+  // Rows [first_row, first_row + count) of linear weight `name` into `dst` from element `offset` on. Stored FP8 goes
+  // into an FP8 sink as it is when the rows fall on whole blocks of both tensors; anything else is read as float32
+  // (and quantized by the sink if its weights are FP8).
+  void copy_linear(const std::string& name, Shape shape, int64_t first_row, int64_t count, Weight& dst,
+                   int64_t offset) {
+    const Shape& ds = dst.shape();
+    const int64_t rows = ds[ds.ndim() - 2], cols = ds[ds.ndim() - 1];
+    const int64_t dst_row = offset / cols, matrix = dst_row / rows, row = dst_row % rows;
+    const bool whole_blocks = count % kFp8Block == 0 || (first_row + count == shape[0] && row + count == rows);
+    if (!(sink_.takes_fp8() && dst.is_fp8() && shape.ndim() == 2 && source_.stores_fp8(name) &&
+          offset % cols == 0 && first_row % kFp8Block == 0 && row % kFp8Block == 0 && whole_blocks)) {
+      copy_rows(name, shape, first_row, count, dst, offset);
+      return;
+    }
+    const int64_t rows_per_chunk =
+        std::max<int64_t>(1, kLoadChunkFloats / std::max<int64_t>(cols, 1) / kFp8Block) * kFp8Block;
+    for (int64_t done = 0; done < count; done += rows_per_chunk) {
+      const int64_t n = std::min(rows_per_chunk, count - done);
+      codes_.resize(static_cast<size_t>(n * cols));
+      scales_.resize(static_cast<size_t>(fp8_blocks(n) * fp8_blocks(cols)));
+      source_.read_fp8_rows(name, shape.dims(), first_row + done, n, codes_, scales_);
+      sink_.write_fp8(dst, matrix, row + done, {.codes = codes_, .scale_inv = scales_, .rows = n});
+    }
+  }
 
   // Tensor `name` of `shape`, placed.
   Tensor read(const std::string& name, Shape shape, WeightRole role = WeightRole::kMatrix) {
@@ -175,7 +219,8 @@ class Loader {
   }
   // Rows [first_row, first_row + count) of source tensor `name` into `dst` from element `offset` on: chunks of
   // whole rows of at most kLoadChunkFloats values, or one row at a time when a row is larger.
-  void copy_rows(const std::string& name, Shape shape, int64_t first_row, int64_t count, Tensor& dst,
+  template <typename Dst>
+  void copy_rows(const std::string& name, Shape shape, int64_t first_row, int64_t count, Dst& dst,
                  int64_t offset) {
     const int64_t row = row_elems(shape);
     const int64_t rows_per_chunk = std::max<int64_t>(1, kLoadChunkFloats / std::max<int64_t>(row, 1));
@@ -188,8 +233,16 @@ class Loader {
   // Source tensor `name` of `shape` [rows, blocks * width] as `blocks` matrices [rows, width] (its column blocks),
   // one after another in `dst` from element `offset` on: column block j goes to offset + j * rows * width. Reads
   // chunks of whole rows as copy_rows does and writes each chunk's part of each block from a gathered copy.
-  void copy_column_blocks(const std::string& name, Shape shape, int64_t width, Tensor& dst, int64_t offset) {
+  template <typename Dst>
+  void copy_column_blocks(const std::string& name, Shape shape, int64_t width, Dst& dst, int64_t offset) {
     const int64_t rows = shape[0], cols = shape[1], blocks = cols / width;
+    if constexpr (std::is_same_v<Dst, Weight>) {
+      if (sink_.takes_fp8() && dst.is_fp8() && source_.stores_fp8(name) && width % kFp8Block == 0 &&
+          offset % (rows * width) == 0) {
+        copy_fp8_column_blocks(name, shape, width, dst, offset / (rows * width));
+        return;
+      }
+    }
     const int64_t rows_per_chunk = std::max<int64_t>(1, kLoadChunkFloats / std::max<int64_t>(cols, 1));
     if (rows == 0) source_.read_rows(name, shape.dims(), 0, 0, {});  // still checks name and shape
     for (int64_t first = 0; first < rows; first += rows_per_chunk) {
@@ -204,6 +257,35 @@ class Loader {
       }
     }
   }
+  // copy_column_blocks of a stored FP8 tensor into matrices first_matrix, first_matrix + 1, ... of an FP8 weight: the
+  // codes and the scales of each block of columns as they are.
+  void copy_fp8_column_blocks(const std::string& name, Shape shape, int64_t width, Weight& dst, int64_t first_matrix) {
+    const int64_t rows = shape[0], cols = shape[1], blocks = cols / width;
+    const int64_t block_cols = fp8_blocks(cols), width_blocks = width / kFp8Block;
+    const int64_t rows_per_chunk =
+        std::max<int64_t>(1, kLoadChunkFloats / std::max<int64_t>(cols, 1) / kFp8Block) * kFp8Block;
+    std::vector<uint8_t> codes_j;
+    std::vector<float> scales_j;
+    for (int64_t first = 0; first < rows; first += rows_per_chunk) {
+      const int64_t n = std::min(rows_per_chunk, rows - first), nb = fp8_blocks(n);
+      codes_.resize(static_cast<size_t>(n * cols));
+      scales_.resize(static_cast<size_t>(nb * block_cols));
+      source_.read_fp8_rows(name, shape.dims(), first, n, codes_, scales_);
+      codes_j.resize(static_cast<size_t>(n * width));
+      scales_j.resize(static_cast<size_t>(nb * width_blocks));
+      for (int64_t j = 0; j < blocks; ++j) {
+        for (int64_t r = 0; r < n; ++r) {
+          std::copy_n(codes_.data() + r * cols + j * width, width, codes_j.data() + r * width);
+        }
+        for (int64_t b = 0; b < nb; ++b) {
+          std::copy_n(scales_.data() + b * block_cols + j * width_blocks, width_blocks,
+                      scales_j.data() + b * width_blocks);
+        }
+        sink_.write_fp8(dst, first_matrix + j, first, {.codes = codes_j, .scale_inv = scales_j, .rows = n});
+      }
+    }
+  }
+
   // Rows [first_row, first_row + count) of source tensor `name`, in the loader's buffer (valid until the next read).
   std::span<const float> read_rows(const std::string& name, Shape shape, int64_t first_row, int64_t count) {
     const int64_t n = count * row_elems(shape);
@@ -230,15 +312,17 @@ class Loader {
   int64_t done_ = 0;
   std::vector<float> buffer_;    // the float32 values on their way from the source to the sink
   std::vector<float> gathered_;  // copy_column_blocks: one chunk's columns of one block
+  std::vector<uint8_t> codes_;   // stored FP8 codes on their way to an FP8 sink
+  std::vector<float> scales_;    // and their scales
 };
 
 // gate_proj and up_proj [inter, dim] stacked into gate_up [2 * inter, dim].
 MlpWeights load_mlp(Loader& loader, const std::string& prefix, int64_t dim, int64_t inter) {
   MlpWeights w;
-  w.gate_up = loader.allocate({2 * inter, dim}, WeightRole::kMatrix);
-  loader.copy(prefix + "gate_proj.weight", {inter, dim}, w.gate_up, 0);
-  loader.copy(prefix + "up_proj.weight", {inter, dim}, w.gate_up, inter * dim);
-  w.down = loader.read(prefix + "down_proj.weight", {dim, inter});
+  w.gate_up = loader.allocate_linear({2 * inter, dim});
+  loader.copy_linear(prefix + "gate_proj.weight", {inter, dim}, 0, inter, w.gate_up, 0);
+  loader.copy_linear(prefix + "up_proj.weight", {inter, dim}, 0, inter, w.gate_up, inter * dim);
+  w.down = loader.read_linear(prefix + "down_proj.weight", {dim, inter});
   return w;
 }
 
@@ -247,13 +331,13 @@ MlaWeights load_mla(Loader& loader, const ModelConfig& c, const std::string& p) 
   const int64_t nope = c.qk_nope_head_dim, v = c.v_head_dim;
   MlaWeights w;
   if (c.q_lora_rank) {
-    w.q_a_proj = loader.read(p + "q_a_proj.weight", {*c.q_lora_rank, d});
+    w.q_a_proj = loader.read_linear(p + "q_a_proj.weight", {*c.q_lora_rank, d});
     w.q_a_norm = loader.read(p + "q_a_layernorm.weight", {*c.q_lora_rank}, WeightRole::kVector);
-    w.q_b_proj = loader.read(p + "q_b_proj.weight", {h * c.qk_head_dim(), *c.q_lora_rank});
+    w.q_b_proj = loader.read_linear(p + "q_b_proj.weight", {h * c.qk_head_dim(), *c.q_lora_rank});
   } else {
-    w.q_proj = loader.read(p + "q_proj.weight", {h * c.qk_head_dim(), d});
+    w.q_proj = loader.read_linear(p + "q_proj.weight", {h * c.qk_head_dim(), d});
   }
-  w.kv_a_proj = loader.read(p + "kv_a_proj_with_mqa.weight", {c.latent_dim(), d});
+  w.kv_a_proj = loader.read_linear(p + "kv_a_proj_with_mqa.weight", {c.latent_dim(), d});
   w.kv_a_norm = loader.read(p + "kv_a_layernorm.weight", {rank}, WeightRole::kVector);
 
   // kv_b_proj, one head at a time: its nope + v rows are placed as they are, and split into W_UK (transposed to
@@ -274,7 +358,7 @@ MlaWeights load_mla(Loader& loader, const ModelConfig& c, const std::string& p) 
     loader.write(w.w_uk_t, head * rank * nope, uk_t);
     loader.write(w.w_uv, head * v * rank, rows.subspan(static_cast<size_t>(nope * rank)));  // [v, rank]
   }
-  w.o_proj = loader.read(p + "o_proj.weight", {d, h * v});
+  w.o_proj = loader.read_linear(p + "o_proj.weight", {d, h * v});
   return w;
 }
 
@@ -296,8 +380,8 @@ void load_shared_experts(Loader& loader, const ModelConfig& c, const std::string
   }
   for (int64_t j = 0; j < s; ++j) {
     const int64_t slot = (e + j) * 2 * inter * d;  // expert e + j of [E + s, 2I, D]
-    loader.copy_rows(p + "gate_proj.weight", up_shape, j * inter, inter, w.experts_gate_up, slot);
-    loader.copy_rows(p + "up_proj.weight", up_shape, j * inter, inter, w.experts_gate_up, slot + inter * d);
+    loader.copy_linear(p + "gate_proj.weight", up_shape, j * inter, inter, w.experts_gate_up, slot);
+    loader.copy_linear(p + "up_proj.weight", up_shape, j * inter, inter, w.experts_gate_up, slot + inter * d);
   }
   loader.copy_column_blocks(p + "down_proj.weight", down_shape, inter, w.experts_down, e * d * inter);
 }
@@ -310,8 +394,8 @@ MoeWeights load_moe(Loader& loader, const ModelConfig& c, const std::string& p) 
     w.correction_bias = loader.read(p + "gate.e_score_correction_bias", {e}, WeightRole::kVector);
   }
   // One expert at a time, into its slice of the stacked tensors; the shared experts after the routed ones.
-  w.experts_gate_up = loader.allocate({e + s, 2 * inter, d}, WeightRole::kMatrix);
-  w.experts_down = loader.allocate({e + s, d, inter}, WeightRole::kMatrix);
+  w.experts_gate_up = loader.allocate_linear({e + s, 2 * inter, d});
+  w.experts_down = loader.allocate_linear({e + s, d, inter});
   w.num_shared_experts = s;
   if (loader.contains(p + "experts.gate_up_proj") && !loader.contains(p + "experts.0.gate_proj.weight")) {
     // transformers 5 may store the experts fused: gate_up_proj [E, 2I, D], down_proj [E, D, I]; row x is expert x.
@@ -322,9 +406,9 @@ MoeWeights load_moe(Loader& loader, const ModelConfig& c, const std::string& p) 
   } else {
     for (int64_t x = 0; x < e; ++x) {
       const std::string ep = p + "experts." + std::to_string(x) + ".";
-      loader.copy(ep + "gate_proj.weight", {inter, d}, w.experts_gate_up, x * 2 * inter * d);
-      loader.copy(ep + "up_proj.weight", {inter, d}, w.experts_gate_up, (x * 2 + 1) * inter * d);
-      loader.copy(ep + "down_proj.weight", {d, inter}, w.experts_down, x * d * inter);
+      loader.copy_linear(ep + "gate_proj.weight", {inter, d}, 0, inter, w.experts_gate_up, x * 2 * inter * d);
+      loader.copy_linear(ep + "up_proj.weight", {inter, d}, 0, inter, w.experts_gate_up, (x * 2 + 1) * inter * d);
+      loader.copy_linear(ep + "down_proj.weight", {d, inter}, 0, d, w.experts_down, x * d * inter);
     }
   }
   if (s > 0) load_shared_experts(loader, c, p + "shared_experts.", w);
@@ -332,6 +416,11 @@ MoeWeights load_moe(Loader& loader, const ModelConfig& c, const std::string& p) 
 }
 
 }  // namespace
+
+void WeightSource::read_fp8_rows(const std::string& name, std::span<const int64_t>, int64_t, int64_t,
+                                 std::span<uint8_t>, std::span<float>) const {
+  throw Error(str_cat("tensor ", name, " is not stored as FP8 by this source"));
+}
 
 std::unique_ptr<WeightSource> open_checkpoint_source(const std::filesystem::path& dir, const ModelConfig& config) {
   return std::make_unique<CheckpointSource>(Checkpoint::open(dir), config);
@@ -365,8 +454,41 @@ ModelWeights load_weights(const ModelConfig& c, const WeightSource& source, Weig
   // Tied embeddings: lm_head is the embedding, read and placed a second time.
   const bool tied = c.tie_word_embeddings && !source.contains("lm_head.weight");
   w.lm_head = loader.read(tied ? "model.embed_tokens.weight" : "lm_head.weight", {c.vocab_size, d});
+  loader.finish();
   loader.step();
   return w;
+}
+
+std::vector<std::pair<DType, int64_t>> weight_bytes_by_dtype(const ModelWeights& weights) {
+  std::map<DType, int64_t> bytes;
+  const auto add = [&](const Tensor& t) {
+    if (t.numel() > 0) bytes[t.dtype()] += t.numel() * static_cast<int64_t>(dtype_size(t.dtype()));
+  };
+  const auto add_weight = [&](const Weight& w) {
+    add(w.values);
+    add(w.scale_inv);
+  };
+  add(weights.embed);
+  add(weights.norm);
+  add(weights.lm_head);
+  for (const LayerWeights& layer : weights.layers) {
+    add(layer.input_norm);
+    add(layer.post_attention_norm);
+    const MlaWeights& a = layer.attn;
+    for (const Weight* w : {&a.q_proj, &a.q_a_proj, &a.q_b_proj, &a.kv_a_proj, &a.o_proj}) add_weight(*w);
+    for (const Tensor* t : {&a.q_a_norm, &a.kv_a_norm, &a.kv_b_proj, &a.w_uk_t, &a.w_uv}) add(*t);
+    if (layer.mlp) {
+      add_weight(layer.mlp->gate_up);
+      add_weight(layer.mlp->down);
+    }
+    if (layer.moe) {
+      add(layer.moe->gate);
+      add(layer.moe->correction_bias);
+      add_weight(layer.moe->experts_gate_up);
+      add_weight(layer.moe->experts_down);
+    }
+  }
+  return {bytes.begin(), bytes.end()};
 }
 
 ModelWeights load_weights(const ModelConfig& c, const WeightSource& source, const LoadProgress& progress) {

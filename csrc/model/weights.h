@@ -9,30 +9,34 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
+#include "core/weight.h"
 #include "model/config.h"
 #include "model/weight_sink.h"
 
 namespace deepinfer {
 
 struct MlaWeights {
-  Tensor q_proj;      // [H * qk_head_dim, D]          without q_lora_rank
-  Tensor q_a_proj;    // [q_lora_rank, D]              with q_lora_rank
+  Weight q_proj;      // [H * qk_head_dim, D]          without q_lora_rank
+  Weight q_a_proj;    // [q_lora_rank, D]              with q_lora_rank
   Tensor q_a_norm;    // [q_lora_rank]
-  Tensor q_b_proj;    // [H * qk_head_dim, q_lora_rank]
-  Tensor kv_a_proj;   // [kv_lora_rank + rope, D]
+  Weight q_b_proj;    // [H * qk_head_dim, q_lora_rank]
+  Weight kv_a_proj;   // [kv_lora_rank + rope, D]
   Tensor kv_a_norm;   // [kv_lora_rank]
+  // kv_b_proj and its absorbed halves stay in the model dtype under FP8: they are 0.15% of DeepSeek-V3's weights per
+  // layer, and W_UK / W_UV are laid out per head (transposed), off the stored 128 x 128 blocks.
   Tensor kv_b_proj;   // [H * (nope + v), kv_lora_rank]  used by prefill to decompress
   Tensor w_uk_t;      // [H, kv_lora_rank, nope]         K half of kv_b_proj, per head, transposed (absorbed decode)
   Tensor w_uv;        // [H, v, kv_lora_rank]            V half of kv_b_proj, per head
-  Tensor o_proj;      // [D, H * v]
+  Weight o_proj;      // [D, H * v]
 };
 
 struct MlpWeights {
-  Tensor gate_up;  // [2I, D]  gate_proj rows then up_proj rows
-  Tensor down;     // [D, I]
+  Weight gate_up;  // [2I, D]  gate_proj rows then up_proj rows
+  Weight down;     // [D, I]
 };
 
 // The shared experts (an MLP n_shared_experts * I wide) are stored as n_shared_experts more experts of width I after
@@ -41,8 +45,8 @@ struct MlpWeights {
 struct MoeWeights {
   Tensor gate;                // [E, D]  router
   Tensor correction_bias;     // [E]     V3 only (empty otherwise)
-  Tensor experts_gate_up;     // [E + s, 2I, D]  gate rows then up rows
-  Tensor experts_down;        // [E + s, D, I]
+  Weight experts_gate_up;     // [E + s, 2I, D]  gate rows then up rows
+  Weight experts_down;        // [E + s, D, I]
   int64_t num_shared_experts = 0;  // s: the last s experts of the stacked tensors
 };
 
@@ -69,6 +73,12 @@ class WeightSource {
   // The shape tensor `name` is stored with, when the source stores tensors (a checkpoint); nullopt when it makes any
   // shape it is asked for (dummy weights). Throws naming the tensor when a checkpoint lacks it.
   virtual std::optional<std::vector<int64_t>> stored_shape(const std::string& /*name*/) const { return std::nullopt; }
+  // Whether tensor `name` is stored as block-scaled FP8 in 128 x 128 blocks, which read_fp8_rows reads as stored.
+  virtual bool stores_fp8(const std::string& /*name*/) const { return false; }
+  // The stored codes of rows [first_row, first_row + num_rows) of 2-D FP8 tensor `name` (first_row a multiple of
+  // 128) and the scales of their block rows; only where stores_fp8(name). Throws like read_rows.
+  virtual void read_fp8_rows(const std::string& name, std::span<const int64_t> shape, int64_t first_row,
+                             int64_t num_rows, std::span<uint8_t> codes, std::span<float> scale_inv) const;
   // Fills `out` (fp32) with rows [first_row, first_row + num_rows) of dimension 0 of tensor `name`, whose whole
   // shape is `shape` (a 0-D tensor is one row): num_rows * product(shape[1:]) values, row-major. They equal the
   // same rows of a whole read bit for bit, so a large tensor can be read piece by piece (one expert at a time).
@@ -91,6 +101,9 @@ using LoadProgress = std::function<void(int64_t done, int64_t total)>;
 
 // The most float32 values the loader reads at once from a tensor whose rows are at most this wide (64 MiB).
 inline constexpr int64_t kLoadChunkFloats = int64_t{1} << 24;
+
+// The bytes of every resident weight by dtype (FP8 scales count as float32): what the load log and /metrics report.
+std::vector<std::pair<DType, int64_t>> weight_bytes_by_dtype(const ModelWeights& weights);
 
 // Loads the main model's layers (MTP layers stored after them are skipped), placing every tensor through `sink` as
 // soon as it is read. The host holds at most one piece of float32 values at a time: a chunk of whole rows of up to

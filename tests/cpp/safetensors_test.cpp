@@ -18,7 +18,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
-#include "model/fp8.h"
+#include "core/fp8.h"
 #include "safetensors_writer.h"
 
 namespace deepinfer {

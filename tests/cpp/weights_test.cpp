@@ -21,7 +21,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "model/checkpoint.h"
-#include "model/fp8.h"
+#include "core/fp8.h"
 #include "model/weight_sink.h"
 #include "safetensors_writer.h"
 

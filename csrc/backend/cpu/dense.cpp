@@ -1,17 +1,20 @@
 // Dense CPU ops: linear, per-head linear, embedding, norms, activation.
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/weight_values.h"
 
 namespace deepinfer::cpu {
 
 void linear(const LinearArgs& a) {
   a.validate();
   expect_host(a.out, "linear");
+  std::vector<float> dequantized;
   sgemm({.m = a.x.shape[0], .n = a.w.shape[0], .k = a.x.shape[1], .a = a.x.f32(), .lda = a.x.shape[1],
-         .b = a.w.f32(), .ldb = a.w.shape[1], .transpose_b = Transpose::kYes, .c = a.out.f32(),
+         .b = weight_values(a.w, dequantized), .ldb = a.w.shape[1], .transpose_b = Transpose::kYes, .c = a.out.f32(),
          .ldc = a.out.shape[1], .beta = a.accumulate ? 1.0f : 0.0f});
 }
 

@@ -7,6 +7,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/weight_values.h"
 
 namespace deepinfer::cpu {
 namespace {
@@ -97,7 +98,7 @@ void moe_experts(const MoeExpertsArgs& a) {
   std::vector<std::vector<int64_t>> routed(static_cast<size_t>(experts));
   for (int64_t i = 0; i < tokens * top_k; ++i) routed[ids[i]].push_back(i);
   std::fill(a.out.f32(), a.out.f32() + a.out.numel(), 0.0f);
-  std::vector<float> x_e, h_e, act_e, y_e;
+  std::vector<float> x_e, h_e, act_e, y_e, gate_up_e, down_e;
   for (int64_t e = 0; e < experts; ++e) {
     const auto& pairs = routed[e];
     const int64_t n = static_cast<int64_t>(pairs.size());
@@ -107,7 +108,7 @@ void moe_experts(const MoeExpertsArgs& a) {
       std::copy_n(a.x.f32() + (pairs[r] / top_k) * dim, dim, &x_e[r * dim]);
     }
     h_e.resize(static_cast<size_t>(n * 2 * inter));
-    sgemm({.m = n, .n = 2 * inter, .k = dim, .a = x_e.data(), .lda = dim, .b = a.w_gate_up.f32() + e * 2 * inter * dim,
+    sgemm({.m = n, .n = 2 * inter, .k = dim, .a = x_e.data(), .lda = dim, .b = weight_values(a.w_gate_up.matrix(e), gate_up_e),
            .ldb = dim, .transpose_b = Transpose::kYes, .c = h_e.data(), .ldc = 2 * inter});
     act_e.resize(static_cast<size_t>(n * inter));
     for (int64_t r = 0; r < n; ++r) {
@@ -117,7 +118,7 @@ void moe_experts(const MoeExpertsArgs& a) {
       }
     }
     y_e.resize(static_cast<size_t>(n * dim));
-    sgemm({.m = n, .n = dim, .k = inter, .a = act_e.data(), .lda = inter, .b = a.w_down.f32() + e * dim * inter,
+    sgemm({.m = n, .n = dim, .k = inter, .a = act_e.data(), .lda = inter, .b = weight_values(a.w_down.matrix(e), down_e),
            .ldb = inter, .transpose_b = Transpose::kYes, .c = y_e.data(), .ldc = dim});
     for (int64_t r = 0; r < n; ++r) {
       float* out = a.out.f32() + (pairs[r] / top_k) * dim;

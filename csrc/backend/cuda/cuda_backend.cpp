@@ -66,6 +66,7 @@ class CudaBackend final : public Backend {
 
   DType activation_dtype() const override { return DType::kBF16; }
   std::optional<DeviceMemoryInfo> memory_info() const override { return ctx_.memory_info(); }
+  std::string fp8_unsupported_reason() const override { return ctx_.fp8_unsupported_reason(); }
   Tensor empty(Shape shape, DType dtype) override { return ctx_.empty(shape, dtype); }
   Tensor zeros(Shape shape, DType dtype) override { return ctx_.zeros(shape, dtype); }
   Tensor staging(Shape shape, DType dtype) override { return ctx_.staging(shape, dtype); }

@@ -7,15 +7,18 @@
 #include <span>
 
 #include "core/tensor.h"
+#include "core/weight.h"
 
 namespace deepinfer {
 
 // out[M, N] = x[M, K] · w[N, K]^T   (w in Hugging Face's [out_features, in_features] layout)
+// w is x's dtype, or block-scaled FP8 (core/weight.h) with the activations in any dtype: the product is then that of
+// the dequantized weight.
 // With accumulate, out[M, N] += x · w^T instead: the shared experts' down projection adds into the routed experts'
 // output without a separate add (and with one rounding of the sum).
 struct LinearArgs {
   ConstTensorView x;
-  ConstTensorView w;
+  WeightView w;
   TensorView out;
   bool accumulate = false;
   void validate() const;
@@ -25,7 +28,7 @@ struct LinearArgs {
 // model stores gate_up_proj. Backends without a fused kernel run linear then silu_mul.
 struct LinearSiluMulArgs {
   ConstTensorView x;  // [M, K]
-  ConstTensorView w;  // [2I, K]
+  WeightView w;       // [2I, K]
   TensorView out;     // [M, I]
   void validate() const;
 };
@@ -34,7 +37,7 @@ struct LinearSiluMulArgs {
 // (x · up^T) for w = [gate; up]. A decode step reads q_proj with kv_a_proj, and the router with the shared experts'
 // gate_up, in one launch this way. Backends without a fused kernel run the targets one by one.
 struct LinearTarget {
-  ConstTensorView w;  // [N, K] (silu_mul: [2I, K])
+  WeightView w;       // [N, K] (silu_mul: [2I, K])
   TensorView out;     // [M, N] (silu_mul: [M, I]); x's dtype, or float32 when not silu_mul
   bool silu_mul = false;
 };

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "core/tensor.h"
+#include "core/weight.h"
 #include "model/config.h"
 
 namespace deepinfer {
@@ -36,8 +37,8 @@ struct MoeRouteArgs {
 // expert of the weights (routed and shared) and top_k every pair of a token (moe_route's top_k + s).
 struct MoeExpertsArgs {
   ConstTensorView x;             // [T, D]
-  ConstTensorView w_gate_up;     // [E, 2I, D]  gate rows then up rows
-  ConstTensorView w_down;        // [E, D, I]
+  WeightView w_gate_up;          // [E, 2I, D]  gate rows then up rows (bf16, or FP8 with per-expert block scales)
+  WeightView w_down;             // [E, D, I]
   ConstTensorView topk_ids;      // [T, top_k] int32, each in [0, E)
   ConstTensorView topk_weights;  // [T, top_k] float32
   TensorView out;                // [T, D]  overwritten
@@ -51,8 +52,8 @@ struct MoeExpertsArgs {
 struct MoeArgs {
   MoeRouteArgs route;
   ConstTensorView x;          // [T, D]
-  ConstTensorView w_gate_up;  // [E + s, 2I, D]  the routed experts, then the shared ones
-  ConstTensorView w_down;     // [E + s, D, I]
+  WeightView w_gate_up;       // [E + s, 2I, D]  the routed experts, then the shared ones
+  WeightView w_down;          // [E + s, D, I]
   TensorView out;             // [T, D]  overwritten
   // The router, optional. Given ([E, D], x's dtype), the op first writes router_logits = x · router^T (float32,
   // [T, E], the buffer route.logits views), then routes on them: a backend may then compute the logits inside its

@@ -39,6 +39,10 @@ CudaContext::CudaContext(const CudaTuning& tuning)
 {
   CUDA_TRY(cudaGetDevice(&device_));
   CUDA_TRY(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_));
+  int major = 0, minor = 0;
+  CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
+  CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_));
+  compute_capability_ = major * 10 + minor;
 }
 
 CudaContext::~CudaContext() { cudaStreamSynchronize(stream_.get()); }
@@ -179,6 +183,12 @@ WorkspaceGrant CudaContext::workspace(WorkspaceUse use, const WorkspaceRequest& 
     ++graph_generation_;
     return empty({static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float))}, DType::kF32);
   });
+}
+
+std::string CudaContext::fp8_unsupported_reason() const {
+  if (compute_capability_ >= 89) return {};
+  return str_cat("GPU ", device_, " has compute capability ", compute_capability_ / 10, ".", compute_capability_ % 10,
+                 ", without FP8 tensor cores (8.9 or newer: Ada, Hopper)");
 }
 
 }  // namespace deepinfer::cuda

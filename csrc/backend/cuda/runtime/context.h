@@ -44,6 +44,8 @@ class CudaContext {
   // Where the kernel launchers queue their kernels: the stream, with the tuning's PDL switch.
   LaunchStream launch() const { return {.handle = stream_.get(), .pdl = tuning_.pdl}; }
   int num_sms() const { return num_sms_; }
+  // "" on a GPU with FP8 tensor cores (compute capability 8.9 or newer), else why FP8 weights cannot run here.
+  std::string fp8_unsupported_reason() const;
   LaunchLedger& ledger() { return ledger_; }
   const LaunchLedger& ledger() const { return ledger_; }
 #ifdef DEEPINFER_HAVE_CUBLAS
@@ -92,6 +94,7 @@ class CudaContext {
   LaunchLedger ledger_;
   int device_ = 0;
   int num_sms_ = 0;
+  int compute_capability_ = 0;  // major * 10 + minor
   std::array<Workspace, kWorkspaceUses> workspaces_;
 #ifdef DEEPINFER_HAVE_CUBLAS
   CublasHandle cublas_;

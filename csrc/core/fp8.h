@@ -1,4 +1,4 @@
-// FP8 E4M3 ("float8_e4m3fn") decoding and DeepSeek's block-scaled weight dequantization.
+// FP8 E4M3 ("float8_e4m3fn") encoding and decoding, and DeepSeek's block-scaled weight (de)quantization.
 //
 // e4m3fn: 1 sign bit, 4 exponent bits (bias 7), 3 mantissa bits. No infinities: exponent 15 is a
 // normal binade except for mantissa 7, which is NaN (0x7f, 0xff). Largest finite value 448 (0x7e),
@@ -52,6 +52,21 @@ constexpr std::array<float, 256> make_e4m3_table() {
 inline constexpr std::array<float, 256> kE4m3ToFloat = detail::make_e4m3_table();
 
 constexpr float e4m3_to_float(uint8_t code) { return kE4m3ToFloat[code]; }
+
+inline constexpr float kE4m3Max = 448.0f;
+
+// The e4m3fn code nearest to `v` (ties to even), saturating: |v| > 448 gives +-448, NaN gives 0x7f.
+uint8_t float_to_e4m3(float v);
+
+// How a block's scale is chosen when quantizing: amax / 448 (what DeepSeek-V3's release stores), or that rounded up
+// to a power of two ("ue8m0", DeepSeek-V3.1's scale_fmt), which makes the rescaling exact.
+enum class Fp8ScaleFormat : uint8_t { kFloat, kUe8m0 };
+
+// Quantizes a slab of whole block rows: values [rows, cols] (rows <= 128 * scale rows, the slab's first row on a
+// block boundary) into codes [rows, cols] and scale_inv [ceil(rows / 128), ceil(cols / 128)], each block with its own
+// scale so that value ~= e4m3(code) * scale_inv. An all-zero block gets scale 1. Throws on mismatched sizes.
+void quantize_fp8_block_rows(std::span<const float> values, int64_t rows, int64_t cols, Fp8ScaleFormat format,
+                             std::span<uint8_t> codes, std::span<float> scale_inv);
 
 // A block-scaled FP8 weight as DeepSeek stores it: e4m3 codes and one fp32 scale_inv per block.
 struct Fp8BlockWeight {

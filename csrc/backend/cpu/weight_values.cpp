@@ -1,0 +1,22 @@
+#include "backend/cpu/weight_values.h"
+
+#include <span>
+
+#include "core/error.h"
+#include "core/fp8.h"
+
+namespace deepinfer::cpu {
+
+const float* weight_values(const WeightView& w, std::vector<float>& scratch) {
+  if (!w.is_fp8()) return w.f32();
+  DI_CHECK(w.shape.ndim() == 2 && w.device == Device::kCpu, "cpu: an FP8 weight is read as a 2-D host matrix, got ",
+           w.shape.str(), " on ", device_name(w.device));
+  const int64_t rows = w.shape[0], cols = w.shape[1];
+  scratch.resize(static_cast<size_t>(rows * cols));
+  dequantize_fp8_blocks({w.as<uint8_t>(), static_cast<size_t>(rows * cols)}, rows, cols,
+                        {w.scale_inv.as<float>(), static_cast<size_t>(w.scale_inv.numel())}, {kFp8Block, kFp8Block},
+                        scratch);
+  return scratch.data();
+}
+
+}  // namespace deepinfer::cpu
