@@ -82,23 +82,23 @@ std::vector<std::pair<std::string, const Tensor*>> tensors_of(const ModelWeights
     const MlaWeights& a = l.attn;
     for (const auto& [name, t] : std::vector<std::pair<std::string, const Tensor*>>{
              {"input_norm", &l.input_norm},   {"post_attention_norm", &l.post_attention_norm},
-             {"attn.q_proj", &a.q_proj},      {"attn.q_a_proj", &a.q_a_proj},
-             {"attn.q_a_norm", &a.q_a_norm},  {"attn.q_b_proj", &a.q_b_proj},
-             {"attn.kv_a_proj", &a.kv_a_proj}, {"attn.kv_a_norm", &a.kv_a_norm},
+             {"attn.q_proj", &a.q_proj.values},      {"attn.q_a_proj", &a.q_a_proj.values},
+             {"attn.q_a_norm", &a.q_a_norm},  {"attn.q_b_proj", &a.q_b_proj.values},
+             {"attn.kv_a_proj", &a.kv_a_proj.values}, {"attn.kv_a_norm", &a.kv_a_norm},
              {"attn.kv_b_proj", &a.kv_b_proj}, {"attn.w_uk_t", &a.w_uk_t},
-             {"attn.w_uv", &a.w_uv},          {"attn.o_proj", &a.o_proj}}) {
+             {"attn.w_uv", &a.w_uv},          {"attn.o_proj", &a.o_proj.values}}) {
       out.emplace_back(p + name, t);
     }
     const auto mlp = [&](const std::string& q, const MlpWeights& m) {
-      out.emplace_back(p + q + "gate_up", &m.gate_up);
-      out.emplace_back(p + q + "down", &m.down);
+      out.emplace_back(p + q + "gate_up", &m.gate_up.values);
+      out.emplace_back(p + q + "down", &m.down.values);
     };
     if (l.mlp) mlp("mlp.", *l.mlp);
     if (l.moe) {
       out.emplace_back(p + "moe.gate", &l.moe->gate);
       out.emplace_back(p + "moe.correction_bias", &l.moe->correction_bias);
-      out.emplace_back(p + "moe.experts_gate_up", &l.moe->experts_gate_up);
-      out.emplace_back(p + "moe.experts_down", &l.moe->experts_down);
+      out.emplace_back(p + "moe.experts_gate_up", &l.moe->experts_gate_up.values);
+      out.emplace_back(p + "moe.experts_down", &l.moe->experts_down.values);
     }
   }
   return out;
@@ -301,8 +301,8 @@ void expect_expert_sized_writes(const ModelConfig& c, const ModelWeights& w, con
   std::map<const void*, int64_t> expert_size;
   for (const LayerWeights& l : w.layers) {
     if (!l.moe) continue;
-    expert_size[l.moe->experts_gate_up.view().data] = expert_gate_up_size(c);
-    expert_size[l.moe->experts_down.view().data] = c.hidden_size * c.moe_intermediate_size;
+    expert_size[l.moe->experts_gate_up.values.view().data] = expert_gate_up_size(c);
+    expert_size[l.moe->experts_down.values.view().data] = c.hidden_size * c.moe_intermediate_size;
   }
   ASSERT_FALSE(expert_size.empty());
   for (const RecordingSink::Write& write : sink.writes()) {
@@ -653,8 +653,8 @@ TEST(LoadWeights, SharedExpertsAreStackedAfterTheRoutedOnes) {
     EXPECT_EQ(moe.experts_down.shape(), (Shape{e + sh, d, mi}));
   }
   const MoeWeights& moe = *w.layers[1].moe;
-  const float* gate_up_got = moe.experts_gate_up.f32();  // [e + sh, 2 mi, d]
-  const float* down_got = moe.experts_down.f32();        // [e + sh, d, mi]
+  const float* gate_up_got = moe.experts_gate_up.values.f32();  // [e + sh, 2 mi, d]
+  const float* down_got = moe.experts_down.values.f32();        // [e + sh, d, mi]
   for (int64_t j = 0; j < sh; ++j) {
     for (int64_t i = 0; i < mi; ++i) {
       for (int64_t col = 0; col < d; ++col) {
