@@ -131,6 +131,7 @@ class Sink final : public WeightSink {
     }
   }
 
+  bool fp8_linear() const override { return format_.fp8; }
   bool takes_fp8() const override { return format_.fp8 && !emulate_fp8_; }
 
   void write_fp8(Weight& dst, int64_t matrix, int64_t first_row, const Fp8Rows& piece) override {

@@ -55,6 +55,8 @@ class WeightSink {
   // Float32 values into a linear weight, as write() does; an FP8 weight quantizes them (whole rows only, every row
   // of the weight written exactly once).
   virtual void write(Weight& dst, int64_t offset, std::span<const float> values) { write(dst.values, offset, values); }
+  // Whether linear weights are FP8 (stored as FP8, or emulated in float32).
+  virtual bool fp8_linear() const { return false; }
   // Whether write_fp8 places stored FP8 pieces as they are (the sink's weights are FP8).
   virtual bool takes_fp8() const { return false; }
   // Stored FP8 block rows into matrix `matrix` (0 for a 2-D weight) of `dst` from row `first_row` on (a multiple of

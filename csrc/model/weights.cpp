@@ -12,6 +12,7 @@
 
 #include "core/counter_rng.h"
 #include "core/error.h"
+#include "core/fp8.h"
 #include "model/checkpoint.h"
 
 namespace deepinfer {
@@ -296,6 +297,8 @@ class Loader {
   }
 
   bool contains(const std::string& name) const { return source_.contains(name); }
+  bool fp8_linear() const { return sink_.fp8_linear(); }
+  bool stores_fp8(const std::string& name) const { return source_.stores_fp8(name); }
   std::optional<std::vector<int64_t>> stored_shape(const std::string& name) const {
     return source_.stored_shape(name);
   }
@@ -341,15 +344,30 @@ MlaWeights load_mla(Loader& loader, const ModelConfig& c, const std::string& p) 
   w.kv_a_norm = loader.read(p + "kv_a_layernorm.weight", {rank}, WeightRole::kVector);
 
   // kv_b_proj, one head at a time: its nope + v rows are placed as they are, and split into W_UK (transposed to
-  // [rank, nope]) and W_UV ([v, rank]) for the absorbed form.
+  // [rank, nope]) and W_UV ([v, rank]) for the absorbed form. It stays in the model dtype, but with FP8 weights it holds
+  // FP8 values: a bf16 checkpoint's kv_b_proj is rounded to FP8 blocks as DeepSeek's FP8 release stores it (the
+  // whole tensor, 0.15% of a V3 layer, is read at once for that).
   const Shape kv_b_shape{h * (nope + v), rank};
+  const std::string kv_b_name = p + "kv_b_proj.weight";
+  std::vector<float> kv_b_rounded;
+  if (loader.fp8_linear() && !loader.stores_fp8(kv_b_name)) {
+    const std::span<const float> all = loader.read_rows(kv_b_name, kv_b_shape, 0, kv_b_shape[0]);
+    std::vector<uint8_t> codes(all.size());
+    std::vector<float> scales(static_cast<size_t>(fp8_blocks(kv_b_shape[0]) * fp8_blocks(rank)));
+    quantize_fp8_block_rows(all, kv_b_shape[0], rank, Fp8ScaleFormat::kFloat, codes, scales);
+    kv_b_rounded.resize(all.size());
+    dequantize_fp8_blocks(codes, kv_b_shape[0], rank, scales, {kFp8Block, kFp8Block}, kv_b_rounded);
+  }
   w.kv_b_proj = loader.allocate(kv_b_shape, WeightRole::kMatrix);
   w.w_uk_t = loader.allocate({h, rank, nope}, WeightRole::kMatrix);
   w.w_uv = loader.allocate({h, v, rank}, WeightRole::kMatrix);
   std::vector<float> uk_t(static_cast<size_t>(rank * nope));  // [rank, nope]
   for (int64_t head = 0; head < h; ++head) {
-    const std::span<const float> rows = loader.read_rows(p + "kv_b_proj.weight", kv_b_shape, head * (nope + v),
-                                                         nope + v);  // [nope + v, rank]
+    const std::span<const float> rows =
+        kv_b_rounded.empty()
+            ? loader.read_rows(kv_b_name, kv_b_shape, head * (nope + v), nope + v)
+            : std::span<const float>(kv_b_rounded).subspan(static_cast<size_t>(head * (nope + v) * rank),
+                                                           static_cast<size_t>((nope + v) * rank));  // [nope + v, rank]
     const float* k_rows = rows.data();                               // [nope, rank]
     loader.write(w.kv_b_proj, head * (nope + v) * rank, rows);
     for (int64_t i = 0; i < nope; ++i) {

@@ -16,7 +16,7 @@ def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-memory-gb", type=float, default=1.0, help="latent cache budget on the CPU, in GiB")
     p.add_argument("--load-format", choices=["auto", "safetensors", "dummy"], default="auto",
                    help="'dummy' uses random weights built from config.json (benchmarks)")
-    p.add_argument("--quantization", default=None, help="'fp8' for native FP8 checkpoints; default none")
+    p.add_argument("--quantization", default=None, help="'fp8': FP8 weights (an FP8 checkpoint as stored, a bf16 one quantized at load); default: the checkpoint's own")
     p.add_argument("--seed", type=int, default=0, help="engine seed (dummy weights, unseeded requests)")
 
 

@@ -14,8 +14,10 @@ QUANTIZATION_METHODS = ("fp8", "int4", "awq")
 class QuantizationConfig:
     """How weights (and activations) are quantized.
 
-    ``fp8`` means DeepSeek's native block-scaled FP8 checkpoints (e4m3 weights with a float32 ``weight_scale_inv``
-    per ``group_size`` x ``group_size`` block). The CPU backend dequantizes them once at load and computes in fp32.
+    ``fp8`` is DeepSeek's block-scaled FP8 (e4m3 weights with a float32 ``weight_scale_inv`` per 128 x 128 block): an
+    FP8 checkpoint's weights stay as stored, a bf16/fp16 checkpoint's linear layers are quantized so at load.
+    ``activation_bits=8`` is W8A8 (prefill GEMMs quantize activations per token per 128 channels), ``16`` weight-only
+    FP8. The CPU backend computes in fp32 with the FP8 weights' exact values.
     """
 
     method: str = "fp8"
@@ -33,10 +35,13 @@ class QuantizationConfig:
                 f"weight_bits={self.weight_bits}, activation_bits={self.activation_bits}")
         if self.group_size <= 0:
             raise ValueError(f"quantization.group_size must be > 0, got {self.group_size}")
+        if self.method == "fp8" and self.group_size != 128:
+            raise ValueError(f"quantization.group_size={self.group_size}: fp8 weights are scaled per 128 x 128 block "
+                             "(DeepSeek's format, and what the kernels read); use group_size=128")
         if self.method in ("int4", "awq"):
             raise ValueError(
                 f"quantization method {self.method!r} is not supported yet: DeepInfer loads native FP8 checkpoints "
-                "(quantization='fp8') and bf16/fp16/fp32 checkpoints (quantization=None)")
+                "and quantizes bf16/fp16 ones to FP8 (quantization='fp8'), or runs them as they are (quantization=None)")
 
     @classmethod
     def coerce(cls, value: "str | Mapping[str, Any] | QuantizationConfig | None") -> "QuantizationConfig | None":

@@ -178,7 +178,7 @@ class DeepInferenceEngine:
         self.model_dir = model_dir
         self.is_random_model = load_format == "dummy"
         self.model_config = _deepinfer.load_model_config(str(model_dir))
-        self._check_quantization(config)
+        fp8_weights, fp8_activations = self._weight_format(config)
         self.tokenizer = self._load_tokenizer(config, model_dir)
         # What the checkpoint recommends for values a request leaves unset (generation_config.json).
         self.generation_defaults = load_generation_defaults(model_dir, config.generation_config)
@@ -199,7 +199,12 @@ class DeepInferenceEngine:
         options.max_num_seqs = config.max_num_seqs
         options.max_num_batched_tokens = config.max_num_batched_tokens
         options.enforce_eager = config.enforce_eager
+        options.fp8_weights = fp8_weights
+        options.fp8_activations = fp8_activations
         self._core = _deepinfer.Engine.create(options, self._load_progress(self.model_config.num_hidden_layers))
+        self.weight_bytes: dict[str, int] = dict(self._core.weight_bytes)
+        logger.info("resident weights: %s", ", ".join(f"{dtype} {n / (1 << 30):.2f} GiB"
+                                                      for dtype, n in self.weight_bytes.items()))
         self._max_model_len = self._core.max_model_len
         self._final_stats = None
 
@@ -240,14 +245,15 @@ class DeepInferenceEngine:
                              f"{allowed[1]}; use dtype='auto' or {allowed[1]!r}")
         return device
 
-    def _check_quantization(self, config: EngineConfig) -> None:
+    def _weight_format(self, config: EngineConfig) -> tuple[bool, bool]:
+        """(fp8 weights, fp8 activations). An FP8 checkpoint stays FP8 unless asked otherwise (as vLLM runs it);
+        quantization='fp8' on a bf16/fp16 checkpoint quantizes its linear layers at load."""
         q = config.quantization
-        if q is not None and q.method == "fp8" and not self.model_config.fp8:
-            raise ValueError("quantization='fp8' needs a native FP8 checkpoint (quantization_config.quant_method "
-                             f"'fp8' in config.json); {self.model_dir} is not one. Online FP8 quantization of "
-                             "bf16 checkpoints is not supported yet: use quantization=None")
-        if q is not None and q.method == "fp8" and q.group_size != 128:
-            raise ValueError(f"quantization.group_size={q.group_size}: DeepSeek FP8 checkpoints use 128x128 blocks")
+        if q is None:
+            return self.model_config.fp8, True
+        if q.method != "fp8":  # validate() refuses every other method before this
+            raise ValueError(f"quantization.method={q.method!r} is not supported")
+        return True, q.activation_bits == 8
 
     def _load_tokenizer(self, config: EngineConfig, model_dir: Path) -> Tokenizer:
         tok_dir = Path(config.tokenizer).expanduser() if config.tokenizer else model_dir

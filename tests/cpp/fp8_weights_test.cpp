@@ -270,6 +270,17 @@ TEST(LoadFp8Weights, WideWeightsAreQuantizedPerBlock) {
     EXPECT_TRUE(std::equal(codes.begin(), codes.end(), w->values.view().as<uint8_t>()));
     EXPECT_TRUE(std::equal(scales.begin(), scales.end(), w->scale_inv.f32()));
   }
+  // kv_b_proj stays float32 but holds its FP8 values, as DeepSeek's FP8 release stores it.
+  const Tensor& kv_b = fp8.layers[0].attn.kv_b_proj;
+  const Tensor& kv_b_ref = f32.layers[0].attn.kv_b_proj;
+  const int64_t rows = kv_b.shape()[0], cols = kv_b.shape()[1];
+  std::vector<uint8_t> codes(static_cast<size_t>(rows * cols));
+  std::vector<float> scales(static_cast<size_t>(fp8_blocks(rows) * fp8_blocks(cols))), rounded(codes.size());
+  quantize_fp8_block_rows(values_of(kv_b_ref), rows, cols, Fp8ScaleFormat::kFloat, codes, scales);
+  dequantize_fp8_blocks(codes, rows, cols, scales, {128, 128}, rounded);
+  ASSERT_EQ(kv_b.dtype(), DType::kF32);
+  EXPECT_EQ(values_of(kv_b), rounded);
+  EXPECT_NE(values_of(kv_b), values_of(kv_b_ref));
 }
 
 // The emulating sink holds in float32 exactly the values of the FP8 weights.

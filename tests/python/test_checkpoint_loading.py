@@ -18,10 +18,11 @@ BLOCK = 128
 TOKENS = [5, 77, 300, 12, 9, 401, 250, 3, 64, 128, 17]
 
 
-def last_logits(path: Path, tokens=TOKENS) -> np.ndarray:
+def last_logits(path: Path, tokens=TOKENS, fp8_weights: bool = False) -> np.ndarray:
     options = _deepinfer.EngineOptions()
     options.model_path = str(path)
     options.page_size = 4
+    options.fp8_weights = fp8_weights
     return _deepinfer.SequenceScorer(options).last_logits(tokens, 0, 2)
 
 
@@ -86,11 +87,62 @@ def test_fp8_checkpoint_loads_to_exactly_the_dequantized_weights(bf16_checkpoint
     assert not np.array_equal(ref, last_logits(bf16_checkpoint))
     assert _deepinfer.load_model_config(str(fp8_dir)).fp8
 
-    # quantization="fp8" is accepted for the FP8 checkpoint and refused for a bf16 one.
-    DeepInferenceEngine(EngineConfig(model_name_or_path=str(fp8_dir), quantization="fp8", num_cache_pages=16,
-                                     max_model_len=64)).shutdown()
-    with pytest.raises(ValueError, match="native FP8 checkpoint"):
-        DeepInferenceEngine(EngineConfig(model_name_or_path=str(bf16_checkpoint), quantization="fp8"))
+    # quantization="fp8" is accepted for the FP8 checkpoint, which also stays FP8 without it.
+    engine = DeepInferenceEngine(EngineConfig(model_name_or_path=str(fp8_dir), quantization="fp8", num_cache_pages=16,
+                                              max_model_len=64))
+    assert engine.weight_bytes["float32"] > 0
+    engine.shutdown()
+
+
+def torch_fp8_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The checkpoint's linear layers quantized by torch's float8_e4m3fn per 128 x 128 block, dequantized to fp32."""
+    out = {}
+    for name, t in load_file(checkpoint / "model.safetensors").items():
+        out[name] = dequantize(*quantize_fp8_blocks(t)) if is_quantized_linear(name, t) else t.float()
+    return out
+
+
+def test_bf16_checkpoint_is_quantized_to_fp8_at_load(tmp_path):
+    """quantization='fp8' on a bf16 checkpoint: the weights the engine computes with are torch's FP8 quantization of
+    the same linear layers (gate and up, and the experts, end on block boundaries here, so the fused weights' blocks
+    are those of the stored tensors)."""
+    src = write_checkpoint(tmp_path / "bf16", "v3", seed=9, dtype=torch.bfloat16, hidden_size=160,
+                           intermediate_size=256, moe_intermediate_size=128, q_lora_rank=136)
+    ref_dir = tmp_path / "torch_fp8"
+    ref_dir.mkdir()
+    save_file(torch_fp8_weights(src), ref_dir / "model.safetensors")
+    shutil.copy(src / "config.json", ref_dir / "config.json")
+    write_tokenizer(ref_dir)
+    got, ref = last_logits(src, fp8_weights=True), last_logits(ref_dir)
+    assert np.array_equal(got, ref), f"max diff {np.abs(got - ref).max()}"
+    assert not np.array_equal(got, last_logits(src))
+
+    engine = DeepInferenceEngine(EngineConfig(model_name_or_path=str(src), quantization="fp8", num_cache_pages=16,
+                                              max_model_len=64))
+    # The CPU computes in float32 with the FP8 values; an FP8 device keeps a byte a weight (tests/cpp).
+    assert set(engine.weight_bytes) == {"float32"}
+    engine.shutdown()
+
+
+@pytest.mark.parametrize("quantization, field", [
+    ({"method": "fp8", "group_size": 64}, "group_size"),
+    ({"method": "fp8", "weight_bits": 4}, "weight_bits"),
+    ({"method": "fp8", "activation_bits": 4}, "activation_bits"),
+    ({"method": "nf4"}, "method"),
+])
+def test_bad_quantization_fails_before_loading(quantization, field):
+    with pytest.raises(ValueError, match=field):
+        EngineConfig(quantization=quantization)
+
+
+def test_checkpoint_of_another_quantization_method_is_refused(bf16_checkpoint, tmp_path):
+    other = tmp_path / "gptq"
+    shutil.copytree(bf16_checkpoint, other)
+    config = json.loads((other / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "gptq", "bits": 4}
+    (other / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="quant_method"):
+        DeepInferenceEngine(EngineConfig(model_name_or_path=str(other), quantization="fp8"))
 
 
 def test_sharded_checkpoint_with_index(tmp_path):
