@@ -75,15 +75,17 @@ def shape_config(name: str, v3_layers: int = V3_SLICE_LAYERS) -> dict:
 SHAPE_NAMES = ("v2-lite", "v3-slice", "smoke")
 
 
-def step_bytes(c: dict, batch: int, context: int) -> tuple[float, float]:
-    """(weight bytes, latent-cache bytes) one bf16 decode step of `batch` sequences of `context` tokens must read.
+def step_bytes(c: dict, batch: int, context: int, fp8: bool = False) -> tuple[float, float]:
+    """(weight bytes, latent-cache bytes) one decode step of `batch` sequences of `context` tokens must read.
 
     Weights: every layer's MLA projections (q or q_a/q_b, kv_a, kv_b, o), the dense MLPs of the first layers,
     per MoE layer the router, the shared experts and min(E, batch x top_k) routed experts (an upper bound on the
     distinct experts a step touches), and lm_head. Not counted: the embedding rows (batch x hidden) and the norms.
     Cache: batch x context tokens x (kv_lora_rank + qk_rope_head_dim) values per layer.
+    Weights are bf16, or with `fp8` the linear layers' e4m3 codes and float32 scales (one per 128 x 128 block): every
+    projection but kv_b_proj (which, with the router and lm_head, stays bf16).
     """
-    return _step_bytes(c, batch, context, min(c["n_routed_experts"], batch * c["num_experts_per_tok"]))
+    return _step_bytes(c, batch, context, min(c["n_routed_experts"], batch * c["num_experts_per_tok"]), fp8)
 
 
 def expected_active_experts(c: dict, batch: int) -> float:
@@ -93,24 +95,31 @@ def expected_active_experts(c: dict, batch: int) -> float:
     return e * (1.0 - (1.0 - k / e) ** batch)
 
 
-def step_bytes_expected(c: dict, batch: int, context: int) -> tuple[float, float]:
+def step_bytes_expected(c: dict, batch: int, context: int, fp8: bool = False) -> tuple[float, float]:
     """step_bytes with the expected number of distinct experts instead of the upper bound min(E, batch x k)."""
-    return _step_bytes(c, batch, context, expected_active_experts(c, batch))
+    return _step_bytes(c, batch, context, expected_active_experts(c, batch), fp8)
 
 
-def _step_bytes(c: dict, batch: int, context: int, experts: float) -> tuple[float, float]:
+FP8_BYTES_PER_WEIGHT = 1.0 + 4.0 / (128 * 128)  # a code, and a share of its block's float32 scale
+
+
+def _step_bytes(c: dict, batch: int, context: int, experts: float, fp8: bool = False) -> tuple[float, float]:
     d, layers = c["hidden_size"], c["num_hidden_layers"]
     h, rank, rope, nope, v = (c["num_attention_heads"], c["kv_lora_rank"], c["qk_rope_head_dim"],
                               c["qk_nope_head_dim"], c["v_head_dim"])
     q = d * h * (nope + rope) if c.get("q_lora_rank") is None else (
         d * c["q_lora_rank"] + c["q_lora_rank"] * h * (nope + rope))
-    attn = q + d * (rank + rope) + rank * h * (nope + v) + h * v * d
+    linear_attn = q + d * (rank + rope) + h * v * d
+    kv_b = rank * h * (nope + v)
     dense_mlp = 3 * d * c["intermediate_size"]
-    moe = 3 * d * c["moe_intermediate_size"] * (experts + c["n_shared_experts"]) + d * c["n_routed_experts"]
+    experts_ffn = 3 * d * c["moe_intermediate_size"] * (experts + c["n_shared_experts"])
+    router = d * c["n_routed_experts"]
     dense_layers = min(c["first_k_dense_replace"], layers)
-    params = layers * attn + dense_layers * dense_mlp + (layers - dense_layers) * moe + c["vocab_size"] * d
+    moe_layers = layers - dense_layers
+    linear = layers * linear_attn + dense_layers * dense_mlp + moe_layers * experts_ffn
+    wide = layers * kv_b + moe_layers * router + c["vocab_size"] * d
     cache = batch * context * (rank + rope) * layers
-    return 2.0 * params, 2.0 * cache  # bf16
+    return (FP8_BYTES_PER_WEIGHT if fp8 else 2.0) * linear + 2.0 * wide, 2.0 * cache  # bf16 cache
 
 
 def parameter_count(c: dict) -> int:

@@ -83,6 +83,8 @@ def parse_args(argv=None):
     ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.90)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--quantization", default="none", choices=["none", "fp8"],
+                    help="fp8: linear layers quantized to block-scaled FP8 at load (the roofline counts their bytes)")
     ap.add_argument("--budget-s", type=float, default=0.0, help="start no case after this many seconds (0: no limit)")
     ap.add_argument("--floors", type=Path, default=None, help="floors.json (default OUT/floors.json)")
     ap.add_argument("--copy-gbps", type=float, default=DEFAULT_COPY_GBPS, help="when floors.json is missing")
@@ -211,8 +213,9 @@ def decode_case(engine, c: dict, args, batch: int, context: int, rng, deadline: 
     if res["status"] == "ok":
         mid = context + max_tokens // 2
         copy_gbps = args.copy_gbps_used
-        wb, cb = step_bytes(c, batch, mid)
-        we, _ = step_bytes_expected(c, batch, mid)
+        fp8 = args.quantization == "fp8"
+        wb, cb = step_bytes(c, batch, mid, fp8)
+        we, _ = step_bytes_expected(c, batch, mid, fp8)
         row.update({"floor_ms_per_step": (wb + cb) / (copy_gbps * 1e9) * 1e3,
                     "floor_ms_per_step_expected_experts": (we + cb) / (copy_gbps * 1e9) * 1e3,
                     "weight_bytes_per_step": wb, "weight_bytes_per_step_expected_experts": we,
@@ -306,7 +309,8 @@ def run_mode(name: str, c: dict, model_dir: Path, mode: str, args, result: dict,
     cfg = EngineConfig(model_name_or_path=str(model_dir), load_format="dummy", device=args.device, seed=0,
                        max_model_len=max_len, max_num_seqs=max(args.batches + ([256] if sharegpt else [])),
                        max_num_batched_tokens=args.max_num_batched_tokens,
-                       gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=mode == "eager")
+                       gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=mode == "eager",
+                       quantization=None if args.quantization == "none" else args.quantization)
     if out_of_time():
         entry["status"] = "skipped: time budget (not loaded)"
         save()
@@ -321,6 +325,7 @@ def run_mode(name: str, c: dict, model_dir: Path, mode: str, args, result: dict,
         return
     try:
         entry["load_s"] = round(time.perf_counter() - t0, 2)
+        entry["weight_bytes"] = dict(engine.weight_bytes)
         s = engine.stats()
         entry.update({"max_model_len": engine.max_model_len, "num_cache_pages": s.num_cache_pages,
                       "page_size": cfg.page_size, "cache_tokens": s.num_cache_pages * cfg.page_size,
@@ -535,6 +540,7 @@ def main(argv=None) -> int:
     args.copy_gbps_used = floors.get("copy_gbps") or args.copy_gbps
     result: dict = {"what": "DeepInfer engine, random weights (load_format=dummy): decode vs roofline, TTFT, "
                             "ShareGPT offline throughput", **run_metadata(), "device": args.device,
+                    "quantization": args.quantization,
                     "copy_gbps_used": args.copy_gbps_used,
                     "copy_gbps_source": "floors.json of this run" if floors.get("copy_gbps") else
                     f"--copy-gbps {args.copy_gbps} (no floors.json)",
