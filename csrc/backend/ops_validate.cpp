@@ -471,6 +471,11 @@ void validate_sampling_row(const SamplingRow& p, int64_t row, int64_t vocab, int
            " must be <= 0 (log of min_p in [0, 1]; -inf = off)");
   DI_CHECK(p.num_logprobs >= -1 && p.num_logprobs <= kMaxTopLogprobs, "sample: row ", row, " num_logprobs ",
            p.num_logprobs, " outside [-1, ", kMaxTopLogprobs, "]");
+  DI_CHECK(p.score_token >= -1 && p.score_token < vocab, "sample: row ", row, " score_token ", p.score_token,
+           " outside [-1, ", vocab, ")");
+  DI_CHECK(p.score_token < 0 || (p.temperature == 0.0f && p.penalty_begin == p.penalty_end &&
+                                 p.mask_begin == p.mask_end),
+           "sample: row ", row, " scores token ", p.score_token, " but has a temperature, penalties or masks");
   DI_CHECK(std::isfinite(p.repetition_penalty) && p.repetition_penalty > 0.0f, "sample: row ", row,
            " repetition_penalty ", p.repetition_penalty, " must be finite and > 0");
   DI_CHECK(std::isfinite(p.presence_penalty) && std::isfinite(p.frequency_penalty), "sample: row ", row,

@@ -80,6 +80,7 @@ NB_MODULE(_deepinfer, m) {
       .def_rw("stop_token_ids", &SamplingParams::stop_token_ids)
       .def_rw("ignore_eos", &SamplingParams::ignore_eos)
       .def_rw("logprobs", &SamplingParams::logprobs)
+      .def_rw("prompt_logprobs", &SamplingParams::prompt_logprobs)
       .def("validate", &SamplingParams::validate, "vocab_size"_a, "Raises ValueError naming the bad field.");
 
   nb::class_<EngineOptions>(m, "EngineOptions")
@@ -131,6 +132,7 @@ NB_MODULE(_deepinfer, m) {
       .def_ro("request_id", &RequestOutputDelta::id)
       .def_ro("new_token_ids", &RequestOutputDelta::new_token_ids)
       .def_ro("logprobs", &RequestOutputDelta::logprobs)
+      .def_ro("prompt_logprobs", &RequestOutputDelta::prompt_logprobs)
       .def_ro("finished", &RequestOutputDelta::finished)
       .def_prop_ro("finish_reason", [](const RequestOutputDelta& d) -> std::optional<std::string> {
         const char* name = finish_reason_name(d.finish_reason);

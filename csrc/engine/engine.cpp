@@ -262,20 +262,22 @@ void Engine::step_once() {
     work_cv_.wait_for(lock, std::chrono::milliseconds(5));
     return;
   }
-  std::vector<SampledToken> sampled;  // one per sampling chunk, in plan order
+  StepResult result;
+  std::vector<ScoredRows> scored;
   bool pure_decode = false;
   try {
-    const StepBatch step =
-        build_step_batch(plan, options_.page_size, static_cast<int32_t>(model_->config().vocab_size));
+    StepBatch step = build_step_batch(plan, options_.page_size, static_cast<int32_t>(model_->config().vocab_size));
     pure_decode = step.forward.is_pure_decode();
-    sampled = runner_.execute(step);  // the step's one device-to-host copy
+    result = runner_.execute(step);  // the step's one device-to-host copy
+    scored = std::move(step.scored);
   } catch (const std::exception& e) {
     fail_plan(plan, std::string("the step failed: ") + e.what());
     return;
   }
   const uint64_t prompt_tokens = num_prompt_tokens(plan);  // before update() destroys the requests that finish
-  emit_updates(plan, sampled);
-  record_step(std::chrono::steady_clock::now() - started, pure_decode, prompt_tokens, sampled.size());
+  emit_prompt_logprobs(plan, scored, result.scored);
+  emit_updates(plan, result.sampled);
+  record_step(std::chrono::steady_clock::now() - started, pure_decode, prompt_tokens, result.sampled.size());
 }
 
 uint64_t Engine::num_prompt_tokens(const SchedulePlan& plan) {
@@ -285,6 +287,17 @@ uint64_t Engine::num_prompt_tokens(const SchedulePlan& plan) {
     if (chunk.start < prompt_end) tokens += static_cast<uint64_t>(prompt_end - chunk.start);
   }
   return tokens;
+}
+
+void Engine::emit_prompt_logprobs(const SchedulePlan& plan, std::span<const ScoredRows> scored,
+                                  std::span<const std::vector<SampledToken>> tokens) {
+  for (size_t k = 0; k < scored.size(); ++k) {
+    Request& r = *plan.chunks[scored[k].chunk].request;  // valid until update(); nothing aborts within a step
+    r.num_scored_positions = scored[k].first_position + scored[k].count;
+    RequestOutputDelta delta{.id = r.id, .num_preemptions = r.num_preemptions};
+    for (const SampledToken& t : tokens[k]) delta.prompt_logprobs.push_back(SampleResult::from(t));
+    emit(std::move(delta));
+  }
 }
 
 void Engine::emit_updates(const SchedulePlan& plan, std::span<const SampledToken> sampled) {

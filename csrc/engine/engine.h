@@ -52,6 +52,8 @@ struct RequestOutputDelta {
   uint64_t id = 0;
   std::vector<int32_t> new_token_ids;
   std::vector<SampleResult> logprobs;  // one per new token when the request asked for logprobs
+  // With prompt_logprobs: the logprobs of the next prompt tokens (prompt token 1 first; token 0 has none), in order.
+  std::vector<SampleResult> prompt_logprobs;
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   std::string error;                   // set with finish_reason kError
@@ -113,6 +115,8 @@ class Engine {
   // Prompt tokens the plan computes (its chunks may also recompute output tokens after a preemption).
   static uint64_t num_prompt_tokens(const SchedulePlan& plan);
   // Applies the plan's sampled tokens (one per sampling chunk, in plan order) and emits each request's delta.
+  void emit_prompt_logprobs(const SchedulePlan& plan, std::span<const ScoredRows> scored,
+                            std::span<const std::vector<SampledToken>> tokens);
   void emit_updates(const SchedulePlan& plan, std::span<const SampledToken> sampled);
   void record_step(std::chrono::steady_clock::duration elapsed, bool pure_decode, uint64_t prompt_tokens,
                    uint64_t generated_tokens);

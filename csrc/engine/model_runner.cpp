@@ -25,6 +25,7 @@ StepBatch build_step_batch(const SchedulePlan& plan, int32_t page_size, int32_t 
   ForwardBatchBuilder builder(page_size, max_pages);
   std::vector<int32_t> tokens;  // one chunk's
   std::vector<int32_t> logits_row_of_chunk(plan.chunks.size(), -1);
+  std::vector<ScoredRows> scored;
   int32_t num_logits = 0;
   for (size_t i : order) {
     const ScheduledChunk& chunk = plan.chunks[i];
@@ -34,14 +35,27 @@ StepBatch build_step_batch(const SchedulePlan& plan, int32_t page_size, int32_t 
              r.page_ids.size(), " pages for ", end, " tokens");
     tokens.clear();
     r.append_tokens(chunk.start, chunk.num_tokens, tokens);
-    builder.add(tokens, chunk.start, r.page_ids, chunk.samples);
+    const std::pair<int32_t, int32_t> to_score = r.positions_to_score(chunk.start, chunk.num_tokens);
+    builder.add(tokens, chunk.start, r.page_ids, chunk.samples, to_score);
+    if (to_score.second > 0) {
+      scored.push_back({.chunk = i, .first_row = num_logits, .first_position = to_score.first,
+                        .count = to_score.second});
+      num_logits += to_score.second;
+    }
     if (chunk.samples) logits_row_of_chunk[i] = num_logits++;
   }
 
-  StepBatch step{.forward = std::move(builder).take(), .logits_row_of_sample = {}};
-  // The sampling rows go in logits-row order, which puts decode sequences first.
+  StepBatch step{.forward = std::move(builder).take(), .logits_row_of_sample = {}, .scored = std::move(scored)};
+  // The sampling rows go in logits-row order, which puts decode sequences first: a chunk's scored rows, then its
+  // sampled one.
+  auto next_scored = step.scored.begin();
   for (size_t i : order) {
-    if (plan.chunks[i].samples) append_sampling_inputs(*plan.chunks[i].request, vocab_size, step.forward.sampling);
+    const Request& r = *plan.chunks[i].request;
+    if (next_scored != step.scored.end() && next_scored->chunk == i) {
+      append_scoring_inputs(r, next_scored->first_position, next_scored->count, step.forward.sampling);
+      ++next_scored;
+    }
+    if (plan.chunks[i].samples) append_sampling_inputs(r, vocab_size, step.forward.sampling);
   }
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     if (plan.chunks[i].samples) step.logits_row_of_sample.push_back(logits_row_of_chunk[i]);

@@ -59,4 +59,11 @@ bool Request::is_stop_token(int32_t token) const {
          params.stop_token_ids.end();
 }
 
+std::pair<int32_t, int32_t> Request::positions_to_score(int32_t start, int32_t count) const {
+  if (!scores_prompt()) return {start, 0};
+  const int32_t first = std::max(start, num_scored_positions);
+  const int32_t end = std::min(start + count, num_prompt_tokens() - 1);
+  return {first, std::max(0, end - first)};
+}
+
 }  // namespace deepinfer

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "engine/sampling_params.h"
@@ -34,6 +35,9 @@ struct Request {
   FinishReason finish_reason = FinishReason::kNone;
   uint64_t arrival_order = 0;  // set by Scheduler::add; smaller = earlier
   int32_t num_preemptions = 0;
+  // Prompt positions whose next prompt token's logprob was delivered (params.prompt_logprobs): [0, this). A
+  // preempted request recomputes its prompt but does not score it again.
+  int32_t num_scored_positions = 0;
 
   int32_t num_prompt_tokens() const { return static_cast<int32_t>(prompt_token_ids.size()); }
   int32_t num_output_tokens() const { return static_cast<int32_t>(output_token_ids.size()); }
@@ -45,6 +49,11 @@ struct Request {
   int32_t token_at(int32_t i) const;
   // Appends tokens [start, start + count) of prompt + output to out (a chunk may straddle the two).
   void append_tokens(int32_t start, int32_t count, std::vector<int32_t>& out) const;
+
+  // Whether the request scores its prompt, and the positions of [start, start + count) it still scores: those
+  // before the last prompt token not scored yet.
+  bool scores_prompt() const { return params.prompt_logprobs >= 0; }
+  std::pair<int32_t, int32_t> positions_to_score(int32_t start, int32_t count) const;
 
   // True when token is one of eos_token_ids and params.ignore_eos is off.
   bool is_eos(int32_t token) const;

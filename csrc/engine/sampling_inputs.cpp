@@ -54,4 +54,17 @@ void append_sampling_inputs(const Request& r, int32_t vocab_size, SamplingBatch&
   out.rows.insert(out.rows.end(), words, words + kSamplingRowWords);
 }
 
+void append_scoring_inputs(const Request& r, int32_t first_position, int32_t count, SamplingBatch& out) {
+  const auto penalties = static_cast<int32_t>(out.penalty_tokens.size());
+  const auto masks = static_cast<int32_t>(out.masked_tokens.size());
+  for (int32_t pos = first_position; pos < first_position + count; ++pos) {
+    const SamplingRow row{.temperature = 0.0f, .penalty_begin = penalties, .penalty_end = penalties,
+                          .mask_begin = masks, .mask_end = masks, .num_logprobs = r.params.prompt_logprobs,
+                          .score_token = r.token_at(pos + 1)};
+    int32_t words[kSamplingRowWords];
+    std::memcpy(words, &row, sizeof(row));
+    out.rows.insert(out.rows.end(), words, words + kSamplingRowWords);
+  }
+}
+
 }  // namespace deepinfer

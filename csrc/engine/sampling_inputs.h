@@ -13,5 +13,8 @@ namespace deepinfer {
 // output length as the counter: its draws depend on nothing else in the batch, and a preempted request recomputed
 // later draws the same numbers again.
 void append_sampling_inputs(const Request& request, int32_t vocab_size, SamplingBatch& out);
+// The rows that score the prompt tokens after positions [first_position, first_position + count): each reports
+// that token's logprob and the top params.prompt_logprobs of the model's distribution there.
+void append_scoring_inputs(const Request& request, int32_t first_position, int32_t count, SamplingBatch& out);
 
 }  // namespace deepinfer

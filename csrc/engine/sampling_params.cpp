@@ -18,10 +18,13 @@ void SamplingParams::validate(int32_t vocab_size) const {
                "presence_penalty must be in [-2, 2], got ", presence_penalty);
   DI_CHECK_ARG(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f,
                "frequency_penalty must be in [-2, 2], got ", frequency_penalty);
-  DI_CHECK_ARG(max_tokens > 0, "max_tokens must be > 0, got ", max_tokens);
+  DI_CHECK_ARG(max_tokens > 0 || (max_tokens == 0 && prompt_logprobs >= 0),
+               "max_tokens must be > 0 (0 only with prompt_logprobs, to score a prompt), got ", max_tokens);
   DI_CHECK_ARG(min_tokens >= 0 && min_tokens <= max_tokens, "min_tokens must be in [0, max_tokens=",
                max_tokens, "], got ", min_tokens);
   DI_CHECK_ARG(logprobs >= -1 && logprobs <= 20, "logprobs must be in [0, 20], got ", logprobs);
+  DI_CHECK_ARG(prompt_logprobs >= -1 && prompt_logprobs <= 20, "prompt_logprobs must be in [0, 20], got ",
+               prompt_logprobs);
   for (int32_t id : stop_token_ids) {
     DI_CHECK_ARG(id >= 0 && id < vocab_size, "stop_token_ids: token id ", id, " is outside the vocabulary [0, ",
                  vocab_size, ")");

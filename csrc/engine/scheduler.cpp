@@ -1,6 +1,7 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "core/error.h"
 
@@ -22,6 +23,11 @@ Scheduler::Scheduler(SchedulerConfig config, CacheManager& cache) : config_(conf
   config_.validate();
 }
 
+int32_t chunk_limit(const Request& r) {
+  const bool scoring = r.scores_prompt() && r.num_computed_tokens < r.num_prompt_tokens() - 1;
+  return scoring ? kMaxScoredChunkTokens : std::numeric_limits<int32_t>::max();
+}
+
 void Scheduler::add(std::unique_ptr<Request> request) {
   DI_CHECK_ARG(request != nullptr, "cannot add a null request");
   Request& r = *request;
@@ -30,7 +36,8 @@ void Scheduler::add(std::unique_ptr<Request> request) {
   DI_CHECK_ARG(r.prompt_token_ids.size() < static_cast<size_t>(config_.max_model_len), "request ", r.id,
                ": the prompt has ", r.prompt_token_ids.size(), " tokens, which leaves no room for a generated ",
                "token within max_model_len ", config_.max_model_len);
-  DI_CHECK_ARG(r.params.max_tokens > 0, "request ", r.id, ": max_tokens must be > 0, got ", r.params.max_tokens);
+  DI_CHECK_ARG(r.params.max_tokens > 0 || (r.params.max_tokens == 0 && r.scores_prompt()), "request ", r.id,
+               ": max_tokens must be > 0 (0 only with prompt_logprobs), got ", r.params.max_tokens);
   DI_CHECK_ARG(r.output_token_ids.empty() && r.page_ids.empty() && r.num_computed_tokens == 0, "request ", r.id,
                ": not a fresh request (", r.output_token_ids.size(), " output tokens, ", r.page_ids.size(),
                " pages, ", r.num_computed_tokens, " computed tokens)");
@@ -66,7 +73,7 @@ SchedulePlan Scheduler::schedule() {
   if (plan.preempted_ids.empty()) {
     while (!waiting_.empty() && budget > 0 && num_running() < config_.max_num_seqs) {
       Request* r = waiting_.front();
-      const int32_t num_tokens = std::min(r->num_uncomputed_tokens(), budget);
+      const int32_t num_tokens = std::min({r->num_uncomputed_tokens(), budget, chunk_limit(*r)});
       if (!grow_pages(*r, num_tokens)) break;
       waiting_.pop_front();
       r->status = RequestStatus::kRunning;
@@ -84,7 +91,7 @@ SchedulePlan Scheduler::schedule() {
 
 bool Scheduler::schedule_running(Request* request, SchedulePlan& plan, int32_t& budget) {
   const int32_t start = request->num_computed_tokens;
-  int32_t num_tokens = std::min(request->num_uncomputed_tokens(), budget);
+  int32_t num_tokens = std::min({request->num_uncomputed_tokens(), budget, chunk_limit(*request)});
   while (true) {
     // Tokens the pages it holds plus the free pages can take from start on.
     const int64_t capacity =
@@ -143,11 +150,15 @@ std::vector<RequestUpdate> Scheduler::update(const SchedulePlan& plan, std::span
     r.num_computed_tokens += chunk.num_tokens;
     if (!chunk.samples) continue;
 
-    r.output_token_ids.push_back(token);
+    // A request that only scores its prompt (max_tokens 0) ends at its prompt's end with nothing generated.
+    const bool scores_only = r.params.max_tokens == 0;
+    if (!scores_only) r.output_token_ids.push_back(token);
     // EOS and stop ids count only from output index min_tokens on (the sampler masks them before).
     const bool may_stop = r.num_output_tokens() > r.params.min_tokens;
     FinishReason reason = FinishReason::kNone;
-    if (may_stop && r.is_eos(token)) {
+    if (scores_only) {
+      reason = FinishReason::kLength;
+    } else if (may_stop && r.is_eos(token)) {
       reason = FinishReason::kStop;
     } else if (may_stop && r.is_stop_token(token)) {
       reason = FinishReason::kStop;
@@ -158,7 +169,7 @@ std::vector<RequestUpdate> Scheduler::update(const SchedulePlan& plan, std::span
     }
     RequestUpdate& u = updates.emplace_back();
     u.id = r.id;
-    u.new_token = token;
+    u.new_token = scores_only ? -1 : token;
     u.finished = reason != FinishReason::kNone;
     u.reason = reason;
     u.num_output_tokens = r.num_output_tokens();
@@ -276,7 +287,7 @@ void Scheduler::check_invariants() const {
              " queue");
     DI_CHECK(r->num_tokens() < config_.max_model_len, "request ", r->id, " has ", r->num_tokens(),
              " tokens, not below max_model_len ", config_.max_model_len);
-    DI_CHECK(r->num_output_tokens() < r->params.max_tokens, "request ", r->id, " has ", r->num_output_tokens(),
+    DI_CHECK(r->num_output_tokens() < std::max(r->params.max_tokens, 1), "request ", r->id, " has ", r->num_output_tokens(),
              " output tokens, not below max_tokens ", r->params.max_tokens);
     DI_CHECK(r->num_computed_tokens >= 0 && r->num_computed_tokens < r->num_tokens(), "request ", r->id, " has ",
              r->num_computed_tokens, " computed of ", r->num_tokens(), " tokens");

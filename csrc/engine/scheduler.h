@@ -26,6 +26,12 @@
 
 namespace deepinfer {
 
+// A request that scores its prompt (prompt_logprobs) computes at most this many tokens a step while it does: every one
+// of them has a row of logits (2048 x DeepSeek-V3's 129,280 float32 values: 1 GiB).
+inline constexpr int32_t kMaxScoredChunkTokens = 2048;
+// The most tokens `request` may compute in one chunk.
+int32_t chunk_limit(const Request& request);
+
 struct SchedulerConfig {
   int32_t max_num_seqs = 256;             // running requests at most
   int32_t max_num_batched_tokens = 8192;  // tokens in one forward pass at most

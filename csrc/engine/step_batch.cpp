@@ -70,7 +70,7 @@ ForwardBatchBuilder::ForwardBatchBuilder(int32_t page_size, int32_t max_pages_pe
 }
 
 void ForwardBatchBuilder::add(std::span<const int32_t> tokens, int32_t start, std::span<const int32_t> pages,
-                              bool samples) {
+                              bool samples, std::pair<int32_t, int32_t> scored) {
   ForwardBatch& b = batch_;
   const auto count = static_cast<int32_t>(tokens.size());
   const int64_t end = static_cast<int64_t>(start) + count;
@@ -80,6 +80,10 @@ void ForwardBatchBuilder::add(std::span<const int32_t> tokens, int32_t start, st
   DI_CHECK(pages.size() <= max_pages && static_cast<int64_t>(pages.size()) * page_size_ >= end, "forward batch: ",
            "sequence ", b.num_seqs(), " has ", pages.size(), " pages for ", end, " tokens; the table holds ",
            max_pages);
+  const auto [first_scored, num_scored] = scored;
+  DI_CHECK(num_scored == 0 || (first_scored >= start && first_scored + num_scored <= end - (samples ? 1 : 0)),
+           "forward batch: sequence ", b.num_seqs(), " scores positions [", first_scored, ", ",
+           first_scored + num_scored, ") of its chunk [", start, ", ", end, ")", samples ? ", which samples" : "");
   const bool decode = count == 1;
   DI_CHECK(!decode || b.num_decode_seqs == b.num_seqs(), "forward batch: a one-token sequence after ",
            b.num_seqs() - b.num_decode_seqs, " longer ones (decode sequences come first)");
@@ -92,6 +96,10 @@ void ForwardBatchBuilder::add(std::span<const int32_t> tokens, int32_t start, st
   b.context_lens.push_back(static_cast<int32_t>(end));
   b.page_table.insert(b.page_table.end(), pages.begin(), pages.end());
   b.page_table.insert(b.page_table.end(), max_pages - pages.size(), -1);
+  const int32_t first_row = b.num_tokens() - count;
+  for (int32_t pos = first_scored; pos < first_scored + num_scored; ++pos) {
+    b.logits_indices.push_back(first_row + (pos - start));
+  }
   if (samples) b.logits_indices.push_back(b.num_tokens() - 1);
   if (decode) ++b.num_decode_seqs;
 }

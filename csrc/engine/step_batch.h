@@ -6,8 +6,10 @@
 #include <array>
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
+#include "backend/ops/sample.h"
 #include "model/model_inputs.h"
 
 namespace deepinfer {
@@ -62,10 +64,12 @@ class ForwardBatchBuilder {
   ForwardBatchBuilder(int32_t page_size, int32_t max_pages_per_seq);
 
   // Appends a sequence that computes its tokens [start, start + tokens.size()) this step, with the latents of token
-  // i in pages[i / page_size] (its page table, at most max_pages_per_seq pages; the rest of its row is -1). When
-  // `samples`, the logits of its last token are wanted. Throws on an empty chunk, too few or too many pages, or a
-  // one-token sequence after a longer one.
-  void add(std::span<const int32_t> tokens, int32_t start, std::span<const int32_t> pages, bool samples);
+  // i in pages[i / page_size] (its page table, at most max_pages_per_seq pages; the rest of its row is -1). The
+  // logits of positions [scored.first, scored.first + scored.second) are wanted (a prompt being scored), then, when
+  // `samples`, those of its last token. Throws on an empty chunk, too few or too many pages, scored positions
+  // outside the chunk or overlapping the sampled one, or a one-token sequence after a longer one.
+  void add(std::span<const int32_t> tokens, int32_t start, std::span<const int32_t> pages, bool samples,
+           std::pair<int32_t, int32_t> scored = {0, 0});
 
   // The batch built; the builder is spent.
   ForwardBatch take() &&;
@@ -75,11 +79,28 @@ class ForwardBatchBuilder {
   ForwardBatch batch_;
 };
 
-// A plan's step: its batch (with the sampling inputs of every row that samples) and, for each sampling chunk of the
-// plan in plan order, its row of the batch's logits, so the sampled tokens can come back in the plan's order.
+// The logits rows of a chunk's scored prompt positions: rows [first_row, first_row + count) of the batch's logits
+// score the prompt tokens after positions [first_position, first_position + count) of plan.chunks[chunk].
+struct ScoredRows {
+  size_t chunk = 0;
+  int32_t first_row = 0;
+  int32_t first_position = 0;
+  int32_t count = 0;
+};
+
+// A plan's step: its batch (with the sampling inputs of every logits row) and, for each sampling chunk of the plan in
+// plan order, its row of the batch's logits, so the sampled tokens can come back in the plan's order; and the rows
+// that score prompt tokens.
 struct StepBatch {
   ForwardBatch forward;
   std::vector<int32_t> logits_row_of_sample;
+  std::vector<ScoredRows> scored;
+};
+
+// What a step returns: one token per sampling chunk (plan order), and per ScoredRows entry its scored tokens.
+struct StepResult {
+  std::vector<SampledToken> sampled;
+  std::vector<std::vector<SampledToken>> scored;
 };
 
 // Where each array starts in the packed buffer (elements). The index arrays come first, in an order that depends

@@ -190,12 +190,17 @@ std::vector<SampledToken> StepRunner::execute(const ForwardBatch& batch) {
   return tokens;
 }
 
-std::vector<SampledToken> StepRunner::execute(const StepBatch& step) {
+StepResult StepRunner::execute(const StepBatch& step) {
   const std::vector<SampledToken> rows = execute(step.forward);
-  std::vector<SampledToken> tokens;
-  tokens.reserve(step.logits_row_of_sample.size());
-  for (int32_t row : step.logits_row_of_sample) tokens.push_back(rows.at(static_cast<size_t>(row)));
-  return tokens;
+  StepResult result;
+  result.sampled.reserve(step.logits_row_of_sample.size());
+  for (int32_t row : step.logits_row_of_sample) result.sampled.push_back(rows.at(static_cast<size_t>(row)));
+  for (const ScoredRows& s : step.scored) {
+    DI_CHECK(s.first_row >= 0 && static_cast<size_t>(s.first_row + s.count) <= rows.size(), "step runner: scored rows [",
+             s.first_row, ", ", s.first_row + s.count, ") of ", rows.size());
+    result.scored.emplace_back(rows.begin() + s.first_row, rows.begin() + s.first_row + s.count);
+  }
+  return result;
 }
 
 }  // namespace deepinfer

@@ -50,8 +50,8 @@ class StepRunner {
   // Runs `batch` (batch.sampling filled in for each logits row) and returns one SampledToken per logits row.
   // Validates the batch and its sampling inputs on the host first.
   std::vector<SampledToken> execute(const ForwardBatch& batch);
-  // Runs a plan's step: one SampledToken per sampling chunk, in the plan's order.
-  std::vector<SampledToken> execute(const StepBatch& step);
+  // Runs a plan's step: one SampledToken per sampling chunk, in the plan's order, and the scored prompt tokens.
+  StepResult execute(const StepBatch& step);
 
   int64_t num_graphs() const { return static_cast<int64_t>(graphs_.size()); }
   int64_t num_graph_replays() const { return num_replays_; }

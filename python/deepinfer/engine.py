@@ -108,6 +108,9 @@ class RequestStream:
         self.params = params
         self.metrics = RequestMetrics(arrival_time=time.monotonic())
         self.completions: list[_Completion] = []
+        # The prompt tokens' logprobs as they arrive (completion 0 scores the prompt); None when not asked for.
+        self.prompt_logprobs: list[dict[int, Logprob] | None] | None = (
+            [None] if params.prompt_logprobs is not None else None)
         self._loop = loop
         self._sync_queue: queue.Queue[RequestOutput | None] = queue.Queue()
         self._async_queue: asyncio.Queue[RequestOutput | None] | None = asyncio.Queue() if loop else None
@@ -160,7 +163,8 @@ class RequestStream:
         outputs = [c.output(c.text, list(c.token_ids), list(c.logprobs) if c.logprobs is not None else None)
                    for c in self.completions]
         return RequestOutput(request_id=self.request_id, prompt=self.prompt, prompt_token_ids=self.prompt_token_ids,
-                             outputs=outputs, finished=self.finished, metrics=self.metrics)
+                             outputs=outputs, finished=self.finished, metrics=self.metrics,
+                             prompt_logprobs=list(self.prompt_logprobs) if self.prompt_logprobs is not None else None)
 
 
 class DeepInferenceEngine:
@@ -346,7 +350,7 @@ class DeepInferenceEngine:
                 core_id = next(self._ids)
                 completion = _Completion(index, core_id, self.tokenizer, prompt_ids, params)
                 try:
-                    self._core.add_request(core_id, prompt_ids, params.to_core(seed))
+                    self._core.add_request(core_id, prompt_ids, params.to_core(seed, score_prompt=index == 0))
                 except Exception:
                     for c in stream.completions:  # all of the request's completions or none
                         self._by_core_id.pop(c.core_id, None)
@@ -390,6 +394,11 @@ class DeepInferenceEngine:
         if d.new_token_ids and stream.metrics.first_token_time is None:
             stream.metrics.first_token_time = now
         stream.metrics.num_preemptions = max(stream.metrics.num_preemptions, d.num_preemptions)
+        if d.prompt_logprobs and stream.prompt_logprobs is not None and c.index == 0:
+            for r in d.prompt_logprobs:
+                entry = {t.token: Logprob(t.token, t.logprob) for t in r.top_logprobs}
+                entry[r.token] = Logprob(r.token, r.logprob)
+                stream.prompt_logprobs.append(entry)
         new_ids = list(d.new_token_ids)
         new_logprobs: list[TokenLogprobs] | None = None
         if c.logprobs is not None:
@@ -426,7 +435,9 @@ class DeepInferenceEngine:
             delta = RequestOutput(request_id=stream.request_id, prompt=stream.prompt,
                                   prompt_token_ids=stream.prompt_token_ids,
                                   outputs=[c.output(emit, new_ids, new_logprobs)], finished=all_done,
-                                  metrics=stream.metrics)
+                                  metrics=stream.metrics,
+                                  prompt_logprobs=list(stream.prompt_logprobs)
+                                  if all_done and stream.prompt_logprobs is not None else None)
             stream._deliver(delta)
         if all_done:
             stream._deliver(None)

@@ -57,6 +57,9 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = False
     metrics: RequestMetrics | None = None
+    # With SamplingParams.prompt_logprobs: per prompt token, its own logprob and the top N ({token id: Logprob}),
+    # None for the first token (nothing precedes it). In the result and the last delta of a stream.
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
     # The first completion's fields, for the common n=1 case.
     @property

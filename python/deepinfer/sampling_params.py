@@ -27,6 +27,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: int | None = None         # top-N logprobs per generated token (plus the chosen token's)
+    prompt_logprobs: int | None = None  # top-N logprobs per prompt token after the first (plus the token's own)
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
@@ -55,8 +56,9 @@ class SamplingParams:
         require(0.0 <= number("min_p") <= 1.0, f"min_p must be in [0, 1], got {self.min_p!r}")
         require(self.seed is None or (isinstance(self.seed, int) and self.seed >= 0),
                 f"seed must be None or an integer >= 0, got {self.seed!r}")
-        require(isinstance(self.max_tokens, int) and self.max_tokens > 0,
-                f"max_tokens must be an integer > 0, got {self.max_tokens!r}")
+        scoring = self.prompt_logprobs is not None
+        require(isinstance(self.max_tokens, int) and (self.max_tokens > 0 or (scoring and self.max_tokens == 0)),
+                f"max_tokens must be an integer > 0 (0 only with prompt_logprobs), got {self.max_tokens!r}")
         require(isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= self.max_tokens,
                 f"min_tokens must be in [0, max_tokens], got {self.min_tokens!r}")
         require(all(isinstance(s, str) and s for s in self.stop), f"stop must be non-empty strings, got {self.stop!r}")
@@ -69,6 +71,9 @@ class SamplingParams:
                 f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty!r}")
         require(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20),
                 f"logprobs must be None or an integer in [0, 20], got {self.logprobs!r}")
+        require(self.prompt_logprobs is None or (isinstance(self.prompt_logprobs, int) and
+                                                 0 <= self.prompt_logprobs <= 20),
+                f"prompt_logprobs must be None or an integer in [0, 20], got {self.prompt_logprobs!r}")
 
     @classmethod
     def from_kwargs(cls, base: "SamplingParams | None" = None, **kwargs: Any) -> "SamplingParams":
@@ -80,7 +85,9 @@ class SamplingParams:
         values.update(kwargs)
         return cls(**values)
 
-    def to_core(self, seed: int | None) -> "_deepinfer.SamplingParams":
+    def to_core(self, seed: int | None, score_prompt: bool = True) -> "_deepinfer.SamplingParams":
+        """The C++ engine's parameters; ``score_prompt=False`` leaves prompt_logprobs out (a second completion of the
+        same prompt)."""
         p = _deepinfer.SamplingParams()
         p.temperature = float(self.temperature)
         p.top_k = 0 if self.top_k == -1 else int(self.top_k)
@@ -95,4 +102,7 @@ class SamplingParams:
         p.stop_token_ids = [int(t) for t in self.stop_token_ids]
         p.ignore_eos = bool(self.ignore_eos)
         p.logprobs = -1 if self.logprobs is None else int(self.logprobs)
+        p.prompt_logprobs = -1 if self.prompt_logprobs is None or not score_prompt else int(self.prompt_logprobs)
+        if self.max_tokens == 0 and not score_prompt:
+            p.prompt_logprobs = int(self.prompt_logprobs)  # a completion of nothing still needs a core request
         return p

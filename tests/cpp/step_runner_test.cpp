@@ -154,7 +154,7 @@ TEST_F(PaddedDecodeTest, RunnerSamplesTheGreedyTokenOfEachRow) {
   EXPECT_EQ(runner.num_graphs(), 0);
   // A plan's step comes back in the plan's order: here its second logits row first.
   const std::vector<SampledToken> in_plan_order =
-      runner.execute(StepBatch{.forward = batch, .logits_row_of_sample = {1, 0}});
+      runner.execute(StepBatch{.forward = batch, .logits_row_of_sample = {1, 0}}).sampled;
   ASSERT_EQ(in_plan_order.size(), 2u);
   ASSERT_NE(tokens[0].token, tokens[1].token);  // so that the order shows
   EXPECT_EQ(in_plan_order[0].token, tokens[1].token);

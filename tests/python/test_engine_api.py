@@ -276,3 +276,37 @@ def test_stats_time_the_steps_and_count_decode_steps(engine):
     step_s = after.step_seconds - before.step_seconds
     assert 0.0 < decode_s < step_s
     assert after.num_graph_replays == 0  # the CPU has no graphs
+
+
+def test_prompt_logprobs_match_transformers(checkpoints):
+    """prompt_logprobs: each prompt token's logprob under transformers' model given the tokens before it, and the top
+    N there; the prompt is prefilled in chunks (max_num_batched_tokens) and scoring only (max_tokens=0) generates
+    nothing."""
+    engine = DeepInferenceEngine(EngineConfig(model_name_or_path=str(checkpoints["v3"]), page_size=8,
+                                              num_cache_pages=64, max_model_len=128, max_num_batched_tokens=5,
+                                              seed=1))
+    try:
+        prompt_ids = engine.tokenizer.encode(PROMPTS[2] + " " + PROMPTS[0] + " " + PROMPTS[1])
+        assert len(prompt_ids) > 10  # several chunks
+        out = engine.generate({"prompt_token_ids": prompt_ids}, temperature=0.0, max_tokens=0, prompt_logprobs=3)[0]
+        scored = engine.generate({"prompt_token_ids": prompt_ids}, temperature=0.0, max_tokens=2, prompt_logprobs=0)[0]
+    finally:
+        engine.shutdown()
+    model = load_reference(checkpoints["v3"])
+    with torch.no_grad():
+        ref = torch.log_softmax(model(torch.tensor([prompt_ids])).logits[0].double(), -1).numpy()
+    assert out.token_ids == [] and out.finish_reason == "length"
+    assert len(scored.token_ids) == 2
+    lp = out.prompt_logprobs
+    assert len(lp) == len(prompt_ids) and lp[0] is None
+    for i in range(1, len(prompt_ids)):
+        token = prompt_ids[i]
+        assert abs(lp[i][token].logprob - ref[i - 1, token]) < 1e-4, i
+        top = list(np.argsort(-ref[i - 1])[:3])
+        assert set(top) <= set(lp[i]), i
+        assert np.allclose([lp[i][t].logprob for t in top], ref[i - 1, top], atol=1e-4)
+        assert abs(scored.prompt_logprobs[i][token].logprob - lp[i][token].logprob) < 1e-5
+    with pytest.raises(ValueError, match="max_tokens"):
+        SamplingParams(max_tokens=0)
+    with pytest.raises(ValueError, match="prompt_logprobs"):
+        SamplingParams(prompt_logprobs=21)

@@ -345,6 +345,33 @@ def test_echo_and_token_prompts(client, model):
     assert ids_prompt.usage.prompt_tokens == 4 and ids_prompt.usage.completion_tokens == 3
 
 
+def test_echo_with_logprobs_scores_the_prompt(client, model):
+    """echo + logprobs + max_tokens 0 (what lm-evaluation-harness's loglikelihood requests send): each prompt token's
+    logprob, null for the first, from the same distribution the model generates from after that prefix."""
+    ids = [5, 77, 300, 12, 9, 401]
+    scored = client.completions.create(model=model, prompt=ids, max_tokens=0, echo=True, logprobs=5, temperature=0)
+    lp = scored.choices[0].logprobs
+    assert scored.usage.completion_tokens == 0 and scored.choices[0].finish_reason == "length"
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == len(ids)
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.text_offset == sorted(lp.text_offset)
+    for i in range(1, len(ids)):
+        assert lp.token_logprobs[i] <= 0 and lp.tokens[i] in lp.top_logprobs[i]
+        assert abs(lp.top_logprobs[i][lp.tokens[i]] - lp.token_logprobs[i]) < 1e-6
+        # The model's distribution after ids[:i], as a generation from that prefix reports it.
+        gen = client.completions.create(model=model, prompt=ids[:i], max_tokens=1, temperature=0, logprobs=5,
+                                        extra_body={"ignore_eos": True}).choices[0].logprobs
+        common = set(gen.top_logprobs[0]) & set(lp.top_logprobs[i])
+        assert len(common) >= 5
+        for text in common:
+            assert abs(gen.top_logprobs[0][text] - lp.top_logprobs[i][text]) < 1e-4, (i, text)
+    # max_tokens 1: the prompt's entries, then the generated token's.
+    both = client.completions.create(model=model, prompt=ids, max_tokens=1, echo=True, logprobs=1, temperature=0,
+                                     extra_body={"ignore_eos": True})
+    assert len(both.choices[0].logprobs.token_logprobs) == len(ids) + 1
+    assert both.choices[0].logprobs.token_logprobs[1:len(ids)] == pytest.approx(lp.token_logprobs[1:], abs=1e-5)
+
+
 def test_chat_template_opens_reasoning(client, model):
     """With --reasoning-parser deepseek-r1 and a template that ends the prompt with <think>, the output is reasoning
     until </think> (this model never writes one, so all of it), streamed and not."""
@@ -460,8 +487,10 @@ def test_unknown_and_inert_parameters(server, model, client):
     err = assert_error(post(server, "/v1/completions", {"model": model, "prompt": "hi", "frobnicate": 1}), 400,
                        param="frobnicate")
     assert "frobnicate" in err["message"]
-    assert_error(post(server, "/v1/completions", {"model": model, "prompt": "hi", "echo": True, "logprobs": 1}),
-                 400, param="echo")
+    assert_error(post(server, "/v1/completions", {"model": model, "prompt": "hi", "echo": True, "logprobs": 1,
+                                                  "stream": True}), 400, param="stream")
+    assert_error(post(server, "/v1/completions", {"model": model, "prompt": "hi", "max_tokens": 0}), 400,
+                 param="max_tokens")
     assert_error(post(server, "/v1/chat/completions",
                       {"model": model, "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}), 400,
                  param="top_logprobs")

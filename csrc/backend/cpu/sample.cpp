@@ -129,7 +129,7 @@ void sample(const SampleArgs& a) {
     const std::span<const float> raw(a.logits.f32() + r * vocab, static_cast<size_t>(vocab));
     const std::vector<float> l = penalized_logits(raw, p, a);
     SampledToken out;
-    out.token = p.temperature == 0.0f ? argmax(l) : draw(l, p);
+    out.token = p.score_token >= 0 ? p.score_token : p.temperature == 0.0f ? argmax(l) : draw(l, p);
     if (p.num_logprobs >= 0) write_logprobs(raw, p.num_logprobs, out);
     std::memcpy(a.out.as<int32_t>() + r * kSampledTokenWords, &out, sizeof out);
   }

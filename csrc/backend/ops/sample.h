@@ -18,6 +18,8 @@
 //      the same draw on every backend and whatever else is in the batch.
 //   4. out[r]: the token, its raw logprob, and the num_logprobs most likely tokens of the raw distribution (highest
 //      first, lowest index on ties).
+// A row with score_token >= 0 scores that token instead of drawing one (a prompt token's logprob): out[r].token is
+// score_token, with its raw logprob and the top num_logprobs; such a row has temperature 0 and no penalties or masks.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +47,7 @@ struct SamplingRow {
   int32_t mask_begin = 0;     // [mask_begin, mask_end) of masked_tokens
   int32_t mask_end = 0;
   int32_t num_logprobs = -1;  // -1 = none; 0..kMaxTopLogprobs
+  int32_t score_token = -1;   // >= 0: report this token instead of sampling (in [0, V))
 };
 static_assert(sizeof(SamplingRow) == 64, "SamplingRow is read from device memory as 16 int32 words");
 inline constexpr int64_t kSamplingRowWords = sizeof(SamplingRow) / sizeof(int32_t);

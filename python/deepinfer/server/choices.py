@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from deepinfer.outputs import CompletionOutput, TokenLogprobs
+from deepinfer.outputs import CompletionOutput, Logprob, TokenLogprobs
 from deepinfer.server.reasoning import ReasoningParser
 from deepinfer.tokenizer import TokenText
 
@@ -73,15 +73,21 @@ class ChoiceFormat:
         """(content, logprobs) to stream for a choice's new output (already added to ``c``); None: no chunk."""
         raise NotImplementedError  # pragma: no cover - interface
 
+    def prompt_scored(self, prompt: int, entries: list[dict[int, Logprob] | None] | None) -> None:
+        """The logprobs of prompt ``prompt``'s tokens (RequestOutput.prompt_logprobs), before the bodies are built."""
+
 
 class CompletionFormat(ChoiceFormat):
     object = chunk_object = "text_completion"
     body_key = delta_key = "text"
 
     def __init__(self, token_text: TokenText, echo_texts: list[str], echo: bool, n: int,
-                 want_logprobs: bool) -> None:
-        """``echo_texts``: per prompt, the prompt's text with ``echo`` and "" without."""
+                 want_logprobs: bool, scored_prompts: list[list[int]] | None = None) -> None:
+        """``echo_texts``: per prompt, the prompt's text with ``echo`` and "" without. ``scored_prompts``: per prompt,
+        its token ids, when the request scores its prompts (echo with logprobs): their logprobs lead each choice's."""
         self._token_text = token_text
+        self._scored_prompts = scored_prompts
+        self._prompt_logprobs: dict[int, list[dict[int, Logprob] | None]] = {}
         self._echo_texts = echo_texts
         self._echo = echo
         self._n = n
@@ -101,9 +107,37 @@ class CompletionFormat(ChoiceFormat):
         return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
                 "text_offset": offsets}
 
+    def prompt_scored(self, prompt: int, entries: list[dict[int, Logprob] | None] | None) -> None:
+        if entries is not None:
+            self._prompt_logprobs[prompt] = entries
+
+    def _prompt_part(self, prompt: int) -> dict[str, Any]:
+        """The prompt's tokens as the leading entries of the four lists: the first token has no logprob (null)."""
+        ids = self._scored_prompts[prompt] if self._scored_prompts else []
+        entries = self._prompt_logprobs.get(prompt, [])
+        tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
+        offset = 0
+        for i, token_id in enumerate(ids):
+            text, _ = self._token_text.get(token_id)
+            entry = entries[i] if i < len(entries) else None
+            tokens.append(text)
+            offsets.append(offset)
+            offset += len(text)
+            if entry is None:
+                token_logprobs.append(None)
+                top_logprobs.append(None)
+                continue
+            token_logprobs.append(_finite(entry[token_id].logprob))
+            top_logprobs.append({self._token_text.get(t)[0]: _finite(lp.logprob) for t, lp in entry.items()})
+        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
+                "text_offset": offsets}
+
     def body(self, c: Choice) -> tuple[Any, Any]:
-        return (self._echo_texts[c.index // self._n] + c.text,
-                self._logprobs(c.logprobs, c) if self._want_logprobs else None)
+        logprobs = self._logprobs(c.logprobs, c) if self._want_logprobs else None
+        if logprobs is not None and self._scored_prompts is not None:
+            prompt = self._prompt_part(c.index // self._n)
+            logprobs = {key: prompt[key] + logprobs[key] for key in prompt}
+        return self._echo_texts[c.index // self._n] + c.text, logprobs
 
     def first_delta(self, c: Choice) -> Any:
         return self._echo_texts[c.index // self._n] if self._echo else None

@@ -203,9 +203,9 @@ def check_unsupported(body: dict[str, Any], endpoint: Literal["chat", "completio
             raise APIError(400, f"'best_of'={best_of} is not supported: server-side ranking of candidates is not "
                                 "implemented (use best_of=n, or n to get every candidate)",
                            param="best_of", code="unsupported_parameter")
-        if body.get("echo") is True and body.get("logprobs") is not None:
-            raise APIError(400, "'echo' together with 'logprobs' is not supported: it needs the prompt's "
-                                "logprobs, which this server does not compute", param="echo",
+        if body.get("echo") is True and body.get("logprobs") is not None and body.get("stream") is True:
+            raise APIError(400, "'echo' with 'logprobs' is answered whole, not streamed: the prompt's logprobs come "
+                                "once the prompt is computed (leave 'stream' out)", param="stream",
                            code="unsupported_parameter")
     stream_options = body.get("stream_options")
     if stream_options is not None and body.get("stream") is not True:

@@ -111,6 +111,7 @@ class _Run:
         self.arrival = arrival
         self.prompt_lens = prompt_lens
         self.num_choices = len(streams) * n
+        self.prompt_logprobs: list[Any] = [None] * len(streams)  # per prompt, when it was scored
         self.client_gone = False
         self._first_token = False
         self._last_token_time: list[float | None] = [None] * self.num_choices
@@ -171,6 +172,8 @@ class _Run:
                     remaining -= 1
                     continue
                 now = time.monotonic()
+                if delta.prompt_logprobs is not None:
+                    self.prompt_logprobs[p] = delta.prompt_logprobs
                 for out in delta.outputs:
                     ci = p * self.n + out.index
                     k = len(out.token_ids)
@@ -335,7 +338,9 @@ class OpenAIServing:
                                 f"{', '.join(repr(m) for m in self.state.options.served_model_names)}.",
                            param="model", code="model_not_found")
 
-    def _max_tokens(self, requested: int | None, prompt_len: int, default: int | None, param: str) -> int:
+    def _max_tokens(self, requested: int | None, prompt_len: int, default: int | None, param: str,
+                    scores_prompt: bool = False) -> int:
+        """The completion's token limit; 0 is allowed when the request scores its prompt (echo with logprobs)."""
         max_len = self.state.max_model_len
         if prompt_len >= max_len:
             raise APIError(400, f"This model's maximum context length is {max_len} tokens. However, your prompt "
@@ -346,9 +351,10 @@ class OpenAIServing:
         room = max_len - prompt_len
         if requested is None:
             return room if default is None else min(default, room)
-        if requested < 1:
-            raise APIError(400, f"Invalid value for '{param}': must be at least 1, got {requested}", param=param,
-                           code="invalid_value")
+        if requested < (0 if scores_prompt else 1):
+            least = "0 (with echo and logprobs) or more" if scores_prompt else "1"
+            raise APIError(400, f"Invalid value for '{param}': must be at least {least}, got {requested}",
+                           param=param, code="invalid_value")
         if requested > room:
             raise APIError(400, f"This model's maximum context length is {max_len} tokens. However, you requested "
                                 f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} for the "
@@ -357,11 +363,11 @@ class OpenAIServing:
         return requested
 
     def _sampling_params(self, req: Any, n: int, max_tokens: int, logprobs: int | None,
-                         renames: Mapping[str, str]) -> SamplingParams:
+                         renames: Mapping[str, str], prompt_logprobs: int | None = None) -> SamplingParams:
         # The checkpoint's recommended values (generation_config.json) for what the request leaves unset.
         defaults = getattr(self.state.engine, "generation_defaults", {})
         values: dict[str, Any] = {k: v for k, v in defaults.items() if k != "max_tokens"}
-        values.update({"n": n, "max_tokens": max_tokens, "logprobs": logprobs})
+        values.update({"n": n, "max_tokens": max_tokens, "logprobs": logprobs, "prompt_logprobs": prompt_logprobs})
         for name in ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
                      "include_stop_str_in_output", "ignore_eos", "repetition_penalty", "presence_penalty",
                      "frequency_penalty", "min_tokens", "skip_special_tokens"):
@@ -457,6 +463,8 @@ class OpenAIServing:
 
         if not req.stream:
             await self._collect_or_fail(request, run, choices)
+            for p, entries in enumerate(run.prompt_logprobs):
+                fmt.prompt_scored(p, entries)
             data = []
             for c in choices:
                 content, logprobs = fmt.body(c)
@@ -540,14 +548,20 @@ class OpenAIServing:
         req, n = await self._parse(request, CompletionRequest, "completions")
         prompts = self._completion_prompts(req.prompt)
         params = []
-        for _, ids in prompts:
-            max_tokens = self._max_tokens(req.max_tokens, len(ids), DEFAULT_COMPLETION_MAX_TOKENS, "max_tokens")
-            params.append(self._sampling_params(req, n, max_tokens, req.logprobs, {}))
         echo = bool(req.echo)
+        # echo with logprobs scores the prompt too: its tokens' logprobs lead the choice's (what loglikelihood
+        # evaluations read, with max_tokens 0 or 1).
+        scores_prompt = echo and req.logprobs is not None
+        for _, ids in prompts:
+            max_tokens = self._max_tokens(req.max_tokens, len(ids), DEFAULT_COMPLETION_MAX_TOKENS, "max_tokens",
+                                          scores_prompt)
+            params.append(self._sampling_params(req, n, max_tokens, req.logprobs, {},
+                                                req.logprobs if scores_prompt else None))
         tok = self.engine.tokenizer
         echo_texts = [(text if text is not None else tok.decode(ids, skip_special_tokens=False)) if echo else ""
                       for text, ids in prompts]
-        fmt = CompletionFormat(self.state.token_text, echo_texts, echo, n, req.logprobs is not None)
+        fmt = CompletionFormat(self.state.token_text, echo_texts, echo, n, req.logprobs is not None,
+                               [ids for _, ids in prompts] if scores_prompt else None)
         return await self._respond(request, req, fmt, "cmpl", [ids for _, ids in prompts], params, n, arrival)
 
     # ---- /v1/chat/completions

@@ -498,6 +498,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(__grid_constant__ c
     token = ranked_index(g.max(draw.winner));
   }
 
+  if (params.score_token >= 0 && params.score_token < vocab) token = params.score_token;  // a scored prompt token
   if (tid == 0 && Group<kCluster>::rank() == 0) {
     out[0] = token;
     out[1] = want_logprobs
