@@ -28,6 +28,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "core/error.h"
+#include "core/weight.h"
 #include "device_memory.h"
 
 namespace deepinfer::op_test {
@@ -183,6 +184,80 @@ TEST(CudaGemmPerf, DISABLED_SkinnyVsCublas) {
                   pr.name, static_cast<long long>(m), bytes / 1e6, t_skinny * 1e6,
                   100.0 * bytes / t_skinny / 1e9 / copy, t_cublas * 1e6, 100.0 * bytes / t_cublas / 1e9 / copy);
     }
+  }
+}
+
+// FP8 weights (block-scaled e4m3, core/weight.h): the FP8 skinny GEMM at DeepSeek-V3's decode shapes, as GB/s over
+// the codes and scales it reads (plus x and out) and the share of the copy bandwidth, at 1, 8 and 64 tokens; then the
+// prefill path's TFLOP/s at 4096 x 7168 x 7168, W8A8 (cuBLASLt's block-scaled FP8 GEMM, activations quantized) and
+// W8A16 (dequantized chunk by chunk, then the bf16 GEMM).
+TEST(CudaGemmPerf, DISABLED_Fp8Weights) {
+  DEEPINFER_REQUIRE_CUDA_DEVICE();
+  const std::unique_ptr<Backend> backend = make_cuda_backend(0, cuda::CudaTuning::from_env());
+  GemmPerf perf;
+  const double copy = perf.copy_gbs();
+  std::printf("[ perf     ] device-to-device copy: %.0f GB/s\n", copy);
+  struct Fp8Shape {
+    const char* name;
+    std::vector<int64_t> rows;  // weight rows per product (one launch); silu_mul: gate + up rows
+    int64_t k;
+    bool silu_mul = false;
+  };
+  const std::vector<Fp8Shape> shapes = {
+      {"v3 q_a + kv_a (fp8)", {1536, 576}, 7168},
+      {"v3 q_b_proj (fp8)", {24576}, 1536},
+      {"v3 o_proj (fp8)", {7168}, 16384},
+      {"v3 dense gate_up+silu (fp8)", {2 * 18432}, 7168, true},
+      {"v3 dense down (fp8)", {7168}, 18432},
+  };
+  const auto fp8_weight = [&perf](int64_t rows, int64_t k, bool w8a8) {
+    const TensorView codes = perf.tensor({rows, k}, DType::kF8E4M3);  // 0x3c: e4m3 1.5
+    const TensorView scales = perf.tensor({fp8_blocks(rows), fp8_blocks(k)}, DType::kF32);
+    CUDA_TRY(cudaMemset(scales.data, 0, scales.bytes()));  // finite sums whatever the codes
+    return WeightView(codes, scales, w8a8);
+  };
+  for (const Fp8Shape& s : shapes) {
+    int64_t w_bytes = 0;
+    for (const int64_t r : s.rows) w_bytes += r * s.k + fp8_blocks(r) * fp8_blocks(s.k) * 4;
+    const int copies = static_cast<int>(std::min<int64_t>(kCalls, std::max<int64_t>(1, kColdBytes / w_bytes + 1)));
+    std::vector<std::vector<WeightView>> weights(static_cast<size_t>(copies));
+    for (auto& set : weights) {
+      for (const int64_t r : s.rows) set.push_back(fp8_weight(r, s.k, false));
+    }
+    for (const int64_t m : {int64_t{1}, int64_t{8}, int64_t{64}}) {
+      const TensorView x = perf.tensor({m, s.k}, DType::kBF16);
+      std::vector<TensorView> outs;
+      int64_t io_bytes = x.bytes();
+      for (const int64_t r : s.rows) {
+        outs.push_back(perf.tensor({m, s.silu_mul ? r / 2 : r}, DType::kBF16));
+        io_bytes += outs.back().bytes();
+      }
+      const double t = perf.time(*backend, copies, [&](int c) {
+        const std::vector<WeightView>& set = weights[static_cast<size_t>(c)];
+        if (s.silu_mul) {
+          backend->linear_silu_mul({.x = x, .w = set[0], .out = outs[0]});
+        } else if (set.size() == 1) {
+          backend->linear({.x = x, .w = set[0], .out = outs[0]});
+        } else {
+          std::vector<LinearTarget> targets;
+          for (size_t i = 0; i < set.size(); ++i) targets.push_back({.w = set[i], .out = outs[i]});
+          backend->multi_linear({.x = x, .targets = targets});
+        }
+      });
+      const double bytes = static_cast<double>(w_bytes + io_bytes);
+      std::printf("[ perf     ] %-30s M=%-3lld %9.1f MB | fp8 skinny %8.2f us %6.0f GB/s %5.1f%% of copy\n", s.name,
+                  static_cast<long long>(m), bytes / 1e6, t * 1e6, bytes / t / 1e9, 100.0 * bytes / t / 1e9 / copy);
+    }
+  }
+  constexpr int64_t kM = 4096, kN = 7168, kK = 7168;
+  const TensorView x = perf.tensor({kM, kK}, DType::kBF16);
+  const TensorView out = perf.tensor({kM, kN}, DType::kBF16);
+  for (const bool w8a8 : {true, false}) {
+    const WeightView w = fp8_weight(kN, kK, w8a8);
+    const double t = perf.time(*backend, 1, [&](int) { backend->linear({.x = x, .w = w, .out = out}); });
+    std::printf("[ perf     ] fp8 prefill %s %lldx%lldx%lld %9.2f us %7.1f TFLOP/s\n", w8a8 ? "W8A8 " : "W8A16",
+                static_cast<long long>(kM), static_cast<long long>(kN), static_cast<long long>(kK), t * 1e6,
+                2.0 * kM * kN * kK / t / 1e12);
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
+#include "core/weight.h"
 
 #ifdef DEEPINFER_HAVE_CUBLAS
 #include <library_types.h>
@@ -22,6 +23,25 @@ inline void check_gemm_operands(const ConstTensorView& x, const ConstTensorView&
            dtype_name(x.dtype), ", ", dtype_name(w.dtype), " and ", dtype_name(out.dtype));
   DI_CHECK(x.device == Device::kCuda && w.device == Device::kCuda && out.device == Device::kCuda, op,
            ": x, w and out must be in device memory");
+}
+
+// The dense projections' operands: a bf16/fp32 weight as above, or a block-scaled FP8 one (core/weight.h) against
+// bf16 or float32 activations, its scales float32 in device memory.
+inline void check_gemm_operands(const ConstTensorView& x, const WeightView& w, const ConstTensorView& out,
+                                const char* op) {
+  if (!w.is_fp8()) {
+    check_gemm_operands(x, static_cast<const ConstTensorView&>(w), out, op);
+    return;
+  }
+  DI_CHECK((x.dtype == DType::kBF16 || x.dtype == DType::kF32) && (out.dtype == x.dtype || out.dtype == DType::kF32),
+           op, ": with an FP8 weight x must be bfloat16 or float32 and out x's dtype or float32, got ",
+           dtype_name(x.dtype), " and ", dtype_name(out.dtype));
+  DI_CHECK(w.scale_inv.dtype == DType::kF32 && w.scale_inv.shape == fp8_scale_shape(w.shape), op,
+           ": an FP8 weight ", w.shape.str(), " needs float32 scales ", fp8_scale_shape(w.shape).str(), ", got ",
+           dtype_name(w.scale_inv.dtype), " ", w.scale_inv.shape.str());
+  DI_CHECK(x.device == Device::kCuda && w.device == Device::kCuda && w.scale_inv.device == Device::kCuda &&
+               out.device == Device::kCuda,
+           op, ": x, w, its scales and out must be in device memory");
 }
 
 #ifdef DEEPINFER_HAVE_CUBLAS

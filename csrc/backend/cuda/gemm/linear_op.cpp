@@ -1,5 +1,7 @@
 // linear, linear_silu_mul and multi_linear: the skinny GEMM where its rule allows, cuBLAS (or the composed ops)
+// otherwise. FP8 weights: the FP8 skinny GEMM up to kFp8SkinnyMaxTokens bf16 tokens, the prefill path (fp8_linear.h)
 // otherwise.
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -10,6 +12,8 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/cuda/elementwise/elementwise_ops.h"
+#include "backend/cuda/gemm/fp8_linear.h"
+#include "backend/cuda/gemm/fp8_skinny_gemm.cuh"
 #include "backend/cuda/gemm/gemm_operands.h"
 #include "backend/cuda/gemm/gemm_ops.h"
 #include "backend/cuda/gemm/skinny_gemm.cuh"
@@ -61,6 +65,40 @@ bool use_skinny(const CudaContext& ctx, DType dtype, const SkinnyGemmParams& p) 
   return true;
 }
 
+// One product of an FP8 skinny GEMM launch.
+struct Fp8SkinnyTarget {
+  WeightView w;
+  TensorView out;
+  SkinnyEpilogue epilogue;
+};
+
+Fp8SkinnyGemmParams fp8_skinny_params(const CudaContext& ctx, const ConstTensorView& x,
+                                      std::span<const Fp8SkinnyTarget> targets) {
+  Fp8SkinnyGemmParams p{.x = static_cast<const uint16_t*>(x.data), .tokens = x.shape[0], .k_dim = x.shape[1],
+                        .x_row_stride = x.shape[1], .num_problems = static_cast<int>(targets.size()),
+                        .num_sms = ctx.num_sms()};
+  for (size_t i = 0; i < targets.size() && i < std::size(p.problems); ++i) {
+    const Fp8SkinnyTarget& t = targets[i];
+    p.problems[i] = {.w = static_cast<const uint8_t*>(t.w.data),
+                     .scale_inv = static_cast<const float*>(t.w.scale_inv.data), .out = t.out.data,
+                     .n_out = t.out.shape[1], .out_row_stride = t.out.shape[1], .epilogue = t.epilogue,
+                     .out_f32 = t.out.dtype == DType::kF32};
+  }
+  return p;
+}
+
+// FP8 weights at decode sizes always go to the FP8 skinny kernel where it takes the operands: the alternative is a
+// dequantization of the whole weight (or a cuBLASLt FP8 GEMM sized for prefill), several times the kernel's one read
+// of the codes. CudaTuning::skinny_gemm off sends them to the prefill path too.
+bool use_fp8_skinny(const CudaContext& ctx, DType x_dtype, const Fp8SkinnyGemmParams& p) {
+  return ctx.tuning().skinny_gemm && x_dtype == DType::kBF16 && fp8_skinny_gemm_fits(p);
+}
+
+void launch_fp8_skinny(CudaContext& ctx, const Fp8SkinnyGemmParams& p) {
+  fp8_skinny_gemm(p, ctx.launch());
+  ctx.ledger().launched(Trigger::kAfterWait, OpAccesses::any());
+}
+
 }  // namespace
 
 void linear(CudaContext& ctx, const LinearArgs& a) {
@@ -78,8 +116,18 @@ void linear(CudaContext& ctx, const LinearArgs& a) {
     }
     return;
   }
-  const SkinnyGemmParams skinny = skinny_params(
-      ctx, a.x, {{a.w, a.out, a.accumulate ? SkinnyEpilogue::kAccumulate : SkinnyEpilogue::kStore}});
+  const SkinnyEpilogue epilogue = a.accumulate ? SkinnyEpilogue::kAccumulate : SkinnyEpilogue::kStore;
+  if (a.w.is_fp8()) {
+    const Fp8SkinnyTarget target{a.w, a.out, epilogue};
+    const Fp8SkinnyGemmParams fp8 = fp8_skinny_params(ctx, a.x, {&target, 1});
+    if (use_fp8_skinny(ctx, a.x.dtype, fp8)) {
+      launch_fp8_skinny(ctx, fp8);
+    } else {
+      fp8_linear_prefill(ctx, a.x, a.w, a.out, a.accumulate);
+    }
+    return;
+  }
+  const SkinnyGemmParams skinny = skinny_params(ctx, a.x, {{a.w, a.out, epilogue}});
   if (use_skinny(ctx, a.x.dtype, skinny)) {
     skinny_gemm(skinny, ctx.launch());
     ctx.ledger().launched(Trigger::kAfterWait, OpAccesses::any());
@@ -103,8 +151,19 @@ void linear(CudaContext& ctx, const LinearArgs& a) {
 void linear_silu_mul(CudaContext& ctx, const LinearSiluMulArgs& a) {
   a.validate();
   check_gemm_operands(a.x, a.w, a.out, "cuda linear_silu_mul");
+  if (a.w.is_fp8() && a.out.numel() > 0) {
+    const Fp8SkinnyTarget target{a.w, a.out, SkinnyEpilogue::kSiluMul};
+    const Fp8SkinnyGemmParams fp8 = fp8_skinny_params(ctx, a.x, {&target, 1});
+    if (use_fp8_skinny(ctx, a.x.dtype, fp8)) {
+      const auto timing = ctx.timed([&] {
+        return str_cat("linear_silu_mul fp8 [", a.w.shape[0], " x ", a.w.shape[1], "] M=", a.x.shape[0]);
+      });
+      launch_fp8_skinny(ctx, fp8);
+      return;
+    }
+  }
   const SkinnyGemmParams skinny = skinny_params(ctx, a.x, {{a.w, a.out, SkinnyEpilogue::kSiluMul}});
-  if (a.out.numel() == 0 || !use_skinny(ctx, a.x.dtype, skinny)) {
+  if (a.out.numel() == 0 || a.w.is_fp8() || !use_skinny(ctx, a.x.dtype, skinny)) {
     // The composition Backend::linear_silu_mul runs (dense_composed.cpp): cuBLAS, then the silu_mul kernel.
     Tensor gate_up = ctx.empty({a.x.shape[0], a.w.shape[0]}, a.out.dtype);  // [M, 2I]
     linear(ctx, {.x = a.x, .w = a.w, .out = gate_up.view()});
@@ -119,16 +178,31 @@ void linear_silu_mul(CudaContext& ctx, const LinearSiluMulArgs& a) {
 
 void multi_linear(CudaContext& ctx, const MultiLinearArgs& a) {
   a.validate();
-  static_assert(kSkinnyMaxProblems >= kMultiLinearMaxTargets, "one launch takes every target");
+  static_assert(kSkinnyMaxProblems >= kMultiLinearMaxTargets && kFp8SkinnyMaxProblems >= kMultiLinearMaxTargets,
+                "one launch takes every target");
   std::array<SkinnyTarget, kMultiLinearMaxTargets> targets{};  // no allocation per step
   for (size_t i = 0; i < a.targets.size(); ++i) {
     const LinearTarget& t = a.targets[i];
     check_gemm_operands(a.x, t.w, t.out, "cuda multi_linear");
     targets[i] = {t.w, t.out, t.silu_mul ? SkinnyEpilogue::kSiluMul : SkinnyEpilogue::kStore};
   }
+  // FP8 targets share a launch only with FP8 targets: all of them in the FP8 skinny kernel, or op by op.
+  const bool all_fp8 = std::all_of(a.targets.begin(), a.targets.end(), [](const LinearTarget& t) { return t.w.is_fp8(); });
+  const bool any_fp8 = std::any_of(a.targets.begin(), a.targets.end(), [](const LinearTarget& t) { return t.w.is_fp8(); });
+  if (all_fp8 && a.x.shape[0] > 0) {
+    std::array<Fp8SkinnyTarget, kMultiLinearMaxTargets> fp8_targets{};
+    for (size_t i = 0; i < a.targets.size(); ++i) fp8_targets[i] = {a.targets[i].w, a.targets[i].out, targets[i].epilogue};
+    const Fp8SkinnyGemmParams fp8 =
+        fp8_skinny_params(ctx, a.x, std::span<const Fp8SkinnyTarget>(fp8_targets.data(), a.targets.size()));
+    if (use_fp8_skinny(ctx, a.x.dtype, fp8)) {
+      const auto timing = ctx.timed([&] { return str_cat("multi_linear fp8 M=", a.x.shape[0]); });
+      launch_fp8_skinny(ctx, fp8);
+      return;
+    }
+  }
   const SkinnyGemmParams skinny =
       skinny_params(ctx, a.x, std::span<const SkinnyTarget>(targets.data(), a.targets.size()));
-  if (a.x.shape[0] == 0 || !use_skinny(ctx, a.x.dtype, skinny)) {
+  if (a.x.shape[0] == 0 || any_fp8 || !use_skinny(ctx, a.x.dtype, skinny)) {
     // The composition Backend::multi_linear runs: one op per target, each with its own choice of kernel.
     for (const LinearTarget& t : a.targets) {
       if (t.silu_mul) {

@@ -19,8 +19,11 @@ enum class WorkspaceUse : uint8_t {
   kMlaPrefill,  // MLA prefill's gathered latents and decompressed k_nope | v (mla/mla_prefill_op.cpp)
   kMoeRoute,    // moe_route's routing and alignment (the alignment unused)
   kMoeExperts,  // alignment, activations and per-pair outputs of moe_experts and moe (moe/moe_op.cpp)
+  kFp8Activations,  // W8A8 prefill: quantized activations, their scales and cuBLASLt's workspace (gemm/fp8_linear.cpp)
+  kFp8Dequant,      // FP8 prefill: a chunk of weight rows dequantized for the dense GEMM (gemm/fp8_linear.cpp)
 };
-inline constexpr size_t kWorkspaceUses = 4;
+inline constexpr size_t kWorkspaceUses = 6;
+static_assert(static_cast<size_t>(WorkspaceUse::kFp8Dequant) + 1 == kWorkspaceUses, "one workspace per use");
 
 struct WorkspaceRequest {
   size_t bytes = 0;

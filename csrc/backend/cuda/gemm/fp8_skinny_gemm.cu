@@ -1,0 +1,314 @@
+// FP8 skinny GEMM kernel: block-scaled e4m3 weights streamed once, widened to bf16 in registers, through mma.sync
+// with the tokens as the MMA's 8-wide N side (1, 2, 4 or 8 column tiles: up to 64 tokens share each weight read).
+//
+// The layout follows the bf16 skinny GEMM (skinny_gemm.cu): the grid's CTAs are split between the problems, a CTA of
+// 8 warps computes `tiles` tiles of 16 weight rows, and 8 / tiles warps share a tile and split its K range. A warp
+// walks its range in 64-wide steps: a lane loads 16 contiguous codes (one 16-byte vector) of weight row r and of row
+// r + 8 (r = lane / 4), which feed four m16n8k16 MMAs. As in the bf16 kernel the MMA's K slots are a free
+// permutation of the physical k: lane q (= lane % 4) gives physical k 16q + 4j .. 16q + 4j + 3 to MMA j's slots
+// {2q, 2q+1, 2q+8, 2q+9}, for the weights and the activations alike, so every weight load is one vector and every
+// activation load two (16 bf16 values of one token).
+//
+// Block scales: a 64-wide step lies inside one 128-wide K block, so each step's four MMAs start from zero and their
+// sum is added to the accumulators times the step's scale (row r's and row r + 8's: a 16-row tile may straddle a
+// 128-row block edge only in a gated projection whose halves are not multiples of 16 rows, and one scale per
+// accumulator row keeps that right too). The scales are weights as well: loaded with the codes, before the wait.
+//
+// e4m3 -> bf16 is exact: each code goes into the high byte of a 16-bit half, its exponent and mantissa are shifted
+// into bf16's exponent and mantissa fields (an e4m3 subnormal lands on a bf16 subnormal of the same mantissa), and
+// one bf16x2 multiply by 2^120 rebiases the exponent (7 -> 127). Every e4m3 value is a bf16 value, so the product
+// is exact; the NaN codes (0x7f, 0xff) come out as +-480, which no checkpoint holds.
+#include "backend/cuda/gemm/fp8_skinny_gemm.cuh"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+
+#include "backend/cuda/runtime/cuda_check.h"
+#include "backend/cuda/runtime/launch.h"
+#include "backend/cuda/runtime/ptx.cuh"
+#include "core/error.h"
+
+namespace deepinfer::cuda {
+namespace {
+
+using ptx::ld_stream_16;
+using ptx::mma_bf16_16816;
+using ptx::silu;
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kStepK = 64;  // K elements one warp consumes per step (four MMAs)
+constexpr int kScaleBlock = 128;
+constexpr int kMinStepsPerWarp = 4;
+
+struct Fp8SkinnyKernelArgs {
+  Fp8SkinnyGemmParams p;
+  int tiles[kFp8SkinnyMaxProblems] = {};
+  int block_begin[kFp8SkinnyMaxProblems + 1] = {};
+};
+
+// Four e4m3 codes (byte i = code i) as two bf16x2 registers: lo = codes 0, 1; hi = codes 2, 3 (the first code of a
+// pair in the low half).
+__device__ __forceinline__ void e4m3x4_to_bf16x4(uint32_t codes, uint32_t& lo, uint32_t& hi) {
+  constexpr uint32_t kRebias = 0x7B807B80u;  // bf16x2 {2^120, 2^120}
+  const uint32_t p_lo = __byte_perm(codes, 0u, 0x1404);  // [0, c0, 0, c1]: each code in the high byte of a half
+  const uint32_t p_hi = __byte_perm(codes, 0u, 0x3424);  // [0, c2, 0, c3]
+  const uint32_t b_lo = (p_lo & 0x80008000u) | ((p_lo >> 4) & 0x07f007f0u);
+  const uint32_t b_hi = (p_hi & 0x80008000u) | ((p_hi >> 4) & 0x07f007f0u);
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(lo) : "r"(b_lo), "r"(kRebias));
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(hi) : "r"(b_hi), "r"(kRebias));
+}
+
+__device__ __forceinline__ uint4 load_x(const uint16_t* ptr, bool valid) {
+  return valid ? __ldg(reinterpret_cast<const uint4*>(ptr)) : make_uint4(0u, 0u, 0u, 0u);
+}
+
+__device__ __forceinline__ float load_out(const Fp8SkinnyProblem& q, int64_t i) {
+  return q.out_f32 ? static_cast<const float*>(q.out)[i]
+                   : __bfloat162float(static_cast<const __nv_bfloat16*>(q.out)[i]);
+}
+
+__device__ __forceinline__ void store_out(const Fp8SkinnyProblem& q, int64_t i, float v) {
+  if (q.out_f32) {
+    static_cast<float*>(q.out)[i] = v;
+  } else {
+    static_cast<__nv_bfloat16*>(q.out)[i] = __float2bfloat16_rn(v);
+  }
+}
+
+// kTokenTiles 8-token MMA column tiles; kUnroll K steps of weight loads in flight per warp (the next group loads
+// while the current one multiplies). Up to two token tiles and four steps the kernel is held to 128 registers, two
+// CTAs an SM; the deeper and wider variants run one CTA an SM.
+template <int kTokenTiles, int kUnroll>
+__global__ void __launch_bounds__(kThreads, (kTokenTiles <= 2 && kUnroll <= 4) ? 2 : 1)
+    fp8_skinny_gemm_kernel(const __grid_constant__ Fp8SkinnyKernelArgs args) {
+  const Fp8SkinnyGemmParams& p = args.p;
+  __shared__ float partial[kWarps][kTokenTiles][32][4];
+  const int block_id = static_cast<int>(blockIdx.x);
+  int problem = 0;
+  while (problem + 1 < p.num_problems && block_id >= args.block_begin[problem + 1]) ++problem;
+  const Fp8SkinnyProblem& q = p.problems[problem];
+  const int block = block_id - args.block_begin[problem];
+  const int tiles = args.tiles[problem];
+  const bool silu_mul = q.epilogue == SkinnyEpilogue::kSiluMul;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warps_per_tile = kWarps / tiles, tile = warp / warps_per_tile, slice = warp % warps_per_tile;
+  // kSiluMul pairs gate tile g with up tile g (n_out rows further): the first half of the tiles are gates.
+  const int groups = silu_mul ? tiles / 2 : tiles;
+  const int64_t group_row = (static_cast<int64_t>(block) * groups + tile % groups) * 16;  // output column
+  const int64_t row_offset = tile < groups ? 0 : q.n_out;
+  const int r = lane / 4, lane_k = lane % 4;
+
+  const bool valid_a = group_row + r < q.n_out, valid_b = group_row + r + 8 < q.n_out;
+  const int64_t row_a = row_offset + group_row + r, row_b = row_a + 8;
+  const int64_t k_blocks = p.k_dim / kScaleBlock;
+  const uint8_t* w_a = q.w + row_a * p.k_dim + lane_k * 16;
+  const uint8_t* w_b = w_a + 8 * p.k_dim;
+  // Rows past the matrix read no scale that matters (their codes load as zeros); row 0's keeps the address valid.
+  const float* s_a = q.scale_inv + (valid_a ? row_a / kScaleBlock : 0) * k_blocks;
+  const float* s_b = q.scale_inv + (valid_b ? row_b / kScaleBlock : 0) * k_blocks;
+
+  const int64_t steps = p.k_dim / kStepK;
+  const int64_t step_begin = steps * slice / warps_per_tile, step_end = steps * (slice + 1) / warps_per_tile;
+
+  // Weights and scales are never written by a kernel: the first group goes out before the wait on the previous
+  // kernel (programmatic dependent launch); x, its output, is read only after it. Steps past the warp's range load
+  // zero codes and a zero scale, which add nothing.
+  uint4 wa[kUnroll], wb[kUnroll];
+  float sa[kUnroll], sb[kUnroll];
+  const auto load_weights = [&](int64_t first) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const bool in_range = first + u < step_end;
+      const int64_t k = (first + u) * kStepK;
+      wa[u] = in_range && valid_a ? ld_stream_16(w_a + k) : make_uint4(0u, 0u, 0u, 0u);
+      wb[u] = in_range && valid_b ? ld_stream_16(w_b + k) : make_uint4(0u, 0u, 0u, 0u);
+      sa[u] = in_range ? __ldg(s_a + k / kScaleBlock) : 0.0f;
+      sb[u] = in_range ? __ldg(s_b + k / kScaleBlock) : 0.0f;
+    }
+  };
+  load_weights(step_begin);
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
+
+  const uint16_t* x_rows[kTokenTiles];
+  bool valid_x[kTokenTiles];
+#pragma unroll
+  for (int t = 0; t < kTokenTiles; ++t) {
+    const int64_t token = r + 8 * t;  // lane group r carries token r of each column tile
+    valid_x[t] = token < p.tokens;
+    x_rows[t] = p.x + (valid_x[t] ? token : 0) * p.x_row_stride + lane_k * 16;
+  }
+
+  float acc[kTokenTiles][4] = {};
+  for (int64_t s = step_begin; s < step_end; s += kUnroll) {
+    uint4 cur_a[kUnroll], cur_b[kUnroll];
+    float cur_sa[kUnroll], cur_sb[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      cur_a[u] = wa[u];
+      cur_b[u] = wb[u];
+      cur_sa[u] = sa[u];
+      cur_sb[u] = sb[u];
+    }
+    if (s + kUnroll < step_end) load_weights(s + kUnroll);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t k = (s + u) * kStepK;
+      const bool in_range = s + u < step_end;
+      const uint32_t codes_a[4] = {cur_a[u].x, cur_a[u].y, cur_a[u].z, cur_a[u].w};
+      const uint32_t codes_b[4] = {cur_b[u].x, cur_b[u].y, cur_b[u].z, cur_b[u].w};
+      uint32_t lo_a[4], hi_a[4], lo_b[4], hi_b[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        e4m3x4_to_bf16x4(codes_a[j], lo_a[j], hi_a[j]);
+        e4m3x4_to_bf16x4(codes_b[j], lo_b[j], hi_b[j]);
+      }
+#pragma unroll
+      for (int t = 0; t < kTokenTiles; ++t) {
+        const uint4 x0 = load_x(x_rows[t] + k, in_range && valid_x[t]);
+        const uint4 x1 = load_x(x_rows[t] + k + 8, in_range && valid_x[t]);
+        const uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        float step_acc[4] = {};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          mma_bf16_16816(step_acc, lo_a[j], lo_b[j], hi_a[j], hi_b[j], xw[2 * j], xw[2 * j + 1]);
+        }
+        // Accumulator registers 0, 1 are row r, registers 2, 3 row r + 8.
+        acc[t][0] = fmaf(step_acc[0], cur_sa[u], acc[t][0]);
+        acc[t][1] = fmaf(step_acc[1], cur_sa[u], acc[t][1]);
+        acc[t][2] = fmaf(step_acc[2], cur_sb[u], acc[t][2]);
+        acc[t][3] = fmaf(step_acc[3], cur_sb[u], acc[t][3]);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int t = 0; t < kTokenTiles; ++t) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) partial[warp][t][lane][i] = acc[t][i];
+  }
+  __syncthreads();
+
+  // Output element (group, token tile, fragment lane, register): register i of lane l holds row l / 4 + 8 * (i / 2)
+  // and token 2 * (l % 4) + i % 2 of the tile's 16 x 8 accumulator. The warps of a tile add in a fixed order.
+  const int outputs = groups * kTokenTiles * 128;
+  for (int idx = threadIdx.x; idx < outputs; idx += kThreads) {
+    const int group = idx / (kTokenTiles * 128), t = (idx / 128) % kTokenTiles, l = (idx / 4) % 32, i = idx % 4;
+    const int row = l / 4 + 8 * (i / 2), token = 8 * t + 2 * (l % 4) + i % 2;
+    const int64_t col = (static_cast<int64_t>(block) * groups + group) * 16 + row;
+    if (token >= p.tokens || col >= q.n_out) continue;
+    const auto tile_sum = [&](int tl) {
+      float sum = 0.0f;
+      for (int w = 0; w < warps_per_tile; ++w) sum += partial[tl * warps_per_tile + w][t][l][i];
+      return sum;
+    };
+    const int64_t o = token * q.out_row_stride + col;
+    switch (q.epilogue) {
+      case SkinnyEpilogue::kSiluMul: store_out(q, o, silu(tile_sum(group)) * tile_sum(group + groups)); break;
+      case SkinnyEpilogue::kAccumulate: store_out(q, o, load_out(q, o) + tile_sum(group)); break;
+      case SkinnyEpilogue::kStore: store_out(q, o, tile_sum(group)); break;
+    }
+  }
+}
+
+bool aligned(const void* ptr, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
+
+// Enough K steps per warp to keep loads in flight: short K gives each tile fewer warps and the CTA more tiles; a
+// gated projection keeps at least one gate and one up tile a CTA.
+int tiles_per_cta(int64_t k_dim, SkinnyEpilogue epilogue) {
+  const int64_t steps = k_dim / kStepK;
+  int warps_per_tile = kWarps;
+  while (warps_per_tile > 1 && steps < int64_t{kMinStepsPerWarp} * warps_per_tile) warps_per_tile /= 2;
+  if (epilogue == SkinnyEpilogue::kSiluMul && warps_per_tile == kWarps) warps_per_tile = kWarps / 2;
+  return kWarps / warps_per_tile;
+}
+
+struct TileLayout {
+  Fp8SkinnyKernelArgs args;
+  int64_t blocks = 0;
+};
+
+TileLayout tile_layout(const Fp8SkinnyGemmParams& p) {
+  TileLayout layout{.args = {.p = p}};
+  Fp8SkinnyKernelArgs& args = layout.args;
+  for (int i = 0; i < p.num_problems; ++i) {
+    const Fp8SkinnyProblem& q = p.problems[i];
+    args.tiles[i] = tiles_per_cta(p.k_dim, q.epilogue);
+    const int groups = q.epilogue == SkinnyEpilogue::kSiluMul ? args.tiles[i] / 2 : args.tiles[i];
+    args.block_begin[i] = static_cast<int>(layout.blocks);
+    layout.blocks += (q.n_out + 16 * groups - 1) / (16 * groups);
+    DI_CHECK(layout.blocks <= INT32_MAX, "fp8_skinny_gemm: ", q.n_out, " output columns are too many");
+  }
+  args.block_begin[p.num_problems] = static_cast<int>(layout.blocks);
+  return layout;
+}
+
+int token_tiles(int64_t tokens) {
+  if (tokens <= 8) return 1;
+  if (tokens <= 16) return 2;
+  if (tokens <= 32) return 4;
+  return 8;
+}
+
+// Loads in flight per warp. One or two token tiles: four steps (4 KB a warp, two CTAs an SM), or eight when the grid
+// is a single wave anyway (one CTA an SM: q_a_proj with kv_a_proj) so the SM still has 64 KB in flight. Wider token
+// tiles need the registers for activations and accumulators: two steps.
+int unroll_for(const TileLayout& layout, int tiles) {
+  if (tiles > 2) return 2;
+  return layout.blocks <= layout.args.p.num_sms ? 8 : 4;
+}
+
+template <int kTokenTiles, int kUnroll>
+void launch(const TileLayout& layout, LaunchStream stream) {
+  launch_pdl(fp8_skinny_gemm_kernel<kTokenTiles, kUnroll>,
+             {.grid = dim3(static_cast<unsigned>(layout.blocks)), .block = dim3(kThreads)}, stream, layout.args);
+}
+
+template <int kTokenTiles>
+void launch_tiles(const TileLayout& layout, LaunchStream stream) {
+  if constexpr (kTokenTiles > 2) {
+    launch<kTokenTiles, 2>(layout, stream);
+  } else if (unroll_for(layout, kTokenTiles) == 8) {
+    launch<kTokenTiles, 8>(layout, stream);
+  } else {
+    launch<kTokenTiles, 4>(layout, stream);
+  }
+}
+
+}  // namespace
+
+bool fp8_skinny_gemm_fits(const Fp8SkinnyGemmParams& p) {
+  if (p.tokens < 1 || p.tokens > kFp8SkinnyMaxTokens || p.k_dim <= 0 || p.k_dim % kScaleBlock != 0 ||
+      !aligned(p.x, 16) || p.x_row_stride % 8 != 0 || p.num_problems < 1 || p.num_problems > kFp8SkinnyMaxProblems) {
+    return false;
+  }
+  for (int i = 0; i < p.num_problems; ++i) {
+    const Fp8SkinnyProblem& q = p.problems[i];
+    if (q.n_out < 1 || !aligned(q.w, 16) || q.scale_inv == nullptr || !aligned(q.scale_inv, 4)) return false;
+  }
+  return true;
+}
+
+int fp8_skinny_gemm_loads_in_flight(const Fp8SkinnyGemmParams& p) {
+  DI_CHECK(fp8_skinny_gemm_fits(p), "fp8_skinny_gemm_loads_in_flight: the kernel does not take these operands");
+  return unroll_for(tile_layout(p), token_tiles(p.tokens));
+}
+
+void fp8_skinny_gemm(const Fp8SkinnyGemmParams& p, LaunchStream stream) {
+  DI_CHECK(fp8_skinny_gemm_fits(p), "fp8_skinny_gemm: ", p.tokens, " tokens, K ", p.k_dim, ", ", p.num_problems,
+           " problems: needs 1..", kFp8SkinnyMaxTokens, " tokens, K a multiple of ", kScaleBlock, ", 1..",
+           kFp8SkinnyMaxProblems, " problems and 16-byte aligned rows");
+  const TileLayout layout = tile_layout(p);
+  switch (token_tiles(p.tokens)) {
+    case 1: launch_tiles<1>(layout, stream); break;
+    case 2: launch_tiles<2>(layout, stream); break;
+    case 4: launch_tiles<4>(layout, stream); break;
+    default: launch_tiles<8>(layout, stream); break;
+  }
+}
+
+}  // namespace deepinfer::cuda
