@@ -2,7 +2,10 @@
 // reference written here (self-contained), then a microbenchmark beside the ceilings measured in the same run
 // (device-to-device copy bandwidth; bf16 GEMM peak through cuBLAS when the library can be loaded).
 //
-// usage: moe_bench [--json PATH] [--quick | --prefill | --decode] [--no-checks] [--probe] [--seed N]
+// usage: moe_bench [--json PATH] [--quick | --prefill | --decode] [--no-checks] [--probe] [--seed N] [--fp8]
+//   --fp8: also times FP8 (e4m3, 128 x 128 block-scaled) expert weights of V2-Lite and V3 beside bf16 (tag "fp8";
+//   decode sizes in GB/s over the active experts' FP8 bytes, codes and scales; prefill sizes in TFLOP/s). Timing
+//   only: the FP8 kernels' correctness is the op tests' (CudaBackend/CudaVsCpu.Case/*fp8*).
 //   --quick: timings at 1 and 4096 tokens only; --prefill: the grouped path only (4096 tokens twice, V3 at 4096,
 //   V2-Lite at 1024, the dense one-expert GEMM), to compare builds of the prefill kernels; --decode: 1 to 8 tokens,
 //   the one-launch small-M FFN beside the two-kernel path, V2-Lite and V3; --no-checks: no
@@ -120,7 +123,56 @@ struct DeviceModel {
   uint64_t seed_gate_up = 0, seed_down = 0;
   DeviceBuffer w_gate_up, w_down, bias;
   std::vector<float> bias_host;
+  bool fp8 = false;  // w_gate_up / w_down hold e4m3 codes, with their block scales
+  DeviceBuffer gate_up_scale, down_scale;
 };
+
+// Random finite e4m3 codes (|value| <= 2^3: exponent field below 11) and positive block scales near 2^-scale_log2.
+__global__ void fill_fp8_kernel(uint8_t* codes, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint64_t h = mix64(seed * 0xD1B54A32D192ED03ull + static_cast<uint64_t>(i));
+    codes[i] = static_cast<uint8_t>((h & 0x80u) | ((h >> 8) % 0x58u));
+  }
+}
+__global__ void fill_scale_kernel(float* scales, int64_t n, uint64_t seed, int scale_log2) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint64_t h = mix64(seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(i));
+    scales[i] = ldexpf(1.0f + static_cast<float>(h & 0xffu) / 256.0f, -scale_log2 - 3);
+  }
+}
+
+// The FP8 twin of a model (hidden and inter multiples of 128): codes and one scale per 128 x 128 block.
+DeviceModel make_fp8_device_model(const Model& m, uint64_t seed, cudaStream_t stream) {
+  DeviceModel d;
+  d.m = &m;
+  d.fp8 = true;
+  d.seed_gate_up = seed * 3 + 1;
+  d.seed_down = seed * 3 + 2;
+  const int64_t gu = static_cast<int64_t>(m.experts) * 2 * m.inter * m.hidden;
+  const int64_t dn = static_cast<int64_t>(m.experts) * m.hidden * m.inter;
+  const int64_t gu_blocks = static_cast<int64_t>(m.experts) * (2 * m.inter / 128) * (m.hidden / 128);
+  const int64_t dn_blocks = static_cast<int64_t>(m.experts) * (m.hidden / 128) * (m.inter / 128);
+  d.w_gate_up = DeviceBuffer(gu, stream);
+  d.w_down = DeviceBuffer(dn, stream);
+  d.gate_up_scale = DeviceBuffer(gu_blocks * 4, stream);
+  d.down_scale = DeviceBuffer(dn_blocks * 4, stream);
+  fill_fp8_kernel<<<2048, 256, 0, stream>>>(d.w_gate_up.as<uint8_t>(), gu, d.seed_gate_up);
+  fill_fp8_kernel<<<2048, 256, 0, stream>>>(d.w_down.as<uint8_t>(), dn, d.seed_down);
+  fill_scale_kernel<<<64, 256, 0, stream>>>(d.gate_up_scale.as<float>(), gu_blocks, seed + 5, scale_log2_for(m.hidden));
+  fill_scale_kernel<<<64, 256, 0, stream>>>(d.down_scale.as<float>(), dn_blocks, seed + 6, scale_log2_for(m.inter));
+  CUDA_TRY(cudaGetLastError());
+  if (m.bias) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<float> u(-0.05f, 0.05f);
+    d.bias_host.resize(m.experts);
+    for (auto& b : d.bias_host) b = u(rng);
+    d.bias = DeviceBuffer(m.experts * 4, stream);
+    CUDA_TRY(cudaMemcpyAsync(d.bias.data(), d.bias_host.data(), m.experts * 4, cudaMemcpyHostToDevice, stream));
+  }
+  return d;
+}
 
 DeviceModel make_device_model(const Model& m, uint64_t seed, std::mt19937_64& rng, cudaStream_t stream) {
   DeviceModel d;
@@ -343,8 +395,11 @@ std::vector<T> to_host(const void* src, size_t count, cudaStream_t stream) {
 MoeParams model_params(const DeviceModel& dm, int tokens, int num_sms) {
   const Model& m = *dm.m;
   return MoeParams{.correction_bias = m.bias ? dm.bias.as<float>() : nullptr,
-                   .w_gate_up = dm.w_gate_up.as<uint16_t>(),
-                   .w_down = dm.w_down.as<uint16_t>(),
+                   .w_gate_up = dm.w_gate_up.data(),
+                   .w_down = dm.w_down.data(),
+                   .w_gate_up_scale = dm.fp8 ? dm.gate_up_scale.as<float>() : nullptr,
+                   .w_down_scale = dm.fp8 ? dm.down_scale.as<float>() : nullptr,
+                   .weight_format = dm.fp8 ? cuda::MoeWeightFormat::kFp8 : cuda::MoeWeightFormat::kBf16,
                    .num_tokens = tokens,
                    .hidden = m.hidden,
                    .inter = m.inter,
@@ -769,7 +824,9 @@ PerfResult run_perf(const PerfCase& c, std::mt19937_64& rng, cudaStream_t stream
   const auto l = cuda::moe_detail::moe_workspace_layout(p);
   const auto counts = to_host<int32_t>(static_cast<const uint8_t*>(workspace.data()) + l.expert_counts, E, stream);
   for (int v : counts) r.active += v > 0;
-  const double expert_bytes = 3.0 * D * m.inter * 2.0;
+  // FP8: a byte a weight plus a float32 scale per 128 x 128 block.
+  const double expert_bytes =
+      c.dm->fp8 ? 3.0 * D * m.inter * (1.0 + 4.0 / (128.0 * 128.0)) : 3.0 * D * m.inter * 2.0;
   r.bytes = r.active * expert_bytes + 2.0 * T * D * 2.0 + static_cast<double>(T) * E * 4.0;
   r.flops = 2.0 * T * k * 3.0 * D * static_cast<double>(m.inter);
   const double us = r.us_graph > 0.0 ? r.us_graph : r.us_eager;
@@ -791,7 +848,7 @@ PerfResult run_perf(const PerfCase& c, std::mt19937_64& rng, cudaStream_t stream
 
 int run(int argc, char** argv) {
   std::string json_path = "moe_h200.json";
-  bool quick = false, prefill = false, decode = false, run_checks = true, probe = false;
+  bool quick = false, prefill = false, decode = false, run_checks = true, probe = false, fp8 = false;
   uint64_t seed = std::random_device{}();  // --seed N: the same weights and routing in every run (an A/B of builds)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -801,6 +858,7 @@ int run(int argc, char** argv) {
     if (a == "--decode") decode = true;
     if (a == "--no-checks") run_checks = false;
     if (a == "--probe") probe = true;
+    if (a == "--fp8") fp8 = true;
     if (a == "--seed" && i + 1 < argc) seed = std::stoull(argv[++i]);
   }
   int device = 0;
@@ -917,6 +975,15 @@ int run(int argc, char** argv) {
                                                   : std::vector<int>{1, 32, 256, 4096};
     for (const DeviceModel* dm : {&v2lite, &v3}) {
       for (int t : token_counts) add({.dm = dm, .tokens = t});
+    }
+    if (fp8) {  // FP8 expert weights beside the bf16 cases above: decode (GB/s) and prefill (TFLOP/s) sizes
+      DeviceModel v2lite_fp8 = make_fp8_device_model(kV2Lite, seed + 600, stream);
+      DeviceModel v3_fp8 = make_fp8_device_model(kV3, seed + 700, stream);
+      for (const DeviceModel* dm : {&v2lite_fp8, &v3_fp8}) {
+        for (int t : {1, 2, 4, 8, 32, 4096}) add({.dm = dm, .tokens = t, .tag = "fp8"});
+      }
+      for (const DeviceModel* dm : {&v2lite, &v3}) add({.dm = dm, .tokens = 32768, .tag = "bf16-32k", .stages = false});
+      for (const DeviceModel* dm : {&v2lite_fp8, &v3_fp8}) add({.dm = dm, .tokens = 32768, .tag = "fp8", .stages = false});
     }
     if (!quick && !prefill && !decode) {
       add({.dm = &v2lite, .tokens = 1, .prefetch = MoeDownPrefetch::kOff, .tag = "prefetch-off", .stages = false});

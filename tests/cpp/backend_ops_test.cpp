@@ -1005,6 +1005,8 @@ CaseRegistry build_registry() {
   add_moe_experts(r, {.tokens = 9, .dim = 64, .inter = 32, .routed = 8, .top_k = 3}, 132);
   add_moe_experts(r, {.tokens = 1, .dim = 3, .inter = 1, .routed = 1, .top_k = 1}, 133);
   add_moe_experts(r, {.tokens = 0, .dim = 7, .inter = 11, .routed = 6, .top_k = 2}, 134);
+  // FP8 expert weights (128 x 128 block scales; partial blocks at the edges of 200 and 72), with a shared expert.
+  add_moe_experts_fp8(r, {.tokens = 6, .dim = 200, .inter = 72, .routed = 5, .top_k = 2, .shared = 1}, 135);
   // moe_experts with the shared experts stacked after the routed ones (every token uses them, weight 1): odd sizes,
   // V3-like (256 + 1 experts, 8 + 1 pairs) and V2-Lite-like (64 + 2, 6 + 2) at small widths, no tokens
   add_moe_experts(r, {.tokens = 5, .dim = 7, .inter = 11, .routed = 6, .top_k = 2, .shared = 2}, 142);

@@ -694,6 +694,37 @@ void add_moe_experts_bf16(CaseRegistry& r, const ExpertsShape& s, uint64_t seed)
          .tolerance = act.tolerance()});
 }
 
+// Experts on given ids with FP8 expert weights (e4m3 codes, 128 x 128 block scales: Fp8Experts, moe_cases.h) and
+// bfloat16 x, against the CPU, which dequantizes them. The inputs are built inside `run` from the seed (the same on
+// both backends), so the registry holds none of V2-Lite's 571M weights. W8A16 keeps the bf16 cases' tolerance; with
+// `w8a8` (fp8_activations: the backend may quantize the activations too) the looser 4e-2.
+void add_moe_experts_fp8_bf16_x(CaseRegistry& r, const ExpertsShape& s, uint64_t seed, bool w8a8 = false) {
+  const Activations act{DType::kBF16};
+  r.add({.op = OpKind::kMoeExperts,
+         .name = str_cat("moe_experts_fp8_", w8a8 ? "w8a8_" : "", s.str()),
+         .run = [=](OpRunner& run) -> Outputs {
+           Rng rng(seed);
+           const int64_t tokens = s.tokens, dim = s.dim, inter = s.inter, experts = s.experts(), pairs = s.pairs();
+           const float w_range = static_cast<float>(std::sqrt(3.0 / double(dim)));
+           const float down_range = static_cast<float>(std::sqrt(3.0 / double(inter)));
+           const std::vector<float> x = act.round(rng.uniform(tokens * dim, -1.0f, 1.0f));
+           const Fp8Experts w_gate_up = Fp8Experts::quantize(
+               rng.uniform(experts * 2 * inter * dim, -w_range, w_range), experts, 2 * inter, dim);
+           const Fp8Experts w_down =
+               Fp8Experts::quantize(rng.uniform(experts * dim * inter, -down_range, down_range), experts, dim, inter);
+           const ExpertPairs routing = random_expert_pairs(rng, s);
+           const TensorView out = run.output({tokens, dim}, act.on(run));
+           run.backend().moe_experts({.x = run.upload(act.tensor(run, {tokens, dim}, x)),
+                                      .w_gate_up = w_gate_up.upload(run, w8a8),
+                                      .w_down = w_down.upload(run, w8a8),
+                                      .topk_ids = run.upload(HostTensor::i32({tokens, pairs}, routing.ids)),
+                                      .topk_weights = run.upload(HostTensor::f32({tokens, pairs}, routing.weights)),
+                                      .out = out});
+           return {{"out", run.fetch(out)}};
+         },
+         .tolerance = w8a8 ? 4e-2 : act.tolerance()});
+}
+
 // The routed part in one op (moe: routing, then the experts on its result), bfloat16 x and weights, against the CPU
 // (which composes moe_route and moe_experts): the routing outputs as the route cases compare them, and the output.
 // With `router`, the op gets the router weight instead of the logits and computes them (the route kernel does at
@@ -732,6 +763,54 @@ void add_moe_bf16(CaseRegistry& r, const std::string& tag, const MoeRouteCase& c
                 .x = run.upload(act.tensor(run, {tokens, dim}, x)),
                 .w_gate_up = run.upload(act.tensor(run, {experts, 2 * inter, dim}, w_gate_up)),
                 .w_down = run.upload(act.tensor(run, {experts, dim, inter}, w_down)),
+                .out = out,
+                .router = router ? ConstTensorView(run.upload(act.tensor(run, {c.experts, dim}, router_w)))
+                                 : ConstTensorView{},
+                .router_logits = logits_out});
+           return moe_outputs(run, ids, weights, out, logits_out, c.top_k, c.num_shared);
+         },
+         .tolerance = act.tolerance()});
+}
+
+// moe (routing + experts) with FP8 expert weights and bfloat16 x, against the CPU; the router weight, when given,
+// stays bfloat16 (the route kernel computes the logits at decode sizes). Inputs built inside `run` from the seed, as
+// add_moe_experts_fp8_bf16_x.
+void add_moe_fp8(CaseRegistry& r, const std::string& tag, const MoeRouteCase& c, int64_t dim, int64_t inter,
+                 uint64_t seed, bool router = false) {
+  const Activations act{DType::kBF16};
+  r.add({.op = OpKind::kMoe,
+         .name = str_cat("moe_fp8_", tag, "_t", c.tokens, "_d", dim, "_i", inter, router ? "_router" : ""),
+         .run = [=](OpRunner& run) -> Outputs {
+           Rng rng(seed);
+           const int64_t tokens = c.tokens, experts = c.experts + c.num_shared, pairs = c.top_k + c.num_shared;
+           const float w_range = static_cast<float>(std::sqrt(3.0 / double(dim)));
+           const float down_range = static_cast<float>(std::sqrt(3.0 / double(inter)));
+           const std::vector<float> given_logits =
+               router ? std::vector<float>{} : rng.uniform(tokens * c.experts, -4.0f, 4.0f);
+           const std::vector<float> router_w = router ? act.round(rng.uniform(c.experts * dim, -w_range, w_range))
+                                                      : std::vector<float>{};
+           const std::vector<float> bias = c.bias ? rng.uniform(c.experts, -0.5f, 0.5f) : std::vector<float>{};
+           const std::vector<float> x = act.round(rng.uniform(tokens * dim, -1.0f, 1.0f));
+           const Fp8Experts w_gate_up = Fp8Experts::quantize(
+               rng.uniform(experts * 2 * inter * dim, -w_range, w_range), experts, 2 * inter, dim);
+           const Fp8Experts w_down =
+               Fp8Experts::quantize(rng.uniform(experts * dim * inter, -down_range, down_range), experts, dim, inter);
+           const TensorView ids = run.output({tokens, pairs}, DType::kI32);
+           const TensorView weights = run.output({tokens, pairs}, DType::kF32);
+           const TensorView out = run.output({tokens, dim}, act.on(run));
+           const TensorView logits_out = router ? run.output({tokens, c.experts}, DType::kF32) : TensorView{};
+           run.backend().moe(
+               {.route = {.logits = router ? ConstTensorView(logits_out)
+                                           : ConstTensorView(run.upload(HostTensor::f32({tokens, c.experts},
+                                                                                         given_logits))),
+                          .correction_bias = c.bias ? ConstTensorView(run.upload(HostTensor::f32({c.experts}, bias)))
+                                                    : ConstTensorView{},
+                          .topk_ids = ids, .topk_weights = weights, .scoring = c.scoring, .method = c.method,
+                          .n_group = c.n_group, .topk_group = c.topk_group, .norm_topk_prob = c.norm_topk_prob,
+                          .routed_scaling_factor = c.routed_scaling_factor, .num_shared_experts = c.num_shared},
+                .x = run.upload(act.tensor(run, {tokens, dim}, x)),
+                .w_gate_up = w_gate_up.upload(run),
+                .w_down = w_down.upload(run),
                 .out = out,
                 .router = router ? ConstTensorView(run.upload(act.tensor(run, {c.experts, dim}, router_w)))
                                  : ConstTensorView{},
@@ -1117,6 +1196,51 @@ CaseRegistry build_registry() {
   v3_router.tokens = 40;
   add_moe_bf16(r, "v3_e256_k8_s1", v3_router, 256, 64, 242, /*router=*/true);
   add_moe_experts_bf16(r, {.tokens = 300, .dim = 256, .inter = 128, .routed = 64, .top_k = 6, .shared = 2}, 184);
+  // FP8 expert weights (W8A16). moe_experts: V2-Lite-like (hidden 2048, inter 1408 = 11 x 128, 64 + 2 experts,
+  // top-6) at decode sizes on the small-M kernels and at 80 tokens (640 pairs > 8 x 66 rows) on the grouped ones;
+  // V3-like small (hidden 1024, inter 256, 32 + 1 experts, top-8) at decode sizes and prefill sizes (grouped); the
+  // persistent decode FFN (hidden 4096, up to 4 tokens); the W8A8 request (fp8_activations) at decode and prefill.
+  const ExpertsShape fp8_v2_lite{.tokens = 1, .dim = 2048, .inter = 1408, .routed = 64, .top_k = 6, .shared = 2};
+  const ExpertsShape fp8_v3_small{.tokens = 1, .dim = 1024, .inter = 256, .routed = 32, .top_k = 8, .shared = 1};
+  for (const int64_t tokens : {int64_t{1}, int64_t{2}, int64_t{8}, int64_t{32}, int64_t{80}}) {
+    ExpertsShape sh = fp8_v2_lite;
+    sh.tokens = tokens;
+    add_moe_experts_fp8_bf16_x(r, sh, 260 + static_cast<uint64_t>(tokens));
+  }
+  for (const int64_t tokens : {int64_t{1}, int64_t{2}, int64_t{8}, int64_t{32}, int64_t{300}, int64_t{2048}}) {
+    ExpertsShape sh = fp8_v3_small;
+    sh.tokens = tokens;
+    add_moe_experts_fp8_bf16_x(r, sh, 270 + static_cast<uint64_t>(tokens));
+  }
+  add_moe_experts_fp8_bf16_x(r, {.tokens = 3, .dim = 4096, .inter = 256, .routed = 16, .top_k = 4, .shared = 1}, 280);
+  for (const int64_t tokens : {int64_t{8}, int64_t{300}}) {
+    ExpertsShape sh = fp8_v3_small;
+    sh.tokens = tokens;
+    add_moe_experts_fp8_bf16_x(r, sh, 281 + static_cast<uint64_t>(tokens), /*w8a8=*/true);
+  }
+  // moe with FP8 experts: V2-Lite-like routing (softmax, greedy) with and without the router (fused into the route
+  // kernel at 1 and 8 tokens of 2048), V3-like routing (sigmoid, groups, bias) at decode and prefill sizes, and V3's
+  // width (7168: the router in the route kernel and the persistent FFN) at 2 tokens.
+  const MoeRouteCase fp8_v2_route{.tag = "", .tokens = 1, .experts = 64, .top_k = 6,
+                                  .scoring = ExpertScoring::kSoftmax, .method = TopkMethod::kGreedy, .num_shared = 2};
+  for (const int64_t tokens : {int64_t{1}, int64_t{8}}) {
+    MoeRouteCase c = fp8_v2_route;
+    c.tokens = tokens;
+    add_moe_fp8(r, "v2_lite_e64_k6_s2", c, 2048, 1408, 290 + static_cast<uint64_t>(tokens));
+    add_moe_fp8(r, "v2_lite_e64_k6_s2", c, 2048, 1408, 292 + static_cast<uint64_t>(tokens), /*router=*/true);
+  }
+  const MoeRouteCase fp8_v3_route{.tag = "", .tokens = 1, .experts = 32, .top_k = 8, .n_group = 4, .topk_group = 2,
+                                  .norm_topk_prob = true, .routed_scaling_factor = 2.5f, .bias = true,
+                                  .num_shared = 1};
+  for (const int64_t tokens : {int64_t{2}, int64_t{32}, int64_t{300}}) {
+    MoeRouteCase c = fp8_v3_route;
+    c.tokens = tokens;
+    add_moe_fp8(r, "v3_like_e32_k8_s1", c, 1024, 256, 300 + static_cast<uint64_t>(tokens));
+    add_moe_fp8(r, "v3_like_e32_k8_s1", c, 1024, 256, 302 + static_cast<uint64_t>(tokens), /*router=*/true);
+  }
+  MoeRouteCase fp8_v3_width = v3_width;
+  fp8_v3_width.tokens = 2;
+  add_moe_fp8(r, "v3_like_e16_k4_s1", fp8_v3_width, 7168, 128, 310, /*router=*/true);
   // Sampling: V3's and V2's vocabularies with 64 mixed rows, one row alone, ties, small and odd vocabularies.
   add_sample(r, 129280, 64, LogitShape::kModelLike, 170);
   add_sample(r, 129280, 64, LogitShape::kUniform, 171);

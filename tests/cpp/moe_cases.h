@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/fp8.h"
+#include "core/weight.h"
 #include "op_test_harness.h"
 
 namespace deepinfer::op_test {
@@ -254,6 +256,67 @@ inline void add_moe_experts(CaseRegistry& r, const ExpertsShape& s, uint64_t see
          },
          .naive = [=]() -> Outputs {
            return {{"out", naive_experts(s, x, w_gate_up, w_down, routing.ids, routing.weights)}};
+         }});
+}
+
+// Block-scaled FP8 expert weights built on the host, as a checkpoint stores them: each expert matrix [rows, cols]
+// quantized by 128 x 128 blocks (quantize_fp8_block_rows, scale amax / 448), and the dequantized values the naive
+// formulas compute with (what both backends must compute, whatever they do with the activations).
+struct Fp8Experts {
+  Shape shape;                     // [experts, rows, cols]
+  std::vector<uint8_t> codes;      // e4m3
+  std::vector<float> scale_inv;    // fp8_scale_shape(shape)
+  std::vector<float> dequantized;  // e4m3(code) * scale_inv, [experts, rows, cols]
+
+  static Fp8Experts quantize(std::span<const float> values, int64_t experts, int64_t rows, int64_t cols) {
+    Fp8Experts w{.shape = {experts, rows, cols}, .codes = {}, .scale_inv = {}, .dequantized = {}};
+    const auto matrix = static_cast<size_t>(rows * cols);
+    const auto blocks = static_cast<size_t>(fp8_blocks(rows) * fp8_blocks(cols));
+    DI_CHECK(values.size() == static_cast<size_t>(experts) * matrix, values.size(), " values for ", w.shape.str());
+    w.codes.resize(values.size());
+    w.scale_inv.resize(static_cast<size_t>(experts) * blocks);
+    w.dequantized.resize(values.size());
+    for (size_t e = 0; e < static_cast<size_t>(experts); ++e) {
+      const std::span<uint8_t> codes(w.codes.data() + e * matrix, matrix);
+      const std::span<float> scales(w.scale_inv.data() + e * blocks, blocks);
+      quantize_fp8_block_rows(values.subspan(e * matrix, matrix), rows, cols, Fp8ScaleFormat::kFloat, codes, scales);
+      dequantize_fp8_blocks(codes, rows, cols, scales, {kFp8Block, kFp8Block},
+                            std::span<float>(w.dequantized.data() + e * matrix, matrix));
+    }
+    return w;
+  }
+
+  // The codes and scales in the runner's memory; `w8a8`: WeightView::fp8_activations.
+  WeightView upload(OpRunner& run, bool w8a8 = false) const {
+    const TensorView c = run.upload(HostTensor::from_raw(shape, DType::kF8E4M3, codes.data()));
+    const TensorView s = run.upload(HostTensor::f32(fp8_scale_shape(shape), scale_inv));
+    return {ConstTensorView(c), ConstTensorView(s), w8a8};
+  }
+};
+
+// moe_experts with FP8 weights (fp32 x and out here, the CPU's) against the naive formula on the dequantized weights.
+inline void add_moe_experts_fp8(CaseRegistry& r, const ExpertsShape& s, uint64_t seed) {
+  Rng rng(seed);
+  const int64_t tokens = s.tokens, dim = s.dim, inter = s.inter, experts = s.experts(), pairs = s.pairs();
+  const std::vector<float> x = rng.uniform(tokens * dim);
+  const Fp8Experts w_gate_up = Fp8Experts::quantize(rng.uniform(experts * 2 * inter * dim), experts, 2 * inter, dim);
+  const Fp8Experts w_down = Fp8Experts::quantize(rng.uniform(experts * dim * inter), experts, dim, inter);
+  const ExpertPairs routing = random_expert_pairs(rng, s);
+  r.add({.op = OpKind::kMoeExperts,
+         .name = str_cat("moe_experts_fp8_", s.str()),
+         .run = [=](OpRunner& run) -> Outputs {
+           const TensorView out = run.output({tokens, dim}, DType::kF32);
+           run.backend().moe_experts({.x = run.upload(HostTensor::f32({tokens, dim}, x)),
+                                      .w_gate_up = w_gate_up.upload(run),
+                                      .w_down = w_down.upload(run),
+                                      .topk_ids = run.upload(HostTensor::i32({tokens, pairs}, routing.ids)),
+                                      .topk_weights = run.upload(HostTensor::f32({tokens, pairs}, routing.weights)),
+                                      .out = out});
+           return {{"out", run.fetch(out)}};
+         },
+         .naive = [=]() -> Outputs {
+           return {{"out", naive_experts(s, x, w_gate_up.dequantized, w_down.dequantized, routing.ids,
+                                         routing.weights)}};
          }});
 }
 

@@ -79,7 +79,8 @@ void launch_combine(const MoeKernelParams& kp, LaunchStream stream) {
 }
 
 bool use_down_prefetch(const MoeParams& p, int32_t max_active) {
-  const int64_t down_bytes = static_cast<int64_t>(max_active) * p.hidden * p.inter * 2;
+  const int64_t weight_bytes = p.weight_format == MoeWeightFormat::kFp8 ? 1 : 2;
+  const int64_t down_bytes = static_cast<int64_t>(max_active) * p.hidden * p.inter * weight_bytes;
   return p.down_prefetch == MoeDownPrefetch::kOn ||
          (p.down_prefetch == MoeDownPrefetch::kAuto && down_bytes <= kDownPrefetchMaxBytes);
 }

@@ -19,6 +19,14 @@
 // of dependent L2 round trips at each tile change, with the tensor cores idle.) The epilogue stages each
 // warpgroup's outputs in the two stages just consumed and stores whole row segments (store_tile).
 // Each of the two changes shortened the V2-Lite layer at 4096 tokens (moe_bench --prefill on an H200).
+//
+// FP8 weights (kFp8, W8A16): the B tile (weights) does not come by cp.async. Each thread loads its 64 bytes of codes a
+// step from global memory into registers one step ahead, and after the step's MMAs are issued widens them, times the
+// block scale, to bf16 (one rounding) and stores them into the stage's swizzled B block with plain shared stores; the
+// wgmma reads the same bf16 layout as without FP8. A 64-wide K block lies in one 128-wide scale block, and a tile's
+// B rows in two 128-row blocks (gate/up: the gate block and the up block; down: two consecutive ones), so a thread's
+// chunks need two scales a step. The stores are ordered before the MMAs that read them by the fence.proxy.async and
+// the barrier that start every step, as the cp.async copies are.
 #pragma once
 
 #include <algorithm>
@@ -31,10 +39,11 @@
 
 namespace deepinfer::cuda::moe_detail {
 
-template <GemmKind kKindValue>
+template <GemmKind kKindValue, bool kFp8Value = false>
 struct GroupedTraits {
   static constexpr GemmKind kKind = kKindValue;
   static constexpr bool kGateUp = kKindValue == GemmKind::kGateUp;
+  static constexpr bool kFp8 = kFp8Value;  // e4m3 weights with block scales, widened in registers (FP8 B tiles)
   static constexpr int kBlockM = 128;
   static constexpr int kBlockN = 256;                 // B rows of a tile (gate/up: 128 gate + 128 up)
   static constexpr int kBlockK = 64;                  // one 128-byte swizzle row
@@ -57,6 +66,10 @@ struct GroupedTraits {
   static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM");
   static_assert(kARows * 32 == kBlockM && kBRows * 32 == kBlockN, "thread t copies chunk t % 8 of rows t / 8 + 32 q");
   static_assert(kBlockM % 4 == 0 && kBlockM / 4 <= kThreads, "a tile's pairs: one 16-byte copy of 4 entries a thread");
+  // FP8 B tile: 16-byte chunk t % 4 (16 codes) of rows t / 4 + 64 q, q < kFp8Rows: rows q < 2 in the tile's first
+  // 128-row block, q >= 2 in its second.
+  static constexpr int kFp8Rows = kBlockN * kBlockK / 16 / kThreads;
+  static_assert(kFp8Rows == 4 && kThreads / 4 == 64 && kBlockK == 64, "FP8 B: 4 chunks of 16 codes a row");
 };
 
 // The tile metadata a CTA keeps in shared memory (generic pointers for reads, the pair ring's shared address for
@@ -128,7 +141,7 @@ template <typename T>
 struct TileSources {
   int tile_index = -1;  // CTA-local index of the tile these belong to
   const uint16_t* a[T::kARows];  // null: padding row, zero-filled
-  const uint16_t* b[T::kBRows];
+  const uint16_t* b[T::kFp8 ? 1 : T::kBRows];  // FP8: unused (Fp8BTile)
 };
 
 template <typename T>
@@ -152,19 +165,81 @@ __device__ __forceinline__ void set_sources(const MoeKernelParams& kp, const Til
       src.a[q] = kp.act + static_cast<int64_t>(pair) * p.inter + chunk * 8;
     }
   }
+  if constexpr (!T::kFp8) {
 #pragma unroll
-  for (int q = 0; q < T::kBRows; ++q) {
-    const int r = row + 32 * q;
-    int64_t w_row;
-    if constexpr (T::kGateUp) {  // rows 0..127 gate columns col0.., rows 128..255 the matching up columns
-      w_row = static_cast<int64_t>(ti.expert) * 2 * p.inter + (r < 128 ? ti.col0 + r : p.inter + ti.col0 + r - 128);
-      src.b[q] = p.w_gate_up + w_row * p.hidden + chunk * 8;
-    } else {
-      w_row = static_cast<int64_t>(ti.expert) * p.hidden + ti.col0 + r;
-      src.b[q] = p.w_down + w_row * p.inter + chunk * 8;
+    for (int q = 0; q < T::kBRows; ++q) {
+      const int r = row + 32 * q;
+      int64_t w_row;
+      if constexpr (T::kGateUp) {  // rows 0..127 gate columns col0.., rows 128..255 the matching up columns
+        w_row = static_cast<int64_t>(ti.expert) * 2 * p.inter + (r < 128 ? ti.col0 + r : p.inter + ti.col0 + r - 128);
+        src.b[q] = static_cast<const uint16_t*>(p.w_gate_up) + w_row * p.hidden + chunk * 8;
+      } else {
+        w_row = static_cast<int64_t>(ti.expert) * p.hidden + ti.col0 + r;
+        src.b[q] = static_cast<const uint16_t*>(p.w_down) + w_row * p.inter + chunk * 8;
+      }
     }
   }
 }
+
+// FP8 B tiles: where one thread's codes and scales of a tile come from, and the codes of one step in flight.
+template <typename T>
+struct Fp8BTile {
+  int tile_index = -1;               // CTA-local tile the pointers belong to
+  const uint8_t* rows[T::kFp8Rows];  // this thread's 16-byte chunk of K block 0 in each of its rows
+  const float* scales[2];            // the scales of the tile's two 128-row blocks, K block 0
+  uint4 codes[T::kFp8Rows];          // the step's codes, loaded one step before they are stored
+  float scale[2];
+
+  __device__ __forceinline__ void set_tile(const MoeKernelParams& kp, const TileMeta& meta, int index, int n_tiles) {
+    const MoeParams& p = kp.p;
+    const TileInfo ti = tile_info<T>(kp, meta, blockIdx.x + index * gridDim.x, n_tiles);
+    const int k_dim = T::kGateUp ? p.hidden : p.inter;
+    const int64_t m_rows = T::kGateUp ? 2 * static_cast<int64_t>(p.inter) : p.hidden;  // rows of a matrix
+    const int64_t k_blocks = k_dim / 128, row_blocks = m_rows / 128;
+    const uint8_t* const base = static_cast<const uint8_t*>(T::kGateUp ? p.w_gate_up : p.w_down) +
+                                static_cast<int64_t>(ti.expert) * m_rows * k_dim;
+    // Matrix rows of the tile's two 128-row halves: gate/up, gate columns col0.. then the up ones; down, col0.. on.
+    const int64_t half_row[2] = {ti.col0, T::kGateUp ? p.inter + ti.col0 : ti.col0 + 128};
+    const int row = threadIdx.x >> 2, chunk = threadIdx.x & 3;
+#pragma unroll
+    for (int q = 0; q < T::kFp8Rows; ++q) {
+      rows[q] = base + (half_row[q / 2] + row + 64 * (q % 2)) * k_dim + chunk * 16;
+    }
+    const float* const scale_base = (T::kGateUp ? p.w_gate_up_scale : p.w_down_scale) + ti.expert * row_blocks * k_blocks;
+    scales[0] = scale_base + half_row[0] / 128 * k_blocks;
+    scales[1] = scale_base + half_row[1] / 128 * k_blocks;
+    tile_index = index;
+  }
+
+  // Issues the loads of CTA-local step `step`'s codes and scales.
+  __device__ __forceinline__ void load(const MoeKernelParams& kp, const TileMeta& meta, int step, int kb_per_tile,
+                                       int n_tiles) {
+    const int index = step / kb_per_tile, kb = step - index * kb_per_tile;
+    if (index != tile_index) set_tile(kp, meta, index, n_tiles);
+#pragma unroll
+    for (int q = 0; q < T::kFp8Rows; ++q) codes[q] = __ldg(reinterpret_cast<const uint4*>(rows[q] + kb * T::kBlockK));
+    scale[0] = __ldg(scales[0] + kb / 2);  // 2 K blocks of 64 a scale block
+    scale[1] = __ldg(scales[1] + kb / 2);
+  }
+
+  // Widens the loaded codes into the B block of stage `b_stage` (shared address): 16 codes of row r, K 16 c .. 16 c +
+  // 15, become bf16 chunks 2 c and 2 c + 1 of the row.
+  __device__ __forceinline__ void store(uint32_t b_stage) const {
+    const int row = threadIdx.x >> 2, chunk = threadIdx.x & 3;
+#pragma unroll
+    for (int q = 0; q < T::kFp8Rows; ++q) {
+      const int r = row + 64 * (q % 2) + 128 * (q / 2);
+      const float s = scale[q / 2];
+      uint4 lo, hi;
+      e4m3x4_to_bf16x2_scaled(codes[q].x, s, lo.x, lo.y);
+      e4m3x4_to_bf16x2_scaled(codes[q].y, s, lo.z, lo.w);
+      e4m3x4_to_bf16x2_scaled(codes[q].z, s, hi.x, hi.y);
+      e4m3x4_to_bf16x2_scaled(codes[q].w, s, hi.z, hi.w);
+      st_shared_16(b_stage + swizzle_offset(r, 2 * chunk), lo);
+      st_shared_16(b_stage + swizzle_offset(r, 2 * chunk + 1), hi);
+    }
+  }
+};
 
 // Queues the copies of CTA-local step `step` (tile step / kb_per_tile, K block step % kb_per_tile). The first K block
 // of tile i also brings tile i + 1's pairs: they land (step's wait and barrier) at least kb_per_tile - 2 >= 0 steps
@@ -187,9 +262,11 @@ __device__ __forceinline__ void load_step(const MoeKernelParams& kp, const TileM
     cp_async_16(a_stage + swizzle_offset(row + 32 * q, chunk), a != nullptr ? a + kb * T::kBlockK : kp.p.x,
                 a != nullptr ? 16u : 0u);
   }
+  if constexpr (!T::kFp8) {  // FP8: Fp8BTile
 #pragma unroll
-  for (int q = 0; q < T::kBRows; ++q) {
-    cp_async_16(b_stage + swizzle_offset(row + 32 * q, chunk), src.b[q] + kb * T::kBlockK, 16u);
+    for (int q = 0; q < T::kBRows; ++q) {
+      cp_async_16(b_stage + swizzle_offset(row + 32 * q, chunk), src.b[q] + kb * T::kBlockK, 16u);
+    }
   }
 }
 
@@ -267,10 +344,20 @@ __global__ void __launch_bounds__(T::kThreads, 1) moe_grouped_gemm_kernel(const 
   __syncthreads();
 
   TileSources<T> src;
+  Fp8BTile<T> fp8_b;  // FP8 only
 #pragma unroll
   for (int s = 0; s < T::kStages - 2; ++s) {
-    if (s < total_steps) load_step<T>(kp, meta, src, s, kb_per_tile, n_tiles, my_tiles, smem_base);
+    if (s < total_steps) {
+      load_step<T>(kp, meta, src, s, kb_per_tile, n_tiles, my_tiles, smem_base);
+      if constexpr (T::kFp8) {
+        fp8_b.load(kp, meta, s, kb_per_tile, n_tiles);
+        fp8_b.store(smem_base + (s % T::kStages) * T::kStageBytes + T::kABytes);
+      }
+    }
     cp_async_commit();
+  }
+  if constexpr (T::kFp8) {  // the first step the loop stores: in registers one step ahead
+    if (T::kStages - 2 < total_steps) fp8_b.load(kp, meta, T::kStages - 2, kb_per_tile, n_tiles);
   }
 
   float acc[128];
@@ -301,8 +388,14 @@ __global__ void __launch_bounds__(T::kThreads, 1) moe_grouped_gemm_kernel(const 
       // Refill the stage of step - 2: every warpgroup waited for its MMAs before this step's barrier.
       if (step + T::kStages - 2 < total_steps) {
         load_step<T>(kp, meta, src, step + T::kStages - 2, kb_per_tile, n_tiles, my_tiles, smem_base);
+        if constexpr (T::kFp8) {  // its B codes came last step; the next step's go out now
+          fp8_b.store(smem_base + ((step + T::kStages - 2) % T::kStages) * T::kStageBytes + T::kABytes);
+        }
       }
       cp_async_commit();
+      if constexpr (T::kFp8) {
+        if (step + T::kStages - 1 < total_steps) fp8_b.load(kp, meta, step + T::kStages - 1, kb_per_tile, n_tiles);
+      }
       wgmma_wait<1>();
     }
     wgmma_wait<0>();
@@ -318,13 +411,23 @@ __global__ void __launch_bounds__(T::kThreads, 1) moe_grouped_gemm_kernel(const 
 }
 
 template <typename T>
-void launch_grouped_gemm(const MoeKernelParams& kp, LaunchStream stream) {
+void launch_grouped_gemm_of(const MoeKernelParams& kp, LaunchStream stream) {
   const auto kernel = moe_grouped_gemm_kernel<T>;
   const int n_tiles = (T::kGateUp ? kp.p.inter : kp.p.hidden) / T::kOutCols;
   const int64_t max_tiles = static_cast<int64_t>(kp.max_rows / T::kBlockM) * n_tiles;
   const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(kp.p.num_sms, max_tiles)));
   launch_pdl_large_smem(kernel, {.grid = dim3(grid), .block = dim3(T::kThreads), .smem_bytes = T::kSmemBytes},
                         stream, kp);
+}
+
+// bf16 or FP8 weights (p.weight_format).
+template <GemmKind kKind>
+void launch_grouped_gemm(const MoeKernelParams& kp, LaunchStream stream) {
+  if (kp.p.weight_format == MoeWeightFormat::kFp8) {
+    launch_grouped_gemm_of<GroupedTraits<kKind, true>>(kp, stream);
+  } else {
+    launch_grouped_gemm_of<GroupedTraits<kKind, false>>(kp, stream);
+  }
 }
 
 }  // namespace deepinfer::cuda::moe_detail

@@ -70,21 +70,45 @@ void set_experts_params(const CudaContext& ctx, const MoeExpertsArgs& a, const c
   p.num_tokens = static_cast<int32_t>(tokens);
   p.num_sms = ctx.num_sms();
   if (tokens == 0) return;
-  if (a.x.dtype != DType::kBF16 || a.w_gate_up.dtype != DType::kBF16 || a.w_down.dtype != DType::kBF16 ||
+  const bool fp8 = a.w_gate_up.is_fp8();
+  const DType w_dtype = fp8 ? DType::kF8E4M3 : DType::kBF16;
+  if (a.x.dtype != DType::kBF16 || a.w_gate_up.dtype != w_dtype || a.w_down.dtype != w_dtype ||
       hidden % 32 != 0 || inter % 32 != 0 || hidden == 0 || inter == 0 || top_k == 0) {
-    throw UnsupportedOp(str_cat(op, ": the kernels take bfloat16 x and weights with hidden and intermediate sizes "
-                                "in positive multiples of 32; got ", dtype_name(a.x.dtype), " x, ",
-                                dtype_name(a.w_gate_up.dtype), " weights, hidden ", hidden, ", intermediate ", inter,
-                                ", top_k ", top_k));
+    throw UnsupportedOp(str_cat(op, ": the kernels take bfloat16 x and bfloat16 (or both FP8) weights with hidden "
+                                "and intermediate sizes in positive multiples of 32; got ", dtype_name(a.x.dtype),
+                                " x, ", dtype_name(a.w_gate_up.dtype), " gate/up and ", dtype_name(a.w_down.dtype),
+                                " down weights, hidden ", hidden, ", intermediate ", inter, ", top_k ", top_k));
   }
+  if (fp8) {
+    // The kernels read one scale per 128 x 128 block and never a partial block: a row tile or K slice never straddles
+    // two blocks.
+    if (hidden % kFp8Block != 0 || inter % kFp8Block != 0) {
+      throw UnsupportedOp(str_cat(op, ": FP8 expert weights need hidden and intermediate sizes in multiples of ",
+                                  kFp8Block, " (the scale blocks); got hidden ", hidden, ", intermediate ", inter));
+    }
+    check_on_device(a.w_gate_up.scale_inv, op, "w_gate_up scale_inv");
+    check_on_device(a.w_down.scale_inv, op, "w_down scale_inv");
+    DI_CHECK(a.w_gate_up.scale_inv.dtype == DType::kF32 && a.w_down.scale_inv.dtype == DType::kF32 &&
+                 a.w_gate_up.scale_inv.shape == fp8_scale_shape(a.w_gate_up.shape) &&
+                 a.w_down.scale_inv.shape == fp8_scale_shape(a.w_down.shape),
+             op, ": FP8 scales must be float32 ", fp8_scale_shape(a.w_gate_up.shape).str(), " and ",
+             fp8_scale_shape(a.w_down.shape).str(), "; got ", dtype_name(a.w_gate_up.scale_inv.dtype), " ",
+             a.w_gate_up.scale_inv.shape.str(), " and ", dtype_name(a.w_down.scale_inv.dtype), " ",
+             a.w_down.scale_inv.shape.str());
+    // W8A16 either way: fp8_activations allows, and does not require, FP8 activations (weight.h); the kernels widen
+    // the weights to bf16 against the exact bf16 activations.
+    p.w_gate_up_scale = a.w_gate_up.scale_inv.as<float>();
+    p.w_down_scale = a.w_down.scale_inv.as<float>();
+  }
+  p.weight_format = fp8 ? MoeWeightFormat::kFp8 : MoeWeightFormat::kBf16;
   check_moe_sizes(experts, top_k, op);
   DI_CHECK(tokens <= (int64_t{1} << 24) && hidden <= INT32_MAX && inter <= INT32_MAX, op, ": ", tokens,
            " tokens, hidden ", hidden, ", intermediate ", inter);
   p.topk_ids = const_cast<int32_t*>(a.topk_ids.as<int32_t>());  // given ids: the kernels only read them
   p.topk_weights = const_cast<float*>(a.topk_weights.as<float>());
   p.x = a.x.as<uint16_t>();
-  p.w_gate_up = a.w_gate_up.as<uint16_t>();
-  p.w_down = a.w_down.as<uint16_t>();
+  p.w_gate_up = a.w_gate_up.data;
+  p.w_down = a.w_down.data;
   p.add = nullptr;
   p.out = a.out.as<uint16_t>();
   p.hidden = static_cast<int32_t>(hidden);

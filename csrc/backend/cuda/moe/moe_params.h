@@ -36,6 +36,12 @@ enum class MoeExpertsPath : uint8_t {
   kGrouped,  // many rows per expert: 128 x 256 tiles on warpgroup MMA, persistent over all experts (prefill)
 };
 
+// How the expert weights are stored. kFp8: e4m3 codes (one byte each) with one float32 scale_inv per 128 x 128 block
+// of every expert matrix (DeepSeek's block-scaled FP8); dequantized w[e][r][c] = e4m3(code) * scale[e][r/128][c/128].
+// The kernels widen the codes to bf16 against bf16 activations (W8A16): the small-M kernels exactly, the scale applied
+// to each 128-wide K block's fp32 partial sums; the grouped kernels round e4m3 * scale to bf16 once, in shared memory.
+enum class MoeWeightFormat : uint8_t { kBf16, kFp8 };
+
 // Whether the small-M gate/up kernel also pulls the active experts' down weights into L2 for the next kernel.
 enum class MoeDownPrefetch : uint8_t { kAuto, kOff, kOn };
 
@@ -52,8 +58,14 @@ struct MoeParams {
   float* topk_weights = nullptr;           // [num_tokens, top_k]: written by routing
   // Experts.
   const uint16_t* x = nullptr;          // [num_tokens, hidden] bf16
-  const uint16_t* w_gate_up = nullptr;  // [num_experts, 2 * inter, hidden] bf16: gate rows, then up rows
-  const uint16_t* w_down = nullptr;     // [num_experts, hidden, inter] bf16
+  // bf16 values, or e4m3 codes (weight_format kFp8)
+  const void* w_gate_up = nullptr;  // [num_experts, 2 * inter, hidden]: gate rows, then up rows
+  const void* w_down = nullptr;     // [num_experts, hidden, inter]
+  // kFp8 only: the block scales, [num_experts, 2 * inter / 128, hidden / 128] and [num_experts, hidden / 128,
+  // inter / 128] fp32 (hidden and inter multiples of 128).
+  const float* w_gate_up_scale = nullptr;
+  const float* w_down_scale = nullptr;
+  MoeWeightFormat weight_format = MoeWeightFormat::kBf16;
   const uint16_t* add = nullptr;        // [num_tokens, hidden] bf16 or null: added to the output
   uint16_t* out = nullptr;              // [num_tokens, hidden] bf16, overwritten
   // moe_workspace_bytes(*this) bytes, 256-byte aligned; moe_workspace_init once before its first use.

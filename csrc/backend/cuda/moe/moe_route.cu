@@ -574,6 +574,11 @@ void check_experts(const MoeParams& p, MoeExpertsPath path) {
            "moe: x, weights, add and out must be 16-byte aligned");
   DI_CHECK(p.hidden > 0 && p.hidden % 32 == 0 && p.inter > 0 && p.inter % 32 == 0, "moe: hidden ", p.hidden,
            " and inter ", p.inter, " must be positive multiples of 32");
+  if (p.weight_format == MoeWeightFormat::kFp8) {
+    DI_CHECK(p.hidden % 128 == 0 && p.inter % 128 == 0 && p.w_gate_up_scale != nullptr && p.w_down_scale != nullptr,
+             "moe: FP8 weights need hidden (", p.hidden, ") and inter (", p.inter,
+             ") in multiples of 128 and both block-scale arrays");
+  }
   if (path == MoeExpertsPath::kGrouped) {
     DI_CHECK(p.hidden % 256 == 0 && p.inter % 128 == 0, "moe: the grouped kernels need hidden % 256 == 0 (",
              p.hidden, ") and inter % 128 == 0 (", p.inter, ")");

@@ -16,9 +16,15 @@
 // K order inside an MMA is free as long as A and B agree: for every 32-wide K chunk, lane (g, t) loads 16 bytes
 // (k = 8t .. 8t+7) of weight rows g and g + 8 and of row g of the activations, and feeds k = 8t .. 8t+3 to the first
 // m16n8k16 and 8t+4 .. 8t+7 to the second, in the fragment slots of k = 2t, 2t+1, 2t+8, 2t+9.
+//
+// FP8 weights (kFp8): the same K order and fragments, from 8 bytes of codes a lane and chunk (half the bytes) widened
+// to the bf16 words of the 16-byte layout in registers, exactly. A 32-wide chunk lies inside one 128-wide K block and
+// a row tile's 16 rows inside one 128-row block, so each chunk's two MMAs go into a zeroed fp32 partial sum that is
+// added to the accumulator times the block's scale: the dequantized product, with no rounding of the weight.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/runtime/launch.h"
 #include "backend/cuda/moe/moe_internal.h"
@@ -26,10 +32,13 @@
 
 namespace deepinfer::cuda::moe_detail {
 
-template <GemmKind kKindValue, int kTokenTilesValue, int kKSplitValue = 4>
+template <GemmKind kKindValue, int kTokenTilesValue, int kKSplitValue = 4, bool kFp8Value = false>
 struct SmallTraits {
   static constexpr GemmKind kKind = kKindValue;
   static constexpr bool kGateUp = kKindValue == GemmKind::kGateUp;
+  static constexpr bool kFp8 = kFp8Value;                // e4m3 weights with block scales
+  static constexpr int kWeightBytes = kFp8 ? 1 : 2;      // bytes a weight element
+  using WeightChunk = std::conditional_t<kFp8, uint2, uint4>;  // a lane's 8 weights of a 32-wide K chunk
   static constexpr int kTokenTiles = kTokenTilesValue;   // n8 tiles of expert rows per pass
   static constexpr int kRowsPerPass = 8 * kTokenTiles;
   static constexpr int kKSplit = kKSplitValue;           // warps along K
@@ -105,19 +114,42 @@ using SmallSharedOf = SmallShared<T::kKSplit, T::kRowsPerPass>;
 // free (the 4-warp down kernel spilled with the block index held across the K loop).
 template <typename T>
 struct SmallItem {
-  const uint16_t* w_lo = nullptr;
-  const uint16_t* w_hi = nullptr;
+  const char* w_lo = nullptr;  // this lane's weights (bytes) of rows g and g + 8 of its row tile, chunk 0
+  const char* w_hi = nullptr;
+  const float* scale_row = nullptr;  // FP8: the scales of the row tile's 128-row block, one a 128-wide K block
   int num_chunks = 0;
-  uint4 a_lo[T::kUnroll], a_hi[T::kUnroll];
+  typename T::WeightChunk a_lo[T::kUnroll], a_hi[T::kUnroll];
+  float a_scale[T::kUnroll];  // FP8: each chunk's block scale (unused otherwise)
 
   // This warp's chunks c, c + kKSplit, ... of one group, whose loads are in flight together; chunks past the end
   // load zeros (their MMAs add nothing), so the tail costs one round trip, not one a chunk.
   __device__ __forceinline__ void load_weights(int c) {
 #pragma unroll
     for (int u = 0; u < T::kUnroll; ++u) {
-      const bool in = c + u * T::kKSplit < num_chunks;
-      a_lo[u] = in ? ld_stream_16(w_lo + (c + u * T::kKSplit) * 32) : make_uint4(0u, 0u, 0u, 0u);
-      a_hi[u] = in ? ld_stream_16(w_hi + (c + u * T::kKSplit) * 32) : make_uint4(0u, 0u, 0u, 0u);
+      const int chunk = c + u * T::kKSplit;
+      const bool in = chunk < num_chunks;
+      const int64_t at = static_cast<int64_t>(chunk) * 32 * T::kWeightBytes;
+      if constexpr (T::kFp8) {
+        a_lo[u] = in ? ld_stream_8(w_lo + at) : make_uint2(0u, 0u);
+        a_hi[u] = in ? ld_stream_8(w_hi + at) : make_uint2(0u, 0u);
+        a_scale[u] = in ? __ldg(scale_row + chunk / 4) : 0.0f;  // 4 chunks a 128-wide block
+      } else {
+        a_lo[u] = in ? ld_stream_16(w_lo + at) : make_uint4(0u, 0u, 0u, 0u);
+        a_hi[u] = in ? ld_stream_16(w_hi + at) : make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+  }
+
+  // Chunk u's weights as the bf16 words of the 16-byte layout (FP8: widened, exact).
+  __device__ __forceinline__ void weight_words(int u, uint4& lo, uint4& hi) const {
+    if constexpr (T::kFp8) {
+      e4m3x4_to_bf16x2(a_lo[u].x, lo.x, lo.y);
+      e4m3x4_to_bf16x2(a_lo[u].y, lo.z, lo.w);
+      e4m3x4_to_bf16x2(a_hi[u].x, hi.x, hi.y);
+      e4m3x4_to_bf16x2(a_hi[u].y, hi.z, hi.w);
+    } else {
+      lo = a_lo[u];
+      hi = a_hi[u];
     }
   }
 
@@ -127,10 +159,17 @@ struct SmallItem {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int h = warp & 1, ks = warp >> 1;
     const int k_dim = T::kGateUp ? p.hidden : p.inter;
-    const int64_t w_row = T::kGateUp ? static_cast<int64_t>(e) * 2 * p.inter + h * p.inter + col_block() * T::kOutCols
-                                     : static_cast<int64_t>(e) * p.hidden + col_block() * T::kOutCols + h * 16;
-    w_lo = (T::kGateUp ? p.w_gate_up : p.w_down) + (w_row + g) * k_dim + 8 * t;
-    w_hi = w_lo + 8 * static_cast<int64_t>(k_dim);
+    // The row tile's first row inside expert e's matrix, and the matrix's rows.
+    const int tile_row = T::kGateUp ? h * p.inter + col_block() * T::kOutCols : col_block() * T::kOutCols + h * 16;
+    const int64_t m_rows = T::kGateUp ? 2 * static_cast<int64_t>(p.inter) : p.hidden;
+    const int64_t w_row = static_cast<int64_t>(e) * m_rows + tile_row;
+    const char* const base = static_cast<const char*>(T::kGateUp ? p.w_gate_up : p.w_down);
+    w_lo = base + ((w_row + g) * k_dim + 8 * t) * T::kWeightBytes;
+    w_hi = w_lo + 8 * static_cast<int64_t>(k_dim) * T::kWeightBytes;
+    if constexpr (T::kFp8) {
+      const int64_t k_blocks = k_dim / 128, row_blocks = m_rows / 128;
+      scale_row = (T::kGateUp ? p.w_gate_up_scale : p.w_down_scale) + (e * row_blocks + tile_row / 128) * k_blocks;
+    }
     num_chunks = k_dim / 32;
     load_weights(ks);
   }
@@ -190,10 +229,20 @@ struct SmallItem {
         }
 #pragma unroll
         for (int u = 0; u < T::kUnroll; ++u) {
+          uint4 lo, hi;
+          weight_words(u, lo, hi);
 #pragma unroll
           for (int nt = 0; nt < T::kTokenTiles; ++nt) {
-            mma_bf16_16816(acc[nt], a_lo[u].x, a_hi[u].x, a_lo[u].y, a_hi[u].y, b[u][nt].x, b[u][nt].y);
-            mma_bf16_16816(acc[nt], a_lo[u].z, a_hi[u].z, a_lo[u].w, a_hi[u].w, b[u][nt].z, b[u][nt].w);
+            if constexpr (T::kFp8) {  // the chunk's partial sum, then times its block's scale
+              float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+              mma_bf16_16816(part, lo.x, hi.x, lo.y, hi.y, b[u][nt].x, b[u][nt].y);
+              mma_bf16_16816(part, lo.z, hi.z, lo.w, hi.w, b[u][nt].z, b[u][nt].w);
+#pragma unroll
+              for (int i = 0; i < 4; ++i) acc[nt][i] = fmaf(a_scale[u], part[i], acc[nt][i]);
+            } else {
+              mma_bf16_16816(acc[nt], lo.x, hi.x, lo.y, hi.y, b[u][nt].x, b[u][nt].y);
+              mma_bf16_16816(acc[nt], lo.z, hi.z, lo.w, hi.w, b[u][nt].z, b[u][nt].w);
+            }
           }
         }
       }
@@ -295,8 +344,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
   if (e < 0) return;
   if constexpr (T::kGateUp) {
     if (kp.down_prefetch) {  // this CTA's share of W_down[e] into L2, for the down kernel that follows
-      const char* base = reinterpret_cast<const char*>(p.w_down + static_cast<int64_t>(e) * p.hidden * p.inter);
-      const int64_t bytes = static_cast<int64_t>(p.hidden) * p.inter * 2;
+      const int64_t bytes = static_cast<int64_t>(p.hidden) * p.inter * T::kWeightBytes;
+      const char* base = static_cast<const char*>(p.w_down) + static_cast<int64_t>(e) * bytes;
       const int64_t per_cta = (bytes / gridDim.x + 127) / 128 * 128;
       const int64_t begin = blockIdx.x * per_cta, end = min(bytes, begin + per_cta);
       for (int64_t at = begin + threadIdx.x * 128; at < end; at += T::kThreads * 128) prefetch_l2_evict_last(base + at);
@@ -334,10 +383,10 @@ void launch_small_gemm(const MoeKernelParams& kp, LaunchStream stream) {
 // grid that runs them before the wait (kp.shared_prewait) do not count: they stream while the routing runs and have
 // left their SMs by the time the other CTAs may start (V2-Lite at batch 1: 6 x 88 routed CTAs, one wave of 8-warp
 // CTAs, twice the loads in flight of the 4-warp ones).
-template <GemmKind kKind, int kTokenTiles>
+template <GemmKind kKind, int kTokenTiles, bool kFp8>
 void launch_small_gemm_in_fewest_waves(const MoeKernelParams& kp, LaunchStream stream) {
-  using Wide = SmallTraits<kKind, kTokenTiles, 4>;
-  using Narrow = SmallTraits<kKind, kTokenTiles, 2>;
+  using Wide = SmallTraits<kKind, kTokenTiles, 4, kFp8>;
+  using Narrow = SmallTraits<kKind, kTokenTiles, 2, kFp8>;
   const dim3 grid = small_gemm_grid<Wide>(kp);
   const bool shared_early = kKind == GemmKind::kGateUp && kp.shared_prewait != 0;
   const int64_t late_slots = int64_t{grid.y} - (shared_early ? kp.shared_slots : 0);
@@ -350,12 +399,21 @@ void launch_small_gemm_in_fewest_waves(const MoeKernelParams& kp, LaunchStream s
 }
 
 // Up to 8 tokens no expert has more than 8 rows (one pass of one token tile); beyond, 32 rows a pass.
-template <GemmKind kKind>
+template <GemmKind kKind, bool kFp8>
 void launch_small_gemm_for_tokens(const MoeKernelParams& kp, LaunchStream stream) {
   if (kp.p.num_tokens <= 8) {
-    launch_small_gemm_in_fewest_waves<kKind, 1>(kp, stream);
+    launch_small_gemm_in_fewest_waves<kKind, 1, kFp8>(kp, stream);
   } else {
-    launch_small_gemm<SmallTraits<kKind, 4>>(kp, stream);
+    launch_small_gemm<SmallTraits<kKind, 4, 4, kFp8>>(kp, stream);
+  }
+}
+
+template <GemmKind kKind>
+void launch_small_gemm_for_format(const MoeKernelParams& kp, LaunchStream stream) {
+  if (kp.p.weight_format == MoeWeightFormat::kFp8) {
+    launch_small_gemm_for_tokens<kKind, true>(kp, stream);
+  } else {
+    launch_small_gemm_for_tokens<kKind, false>(kp, stream);
   }
 }
 

@@ -4,7 +4,7 @@
 namespace deepinfer::cuda::moe_detail {
 
 void launch_grouped_down(const MoeKernelParams& kp, LaunchStream stream) {
-  launch_grouped_gemm<GroupedTraits<GemmKind::kDown>>(kp, stream);
+  launch_grouped_gemm<GemmKind::kDown>(kp, stream);  // bf16 or FP8 weights
 }
 
 }  // namespace deepinfer::cuda::moe_detail
