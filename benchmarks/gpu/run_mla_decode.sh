@@ -19,7 +19,9 @@ SOURCES=(
   csrc/backend/cpu/mla.cpp
   csrc/backend/cpu/dense.cpp
   csrc/backend/cpu/gemm.cpp
+  csrc/backend/cpu/weight_values.cpp
   csrc/backend/ops_validate.cpp
+  csrc/core/fp8.cpp
   csrc/core/tensor.cpp
 )
 
