@@ -99,6 +99,7 @@ NB_MODULE(_deepinfer, m) {
       .def_rw("enforce_eager", &EngineOptions::enforce_eager)
       .def_rw("fp8_weights", &EngineOptions::fp8_weights)
       .def_rw("fp8_activations", &EngineOptions::fp8_activations)
+      .def_rw("enable_prefix_caching", &EngineOptions::enable_prefix_caching)
       .def("validate", &EngineOptions::validate);
 
   nb::class_<ModelConfig>(m, "ModelConfig", "The parsed config.json (read-only summary).")
@@ -139,7 +140,8 @@ NB_MODULE(_deepinfer, m) {
         return name ? std::optional<std::string>(name) : std::nullopt;
       })
       .def_ro("error", &RequestOutputDelta::error)
-      .def_ro("num_preemptions", &RequestOutputDelta::num_preemptions);
+      .def_ro("num_preemptions", &RequestOutputDelta::num_preemptions)
+      .def_ro("num_cached_tokens", &RequestOutputDelta::num_cached_tokens);
 
   nb::class_<EngineStats>(m, "EngineStats")
       .def_ro("num_running", &EngineStats::num_running)
@@ -150,6 +152,8 @@ NB_MODULE(_deepinfer, m) {
       .def_ro("num_steps", &EngineStats::num_steps)
       .def_ro("num_prompt_tokens_computed", &EngineStats::num_prompt_tokens_computed)
       .def_ro("num_generated_tokens", &EngineStats::num_generated_tokens)
+      .def_ro("prefix_cache_queries", &EngineStats::prefix_cache_queries)
+      .def_ro("prefix_cache_hits", &EngineStats::prefix_cache_hits)
       .def_ro("step_seconds", &EngineStats::step_seconds)
       .def_ro("num_decode_steps", &EngineStats::num_decode_steps)
       .def_ro("decode_step_seconds", &EngineStats::decode_step_seconds)

@@ -104,7 +104,8 @@ Engine::Engine(EngineOptions options, LoadedModel loaded, LatentCacheShape cache
       model_(std::move(loaded.model)),
       cache_(cache_shape, *backend_),
       // The scratch page, when there is one, is the last: the cache manager hands out the pages before it.
-      cache_manager_(scratch_page >= 0 ? scratch_page : cache_shape.num_pages, cache_shape.page_size),
+      cache_manager_(scratch_page >= 0 ? scratch_page : cache_shape.num_pages, cache_shape.page_size,
+                     options_.enable_prefix_caching),
       scheduler_config_(scheduler_config),
       scheduler_(scheduler_config, cache_manager_),
       runner_(*model_, cache_,
@@ -306,7 +307,7 @@ void Engine::emit_updates(const SchedulePlan& plan, std::span<const SampledToken
   for (const SampledToken& s : sampled) tokens.push_back(s.token);
   for (const RequestUpdate& u : scheduler_.update(plan, tokens)) {
     RequestOutputDelta delta{.id = u.id, .finished = u.finished, .finish_reason = u.reason,
-                             .num_preemptions = u.num_preemptions};
+                             .num_preemptions = u.num_preemptions, .num_cached_tokens = u.num_cached_tokens};
     if (u.new_token >= 0) {
       delta.new_token_ids.push_back(u.new_token);
       if (u.logprobs >= 0) delta.logprobs.push_back(SampleResult::from(sampled[static_cast<size_t>(u.sampled_index)]));
@@ -330,6 +331,8 @@ void Engine::record_step(std::chrono::steady_clock::duration elapsed, bool pure_
   stats_.num_graph_replays = static_cast<uint64_t>(runner_.num_graph_replays());
   stats_.num_graphs = runner_.num_graphs();
   stats_.num_preemptions = scheduler_.total_preemptions();
+  stats_.prefix_cache_queries = scheduler_.prefix_cache_queries();
+  stats_.prefix_cache_hits = scheduler_.prefix_cache_hits();
   stats_.num_running = scheduler_.num_running();
   stats_.num_waiting = scheduler_.num_waiting();
   stats_.num_free_cache_pages = cache_manager_.num_free_pages();

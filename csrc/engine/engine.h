@@ -40,6 +40,7 @@ struct EngineOptions {
   int32_t max_num_seqs = 256;
   int32_t max_num_batched_tokens = 8192;
   bool enforce_eager = false;                // CUDA: no decode graphs
+  bool enable_prefix_caching = true;         // requests share the latent pages of their common prefixes
   // Linear layers' weights in block-scaled FP8: an FP8 checkpoint's as stored, a bf16 checkpoint's quantized at load.
   // The CPU computes with their dequantized values (exactly the FP8 weights, in float32).
   bool fp8_weights = false;
@@ -58,6 +59,7 @@ struct RequestOutputDelta {
   FinishReason finish_reason = FinishReason::kNone;
   std::string error;                   // set with finish_reason kError
   int32_t num_preemptions = 0;
+  int32_t num_cached_tokens = 0;       // prompt tokens the request's admission found in the prefix cache
 };
 
 struct EngineStats {
@@ -69,6 +71,8 @@ struct EngineStats {
   uint64_t num_steps = 0;
   uint64_t num_prompt_tokens_computed = 0;
   uint64_t num_generated_tokens = 0;
+  uint64_t prefix_cache_queries = 0;         // prompt + output tokens looked up in the prefix cache at admissions
+  uint64_t prefix_cache_hits = 0;            // of them, found cached
   double step_seconds = 0.0;                 // wall time inside steps (host work, device work, the token copy)
   uint64_t num_decode_steps = 0;             // steps whose every sequence decoded one token
   double decode_step_seconds = 0.0;          // their share of step_seconds

@@ -30,6 +30,10 @@ struct Request {
 
   int32_t num_computed_tokens = 0;  // tokens [0, num_computed_tokens) have their latent in the cache
   std::vector<int32_t> page_ids;    // page table: token i lives in page_ids[i / page_size]
+  // Prefix caching: the keys of the first page_keys.size() pages (full and computed; CacheManager::page_key), and
+  // how many prompt tokens the last admission found cached.
+  std::vector<uint64_t> page_keys;
+  int32_t num_cached_tokens = 0;
 
   RequestStatus status = RequestStatus::kWaiting;
   FinishReason finish_reason = FinishReason::kNone;

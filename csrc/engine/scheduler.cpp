@@ -73,13 +73,20 @@ SchedulePlan Scheduler::schedule() {
   if (plan.preempted_ids.empty()) {
     while (!waiting_.empty() && budget > 0 && num_running() < config_.max_num_seqs) {
       Request* r = waiting_.front();
+      take_cached_prefix(*r);
+      const int32_t start = r->num_computed_tokens;
       const int32_t num_tokens = std::min({r->num_uncomputed_tokens(), budget, chunk_limit(*r)});
-      if (!grow_pages(*r, num_tokens)) break;
+      if (!grow_pages(*r, start + num_tokens)) {
+        drop_cached_prefix(*r);
+        break;
+      }
       waiting_.pop_front();
       r->status = RequestStatus::kRunning;
       insert_running(r);
-      plan.chunks.push_back({.request = r, .start = 0, .num_tokens = num_tokens,
-                             .samples = num_tokens == r->num_tokens()});
+      prefix_cache_queries_ += static_cast<uint64_t>(r->num_tokens());
+      prefix_cache_hits_ += static_cast<uint64_t>(start);
+      plan.chunks.push_back({.request = r, .start = start, .num_tokens = num_tokens,
+                             .samples = start + num_tokens == r->num_tokens()});
       budget -= num_tokens;
     }
   }
@@ -120,8 +127,9 @@ void Scheduler::preempt(Request* victim, SchedulePlan& plan, int32_t& budget) {
     budget += chunk->num_tokens;
     plan.chunks.erase(chunk);
   }
-  cache_.free(victim->page_ids);
+  cache_.free(victim->page_ids);  // its registered pages stay cached: the recompute may find them
   victim->page_ids.clear();
+  victim->page_keys.clear();
   victim->num_computed_tokens = 0;
   ++victim->num_preemptions;
   ++total_preemptions_;
@@ -148,6 +156,7 @@ std::vector<RequestUpdate> Scheduler::update(const SchedulePlan& plan, std::span
     if (was_aborted_in_flight(chunk.request)) continue;
     Request& r = *chunk.request;
     r.num_computed_tokens += chunk.num_tokens;
+    register_full_pages(r);
     if (!chunk.samples) continue;
 
     // A request that only scores its prompt (max_tokens 0) ends at its prompt's end with nothing generated.
@@ -174,6 +183,7 @@ std::vector<RequestUpdate> Scheduler::update(const SchedulePlan& plan, std::span
     u.reason = reason;
     u.num_output_tokens = r.num_output_tokens();
     u.num_preemptions = r.num_preemptions;
+    u.num_cached_tokens = r.num_cached_tokens;
     u.sampled_index = static_cast<int32_t>(next_sample) - 1;
     u.logprobs = r.params.logprobs;
     if (u.finished) {
@@ -219,6 +229,43 @@ bool Scheduler::grow_pages(Request& request, int32_t num_tokens) {
   if (!pages) return false;
   request.page_ids.insert(request.page_ids.end(), pages->begin(), pages->end());
   return true;
+}
+
+void Scheduler::take_cached_prefix(Request& r) {
+  if (!cache_.prefix_caching() || r.num_computed_tokens != 0 || r.scores_prompt()) return;
+  const std::vector<int32_t> tokens = [&] {
+    std::vector<int32_t> all;
+    r.append_tokens(0, r.num_tokens(), all);
+    return all;
+  }();
+  // The last token is always computed: its logits are what the step samples from.
+  CacheManager::Match m = cache_.match(tokens, (r.num_tokens() - 1) / cache_.page_size());
+  r.num_computed_tokens = static_cast<int32_t>(m.page_ids.size()) * cache_.page_size();
+  r.num_cached_tokens = std::min(r.num_computed_tokens, r.num_prompt_tokens());
+  r.page_ids = std::move(m.page_ids);
+  r.page_keys = std::move(m.keys);
+}
+
+void Scheduler::drop_cached_prefix(Request& r) {
+  cache_.free(r.page_ids);
+  r.page_ids.clear();
+  r.page_keys.clear();
+  r.num_computed_tokens = 0;
+  r.num_cached_tokens = 0;
+}
+
+void Scheduler::register_full_pages(Request& r) {
+  if (!cache_.prefix_caching()) return;
+  const int32_t page_size = cache_.page_size();
+  std::vector<int32_t> tokens;
+  for (auto p = static_cast<int32_t>(r.page_keys.size()); (p + 1) * page_size <= r.num_computed_tokens; ++p) {
+    tokens.clear();
+    r.append_tokens(p * page_size, page_size, tokens);
+    const uint64_t parent = p == 0 ? CacheManager::kNoParent : r.page_keys.back();
+    const uint64_t key = CacheManager::page_key(parent, tokens);
+    cache_.register_page(r.page_ids[static_cast<size_t>(p)], key, parent, tokens);
+    r.page_keys.push_back(key);
+  }
 }
 
 void Scheduler::trim_pages(Request& request) {
@@ -291,11 +338,16 @@ void Scheduler::check_invariants() const {
              " output tokens, not below max_tokens ", r->params.max_tokens);
     DI_CHECK(r->num_computed_tokens >= 0 && r->num_computed_tokens < r->num_tokens(), "request ", r->id, " has ",
              r->num_computed_tokens, " computed of ", r->num_tokens(), " tokens");
+    std::vector<int32_t> own(r->page_ids);
+    std::sort(own.begin(), own.end());
+    DI_CHECK(std::adjacent_find(own.begin(), own.end()) == own.end(), "request ", r->id, " holds a page twice");
     for (int32_t page_id : r->page_ids) {
       DI_CHECK(page_id >= 0 && page_id < cache_.num_pages(), "request ", r->id, " holds page ", page_id,
                " out of range [0, ", cache_.num_pages(), ")");
-      DI_CHECK(++holders[static_cast<size_t>(page_id)] == 1, "page ", page_id, " is held twice (request ", r->id,
-               ")");
+      // A page is held once per request that holds it: several share the pages of a cached prefix.
+      ++holders[static_cast<size_t>(page_id)];
+      DI_CHECK(cache_.prefix_caching() || holders[static_cast<size_t>(page_id)] == 1, "page ", page_id,
+               " is held twice (request ", r->id, ")");
     }
   };
 

@@ -71,6 +71,7 @@ struct RequestUpdate {
   FinishReason reason = FinishReason::kNone;
   int32_t num_output_tokens = 0;          // including new_token
   int32_t num_preemptions = 0;            // of this request so far
+  int32_t num_cached_tokens = 0;          // prompt tokens its admission found in the prefix cache
   std::vector<int32_t> output_token_ids;  // the whole output, filled only when finished
   int32_t sampled_index = -1;             // which of update()'s sampled tokens is new_token
   int32_t logprobs = -1;                  // the request's params.logprobs (-1: it wants none)
@@ -113,6 +114,9 @@ class Scheduler {
   // Ids of every unfinished request (waiting or running), e.g. to abort them all at shutdown.
   std::vector<uint64_t> unfinished_ids() const;
   uint64_t total_preemptions() const { return total_preemptions_; }
+  // Prefix caching, in tokens: looked up at admissions, and found cached.
+  uint64_t prefix_cache_queries() const { return prefix_cache_queries_; }
+  uint64_t prefix_cache_hits() const { return prefix_cache_hits_; }
   const SchedulerConfig& config() const { return config_; }
   const Request* find(uint64_t id) const;
 
@@ -130,6 +134,13 @@ class Scheduler {
   bool grow_pages(Request& request, int32_t num_tokens);
   // Shrinks the page table back to pages_for_tokens(num_computed_tokens).
   void trim_pages(Request& request);
+  // Admission with prefix caching: the request takes the cached pages of its longest cached prefix (whole pages, at
+  // least its last token left to compute, none when it scores its prompt) and starts computing after them.
+  void take_cached_prefix(Request& request);
+  // Gives back what take_cached_prefix took (the request did not fit after all).
+  void drop_cached_prefix(Request& request);
+  // Registers the request's pages that became full and computed.
+  void register_full_pages(Request& request);
   void insert_running(Request* request);
   void insert_waiting(Request* request);
   void remove(Request* request);  // from its queue, frees its pages, destroys it
@@ -142,6 +153,8 @@ class Scheduler {
   std::vector<Request*> running_;                                     // by arrival_order
   std::deque<Request*> waiting_;                                      // by arrival_order
   uint64_t next_arrival_order_ = 0;
+  uint64_t prefix_cache_queries_ = 0;
+  uint64_t prefix_cache_hits_ = 0;
   uint64_t total_preemptions_ = 0;
   uint64_t step_ = 0;       // schedule() calls so far
   bool in_flight_ = false;  // the plan of step_ awaits update() or cancel()

@@ -70,6 +70,7 @@ class EngineConfig:
     max_model_len: int | None = None           # None: min(max_position_embeddings, what the cache holds)
     gpu_memory_utilization: float = 0.90       # fraction of GPU memory for weights + latent cache (CUDA backend)
     enforce_eager: bool = False                # CUDA backend: no CUDA graphs
+    enable_prefix_caching: bool = True         # requests share the latent-cache pages of their common prefixes
     quantization: str | Mapping[str, Any] | QuantizationConfig | None = None
     device: str = "auto"                       # "auto", "cpu" or "cuda"
     dtype: str = "auto"                        # compute dtype; the CPU backend computes in float32
@@ -118,6 +119,8 @@ class EngineConfig:
         require(self.load_format in ("auto", "safetensors", "dummy"),
                 f"load_format must be 'auto', 'safetensors' or 'dummy', got {self.load_format!r}")
         require(isinstance(self.seed, int) and self.seed >= 0, f"seed must be an integer >= 0, got {self.seed!r}")
+        require(isinstance(self.enable_prefix_caching, bool),
+                f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
         require(self.generation_config in ("auto", "none"),
                 f"generation_config must be 'auto' or 'none', got {self.generation_config!r}")
         if self.quantization is not None:

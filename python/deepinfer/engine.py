@@ -108,6 +108,7 @@ class RequestStream:
         self.params = params
         self.metrics = RequestMetrics(arrival_time=time.monotonic())
         self.completions: list[_Completion] = []
+        self.num_cached_tokens = 0  # prompt tokens found in the prefix cache (completion 0's admission)
         # The prompt tokens' logprobs as they arrive (completion 0 scores the prompt); None when not asked for.
         self.prompt_logprobs: list[dict[int, Logprob] | None] | None = (
             [None] if params.prompt_logprobs is not None else None)
@@ -164,7 +165,8 @@ class RequestStream:
                    for c in self.completions]
         return RequestOutput(request_id=self.request_id, prompt=self.prompt, prompt_token_ids=self.prompt_token_ids,
                              outputs=outputs, finished=self.finished, metrics=self.metrics,
-                             prompt_logprobs=list(self.prompt_logprobs) if self.prompt_logprobs is not None else None)
+                             prompt_logprobs=list(self.prompt_logprobs) if self.prompt_logprobs is not None else None,
+                             num_cached_tokens=self.num_cached_tokens)
 
 
 class DeepInferenceEngine:
@@ -203,6 +205,7 @@ class DeepInferenceEngine:
         options.max_num_seqs = config.max_num_seqs
         options.max_num_batched_tokens = config.max_num_batched_tokens
         options.enforce_eager = config.enforce_eager
+        options.enable_prefix_caching = config.enable_prefix_caching
         options.fp8_weights = fp8_weights
         options.fp8_activations = fp8_activations
         self._core = _deepinfer.Engine.create(options, self._load_progress(self.model_config.num_hidden_layers))
@@ -394,6 +397,8 @@ class DeepInferenceEngine:
         if d.new_token_ids and stream.metrics.first_token_time is None:
             stream.metrics.first_token_time = now
         stream.metrics.num_preemptions = max(stream.metrics.num_preemptions, d.num_preemptions)
+        if c.index == 0:
+            stream.num_cached_tokens = d.num_cached_tokens
         if d.prompt_logprobs and stream.prompt_logprobs is not None and c.index == 0:
             for r in d.prompt_logprobs:
                 entry = {t.token: Logprob(t.token, t.logprob) for t in r.top_logprobs}
@@ -437,7 +442,8 @@ class DeepInferenceEngine:
                                   outputs=[c.output(emit, new_ids, new_logprobs)], finished=all_done,
                                   metrics=stream.metrics,
                                   prompt_logprobs=list(stream.prompt_logprobs)
-                                  if all_done and stream.prompt_logprobs is not None else None)
+                                  if all_done and stream.prompt_logprobs is not None else None,
+                                  num_cached_tokens=stream.num_cached_tokens)
             stream._deliver(delta)
         if all_done:
             stream._deliver(None)

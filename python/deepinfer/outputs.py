@@ -60,6 +60,8 @@ class RequestOutput:
     # With SamplingParams.prompt_logprobs: per prompt token, its own logprob and the top N ({token id: Logprob}),
     # None for the first token (nothing precedes it). In the result and the last delta of a stream.
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    # Prompt tokens whose latents came from the prefix cache instead of being computed (vLLM's num_cached_tokens).
+    num_cached_tokens: int = 0
 
     # The first completion's fields, for the common n=1 case.
     @property

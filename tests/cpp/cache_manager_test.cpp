@@ -147,3 +147,82 @@ TEST(CacheManager, BadFreesThrowAndChangeNothing) {
 
 }  // namespace
 }  // namespace deepinfer
+
+namespace deepinfer {
+namespace {
+
+std::vector<int32_t> page_tokens(int32_t first, int32_t page_size) {
+  std::vector<int32_t> t(static_cast<size_t>(page_size));
+  for (int32_t i = 0; i < page_size; ++i) t[static_cast<size_t>(i)] = first + i;
+  return t;
+}
+
+// Registers `pages` as the consecutive full pages of `tokens`.
+void register_chain(CacheManager& c, std::span<const int32_t> pages, std::span<const int32_t> tokens) {
+  uint64_t parent = CacheManager::kNoParent;
+  for (size_t p = 0; p < pages.size(); ++p) {
+    const auto page = tokens.subspan(p * static_cast<size_t>(c.page_size()), static_cast<size_t>(c.page_size()));
+    const uint64_t key = CacheManager::page_key(parent, page);
+    c.register_page(pages[p], key, parent, page);
+    parent = key;
+  }
+}
+
+TEST(PrefixCache, ReleasedPagesStayCachedUntilEvictedLeastRecentFirst) {
+  CacheManager c(4, 2, /*prefix_caching=*/true);
+  std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 6};
+  const std::vector<int32_t> a = *c.allocate(3);
+  register_chain(c, a, tokens);
+  EXPECT_EQ(c.num_cached_pages(), 3);
+  c.free(std::vector<int32_t>{a[2]});  // released first: evicted first
+  c.free(std::vector<int32_t>{a[0], a[1]});
+  EXPECT_EQ(c.num_free_pages(), 4);  // cached pages nobody holds count as free
+  c.check_invariants();
+
+  CacheManager::Match m = c.match(tokens, 3);
+  EXPECT_EQ(m.page_ids, a);
+  EXPECT_EQ(c.ref_count(a[0]), 1);
+  c.free(m.page_ids);
+  // At most max_pages, and only whole pages of a matching chain.
+  EXPECT_EQ(c.match(tokens, 2).page_ids.size(), 2u);
+  c.free(std::vector<int32_t>{a[0], a[1]});
+  EXPECT_TRUE(c.match(std::vector<int32_t>{1, 2, 9, 9}, 2).page_ids == std::vector<int32_t>{a[0]});
+  c.free(std::vector<int32_t>{a[0]});
+  EXPECT_TRUE(c.match(std::vector<int32_t>{2, 1}, 1).page_ids.empty());
+
+  // The free page first, then the cached ones in the order they were last released (a[2], then a[0], a[1]'s order
+  // after the matches above: a[1] was released before a[0]).
+  const std::vector<int32_t> b = *c.allocate(2);
+  EXPECT_EQ(c.num_cached_pages(), 2);
+  EXPECT_EQ(b[1], a[2]);
+  EXPECT_TRUE(c.match(tokens, 3).page_ids.size() == 2u);  // the first two pages are still cached
+  c.check_invariants();
+}
+
+TEST(PrefixCache, AKeyRegisteredTwiceKeepsTheFirstPage) {
+  CacheManager c(4, 2, /*prefix_caching=*/true);
+  const std::vector<int32_t> tokens = page_tokens(7, 2);
+  const std::vector<int32_t> pages = *c.allocate(2);
+  const uint64_t key = CacheManager::page_key(CacheManager::kNoParent, tokens);
+  c.register_page(pages[0], key, CacheManager::kNoParent, tokens);
+  c.register_page(pages[1], key, CacheManager::kNoParent, tokens);  // the same content computed twice
+  EXPECT_EQ(c.num_cached_pages(), 1);
+  c.free(pages);
+  EXPECT_EQ(c.match(tokens, 1).page_ids, std::vector<int32_t>{pages[0]});
+  c.check_invariants();
+  EXPECT_THROW(c.register_page(pages[1], key + 1, CacheManager::kNoParent, tokens), Error);  // free page
+}
+
+TEST(PrefixCache, OffMeansNothingIsCached) {
+  CacheManager c(2, 2);
+  const std::vector<int32_t> tokens = page_tokens(1, 2);
+  const std::vector<int32_t> pages = *c.allocate(1);
+  c.register_page(pages[0], CacheManager::page_key(CacheManager::kNoParent, tokens), CacheManager::kNoParent, tokens);
+  c.free(pages);
+  EXPECT_TRUE(c.match(tokens, 1).page_ids.empty());
+  EXPECT_EQ(c.num_cached_pages(), 0);
+  c.check_invariants();
+}
+
+}  // namespace
+}  // namespace deepinfer

@@ -543,14 +543,16 @@ struct Shadow {
   SamplingParams params;
 };
 
+// With prefix caching, prompts often repeat a prefix of an earlier one, and the shadow keeps what each page's latents
+// hold: an admission that starts after cached pages must find there exactly its own tokens.
 class Soak {
  public:
-  explicit Soak(uint32_t seed) : rng_(seed) {
+  explicit Soak(uint32_t seed, bool prefix_caching = false) : rng_(seed), prefix_caching_(prefix_caching) {
     page_size_ = pick(1, 6);
     num_pages_ = pick(4, 24);
     config_ = {.max_num_seqs = pick(1, 6), .max_num_batched_tokens = pick(1, 24),
                .max_model_len = pick(2, page_size_ * num_pages_ + 8)};
-    cache_ = std::make_unique<CacheManager>(num_pages_, page_size_);
+    cache_ = std::make_unique<CacheManager>(num_pages_, page_size_, prefix_caching);
     sched_ = std::make_unique<Scheduler>(config_, *cache_);
   }
 
@@ -581,6 +583,7 @@ class Soak {
 
   uint64_t preemptions() const { return sched_->total_preemptions(); }
   int num_finished() const { return num_finished_; }
+  uint64_t cache_hits() const { return sched_->prefix_cache_hits(); }
 
  private:
   int32_t pick(int32_t lo, int32_t hi) { return std::uniform_int_distribution<int32_t>(lo, hi)(rng_); }
@@ -591,7 +594,13 @@ class Soak {
     const int32_t max_tokens = pick(1, 20);
     auto r = std::make_unique<Request>();
     r->id = id;
-    for (int32_t i = 0; i < prompt_len; ++i) r->prompt_token_ids.push_back(pick(3, 30));
+    if (prefix_caching_ && !prompts_.empty() && pick(0, 1) == 0) {  // a prefix of an earlier prompt
+      const std::vector<int32_t>& earlier = prompts_[static_cast<size_t>(pick(0, static_cast<int32_t>(prompts_.size()) - 1))];
+      const auto shared = std::min<size_t>(earlier.size(), static_cast<size_t>(prompt_len));
+      r->prompt_token_ids.assign(earlier.begin(), earlier.begin() + static_cast<std::ptrdiff_t>(shared));
+    }
+    while (static_cast<int32_t>(r->prompt_token_ids.size()) < prompt_len) r->prompt_token_ids.push_back(pick(3, 30));
+    prompts_.push_back(r->prompt_token_ids);
     r->params.max_tokens = max_tokens;
     r->params.min_tokens = pick(0, 3) == 0 ? pick(0, max_tokens) : 0;
     r->params.ignore_eos = pick(0, 5) == 0;
@@ -654,7 +663,18 @@ class Soak {
       ASSERT_EQ(std::count(seen.begin(), seen.end(), id), 0) << "two chunks for request " << id;
       seen.push_back(id);
       ASSERT_EQ(std::count(plan.preempted_ids.begin(), plan.preempted_ids.end(), id), 0);
-      const Shadow& sh = live_.at(id);
+      Shadow& sh = live_.at(id);
+      if (sh.computed == 0 && c.start > 0) {  // admitted after cached pages: they hold exactly its tokens
+        ASSERT_TRUE(prefix_caching_) << "request " << id << " starts at " << c.start << " without prefix caching";
+        ASSERT_EQ(c.start % page_size_, 0);
+        ASSERT_LT(c.start, static_cast<int32_t>(sh.tokens.size()));
+        for (int32_t pos = 0; pos < c.start; ++pos) {
+          const int32_t page = c.request->page_ids[static_cast<size_t>(pos / page_size_)];
+          ASSERT_EQ(page_content_.at(page)[static_cast<size_t>(pos % page_size_)], sh.tokens[static_cast<size_t>(pos)])
+              << "request " << id << " position " << pos << " in page " << page;
+        }
+        sh.computed = c.start;
+      }
       ASSERT_EQ(c.start, sh.computed) << "request " << id;
       ASSERT_GT(c.num_tokens, 0);
       ASSERT_LE(c.start + c.num_tokens, static_cast<int32_t>(sh.tokens.size()));
@@ -691,8 +711,11 @@ class Soak {
     }
 
     std::vector<int32_t> sampled;
+    std::vector<std::vector<int32_t>> pages_of;  // each chunk's page table, read before any pointer can die
     for (const ScheduledChunk& c : plan.chunks) {
       if (c.samples) sampled.push_back(pick(0, 9) == 0 ? kEos : pick(kEos, 30));
+      const bool gone = std::count(aborted.begin(), aborted.end(), seen[static_cast<size_t>(&c - plan.chunks.data())]);
+      pages_of.push_back(gone ? std::vector<int32_t>{} : c.request->page_ids);
     }
     std::vector<RequestUpdate> expected;
     size_t next = 0;
@@ -703,6 +726,11 @@ class Soak {
       const uint64_t id = seen[index];
       if (std::count(aborted.begin(), aborted.end(), id) != 0) continue;
       Shadow& sh = live_.at(id);
+      for (int32_t pos = c.start; pos < c.start + c.num_tokens; ++pos) {  // the latents this chunk writes
+        std::vector<int32_t>& content = page_content_[pages_of[index][static_cast<size_t>(pos / page_size_)]];
+        content.resize(static_cast<size_t>(page_size_), -1);
+        content[static_cast<size_t>(pos % page_size_)] = sh.tokens[static_cast<size_t>(pos)];
+      }
       sh.computed += c.num_tokens;
       if (!c.samples) continue;
       sh.tokens.push_back(token);
@@ -745,6 +773,9 @@ class Soak {
   }
 
   std::mt19937 rng_;
+  bool prefix_caching_;
+  std::vector<std::vector<int32_t>> prompts_;            // every prompt added, to repeat prefixes of
+  std::map<int32_t, std::vector<int32_t>> page_content_;  // page -> the token whose latent each slot holds (-1: none)
   int32_t page_size_ = 0;
   int32_t num_pages_ = 0;
   SchedulerConfig config_;
@@ -770,6 +801,22 @@ TEST(Scheduler, RandomizedSoak) {
   }
   EXPECT_GT(preemptions, 100u) << "the soak should force preemptions";
   EXPECT_GT(finished, 1000);
+}
+
+// The soak with prefix caching: admissions after cached pages find their own tokens there, no page is leaked or
+// freed while held (check_invariants after every call), and the cache is hit.
+TEST(Scheduler, RandomizedSoakWithPrefixCaching) {
+  uint64_t preemptions = 0, hits = 0;
+  for (uint32_t seed = 1; seed <= 16; ++seed) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed);
+    Soak soak(seed, /*prefix_caching=*/true);
+    soak.run(4000);
+    if (::testing::Test::HasFatalFailure()) return;
+    preemptions += soak.preemptions();
+    hits += soak.cache_hits();
+  }
+  EXPECT_GT(preemptions, 100u);
+  EXPECT_GT(hits, 1000u) << "the soak should hit the prefix cache";
 }
 
 }  // namespace

@@ -345,6 +345,19 @@ def test_echo_and_token_prompts(client, model):
     assert ids_prompt.usage.prompt_tokens == 4 and ids_prompt.usage.completion_tokens == 3
 
 
+def test_usage_reports_cached_prompt_tokens(client, model):
+    """The second request of the same long prompt finds its full pages in the prefix cache (OpenAI's
+    prompt_tokens_details.cached_tokens), and generates the same greedy tokens."""
+    ids = [(i * 37) % 500 + 5 for i in range(300)]
+    first = client.completions.create(model=model, prompt=ids, max_tokens=4, temperature=0,
+                                      extra_body={"ignore_eos": True})
+    second = client.completions.create(model=model, prompt=ids, max_tokens=4, temperature=0,
+                                       extra_body={"ignore_eos": True})
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert 0 < second.usage.prompt_tokens_details.cached_tokens < len(ids)
+    assert second.choices[0].text == first.choices[0].text
+
+
 def test_echo_with_logprobs_scores_the_prompt(client, model):
     """echo + logprobs + max_tokens 0 (what lm-evaluation-harness's loglikelihood requests send): each prompt token's
     logprob, null for the first, from the same distribution the model generates from after that prefix."""

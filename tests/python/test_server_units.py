@@ -249,7 +249,8 @@ class FakeEngine:
         return type("Stats", (), dict(num_running=0, num_waiting=0, num_cache_pages=10, num_free_cache_pages=10,
                                       num_preemptions=0, num_steps=0, num_prompt_tokens_computed=0,
                                       num_generated_tokens=0, step_seconds=0.0, num_decode_steps=0,
-                                      decode_step_seconds=0.0, alive=True))()
+                                      decode_step_seconds=0.0, prefix_cache_queries=0, prefix_cache_hits=0,
+                                      alive=True))()
 
 
 def call(app, path, body):

@@ -112,6 +112,7 @@ class _Run:
         self.prompt_lens = prompt_lens
         self.num_choices = len(streams) * n
         self.prompt_logprobs: list[Any] = [None] * len(streams)  # per prompt, when it was scored
+        self.num_cached_tokens = [0] * len(streams)  # per prompt: its tokens the prefix cache held
         self.client_gone = False
         self._first_token = False
         self._last_token_time: list[float | None] = [None] * self.num_choices
@@ -174,6 +175,7 @@ class _Run:
                 now = time.monotonic()
                 if delta.prompt_logprobs is not None:
                     self.prompt_logprobs[p] = delta.prompt_logprobs
+                self.num_cached_tokens[p] = delta.num_cached_tokens
                 for out in delta.outputs:
                     ci = p * self.n + out.index
                     k = len(out.token_ids)
@@ -269,9 +271,11 @@ def _generation_failed(error: str | None) -> APIError:
     return APIError(500, f"Generation failed: {error or 'engine error'}", type="server_error", code="engine_error")
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's usage object; prompt_tokens_details.cached_tokens counts prompt tokens the prefix cache held."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 class _RunStreamingResponse(StreamingResponse):
@@ -459,7 +463,7 @@ class OpenAIServing:
         prompt_tokens = sum(run.prompt_lens)
 
         def usage() -> dict[str, int]:
-            return _usage(prompt_tokens, sum(c.num_tokens for c in choices))
+            return _usage(prompt_tokens, sum(c.num_tokens for c in choices), sum(run.num_cached_tokens))
 
         if not req.stream:
             await self._collect_or_fail(request, run, choices)
