@@ -74,8 +74,8 @@ def render_markdown(r: dict) -> str:
     if own:
         gap = 100 * (own["perplexity"] / own["report_windows_perplexity"] - 1)
         lines += ["", f"The rolling windows score {gap:+.2f}% above that cut. Their windows after the first begin with a "
-                  "token of the text, not BOS: the model always had BOS at position 0 in training (its attention "
-                  "sink), so conditioning on a text token there costs a little. lm-eval's loglikelihood_rolling "
+                  "token of the text, not BOS: the model always had BOS at position 0 in training, "
+                  "so a text token there costs a little. lm-eval's loglikelihood_rolling "
                   "cannot put BOS before every window (its later windows are conditioned on the previous token), "
                   "so both measurements above use its definition, and this cut is only the check of the reproduction."]
     return "\n".join(lines) + "\n"
