@@ -71,6 +71,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.90       # fraction of GPU memory for weights + latent cache (CUDA backend)
     enforce_eager: bool = False                # CUDA backend: no CUDA graphs
     enable_prefix_caching: bool = True         # requests share the latent-cache pages of their common prefixes
+    kv_cache_dtype: str = "auto"               # the latent cache's dtype: "auto" = the model's compute dtype
     quantization: str | Mapping[str, Any] | QuantizationConfig | None = None
     device: str = "auto"                       # "auto", "cpu" or "cuda"
     dtype: str = "auto"                        # compute dtype; the CPU backend computes in float32
@@ -119,6 +120,11 @@ class EngineConfig:
         require(self.load_format in ("auto", "safetensors", "dummy"),
                 f"load_format must be 'auto', 'safetensors' or 'dummy', got {self.load_format!r}")
         require(isinstance(self.seed, int) and self.seed >= 0, f"seed must be an integer >= 0, got {self.seed!r}")
+        require(self.kv_cache_dtype in ("auto", "fp8", "fp8_e4m3"),
+                f"kv_cache_dtype must be 'auto' (or 'fp8'), got {self.kv_cache_dtype!r}")
+        require(self.kv_cache_dtype == "auto",
+                f"kv_cache_dtype={self.kv_cache_dtype!r} is not supported yet: the latent cache is kept in the model's "
+                "compute dtype (bfloat16 on the GPU, already 576 values a token a layer); use kv_cache_dtype='auto'")
         require(isinstance(self.enable_prefix_caching, bool),
                 f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
         require(self.generation_config in ("auto", "none"),

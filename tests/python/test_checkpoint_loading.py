@@ -252,3 +252,9 @@ def test_unsupported_dtype(checkpoints, tmp_path):
     save_file(ts, d / "model.safetensors")
     with pytest.raises(RuntimeError, match="model.norm.weight.*unsupported dtype"):
         engine_for(d)
+
+
+@pytest.mark.parametrize("value, match", [("fp8", "not supported yet"), ("int8", "kv_cache_dtype must be")])
+def test_kv_cache_dtype_other_than_auto_fails_before_loading(value, match):
+    with pytest.raises(ValueError, match=match):
+        EngineConfig(kv_cache_dtype=value)
