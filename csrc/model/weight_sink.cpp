@@ -115,9 +115,22 @@ class Sink final : public WeightSink {
     const auto count = static_cast<int64_t>(values.size());
     DI_CHECK(cols > 0 && offset % cols == 0 && count % cols == 0, "FP8 weight ", dst.shape().str(),
              ": writes must be whole rows, got ", count, " values at element ", offset);
-    for (int64_t i = 0; i < count / cols; ++i) {
+    for (int64_t i = 0; i < count / cols;) {
       const int64_t row = offset / cols + i, matrix = row / rows, r = row % rows, block_row = r / kFp8Block;
-      PendingBlockRow& pending = pending_[{dst.values.view().data, matrix * fp8_blocks(rows) + block_row}];
+      const std::pair<const void*, int64_t> key{dst.values.view().data, matrix * fp8_blocks(rows) + block_row};
+      // Whole block rows arriving together (the loader's chunks are block-row aligned) are quantized from `values`
+      // directly, in one piece; rows of a block row written in parts wait in a pending slab.
+      if (r % kFp8Block == 0 && !pending_.contains(key)) {
+        const int64_t available = std::min(count / cols - i, rows - r);
+        const int64_t whole = available == rows - r ? available : available / kFp8Block * kFp8Block;
+        if (whole > 0) {
+          quantize_rows(dst, matrix, r, values.subspan(static_cast<size_t>(i * cols), static_cast<size_t>(whole * cols)),
+                        whole);
+          i += whole;
+          continue;
+        }
+      }
+      PendingBlockRow& pending = pending_[key];
       if (pending.values.empty()) {
         pending.rows = std::min(kFp8Block, rows - block_row * kFp8Block);
         pending.values.resize(static_cast<size_t>(pending.rows * cols));
@@ -125,9 +138,10 @@ class Sink final : public WeightSink {
       std::copy_n(values.data() + i * cols, cols, pending.values.data() + (r % kFp8Block) * cols);
       if (++pending.written == pending.rows) {
         const PendingBlockRow done = std::move(pending);
-        pending_.erase({dst.values.view().data, matrix * fp8_blocks(rows) + block_row});
-        quantize_block_row(dst, matrix, block_row * kFp8Block, done);
+        pending_.erase(key);
+        quantize_rows(dst, matrix, block_row * kFp8Block, done.values, done.rows);
       }
+      ++i;
     }
   }
 
@@ -158,20 +172,22 @@ class Sink final : public WeightSink {
   }
 
  private:
-  // Quantizes a complete block row and places it: codes and scales, or (emulating) their dequantized values.
-  void quantize_block_row(Weight& dst, int64_t matrix, int64_t first_row, const PendingBlockRow& block) {
+  // Quantizes `num_rows` rows of matrix `matrix` from `first_row` on (whole block rows: first_row on a block edge,
+  // num_rows a multiple of 128 unless they end the matrix) and places them: codes and scales, or (emulating) their
+  // dequantized values.
+  void quantize_rows(Weight& dst, int64_t matrix, int64_t first_row, std::span<const float> values, int64_t num_rows) {
     const Shape& shape = dst.shape();
     const int64_t rows = shape[shape.ndim() - 2], cols = shape[shape.ndim() - 1];
-    codes_.resize(block.values.size());
-    scales_.resize(static_cast<size_t>(fp8_blocks(block.rows) * fp8_blocks(cols)));
-    quantize_fp8_block_rows(block.values, block.rows, cols, format_.scale_format, codes_, scales_);
+    codes_.resize(values.size());
+    scales_.resize(static_cast<size_t>(fp8_blocks(num_rows) * fp8_blocks(cols)));
+    quantize_fp8_block_rows(values, num_rows, cols, format_.scale_format, codes_, scales_);
     if (emulate_fp8_) {
-      dequantized_.resize(block.values.size());
-      dequantize_fp8_blocks(codes_, block.rows, cols, scales_, {kFp8Block, kFp8Block}, dequantized_);
+      dequantized_.resize(values.size());
+      dequantize_fp8_blocks(codes_, num_rows, cols, scales_, {kFp8Block, kFp8Block}, dequantized_);
       write(dst.values, (matrix * rows + first_row) * cols, dequantized_);
       return;
     }
-    write_fp8(dst, matrix, first_row, {.codes = codes_, .scale_inv = scales_, .rows = block.rows});
+    write_fp8(dst, matrix, first_row, {.codes = codes_, .scale_inv = scales_, .rows = num_rows});
   }
 
   std::unique_ptr<Placement> placement_;

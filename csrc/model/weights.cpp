@@ -224,7 +224,14 @@ class Loader {
   void copy_rows(const std::string& name, Shape shape, int64_t first_row, int64_t count, Dst& dst,
                  int64_t offset) {
     const int64_t row = row_elems(shape);
-    const int64_t rows_per_chunk = std::max<int64_t>(1, kLoadChunkFloats / std::max<int64_t>(row, 1));
+    int64_t rows_per_chunk = std::max<int64_t>(1, kLoadChunkFloats / std::max<int64_t>(row, 1));
+    if constexpr (std::is_same_v<Dst, Weight>) {
+      // Chunks of whole FP8 block rows, which an FP8 sink quantizes as they come (source rows = weight rows here).
+      const Shape& ds = dst.shape();
+      if (sink_.fp8_linear() && row == ds[ds.ndim() - 1] && rows_per_chunk >= kFp8Block) {
+        rows_per_chunk = rows_per_chunk / kFp8Block * kFp8Block;
+      }
+    }
     if (count == 0) source_.read_rows(name, shape.dims(), first_row, 0, {});  // still checks name and shape
     for (int64_t done = 0; done < count; done += rows_per_chunk) {
       const int64_t n = std::min(rows_per_chunk, count - done);

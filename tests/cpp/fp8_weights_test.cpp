@@ -247,8 +247,14 @@ TEST(LoadFp8Weights, StoredFp8IsPlacedAsStored) {
 
 // A float32/bf16 source goes into an FP8 sink quantized per 128 x 128 block of the placed (fused) weight: the same
 // codes and scales quantize_fp8_block_rows gives for the float32 weight.
-TEST(LoadFp8Weights, WideWeightsAreQuantizedPerBlock) {
-  const ModelConfig c = fp8_config();
+class LoadFp8WideWeights : public ::testing::TestWithParam<int64_t> {};
+
+// The intermediate sizes: whole blocks (gate and up each), and 200, whose gate/up seam and end fall inside blocks.
+INSTANTIATE_TEST_SUITE_P(Intermediate, LoadFp8WideWeights, ::testing::Values(int64_t{256}, int64_t{200}));
+
+TEST_P(LoadFp8WideWeights, AreQuantizedPerBlock) {
+  ModelConfig c = fp8_config();
+  c.intermediate_size = GetParam();
   const auto source = make_dummy_source(8);
   const std::unique_ptr<WeightSink> sink = make_host_sink({.fp8 = true});
   const ModelWeights fp8 = load_weights(c, *source, *sink);
