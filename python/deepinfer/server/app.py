@@ -21,6 +21,7 @@ import deepinfer
 from deepinfer.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from deepinfer.server.protocol import APIError, error_body
 from deepinfer.server.reasoning import ReasoningParser, get_reasoning_parser
+from deepinfer.server.tool_calls import TOOL_CALL_PARSERS
 from deepinfer.server.serving import OpenAIServing, ServerOptions, ServerState
 
 __all__ = ["create_app", "DEFAULT_MAX_QUEUE_SIZE"]
@@ -42,12 +43,15 @@ def _error_response(err: APIError) -> JSONResponse:
 
 def create_app(engine: Any, *, api_key: str | None = None, max_queue: int = DEFAULT_MAX_QUEUE_SIZE,
                reasoning_parser: str | type[ReasoningParser] | None = None,
+               tool_call_parser: str | None = "deepseek_v3",
                served_model_name: str | Sequence[str] | None = None,
                allowed_origins: Sequence[str] = (), allow_credentials: bool = False) -> FastAPI:
     """An ASGI app serving ``engine``. The caller owns the engine (and shuts it down).
 
     ``max_queue`` bounds the sequences waiting for their first token; past it requests get 503.
     ``reasoning_parser`` ("deepseek-r1") splits chat outputs into ``reasoning_content`` and ``content``.
+    ``tool_call_parser`` ("deepseek_v3" or "deepseek_v31": one parser reads both forms; None or "none": requests with
+    tools are refused) turns DeepSeek's tool-call text into OpenAI ``tool_calls``.
     ``served_model_name`` names the model in the API (default: the engine's served_model_name); requests naming
     another model get 404.
     ``allowed_origins`` (e.g. ["https://app.example"] or ["*"]) lets browsers on those origins call the API: CORS
@@ -66,8 +70,12 @@ def create_app(engine: Any, *, api_key: str | None = None, max_queue: int = DEFA
     if not isinstance(max_queue, int) or max_queue < 1:
         raise ValueError(f"max_queue must be an integer >= 1, got {max_queue!r}")
 
+    if tool_call_parser not in (None, "none") and tool_call_parser not in TOOL_CALL_PARSERS:
+        raise ValueError(f"tool_call_parser must be one of {sorted(TOOL_CALL_PARSERS)} or 'none', "
+                         f"got {tool_call_parser!r}")
     options = ServerOptions(served_model_names=names, api_key=api_key or None, max_queue_size=max_queue,
-                            reasoning_parser=reasoning_parser)
+                            reasoning_parser=reasoning_parser,
+                            tool_call_parser=TOOL_CALL_PARSERS.get(tool_call_parser or "none"))
     state = ServerState(engine=engine, options=options, metrics=ServerMetrics(engine, names[0]))
     serving = OpenAIServing(state)
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from deepinfer.outputs import CompletionOutput, Logprob, TokenLogprobs
 from deepinfer.server.reasoning import ReasoningParser
+from deepinfer.server.tool_calls import DeepSeekToolCallParser, ToolCallDelta
 from deepinfer.tokenizer import TokenText
 
 __all__ = ["ChatFormat", "Choice", "ChoiceFormat", "CompletionFormat"]
@@ -75,6 +76,10 @@ class ChoiceFormat:
 
     def prompt_scored(self, prompt: int, entries: list[dict[int, Logprob] | None] | None) -> None:
         """The logprobs of prompt ``prompt``'s tokens (RequestOutput.prompt_logprobs), before the bodies are built."""
+
+    def finish_reason(self, c: Choice, reason: str | None) -> str | None:
+        """The finish_reason a choice reports (called once its output is complete): the engine's by default."""
+        return reason
 
 
 class CompletionFormat(ChoiceFormat):
@@ -156,12 +161,25 @@ class ChatFormat(ChoiceFormat):
     delta_key = "delta"
 
     def __init__(self, token_text: TokenText, n: int, want_logprobs: bool,
-                 parser_cls: type[ReasoningParser] | None, opens_reasoning: bool) -> None:
+                 parser_cls: type[ReasoningParser] | None, opens_reasoning: bool,
+                 tool_parser_cls: type[DeepSeekToolCallParser] | None = None, parallel_tool_calls: bool = True) -> None:
         self._token_text = token_text
         self._want_logprobs = want_logprobs
         # Per choice, its reasoning parser (None: no reasoning_content, all is content).
         self._parsers: list[ReasoningParser | None] = [parser_cls(opens_reasoning) if parser_cls else None
                                                        for _ in range(n)]
+        # Per choice, its tool-call parser over the content (None: the request has no tools).
+        self._tool_parsers: list[DeepSeekToolCallParser | None] = [tool_parser_cls() if tool_parser_cls else None
+                                                                   for _ in range(n)]
+        self._parallel_tool_calls = parallel_tool_calls
+
+    def finish_reason(self, c: Choice, reason: str | None) -> str | None:
+        parser = self._tool_parsers[c.index]
+        return "tool_calls" if reason == "stop" and parser is not None and parser.made_calls else reason
+
+    def _tool_deltas(self, c: Choice, deltas: list[ToolCallDelta]) -> list[dict]:
+        # Without parallel tool calls only the first call is the turn's; later ones are dropped.
+        return [d.openai() for d in deltas if self._parallel_tool_calls or d.index == 0]
 
     def _logprobs(self, entries: list[TokenLogprobs]) -> dict[str, Any]:
         content = []
@@ -184,6 +202,12 @@ class ChatFormat(ChoiceFormat):
             message["reasoning_content"] = reasoning
         else:
             message["content"] = c.text
+        tools = self._tool_parsers[c.index]
+        if tools is not None:
+            content, calls = tools.parse(message["content"] or "")
+            if calls:
+                message["content"] = content or None
+                message["tool_calls"] = calls if self._parallel_tool_calls else calls[:1]
         return message, self._logprobs(c.logprobs) if self._want_logprobs else None
 
     def first_delta(self, c: Choice) -> Any:
@@ -199,10 +223,19 @@ class ChatFormat(ChoiceFormat):
                 reasoning, content = reasoning + r2, content + c2
             if reasoning:
                 delta["reasoning_content"] = reasoning
-            if content:
-                delta["content"] = content
-        elif out.text:
-            delta["content"] = out.text
+        else:
+            content = out.text
+        tools = self._tool_parsers[c.index]
+        if tools is not None:
+            content, deltas = tools.feed(content)
+            if out.finish_reason:
+                c2, d2 = tools.finish()
+                content, deltas = content + c2, deltas + d2
+            calls = self._tool_deltas(c, deltas)
+            if calls:
+                delta["tool_calls"] = calls
+        if content:
+            delta["content"] = content
         logprobs = self._logprobs(out.logprobs) if self._want_logprobs and out.logprobs else None
         if delta or logprobs or out.finish_reason:
             return delta, logprobs

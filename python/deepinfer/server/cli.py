@@ -38,6 +38,7 @@ SERVER_DEFAULTS: dict[str, Any] = {
     "port": 8000,
     "api_key": None,
     "reasoning_parser": None,
+    "tool_call_parser": "deepseek_v3",
     "max_queue_size": 1024,
     "shutdown_timeout": 30.0,
     "log_level": "info",
@@ -144,6 +145,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                              "set, else no key)")
     server.add_argument("--reasoning-parser", choices=_REASONING_PARSERS, default=S,
                         help="return <think>...</think> text as reasoning_content (DeepSeek-R1 style models)")
+    server.add_argument("--tool-call-parser", choices=("deepseek_v3", "deepseek_v31", "none"), default=S,
+                        help="parse DeepSeek's tool-call text into OpenAI tool_calls for requests with tools; one parser "
+                             "reads both the V3/R1 and the V3.1 form (default deepseek_v3); none: tools are refused")
     server.add_argument("--max-queue-size", type=int, default=S,
                         help="sequences that may wait for their first token before new requests get 503 "
                              f"(default {SERVER_DEFAULTS['max_queue_size']})")
@@ -391,7 +395,8 @@ def run_serve(args: argparse.Namespace) -> int:
         from deepinfer.server.app import create_app
 
         app = create_app(engine, api_key=server["api_key"], max_queue=server["max_queue_size"],
-                         reasoning_parser=server["reasoning_parser"], allowed_origins=server["allowed_origins"],
+                         reasoning_parser=server["reasoning_parser"], tool_call_parser=server["tool_call_parser"],
+                         allowed_origins=server["allowed_origins"],
                          allow_credentials=server["allow_credentials"])
         if on_main:
             for sig, handler in previous.items():

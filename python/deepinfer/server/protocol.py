@@ -155,14 +155,15 @@ class ChatCompletionRequest(_SamplingRequest):
 
 # ----------------------------------------------------------------------------------------------- policy
 
-_NO_TOOLS = ("is not supported: this server does not implement tool or function calling yet")
+_NO_TOOLS = ("is not supported: use 'tools' (the deprecated function-calling fields are not implemented)")
 
 # parameter -> (is the given value one this server cannot honour?, why). A value of None counts as absent.
 _Check = tuple[Callable[[Any], bool], str]
 
 _UNSUPPORTED_CHAT: dict[str, _Check] = {
-    "tools": (lambda v: v != [], _NO_TOOLS),
-    "tool_choice": (lambda v: v != "none", _NO_TOOLS),
+    "tool_choice": (lambda v: v not in ("auto", "none"),
+                    "is not supported for values other than 'auto' and 'none': 'required' and a named function "
+                    "need structured outputs to force the call, which this server does not have yet"),
     "functions": (lambda v: v != [], _NO_TOOLS),
     "function_call": (lambda v: v != "none", _NO_TOOLS),
     "response_format": (lambda v: not (isinstance(v, dict) and v.get("type") == "text"),

@@ -34,6 +34,7 @@ from deepinfer.server.metrics import ServerMetrics
 from deepinfer.server.protocol import (APIError, ChatCompletionRequest, CompletionRequest, check_unsupported,
                                        check_values, validation_error)
 from deepinfer.server.reasoning import ReasoningParser
+from deepinfer.server.tool_calls import DeepSeekToolCallParser
 from deepinfer.tokenizer import TokenText
 
 logger = logging.getLogger("deepinfer.server")
@@ -51,6 +52,7 @@ class ServerOptions:
     api_key: str | None = None
     max_queue_size: int = 1024
     reasoning_parser: type[ReasoningParser] | None = None
+    tool_call_parser: type[DeepSeekToolCallParser] | None = None  # None: requests with tools are refused
 
 
 @dataclass
@@ -473,7 +475,7 @@ class OpenAIServing:
             for c in choices:
                 content, logprobs = fmt.body(c)
                 data.append({"index": c.index, fmt.body_key: content, "logprobs": logprobs,
-                             "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+                             "finish_reason": fmt.finish_reason(c, c.finish_reason), "stop_reason": c.stop_reason})
             return _json_response({"id": request_id, "object": fmt.object, "created": created, "model": model,
                                    "choices": data, "usage": usage()})
 
@@ -500,7 +502,7 @@ class OpenAIServing:
                         break
                     part = fmt.delta(c, out)
                     if part is not None:
-                        yield chunk(ci, part[0], part[1], out.finish_reason, out.stop_reason)
+                        yield chunk(ci, part[0], part[1], fmt.finish_reason(c, out.finish_reason), out.stop_reason)
                 if include_usage:
                     yield _sse({"id": request_id, "object": fmt.chunk_object, "created": created, "model": model,
                                 "choices": [], "usage": usage()})
@@ -586,13 +588,30 @@ class OpenAIServing:
             messages.append(message)
         return messages
 
+    def _check_tools(self, req: ChatCompletionRequest) -> None:
+        if not req.tools:
+            return
+        if self.state.options.tool_call_parser is None:
+            raise APIError(400, "'tools' is not supported: this server runs with --tool-call-parser none",
+                           param="tools", code="unsupported_parameter")
+        for i, tool in enumerate(req.tools):
+            function = tool.get("function") if isinstance(tool, dict) else None
+            if not (isinstance(tool, dict) and tool.get("type") == "function" and isinstance(function, dict)
+                    and isinstance(function.get("name"), str) and function["name"]):
+                raise APIError(400, f"Invalid value for 'tools[{i}]': expected {{\"type\": \"function\", "
+                                    "\"function\": {\"name\": ..., \"parameters\": {...}}}", param="tools",
+                               code="invalid_value")
+
     def _render_chat(self, req: ChatCompletionRequest) -> list[int]:
         import jinja2
 
         messages = self._chat_messages(req)
+        kwargs = dict(req.chat_template_kwargs or {})
+        if req.tools and req.tool_choice != "none":
+            kwargs["tools"] = req.tools  # the template renders them (DeepSeek's lists them in the system turn)
         try:
             return list(self.engine.render_chat(messages, add_generation_prompt=bool(req.add_generation_prompt),
-                                                chat_template_kwargs=req.chat_template_kwargs))
+                                                chat_template_kwargs=kwargs))
         except (ValueError, TypeError, KeyError, jinja2.TemplateError) as e:
             raise APIError(400, f"The chat template could not render these messages: {e}", param="messages",
                            code="invalid_value") from None
@@ -600,6 +619,7 @@ class OpenAIServing:
     async def chat_completions(self, request: Request) -> Response:
         arrival = time.monotonic()
         req, n = await self._parse(request, ChatCompletionRequest, "chat")
+        self._check_tools(req)
         ids = self._render_chat(req)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
@@ -611,5 +631,8 @@ class OpenAIServing:
         if parser_cls is not None:
             tail = self.engine.tokenizer.decode(ids[-16:], skip_special_tokens=False)
             opens_reasoning = parser_cls.prompt_opens_reasoning(tail)
-        fmt = ChatFormat(self.state.token_text, n, bool(req.logprobs), parser_cls, opens_reasoning)
+        uses_tools = bool(req.tools) and req.tool_choice != "none"
+        fmt = ChatFormat(self.state.token_text, n, bool(req.logprobs), parser_cls, opens_reasoning,
+                         self.state.options.tool_call_parser if uses_tools else None,
+                         req.parallel_tool_calls is not False)
         return await self._respond(request, req, fmt, "chatcmpl", [ids], [params], n, arrival)
