@@ -29,6 +29,7 @@ require_module("prometheus_client")
 require_module("yaml")
 
 import deepinfer  # noqa: E402
+from deepinfer.build_info import build_info  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 API_KEY = "sk-deepinfer-test"
@@ -178,7 +179,8 @@ def assert_error(response: httpx.Response, status: int, param: str | None = "any
 
 def test_health_version_models(server, client, model):
     assert httpx.get(f"{server.base_url}/health").json() == {"status": "ok"}
-    assert httpx.get(f"{server.base_url}/version").json() == {"version": deepinfer.__version__}
+    assert httpx.get(f"{server.base_url}/version").json() == build_info()  # what `deepinfer --version` prints
+    assert build_info()["version"] == deepinfer.__version__
     models = client.models.list().data
     assert [m.id for m in models] == [model]
     card = httpx.get(f"{server.base_url}/v1/models", headers={"Authorization": f"Bearer {API_KEY}"}).json()
@@ -754,3 +756,22 @@ def test_sigterm_when_idle_and_bad_config(tmp_path):
                        text=True, timeout=60,
                        env={**os.environ, "PYTHONPATH": str(Path(deepinfer.__file__).resolve().parents[1])})
     assert p.returncode == 2 and "no_such_option" in p.stderr
+
+
+def test_port_in_use_fails_before_the_model_loads():
+    """`deepinfer serve` binds its port before loading: a taken port is one clear line and exit 1 at once, not
+    uvicorn's `[Errno 98]` after the whole load."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind((HOST, 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        package_root = str(Path(deepinfer.__file__).resolve().parents[1])  # as ServerProcess runs it
+        env = {**os.environ, "DEEPINFER_NO_PROGRESS": "1",
+               "PYTHONPATH": package_root + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH")
+                                             else "")}
+        p = subprocess.run([sys.executable, "-m", "deepinfer.cli", "serve", "--host", HOST, "--port", str(port)],
+                           capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 1, p.stderr
+    assert f"{HOST}:{port}: the address is already in use" in p.stderr and "--port" in p.stderr, p.stderr
+    assert "Errno 98" not in p.stderr and "Traceback" not in p.stderr
+    assert "resident weights" not in p.stderr  # the engine logs this once the weights are loaded
