@@ -6,37 +6,32 @@ import argparse
 import sys
 from typing import Sequence
 
-DEFAULT_MODEL_HELP = "Hugging Face DeepSeek V2/V3 directory (default: the embedded demo model)"
-
-
-def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help=DEFAULT_MODEL_HELP)
-    p.add_argument("--tokenizer", default=None, help="directory with tokenizer.json (default: the model's)")
-    p.add_argument("--max-model-len", type=int, default=None, help="longest prompt + output, in tokens")
-    p.add_argument("--cache-memory-gb", type=float, default=1.0, help="latent cache budget on the CPU, in GiB")
-    p.add_argument("--load-format", choices=["auto", "safetensors", "dummy"], default="auto",
-                   help="'dummy' uses random weights built from config.json (benchmarks)")
-    p.add_argument("--quantization", default=None, help="'fp8': FP8 weights (an FP8 checkpoint as stored, a bf16 one quantized at load); default: the checkpoint's own")
-    p.add_argument("--seed", type=int, default=0, help="engine seed (dummy weights, unseeded requests)")
+from deepinfer.engine_args import add_engine_arguments, engine_values, finite_float
 
 
 def _add_sampling_arguments(p: argparse.ArgumentParser, default_max_tokens: int) -> None:
-    p.add_argument("--max-tokens", type=int, default=default_max_tokens, help="tokens to generate at most")
-    p.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass, in (0, 1]")
-    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
-    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability")
-    p.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats")
-    p.add_argument("--sampling-seed", type=int, default=None, help="seed of the request (reproducible output)")
-    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    # finite_float: float() takes 'nan' and 'inf', which no sampling value means.
+    sampling = p.add_argument_group("sampling")
+    sampling.add_argument("--max-tokens", type=int, default=default_max_tokens,
+                          help="tokens to generate at most (default: %(default)s)")
+    sampling.add_argument("--temperature", type=finite_float, default=0.7, help="0 = greedy (default: %(default)s)")
+    sampling.add_argument("--top-p", type=finite_float, default=0.95,
+                          help="nucleus sampling mass, in (0, 1] (default: %(default)s)")
+    sampling.add_argument("--top-k", type=int, default=0,
+                          help="keep the k most likely tokens (default: %(default)s = off)")
+    sampling.add_argument("--min-p", type=finite_float, default=0.0,
+                          help="drop tokens below min_p x the top probability (default: %(default)s)")
+    sampling.add_argument("--repetition-penalty", type=finite_float, default=1.0,
+                          help="> 1 discourages repeats (default: %(default)s)")
+    sampling.add_argument("--sampling-seed", type=int, default=None,
+                          help="seed of the request, for reproducible output (default: none)")
+    sampling.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
 
 
 def _engine(args: argparse.Namespace):
     from deepinfer import DeepInferenceEngine, EngineConfig
 
-    config = EngineConfig(model_name_or_path=args.model, tokenizer=args.tokenizer, max_model_len=args.max_model_len,
-                          cache_memory_gb=args.cache_memory_gb, load_format=args.load_format,
-                          quantization=args.quantization, seed=args.seed)
+    config = EngineConfig.from_dict(engine_values(args))  # only the flags given; EngineConfig's defaults otherwise
     engine = DeepInferenceEngine.from_config(config)
     if engine.is_random_model:
         print("note: the embedded model has random weights (no trained demo model in this build): "
@@ -107,18 +102,20 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="deepinfer", description="DeepInfer: serve and run DeepSeek V2/V3 models.")
+    parser.add_argument("--version", action=_VersionAction,
+                        help="print the version, the backends of this build and the GPUs it sees, and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="complete one prompt and print the text")
     gen.add_argument("prompt", help="the prompt text")
-    _add_engine_arguments(gen)
+    add_engine_arguments(gen)
     _add_sampling_arguments(gen, default_max_tokens=64)
     gen.add_argument("--stream", action="store_true", help="print text as it is generated")
     gen.add_argument("--verbose", "-v", action="store_true", help="print token count and timing to stderr")
     gen.set_defaults(func=cmd_generate)
 
     chat = sub.add_parser("chat", help="interactive chat with the model's chat template")
-    _add_engine_arguments(chat)
+    add_engine_arguments(chat)
     _add_sampling_arguments(chat, default_max_tokens=256)
     chat.add_argument("--system", default=None, help="system prompt")
     chat.set_defaults(func=cmd_chat)
@@ -130,6 +127,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_server_command(bench_sub, "serve", "Poisson-arrival load test of an OpenAI-compatible endpoint",
                         "deepinfer.bench.serve", "add_bench_serve_arguments", "run_bench_serve")
     return parser
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: like argparse's "version" action, but the text (which loads the extension to count GPUs) is
+    only built when asked for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        from deepinfer.build_info import format_build_info
+
+        print(format_build_info())
+        parser.exit()
 
 
 def _add_server_command(sub, name: str, help_text: str, module: str, add_arguments: str, run: str) -> None:

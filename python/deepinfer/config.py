@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 QUANTIZATION_METHODS = ("fp8", "int4", "awq")
+
+
+def is_finite_number(value: Any) -> bool:
+    """An int or float that is neither NaN nor infinite (comparisons with NaN are all false, so a range check alone
+    lets it through); bools are not numbers here."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass
@@ -60,31 +67,62 @@ class QuantizationConfig:
         raise TypeError(f"quantization must be a string, a mapping or QuantizationConfig, got {type(value).__name__}")
 
 
+# What each EngineConfig field means, in one line: the help of its command-line flag (`deepinfer serve`, `generate`,
+# `chat`, which add "(default: ...)" themselves) and the reference for the fields below. Kept in this one place;
+# tests check that every field has an entry.
+ENGINE_FIELD_HELP: dict[str, str] = {
+    "model_name_or_path": "Hugging Face DeepSeek V2/V3 directory or hub id; none: the embedded demo model",
+    "tokenizer": "directory with tokenizer.json; none: the model's own (or DeepSeek-V3's when it has none)",
+    "tensor_parallel_size": "GPUs to split the model across (only 1 today)",
+    "max_model_len": "longest prompt + output, in tokens; none: min(max_position_embeddings, what the cache holds)",
+    "gpu_memory_utilization": "fraction of GPU memory for weights + latent cache, in (0, 1] (CUDA backend)",
+    "enforce_eager": "CUDA backend: run without CUDA graphs",
+    "enable_prefix_caching": "requests share the latent-cache pages of their common prompt prefixes",
+    "kv_cache_dtype": "the latent cache's dtype: 'auto' = the model's compute dtype ('fp8' is not built yet)",
+    "quantization": "'fp8': FP8 weights (an FP8 checkpoint as stored, a bf16 one quantized at load); "
+                    "none: the checkpoint's own format",
+    "device": "'auto' (CUDA when a GPU is visible), 'cpu' or 'cuda'",
+    "dtype": "compute dtype: 'auto', 'float32' (CPU), 'bfloat16' (CUDA) or 'float16'",
+    "seed": "engine seed: dummy weights and requests that give no seed",
+    "page_size": "tokens per latent-cache page",
+    "cache_memory_gb": "latent-cache budget on the CPU, in GiB (when num_cache_pages is 0)",
+    "num_cache_pages": "explicit latent-cache page count; overrides cache_memory_gb (0: from the budget)",
+    "max_num_seqs": "sequences batched together at most",
+    "max_num_batched_tokens": "tokens one engine step processes at most (prefill chunks)",
+    "load_format": "'auto', 'safetensors', or 'dummy' (random weights built from config.json, for benchmarks)",
+    "generation_config": "'auto': sampling values a request leaves unset come from generation_config.json; 'none'",
+    "served_model_name": "the model's name in the API; none: the model path",
+    "trust_remote_code": "accepted for compatibility; DeepInfer never runs remote code",
+}
+
+
 @dataclass
 class EngineConfig:
-    """Everything the engine needs to start. ``model_name_or_path=None`` uses the embedded demo model."""
+    """Everything the engine needs to start. ``model_name_or_path=None`` uses the embedded demo model.
+
+    ENGINE_FIELD_HELP (above) says what each field means."""
 
     model_name_or_path: str | None = None
-    tokenizer: str | None = None               # defaults to the model directory
+    tokenizer: str | None = None
     tensor_parallel_size: int = 1
-    max_model_len: int | None = None           # None: min(max_position_embeddings, what the cache holds)
-    gpu_memory_utilization: float = 0.90       # fraction of GPU memory for weights + latent cache (CUDA backend)
-    enforce_eager: bool = False                # CUDA backend: no CUDA graphs
-    enable_prefix_caching: bool = True         # requests share the latent-cache pages of their common prefixes
-    kv_cache_dtype: str = "auto"               # the latent cache's dtype: "auto" = the model's compute dtype
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = 0.90
+    enforce_eager: bool = False
+    enable_prefix_caching: bool = True
+    kv_cache_dtype: str = "auto"
     quantization: str | Mapping[str, Any] | QuantizationConfig | None = None
-    device: str = "auto"                       # "auto", "cpu" or "cuda"
-    dtype: str = "auto"                        # compute dtype; the CPU backend computes in float32
+    device: str = "auto"
+    dtype: str = "auto"
     seed: int = 0
-    page_size: int = 64                        # tokens per latent-cache page
-    cache_memory_gb: float = 1.0               # CPU latent cache budget (when num_cache_pages is 0)
-    num_cache_pages: int = 0                   # explicit page count, overrides cache_memory_gb
+    page_size: int = 64
+    cache_memory_gb: float = 1.0
+    num_cache_pages: int = 0
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
-    load_format: str = "auto"                  # "auto" | "safetensors" | "dummy" (random weights from config.json)
-    generation_config: str = "auto"            # "auto": unset sampling values from generation_config.json; "none"
+    load_format: str = "auto"
+    generation_config: str = "auto"
     served_model_name: str | None = None
-    trust_remote_code: bool = False            # accepted for compatibility; DeepInfer never runs remote code
+    trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
         self.quantization = QuantizationConfig.coerce(self.quantization)
@@ -102,15 +140,15 @@ class EngineConfig:
                 f"tensor_parallel_size must be an integer >= 1, got {self.tensor_parallel_size!r}")
         require(self.max_model_len is None or (isinstance(self.max_model_len, int) and self.max_model_len >= 2),
                 f"max_model_len must be None or an integer >= 2, got {self.max_model_len!r}")
-        require(isinstance(self.gpu_memory_utilization, (int, float)) and 0.0 < self.gpu_memory_utilization <= 1.0,
-                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        require(is_finite_number(self.gpu_memory_utilization) and 0.0 < self.gpu_memory_utilization <= 1.0,
+                f"gpu_memory_utilization must be a number in (0, 1], got {self.gpu_memory_utilization!r}")
         require(self.device in ("auto", "cpu", "cuda"), f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
         require(self.dtype in ("auto", "float32", "bfloat16", "float16"),
                 f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {self.dtype!r}")
         require(isinstance(self.page_size, int) and 1 <= self.page_size <= 1024,
                 f"page_size must be an integer in [1, 1024], got {self.page_size!r}")
-        require(isinstance(self.cache_memory_gb, (int, float)) and self.cache_memory_gb > 0,
-                f"cache_memory_gb must be > 0, got {self.cache_memory_gb!r}")
+        require(is_finite_number(self.cache_memory_gb) and self.cache_memory_gb > 0,
+                f"cache_memory_gb must be a finite number > 0, got {self.cache_memory_gb!r}")
         require(isinstance(self.num_cache_pages, int) and self.num_cache_pages >= 0,
                 f"num_cache_pages must be an integer >= 0, got {self.num_cache_pages!r}")
         require(isinstance(self.max_num_seqs, int) and self.max_num_seqs >= 1,

@@ -184,6 +184,7 @@ class DeepInferenceEngine:
         self.model_dir = model_dir
         self.is_random_model = load_format == "dummy"
         self.model_config = _deepinfer.load_model_config(str(model_dir))
+        self._check_max_model_len(config, model_dir)
         fp8_weights, fp8_activations = self._weight_format(config)
         self.tokenizer = self._load_tokenizer(config, model_dir)
         # What the checkpoint recommends for values a request leaves unset (generation_config.json).
@@ -251,6 +252,16 @@ class DeepInferenceEngine:
             raise ValueError(f"dtype={config.dtype!r}: the {device.upper()} backend computes in "
                              f"{allowed[1]}; use dtype='auto' or {allowed[1]!r}")
         return device
+
+    def _check_max_model_len(self, config: EngineConfig, model_dir: Path) -> None:
+        """A max_model_len past the checkpoint's max_position_embeddings is refused here, from config.json alone,
+        before any weight is read (as vLLM refuses it): positions the model was not trained or scaled for give
+        garbage, not an error, so running anyway would only hide the mistake."""
+        limit = int(self.model_config.max_position_embeddings)
+        if config.max_model_len is not None and config.max_model_len > limit:
+            raise ValueError(f"max_model_len={config.max_model_len} is larger than the model's "
+                             f"max_position_embeddings={limit} (config.json in {model_dir}); use max_model_len "
+                             f"(--max-model-len) {limit} or less, or leave it unset")
 
     def _weight_format(self, config: EngineConfig) -> tuple[bool, bool]:
         """(fp8 weights, fp8 activations). An FP8 checkpoint stays FP8 unless asked otherwise (as vLLM runs it);

@@ -7,13 +7,14 @@ import math
 
 import pytest
 
-from conftest import require_module, skip_or_fail
+from conftest import default_v3_tokenizer, require_module, skip_or_fail
 
 require_module("httpx")
 require_module("openai")
 require_module("fastapi")
 
-from deepinfer.bench.serve import _percentile, default_dataset, load_prompts, main, sample_prompts  # noqa: E402
+from deepinfer.bench.serve import (_percentile, default_dataset, load_prompts, main, random_requests,  # noqa: E402
+                                   sample_prompts)
 from test_server import ServerProcess  # noqa: E402
 
 VLLM_KEYS = ["completed", "total_input_tokens", "total_output_tokens", "request_throughput", "output_throughput",
@@ -116,3 +117,34 @@ def test_bench_serve_reports_failures(server, tmp_path, capsys):
     # Nothing listening: a clear error, not a traceback.
     assert main(["--base-url", "http://127.0.0.1:9", "--dataset", str(dataset), "--num-prompts", "1",
                  "--disable-tqdm"]) == 1
+
+
+def test_random_dataset_lengths():
+    tokenizer = default_v3_tokenizer()
+    fixed = random_requests(tokenizer, 4, input_len=32, output_len=5, seed=3)
+    assert fixed == random_requests(tokenizer, 4, input_len=32, output_len=5, seed=3)  # the seed decides
+    assert len({r.prompt for r in fixed}) == 4 and all(r.max_tokens == 5 for r in fixed)
+    for r in fixed:  # about the length asked for: re-encoding random tokens' text can merge a few
+        assert 24 <= len(tokenizer.encode(r.prompt, add_special_tokens=False)) <= 32
+    ranged = random_requests(tokenizer, 20, input_len=20, output_len=10, range_ratio=0.5, seed=0)
+    assert all(5 <= r.max_tokens <= 15 for r in ranged) and len({r.max_tokens for r in ranged}) > 1
+
+
+def test_bench_serve_random_dataset_needs_no_file(server, tmp_path, capsys):
+    from deepinfer.default_model import TRAINED_MODEL_DIR
+
+    if not (TRAINED_MODEL_DIR / "tokenizer.json").is_file():
+        skip_or_fail("the embedded demo model (and its tokenizer) is not in this build")
+    out = tmp_path / "random.json"
+    # The served model's tokenizer makes the prompts, so their lengths are its token counts.
+    code = main(["--base-url", server.base_url, "--api-key", "bench-key", "--dataset-name", "random",
+                 "--tokenizer", str(TRAINED_MODEL_DIR), "--random-input-len", "24", "--random-output-len", "4", "--num-prompts", "4", "--ignore-eos",
+                 "--save-result", str(out), "--disable-tqdm", "--no-warmup"])
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert result["completed"] == 4 and result["total_output_tokens"] == 16
+    assert 4 * 16 <= result["total_input_tokens"] <= 4 * 26  # ~24 each (+ BOS)
+    assert result["dataset_name"] == "random" and result["random_input_len"] == 24
+    # A prompt file with --dataset-name random is a mistake, said as one.
+    assert main(["--dataset-name", "random", "--dataset", str(out), "--disable-tqdm"]) == 2
+    assert "--dataset-name sharegpt" in capsys.readouterr().err

@@ -59,3 +59,122 @@ def test_help_explains_every_flag():
         assert r.returncode == 0
         for flag in ("--model", "--max-tokens", "--temperature", "--top-p", "--top-k", "--min-p", "--stop"):
             assert flag in r.stdout
+
+
+# ----------------------------------------------------------------------------------------------- vLLM's habits
+
+
+def test_version_names_the_backends_and_the_gpus():
+    from deepinfer import __version__, _deepinfer
+
+    r = deepinfer("--version")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    gpus = _deepinfer.cuda_device_count()
+    assert lines[0] == f"deepinfer {__version__}"
+    assert lines[1] == ("backends: CPU, CUDA" if gpus > 0 else "backends: CPU")
+    assert lines[2].startswith(f"CUDA GPUs visible: {gpus}")
+
+
+def _engine_options(parser) -> dict[str, str]:
+    """option string -> help, for the flags of the "engine" argument group."""
+    group = next(g for g in parser._action_groups if g.title == "engine")
+    return {opt: a.help for a in group._group_actions for opt in a.option_strings}
+
+
+def _subparser(name: str):
+    from deepinfer.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    return sub.choices[name]
+
+
+def test_generate_and_chat_have_every_engine_flag_of_serve():
+    serve = _engine_options(_subparser("serve"))
+    for flag in ("--device", "--dtype", "--tensor-parallel-size", "--gpu-memory-utilization", "--max-num-seqs",
+                 "--max-model-len", "--enable-prefix-caching", "--no-enable-prefix-caching", "--quantization",
+                 "--kv-cache-dtype", "--quantization-config"):
+        assert flag in serve, flag
+    for name in ("generate", "chat"):
+        assert _engine_options(_subparser(name)) == serve, name
+
+
+def test_every_engine_flag_help_is_a_meaning_and_a_default():
+    import dataclasses
+
+    from deepinfer.config import ENGINE_FIELD_HELP, EngineConfig
+
+    names = [f.name for f in dataclasses.fields(EngineConfig)]
+    assert sorted(ENGINE_FIELD_HELP) == sorted(names), "ENGINE_FIELD_HELP must have one line per EngineConfig field"
+    nullable = [f.name for f in dataclasses.fields(EngineConfig) if f.default is None]
+    for name in nullable:  # the flag takes 'none': its help says what that means
+        assert "none" in ENGINE_FIELD_HELP[name], name
+    helps = _engine_options(_subparser("serve"))
+    for flag, text in helps.items():
+        assert "\n" not in text and not text.startswith("EngineConfig."), (flag, text)
+        if flag != "--quantization-config":
+            assert "(default: " in text, (flag, text)
+    assert helps["--page-size"] == "tokens per latent-cache page (default: 64)"
+    assert "(default: on)" in helps["--enable-prefix-caching"]
+
+
+def test_generate_flags_become_engine_config():
+    from deepinfer import EngineConfig
+    from deepinfer.engine_args import engine_values
+
+    args = _subparser("generate").parse_args(
+        ["--device", "cpu", "--dtype", "float32", "--max-num-seqs", "3", "--no-enable-prefix-caching",
+         "--gpu-memory-utilization", "0.5", "--kv-cache-dtype", "auto", "--max-model-len", "128", "--seed", "7",
+         "--temperature", "0", "hello"])
+    config = EngineConfig.from_dict(engine_values(args))
+    assert (config.device, config.dtype, config.max_num_seqs, config.enable_prefix_caching,
+            config.gpu_memory_utilization, config.max_model_len, config.seed) == ("cpu", "float32", 3, False, 0.5,
+                                                                                 128, 7)
+    assert args.temperature == 0.0 and args.prompt == "hello"
+    # Nothing given: EngineConfig's own defaults.
+    assert EngineConfig.from_dict(engine_values(_subparser("chat").parse_args([]))) == EngineConfig()
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["generate", "--temperature", "nan", "x"], "--temperature"),
+    (["generate", "--top-p", "inf", "x"], "--top-p"),
+    (["chat", "--min-p", "-inf"], "--min-p"),
+    (["generate", "--gpu-memory-utilization", "nan", "x"], "--gpu-memory-utilization"),
+    (["chat", "--cache-memory-gb", "inf"], "--cache-memory-gb"),
+    (["serve", "--shutdown-timeout", "nan"], "--shutdown-timeout"),
+    (["bench", "serve", "--temperature", "nan"], "--temperature"),
+    (["bench", "serve", "--request-rate", "nan"], "--request-rate"),
+])
+def test_non_finite_numbers_are_refused_naming_the_option(argv, option, capsys):
+    from deepinfer.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}" in err and "Traceback" not in err, err
+
+
+def test_max_model_len_past_max_position_embeddings_is_refused_before_loading(tmp_path):
+    import json
+    import shutil
+
+    from deepinfer import DeepInferenceEngine, EngineConfig
+    from deepinfer.default_model import TRAINED_MODEL_DIR
+
+    # A checkpoint of config.json and tokenizer alone: no weight file, so getting past the check would fail on
+    # the missing weights instead.
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        if (TRAINED_MODEL_DIR / name).exists():
+            shutil.copy(TRAINED_MODEL_DIR / name, tmp_path / name)
+    limit = json.loads((tmp_path / "config.json").read_text())["max_position_embeddings"]
+    with pytest.raises(ValueError, match=rf"max_model_len={limit + 1} is larger than the model's "
+                                         rf"max_position_embeddings={limit}"):
+        DeepInferenceEngine(EngineConfig(model_name_or_path=str(tmp_path), max_model_len=limit + 1))
+    with pytest.raises(Exception) as at_the_limit:  # the check passes; the weights are missing
+        DeepInferenceEngine(EngineConfig(model_name_or_path=str(tmp_path), max_model_len=limit))
+    assert "max_position_embeddings" not in str(at_the_limit.value)
+
+    r = deepinfer("generate", "--max-model-len", "1000000", "x")
+    assert r.returncode == 2 and "max_model_len=1000000" in r.stderr and "max_position_embeddings=" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -29,6 +29,7 @@ require_module("prometheus_client")
 require_module("yaml")
 
 import deepinfer  # noqa: E402
+from deepinfer.build_info import build_info  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 API_KEY = "sk-deepinfer-test"
@@ -45,17 +46,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def serve_env() -> dict[str, str]:
+    """The environment of a `deepinfer serve` child: this deepinfer package first on PYTHONPATH, the rest kept (the
+    compiled extension may come from there)."""
+    env = dict(os.environ)
+    package_root = str(Path(deepinfer.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = package_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["DEEPINFER_NO_PROGRESS"] = "1"
+    env.pop("DEEPINFER_API_KEY", None)
+    return env
+
+
 class ServerProcess:
     """`python -m deepinfer.cli serve ...` on a free port of 127.0.0.1, its output in a temporary file."""
 
     def __init__(self, *args: str) -> None:
         self.port = free_port()
         self.base_url = f"http://{HOST}:{self.port}"
-        package_root = str(Path(deepinfer.__file__).resolve().parents[1])
-        env = dict(os.environ)
-        env["PYTHONPATH"] = package_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        env["DEEPINFER_NO_PROGRESS"] = "1"
-        env.pop("DEEPINFER_API_KEY", None)
+        env = serve_env()
         self._log = tempfile.NamedTemporaryFile(prefix="deepinfer-serve-", suffix=".log", delete=False)
         cmd = [sys.executable, "-m", "deepinfer.cli", "serve", "--host", HOST, "--port", str(self.port),
                "--no-access-log", *args]
@@ -178,7 +186,8 @@ def assert_error(response: httpx.Response, status: int, param: str | None = "any
 
 def test_health_version_models(server, client, model):
     assert httpx.get(f"{server.base_url}/health").json() == {"status": "ok"}
-    assert httpx.get(f"{server.base_url}/version").json() == {"version": deepinfer.__version__}
+    assert httpx.get(f"{server.base_url}/version").json() == build_info()  # what `deepinfer --version` prints
+    assert build_info()["version"] == deepinfer.__version__
     models = client.models.list().data
     assert [m.id for m in models] == [model]
     card = httpx.get(f"{server.base_url}/v1/models", headers={"Authorization": f"Bearer {API_KEY}"}).json()
@@ -768,6 +777,20 @@ def test_sigterm_when_idle_and_bad_config(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("max_model_len: 256\nno_such_option: 1\n")
     p = subprocess.run([sys.executable, "-m", "deepinfer.cli", "serve", "--config", str(bad)], capture_output=True,
-                       text=True, timeout=60,
-                       env={**os.environ, "PYTHONPATH": str(Path(deepinfer.__file__).resolve().parents[1])})
+                       text=True, timeout=60, env=serve_env())
     assert p.returncode == 2 and "no_such_option" in p.stderr
+
+
+def test_port_in_use_fails_before_the_model_loads():
+    """`deepinfer serve` binds its port before loading: a taken port is one clear line and exit 1 at once, not
+    uvicorn's `[Errno 98]` after the whole load."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind((HOST, 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        p = subprocess.run([sys.executable, "-m", "deepinfer.cli", "serve", "--host", HOST, "--port", str(port)],
+                           capture_output=True, text=True, timeout=60, env=serve_env())
+    assert p.returncode == 1, p.stderr
+    assert f"{HOST}:{port}: the address is already in use" in p.stderr and "--port" in p.stderr, p.stderr
+    assert "Errno 98" not in p.stderr and "Traceback" not in p.stderr
+    assert "resident weights" not in p.stderr  # the engine logs this once the weights are loaded

@@ -186,6 +186,59 @@ def test_bad_config_files(tmp_path, monkeypatch):
     assert run_serve(parse("--config", str(tmp_path / "missing.yaml"))) == 2
 
 
+def test_serve_takes_the_model_as_a_positional_argument(tmp_path):
+    engine, _ = resolve_serve_options(parse("/models/v2-lite", "--port", "9000"))
+    assert engine == {"model_name_or_path": "/models/v2-lite"}
+    engine, _ = resolve_serve_options(parse("--max-model-len", "64", "/models/v2-lite"))
+    assert engine == {"model_name_or_path": "/models/v2-lite", "max_model_len": 64}
+    # The same model both ways is fine; two different ones are an error naming both.
+    engine, _ = resolve_serve_options(parse("/models/a", "--model", "/models/a"))
+    assert engine == {"model_name_or_path": "/models/a"}
+    with pytest.raises(ValueError, match=r"'/models/a' \(positional MODEL\) and '/models/b' \(--model\)"):
+        resolve_serve_options(parse("/models/a", "--model", "/models/b"))
+    assert run_serve(parse("/models/a", "--model", "/models/b")) == 2
+    # Like every flag, the positional model overrides a --config file's.
+    path = tmp_path / "serve.yaml"
+    path.write_text("model: /models/from-file\n")
+    engine, _ = resolve_serve_options(parse("--config", str(path), "/models/given"))
+    assert engine == {"model_name_or_path": "/models/given"}
+
+
+def test_non_finite_numbers_in_options_and_configs_are_refused(tmp_path):
+    from deepinfer.sampling_params import SamplingParams
+
+    path = tmp_path / "nan.yaml"
+    path.write_text("shutdown_timeout: .nan\n")
+    with pytest.raises(ValueError, match="shutdown_timeout must be a finite number"):
+        resolve_serve_options(parse("--config", str(path)))
+    for name, value in (("gpu_memory_utilization", float("nan")), ("cache_memory_gb", float("inf")),
+                        ("cache_memory_gb", float("nan"))):
+        with pytest.raises(ValueError, match=name):
+            EngineConfig(**{name: value})
+    for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
+        for value in (float("nan"), float("inf")):
+            with pytest.raises(ValueError, match=f"{name} must be a finite number"):
+                SamplingParams(**{name: value})
+
+
+def test_a_port_in_use_fails_before_loading_naming_the_port():
+    import socket
+
+    from deepinfer.server.cli import bind_listen_socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError, match=rf"127\.0\.0\.1:{port}: the address is already in use.*--port"):
+            bind_listen_socket("127.0.0.1", port)
+    sock = bind_listen_socket("127.0.0.1", port)  # free again: bound, and not accepting until uvicorn serves
+    try:
+        assert sock.getsockname()[1] == port
+    finally:
+        sock.close()
+
+
 # ----------------------------------------------------------------------------------------------- app over a stand-in
 
 

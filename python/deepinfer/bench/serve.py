@@ -1,7 +1,8 @@
 """``deepinfer bench serve``: a load test of any OpenAI-compatible endpoint.
 
 Requests arrive as a Poisson process at ``--request-rate`` (``inf``: all at once), each a prompt from a JSON prompt
-set (ShareGPT by default), streamed over server-sent events. It reports the figures vLLM's benchmark_serving
+set (``--dataset-name sharegpt``, the default) or made of random tokens (``--dataset-name random``, with
+``--random-input-len`` / ``--random-output-len`` as vLLM names them: no file needed), streamed over server-sent events. It reports the figures vLLM's benchmark_serving
 reports, under the same names, so numbers from either tool compare directly:
 
 - TTFT: time to first token (first non-empty text chunk), per request;
@@ -33,7 +34,10 @@ from typing import Any
 
 import httpx
 
-__all__ = ["add_bench_serve_arguments", "run_bench_serve", "load_prompts", "default_dataset", "main"]
+from deepinfer.engine_args import finite_float
+
+__all__ = ["add_bench_serve_arguments", "run_bench_serve", "load_prompts", "default_dataset", "random_requests",
+           "BenchRequest", "main"]
 
 SHAREGPT_RELATIVE = Path("..") / "shared" / "assets" / "prompts" / "sharegpt_v3_filtered_1000.json"
 
@@ -118,6 +122,40 @@ def sample_prompts(prompts: list[str], num: int, seed: int, max_chars: int | Non
     order = pool[:]
     rng.shuffle(order)
     return [order[i % len(order)] for i in range(num)]
+
+
+@dataclass
+class BenchRequest:
+    prompt: str
+    max_tokens: int  # output tokens to ask for
+
+
+def _lengths(mean: int, range_ratio: float, num: int, rng: random.Random) -> list[int]:
+    """num lengths drawn uniformly from [mean * (1 - ratio), mean * (1 + ratio)], at least 1 (vLLM's random set)."""
+    low = max(1, math.floor(mean * (1.0 - range_ratio)))
+    high = max(low, math.ceil(mean * (1.0 + range_ratio)))
+    return [rng.randint(low, high) for _ in range(num)]
+
+
+def random_requests(tokenizer: Any, num: int, input_len: int, output_len: int, range_ratio: float = 0.0,
+                    seed: int = 0) -> list[BenchRequest]:
+    """num prompts of about input_len tokens each, drawn uniformly from the tokenizer's non-special tokens, as text.
+
+    Decoding random ids and encoding the text again does not give back the same count (tokens merge), so each
+    prompt is decoded, re-encoded, cut to its length and decoded once more: close to the length asked for; the
+    report counts what the server's usage says. Each request asks for its own output length (same range).
+    """
+    rng = random.Random(seed)
+    special = set(tokenizer.all_special_ids)
+    vocab = [i for i in range(tokenizer.vocab_size) if i not in special]
+    if not vocab:
+        raise ValueError("the tokenizer has no ordinary tokens to draw random prompts from")
+    requests = []
+    for in_len, out_len in zip(_lengths(input_len, range_ratio, num, rng), _lengths(output_len, range_ratio, num, rng)):
+        text = tokenizer.decode([rng.choice(vocab) for _ in range(in_len)])
+        ids = tokenizer.encode(text, add_special_tokens=False)[:in_len]
+        requests.append(BenchRequest(prompt=tokenizer.decode(ids), max_tokens=out_len))
+    return requests
 
 
 # ----------------------------------------------------------------------------------------------- one request
@@ -242,7 +280,10 @@ async def _discover_model(client: httpx.AsyncClient, base_url: str, headers: dic
     return models[0]["id"]
 
 
-async def benchmark(args: argparse.Namespace, prompts: list[str]) -> dict[str, Any]:
+async def benchmark(args: argparse.Namespace, requests: list[BenchRequest] | list[str]) -> dict[str, Any]:
+    """Runs the load test. ``requests``: BenchRequests, or prompts that each ask for ``args.max_tokens``."""
+    requests = [r if isinstance(r, BenchRequest) else BenchRequest(prompt=r, max_tokens=args.max_tokens)
+                for r in requests]
     base_url = args.base_url.rstrip("/")
     if base_url.endswith("/v1"):
         base_url = base_url[:-3]
@@ -253,15 +294,15 @@ async def benchmark(args: argparse.Namespace, prompts: list[str]) -> dict[str, A
         model = args.model or await _discover_model(client, base_url, headers)
         url = f"{base_url}/v1/chat/completions" if args.endpoint == "chat" else f"{base_url}/v1/completions"
 
-        def payload(prompt: str) -> dict[str, Any]:
+        def payload(request: BenchRequest) -> dict[str, Any]:
             body: dict[str, Any] = {"model": model, "stream": True, "stream_options": {"include_usage": True},
                                     "temperature": args.temperature}
             if args.endpoint == "chat":
-                body["messages"] = [{"role": "user", "content": prompt}]
-                body["max_completion_tokens"] = args.max_tokens
+                body["messages"] = [{"role": "user", "content": request.prompt}]
+                body["max_completion_tokens"] = request.max_tokens
             else:
-                body["prompt"] = prompt
-                body["max_tokens"] = args.max_tokens
+                body["prompt"] = request.prompt
+                body["max_tokens"] = request.max_tokens
             if args.ignore_eos:
                 body["ignore_eos"] = True
             if args.top_p is not None:
@@ -269,7 +310,7 @@ async def benchmark(args: argparse.Namespace, prompts: list[str]) -> dict[str, A
             return body
 
         if args.warmup:
-            warm_body = payload(prompts[0])
+            warm_body = payload(requests[0])
             warm_body["max_completion_tokens" if args.endpoint == "chat" else "max_tokens"] = 1
             warm = await send_request(client, url, warm_body, args.endpoint, headers)
             if not warm.success:
@@ -281,16 +322,16 @@ async def benchmark(args: argparse.Namespace, prompts: list[str]) -> dict[str, A
             try:
                 from tqdm import tqdm
 
-                bar = tqdm(total=len(prompts), desc="requests", unit="req", file=sys.stderr)
+                bar = tqdm(total=len(requests), desc="requests", unit="req", file=sys.stderr)
             except ImportError:  # pragma: no cover
                 bar = None
 
-        async def one(prompt: str) -> RequestResult:
+        async def one(request: BenchRequest) -> RequestResult:
             if semaphore is None:
-                r = await send_request(client, url, payload(prompt), args.endpoint, headers)
+                r = await send_request(client, url, payload(request), args.endpoint, headers)
             else:
                 async with semaphore:
-                    r = await send_request(client, url, payload(prompt), args.endpoint, headers)
+                    r = await send_request(client, url, payload(request), args.endpoint, headers)
             if bar is not None:
                 bar.update(1)
             return r
@@ -298,8 +339,8 @@ async def benchmark(args: argparse.Namespace, prompts: list[str]) -> dict[str, A
         rng = random.Random(args.seed)
         start = time.perf_counter()
         tasks = []
-        async for i in _arrivals(len(prompts), args.request_rate, args.burstiness, rng):
-            tasks.append(asyncio.create_task(one(prompts[i])))
+        async for i in _arrivals(len(requests), args.request_rate, args.burstiness, rng):
+            tasks.append(asyncio.create_task(one(requests[i])))
         results = await asyncio.gather(*tasks)
         duration = time.perf_counter() - start
         if bar is not None:
@@ -384,7 +425,7 @@ def format_report(result: dict[str, Any], percentiles: list[float]) -> str:
 
 def _rate(text: str) -> float:
     value = float(text)
-    if not value > 0:
+    if not value > 0:  # also refuses NaN (every comparison with it is false); inf means all at once
         raise argparse.ArgumentTypeError(f"the request rate must be > 0 (or inf), got {text}")
     return value
 
@@ -397,24 +438,38 @@ def add_bench_serve_arguments(parser: argparse.ArgumentParser) -> argparse.Argum
     parser.add_argument("--model", default=None, help="model name to request (default: the first of /v1/models)")
     parser.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
                         help="bearer token (default: $OPENAI_API_KEY)")
-    parser.add_argument("--dataset", default=None,
-                        help="JSON prompt set (default: ShareGPT from ../shared/assets/prompts when present)")
+    parser.add_argument("--dataset-name", choices=["sharegpt", "random"], default="sharegpt",
+                        help="sharegpt: prompts from a JSON file (--dataset); random: prompts of random tokens "
+                             "(--random-input-len, --random-output-len), no file needed (default %(default)s)")
+    parser.add_argument("--dataset", "--dataset-path", dest="dataset", default=None,
+                        help="JSON prompt set for --dataset-name sharegpt (default: ShareGPT from "
+                             "../shared/assets/prompts when present)")
+    parser.add_argument("--random-input-len", type=int, default=1024,
+                        help="--dataset-name random: prompt tokens per request (default %(default)s)")
+    parser.add_argument("--random-output-len", type=int, default=None,
+                        help="--dataset-name random: output tokens per request (default: --max-tokens)")
+    parser.add_argument("--random-range-ratio", type=finite_float, default=0.0,
+                        help="--dataset-name random: lengths drawn uniformly from len x [1 - r, 1 + r], "
+                             "0 <= r < 1 (default %(default)s: every request the same)")
+    parser.add_argument("--tokenizer", default=None, metavar="PATH",
+                        help="--dataset-name random: the served model's directory (its tokenizer.json makes the "
+                             "prompts, so --random-input-len counts its tokens); default: DeepSeek-V3's tokenizer")
     parser.add_argument("--num-prompts", type=int, default=200, help="requests to send (default %(default)s)")
     parser.add_argument("--request-rate", type=_rate, default=math.inf,
                         help="mean requests per second, Poisson arrivals; inf sends all at once (default inf)")
-    parser.add_argument("--burstiness", type=float, default=1.0,
+    parser.add_argument("--burstiness", type=finite_float, default=1.0,
                         help="gamma shape of the inter-arrival times: 1 = Poisson, <1 burstier (default 1)")
     parser.add_argument("--max-concurrency", type=int, default=None, help="cap on requests in flight")
     parser.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (default %(default)s)")
     parser.add_argument("--ignore-eos", action="store_true",
                         help="send ignore_eos (a vLLM/SGLang/DeepInfer extension) so every output is --max-tokens long")
-    parser.add_argument("--temperature", type=float, default=0.0, help="(default 0: greedy)")
-    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--temperature", type=finite_float, default=0.0, help="(default 0: greedy)")
+    parser.add_argument("--top-p", type=finite_float, default=None)
     parser.add_argument("--max-prompt-chars", type=int, default=None,
                         help="skip prompts longer than this many characters (keeps prompts within a short context)")
     parser.add_argument("--seed", type=int, default=0, help="prompt sampling and arrival times (default 0)")
-    parser.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
-    parser.add_argument("--percentiles", type=float, nargs="*", default=[],
+    parser.add_argument("--timeout", type=finite_float, default=600.0, help="per-request timeout in seconds")
+    parser.add_argument("--percentiles", type=finite_float, nargs="*", default=[],
                         help="extra percentiles to report beside 50, 90 and 99")
     parser.add_argument("--no-warmup", dest="warmup", action="store_false",
                         help="skip the one-token warm-up request")
@@ -427,28 +482,30 @@ def add_bench_serve_arguments(parser: argparse.ArgumentParser) -> argparse.Argum
 
 def run_bench_serve(args: argparse.Namespace) -> int:
     prog = "deepinfer bench serve"
-    dataset = Path(args.dataset) if args.dataset else default_dataset()
-    if dataset is None:
-        print(f"{prog}: error: no --dataset given and the ShareGPT prompts ({SHAREGPT_RELATIVE}) are not there",
-              file=sys.stderr)
-        return 2
     if args.num_prompts < 1 or args.max_tokens < 1:
         print(f"{prog}: error: --num-prompts and --max-tokens must be >= 1", file=sys.stderr)
         return 2
     try:
-        prompts = sample_prompts(load_prompts(dataset), args.num_prompts, args.seed, args.max_prompt_chars)
+        requests, source = _bench_requests(args)
     except (OSError, ValueError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     rate = "inf" if math.isinf(args.request_rate) else f"{args.request_rate:g}"
-    print(f"{len(prompts)} prompts from {dataset}, request rate {rate}/s, {args.endpoint} at {args.base_url}",
+    print(f"{len(requests)} prompts from {source}, request rate {rate}/s, {args.endpoint} at {args.base_url}",
           file=sys.stderr)
     try:
-        result = asyncio.run(benchmark(args, prompts))
+        result = asyncio.run(benchmark(args, requests))
     except (httpx.HTTPError, ValueError, RuntimeError, OSError) as e:
         print(f"{prog}: error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
-    result["dataset"] = args.dataset or str(SHAREGPT_RELATIVE)
+    result["dataset_name"] = args.dataset_name
+    if args.dataset_name == "random":
+        result["dataset"] = source
+        result["random_input_len"] = args.random_input_len
+        result["random_output_len"] = args.random_output_len or args.max_tokens
+        result["random_range_ratio"] = args.random_range_ratio
+    else:
+        result["dataset"] = args.dataset or str(SHAREGPT_RELATIVE)
     result["command"] = _command_line(args)
     result.update(run_provenance())
     print(format_report(result, args.percentiles))
@@ -459,6 +516,32 @@ def run_bench_serve(args: argparse.Namespace) -> int:
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(f"saved {path}", file=sys.stderr)
     return 0 if result["completed"] > 0 else 1
+
+
+def _bench_requests(args: argparse.Namespace) -> tuple[list[BenchRequest], str]:
+    """The requests to send and where their prompts come from. Raises ValueError naming the option at fault."""
+    if args.dataset_name == "random":
+        if args.dataset:
+            raise ValueError("--dataset is a prompt file for --dataset-name sharegpt; --dataset-name random makes "
+                             "its prompts (drop one of the two)")
+        output_len = args.random_output_len if args.random_output_len is not None else args.max_tokens
+        if args.random_input_len < 1 or output_len < 1:
+            raise ValueError(f"--random-input-len and --random-output-len must be >= 1, got {args.random_input_len} "
+                             f"and {output_len}")
+        if not 0.0 <= args.random_range_ratio < 1.0:
+            raise ValueError(f"--random-range-ratio must be in [0, 1), got {args.random_range_ratio}")
+        from deepinfer.tokenizer import Tokenizer
+
+        tokenizer = Tokenizer.from_dir(args.tokenizer) if args.tokenizer else Tokenizer.default_deepseek_v3()
+        requests = random_requests(tokenizer, args.num_prompts, args.random_input_len, output_len,
+                                   args.random_range_ratio, args.seed)
+        return requests, f"random tokens (~{args.random_input_len} in, {output_len} out)"
+    dataset = Path(args.dataset) if args.dataset else default_dataset()
+    if dataset is None:
+        raise ValueError(f"no --dataset given and the ShareGPT prompts ({SHAREGPT_RELATIVE}) are not there; "
+                         "give --dataset FILE, or --dataset-name random")
+    prompts = sample_prompts(load_prompts(dataset), args.num_prompts, args.seed, args.max_prompt_chars)
+    return [BenchRequest(prompt=p, max_tokens=args.max_tokens) for p in prompts], str(dataset)
 
 
 def _command_line(args: argparse.Namespace) -> str:

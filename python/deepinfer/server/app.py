@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import deepinfer
+from deepinfer.build_info import build_info
 from deepinfer.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from deepinfer.server.protocol import APIError, error_body
 from deepinfer.server.reasoning import ReasoningParser, get_reasoning_parser
@@ -166,9 +167,12 @@ def create_app(engine: Any, *, api_key: str | None = None, max_queue: int = DEFA
                                 status_code=503)
         return JSONResponse({"status": "ok"})
 
+    # The same facts as `deepinfer --version`: the package version, the backends, the GPUs the build sees.
+    version_body = build_info()
+
     @app.get("/version")
     async def version() -> Response:
-        return JSONResponse({"version": deepinfer.__version__})
+        return JSONResponse(version_body)
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -1,11 +1,13 @@
 """``deepinfer serve``: the OpenAI-compatible server from the command line.
 
-Every EngineConfig field is a flag (derived from the dataclass, so new fields appear by themselves) and can also
-be set in a YAML file given with ``--config``; flags override the file. Server options (host, port, API key, ...)
-work the same way. SIGTERM or SIGINT stops admitting requests, lets those in flight finish for up to
-``--shutdown-timeout`` seconds, aborts the rest, shuts the engine down and exits 0; a second signal aborts at once.
+The model is the positional MODEL (as ``vllm serve MODEL``) or ``--model``. Every EngineConfig field is a flag
+(deepinfer.engine_args derives them from the dataclass, so new fields appear by themselves) and can also be set in a
+YAML file given with ``--config``; flags override the file. Server options (host, port, API key, ...) work the same
+way. The port is bound before the model loads, so a port in use fails at once. SIGTERM or SIGINT stops admitting
+requests, lets those in flight finish for up to ``--shutdown-timeout`` seconds, aborts the rest, shuts the engine
+down and exits 0; a second signal aborts at once.
 
-    deepinfer serve --model /models/DeepSeek-V2-Lite --port 8000 --api-key sk-... --max-model-len 8192
+    deepinfer serve /models/DeepSeek-V2-Lite --port 8000 --api-key sk-... --max-model-len 8192
     deepinfer serve --config serve.yaml --port 9000
 """
 
@@ -14,20 +16,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
-import json
 import logging
 import os
+import errno
 import signal
+import socket
 import sys
 import threading
 import time
-import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from deepinfer.config import EngineConfig
+from deepinfer.config import EngineConfig, is_finite_number
+from deepinfer.engine_args import ENGINE_VALUE_NAMES, add_engine_arguments, finite_float
 
 __all__ = ["add_serve_arguments", "run_serve", "resolve_serve_options", "main"]
 
@@ -50,89 +52,19 @@ API_KEY_ENV = "DEEPINFER_API_KEY"
 _REASONING_PARSERS = ("deepseek-r1",)
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 _KEY_ALIASES = {"model": "model_name_or_path"}
-_METAVARS = {"model_name_or_path": "PATH", "tokenizer": "PATH", "served_model_name": "NAME"}
 
 
 # ----------------------------------------------------------------------------------------------- flags
-
-
-def _none_or(convert: Any) -> Any:
-    def parse(text: str) -> Any:
-        if text.lower() in ("none", "null"):
-            return None
-        return convert(text)
-
-    parse.__name__ = getattr(convert, "__name__", "value")
-    return parse
-
-
-def _json_or_str(text: str) -> Any:
-    """A structured value given on the command line: JSON when it looks like JSON, else the string."""
-    if text.lower() in ("none", "null"):
-        return None
-    if text[:1] in "{[":
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as e:
-            raise argparse.ArgumentTypeError(f"invalid JSON {text!r}: {e}") from None
-    return text
-
-
-def _json_object(text: str) -> Any:
-    if text.lower() in ("none", "null"):
-        return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"invalid JSON {text!r}: {e}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
-    return value
-
-
-def _scalar_type(tp: Any) -> tuple[type | None, bool]:
-    """(the scalar type int/float/str/bool behind an annotation, or None; whether None is allowed)."""
-    if tp in (int, float, str, bool):
-        return tp, False
-    args = typing.get_args(tp)
-    if args and type(None) in args:
-        rest = [a for a in args if a is not type(None)]
-        if len(rest) == 1 and rest[0] in (int, float, str, bool):
-            return rest[0], True
-        return None, True
-    return None, False
-
-
-def _engine_fields() -> Iterator[tuple[dataclasses.Field, Any]]:
-    try:
-        hints = typing.get_type_hints(EngineConfig)
-    except Exception:  # an annotation that cannot be evaluated here: fall back to the defaults' types
-        hints = {}
-    for f in dataclasses.fields(EngineConfig):
-        tp = hints.get(f.name)
-        if tp is None and f.default is not dataclasses.MISSING and f.default is not None:
-            tp = type(f.default)
-        yield f, tp
-
-
-def _flag_names(name: str) -> list[str]:
-    if name == "model_name_or_path":
-        return ["--model", "--model-name-or-path"]
-    return ["--" + name.replace("_", "-")]
-
-
-def _default_of(f: dataclasses.Field) -> Any:
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        return f.default_factory()  # type: ignore[misc]
-    return None
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Adds the serve flags to ``parser``. Defaults are left unset (SUPPRESS) so that only the flags a user gives
     override a ``--config`` file; run_serve fills in the defaults."""
     S = argparse.SUPPRESS
+    # `deepinfer serve MODEL`, as `vllm serve MODEL`; --model works too (resolve_serve_options refuses both at once
+    # when they differ).
+    parser.add_argument("model_positional", nargs="?", metavar="MODEL", default=S,
+                        help="the model directory or hub id (same as --model)")
     parser.add_argument("--config", metavar="FILE.yaml", default=S,
                         help="YAML file of engine and server options (keys as the flags, with _ or -); "
                              "flags given here override it")
@@ -151,7 +83,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     server.add_argument("--max-queue-size", type=int, default=S,
                         help="sequences that may wait for their first token before new requests get 503 "
                              f"(default {SERVER_DEFAULTS['max_queue_size']})")
-    server.add_argument("--shutdown-timeout", type=float, default=S,
+    server.add_argument("--shutdown-timeout", type=finite_float, default=S,
                         help="on SIGTERM/SIGINT, seconds to let in-flight requests finish before aborting them "
                              f"(default {SERVER_DEFAULTS['shutdown_timeout']:g})")
     server.add_argument("--log-level", choices=_LOG_LEVELS, default=S,
@@ -164,30 +96,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     server.add_argument("--allow-credentials", action=argparse.BooleanOptionalAction, default=S,
                         help="let those origins send cookies and Authorization headers (default off)")
 
-    engine = parser.add_argument_group("engine", "EngineConfig fields (see deepinfer.EngineConfig)")
-    taken = {opt for action in parser._actions for opt in action.option_strings}
-    for f, tp in _engine_fields():
-        names = [n for n in _flag_names(f.name) if n not in taken]
-        if not names:
-            continue  # a server flag of the same name wins
-        default = _default_of(f)
-        help_text = f"EngineConfig.{f.name} (default: {default!r})"
-        scalar, nullable = _scalar_type(tp)
-        if scalar is bool and not nullable:
-            engine.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=S, help=help_text)
-        elif scalar is not None:
-            convert = _none_or(scalar) if nullable else scalar
-            engine.add_argument(*names, dest=f.name, type=convert, default=S,
-                                metavar=_METAVARS.get(f.name, scalar.__name__.upper()),
-                                help=help_text + ("; 'none' for None" if nullable else ""))
-        else:
-            engine.add_argument(*names, dest=f.name, type=_json_or_str, default=S, metavar="VALUE",
-                                help=help_text + "; a string, JSON, or 'none'")
-        taken.update(names)
-    if "--quantization-config" not in taken:
-        engine.add_argument("--quantization-config", dest="quantization_config", type=_json_object, default=S,
-                            metavar="JSON",
-                            help='quantization as a JSON object, e.g. {"method": "fp8", "group_size": 128}')
+    add_engine_arguments(parser)
     return parser
 
 
@@ -218,7 +127,14 @@ def load_config_file(path: str | os.PathLike) -> dict[str, Any]:
 def resolve_serve_options(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     """(EngineConfig values, server options) from the file and the flags, flags winning. Raises ValueError."""
     given = {k: v for k, v in vars(args).items() if k not in ("config", "func", "command")}
-    engine_names = {f.name for f in dataclasses.fields(EngineConfig)} | {"quantization_config"}
+    if "model_positional" in given:
+        positional = given.pop("model_positional")
+        flag = given.get("model_name_or_path", positional)
+        if flag != positional:
+            raise ValueError(f"the model is given twice, differently: {positional!r} (positional MODEL) and "
+                             f"{flag!r} (--model); give one of them")
+        given["model_name_or_path"] = positional
+    engine_names = ENGINE_VALUE_NAMES
     file_values: dict[str, Any] = {}
     config_path = getattr(args, "config", None)
     if config_path:
@@ -245,8 +161,8 @@ def resolve_serve_options(args: argparse.Namespace) -> tuple[dict[str, Any], dic
         raise ValueError(f"port must be an integer in [0, 65535], got {server['port']!r}")
     if not isinstance(server["max_queue_size"], int) or server["max_queue_size"] < 1:
         raise ValueError(f"max_queue_size must be an integer >= 1, got {server['max_queue_size']!r}")
-    if not isinstance(server["shutdown_timeout"], (int, float)) or server["shutdown_timeout"] < 0:
-        raise ValueError(f"shutdown_timeout must be a number >= 0, got {server['shutdown_timeout']!r}")
+    if not is_finite_number(server["shutdown_timeout"]) or server["shutdown_timeout"] < 0:
+        raise ValueError(f"shutdown_timeout must be a finite number >= 0, got {server['shutdown_timeout']!r}")
     origins = server["allowed_origins"]
     if isinstance(origins, str):
         origins = [origins]
@@ -331,7 +247,31 @@ def _make_server_class():
     return GracefulServer
 
 
-def _serve(app: Any, engine: Any, server: dict[str, Any]) -> int:
+def bind_listen_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound to (host, port) but not yet listening (connections are refused until uvicorn
+    starts serving on it). Bound before the model loads, so a port already taken fails in a second, not after
+    minutes of loading. Raises OSError with a message naming the address and --port."""
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise OSError(f"cannot resolve --host {host!r}: {e.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    # As uvicorn does: a previous server's connections in TIME_WAIT must not keep the port from being reused.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        where = f"{host}:{port}" if ":" not in (host or "") else f"[{host}]:{port}"
+        if e.errno == errno.EADDRINUSE:
+            raise OSError(f"cannot listen on {where}: the address is already in use (another server is running "
+                          "there?); stop it or choose another --port") from None
+        raise OSError(f"cannot listen on {where}: {e.strerror or e}; check --host and --port") from None
+    return sock
+
+
+def _serve(app: Any, engine: Any, server: dict[str, Any], sock: socket.socket) -> int:
     import uvicorn
 
     config = uvicorn.Config(app, host=server["host"], port=server["port"], log_level=server["log_level"],
@@ -340,7 +280,7 @@ def _serve(app: Any, engine: Any, server: dict[str, Any]) -> int:
     Server = _make_server_class()
     srv = Server(config, app.state.server, engine, float(server["shutdown_timeout"]))
     try:
-        asyncio.run(srv.serve())
+        asyncio.run(srv.serve(sockets=[sock]))
     except SystemExit as e:  # uvicorn exits on startup failures (address in use, ...)
         return int(e.code) if isinstance(e.code, int) else 1
     return 0 if srv.started else 1
@@ -378,6 +318,14 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
 
+    try:
+        sock = bind_listen_socket(server["host"], server["port"])
+    except OSError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
+    if server["port"] == 0:  # the kernel chose one: say which
+        server["port"] = sock.getsockname()[1]
+
     def interrupted(sig: int, frame: Any) -> None:
         raise _Interrupted(signal.Signals(sig).name)
 
@@ -404,13 +352,14 @@ def run_serve(args: argparse.Namespace) -> int:
             previous = {}
         logger.info("serving %s (max_model_len %d) at http://%s:%d/v1", engine.served_model_name,
                     app.state.server.max_model_len, server["host"], server["port"])
-        return _serve(app, engine, server)
+        return _serve(app, engine, server, sock)
     except _Interrupted as e:
         logger.info("%s while starting: stopping", e)
         return 0
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        sock.close()  # uvicorn closes it on shutdown; this covers a failure before serving (closing twice is fine)
         if engine is not None:
             engine.shutdown()
 
