@@ -67,34 +67,58 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _line_editing() -> None:
+    """Arrow keys, history and Ctrl-R at the prompt (readline), when the prompt is a terminal and readline exists."""
+    if sys.stdin.isatty():
+        try:
+            import readline  # noqa: F401  (importing it is what turns line editing on for input())
+        except ImportError:  # e.g. a Python built without it: plain input() still works
+            pass
+
+
+def _reply(engine, ids: list[int], params) -> str:
+    """Streams one reply to stdout; Ctrl-C stops it (the request is aborted) and keeps what came so far."""
+    stream = engine.submit({"prompt_token_ids": ids}, params)
+    parts: list[str] = []
+    try:
+        for delta in stream:
+            parts.append(delta.outputs[0].text)
+            sys.stdout.write(delta.outputs[0].text)
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        stream.abort()
+        sys.stdout.write(" [stopped]")
+    sys.stdout.write("\n")
+    return "".join(parts)
+
+
 def cmd_chat(args: argparse.Namespace) -> int:
     engine = _engine(args)
     params = _sampling(args)
     messages: list[dict[str, str]] = []
     if args.system:
         messages.append({"role": "system", "content": args.system})
-    print("Chatting with the model. Empty line or /exit quits; /reset clears the history.", file=sys.stderr)
+    _line_editing()
+    print("Chatting with the model. Empty line, /exit or Ctrl-D quits; Ctrl-C stops a reply; /reset clears the "
+          "history.", file=sys.stderr)
     try:
         while True:
             try:
                 line = input("you> ")
             except EOFError:
                 break
+            except KeyboardInterrupt:  # at the prompt, as in Python's own REPL: a fresh line, the session goes on
+                sys.stdout.write("\n")
+                continue
             if line.strip() in ("", "/exit", "/quit"):
                 break
             if line.strip() == "/reset":
                 messages = messages[:1] if args.system else []
+                print("(history cleared" + (", the system prompt kept)" if args.system else ")"), file=sys.stderr)
                 continue
             messages.append({"role": "user", "content": line})
-            ids = engine.render_chat(messages)
             sys.stdout.write("model> ")
-            reply = []
-            for delta in engine.stream({"prompt_token_ids": ids}, params):
-                reply.append(delta.outputs[0].text)
-                sys.stdout.write(delta.outputs[0].text)
-                sys.stdout.flush()
-            sys.stdout.write("\n")
-            messages.append({"role": "assistant", "content": "".join(reply)})
+            messages.append({"role": "assistant", "content": _reply(engine, engine.render_chat(messages), params)})
     finally:
         engine.shutdown()
     return 0

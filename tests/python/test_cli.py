@@ -178,3 +178,66 @@ def test_max_model_len_past_max_position_embeddings_is_refused_before_loading(tm
     r = deepinfer("generate", "--max-model-len", "1000000", "x")
     assert r.returncode == 2 and "max_model_len=1000000" in r.stderr and "max_position_embeddings=" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_chat_ctrl_c_stops_the_reply_and_keeps_the_session(monkeypatch, capsys):
+    """Ctrl-C while a reply streams aborts that request and keeps the session (the partial reply in the history);
+    Ctrl-C at the prompt gives a fresh line; /reset says so."""
+    import io
+    import types
+
+    from deepinfer import cli
+    from deepinfer.outputs import CompletionOutput, RequestOutput
+
+    class Stream:
+        def __init__(self, interrupt: bool) -> None:
+            self.interrupt, self.aborted = interrupt, False
+
+        def abort(self) -> None:
+            self.aborted = True
+
+        def __iter__(self):
+            yield RequestOutput(request_id="r", prompt=None, prompt_token_ids=[1],
+                                outputs=[CompletionOutput(index=0, text="partial")])
+            if self.interrupt:
+                raise KeyboardInterrupt
+            yield RequestOutput(request_id="r", prompt=None, prompt_token_ids=[1],
+                                outputs=[CompletionOutput(index=0, text=" reply", finish_reason="stop")])
+
+    class Engine:
+        def __init__(self) -> None:
+            self.streams, self.rendered = [], []
+
+        def render_chat(self, messages):
+            self.rendered.append([dict(m) for m in messages])
+            return [1, 2]
+
+        def submit(self, prompt, params):
+            self.streams.append(Stream(interrupt=len(self.streams) == 0))
+            return self.streams[-1]
+
+        def shutdown(self) -> None:
+            pass
+
+    engine = Engine()
+    monkeypatch.setattr(cli, "_engine", lambda args: engine)
+    lines = iter(["first", KeyboardInterrupt, "second", "/reset", "/exit"])
+
+    def fake_input(prompt=""):
+        item = next(lines)
+        if item is KeyboardInterrupt:
+            raise KeyboardInterrupt
+        return item
+
+    monkeypatch.setattr("builtins.input", fake_input)
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    args = types.SimpleNamespace(system=None, max_tokens=8, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0,
+                                 repetition_penalty=1.0, sampling_seed=None, stop=None)
+    assert cli.cmd_chat(args) == 0
+    out, err = capsys.readouterr()
+    assert engine.streams[0].aborted and not engine.streams[1].aborted
+    assert "partial [stopped]" in out and "partial reply" in out
+    # The second turn saw the first, stopped reply in its history.
+    assert engine.rendered[1][:2] == [{"role": "user", "content": "first"},
+                                      {"role": "assistant", "content": "partial"}]
+    assert "history cleared" in err
