@@ -19,6 +19,7 @@
 // one bf16x2 multiply by 2^120 rebiases the exponent (7 -> 127). Every e4m3 value is a bf16 value, so the product
 // is exact; the NaN codes (0x7f, 0xff) come out as +-480, which no checkpoint holds.
 #include "backend/cuda/gemm/fp8_skinny_gemm.cuh"
+#include "backend/cuda/gemm/skinny_tile_layout.h"
 
 #include <cuda_bf16.h>
 
@@ -38,11 +39,10 @@ using ptx::ld_stream_16;
 using ptx::mma_bf16_16816;
 using ptx::silu;
 
-constexpr int kWarps = 8;
+constexpr int kWarps = kSkinnyWarps;
 constexpr int kThreads = kWarps * 32;
 constexpr int kStepK = 64;  // K elements one warp consumes per step (four MMAs)
 constexpr int kScaleBlock = 128;
-constexpr int kMinStepsPerWarp = 4;
 
 struct Fp8SkinnyKernelArgs {
   Fp8SkinnyGemmParams p;
@@ -217,16 +217,6 @@ __global__ void __launch_bounds__(kThreads, (kTokenTiles <= 2 && kUnroll <= 4) ?
 
 bool aligned(const void* ptr, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
-// Enough K steps per warp to keep loads in flight: short K gives each tile fewer warps and the CTA more tiles; a
-// gated projection keeps at least one gate and one up tile a CTA.
-int tiles_per_cta(int64_t k_dim, SkinnyEpilogue epilogue) {
-  const int64_t steps = k_dim / kStepK;
-  int warps_per_tile = kWarps;
-  while (warps_per_tile > 1 && steps < int64_t{kMinStepsPerWarp} * warps_per_tile) warps_per_tile /= 2;
-  if (epilogue == SkinnyEpilogue::kSiluMul && warps_per_tile == kWarps) warps_per_tile = kWarps / 2;
-  return kWarps / warps_per_tile;
-}
-
 struct TileLayout {
   Fp8SkinnyKernelArgs args;
   int64_t blocks = 0;
@@ -234,16 +224,8 @@ struct TileLayout {
 
 TileLayout tile_layout(const Fp8SkinnyGemmParams& p) {
   TileLayout layout{.args = {.p = p}};
-  Fp8SkinnyKernelArgs& args = layout.args;
-  for (int i = 0; i < p.num_problems; ++i) {
-    const Fp8SkinnyProblem& q = p.problems[i];
-    args.tiles[i] = tiles_per_cta(p.k_dim, q.epilogue);
-    const int groups = q.epilogue == SkinnyEpilogue::kSiluMul ? args.tiles[i] / 2 : args.tiles[i];
-    args.block_begin[i] = static_cast<int>(layout.blocks);
-    layout.blocks += (q.n_out + 16 * groups - 1) / (16 * groups);
-    DI_CHECK(layout.blocks <= INT32_MAX, "fp8_skinny_gemm: ", q.n_out, " output columns are too many");
-  }
-  args.block_begin[p.num_problems] = static_cast<int>(layout.blocks);
+  layout.blocks =
+      lay_out_skinny_tiles(p, p.k_dim / kStepK, layout.args.tiles, layout.args.block_begin, "fp8_skinny_gemm");
   return layout;
 }
 

@@ -19,6 +19,7 @@
 // ranks' partial tiles through distributed shared memory in rank order (the same bits every run) and runs the
 // epilogue once.
 #include "backend/cuda/gemm/skinny_gemm.cuh"
+#include "backend/cuda/gemm/skinny_tile_layout.h"
 
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
@@ -41,12 +42,12 @@ using ptx::ld_stream_16;
 using ptx::mma_bf16_16816;
 using ptx::silu;
 
-constexpr int kWarps = 8;
+constexpr int kWarps = kSkinnyWarps;
 constexpr int kThreads = kWarps * 32;
 constexpr int kStepK = 32;    // K elements one warp consumes per step (two MMAs)
 constexpr int kPipelinedUnroll = 4;   // steps whose loads are in flight together (a group multiplies, the next loads)
 constexpr int kWholeRangeUnroll = 8;  // a warp's whole K range, when it has at most this many steps
-constexpr int kMinStepsPerWarp = 4;
+constexpr int kMinStepsPerWarp = kSkinnyMinStepsPerWarp;
 
 // The kernel's argument: the operands, and per problem the 16-row tiles a CTA computes and its first block of tiles
 // (with a split, the index of its first cluster).
@@ -206,16 +207,6 @@ __global__ void __launch_bounds__(kThreads, kUnroll == kWholeRangeUnroll ? 2 : 1
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-// Enough K steps per warp to keep loads in flight: short K gives each tile fewer warps and the CTA more tiles; a
-// gated projection keeps at least one gate and one up tile a CTA.
-int tiles_per_cta(int64_t k_dim, SkinnyEpilogue epilogue) {
-  const int64_t steps = k_dim / kStepK;
-  int warps_per_tile = kWarps;
-  while (warps_per_tile > 1 && steps < int64_t{kMinStepsPerWarp} * warps_per_tile) warps_per_tile /= 2;
-  if (epilogue == SkinnyEpilogue::kSiluMul && warps_per_tile == kWarps) warps_per_tile = kWarps / 2;
-  return kWarps / warps_per_tile;
-}
-
 // The launch's layout without a split: per problem the tiles a CTA computes and its first block; `blocks` in all.
 struct TileLayout {
   SkinnyKernelArgs args;
@@ -224,16 +215,7 @@ struct TileLayout {
 
 TileLayout tile_layout(const SkinnyGemmParams& p) {
   TileLayout layout{.args = {.p = p}};
-  SkinnyKernelArgs& args = layout.args;
-  for (int i = 0; i < p.num_problems; ++i) {
-    const SkinnyProblem& q = p.problems[i];
-    args.tiles[i] = tiles_per_cta(p.k_dim, q.epilogue);
-    const int groups = q.epilogue == SkinnyEpilogue::kSiluMul ? args.tiles[i] / 2 : args.tiles[i];
-    args.block_begin[i] = static_cast<int>(layout.blocks);
-    layout.blocks += (q.n_out + 16 * groups - 1) / (16 * groups);
-    DI_CHECK(layout.blocks <= INT32_MAX, "skinny_gemm: ", q.n_out, " output columns are too many");
-  }
-  args.block_begin[p.num_problems] = static_cast<int>(layout.blocks);
+  layout.blocks = lay_out_skinny_tiles(p, p.k_dim / kStepK, layout.args.tiles, layout.args.block_begin, "skinny_gemm");
   return layout;
 }
 
