@@ -143,6 +143,16 @@ __global__ void fill_scale_kernel(float* scales, int64_t n, uint64_t seed, int s
   }
 }
 
+// V3's e_score_correction_bias of the model's experts: small uniform values from `rng`, on the host and the device.
+void upload_bias(DeviceModel& d, std::mt19937_64& rng, cudaStream_t stream) {
+  const int experts = d.m->experts;
+  std::uniform_real_distribution<float> u(-0.05f, 0.05f);
+  d.bias_host.resize(experts);
+  for (auto& b : d.bias_host) b = u(rng);
+  d.bias = DeviceBuffer(experts * 4, stream);
+  CUDA_TRY(cudaMemcpyAsync(d.bias.data(), d.bias_host.data(), experts * 4, cudaMemcpyHostToDevice, stream));
+}
+
 // The FP8 twin of a model (hidden and inter multiples of 128): codes and one scale per 128 x 128 block.
 DeviceModel make_fp8_device_model(const Model& m, uint64_t seed, cudaStream_t stream) {
   DeviceModel d;
@@ -163,14 +173,8 @@ DeviceModel make_fp8_device_model(const Model& m, uint64_t seed, cudaStream_t st
   fill_scale_kernel<<<64, 256, 0, stream>>>(d.gate_up_scale.as<float>(), gu_blocks, seed + 5, scale_log2_for(m.hidden));
   fill_scale_kernel<<<64, 256, 0, stream>>>(d.down_scale.as<float>(), dn_blocks, seed + 6, scale_log2_for(m.inter));
   CUDA_TRY(cudaGetLastError());
-  if (m.bias) {
-    std::mt19937_64 rng(seed);
-    std::uniform_real_distribution<float> u(-0.05f, 0.05f);
-    d.bias_host.resize(m.experts);
-    for (auto& b : d.bias_host) b = u(rng);
-    d.bias = DeviceBuffer(m.experts * 4, stream);
-    CUDA_TRY(cudaMemcpyAsync(d.bias.data(), d.bias_host.data(), m.experts * 4, cudaMemcpyHostToDevice, stream));
-  }
+  std::mt19937_64 rng(seed);
+  if (m.bias) upload_bias(d, rng, stream);
   return d;
 }
 
@@ -185,13 +189,7 @@ DeviceModel make_device_model(const Model& m, uint64_t seed, std::mt19937_64& rn
   d.w_down = DeviceBuffer(dn * 2, stream);
   fill(d.w_gate_up.as<uint16_t>(), gu, d.seed_gate_up, scale_log2_for(m.hidden), stream);
   fill(d.w_down.as<uint16_t>(), dn, d.seed_down, scale_log2_for(m.inter), stream);
-  if (m.bias) {
-    std::uniform_real_distribution<float> u(-0.05f, 0.05f);
-    d.bias_host.resize(m.experts);
-    for (auto& b : d.bias_host) b = u(rng);
-    d.bias = DeviceBuffer(m.experts * 4, stream);
-    CUDA_TRY(cudaMemcpyAsync(d.bias.data(), d.bias_host.data(), m.experts * 4, cudaMemcpyHostToDevice, stream));
-  }
+  if (m.bias) upload_bias(d, rng, stream);
   return d;
 }
 

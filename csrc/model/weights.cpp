@@ -163,6 +163,11 @@ class DummySource final : public WeightSource {
 // ---------------------------------------------------------------------------------------------- the loader
 
 int64_t num_rows(const Shape& s) { return s.ndim() == 0 ? 1 : s[0]; }
+
+// Rows of `row` values a chunk holds: at most kLoadChunkFloats values, or one row when a row is larger.
+int64_t chunk_rows(int64_t row) { return std::max<int64_t>(1, kLoadChunkFloats / std::max<int64_t>(row, 1)); }
+// The same in whole FP8 block rows, at least one.
+int64_t block_chunk_rows(int64_t row) { return std::max<int64_t>(1, chunk_rows(row) / kFp8Block) * kFp8Block; }
 int64_t row_elems(const Shape& s) { return num_rows(s) == 0 ? 0 : s.numel() / num_rows(s); }
 
 // Reads tensors piece by piece into one reusable host buffer and hands each piece to the sink.
@@ -197,8 +202,7 @@ class Loader {
       copy_rows(name, shape, first_row, count, dst, offset);
       return;
     }
-    const int64_t rows_per_chunk =
-        std::max<int64_t>(1, kLoadChunkFloats / std::max<int64_t>(cols, 1) / kFp8Block) * kFp8Block;
+    const int64_t rows_per_chunk = block_chunk_rows(cols);
     for (int64_t done = 0; done < count; done += rows_per_chunk) {
       const int64_t n = std::min(rows_per_chunk, count - done);
       codes_.resize(static_cast<size_t>(n * cols));
@@ -224,12 +228,12 @@ class Loader {
   void copy_rows(const std::string& name, Shape shape, int64_t first_row, int64_t count, Dst& dst,
                  int64_t offset) {
     const int64_t row = row_elems(shape);
-    int64_t rows_per_chunk = std::max<int64_t>(1, kLoadChunkFloats / std::max<int64_t>(row, 1));
+    int64_t rows_per_chunk = chunk_rows(row);
     if constexpr (std::is_same_v<Dst, Weight>) {
       // Chunks of whole FP8 block rows, which an FP8 sink quantizes as they come (source rows = weight rows here).
       const Shape& ds = dst.shape();
       if (sink_.fp8_linear() && row == ds[ds.ndim() - 1] && rows_per_chunk >= kFp8Block) {
-        rows_per_chunk = rows_per_chunk / kFp8Block * kFp8Block;
+        rows_per_chunk = block_chunk_rows(row);
       }
     }
     if (count == 0) source_.read_rows(name, shape.dims(), first_row, 0, {});  // still checks name and shape
@@ -251,7 +255,7 @@ class Loader {
         return;
       }
     }
-    const int64_t rows_per_chunk = std::max<int64_t>(1, kLoadChunkFloats / std::max<int64_t>(cols, 1));
+    const int64_t rows_per_chunk = chunk_rows(cols);
     if (rows == 0) source_.read_rows(name, shape.dims(), 0, 0, {});  // still checks name and shape
     for (int64_t first = 0; first < rows; first += rows_per_chunk) {
       const int64_t n = std::min(rows_per_chunk, rows - first);
@@ -270,8 +274,7 @@ class Loader {
   void copy_fp8_column_blocks(const std::string& name, Shape shape, int64_t width, Weight& dst, int64_t first_matrix) {
     const int64_t rows = shape[0], cols = shape[1], blocks = cols / width;
     const int64_t block_cols = fp8_blocks(cols), width_blocks = width / kFp8Block;
-    const int64_t rows_per_chunk =
-        std::max<int64_t>(1, kLoadChunkFloats / std::max<int64_t>(cols, 1) / kFp8Block) * kFp8Block;
+    const int64_t rows_per_chunk = block_chunk_rows(cols);
     std::vector<uint8_t> codes_j;
     std::vector<float> scales_j;
     for (int64_t first = 0; first < rows; first += rows_per_chunk) {

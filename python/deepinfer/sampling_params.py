@@ -102,7 +102,7 @@ class SamplingParams:
         p.stop_token_ids = [int(t) for t in self.stop_token_ids]
         p.ignore_eos = bool(self.ignore_eos)
         p.logprobs = -1 if self.logprobs is None else int(self.logprobs)
-        p.prompt_logprobs = -1 if self.prompt_logprobs is None or not score_prompt else int(self.prompt_logprobs)
-        if self.max_tokens == 0 and not score_prompt:
-            p.prompt_logprobs = int(self.prompt_logprobs)  # a completion of nothing still needs a core request
+        # A request that generates nothing exists only to score its prompt, so every completion of it scores.
+        scores = self.prompt_logprobs is not None and (score_prompt or self.max_tokens == 0)
+        p.prompt_logprobs = int(self.prompt_logprobs) if scores else -1
         return p
