@@ -180,7 +180,19 @@ void validate_row_gather(const ConstTensorView& src, const ConstTensorView& indi
 }  // namespace
 
 void EmbeddingArgs::validate() const {
-  validate_row_gather(table, token_ids, out, "embedding", "table", "token_ids", "token id");
+  if (first_row == 0 && (vocab_size == 0 || vocab_size == table.shape[0])) {
+    validate_row_gather(table, token_ids, out, "embedding", "table", "token_ids", "token id");
+    return;
+  }
+  expect_ndim(table, 2, "embedding", "table");
+  DI_CHECK(first_row >= 0 && first_row + table.shape[0] <= vocab_size, "embedding: a table of rows [", first_row,
+           ", ", first_row + table.shape[0], ") of a vocabulary of ", vocab_size);
+  DI_CHECK(out.shape.ndim() == 2 && out.shape[1] == table.shape[1], "embedding: out ", out.shape.str(), " for table ",
+           table.shape.str());
+  expect_index_array(token_ids, out.shape[0], "embedding", "token_ids");
+  expect_same_dtype(table, out, "embedding", "table", "out");
+  expect_one_device({table, token_ids, out}, "embedding");
+  expect_entries_below(token_ids, vocab_size, "embedding", "token id");
 }
 
 void GatherRowsArgs::validate() const {

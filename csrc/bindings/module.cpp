@@ -100,6 +100,9 @@ NB_MODULE(_deepinfer, m) {
       .def_rw("fp8_weights", &EngineOptions::fp8_weights)
       .def_rw("fp8_activations", &EngineOptions::fp8_activations)
       .def_rw("enable_prefix_caching", &EngineOptions::enable_prefix_caching)
+      .def_rw("tensor_parallel_size", &EngineOptions::tensor_parallel_size)
+      .def_rw("enable_expert_parallel", &EngineOptions::enable_expert_parallel)
+      .def_rw("collective_timeout_s", &EngineOptions::collective_timeout_s)
       .def("validate", &EngineOptions::validate);
 
   nb::class_<ModelConfig>(m, "ModelConfig", "The parsed config.json (read-only summary).")

@@ -7,11 +7,14 @@
 
 namespace deepinfer {
 
-std::unique_ptr<Backend> make_backend(const std::string& device) {
+std::unique_ptr<Backend> make_backend(const std::string& device, int index) {
   if (device == "cpu") return make_cpu_backend();
 #ifdef DEEPINFER_HAVE_CUDA
-  DI_CHECK_ARG(cuda::device_count() > 0, "device 'cuda': no CUDA device is visible");
-  return make_cuda_backend();
+  const int visible = cuda::device_count();
+  DI_CHECK_ARG(visible > 0, "device 'cuda': no CUDA device is visible");
+  DI_CHECK_ARG(index < visible, "rank ", index, " needs GPU ", index, ", but ", visible,
+               " CUDA device(s) are visible: tensor_parallel_size must be at most the visible GPUs");
+  return make_cuda_backend(index);
 #else
   throw InvalidArgument("device 'cuda': this build has no CUDA backend (it was built without nvcc)");
 #endif

@@ -8,7 +8,8 @@
 
 namespace deepinfer {
 
-// "cpu", or "cuda" when this build has the CUDA backend and a device is visible; throws InvalidArgument otherwise.
-std::unique_ptr<Backend> make_backend(const std::string& device);
+// "cpu", or "cuda" (GPU `index`) when this build has the CUDA backend and that device is visible; throws
+// InvalidArgument otherwise. The CPU ignores `index` (each CPU rank is a backend of its own on the same host).
+std::unique_ptr<Backend> make_backend(const std::string& device, int index = 0);
 
 }  // namespace deepinfer

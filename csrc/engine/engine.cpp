@@ -5,6 +5,7 @@
 
 #include "engine/device_backend.h"
 #include "engine/model_runner.h"
+#include "model/sharded_source.h"
 
 namespace deepinfer {
 
@@ -20,6 +21,10 @@ void EngineOptions::validate() const {
   DI_CHECK_ARG(max_num_batched_tokens > 0, "max_num_batched_tokens must be > 0, got ", max_num_batched_tokens);
   DI_CHECK_ARG(gpu_memory_utilization > 0.0 && gpu_memory_utilization <= 1.0,
                "gpu_memory_utilization must be in (0, 1], got ", gpu_memory_utilization);
+  DI_CHECK_ARG(tensor_parallel_size >= 1, "tensor_parallel_size must be >= 1, got ", tensor_parallel_size);
+  DI_CHECK_ARG(!enable_expert_parallel || tensor_parallel_size > 1,
+               "enable_expert_parallel needs more than one rank (tensor_parallel_size ", tensor_parallel_size, ")");
+  DI_CHECK_ARG(collective_timeout_s > 0.0, "collective_timeout_s must be > 0, got ", collective_timeout_s);
 }
 
 namespace {
@@ -40,53 +45,106 @@ std::unique_ptr<WeightSink> make_weight_sink(const EngineOptions& options, const
 
 }  // namespace
 
-LoadedModel load_model(const EngineOptions& options, const LoadProgress& progress) {
+LoadedModel load_model(const EngineOptions& options, const LoadProgress& progress, Communicator* comm) {
   options.validate();
   ModelConfig config = load_model_config(options.model_path);
+  const ModelParallel parallel{.shard = {.rank = comm ? comm->rank() : 0, .size = options.tensor_parallel_size,
+                                         .expert_parallel = options.enable_expert_parallel},
+                               .comm = comm};
+  DI_CHECK_ARG(parallel.shard.whole() || (comm && comm->size() == parallel.shard.size), "tensor_parallel_size ",
+               options.tensor_parallel_size, " needs a group of as many ranks");
+  const ModelConfig local = local_config(config, parallel.shard);  // refuses a split the model does not divide into
   auto source = options.load_format == LoadFormat::kDummy ? make_dummy_source(options.seed)
                                                           : open_checkpoint_source(options.model_path, config);
-  LoadedModel loaded{.backend = make_backend(options.device)};
+  const std::unique_ptr<WeightSource> shard_source = make_sharded_source(*source, parallel.shard);
+  LoadedModel loaded{.backend = make_backend(options.device, parallel.shard.rank)};
   // Each weight goes to the device as it is read: the host never holds the model.
   const std::unique_ptr<WeightSink> sink = make_weight_sink(options, config, *loaded.backend);
-  ModelWeights weights = load_weights(config, *source, *sink, progress);
-  loaded.model = std::make_unique<DeepseekModel>(std::move(config), std::move(weights), *loaded.backend);
+  ModelWeights weights = load_weights(local, *shard_source, *sink, progress, parallel.shard);
+  loaded.model = std::make_unique<DeepseekModel>(std::move(config), std::move(weights), *loaded.backend, parallel);
   return loaded;
 }
 
+LatentCacheShape engine_cache_shape(const EngineOptions& options, const ModelConfig& config) {
+  return {.num_layers = config.num_hidden_layers, .page_size = options.page_size, .latent_dim = config.latent_dim()};
+}
+
+namespace {
+// Decode graphs pad their batches with rows that read and write one page no request owns.
+bool uses_graphs(const EngineOptions& options) { return options.device == "cuda" && !options.enforce_eager; }
+}  // namespace
+
+int64_t local_cache_pages(const EngineOptions& options, const LatentCacheShape& shape, DeepseekModel& model) {
+  return latent_cache_pages({.num_cache_pages = options.num_cache_pages,
+                             .cache_memory_bytes = options.cache_memory_bytes,
+                             .gpu_memory_utilization = options.gpu_memory_utilization,
+                             .max_num_batched_tokens = options.max_num_batched_tokens,
+                             .max_num_seqs = options.max_num_seqs,
+                             .graphs = uses_graphs(options)},
+                            shape, model);
+}
+
+EngineCachePlan engine_cache_plan(const EngineOptions& options, LatentCacheShape shape, int64_t pages,
+                                  int32_t max_model_len) {
+  const bool graphs = uses_graphs(options);
+  shape.num_pages = static_cast<int32_t>(pages + (graphs ? 1 : 0));
+  const int32_t scratch_page = graphs ? static_cast<int32_t>(pages) : -1;
+  return {.shape = shape,
+          .scratch_page = scratch_page,
+          .runner = {.use_graphs = graphs,
+                     .max_graph_batch = options.max_num_seqs,
+                     .max_graph_pages = (max_model_len + shape.page_size - 1) / shape.page_size,
+                     .scratch_page = scratch_page}};
+}
+
 std::unique_ptr<Engine> Engine::create(const EngineOptions& options, const LoadProgress& progress) {
-  LoadedModel loaded = load_model(options, progress);
+  options.validate();
+  // A split the model does not divide into is refused here, from config.json alone, before any rank starts.
+  local_config(load_model_config(options.model_path),
+               {.size = options.tensor_parallel_size, .expert_parallel = options.enable_expert_parallel});
+  std::unique_ptr<Ranks> ranks;
+  if (options.tensor_parallel_size > 1) {
+    ranks = std::make_unique<Ranks>();
+    ranks->group = std::make_unique<LocalGroup>(
+        options.tensor_parallel_size,
+        std::chrono::milliseconds(static_cast<int64_t>(options.collective_timeout_s * 1000.0)));
+    ranks->comm = ranks->group->communicator(0);
+    ranks->workers = std::make_unique<WorkerRanks>(options, *ranks->group, *ranks->comm);  // they load meanwhile
+  }
+  Communicator* comm = ranks ? ranks->comm.get() : nullptr;
+  LoadedModel loaded;
+  try {
+    loaded = load_model(options, progress, comm);
+  } catch (...) {
+    if (ranks) ranks->comm->abort("rank 0 failed to load");
+    throw;
+  }
   const ModelConfig& config = loaded.model->config();
 
-  LatentCacheShape shape{.num_layers = config.num_hidden_layers, .page_size = options.page_size,
-                         .latent_dim = config.latent_dim()};
+  const LatentCacheShape shape = engine_cache_shape(options, config);
   const int64_t page_bytes = shape.bytes_per_page(loaded.backend->activation_dtype());
-  // Decode graphs pad their batches with rows that read and write one page no request owns.
-  const bool graphs = options.device == "cuda" && !options.enforce_eager;
-  const int64_t pages = latent_cache_pages({.num_cache_pages = options.num_cache_pages,
-                                            .cache_memory_bytes = options.cache_memory_bytes,
-                                            .gpu_memory_utilization = options.gpu_memory_utilization,
-                                            .max_num_batched_tokens = options.max_num_batched_tokens,
-                                            .max_num_seqs = options.max_num_seqs,
-                                            .graphs = graphs},
-                                           shape, *loaded.model);
-  DI_CHECK_ARG(pages >= 1 && pages <= INT32_MAX, "the cache budget holds ", pages, " pages of ", page_bytes,
-               " bytes; raise it");
-  shape.num_pages = static_cast<int32_t>(pages);
-  const int32_t scratch_page = graphs ? static_cast<int32_t>(pages) : -1;
-  DI_CHECK_ARG(!graphs || pages + 1 <= INT32_MAX, "the cache budget holds too many pages");
-  if (graphs) shape.num_pages += 1;
-  const int64_t capacity_tokens = pages * options.page_size;
-  int64_t max_len = options.max_model_len;
-  if (max_len == 0) max_len = std::min<int64_t>(config.max_position_embeddings, capacity_tokens);
-  DI_CHECK_ARG(max_len <= capacity_tokens, "max_model_len ", max_len, " exceeds what the latent cache holds (",
-               capacity_tokens, " tokens in ", pages, " pages of ", options.page_size,
-               "); raise the cache size or lower max_model_len");
-  DI_CHECK_ARG(max_len >= 2, "max_model_len must be >= 2, got ", max_len);
+  // Every rank holds the whole latent cache (it is shared by all heads): the ranks take the fewest pages any holds.
+  const auto decide_max_len = [&](int64_t pages) {
+    DI_CHECK_ARG(pages >= 1 && pages < INT32_MAX, "the cache budget holds ", pages, " pages of ", page_bytes,
+                 " bytes; raise it");
+    const int64_t capacity_tokens = pages * options.page_size;
+    int64_t max_len = options.max_model_len;
+    if (max_len == 0) max_len = std::min<int64_t>(config.max_position_embeddings, capacity_tokens);
+    DI_CHECK_ARG(max_len <= capacity_tokens, "max_model_len ", max_len, " exceeds what the latent cache holds (",
+                 capacity_tokens, " tokens in ", pages, " pages of ", options.page_size,
+                 "); raise the cache size or lower max_model_len");
+    DI_CHECK_ARG(max_len >= 2, "max_model_len must be >= 2, got ", max_len);
+    return static_cast<int32_t>(max_len);
+  };
+  const int64_t local_pages = local_cache_pages(options, shape, *loaded.model);
+  const auto [pages, max_len] = comm ? WorkerRanks::agree_cache(*comm, local_pages, decide_max_len)
+                                     : std::pair{local_pages, decide_max_len(local_pages)};
   SchedulerConfig sched{.max_num_seqs = options.max_num_seqs,
                         .max_num_batched_tokens = options.max_num_batched_tokens,
-                        .max_model_len = static_cast<int32_t>(max_len)};
+                        .max_model_len = max_len};
   sched.validate();
-  return std::unique_ptr<Engine>(new Engine(options, std::move(loaded), shape, scratch_page, sched));
+  return std::unique_ptr<Engine>(new Engine(options, std::move(ranks), std::move(loaded),
+                                            engine_cache_plan(options, shape, pages, max_len), sched));
 }
 
 std::vector<std::pair<std::string, int64_t>> Engine::weight_bytes() const {
@@ -97,22 +155,19 @@ std::vector<std::pair<std::string, int64_t>> Engine::weight_bytes() const {
   return out;
 }
 
-Engine::Engine(EngineOptions options, LoadedModel loaded, LatentCacheShape cache_shape, int32_t scratch_page,
+Engine::Engine(EngineOptions options, std::unique_ptr<Ranks> ranks, LoadedModel loaded, const EngineCachePlan& plan,
                SchedulerConfig scheduler_config)
     : options_(std::move(options)),
+      ranks_(std::move(ranks)),
       backend_(std::move(loaded.backend)),
       model_(std::move(loaded.model)),
-      cache_(cache_shape, *backend_),
+      cache_(plan.shape, *backend_),
       // The scratch page, when there is one, is the last: the cache manager hands out the pages before it.
-      cache_manager_(scratch_page >= 0 ? scratch_page : cache_shape.num_pages, cache_shape.page_size,
+      cache_manager_(plan.scratch_page >= 0 ? plan.scratch_page : plan.shape.num_pages, plan.shape.page_size,
                      options_.enable_prefix_caching),
       scheduler_config_(scheduler_config),
       scheduler_(scheduler_config, cache_manager_),
-      runner_(*model_, cache_,
-              {.use_graphs = scratch_page >= 0,
-               .max_graph_batch = options_.max_num_seqs,
-               .max_graph_pages = (scheduler_config.max_model_len + cache_shape.page_size - 1) / cache_shape.page_size,
-               .scratch_page = scratch_page}),
+      runner_(*model_, cache_, plan.runner),
       seed_rng_(options_.seed) {
   stats_.num_cache_pages = cache_manager_.num_free_pages();
   stats_.num_free_cache_pages = cache_manager_.num_free_pages();
@@ -129,6 +184,10 @@ void Engine::shutdown() {
   }
   work_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (ranks_ && ranks_->workers) {
+    ranks_->workers->stop();
+    ranks_->workers.reset();  // joins them
+  }
   output_cv_.notify_all();
 }
 
@@ -146,6 +205,7 @@ void Engine::add_request(uint64_t id, std::vector<int32_t> prompt, SamplingParam
                " (prompt + at least one generated token must fit)");
   std::lock_guard lock(mutex_);
   DI_CHECK_ARG(!stopping_, "the engine is shut down");
+  if (!broken_.empty()) throw Error(broken_);
   pending_.push_back({id, std::move(prompt), std::move(params)});
   work_cv_.notify_one();
 }
@@ -244,6 +304,19 @@ void Engine::admit_pending() {
   stats_.num_free_cache_pages = cache_manager_.num_free_pages();
 }
 
+void Engine::fail_all(const std::string& message) {
+  for (uint64_t id : scheduler_.unfinished_ids()) {
+    if (scheduler_.abort(id)) emit({.id = id, .finished = true, .finish_reason = FinishReason::kError, .error = message});
+  }
+  std::lock_guard lock(mutex_);
+  broken_ = message;
+  stats_.alive = false;
+  for (const auto& p : pending_) {
+    outputs_.push_back({.id = p.id, .finished = true, .finish_reason = FinishReason::kError, .error = message});
+  }
+  pending_.clear();
+}
+
 void Engine::fail_plan(const SchedulePlan& plan, const std::string& message) {
   scheduler_.cancel(plan);
   for (const auto& chunk : plan.chunks) {
@@ -269,8 +342,13 @@ void Engine::step_once() {
   try {
     StepBatch step = build_step_batch(plan, options_.page_size, static_cast<int32_t>(model_->config().vocab_size));
     pure_decode = step.forward.is_pure_decode();
+    if (ranks_) ranks_->workers->send(step.forward);
     result = runner_.execute(step);  // the step's one device-to-host copy
     scored = std::move(step.scored);
+  } catch (const CollectiveError& e) {
+    // A rank failed or stopped answering: the group cannot step again. Everything ends with the error.
+    fail_all(std::string("the engine stopped: ") + e.what());
+    return;
   } catch (const std::exception& e) {
     fail_plan(plan, std::string("the step failed: ") + e.what());
     return;

@@ -21,6 +21,8 @@
 #include "engine/sample_result.h"
 #include "engine/scheduler.h"
 #include "engine/step_runner.h"
+#include "engine/worker_ranks.h"
+#include "parallel/local_group.h"
 #include "model/deepseek.h"
 
 namespace deepinfer {
@@ -45,6 +47,12 @@ struct EngineOptions {
   // The CPU computes with their dequantized values (exactly the FP8 weights, in float32).
   bool fp8_weights = false;
   bool fp8_activations = true;               // W8A8 (prefill GEMMs quantize activations); false: weight-only FP8
+  // Tensor parallelism (model_shard.h): the model split across this many ranks, one a GPU (devices 0 .. n - 1) or,
+  // on the CPU, a thread; one scheduler steps them all. With enable_expert_parallel the routed experts are
+  // partitioned across the ranks instead of split.
+  int32_t tensor_parallel_size = 1;
+  bool enable_expert_parallel = false;
+  double collective_timeout_s = 600.0;       // a rank that does not reach a collective this long fails the engine
 
   void validate() const;
 };
@@ -81,12 +89,25 @@ struct EngineStats {
   bool alive = true;
 };
 
-// A model ready to run, on the backend of the options' device.
+// A model ready to run, on the backend of the options' device: the whole model, or under tensor parallelism the shard
+// of `comm`'s rank (on GPU `comm->rank()`), which reads only its slices of the checkpoint.
 struct LoadedModel {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<DeepseekModel> model;
 };
-LoadedModel load_model(const EngineOptions& options, const LoadProgress& progress = {});
+LoadedModel load_model(const EngineOptions& options, const LoadProgress& progress = {}, Communicator* comm = nullptr);
+
+// The latent cache of every rank: its shape (num_pages unset), the pages this rank's memory holds, and, once the
+// ranks agree on the pages and max_model_len, the cache with its graph scratch page and the step runner's options.
+LatentCacheShape engine_cache_shape(const EngineOptions& options, const ModelConfig& config);
+int64_t local_cache_pages(const EngineOptions& options, const LatentCacheShape& shape, DeepseekModel& model);
+struct EngineCachePlan {
+  LatentCacheShape shape;  // num_pages includes the scratch page
+  int32_t scratch_page = -1;
+  StepRunnerOptions runner;
+};
+EngineCachePlan engine_cache_plan(const EngineOptions& options, LatentCacheShape shape, int64_t pages,
+                                  int32_t max_model_len);
 
 class Engine {
  public:
@@ -112,7 +133,8 @@ class Engine {
   void shutdown();
 
  private:
-  Engine(EngineOptions options, LoadedModel loaded, LatentCacheShape cache_shape, int32_t scratch_page,
+  struct Ranks;  // the other ranks of a parallel model
+  Engine(EngineOptions options, std::unique_ptr<Ranks> ranks, LoadedModel loaded, const EngineCachePlan& plan,
          SchedulerConfig scheduler_config);
   void loop();
   void step_once();
@@ -126,9 +148,19 @@ class Engine {
                    uint64_t generated_tokens);
   void admit_pending();
   void fail_plan(const SchedulePlan& plan, const std::string& message);
+  // Ends every request with `message` and refuses new ones: the ranks of a parallel model can no longer step.
+  void fail_all(const std::string& message);
   void emit(RequestOutputDelta delta);
 
   EngineOptions options_;
+  // Under tensor parallelism: the group, rank 0's communicator and the worker ranks (destroyed after the step thread
+  // stops and before this rank's model).
+  struct Ranks {
+    std::unique_ptr<LocalGroup> group;
+    std::unique_ptr<Communicator> comm;  // rank 0's
+    std::unique_ptr<WorkerRanks> workers;
+  };
+  std::unique_ptr<Ranks> ranks_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<DeepseekModel> model_;
   LatentCache cache_;
@@ -151,6 +183,7 @@ class Engine {
   std::vector<RequestOutputDelta> outputs_;
   EngineStats stats_;
   bool stopping_ = false;
+  std::string broken_;  // why the engine can no longer step (a failed rank), or ""
   std::thread thread_;
 };
 

@@ -160,4 +160,40 @@ StepInputs bind_step(ConstTensorView packed, const StepLayout& layout, const For
   return in;
 }
 
+namespace {
+// The arrays in the order they are encoded, each preceded by its length.
+template <typename Batch>
+auto encoded_arrays(Batch& b) {
+  return std::array{&b.token_ids, &b.positions, &b.slot_mapping, &b.query_start, &b.context_lens, &b.page_table,
+                    &b.logits_indices};
+}
+}  // namespace
+
+std::vector<int32_t> encode_forward_batch(const ForwardBatch& batch) {
+  std::vector<int32_t> words{batch.max_pages_per_seq, batch.num_decode_seqs, batch.decode_context_bound};
+  for (const std::vector<int32_t>* a : encoded_arrays(batch)) {
+    words.push_back(static_cast<int32_t>(a->size()));
+    words.insert(words.end(), a->begin(), a->end());
+  }
+  return words;
+}
+
+ForwardBatch decode_forward_batch(std::span<const int32_t> words) {
+  ForwardBatch b;
+  DI_CHECK(words.size() >= 3, "a step batch of ", words.size(), " words");
+  b.max_pages_per_seq = words[0];
+  b.num_decode_seqs = words[1];
+  b.decode_context_bound = words[2];
+  size_t at = 3;
+  for (std::vector<int32_t>* a : encoded_arrays(b)) {
+    DI_CHECK(at < words.size() && words[at] >= 0 && static_cast<size_t>(words[at]) <= words.size() - at - 1,
+             "a step batch cut short at word ", at, " of ", words.size());
+    const auto n = static_cast<size_t>(words[at++]);
+    a->assign(words.begin() + static_cast<std::ptrdiff_t>(at), words.begin() + static_cast<std::ptrdiff_t>(at + n));
+    at += n;
+  }
+  DI_CHECK(at == words.size(), "a step batch with ", words.size() - at, " words left over");
+  return b;
+}
+
 }  // namespace deepinfer

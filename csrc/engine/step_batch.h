@@ -122,6 +122,11 @@ struct StepLayout {
   int64_t total() const { return packed_size; }
 };
 
+// The batch without its sampling inputs, as int32 words and back: what rank 0 sends the other ranks of a parallel
+// model each step, which run its forward pass but do not sample. decode_forward_batch throws on malformed words.
+std::vector<int32_t> encode_forward_batch(const ForwardBatch& batch);
+ForwardBatch decode_forward_batch(std::span<const int32_t> words);
+
 // Appends the batch's arrays to `out` (cleared first) and returns their layout.
 StepLayout pack_step(const ForwardBatch& batch, std::vector<int32_t>& out);
 

@@ -149,9 +149,35 @@ std::vector<SampledToken> StepRunner::execute(const ForwardBatch& batch) {
              .out = TensorView{nullptr, DType::kI32, Shape{n, kSampledTokenWords}, Device::kCpu}}
       .validate();
 
-  Tensor eager_inputs, eager_logits;
-  ConstTensorView logits;
-  StepInputs in;
+  Forward f = forward(batch);
+  Tensor out = backend_.empty({n, kSampledTokenWords}, DType::kI32);
+  backend_.sample({.logits = f.logits.rows(0, n), .rows = f.in.sampling_rows, .penalty_tokens = f.in.penalty_tokens,
+                   .penalty_counts = f.in.penalty_counts, .masked_tokens = f.in.masked_tokens, .out = out.view()});
+  std::vector<SampledToken> tokens(static_cast<size_t>(n));
+  backend_.copy_to_host(out.cview(),
+                        TensorView{tokens.data(), DType::kI32, Shape{n, kSampledTokenWords}, Device::kCpu});
+  return tokens;
+}
+
+void StepRunner::execute_forward(const ForwardBatch& batch) {
+  const LatentCacheShape& shape = cache_.shape();
+  batch.validate(static_cast<int32_t>(model_.config().vocab_size), shape.num_pages, shape.page_size);
+  const Forward f = forward(batch);
+  // Waits for the step, so that a failure shows here, in this step, and the rank keeps pace with rank 0.
+  if (f.logits.numel() > 0) {
+    float first = 0.0f;
+    backend_.copy_to_host(f.logits.rows(0, 1).columns(0, 1),
+                          TensorView{&first, DType::kF32, Shape{1, 1}, Device::kCpu});
+  }
+}
+
+StepRunner::Forward StepRunner::forward(const ForwardBatch& batch) {
+  const LatentCacheShape& shape = cache_.shape();
+  Forward f;
+  Tensor& eager_inputs = f.eager_inputs;
+  Tensor& eager_logits = f.eager_logits;
+  ConstTensorView& logits = f.logits;
+  StepInputs& in = f.in;
   if (graph_eligible(batch)) {
     const ForwardBatch padded = pad_decode_batch(batch, buckets_, options_.max_graph_pages, options_.scratch_page,
                                                  shape.page_size);
@@ -180,14 +206,7 @@ std::vector<SampledToken> StepRunner::execute(const ForwardBatch& batch) {
     eager_logits = model_.run(in.model, cache_.layers());
     logits = eager_logits.cview();
   }
-
-  Tensor out = backend_.empty({n, kSampledTokenWords}, DType::kI32);
-  backend_.sample({.logits = logits.rows(0, n), .rows = in.sampling_rows, .penalty_tokens = in.penalty_tokens,
-                   .penalty_counts = in.penalty_counts, .masked_tokens = in.masked_tokens, .out = out.view()});
-  std::vector<SampledToken> tokens(static_cast<size_t>(n));
-  backend_.copy_to_host(out.cview(),
-                        TensorView{tokens.data(), DType::kI32, Shape{n, kSampledTokenWords}, Device::kCpu});
-  return tokens;
+  return f;
 }
 
 StepResult StepRunner::execute(const StepBatch& step) {

@@ -52,6 +52,9 @@ class StepRunner {
   std::vector<SampledToken> execute(const ForwardBatch& batch);
   // Runs a plan's step: one SampledToken per sampling chunk, in the plan's order, and the scored prompt tokens.
   StepResult execute(const StepBatch& step);
+  // Runs `batch`'s forward pass exactly as execute() does (the same graph or eager path), without sampling: what the
+  // ranks of a parallel model other than rank 0 run each step. Returns once the step is done.
+  void execute_forward(const ForwardBatch& batch);
 
   int64_t num_graphs() const { return static_cast<int64_t>(graphs_.size()); }
   int64_t num_graph_replays() const { return num_replays_; }
@@ -64,6 +67,14 @@ class StepRunner {
   };
   using GraphKey = std::pair<int32_t, int32_t>;  // padded batch, page-table width
 
+  // The logits of a step's forward pass (a graph's, or those of an eager run, which the struct keeps alive), and the
+  // views of its inputs.
+  struct Forward {
+    Tensor eager_inputs, eager_logits;
+    ConstTensorView logits;
+    StepInputs in;
+  };
+  Forward forward(const ForwardBatch& batch);
   bool graph_eligible(const ForwardBatch& batch) const;
   // Copies the packed arrays into `dst` (device) through the staging buffer.
   void upload(const std::vector<int32_t>& packed, TensorView dst);

@@ -41,6 +41,7 @@ void upload_weights(ModelWeights& w, Backend& backend) {
     vector(a.kv_a_norm);
     if (layer.mlp) mlp(*layer.mlp);
     if (layer.moe) {
+      if (layer.moe->shared_mlp) mlp(*layer.moe->shared_mlp);
       matrix(layer.moe->gate);
       vector(layer.moe->correction_bias);
       linear(layer.moe->experts_gate_up);
@@ -51,17 +52,26 @@ void upload_weights(ModelWeights& w, Backend& backend) {
 
 }  // namespace
 
-DeepseekModel::DeepseekModel(ModelConfig config, ModelWeights weights, Backend& backend)
+DeepseekModel::DeepseekModel(ModelConfig config, ModelWeights weights, Backend& backend, ModelParallel parallel)
     : config_(std::move(config)),
+      local_(local_config(config_, parallel.shard)),
       weights_(std::move(weights)),
+      parallel_(parallel),
       backend_(backend),
       rope_(compute_rope_tables(config_)),
       softmax_scale_(static_cast<float>(config_.softmax_scale())) {
+  DI_CHECK(parallel_.shard.whole() || (parallel_.comm != nullptr && parallel_.comm->size() == parallel_.shard.size &&
+                                        parallel_.comm->rank() == parallel_.shard.rank),
+           "model: rank ", parallel_.shard.rank, " of ", parallel_.shard.size, " needs the communicator of its group");
   upload_weights(weights_, backend_);
   const auto half = static_cast<int64_t>(rope_.inv_freq.size());
   inv_freq_ = backend_.empty({half}, DType::kF32);
   backend_.copy_to_device(ConstTensorView(rope_.inv_freq.data(), DType::kF32, {half}, Device::kCpu),
                           inv_freq_.view());
+}
+
+void DeepseekModel::reduce(Tensor& partial) {
+  if (!parallel_.shard.whole()) parallel_.comm->all_reduce(partial.view());
 }
 
 Tensor DeepseekModel::activation(Shape shape) { return backend_.empty(shape, backend_.activation_dtype()); }
@@ -89,8 +99,12 @@ void DeepseekModel::run_into(const ModelInputs& in, std::span<const TensorView> 
   const int64_t num_tokens = in.num_tokens, d = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
 
+  // Under TP each rank holds a slice of the vocabulary: its rows of the lookup, zeros elsewhere, summed.
   Tensor residual = activation({num_tokens, d});                            // [T, D]
-  backend_.embedding({.token_ids = in.token_ids, .table = weights_.embed.cview(), .out = residual.view()});
+  const int64_t local_vocab = local_.vocab_size;
+  backend_.embedding({.token_ids = in.token_ids, .table = weights_.embed.cview(), .out = residual.view(),
+                      .first_row = parallel_.shard.rank * local_vocab, .vocab_size = c.vocab_size});
+  reduce(residual);
   Tensor h = activation({num_tokens, d});                                   // normalized input of each sublayer
   backend_.rms_norm(
       {.x = residual.cview(), .weight = weights_.layers[0].input_norm.cview(), .out = h.view(), .eps = eps});
@@ -115,12 +129,26 @@ void DeepseekModel::run_into(const ModelInputs& in, std::span<const TensorView> 
   Tensor last = activation({num_logits, d});                                // [N, D]
   backend_.gather_rows({.src = residual.cview(), .indices = in.logits_indices, .out = last.view()});
   backend_.rms_norm({.x = last.cview(), .weight = weights_.norm.cview(), .out = last.view(), .eps = eps});
-  backend_.linear({.x = last.cview(), .w = weights_.lm_head.cview(), .out = logits});  // [N, V] float32
+  if (parallel_.shard.whole()) {
+    backend_.linear({.x = last.cview(), .w = weights_.lm_head.cview(), .out = logits});  // [N, V] float32
+    return;
+  }
+  // Vocabulary-parallel lm_head: each rank's [N, V / tp] logits, gathered rank-major, then laid side by side.
+  const int64_t ranks = parallel_.shard.size;
+  Tensor local_logits = backend_.empty({num_logits, local_vocab}, DType::kF32);
+  backend_.linear({.x = last.cview(), .w = weights_.lm_head.cview(), .out = local_logits.view()});
+  Tensor gathered = backend_.empty({ranks * num_logits, local_vocab}, DType::kF32);  // [tp, N, V / tp]
+  parallel_.comm->all_gather(local_logits.cview(), gathered.view());
+  for (int64_t r = 0; r < ranks; ++r) {
+    backend_.copy_strided({.src = gathered.cview().rows(r * num_logits, num_logits),
+                           .dst = logits.columns(r * local_vocab, local_vocab),
+                           .src_row_stride = local_vocab, .dst_row_stride = c.vocab_size});
+  }
 }
 
 Tensor DeepseekModel::attention(const LayerWeights& layer, int64_t layer_index, const Tensor& h,
                                 const ModelInputs& in, std::span<const TensorView> cache) {
-  const ModelConfig& c = config_;
+  const ModelConfig& c = local_;  // this rank's heads
   const MlaWeights& w = layer.attn;
   const int64_t t = h.shape()[0], heads = c.num_attention_heads, rank = c.kv_lora_rank;
   const int64_t nope = c.qk_nope_head_dim, rope_dim = c.qk_rope_head_dim, qk_dim = c.qk_head_dim(), v = c.v_head_dim;
@@ -176,10 +204,17 @@ Tensor DeepseekModel::attention(const LayerWeights& layer, int64_t layer_index, 
   }
   Tensor out = activation({t, c.hidden_size});                              // [T, D]
   backend_.linear({.x = attn.view().reshaped({t, heads * v}), .w = w.o_proj.cview(), .out = out.view()});
+  reduce(out);  // the heads of every rank
   return out;
 }
 
 Tensor DeepseekModel::mlp(const MlpWeights& w, const Tensor& h) {
+  Tensor out = mlp_part(w, h);
+  reduce(out);  // the channels of every rank
+  return out;
+}
+
+Tensor DeepseekModel::mlp_part(const MlpWeights& w, const Tensor& h) {
   Tensor act = activation({h.shape()[0], w.down.shape()[1]});              // [T, I] = silu(gate) * up
   backend_.linear_silu_mul({.x = h.cview(), .w = w.gate_up.cview(), .out = act.view()});
   return linear(act, w.down);                                               // [T, D]
@@ -204,6 +239,11 @@ Tensor DeepseekModel::moe(const MoeWeights& w, const Tensor& h) {
                           .num_shared_experts = w.num_shared_experts},
                 .x = h.cview(), .w_gate_up = w.experts_gate_up.cview(), .w_down = w.experts_down.cview(),
                 .out = out.view(), .router = w.gate.cview(), .router_logits = router_logits.view()});
+  if (w.shared_mlp) {  // expert parallelism: this rank's channels of the shared experts
+    const Tensor shared = mlp_part(*w.shared_mlp, h);
+    backend_.add({.x = out.view(), .y = shared.cview()});
+  }
+  reduce(out);  // every rank's experts (or channels of them)
   return out;
 }
 

@@ -8,19 +8,31 @@
 #include "backend/backend.h"
 #include "model/config.h"
 #include "model/model_inputs.h"
+#include "model/model_shard.h"
+#include "parallel/communicator.h"
 #include "model/rope_scaling.h"
 #include "model/weights.h"
 
 namespace deepinfer {
 
+// One rank's place in a tensor/expert-parallel group: its shard of the weights, and the group's communicator,
+// which sums the ranks' partial results (o_proj, the MLP and MoE outputs, the embedding) and gathers the
+// vocabulary's logits. A whole model (shard.size 1) needs no communicator.
+struct ModelParallel {
+  ModelShard shard;
+  Communicator* comm = nullptr;  // outlives the model
+};
+
 class DeepseekModel {
  public:
   // Takes `weights` placed on the backend's device by a backend sink (load_weights with make_backend_sink), or
   // host float32 ones, which it uploads once: matrices in the activation dtype, norm weights and biases in float32.
-  // `backend` must outlive the model.
-  DeepseekModel(ModelConfig config, ModelWeights weights, Backend& backend);
+  // `backend` must outlive the model. `config` is the whole model's; under parallelism `weights` are the shard's
+  // (load_weights with the shard's local_config).
+  DeepseekModel(ModelConfig config, ModelWeights weights, Backend& backend, ModelParallel parallel = {});
 
   const ModelConfig& config() const { return config_; }
+  const ModelShard& shard() const { return parallel_.shard; }
   const ModelWeights& weights() const { return weights_; }
   Backend& backend() const { return backend_; }
 
@@ -38,12 +50,17 @@ class DeepseekModel {
   Tensor attention(const LayerWeights& layer, int64_t layer_index, const Tensor& h, const ModelInputs& in,
                    std::span<const TensorView> cache);
   Tensor mlp(const MlpWeights& w, const Tensor& h);
+  Tensor mlp_part(const MlpWeights& w, const Tensor& h);  // this rank's channels' share, before the sum
   Tensor moe(const MoeWeights& w, const Tensor& h);
   Tensor linear(const Tensor& x, const Weight& w);
+  // Sums a partial result over the TP ranks, in place (nothing to do on one rank).
+  void reduce(Tensor& partial);
   Tensor activation(Shape shape);  // uninitialized, on the backend's device, in its activation dtype
 
-  ModelConfig config_;
+  ModelConfig config_;    // the whole model's
+  ModelConfig local_;     // this rank's dimensions (local_config)
   ModelWeights weights_;  // on the backend's device
+  ModelParallel parallel_;
   Backend& backend_;
   RopeTables rope_;
   Tensor inv_freq_;       // [qk_rope_head_dim / 2] float32, on the backend's device

@@ -414,32 +414,44 @@ void load_shared_experts(Loader& loader, const ModelConfig& c, const std::string
   loader.copy_column_blocks(p + "down_proj.weight", down_shape, inter, w.experts_down, e * d * inter);
 }
 
-MoeWeights load_moe(Loader& loader, const ModelConfig& c, const std::string& p) {
+// Under expert parallelism the rank's routed experts (whole) are stacked alone and its share of the shared experts is
+// an MLP of its own (`shard` says which; `c` is the rank's local_config).
+MoeWeights load_moe(Loader& loader, const ModelConfig& c, const std::string& p, const ModelShard& shard) {
   const int64_t d = c.hidden_size, e = c.n_routed_experts, inter = c.moe_intermediate_size, s = c.n_shared_experts;
+  const bool ep = shard.expert_parallel && !shard.whole();
+  const int64_t first = ep ? shard.first_expert(c) : 0, local = ep ? shard.num_experts(c) : e;
+  const int64_t stacked_shared = ep ? 0 : s;
   MoeWeights w;
   w.gate = loader.read(p + "gate.weight", {e, d});
   if (c.version == ModelVersion::kV3) {
     w.correction_bias = loader.read(p + "gate.e_score_correction_bias", {e}, WeightRole::kVector);
   }
   // One expert at a time, into its slice of the stacked tensors; the shared experts after the routed ones.
-  w.experts_gate_up = loader.allocate_linear({e + s, 2 * inter, d});
-  w.experts_down = loader.allocate_linear({e + s, d, inter});
-  w.num_shared_experts = s;
+  w.experts_gate_up = loader.allocate_linear({local + stacked_shared, 2 * inter, d});
+  w.experts_down = loader.allocate_linear({local + stacked_shared, d, inter});
+  w.num_shared_experts = stacked_shared;
+  w.first_expert = first;
+  w.num_routed_experts = e;
   if (loader.contains(p + "experts.gate_up_proj") && !loader.contains(p + "experts.0.gate_proj.weight")) {
     // transformers 5 may store the experts fused: gate_up_proj [E, 2I, D], down_proj [E, D, I]; row x is expert x.
-    for (int64_t x = 0; x < e; ++x) {
-      loader.copy_rows(p + "experts.gate_up_proj", {e, 2 * inter, d}, x, 1, w.experts_gate_up, x * 2 * inter * d);
-      loader.copy_rows(p + "experts.down_proj", {e, d, inter}, x, 1, w.experts_down, x * d * inter);
+    for (int64_t x = 0; x < local; ++x) {
+      loader.copy_rows(p + "experts.gate_up_proj", {e, 2 * inter, d}, first + x, 1, w.experts_gate_up,
+                       x * 2 * inter * d);
+      loader.copy_rows(p + "experts.down_proj", {e, d, inter}, first + x, 1, w.experts_down, x * d * inter);
     }
   } else {
-    for (int64_t x = 0; x < e; ++x) {
-      const std::string ep = p + "experts." + std::to_string(x) + ".";
-      loader.copy_linear(ep + "gate_proj.weight", {inter, d}, 0, inter, w.experts_gate_up, x * 2 * inter * d);
-      loader.copy_linear(ep + "up_proj.weight", {inter, d}, 0, inter, w.experts_gate_up, (x * 2 + 1) * inter * d);
-      loader.copy_linear(ep + "down_proj.weight", {d, inter}, 0, d, w.experts_down, x * d * inter);
+    for (int64_t x = 0; x < local; ++x) {
+      const std::string ex = p + "experts." + std::to_string(first + x) + ".";
+      loader.copy_linear(ex + "gate_proj.weight", {inter, d}, 0, inter, w.experts_gate_up, x * 2 * inter * d);
+      loader.copy_linear(ex + "up_proj.weight", {inter, d}, 0, inter, w.experts_gate_up, (x * 2 + 1) * inter * d);
+      loader.copy_linear(ex + "down_proj.weight", {d, inter}, 0, d, w.experts_down, x * d * inter);
     }
   }
-  if (s > 0) load_shared_experts(loader, c, p + "shared_experts.", w);
+  if (s > 0 && ep) {
+    w.shared_mlp = load_mlp(loader, p + "shared_experts.", d, s * inter / shard.size);
+  } else if (s > 0) {
+    load_shared_experts(loader, c, p + "shared_experts.", w);
+  }
   return w;
 }
 
@@ -457,7 +469,7 @@ std::unique_ptr<WeightSource> open_checkpoint_source(const std::filesystem::path
 std::unique_ptr<WeightSource> make_dummy_source(uint64_t seed) { return std::make_unique<DummySource>(seed); }
 
 ModelWeights load_weights(const ModelConfig& c, const WeightSource& source, WeightSink& sink,
-                          const LoadProgress& progress) {
+                          const LoadProgress& progress, const ModelShard& shard) {
   Loader loader(source, sink, progress, c.num_hidden_layers + 2);
   ModelWeights w;
   const int64_t d = c.hidden_size;
@@ -471,7 +483,7 @@ ModelWeights load_weights(const ModelConfig& c, const WeightSource& source, Weig
     layer.post_attention_norm = loader.read(p + "post_attention_layernorm.weight", {d}, WeightRole::kVector);
     layer.attn = load_mla(loader, c, p + "self_attn.");
     if (c.is_moe_layer(i)) {
-      layer.moe = load_moe(loader, c, p + "mlp.");
+      layer.moe = load_moe(loader, c, p + "mlp.", shard);
     } else {
       layer.mlp = load_mlp(loader, p + "mlp.", d, c.intermediate_size);
     }
@@ -510,6 +522,10 @@ std::vector<std::pair<DType, int64_t>> weight_bytes_by_dtype(const ModelWeights&
       add_weight(layer.mlp->down);
     }
     if (layer.moe) {
+      if (layer.moe->shared_mlp) {
+        add_weight(layer.moe->shared_mlp->gate_up);
+        add_weight(layer.moe->shared_mlp->down);
+      }
       add(layer.moe->gate);
       add(layer.moe->correction_bias);
       add_weight(layer.moe->experts_gate_up);

@@ -15,6 +15,7 @@
 #include "core/tensor.h"
 #include "core/weight.h"
 #include "model/config.h"
+#include "model/model_shard.h"
 #include "model/weight_sink.h"
 
 namespace deepinfer {
@@ -48,6 +49,11 @@ struct MoeWeights {
   Weight experts_gate_up;     // [E + s, 2I, D]  gate rows then up rows
   Weight experts_down;        // [E + s, D, I]
   int64_t num_shared_experts = 0;  // s: the last s experts of the stacked tensors
+  // Under expert parallelism (model_shard.h): the stacked tensors hold routed experts [first_expert, first_expert +
+  // their count) of num_routed_experts and no shared ones; the rank's channels of the shared experts are shared_mlp.
+  int64_t first_expert = 0;
+  int64_t num_routed_experts = 0;
+  std::optional<MlpWeights> shared_mlp;
 };
 
 struct LayerWeights {
@@ -111,8 +117,11 @@ std::vector<std::pair<DType, int64_t>> weight_bytes_by_dtype(const ModelWeights&
 // one head of kv_b_proj (from which w_uk_t and w_uv are derived on the host); a chunk of rows of a shared down_proj
 // also has its columns of one shared expert gathered beside it. A tied lm_head reads the embedding again. Throws when
 // a checkpoint's shared experts are not n_shared_experts * moe_intermediate_size wide.
+//
+// One rank's part under tensor/expert parallelism: `config` is the rank's local_config, `source` reads through
+// make_sharded_source, and `shard` picks the routed experts under EP.
 ModelWeights load_weights(const ModelConfig& config, const WeightSource& source, WeightSink& sink,
-                          const LoadProgress& progress = {});
+                          const LoadProgress& progress = {}, const ModelShard& shard = {});
 // The same into host float32 tensors (make_host_sink()).
 ModelWeights load_weights(const ModelConfig& config, const WeightSource& source, const LoadProgress& progress = {});
 

@@ -73,7 +73,12 @@ class QuantizationConfig:
 ENGINE_FIELD_HELP: dict[str, str] = {
     "model_name_or_path": "Hugging Face DeepSeek V2/V3 directory or hub id; none: the embedded demo model",
     "tokenizer": "directory with tokenizer.json; none: the model's own (or DeepSeek-V3's when it has none)",
-    "tensor_parallel_size": "GPUs to split the model across (only 1 today)",
+    "tensor_parallel_size": "ranks to split the model across: GPUs 0..N-1 (CUDA) or threads (CPU)",
+    "enable_expert_parallel": "partition the routed experts across the tensor-parallel ranks instead of splitting "
+                              "each expert",
+    "data_parallel_size": "model replicas (DP attention); only 1 is built",
+    "enable_dp_attention": "attention data-parallel, experts expert-parallel (not built yet)",
+    "collective_timeout_s": "seconds a rank may wait for the others in a collective before the engine fails",
     "max_model_len": "longest prompt + output, in tokens; none: min(max_position_embeddings, what the cache holds)",
     "gpu_memory_utilization": "fraction of GPU memory for weights + latent cache, in (0, 1] (CUDA backend)",
     "enforce_eager": "CUDA backend: run without CUDA graphs",
@@ -105,6 +110,10 @@ class EngineConfig:
     model_name_or_path: str | None = None
     tokenizer: str | None = None
     tensor_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    data_parallel_size: int = 1
+    enable_dp_attention: bool = False
+    collective_timeout_s: float = 600.0
     max_model_len: int | None = None
     gpu_memory_utilization: float = 0.90
     enforce_eager: bool = False
@@ -138,6 +147,18 @@ class EngineConfig:
                     "model_name_or_path must be a non-empty path or None (the embedded model)")
         require(isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1,
                 f"tensor_parallel_size must be an integer >= 1, got {self.tensor_parallel_size!r}")
+        require(isinstance(self.enable_expert_parallel, bool),
+                f"enable_expert_parallel must be a bool, got {self.enable_expert_parallel!r}")
+        require(not self.enable_expert_parallel or self.tensor_parallel_size > 1,
+                "enable_expert_parallel needs tensor_parallel_size > 1 (the experts are partitioned across its ranks)")
+        require(isinstance(self.data_parallel_size, int) and self.data_parallel_size >= 1,
+                f"data_parallel_size must be an integer >= 1, got {self.data_parallel_size!r}")
+        require(self.data_parallel_size == 1 and not self.enable_dp_attention,
+                f"data_parallel_size={self.data_parallel_size}, enable_dp_attention={self.enable_dp_attention}: "
+                "data-parallel attention is not built yet; use tensor_parallel_size (with enable_expert_parallel "
+                "for the experts) instead")
+        require(is_finite_number(self.collective_timeout_s) and self.collective_timeout_s > 0,
+                f"collective_timeout_s must be a finite number > 0, got {self.collective_timeout_s!r}")
         require(self.max_model_len is None or (isinstance(self.max_model_len, int) and self.max_model_len >= 2),
                 f"max_model_len must be None or an integer >= 2, got {self.max_model_len!r}")
         require(is_finite_number(self.gpu_memory_utilization) and 0.0 < self.gpu_memory_utilization <= 1.0,

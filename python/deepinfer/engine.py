@@ -207,6 +207,9 @@ class DeepInferenceEngine:
         options.max_num_batched_tokens = config.max_num_batched_tokens
         options.enforce_eager = config.enforce_eager
         options.enable_prefix_caching = config.enable_prefix_caching
+        options.tensor_parallel_size = config.tensor_parallel_size
+        options.enable_expert_parallel = config.enable_expert_parallel
+        options.collective_timeout_s = float(config.collective_timeout_s)
         options.fp8_weights = fp8_weights
         options.fp8_activations = fp8_activations
         self._core = _deepinfer.Engine.create(options, self._load_progress(self.model_config.num_hidden_layers))
@@ -239,9 +242,6 @@ class DeepInferenceEngine:
 
     @staticmethod
     def _choose_device(config: EngineConfig) -> str:
-        if config.tensor_parallel_size > 1:
-            raise ValueError(f"tensor_parallel_size={config.tensor_parallel_size} needs NCCL across GPUs, which this "
-                             "build cannot do yet; use tensor_parallel_size=1")
         gpus = _deepinfer.cuda_device_count()
         if config.device == "cuda" and gpus == 0:
             raise ValueError("device='cuda': no CUDA device is visible, or this build has no CUDA backend "

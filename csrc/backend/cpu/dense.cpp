@@ -39,8 +39,14 @@ void embedding(const EmbeddingArgs& a) {
   const float* table = a.table.f32();
   const int32_t* ids = a.token_ids.as<int32_t>();
   float* out = a.out.f32();
+  const int64_t rows = a.table.shape[0];
   for (int64_t t = 0; t < a.out.shape[0]; ++t) {
-    std::memcpy(out + t * dim, table + static_cast<int64_t>(ids[t]) * dim, sizeof(float) * dim);
+    const int64_t row = static_cast<int64_t>(ids[t]) - a.first_row;
+    if (row < 0 || row >= rows) {
+      std::memset(out + t * dim, 0, sizeof(float) * dim);  // another rank's row
+    } else {
+      std::memcpy(out + t * dim, table + row * dim, sizeof(float) * dim);
+    }
   }
 }
 

@@ -64,9 +64,14 @@ struct HeadLinearArgs {
 
 // out[t] = table[token_ids[t]]
 struct EmbeddingArgs {
-  ConstTensorView token_ids;  // [T] int32, each in [0, V)
-  ConstTensorView table;      // [V, D]
+  ConstTensorView token_ids;  // [T] int32, each in [0, vocab_size)
+  ConstTensorView table;      // [V, D]: rows [first_row, first_row + V) of the vocabulary
   TensorView out;             // [T, D]
+  // A vocabulary-parallel rank's shard (model_shard.h): its table holds rows [first_row, first_row + V) of a
+  // vocabulary of vocab_size; ids outside its rows give zero rows, so the ranks' outputs sum to the lookup. Defaults:
+  // the table is the whole vocabulary.
+  int64_t first_row = 0;
+  int64_t vocab_size = 0;  // 0: V
   void validate() const;
 };
 

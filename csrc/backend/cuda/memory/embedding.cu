@@ -21,7 +21,7 @@ __global__ void __launch_bounds__(Traits::kThreads) embedding_kernel(__grid_cons
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
   const int64_t t = blockIdx.x;
-  const int32_t id = p.token_ids[t];
+  const int64_t id = static_cast<int64_t>(p.token_ids[t]) - p.first_row;
   auto* dst = static_cast<char*>(p.out) + t * p.row_bytes;
   if (id < 0 || id >= p.vocab) {
     auto* d = reinterpret_cast<typename Traits::Unit*>(dst);
@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(Traits::kThreads) embedding_kernel(__grid_cons
 
 // Checks the views (device, dtypes, shapes; throws deepinfer::Error) and queues the gather.
 void gather(const ConstTensorView& table, const ConstTensorView& ids, const TensorView& out, const char* op,
-            LaunchStream stream) {
+            LaunchStream stream, int64_t first_row = 0) {
   DI_CHECK(table.shape.ndim() == 2 && out.shape.ndim() == 2 && ids.shape.ndim() == 1 &&
                out.shape[0] == ids.shape[0] && out.shape[1] == table.shape[1],
            op, ": out ", out.shape.str(), " for ", ids.shape.str(), " ids of ", table.shape.str());
@@ -46,7 +46,8 @@ void gather(const ConstTensorView& table, const ConstTensorView& ids, const Tens
            ": table, ids and out must be in device memory");
   const EmbeddingParams p{.token_ids = ids.as<int32_t>(), .table = table.data, .out = out.data,
                           .num_tokens = out.shape[0], .vocab = table.shape[0],
-                          .row_bytes = table.shape[1] * static_cast<int64_t>(dtype_size(table.dtype))};
+                          .row_bytes = table.shape[1] * static_cast<int64_t>(dtype_size(table.dtype)),
+                          .first_row = first_row};
   DI_CHECK(p.num_tokens <= INT_MAX, op, ": ", p.num_tokens, " rows exceed the grid");
   if (p.num_tokens == 0 || p.row_bytes == 0) return;
   dispatch_copy_unit(copy_unit_bytes(p.table, p.out, p.row_bytes), [&](auto unit) {
@@ -59,7 +60,7 @@ void gather(const ConstTensorView& table, const ConstTensorView& ids, const Tens
 }  // namespace
 
 void embedding(const EmbeddingArgs& a, LaunchStream stream) {
-  gather(a.table, a.token_ids, a.out, "cuda embedding", stream);
+  gather(a.table, a.token_ids, a.out, "cuda embedding", stream, a.first_row);
 }
 
 void gather_rows(const GatherRowsArgs& a, LaunchStream stream) {

@@ -1,6 +1,6 @@
-// Parameters of the row gather (embedding, gather_rows): out[t, :] = table[token_ids[t], :]. Rows are copied as
-// bytes, so any element type works; an id outside [0, vocab) gives a zero row (ids are validated on the host before
-// they are uploaded).
+// Parameters of the row gather (embedding, gather_rows): out[t, :] = table[token_ids[t] - first_row, :]. Rows are
+// copied as bytes, so any element type works; an id outside [first_row, first_row + vocab) gives a zero row (another
+// rank's shard of the vocabulary; ids are validated on the host before they are uploaded).
 #pragma once
 
 #include <cstdint>
@@ -14,6 +14,7 @@ struct EmbeddingParams {
   int64_t num_tokens = 0;
   int64_t vocab = 0;
   int64_t row_bytes = 0;               // bytes of one row: dim * element size
+  int64_t first_row = 0;               // the vocabulary row the table's row 0 is
 };
 
 }  // namespace deepinfer::cuda

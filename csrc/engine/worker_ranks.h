@@ -1,0 +1,50 @@
+// The ranks of a tensor/expert-parallel model that one process runs besides rank 0 (the engine's step thread): each
+// in a thread of its own, with its own backend (GPU r on CUDA), shard of the weights, latent cache and step runner.
+//
+// Every step rank 0 broadcasts the step's batch (without its sampling inputs) and runs it; each worker runs the same
+// forward pass, so the collectives inside it meet, and only rank 0 samples. A worker that fails aborts the group with
+// its error, so rank 0's next collective throws CollectiveError naming it instead of waiting for it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "engine/step_batch.h"
+#include "parallel/local_group.h"
+
+namespace deepinfer {
+
+struct EngineOptions;
+
+class WorkerRanks {
+ public:
+  // Starts ranks 1 .. group.size() - 1 of `group`; each loads its shard of the model at once, then waits for
+  // rank 0's cache plan (agree_cache below). `group` and `rank0` (rank 0's communicator) must outlive the workers.
+  WorkerRanks(const EngineOptions& options, LocalGroup& group, Communicator& rank0);
+  // Ends the workers: a normal stop once they run steps, an abort of the group before (a failed start).
+  ~WorkerRanks();
+  WorkerRanks(const WorkerRanks&) = delete;
+  WorkerRanks& operator=(const WorkerRanks&) = delete;
+
+  // Rank 0's part of the start, after its own load: the group's cache (the fewest pages any rank can hold) and
+  // max_model_len. `decide` turns the agreed page count into max_model_len (it may throw: the start fails).
+  // Returns {pages, max_model_len}.
+  static std::pair<int64_t, int32_t> agree_cache(Communicator& comm, int64_t pages,
+                                                 const std::function<int32_t(int64_t)>& decide);
+  // Rank 0 runs a step: the workers get its batch first.
+  void send(const ForwardBatch& batch);
+  // Rank 0's stop message, once the workers run steps; the destructor then joins them.
+  void stop();
+
+ private:
+  std::unique_ptr<const EngineOptions> options_;  // a copy: the workers read it after the constructor returns
+  Communicator& rank0_;
+  std::vector<std::unique_ptr<Communicator>> comms_;  // one per worker
+  std::vector<std::thread> threads_;
+  bool stopped_ = false;
+};
+
+}  // namespace deepinfer
