@@ -7,6 +7,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -82,6 +83,17 @@ void expect_weight(const WeightView& w, const ConstTensorView& x, const char* op
            " needs float32 scale_inv ", grid.str(), " (one per ", kFp8Block, "x", kFp8Block, " block), got ",
            dtype_name(w.scale_inv.dtype), " ", w.scale_inv.shape.str());
   DI_CHECK(w.scale_inv.device == w.device, op, ": ", name, " and its scales are on different devices");
+}
+
+// An expert shard that is not all(): its routed range inside [0, num_routed), and weights of the experts it holds.
+void expect_shard(const ExpertShard& shard, int64_t num_shared, int64_t weight_experts, const char* op) {
+  DI_CHECK(shard.num_routed >= 1 && shard.num_routed + num_shared <= std::numeric_limits<int32_t>::max() &&
+               shard.first_routed >= 0 && shard.first_routed + shard.num_local_routed <= shard.num_routed,
+           op, ": shard of routed experts [", shard.first_routed, ", ", shard.first_routed + shard.num_local_routed,
+           ") outside [0, ", shard.num_routed, ")");
+  DI_CHECK(weight_experts == shard.num_held(num_shared), op, ": the weights hold ", weight_experts,
+           " experts, but the shard holds ", shard.num_local_routed, " routed ones",
+           shard.holds_shared ? str_cat(" and the ", num_shared, " shared") : std::string(" and no shared one"));
 }
 
 }  // namespace
@@ -428,18 +440,31 @@ void MoeExpertsArgs::validate() const {
   expect_weight(w_down, x, "moe_experts", "w_down");
   expect_same_dtype(x, out, "moe_experts", "x", "out");
   expect_one_device({x, w_gate_up, w_down, topk_ids, topk_weights, out}, "moe_experts");
-  expect_entries_below(topk_ids, w_down.shape[0], "moe_experts", "expert id");
+  if (shard.all()) {
+    expect_entries_below(topk_ids, w_down.shape[0], "moe_experts", "expert id");
+    return;
+  }
+  DI_CHECK(num_shared_experts >= 0, "moe_experts: ", num_shared_experts, " shared experts");
+  expect_shard(shard, num_shared_experts, w_gate_up.shape[0], "moe_experts");
+  expect_entries_below(topk_ids, shard.num_routed + num_shared_experts, "moe_experts", "global expert id");
 }
 
 void MoeArgs::validate() const {
   route.validate();
   // The ids are outputs here: only the shapes of the experts half can be checked before routing.
   DI_CHECK(x.shape.ndim() == 2 && w_gate_up.shape.ndim() == 3 && w_down.shape.ndim() == 3 &&
-               x.shape[0] == route.logits.shape[0] &&
-               w_gate_up.shape[0] == route.logits.shape[1] + route.num_shared_experts,
-           "moe: x ", x.shape.str(), " logits ", route.logits.shape.str(), " gate_up ", w_gate_up.shape.str(),
-           " (the experts' weights hold the ", route.logits.shape[1], " routed experts, then ",
-           route.num_shared_experts, " shared)");
+               x.shape[0] == route.logits.shape[0],
+           "moe: x ", x.shape.str(), " logits ", route.logits.shape.str(), " gate_up ", w_gate_up.shape.str());
+  if (shard.all()) {
+    DI_CHECK(w_gate_up.shape[0] == route.logits.shape[1] + route.num_shared_experts, "moe: gate_up ",
+             w_gate_up.shape.str(), " (the experts' weights hold the ", route.logits.shape[1],
+             " routed experts, then ", route.num_shared_experts, " shared)");
+  } else {
+    DI_CHECK(shard.num_routed == route.logits.shape[1], "moe: the shard is of ", shard.num_routed,
+             " routed experts, but routing chooses among ", route.logits.shape[1], " (logits ",
+             route.logits.shape.str(), ")");
+    expect_shard(shard, route.num_shared_experts, w_gate_up.shape[0], "moe");
+  }
   const MoeExpertsArgs e = experts();
   DI_CHECK(w_gate_up.shape[2] == x.shape[1] && w_down.shape[1] == x.shape[1] &&
                w_gate_up.shape[1] == 2 * w_down.shape[2] && w_gate_up.shape[0] == w_down.shape[0] &&

@@ -1026,6 +1026,36 @@ CaseRegistry build_registry() {
   // ... and with the router weight given instead of the logits (the op computes them): V3 and V2-Lite routing
   add_moe(r, "v3", kV3Shared, 3, 16, 8, true, 150, /*router=*/true);
   add_moe(r, "v2_lite", v2_lite_shared, 4, 32, 16, false, 151, /*router=*/true);
+  // Expert parallelism: each shard of 2 and 4 even splits of the routed experts, the shared ones on one shard only.
+  // moe_experts on given (global) ids: V2-Lite-like (64 + 2) and V3-like (256 + 1); a shard none of whose experts any
+  // pair names (every row zero); FP8 weights over an uneven split (5 routed experts into 2 and 3).
+  for (const int64_t count : {int64_t{2}, int64_t{4}}) {
+    const int64_t shared_on = count == 2 ? 0 : count - 1;
+    for (int64_t i = 0; i < count; ++i) {
+      const uint64_t seed = 400 + static_cast<uint64_t>(10 * count + i);
+      add_moe_experts(r, {.tokens = 9, .dim = 32, .inter = 16, .routed = 64, .top_k = 6, .shared = 2}, seed,
+                      even_shard(64, i, count, shared_on));
+      add_moe_experts(r, {.tokens = 3, .dim = 16, .inter = 8, .routed = 256, .top_k = 8, .shared = 1}, seed + 100,
+                      even_shard(256, i, count, shared_on));
+      // moe: V3 routing with its shared expert, V2-Lite's greedy softmax with two
+      add_moe(r, "v3", kV3Shared, 4, 16, 8, true, seed + 200, false, even_shard(256, i, count, shared_on));
+      add_moe(r, "v2_lite", v2_lite_shared, 5, 32, 16, false, seed + 300, false, even_shard(64, i, count, shared_on));
+    }
+  }
+  add_moe_experts(r, {.tokens = 5, .dim = 7, .inter = 11, .routed = 8, .top_k = 2, .shared = 1}, 460,
+                  even_shard(8, 0, 2, 1), PairsHeld::kNone);
+  for (int64_t i = 0; i < 2; ++i) {
+    add_moe_experts_fp8(r, {.tokens = 6, .dim = 200, .inter = 72, .routed = 5, .top_k = 2, .shared = 1},
+                        461 + static_cast<uint64_t>(i), even_shard(5, i, 2, 1));
+  }
+  // ... V2's group-limited routing without shared experts, and the router given, on two shards
+  for (int64_t i = 0; i < 2; ++i) {
+    add_moe(r, "v2_group_limited", {.scoring = ExpertScoring::kSoftmax, .method = TopkMethod::kGroupLimitedGreedy,
+                                    .experts = 12, .n_group = 4, .topk_group = 2, .top_k = 3},
+            9, 7, 11, false, 470 + static_cast<uint64_t>(i), false, even_shard(12, i, 2, 0));
+    add_moe(r, "v3", kV3Shared, 3, 16, 8, true, 472 + static_cast<uint64_t>(i), /*router=*/true,
+            even_shard(256, i, 2, 0));
+  }
   // sample: greedy, temperature, top_k / top_p / min_p alone and together, penalties, masks, logprobs, odd
   // vocabularies, ties at every boundary, mixed rows, validation
   add_sample_cases(r);
@@ -1241,6 +1271,192 @@ TEST(BackendOps, MoeRouterArgumentsAreChecked) {
   EXPECT_THROW(call(Bad::kRouterWidth), Error);
   EXPECT_THROW(call(Bad::kOtherBuffer), Error);
   EXPECT_THROW(call(Bad::kLogitsWithoutRouter), Error);
+}
+
+// max |a - ref| / max |ref| (0 for an all-zero ref equal to a).
+double relative_max_diff(const std::vector<float>& a, const std::vector<float>& ref) {
+  double diff = 0.0, scale = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    diff = std::max(diff, std::abs(double(a[i]) - double(ref[i])));
+    scale = std::max(scale, std::abs(double(ref[i])));
+  }
+  return scale > 0.0 ? diff / scale : diff;
+}
+
+// One expert matrix stack on the host, float32 or block-scaled FP8, viewed as the CPU backend's weight.
+struct HostExperts {
+  std::vector<float> values;  // float32: [experts, rows, cols]
+  Fp8Experts fp8;             // FP8: codes and scales
+  Shape shape;
+  bool is_fp8 = false;
+
+  static HostExperts make(const std::vector<float>& values, int64_t experts, int64_t rows, int64_t cols, bool fp8) {
+    HostExperts w{.values = {}, .fp8 = {}, .shape = {experts, rows, cols}, .is_fp8 = fp8};
+    if (fp8) {
+      w.fp8 = Fp8Experts::quantize(values, experts, rows, cols);
+    } else {
+      w.values = values;
+    }
+    return w;
+  }
+  HostExperts shard(const ExpertShard& sh, int64_t routed, int64_t shared) const {
+    const int64_t held = sh.num_held(shared);
+    HostExperts w{.values = {}, .fp8 = {}, .shape = {held, shape[1], shape[2]}, .is_fp8 = is_fp8};
+    if (is_fp8) {
+      w.fp8 = fp8.shard(sh, routed, shared);
+    } else {
+      w.values = shard_values(values, shape[1] * shape[2], sh, routed, shared);
+    }
+    return w;
+  }
+  WeightView view() const {
+    if (!is_fp8) return ConstTensorView(values.data(), DType::kF32, shape, Device::kCpu);
+    return {ConstTensorView(fp8.codes.data(), DType::kF8E4M3, shape, Device::kCpu),
+            ConstTensorView(fp8.scale_inv.data(), DType::kF32, fp8_scale_shape(shape), Device::kCpu), false};
+  }
+};
+
+// Expert parallelism on the CPU: over V2-like and V3-like layers, 2 and 4 shards with the shared experts on one of
+// them, float32 and FP8 weights, the shards' moe outputs sum to the unsharded op's; every shard writes the whole
+// model's routing (global ids and weights); each shard's output is the unsharded experts op on the whole model's
+// weights over the pairs the shard holds (the others' weights zeroed), and a token none of whose experts it holds
+// gets a zero row.
+TEST(BackendOps, MoeShardsSumToTheWholeLayer) {
+  const std::unique_ptr<Backend> cpu = make_cpu_backend();
+  struct Layer {
+    const char* tag;
+    RouteConfig route;
+    int64_t tokens, dim, inter;
+    bool bias;
+  };
+  const Layer layers[] = {
+      {"v2_like", {.scoring = ExpertScoring::kSoftmax, .method = TopkMethod::kGreedy, .experts = 16, .top_k = 6,
+                   .num_shared = 2}, 7, 64, 32, false},
+      {"v2_group_limited_like", {.scoring = ExpertScoring::kSoftmax, .method = TopkMethod::kGroupLimitedGreedy,
+                                 .experts = 16, .n_group = 4, .topk_group = 2, .top_k = 3,
+                                 .routed_scaling_factor = 16.0f, .num_shared = 2}, 6, 48, 40, false},
+      {"v3_like", {.scoring = ExpertScoring::kSigmoid, .method = TopkMethod::kNoauxTc, .experts = 32, .n_group = 4,
+                   .topk_group = 2, .top_k = 8, .norm_topk_prob = true, .routed_scaling_factor = 2.5f,
+                   .num_shared = 1}, 9, 64, 32, true},
+  };
+  uint64_t seed = 500;
+  int64_t zero_rows = 0;
+  for (const Layer& l : layers) {
+    const RouteConfig& c = l.route;
+    const int64_t tokens = l.tokens, dim = l.dim, inter = l.inter, experts = c.experts + c.num_shared;
+    const int64_t pairs = c.pairs();
+    Rng rng(++seed);
+    const std::vector<float> logits = rng.uniform(tokens * c.experts, -4.0f, 4.0f);
+    const std::vector<float> bias = l.bias ? rng.uniform(c.experts, -0.5f, 0.5f) : std::vector<float>{};
+    const std::vector<float> x = rng.uniform(tokens * dim);
+    const std::vector<float> gate_up_values = rng.uniform(experts * 2 * inter * dim);
+    const std::vector<float> down_values = rng.uniform(experts * dim * inter);
+    struct Result {
+      std::vector<int32_t> ids;
+      std::vector<float> weights, out;
+    };
+    const auto run_moe = [&](const ExpertShard& shard, const HostExperts& gate_up, const HostExperts& down) {
+      Result res{std::vector<int32_t>(static_cast<size_t>(tokens * pairs)),
+                 std::vector<float>(static_cast<size_t>(tokens * pairs)),
+                 std::vector<float>(static_cast<size_t>(tokens * dim))};
+      cpu->moe({.route = {.logits = {logits.data(), DType::kF32, {tokens, c.experts}, Device::kCpu},
+                          .correction_bias = l.bias ? ConstTensorView(bias.data(), DType::kF32, {c.experts},
+                                                                      Device::kCpu)
+                                                    : ConstTensorView{},
+                          .topk_ids = {res.ids.data(), DType::kI32, {tokens, pairs}, Device::kCpu},
+                          .topk_weights = {res.weights.data(), DType::kF32, {tokens, pairs}, Device::kCpu},
+                          .scoring = c.scoring, .method = c.method, .n_group = c.n_group,
+                          .topk_group = c.topk_group, .norm_topk_prob = c.norm_topk_prob,
+                          .routed_scaling_factor = c.routed_scaling_factor, .num_shared_experts = c.num_shared},
+                .x = {x.data(), DType::kF32, {tokens, dim}, Device::kCpu},
+                .w_gate_up = gate_up.view(),
+                .w_down = down.view(),
+                .out = {res.out.data(), DType::kF32, {tokens, dim}, Device::kCpu},
+                .shard = shard});
+      return res;
+    };
+    for (const bool fp8 : {false, true}) {
+      const HostExperts gate_up = HostExperts::make(gate_up_values, experts, 2 * inter, dim, fp8);
+      const HostExperts down = HostExperts::make(down_values, experts, dim, inter, fp8);
+      const Result whole = run_moe({}, gate_up, down);
+      for (const int64_t count : {int64_t{2}, int64_t{4}}) {
+        SCOPED_TRACE(str_cat(l.tag, fp8 ? ", FP8" : ", float32", ", ", count, " shards"));
+        std::vector<float> sum(whole.out.size(), 0.0f);
+        for (int64_t i = 0; i < count; ++i) {
+          const ExpertShard shard = even_shard(c.experts, i, count, count - 1);
+          const Result part = run_moe(shard, gate_up.shard(shard, c.experts, c.num_shared),
+                                      down.shard(shard, c.experts, c.num_shared));
+          EXPECT_EQ(part.ids, whole.ids) << "shard " << i;
+          EXPECT_EQ(part.weights, whole.weights) << "shard " << i;
+          for (size_t j = 0; j < sum.size(); ++j) sum[j] += part.out[j];
+          // The reference: the unsharded experts over the pairs this shard holds.
+          const std::vector<float> held = held_weights(whole.ids, whole.weights, shard, c.experts);
+          std::vector<float> ref(whole.out.size());
+          cpu->moe_experts({.x = {x.data(), DType::kF32, {tokens, dim}, Device::kCpu},
+                            .w_gate_up = gate_up.view(),
+                            .w_down = down.view(),
+                            .topk_ids = {whole.ids.data(), DType::kI32, {tokens, pairs}, Device::kCpu},
+                            .topk_weights = {held.data(), DType::kF32, {tokens, pairs}, Device::kCpu},
+                            .out = {ref.data(), DType::kF32, {tokens, dim}, Device::kCpu}});
+          EXPECT_LE(relative_max_diff(part.out, ref), 1e-5) << "shard " << i;
+          for (int64_t t = 0; t < tokens; ++t) {
+            bool any = false;
+            for (int64_t k = 0; k < pairs; ++k) any = any || shard_holds(shard, c.experts, whole.ids[t * pairs + k]);
+            if (any) continue;
+            ++zero_rows;
+            for (int64_t d = 0; d < dim; ++d) EXPECT_EQ(part.out[t * dim + d], 0.0f) << "shard " << i << " token " << t;
+          }
+        }
+        EXPECT_LE(relative_max_diff(sum, whole.out), 1e-5);
+      }
+    }
+  }
+  EXPECT_GT(zero_rows, 0) << "no token without a held expert: the zero rows went unchecked";
+}
+
+// A shard's arguments: its routed range inside the model's, weights of exactly the experts it holds, global ids below
+// the model's routed + shared experts, and for moe the routing's own expert count.
+TEST(BackendOps, MoeShardArgumentsAreChecked) {
+  const std::unique_ptr<Backend> cpu = make_cpu_backend();
+  const int64_t tokens = 2, routed = 8, shared = 1, pairs = 3, dim = 8, inter = 4;
+  std::vector<float> x(tokens * dim, 1.0f), weights(tokens * pairs, 0.5f), logits(tokens * routed, 0.0f);
+  const auto experts_call = [&](const ExpertShard& shard, int64_t weight_experts, int32_t last_id) {
+    std::vector<int32_t> ids = {0, 5, 8, 1, 6, last_id};
+    Tensor w_gate_up = Tensor::zeros({weight_experts, 2 * inter, dim}, DType::kF32);
+    Tensor w_down = Tensor::zeros({weight_experts, dim, inter}, DType::kF32);
+    Tensor out = Tensor::zeros({tokens, dim}, DType::kF32);
+    cpu->moe_experts({.x = {x.data(), DType::kF32, {tokens, dim}, Device::kCpu}, .w_gate_up = w_gate_up.view(),
+                      .w_down = w_down.view(), .topk_ids = {ids.data(), DType::kI32, {tokens, pairs}, Device::kCpu},
+                      .topk_weights = {weights.data(), DType::kF32, {tokens, pairs}, Device::kCpu},
+                      .out = out.view(), .shard = shard, .num_shared_experts = shared});
+  };
+  const ExpertShard upper{.first_routed = 4, .num_local_routed = 4, .num_routed = routed, .holds_shared = true};
+  ExpertShard no_shared = upper;
+  no_shared.holds_shared = false;
+  EXPECT_NO_THROW(experts_call(upper, 5, 8));
+  EXPECT_NO_THROW(experts_call(no_shared, 4, 8));
+  EXPECT_THROW(experts_call(upper, 4, 8), Error);      // the shared expert is missing from the weights
+  EXPECT_THROW(experts_call(no_shared, 5, 8), Error);  // one expert too many
+  EXPECT_THROW(experts_call(upper, 5, 9), Error);      // id past the model's 8 + 1 experts
+  EXPECT_THROW(experts_call({.first_routed = 6, .num_local_routed = 4, .num_routed = routed}, 5, 8), Error);
+  EXPECT_THROW(experts_call({.first_routed = -1, .num_local_routed = 4, .num_routed = routed}, 5, 8), Error);
+  EXPECT_THROW(experts_call({.first_routed = 0, .num_local_routed = 4, .num_routed = 0}, 5, 8), Error);
+  const auto moe_call = [&](const ExpertShard& shard, int64_t weight_experts) {
+    Tensor ids = Tensor::zeros({tokens, pairs}, DType::kI32), topk = Tensor::zeros({tokens, pairs}, DType::kF32);
+    Tensor w_gate_up = Tensor::zeros({weight_experts, 2 * inter, dim}, DType::kF32);
+    Tensor w_down = Tensor::zeros({weight_experts, dim, inter}, DType::kF32);
+    Tensor out = Tensor::zeros({tokens, dim}, DType::kF32);
+    cpu->moe({.route = {.logits = {logits.data(), DType::kF32, {tokens, routed}, Device::kCpu},
+                        .topk_ids = ids.view(), .topk_weights = topk.view(), .scoring = ExpertScoring::kSoftmax,
+                        .method = TopkMethod::kGreedy, .num_shared_experts = shared},
+              .x = {x.data(), DType::kF32, {tokens, dim}, Device::kCpu}, .w_gate_up = w_gate_up.view(),
+              .w_down = w_down.view(), .out = out.view(), .shard = shard});
+  };
+  EXPECT_NO_THROW(moe_call(upper, 5));
+  EXPECT_THROW(moe_call(upper, 4), Error);
+  ExpertShard other_model = upper;
+  other_model.num_routed = 16;  // not the routing's 8
+  EXPECT_THROW(moe_call(other_model, 5), Error);
 }
 
 #ifdef DEEPINFER_HAVE_CUDA

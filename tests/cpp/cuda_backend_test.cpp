@@ -668,8 +668,11 @@ void add_moe_route(CaseRegistry& r, const MoeRouteCase& c, uint64_t seed) {
 
 // Experts on given ids, bfloat16 x and weights (the kernels' type): out[t] = sum_k w[t, k] * FFN_e(x[t]) over the
 // routed pairs and the shared experts after them (weight 1; ExpertsShape and random_expert_pairs in moe_cases.h).
-// The kernels keep the SwiGLU activations and each pair's down output in bfloat16, hence the bf16 tolerance.
-void add_moe_experts_bf16(CaseRegistry& r, const ExpertsShape& s, uint64_t seed) {
+// The kernels keep the SwiGLU activations and each pair's down output in bfloat16, hence the bf16 tolerance. With a
+// shard (expert parallelism), the weights are the experts it holds and the ids stay global; kNone draws no pair of
+// its routed experts.
+void add_moe_experts_bf16(CaseRegistry& r, const ExpertsShape& s, uint64_t seed, const ExpertShard& shard = {},
+                          PairsHeld held = PairsHeld::kAny) {
   const Activations act{DType::kBF16};
   Rng rng(seed);
   const int64_t tokens = s.tokens, dim = s.dim, inter = s.inter, experts = s.experts(), pairs = s.pairs();
@@ -678,17 +681,24 @@ void add_moe_experts_bf16(CaseRegistry& r, const ExpertsShape& s, uint64_t seed)
   const std::vector<float> x = act.round(rng.uniform(tokens * dim, -x_range, x_range));
   const std::vector<float> w_gate_up = act.round(rng.uniform(experts * 2 * inter * dim, -w_range, w_range));
   const std::vector<float> w_down = act.round(rng.uniform(experts * dim * inter, -down_range, down_range));
-  const ExpertPairs routing = random_expert_pairs(rng, s);
+  const ExpertPairs routing = random_expert_pairs(rng, s, held, shard);
+  const int64_t held_experts = shard.all() ? experts : shard.num_held(s.shared);
+  const std::vector<float> shard_gate_up = shard_values(w_gate_up, 2 * inter * dim, shard, s.routed, s.shared);
+  const std::vector<float> shard_down = shard_values(w_down, dim * inter, shard, s.routed, s.shared);
   r.add({.op = OpKind::kMoeExperts,
-         .name = str_cat("moe_experts_bf16_", s.str()),
+         .name = str_cat("moe_experts_bf16_", s.str(), shard_name(shard),
+                         held == PairsHeld::kNone ? "_none_held" : ""),
          .run = [=](OpRunner& run) -> Outputs {
            const TensorView out = run.output({tokens, dim}, act.on(run));
-           run.backend().moe_experts({.x = run.upload(act.tensor(run, {tokens, dim}, x)),
-                                      .w_gate_up = run.upload(act.tensor(run, {experts, 2 * inter, dim}, w_gate_up)),
-                                      .w_down = run.upload(act.tensor(run, {experts, dim, inter}, w_down)),
-                                      .topk_ids = run.upload(HostTensor::i32({tokens, pairs}, routing.ids)),
-                                      .topk_weights = run.upload(HostTensor::f32({tokens, pairs}, routing.weights)),
-                                      .out = out});
+           run.backend().moe_experts(
+               {.x = run.upload(act.tensor(run, {tokens, dim}, x)),
+                .w_gate_up = run.upload(act.tensor(run, {held_experts, 2 * inter, dim}, shard_gate_up)),
+                .w_down = run.upload(act.tensor(run, {held_experts, dim, inter}, shard_down)),
+                .topk_ids = run.upload(HostTensor::i32({tokens, pairs}, routing.ids)),
+                .topk_weights = run.upload(HostTensor::f32({tokens, pairs}, routing.weights)),
+                .out = out,
+                .shard = shard,
+                .num_shared_experts = s.shared});
            return {{"out", run.fetch(out)}};
          },
          .tolerance = act.tolerance()});
@@ -698,10 +708,11 @@ void add_moe_experts_bf16(CaseRegistry& r, const ExpertsShape& s, uint64_t seed)
 // bfloat16 x, against the CPU, which dequantizes them. The inputs are built inside `run` from the seed (the same on
 // both backends), so the registry holds none of V2-Lite's 571M weights. W8A16 keeps the bf16 cases' tolerance; with
 // `w8a8` (fp8_activations: the backend may quantize the activations too) the looser 4e-2.
-void add_moe_experts_fp8_bf16_x(CaseRegistry& r, const ExpertsShape& s, uint64_t seed, bool w8a8 = false) {
+void add_moe_experts_fp8_bf16_x(CaseRegistry& r, const ExpertsShape& s, uint64_t seed, bool w8a8 = false,
+                                const ExpertShard& shard = {}) {
   const Activations act{DType::kBF16};
   r.add({.op = OpKind::kMoeExperts,
-         .name = str_cat("moe_experts_fp8_", w8a8 ? "w8a8_" : "", s.str()),
+         .name = str_cat("moe_experts_fp8_", w8a8 ? "w8a8_" : "", s.str(), shard_name(shard)),
          .run = [=](OpRunner& run) -> Outputs {
            Rng rng(seed);
            const int64_t tokens = s.tokens, dim = s.dim, inter = s.inter, experts = s.experts(), pairs = s.pairs();
@@ -715,11 +726,13 @@ void add_moe_experts_fp8_bf16_x(CaseRegistry& r, const ExpertsShape& s, uint64_t
            const ExpertPairs routing = random_expert_pairs(rng, s);
            const TensorView out = run.output({tokens, dim}, act.on(run));
            run.backend().moe_experts({.x = run.upload(act.tensor(run, {tokens, dim}, x)),
-                                      .w_gate_up = w_gate_up.upload(run, w8a8),
-                                      .w_down = w_down.upload(run, w8a8),
+                                      .w_gate_up = w_gate_up.shard(shard, s.routed, s.shared).upload(run, w8a8),
+                                      .w_down = w_down.shard(shard, s.routed, s.shared).upload(run, w8a8),
                                       .topk_ids = run.upload(HostTensor::i32({tokens, pairs}, routing.ids)),
                                       .topk_weights = run.upload(HostTensor::f32({tokens, pairs}, routing.weights)),
-                                      .out = out});
+                                      .out = out,
+                                      .shard = shard,
+                                      .num_shared_experts = s.shared});
            return {{"out", run.fetch(out)}};
          },
          .tolerance = w8a8 ? 4e-2 : act.tolerance()});
@@ -730,7 +743,7 @@ void add_moe_experts_fp8_bf16_x(CaseRegistry& r, const ExpertsShape& s, uint64_t
 // With `router`, the op gets the router weight instead of the logits and computes them (the route kernel does at
 // decode sizes, linear before it otherwise), and the logits it wrote are compared too.
 void add_moe_bf16(CaseRegistry& r, const std::string& tag, const MoeRouteCase& c, int64_t dim, int64_t inter,
-                  uint64_t seed, bool router = false) {
+                  uint64_t seed, bool router = false, const ExpertShard& shard = {}) {
   const Activations act{DType::kBF16};
   Rng rng(seed);
   const int64_t tokens = c.tokens, experts = c.experts + c.num_shared, pairs = c.top_k + c.num_shared;
@@ -744,8 +757,12 @@ void add_moe_bf16(CaseRegistry& r, const std::string& tag, const MoeRouteCase& c
   const std::vector<float> x = act.round(rng.uniform(tokens * dim, -1.0f, 1.0f));
   const std::vector<float> w_gate_up = act.round(rng.uniform(experts * 2 * inter * dim, -w_range, w_range));
   const std::vector<float> w_down = act.round(rng.uniform(experts * dim * inter, -down_range, down_range));
+  const int64_t held_experts = shard.all() ? experts : shard.num_held(c.num_shared);
+  const std::vector<float> shard_gate_up = shard_values(w_gate_up, 2 * inter * dim, shard, c.experts, c.num_shared);
+  const std::vector<float> shard_down = shard_values(w_down, dim * inter, shard, c.experts, c.num_shared);
   r.add({.op = OpKind::kMoe,
-         .name = str_cat("moe_bf16_", tag, "_t", tokens, "_d", dim, "_i", inter, router ? "_router" : ""),
+         .name = str_cat("moe_bf16_", tag, "_t", tokens, "_d", dim, "_i", inter, router ? "_router" : "",
+                         shard_name(shard)),
          .run = [=](OpRunner& run) -> Outputs {
            const TensorView ids = run.output({tokens, pairs}, DType::kI32);
            const TensorView weights = run.output({tokens, pairs}, DType::kF32);
@@ -761,12 +778,13 @@ void add_moe_bf16(CaseRegistry& r, const std::string& tag, const MoeRouteCase& c
                           .n_group = c.n_group, .topk_group = c.topk_group, .norm_topk_prob = c.norm_topk_prob,
                           .routed_scaling_factor = c.routed_scaling_factor, .num_shared_experts = c.num_shared},
                 .x = run.upload(act.tensor(run, {tokens, dim}, x)),
-                .w_gate_up = run.upload(act.tensor(run, {experts, 2 * inter, dim}, w_gate_up)),
-                .w_down = run.upload(act.tensor(run, {experts, dim, inter}, w_down)),
+                .w_gate_up = run.upload(act.tensor(run, {held_experts, 2 * inter, dim}, shard_gate_up)),
+                .w_down = run.upload(act.tensor(run, {held_experts, dim, inter}, shard_down)),
                 .out = out,
                 .router = router ? ConstTensorView(run.upload(act.tensor(run, {c.experts, dim}, router_w)))
                                  : ConstTensorView{},
-                .router_logits = logits_out});
+                .router_logits = logits_out,
+                .shard = shard});
            return moe_outputs(run, ids, weights, out, logits_out, c.top_k, c.num_shared);
          },
          .tolerance = act.tolerance()});
@@ -776,10 +794,11 @@ void add_moe_bf16(CaseRegistry& r, const std::string& tag, const MoeRouteCase& c
 // stays bfloat16 (the route kernel computes the logits at decode sizes). Inputs built inside `run` from the seed, as
 // add_moe_experts_fp8_bf16_x.
 void add_moe_fp8(CaseRegistry& r, const std::string& tag, const MoeRouteCase& c, int64_t dim, int64_t inter,
-                 uint64_t seed, bool router = false) {
+                 uint64_t seed, bool router = false, const ExpertShard& shard = {}) {
   const Activations act{DType::kBF16};
   r.add({.op = OpKind::kMoe,
-         .name = str_cat("moe_fp8_", tag, "_t", c.tokens, "_d", dim, "_i", inter, router ? "_router" : ""),
+         .name = str_cat("moe_fp8_", tag, "_t", c.tokens, "_d", dim, "_i", inter, router ? "_router" : "",
+                         shard_name(shard)),
          .run = [=](OpRunner& run) -> Outputs {
            Rng rng(seed);
            const int64_t tokens = c.tokens, experts = c.experts + c.num_shared, pairs = c.top_k + c.num_shared;
@@ -809,12 +828,13 @@ void add_moe_fp8(CaseRegistry& r, const std::string& tag, const MoeRouteCase& c,
                           .n_group = c.n_group, .topk_group = c.topk_group, .norm_topk_prob = c.norm_topk_prob,
                           .routed_scaling_factor = c.routed_scaling_factor, .num_shared_experts = c.num_shared},
                 .x = run.upload(act.tensor(run, {tokens, dim}, x)),
-                .w_gate_up = w_gate_up.upload(run),
-                .w_down = w_down.upload(run),
+                .w_gate_up = w_gate_up.shard(shard, c.experts, c.num_shared).upload(run),
+                .w_down = w_down.shard(shard, c.experts, c.num_shared).upload(run),
                 .out = out,
                 .router = router ? ConstTensorView(run.upload(act.tensor(run, {c.experts, dim}, router_w)))
                                  : ConstTensorView{},
-                .router_logits = logits_out});
+                .router_logits = logits_out,
+                .shard = shard});
            return moe_outputs(run, ids, weights, out, logits_out, c.top_k, c.num_shared);
          },
          .tolerance = act.tolerance()});
@@ -1242,6 +1262,96 @@ CaseRegistry build_registry() {
   MoeRouteCase fp8_v3_width = v3_width;
   fp8_v3_width.tokens = 2;
   add_moe_fp8(r, "v3_like_e16_k4_s1", fp8_v3_width, 7168, 128, 310, /*router=*/true);
+  // Expert parallelism: a shard's weights hold a slice of the routed experts (the shared ones on one shard only),
+  // routing stays the whole model's (global ids), and the kernels drop the pairs held elsewhere; the CPU reference
+  // computes the same shard. moe_experts, bfloat16: V3-like (256 + 1) over 4 shards on small-M with the fused combine,
+  // past 32 tokens and on the grouped path (300 tokens); V2-Lite-like (64 + 2) over 2 shards.
+  for (int64_t i = 0; i < 4; ++i) {
+    const ExpertShard shard = even_shard(256, i, 4, 3);
+    for (const int64_t tokens : {int64_t{5}, int64_t{40}, int64_t{300}}) {
+      add_moe_experts_bf16(r, {.tokens = tokens, .dim = 256, .inter = 128, .routed = 256, .top_k = 8, .shared = 1},
+                           320 + static_cast<uint64_t>(10 * i + tokens), shard);
+    }
+  }
+  for (int64_t i = 0; i < 2; ++i) {
+    add_moe_experts_bf16(r, {.tokens = 7, .dim = 256, .inter = 128, .routed = 64, .top_k = 6, .shared = 2},
+                         360 + static_cast<uint64_t>(i), even_shard(64, i, 2, 0));
+    add_moe_experts_bf16(r, {.tokens = 300, .dim = 256, .inter = 128, .routed = 64, .top_k = 6, .shared = 2},
+                         362 + static_cast<uint64_t>(i), even_shard(64, i, 2, 0));
+  }
+  // ... a shard none of whose experts any pair names (no rows at all; out is zero): small-M with the fused combine,
+  // with the separate combine, the persistent decode FFN (hidden 4096), and grouped.
+  const ExpertShard idle = even_shard(16, 1, 4, 0);
+  add_moe_experts_bf16(r, {.tokens = 2, .dim = 256, .inter = 128, .routed = 16, .top_k = 2, .shared = 1}, 364, idle,
+                       PairsHeld::kNone);
+  add_moe_experts_bf16(r, {.tokens = 40, .dim = 256, .inter = 128, .routed = 16, .top_k = 2, .shared = 1}, 365, idle,
+                       PairsHeld::kNone);
+  add_moe_experts_bf16(r, {.tokens = 2, .dim = 4096, .inter = 128, .routed = 16, .top_k = 2, .shared = 1}, 366, idle,
+                       PairsHeld::kNone);
+  add_moe_experts_bf16(r, {.tokens = 300, .dim = 256, .inter = 128, .routed = 16, .top_k = 4, .shared = 1}, 367, idle,
+                       PairsHeld::kNone);
+  // ... FP8 weights: V2-Lite's widths over 2 shards at decode sizes and on the grouped path; V3-like small over 4.
+  for (int64_t i = 0; i < 2; ++i) {
+    for (const int64_t tokens : {int64_t{1}, int64_t{8}, int64_t{80}}) {
+      ExpertsShape sh = fp8_v2_lite;
+      sh.tokens = tokens;
+      add_moe_experts_fp8_bf16_x(r, sh, 370 + static_cast<uint64_t>(10 * i + tokens), false, even_shard(12, i, 2, 0));
+    }
+  }
+  for (int64_t i = 0; i < 4; ++i) {
+    for (const int64_t tokens : {int64_t{2}, int64_t{300}}) {
+      ExpertsShape sh = fp8_v3_small;
+      sh.tokens = tokens;
+      add_moe_experts_fp8_bf16_x(r, sh, 400 + static_cast<uint64_t>(10 * i + tokens), false, even_shard(32, i, 4, 3));
+    }
+  }
+  // moe on a shard, bfloat16: V3 routing (256 + 1) over 4 shards at 1, 6, 40 and 300 tokens (the shared slots run
+  // before their wait on the shard that holds them); V2-Lite's over 2 at 1, 8, 20 and 300; the router in the route
+  // kernel (V2-Lite's width at 1 and 8 tokens, V3's at 2); the persistent decode FFN (hidden 4096).
+  for (int64_t i = 0; i < 4; ++i) {
+    for (const int64_t tokens : {int64_t{1}, int64_t{6}, int64_t{40}, int64_t{300}}) {
+      MoeRouteCase v3_moe = v3_shared;
+      v3_moe.tokens = tokens;
+      add_moe_bf16(r, "v3_e256_k8_s1", v3_moe, 256, 128, 420 + static_cast<uint64_t>(10 * i + tokens), false,
+                   even_shard(256, i, 4, 3));
+    }
+  }
+  for (int64_t i = 0; i < 2; ++i) {
+    const ExpertShard shard = even_shard(64, i, 2, 0);
+    for (const int64_t tokens : {int64_t{1}, int64_t{8}, int64_t{20}, int64_t{300}}) {
+      add_moe_bf16(r, "v2_lite_e64_k6_s2",
+                   {.tag = "", .tokens = tokens, .experts = 64, .top_k = 6, .scoring = ExpertScoring::kSoftmax,
+                    .method = TopkMethod::kGreedy, .num_shared = 2},
+                   256, 128, 760 + static_cast<uint64_t>(10 * i + tokens), false, shard);
+    }
+    for (const int64_t tokens : {int64_t{1}, int64_t{8}}) {
+      MoeRouteCase c = v2_lite_route;
+      c.tokens = tokens;
+      add_moe_bf16(r, "v2_lite_e64_k6_s2", c, 2048, 32, 800 + static_cast<uint64_t>(10 * i + tokens),
+                   /*router=*/true, shard);
+      add_moe_bf16(r, "v2_lite_e64_k6_s2", c, 4096, 64, 820 + static_cast<uint64_t>(10 * i + tokens), false, shard);
+    }
+    add_moe_bf16(r, "v3_like_e16_k4_s1", v3_width, 7168, 32, 840 + static_cast<uint64_t>(i), /*router=*/true,
+                 even_shard(16, i, 2, 1));
+  }
+  // moe on a shard with FP8 experts: V2-Lite-like routing over 2 shards (with the router at 1 token), V3-like over 4
+  // at decode and prefill sizes.
+  for (int64_t i = 0; i < 2; ++i) {
+    for (const int64_t tokens : {int64_t{1}, int64_t{8}}) {
+      MoeRouteCase c = fp8_v2_route;
+      c.tokens = tokens;
+      add_moe_fp8(r, "v2_lite_e12_k6_s2", c, 2048, 1408, 850 + static_cast<uint64_t>(10 * i + tokens), tokens == 1,
+                  even_shard(12, i, 2, 0));
+    }
+  }
+  for (int64_t i = 0; i < 4; ++i) {
+    for (const int64_t tokens : {int64_t{2}, int64_t{300}}) {
+      MoeRouteCase c = fp8_v3_route;
+      c.tokens = tokens;
+      add_moe_fp8(r, "v3_like_e32_k8_s1", c, 1024, 256, 880 + static_cast<uint64_t>(10 * i + tokens), false,
+                  even_shard(32, i, 4, 3));
+    }
+  }
   // Sampling: V3's and V2's vocabularies with 64 mixed rows, one row alone, ties, small and odd vocabularies.
   add_sample(r, 129280, 64, LogitShape::kModelLike, 170);
   add_sample(r, 129280, 64, LogitShape::kUniform, 171);

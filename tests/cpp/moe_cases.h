@@ -190,11 +190,21 @@ struct ExpertPairs {
   std::vector<float> weights;  // [tokens, top_k + shared]
 };
 
-inline ExpertPairs random_expert_pairs(Rng& rng, const ExpertsShape& s) {
+// Which routed experts random_expert_pairs may draw: any, or none of a shard's (its routed experts outside it).
+enum class PairsHeld : uint8_t { kAny, kNone };
+
+inline ExpertPairs random_expert_pairs(Rng& rng, const ExpertsShape& s, PairsHeld held = PairsHeld::kAny,
+                                       const ExpertShard& shard = {}) {
   ExpertPairs out;
+  std::vector<int32_t> candidates(static_cast<size_t>(s.routed));
+  std::iota(candidates.begin(), candidates.end(), 0);
+  if (held == PairsHeld::kNone) {
+    std::erase_if(candidates, [&](int32_t e) {
+      return e >= shard.first_routed && e < shard.first_routed + shard.num_local_routed;
+    });
+  }
   for (int64_t t = 0; t < s.tokens; ++t) {
-    std::vector<int32_t> perm(static_cast<size_t>(s.routed));
-    std::iota(perm.begin(), perm.end(), 0);
+    std::vector<int32_t> perm = candidates;
     rng.shuffle(perm);
     out.ids.insert(out.ids.end(), perm.begin(), perm.begin() + s.top_k);
     for (int64_t j = 0; j < s.shared; ++j) out.ids.push_back(static_cast<int32_t>(s.routed + j));
@@ -234,28 +244,84 @@ inline std::vector<double> naive_experts(const ExpertsShape& s, const std::vecto
   return out;
 }
 
-// out[t] = sum_k w[t, k] * down_e(silu(gate_e(x[t])) * up_e(x[t])) over the routed and shared pairs.
-inline void add_moe_experts(CaseRegistry& r, const ExpertsShape& s, uint64_t seed) {
+// Expert parallelism (ExpertShard, ops/moe.h). The test's own statement of which experts a shard holds, apart from
+// ExpertShard::slot: its routed range, and the shared experts (global ids from `routed` on) when it holds them.
+inline bool shard_holds(const ExpertShard& shard, int64_t routed, int64_t id) {
+  if (shard.all()) return true;
+  return id < routed ? id >= shard.first_routed && id < shard.first_routed + shard.num_local_routed
+                     : shard.holds_shared;
+}
+
+// Shard `index` of `count` (the routed experts split evenly, the remainder on the last ones); the shared experts on
+// shard `shared_on` only.
+inline ExpertShard even_shard(int64_t routed, int64_t index, int64_t count, int64_t shared_on) {
+  const int64_t first = routed * index / count, end = routed * (index + 1) / count;
+  return {.first_routed = first, .num_local_routed = end - first, .num_routed = routed,
+          .holds_shared = index == shared_on};
+}
+
+inline std::string shard_name(const ExpertShard& shard) {
+  if (shard.all()) return "";
+  return str_cat("_ep_r", shard.first_routed, "_n", shard.num_local_routed, shard.holds_shared ? "_shared" : "");
+}
+
+// The part of the whole model's expert values ([routed + shared] experts of `per_expert` values each) a shard's
+// weights hold, in its slot order: its routed experts, then the shared ones when it holds them.
+template <typename T>
+std::vector<T> shard_values(const std::vector<T>& all, int64_t per_expert, const ExpertShard& shard, int64_t routed,
+                            int64_t shared) {
+  if (shard.all()) return all;
+  std::vector<T> held;
+  for (int64_t e = 0; e < routed + shared; ++e) {
+    if (!shard_holds(shard, routed, e)) continue;
+    held.insert(held.end(), all.begin() + e * per_expert, all.begin() + (e + 1) * per_expert);
+  }
+  return held;
+}
+
+// The pairs' weights with those of experts the shard does not hold zeroed: a shard's output is the whole model's op
+// over its pairs alone.
+inline std::vector<float> held_weights(const std::vector<int32_t>& ids, const std::vector<float>& weights,
+                                       const ExpertShard& shard, int64_t routed) {
+  std::vector<float> held = weights;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (!shard_holds(shard, routed, ids[i])) held[i] = 0.0f;
+  }
+  return held;
+}
+
+// out[t] = sum_k w[t, k] * down_e(silu(gate_e(x[t])) * up_e(x[t])) over the routed and shared pairs; with a shard,
+// over the pairs of the experts it holds, its weights those of the whole model's it holds (the naive side computes
+// on the whole model's weights).
+inline void add_moe_experts(CaseRegistry& r, const ExpertsShape& s, uint64_t seed, const ExpertShard& shard = {},
+                            PairsHeld held = PairsHeld::kAny) {
   Rng rng(seed);
   const int64_t tokens = s.tokens, dim = s.dim, inter = s.inter, experts = s.experts(), pairs = s.pairs();
+  const int64_t held_experts = shard.all() ? experts : shard.num_held(s.shared);
   const std::vector<float> x = rng.uniform(tokens * dim);
   const std::vector<float> w_gate_up = rng.uniform(experts * 2 * inter * dim);
   const std::vector<float> w_down = rng.uniform(experts * dim * inter);
-  const ExpertPairs routing = random_expert_pairs(rng, s);
+  const ExpertPairs routing = random_expert_pairs(rng, s, held, shard);
+  const std::vector<float> shard_gate_up = shard_values(w_gate_up, 2 * inter * dim, shard, s.routed, s.shared);
+  const std::vector<float> shard_down = shard_values(w_down, dim * inter, shard, s.routed, s.shared);
   r.add({.op = OpKind::kMoeExperts,
-         .name = str_cat("moe_experts_", s.str()),
+         .name = str_cat("moe_experts_", s.str(), shard_name(shard), held == PairsHeld::kNone ? "_none_held" : ""),
          .run = [=](OpRunner& run) -> Outputs {
            const TensorView out = run.output({tokens, dim}, DType::kF32);
-           run.backend().moe_experts({.x = run.upload(HostTensor::f32({tokens, dim}, x)),
-                                      .w_gate_up = run.upload(HostTensor::f32({experts, 2 * inter, dim}, w_gate_up)),
-                                      .w_down = run.upload(HostTensor::f32({experts, dim, inter}, w_down)),
-                                      .topk_ids = run.upload(HostTensor::i32({tokens, pairs}, routing.ids)),
-                                      .topk_weights = run.upload(HostTensor::f32({tokens, pairs}, routing.weights)),
-                                      .out = out});
+           run.backend().moe_experts(
+               {.x = run.upload(HostTensor::f32({tokens, dim}, x)),
+                .w_gate_up = run.upload(HostTensor::f32({held_experts, 2 * inter, dim}, shard_gate_up)),
+                .w_down = run.upload(HostTensor::f32({held_experts, dim, inter}, shard_down)),
+                .topk_ids = run.upload(HostTensor::i32({tokens, pairs}, routing.ids)),
+                .topk_weights = run.upload(HostTensor::f32({tokens, pairs}, routing.weights)),
+                .out = out,
+                .shard = shard,
+                .num_shared_experts = s.shared});
            return {{"out", run.fetch(out)}};
          },
          .naive = [=]() -> Outputs {
-           return {{"out", naive_experts(s, x, w_gate_up, w_down, routing.ids, routing.weights)}};
+           return {{"out", naive_experts(s, x, w_gate_up, w_down, routing.ids,
+                                         held_weights(routing.ids, routing.weights, shard, s.routed))}};
          }});
 }
 
@@ -286,6 +352,17 @@ struct Fp8Experts {
     return w;
   }
 
+  // The experts a shard holds (shard_values on the codes, scales and dequantized values alike).
+  Fp8Experts shard(const ExpertShard& sh, int64_t routed, int64_t shared) const {
+    const int64_t per_expert = shape[1] * shape[2];
+    const int64_t blocks = fp8_blocks(shape[1]) * fp8_blocks(shape[2]);
+    const int64_t held = sh.all() ? shape[0] : sh.num_held(shared);
+    return {.shape = {held, shape[1], shape[2]},
+            .codes = shard_values(codes, per_expert, sh, routed, shared),
+            .scale_inv = shard_values(scale_inv, blocks, sh, routed, shared),
+            .dequantized = shard_values(dequantized, per_expert, sh, routed, shared)};
+  }
+
   // The codes and scales in the runner's memory; `w8a8`: WeightView::fp8_activations.
   WeightView upload(OpRunner& run, bool w8a8 = false) const {
     const TensorView c = run.upload(HostTensor::from_raw(shape, DType::kF8E4M3, codes.data()));
@@ -295,28 +372,34 @@ struct Fp8Experts {
 };
 
 // moe_experts with FP8 weights (fp32 x and out here, the CPU's) against the naive formula on the dequantized weights.
-inline void add_moe_experts_fp8(CaseRegistry& r, const ExpertsShape& s, uint64_t seed) {
+// With a shard, its weights are the quantized whole model's experts it holds (the blocks are per expert), and the
+// naive side computes on the whole model's over the pairs it holds.
+inline void add_moe_experts_fp8(CaseRegistry& r, const ExpertsShape& s, uint64_t seed, const ExpertShard& shard = {}) {
   Rng rng(seed);
   const int64_t tokens = s.tokens, dim = s.dim, inter = s.inter, experts = s.experts(), pairs = s.pairs();
   const std::vector<float> x = rng.uniform(tokens * dim);
   const Fp8Experts w_gate_up = Fp8Experts::quantize(rng.uniform(experts * 2 * inter * dim), experts, 2 * inter, dim);
   const Fp8Experts w_down = Fp8Experts::quantize(rng.uniform(experts * dim * inter), experts, dim, inter);
   const ExpertPairs routing = random_expert_pairs(rng, s);
+  const Fp8Experts shard_gate_up = w_gate_up.shard(shard, s.routed, s.shared);
+  const Fp8Experts shard_down = w_down.shard(shard, s.routed, s.shared);
   r.add({.op = OpKind::kMoeExperts,
-         .name = str_cat("moe_experts_fp8_", s.str()),
+         .name = str_cat("moe_experts_fp8_", s.str(), shard_name(shard)),
          .run = [=](OpRunner& run) -> Outputs {
            const TensorView out = run.output({tokens, dim}, DType::kF32);
            run.backend().moe_experts({.x = run.upload(HostTensor::f32({tokens, dim}, x)),
-                                      .w_gate_up = w_gate_up.upload(run),
-                                      .w_down = w_down.upload(run),
+                                      .w_gate_up = shard_gate_up.upload(run),
+                                      .w_down = shard_down.upload(run),
                                       .topk_ids = run.upload(HostTensor::i32({tokens, pairs}, routing.ids)),
                                       .topk_weights = run.upload(HostTensor::f32({tokens, pairs}, routing.weights)),
-                                      .out = out});
+                                      .out = out,
+                                      .shard = shard,
+                                      .num_shared_experts = s.shared});
            return {{"out", run.fetch(out)}};
          },
          .naive = [=]() -> Outputs {
            return {{"out", naive_experts(s, x, w_gate_up.dequantized, w_down.dequantized, routing.ids,
-                                         routing.weights)}};
+                                         held_weights(routing.ids, routing.weights, shard, s.routed))}};
          }});
 }
 
@@ -332,9 +415,10 @@ inline Outputs moe_outputs(OpRunner& run, const TensorView& ids, const TensorVie
 
 // The whole routed part (ops/moe.h, MoeArgs): routing from random logits (and a V3 bias), then the routed and shared
 // experts on its result; checks the routing outputs (as the route cases do) and the layer output. With `router`, the
-// op gets a random router weight instead and computes the logits, which are checked too.
+// op gets a random router weight instead and computes the logits, which are checked too. With a shard, the weights
+// are the experts it holds, routing is the whole model's (global ids), and the output sums the pairs it holds.
 inline void add_moe(CaseRegistry& r, const std::string& tag, const RouteConfig& c, int64_t tokens_, int64_t dim_,
-                    int64_t inter_, bool bias, uint64_t seed, bool router = false) {
+                    int64_t inter_, bool bias, uint64_t seed, bool router = false, const ExpertShard& shard = {}) {
   const ExpertsShape s{.tokens = tokens_, .dim = dim_, .inter = inter_, .routed = c.experts, .top_k = c.top_k,
                        .shared = c.num_shared};
   Rng rng(seed);
@@ -345,6 +429,9 @@ inline void add_moe(CaseRegistry& r, const std::string& tag, const RouteConfig& 
   const std::vector<float> x = rng.uniform(tokens * dim);
   const std::vector<float> w_gate_up = rng.uniform(experts * 2 * inter * dim);
   const std::vector<float> w_down = rng.uniform(experts * dim * inter);
+  const int64_t held_experts = shard.all() ? experts : shard.num_held(s.shared);
+  const std::vector<float> shard_gate_up = shard_values(w_gate_up, 2 * inter * dim, shard, s.routed, s.shared);
+  const std::vector<float> shard_down = shard_values(w_down, dim * inter, shard, s.routed, s.shared);
   // The router's logits in double, as the naive side routes on them.
   std::vector<float> router_logits;
   if (router) {
@@ -357,7 +444,7 @@ inline void add_moe(CaseRegistry& r, const std::string& tag, const RouteConfig& 
     }
   }
   r.add({.op = OpKind::kMoe,
-         .name = str_cat("moe_", tag, "_", s.str(), router ? "_router" : ""),
+         .name = str_cat("moe_", tag, "_", s.str(), router ? "_router" : "", shard_name(shard)),
          .run = [=](OpRunner& run) -> Outputs {
            const TensorView ids = run.output({tokens, pairs}, DType::kI32);
            const TensorView weights = run.output({tokens, pairs}, DType::kF32);
@@ -374,13 +461,14 @@ inline void add_moe(CaseRegistry& r, const std::string& tag, const RouteConfig& 
                                         .routed_scaling_factor = c.routed_scaling_factor,
                                         .num_shared_experts = c.num_shared},
                               .x = run.upload(HostTensor::f32({tokens, dim}, x)),
-                              .w_gate_up = run.upload(HostTensor::f32({experts, 2 * inter, dim}, w_gate_up)),
-                              .w_down = run.upload(HostTensor::f32({experts, dim, inter}, w_down)),
+                              .w_gate_up = run.upload(HostTensor::f32({held_experts, 2 * inter, dim}, shard_gate_up)),
+                              .w_down = run.upload(HostTensor::f32({held_experts, dim, inter}, shard_down)),
                               .out = out,
                               .router = router ? ConstTensorView(run.upload(HostTensor::f32({c.experts, dim},
                                                                                             router_w)))
                                                : ConstTensorView{},
-                              .router_logits = logits_out});
+                              .router_logits = logits_out,
+                              .shard = shard});
            return moe_outputs(run, ids, weights, out, logits_out, c.top_k, c.num_shared);
          },
          .naive = [=]() -> Outputs {
@@ -392,7 +480,8 @@ inline void add_moe(CaseRegistry& r, const std::string& tag, const RouteConfig& 
            Outputs o = sorted_route(ids, weights, c.top_k, c.num_shared);
            const std::vector<int32_t> int_ids(ids.begin(), ids.end());
            const std::vector<float> float_weights(weights.begin(), weights.end());
-           o.push_back({"out", naive_experts(s, x, w_gate_up, w_down, int_ids, float_weights)});
+           o.push_back({"out", naive_experts(s, x, w_gate_up, w_down, int_ids,
+                                             held_weights(int_ids, float_weights, shard, c.experts))});
            if (router) o.push_back({"router_logits", std::vector<double>(router_logits.begin(), router_logits.end())});
            return o;
          }});

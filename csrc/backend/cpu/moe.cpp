@@ -1,4 +1,5 @@
-// DeepSeekMoE on the CPU: routing per token, then one GEMM per expert over the tokens routed to it.
+// DeepSeekMoE on the CPU: routing per token, then one GEMM per expert over the tokens routed to it (under expert
+// parallelism, per expert the weights hold).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -94,9 +95,12 @@ void moe_experts(const MoeExpertsArgs& a) {
   const int64_t inter = a.w_down.shape[2], top_k = a.topk_ids.shape[1];
   const int32_t* ids = a.topk_ids.as<int32_t>();
   const float* weights = a.topk_weights.f32();
-  // Bucket (token, slot) pairs by expert.
+  // Bucket (token, slot) pairs by the weights' expert; under a shard, pairs of experts it does not hold are dropped.
   std::vector<std::vector<int64_t>> routed(static_cast<size_t>(experts));
-  for (int64_t i = 0; i < tokens * top_k; ++i) routed[ids[i]].push_back(i);
+  for (int64_t i = 0; i < tokens * top_k; ++i) {
+    const int64_t e = a.shard.slot(ids[i]);
+    if (e >= 0) routed[e].push_back(i);
+  }
   std::fill(a.out.f32(), a.out.f32() + a.out.numel(), 0.0f);
   std::vector<float> x_e, h_e, act_e, y_e, gate_up_e, down_e;
   for (int64_t e = 0; e < experts; ++e) {

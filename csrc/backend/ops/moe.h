@@ -33,15 +33,41 @@ struct MoeRouteArgs {
   void validate() const;
 };
 
+// The experts a layer's weights hold under expert parallelism: routed experts [first_routed, first_routed +
+// num_local_routed) of num_routed (global ids, as routing writes them) in slots [0, num_local_routed), then, when
+// holds_shared, the shared experts (global ids num_routed .. num_routed + s - 1) in the slots after them. Pairs of
+// experts the weights do not hold add nothing: a token none of whose experts is held gets a zero row, and the ranks'
+// outputs sum to the whole layer's. The default (num_local_routed < 0) holds every expert: ids index the weights.
+struct ExpertShard {
+  int64_t first_routed = 0;
+  int64_t num_local_routed = -1;
+  int64_t num_routed = 0;
+  bool holds_shared = true;
+
+  bool all() const { return num_local_routed < 0; }
+  // Experts the weights hold, with s shared experts in the model.
+  int64_t num_held(int64_t num_shared) const { return num_local_routed + (holds_shared ? num_shared : 0); }
+  // The weights' slot of global expert `id`, or -1 when they do not hold it.
+  int64_t slot(int64_t id) const {
+    if (all()) return id;
+    if (id < num_routed) return id >= first_routed && id < first_routed + num_local_routed ? id - first_routed : -1;
+    return holds_shared ? num_local_routed + (id - num_routed) : -1;
+  }
+};
+
 // out[t] = sum_k topk_weights[t, k] * down_e(silu(gate_e(x[t])) * up_e(x[t])), e = topk_ids[t, k]. E counts every
-// expert of the weights (routed and shared) and top_k every pair of a token (moe_route's top_k + s).
+// expert of the weights (routed and shared) and top_k every pair of a token (moe_route's top_k + s). Under a shard,
+// the ids are global, e is the weights' slot of topk_ids[t, k] (ExpertShard::slot), and pairs it does not hold add
+// nothing.
 struct MoeExpertsArgs {
   ConstTensorView x;             // [T, D]
   WeightView w_gate_up;          // [E, 2I, D]  gate rows then up rows (bf16, or FP8 with per-expert block scales)
   WeightView w_down;             // [E, D, I]
-  ConstTensorView topk_ids;      // [T, top_k] int32, each in [0, E)
+  ConstTensorView topk_ids;      // [T, top_k] int32, each in [0, E); under a shard in [0, num_routed + s)
   ConstTensorView topk_weights;  // [T, top_k] float32
   TensorView out;                // [T, D]  overwritten
+  ExpertShard shard;             // default: the weights hold every expert
+  int64_t num_shared_experts = 0;  // s, read under a shard only (the weights' expert count and the ids' range)
   void validate() const;
 };
 
@@ -52,7 +78,7 @@ struct MoeExpertsArgs {
 struct MoeArgs {
   MoeRouteArgs route;
   ConstTensorView x;          // [T, D]
-  WeightView w_gate_up;       // [E + s, 2I, D]  the routed experts, then the shared ones
+  WeightView w_gate_up;       // [E + s, 2I, D]  the routed experts, then the shared ones (a shard: the ones it holds)
   WeightView w_down;          // [E + s, D, I]
   TensorView out;             // [T, D]  overwritten
   // The router, optional. Given ([E, D], x's dtype), the op first writes router_logits = x · router^T (float32,
@@ -60,11 +86,14 @@ struct MoeArgs {
   // routing (the CUDA kernels do at decode sizes). Empty: route.logits is an input and router_logits stays empty.
   ConstTensorView router;
   TensorView router_logits;
+  // The experts the weights hold (num_routed = E when not all): routing still runs over all E and writes global ids.
+  ExpertShard shard;
 
   // The experts half, on the routing outputs.
   MoeExpertsArgs experts() const {
     return {.x = x, .w_gate_up = w_gate_up, .w_down = w_down, .topk_ids = route.topk_ids,
-            .topk_weights = route.topk_weights, .out = out};
+            .topk_weights = route.topk_weights, .out = out, .shard = shard,
+            .num_shared_experts = route.num_shared_experts};
   }
   void validate() const;
 };

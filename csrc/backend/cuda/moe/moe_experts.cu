@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(const __gr
   const int token = blockIdx.x, top_k = p.top_k;
   if (threadIdx.x < top_k) {
     const int64_t pair = static_cast<int64_t>(token) * top_k + threadIdx.x;
-    const int e = __ldcg(&p.topk_ids[pair]);
+    const int e = expert_slot(p, __ldcg(&p.topk_ids[pair]));
     weight_s[threadIdx.x] = (e >= 0 && e < p.num_experts) ? __ldcg(&p.topk_weights[pair]) : 0.0f;
   }
   __syncthreads();
@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(const __gr
     float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     for (int j = 0; j < top_k; ++j) {
       const float w = weight_s[j];
-      if (w == 0.0f) continue;  // an invalid id (no row) or a zero weight: nothing to add
+      if (w == 0.0f) continue;  // an invalid id or one held elsewhere (no row), or a zero weight: nothing to add
       const uint4 v = ld_cg_16(kp.y + (static_cast<int64_t>(token) * top_k + j) * p.hidden + 8 * c);
       const uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -91,8 +91,11 @@ MoeExpertsPath moe_resolve_path(const MoeParams& p) {
   if (p.path != MoeExpertsPath::kAuto) return p.path;
   const int64_t pairs = static_cast<int64_t>(p.num_tokens) * p.top_k;
   const bool grouped_shapes = p.hidden % 256 == 0 && p.inter % 128 == 0;
-  return grouped_shapes && pairs > moe_detail::kSmallMaxAverageRows * p.num_experts ? MoeExpertsPath::kGrouped
-                                                                                     : MoeExpertsPath::kSmallM;
+  // Under a shard the pairs spread over the whole model's experts, of which the weights hold a share: rows per expert
+  // are the pairs over the model's routed experts, not over the few held.
+  const int64_t experts = p.shard.num_local_routed < 0 ? p.num_experts : p.shard.num_routed;
+  return grouped_shapes && pairs > moe_detail::kSmallMaxAverageRows * experts ? MoeExpertsPath::kGrouped
+                                                                              : MoeExpertsPath::kSmallM;
 }
 
 namespace {

@@ -42,6 +42,24 @@ static_assert(kMaxRoutedExperts <= kMaxExperts, "the routed experts come first")
 static_assert(kMaxTopK <= 32, "routing: one lane a pair");
 static_assert(kRouteTokensPerBlock % kRouteWarps == 0, "whole tokens a warp");
 
+// The routed experts routing chooses among (the router logits' width): the weights' experts but the shared ones, or
+// under a shard the whole model's.
+__host__ __device__ __forceinline__ int32_t num_routed_experts(const MoeParams& p) {
+  return p.shard.num_local_routed < 0 ? p.num_experts - p.num_shared_experts : p.shard.num_routed;
+}
+
+// The weights' slot of global expert `id` (MoeShard), or -1 when they do not hold it; every expert: `id` itself. A
+// caller drops the pair unless the slot is in [0, num_experts).
+__host__ __device__ __forceinline__ int expert_slot(const MoeParams& p, int id) {
+  const MoeShard& s = p.shard;
+  if (s.num_local_routed < 0) return id;
+  if (id < s.num_routed) {
+    const int local = id - s.first_routed;
+    return local >= 0 && local < s.num_local_routed ? local : -1;
+  }
+  return s.holds_shared ? s.num_local_routed + (id - s.num_routed) : -1;
+}
+
 // Which product of the expert FFN a kernel computes.
 enum class GemmKind : uint8_t { kGateUp, kDown };
 

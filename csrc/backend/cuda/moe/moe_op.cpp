@@ -115,6 +115,12 @@ void set_experts_params(const CudaContext& ctx, const MoeExpertsArgs& a, const c
   p.inter = static_cast<int32_t>(inter);
   p.num_experts = static_cast<int32_t>(experts);
   p.top_k = static_cast<int32_t>(top_k);
+  if (!a.shard.all()) {  // validate() has checked the ranges, which fit int32
+    p.shard = {.first_routed = static_cast<int32_t>(a.shard.first_routed),
+               .num_local_routed = static_cast<int32_t>(a.shard.num_local_routed),
+               .num_routed = static_cast<int32_t>(a.shard.num_routed),
+               .holds_shared = a.shard.holds_shared ? 1 : 0};
+  }
 }
 
 // The fused kernels' workspace of `use`, 256-byte aligned (what the kernels want), for `p`. Its zeroed header
@@ -150,7 +156,8 @@ void moe_route(CudaContext& ctx, const MoeRouteArgs& a) {
 }
 
 // The experts take the given ids (the "given ids" mode of the fused kernels: with no router logits, the first kernel
-// only aligns the (token, slot) pairs by expert), then the grouped SwiGLU GEMMs and the weighted combine.
+// only aligns the (token, slot) pairs by expert), then the grouped SwiGLU GEMMs and the weighted combine. Under a
+// shard the kernels map each global id to its slot where they read it and drop the pairs held elsewhere.
 void moe_experts(CudaContext& ctx, const MoeExpertsArgs& a) {
   const auto timing = ctx.timed("moe_experts");
   a.validate();  // shapes and dtypes; the ids are device memory, checked on the host before their upload

@@ -8,10 +8,10 @@
 //   shared experts: pairs k .. k + S - 1 of every token are experts E .. E + S - 1 with weight 1
 //   out[t] = add[t] + sum_j weight[t, j] * W_down[e] · (silu(W_gate[e] · x[t]) * (W_up[e] · x[t])),  e = id[t, j]
 //
-// Here E = num_experts - num_shared_experts experts are routed (the router logits' width), k = top_k -
-// num_shared_experts are chosen among them, and S = num_shared_experts follow: num_experts and top_k count every expert
-// of the weights and every pair of a token, and everything after the routing (alignment, expert GEMMs, combine) sees
-// only those totals.
+// Here E = num_experts - num_shared_experts experts are routed (the router logits' width; under a shard E =
+// shard.num_routed, see MoeShard), k = top_k - num_shared_experts are chosen among them, and S = num_shared_experts
+// follow: num_experts and top_k count every expert of the weights and every pair of a token, and everything after the
+// routing (alignment, expert GEMMs, combine) sees only those totals.
 //
 // Ties between equal scores go to the lower index, as in the reference. All tensors are contiguous; bf16 values are
 // stored as their 16-bit patterns (uint16_t).
@@ -44,6 +44,18 @@ enum class MoeWeightFormat : uint8_t { kBf16, kFp8 };
 
 // Whether the small-M gate/up kernel also pulls the active experts' down weights into L2 for the next kernel.
 enum class MoeDownPrefetch : uint8_t { kAuto, kOff, kOn };
+
+// Expert parallelism (ops/moe.h, ExpertShard): the weights hold routed experts [first_routed, first_routed +
+// num_local_routed) of num_routed, then, with holds_shared, the shared ones; num_experts counts those. Routing still
+// chooses among all num_routed and writes global ids; every kernel that reads an id maps it to its weights' slot
+// there (moe_internal.h, expert_slot), and a pair of an expert held elsewhere gets no row and adds nothing to the
+// combine. num_local_routed < 0: every expert, ids are the slots (no mapping).
+struct MoeShard {
+  int32_t first_routed = 0;
+  int32_t num_local_routed = -1;
+  int32_t num_routed = 0;
+  int32_t holds_shared = 1;
+};
 
 struct MoeParams {
   // Routing. With router_logits null, topk_ids / topk_weights are inputs and only the alignment runs.
@@ -84,6 +96,7 @@ struct MoeParams {
   MoeNormalize normalize = MoeNormalize::kNo;
   MoeExpertsPath path = MoeExpertsPath::kAuto;
   MoeDownPrefetch down_prefetch = MoeDownPrefetch::kAuto;
+  MoeShard shard;
   int32_t num_sms = 132;  // multiprocessors of the device (cudaDevAttrMultiProcessorCount)
 };
 

@@ -61,11 +61,12 @@ __device__ __forceinline__ float warp_max(float v) {
 
 // One warp routes one token from its logits (routed expert lane + 32 j in logits[j], -inf past them): writes its
 // routed ids (selection order) and weights, then the shared experts with weight 1, and counts its pairs in `hist`.
-// Lane j < top_k writes pair j; the selection sees the routed experts only.
+// Lane j < top_k writes pair j; the selection sees the routed experts only. The ids written are global; the block's
+// chunk_ids and histogram take the weights' slots (expert_slot), -1 for a pair held elsewhere.
 __device__ void route_token(const MoeKernelParams& kp, int token, int block, const float (&logits)[kExpertsPerLane],
                             RouteSmem& s, int warp, int lane) {
   const MoeParams& p = kp.p;
-  const int routed_experts = p.num_experts - p.num_shared_experts, top_k = p.top_k;
+  const int routed_experts = num_routed_experts(p), top_k = p.top_k;
   const int routed_k = top_k - p.num_shared_experts;
   float* choice = s.choice[warp];
   float* score = s.score[warp];
@@ -171,8 +172,9 @@ __device__ void route_token(const MoeKernelParams& kp, int token, int block, con
     const int64_t pair = static_cast<int64_t>(token) * top_k + lane;
     p.topk_ids[pair] = id;
     p.topk_weights[pair] = shared ? 1.0f : w * (norm * p.routed_scaling_factor);
-    s.chunk_ids[(token - block * kRouteTokensPerBlock) * top_k + lane] = id;
-    atomicAdd(&s.hist[id], 1);
+    const int slot = expert_slot(p, id);
+    s.chunk_ids[(token - block * kRouteTokensPerBlock) * top_k + lane] = slot;
+    if (slot >= 0) atomicAdd(&s.hist[slot], 1);
   }
   __syncwarp();  // choice / score are reused by the warp's next token
 }
@@ -207,7 +209,7 @@ __device__ void scatter_chunk(const MoeKernelParams& kp, int b, int own, RouteSm
     const int64_t pair = static_cast<int64_t>(b) * block_pairs + at;
     int e = -1;
     if (at < block_pairs && pair < num_pairs) {
-      e = b == own ? s.chunk_ids[at] : __ldcg(&p.topk_ids[pair]);
+      e = b == own ? s.chunk_ids[at] : expert_slot(p, __ldcg(&p.topk_ids[pair]));
       if (e < 0 || e >= num_experts) e = -1;  // an invalid id gets no row (the combine skips it too)
     }
     const uint32_t peers = __match_any_sync(0xffffffffu, e);
@@ -268,7 +270,7 @@ __device__ bool compute_router_logits(const MoeKernelParams& kp, uint4* x_s, flo
                                       int32_t& is_last) {
   const MoeParams& p = kp.p;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int routed = p.num_experts - p.num_shared_experts, pieces = p.hidden / 256;
+  const int routed = num_routed_experts(p), pieces = p.hidden / 256;
   const int e = blockIdx.x * kRouteWarps + warp;
   const uint16_t* row = p.router_weight + static_cast<int64_t>(e < routed ? e : 0) * p.hidden + lane * 8;
   uint4 w[kPieces];
@@ -325,7 +327,7 @@ __device__ void route_block(const MoeKernelParams& kp, RouteSmem& s, int block, 
   constexpr int kTokensPerWarp = kRouteTokensPerBlock / kRouteWarps;
   const int first_token = block * kRouteTokensPerBlock + warp * kTokensPerWarp;
   if (p.router_logits != nullptr) {
-    const int routed_experts = num_experts - p.num_shared_experts;  // the logits' width
+    const int routed_experts = num_routed_experts(p);  // the logits' width
     float logits[kTokensPerWarp][kExpertsPerLane];  // all of the warp's loads in flight at once
 #pragma unroll
     for (int i = 0; i < kTokensPerWarp; ++i) {
@@ -348,7 +350,7 @@ __device__ void route_block(const MoeKernelParams& kp, RouteSmem& s, int block, 
     for (int i = 0; i < kTokensPerWarp; ++i) {
       const int token = first_token + i;
       if (token >= p.num_tokens || lane >= top_k) continue;
-      const int e = p.topk_ids[static_cast<int64_t>(token) * top_k + lane];
+      const int e = expert_slot(p, p.topk_ids[static_cast<int64_t>(token) * top_k + lane]);
       s.chunk_ids[(warp * kTokensPerWarp + i) * top_k + lane] = e;
       if (e >= 0 && e < num_experts) atomicAdd(&s.hist[e], 1);
     }
@@ -461,7 +463,7 @@ __global__ void __launch_bounds__(kRouteThreads) moe_scatter_kernel(const __grid
   const int64_t num_pairs = static_cast<int64_t>(kp.p.num_tokens) * kp.p.top_k;
   for (int at = threadIdx.x; at < block_pairs; at += kRouteThreads) {
     const int64_t pair = static_cast<int64_t>(blockIdx.x) * block_pairs + at;
-    if (pair < num_pairs) s.chunk_ids[at] = __ldcg(&kp.p.topk_ids[pair]);
+    if (pair < num_pairs) s.chunk_ids[at] = expert_slot(kp.p, __ldcg(&kp.p.topk_ids[pair]));
   }
   __syncthreads();
   scatter_chunk(kp, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.x), s);
@@ -523,10 +525,12 @@ MoeKernelParams make_kernel_params(const MoeParams& p) {
   kp.max_rows = l.max_rows;
   kp.max_active = static_cast<int32_t>(
       std::min<int64_t>(p.num_experts, static_cast<int64_t>(p.num_tokens) * p.top_k));
-  // Routing appends every shared expert to every token, so each has rows and a slot of its own.
-  kp.shared_slots = p.router_logits != nullptr ? p.num_shared_experts : 0;
+  // Routing appends every shared expert to every token, so each has rows and a slot of its own (when the weights hold
+  // them).
+  const bool holds_shared = p.shard.num_local_routed < 0 || p.shard.holds_shared != 0;
+  kp.shared_slots = p.router_logits != nullptr && holds_shared ? p.num_shared_experts : 0;
   kp.fused_router = p.router_weight != nullptr ? 1 : 0;
-  const int64_t routed = p.num_experts - p.num_shared_experts;
+  const int64_t routed = num_routed_experts(p);
   const bool one_cluster = (routed + kRouteWarps - 1) / kRouteWarps <= kRouterClusterMax &&
                            static_cast<int64_t>(p.num_tokens) * routed <= kRouterClusterLogits;
   kp.router_cluster = kp.fused_router && one_cluster ? 1 : 0;
@@ -537,8 +541,22 @@ void check_common(const MoeParams& p) {
   DI_CHECK(p.num_tokens >= 0 && p.num_tokens <= (1 << 24), "moe: num_tokens ", p.num_tokens, " outside [0, 2^24]");
   DI_CHECK(p.num_experts >= 1 && p.num_experts <= kMaxExperts, "moe: ", p.num_experts, " experts outside [1, ",
            kMaxExperts, "]");
-  DI_CHECK(p.top_k >= 1 && p.top_k <= kMaxTopK && p.top_k <= p.num_experts, "moe: top_k ", p.top_k,
+  const bool sharded = p.shard.num_local_routed >= 0;
+  // Under a shard a token's pairs may outnumber the experts the weights hold.
+  DI_CHECK(p.top_k >= 1 && p.top_k <= kMaxTopK && (sharded || p.top_k <= p.num_experts), "moe: top_k ", p.top_k,
            " outside [1, min(", kMaxTopK, ", experts ", p.num_experts, ")]");
+  if (sharded) {
+    const MoeShard& sh = p.shard;
+    DI_CHECK(sh.num_routed >= 1 && sh.first_routed >= 0 && sh.first_routed + sh.num_local_routed <= sh.num_routed &&
+                 p.num_experts >= sh.num_local_routed,
+             "moe: shard of routed experts [", sh.first_routed, ", ", sh.first_routed + sh.num_local_routed,
+             ") of ", sh.num_routed, " with ", p.num_experts, " experts in the weights");
+    if (p.router_logits != nullptr) {
+      DI_CHECK(p.num_experts == sh.num_local_routed + (sh.holds_shared ? p.num_shared_experts : 0),
+               "moe: the weights' ", p.num_experts, " experts are not the shard's ", sh.num_local_routed,
+               " routed ones", sh.holds_shared ? " and the shared ones" : "");
+    }
+  }
   DI_CHECK(p.workspace != nullptr && reinterpret_cast<uintptr_t>(p.workspace) % 256 == 0,
            "moe: a 256-byte aligned workspace of ", moe_workspace_bytes(p), " bytes is required");
   DI_CHECK(p.topk_ids != nullptr && p.topk_weights != nullptr, "moe: topk_ids and topk_weights are required");
@@ -551,7 +569,7 @@ void check_common(const MoeParams& p) {
              "moe: the router weight and x must be 16-byte aligned");
   }
   if (p.router_logits != nullptr) {
-    const int32_t shared = p.num_shared_experts, routed = p.num_experts - shared, routed_k = p.top_k - shared;
+    const int32_t shared = p.num_shared_experts, routed = num_routed_experts(p), routed_k = p.top_k - shared;
     DI_CHECK(shared >= 0 && shared <= p.top_k && routed >= 1 && routed <= kMaxRoutedExperts && routed_k <= routed,
              "moe: ", p.num_experts, " experts and top_k ", p.top_k, " with ", shared, " shared leave ", routed,
              " routed experts (1 to ", kMaxRoutedExperts, ") and ", routed_k, " chosen among them");
@@ -588,7 +606,7 @@ void check_experts(const MoeParams& p, MoeExpertsPath path) {
 void launch_route(const MoeKernelParams& kp, LaunchStream stream) {
   const LaunchShape shape{.grid = dim3(kp.route_blocks), .block = dim3(kRouteThreads)};
   if (kp.fused_router) {  // one route block (moe_fused_router_supported): the scatter is fused
-    const int routed = kp.p.num_experts - kp.p.num_shared_experts;
+    const int routed = num_routed_experts(kp.p);
     const unsigned ctas = (routed + kRouteWarps - 1) / kRouteWarps;
     const LaunchShape router_shape{.grid = dim3(ctas), .block = dim3(kRouteThreads),
                                    .cluster_ctas = kp.router_cluster ? ctas : 1u};

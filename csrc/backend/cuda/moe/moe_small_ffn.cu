@@ -111,6 +111,10 @@ __global__ void __launch_bounds__(FfnGateUp::kThreads, FfnGateUp::kMinBlocks)
       item.compute(kp, sm, work, col_block);
       wait_once();  // the combine reads the routing's ids and weights, and the active count
       combine_if_last<FfnDown>(kp, sm, it.col_block, __ldcg(&kp.slot_info[it.slot]).w);
+    } else if (!it.gate_up && it.slot == 0) {
+      // No pair has a row (slot 0 is empty only then: under a shard, every token's experts are held elsewhere), so
+      // no down item counts itself done: slot 0's items write the combine of their columns, out = add (or zeros).
+      combine_columns<FfnDown>(kp, it.col_block * FfnDown::kOutCols);
     }
     if (threadIdx.x == 0) ticket_s[iteration & 1] = next;
     __syncthreads();

@@ -64,8 +64,8 @@ __device__ void combine_columns(const MoeKernelParams& kp, int col0) {
     float acc0 = 0.0f, acc1 = 0.0f;
     for (int j = 0; j < p.top_k; ++j) {
       const int64_t pair = static_cast<int64_t>(token) * p.top_k + j;
-      const int e = __ldcg(&p.topk_ids[pair]);
-      if (e < 0 || e >= p.num_experts) continue;
+      const int e = expert_slot(p, __ldcg(&p.topk_ids[pair]));
+      if (e < 0 || e >= p.num_experts) continue;  // an invalid id, or one held elsewhere: no row
       const float w = __ldcg(&p.topk_weights[pair]);
       if (w == 0.0f) continue;
       const uint32_t v = __ldcg(reinterpret_cast<const unsigned int*>(kp.y + pair * p.hidden + col));
@@ -341,7 +341,14 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
     griddep_wait();
     griddep_launch_dependents();
   }
-  if (e < 0) return;
+  if (e < 0) {
+    // Slot 0 without an expert: no pair has a row (under a shard, every token's experts are held elsewhere), so no
+    // down CTA counts itself done; slot 0's write the combine of their columns, out = add (or zeros).
+    if constexpr (!T::kGateUp) {
+      if (kp.fused_combine && blockIdx.y == 0) combine_columns<T>(kp, static_cast<int>(blockIdx.x) * T::kOutCols);
+    }
+    return;
+  }
   if constexpr (T::kGateUp) {
     if (kp.down_prefetch) {  // this CTA's share of W_down[e] into L2, for the down kernel that follows
       const int64_t bytes = static_cast<int64_t>(p.hidden) * p.inter * T::kWeightBytes;
