@@ -416,11 +416,9 @@ std::unique_ptr<Communicator> make_nccl_communicator(Backend& cuda_backend, Comm
       }
       words = cuda::unique_id_to_words(id);
     }
-  } catch (const CollectiveError&) {
-    host.abort(str_cat("rank ", rank, " could not start NCCL"));
-    throw;
   } catch (const Error& e) {
-    // A rank without NCCL tells the others, which would otherwise wait in the broadcast below.
+    // A rank without NCCL (or rank 0 without an id) tells the others, which would otherwise wait in the broadcast
+    // below until the host's timeout.
     host.abort(e.what());
     throw;
   }
