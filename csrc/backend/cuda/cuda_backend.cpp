@@ -96,6 +96,8 @@ class CudaBackend final : public Backend {
   void moe(const MoeArgs& a) override { cuda::moe(ctx_, a); }
   void sample(const SampleArgs& a) override { cuda::sample(ctx_, a); }
 
+  cuda::CudaContext& context() { return ctx_; }
+
  private:
   cuda::CudaContext ctx_;
 };
@@ -112,6 +114,12 @@ std::unique_ptr<Backend> make_cuda_backend(int device_index, const cuda::CudaTun
   DI_CHECK(device_index >= 0 && device_index < count, "cuda backend: device ", device_index, " of ", count);
   CUDA_TRY(cudaSetDevice(device_index));
   return std::make_unique<CudaBackend>(tuning);
+}
+
+cuda::CudaContext& cuda_context_of(Backend& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  DI_CHECK(cuda != nullptr, "a CUDA backend is needed here, not the ", backend.name(), " backend");
+  return cuda->context();
 }
 
 }  // namespace deepinfer

@@ -12,11 +12,19 @@
 
 namespace deepinfer {
 
+namespace cuda {
+class CudaContext;
+}  // namespace cuda
+
 // Makes `device_index` the calling thread's current device and builds the backend on it (its stream, memory pool,
 // cuBLAS handle and workspaces), with the tuning record the environment asks for (cuda::CudaTuning::from_env, read
 // once here) or the one given. Ops must later be called from a thread whose current device is that one.
 // Throws deepinfer::Error when the device does not exist or CUDA cannot be initialized.
 std::unique_ptr<Backend> make_cuda_backend(int device_index = 0);
 std::unique_ptr<Backend> make_cuda_backend(int device_index, const cuda::CudaTuning& tuning);
+
+// The context of a backend make_cuda_backend built: for code beside the ops that queues work on the backend's stream
+// (the NCCL communicator) and must tell its launch ledger. Throws deepinfer::Error for any other backend.
+cuda::CudaContext& cuda_context_of(Backend& backend);
 
 }  // namespace deepinfer
