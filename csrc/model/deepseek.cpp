@@ -220,6 +220,16 @@ Tensor DeepseekModel::mlp_part(const MlpWeights& w, const Tensor& h) {
   return linear(act, w.down);                                               // [T, D]
 }
 
+// Under expert parallelism the stacked weights hold this rank's routed experts only (the shared experts are
+// shared_mlp, split by channels as under TP): routing still ranks all of them, and the op computes the pairs it holds.
+ExpertShard DeepseekModel::expert_shard(const MoeWeights& w) const {
+  if (shard().whole() || !shard().expert_parallel) return {};  // every expert
+  return {.first_routed = w.first_expert,
+          .num_local_routed = w.experts_gate_up.shape()[0],
+          .num_routed = w.num_routed_experts,
+          .holds_shared = false};
+}
+
 // The shared experts are the last s experts of the stacked weights (see MoeWeights): routing appends them to every
 // token's top-k with weight 1, and one moe op computes the router logits, routes, and computes the routed and the
 // shared experts together.
@@ -238,7 +248,8 @@ Tensor DeepseekModel::moe(const MoeWeights& w, const Tensor& h) {
                           .routed_scaling_factor = static_cast<float>(c.routed_scaling_factor),
                           .num_shared_experts = w.num_shared_experts},
                 .x = h.cview(), .w_gate_up = w.experts_gate_up.cview(), .w_down = w.experts_down.cview(),
-                .out = out.view(), .router = w.gate.cview(), .router_logits = router_logits.view()});
+                .out = out.view(), .router = w.gate.cview(), .router_logits = router_logits.view(),
+                .shard = expert_shard(w)});
   if (w.shared_mlp) {  // expert parallelism: this rank's channels of the shared experts
     const Tensor shared = mlp_part(*w.shared_mlp, h);
     backend_.add({.x = out.view(), .y = shared.cview()});

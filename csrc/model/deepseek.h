@@ -52,6 +52,7 @@ class DeepseekModel {
   Tensor mlp(const MlpWeights& w, const Tensor& h);
   Tensor mlp_part(const MlpWeights& w, const Tensor& h);  // this rank's channels' share, before the sum
   Tensor moe(const MoeWeights& w, const Tensor& h);
+  ExpertShard expert_shard(const MoeWeights& w) const;  // the experts the layer's stacked weights hold
   Tensor linear(const Tensor& x, const Weight& w);
   // Sums a partial result over the TP ranks, in place (nothing to do on one rank).
   void reduce(Tensor& partial);
