@@ -66,7 +66,10 @@ class MpiProcess {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!owns_ || finalized) return;
-    if (failed_.load()) MPI_Abort(MPI_COMM_WORLD, 1);
+    if (failed_.load()) {
+      std::fputs("deepinfer: a collective failed in this process; ending the job instead of finalizing MPI\n", stderr);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
     MPI_Finalize();
   }
 

@@ -24,8 +24,8 @@
 
 namespace deepinfer {
 
-// True when this process was started by an MPI launcher (OpenMPI's mpirun, or a PMIx launcher such as srun), read
-// from the environment the launcher sets; MPI itself is not touched.
+// True when this process was started by an MPI launcher (OpenMPI's mpirun, or a PMIx launcher such as
+// `srun --mpi=pmix`), read from the environment the launcher sets; MPI itself is not touched.
 bool mpi_launched();
 
 // The communicator over every process of the launch; its rank and size are MPI's. Every rank calls it, in the same

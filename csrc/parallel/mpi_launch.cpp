@@ -7,7 +7,8 @@
 namespace deepinfer {
 
 bool mpi_launched() {
-  // OpenMPI's mpirun sets OMPI_COMM_WORLD_SIZE; PMIx launchers (OpenMPI's prterun, Slurm's srun) set PMIX_RANK.
+  // OpenMPI's mpirun sets OMPI_COMM_WORLD_SIZE; PMIx launchers (OpenMPI's prterun, Slurm's srun --mpi=pmix) set
+  // PMIX_RANK.
   return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr;
 }
 
