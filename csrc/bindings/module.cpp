@@ -1,4 +1,6 @@
 // The _deepinfer extension: converts types and forwards calls; no logic lives here.
+#include <cstdlib>
+
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/function.h>
@@ -9,6 +11,8 @@
 #include <nanobind/stl/vector.h>
 
 #include "engine/engine.h"
+#include "engine/worker_ranks.h"
+#include "parallel/mpi_communicator.h"
 #ifdef DEEPINFER_HAVE_CUDA
 #include "backend/cuda/runtime/device_info.h"
 #endif
@@ -64,6 +68,9 @@ NB_MODULE(_deepinfer, m) {
   nb::enum_<LoadFormat>(m, "LoadFormat")
       .value("safetensors", LoadFormat::kSafetensors)
       .value("dummy", LoadFormat::kDummy);
+  nb::enum_<RankLaunch>(m, "RankLaunch")
+      .value("in_process", RankLaunch::kInProcess)
+      .value("mpi", RankLaunch::kMpi);
 
   nb::class_<SamplingParams>(m, "SamplingParams", "Per-request sampling and stopping parameters.")
       .def(nb::init<>())
@@ -103,7 +110,25 @@ NB_MODULE(_deepinfer, m) {
       .def_rw("tensor_parallel_size", &EngineOptions::tensor_parallel_size)
       .def_rw("enable_expert_parallel", &EngineOptions::enable_expert_parallel)
       .def_rw("collective_timeout_s", &EngineOptions::collective_timeout_s)
+      .def_rw("rank_launch", &EngineOptions::rank_launch)
       .def("validate", &EngineOptions::validate);
+  m.def("mpi_launched", &mpi_launched, "Whether mpirun started this process (its rank variables are set).");
+  m.def("mpi_rank", [] {
+    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+    return rank != nullptr ? std::atoi(rank) : 0;
+  }, "This process's rank under mpirun (0 otherwise).");
+  // A worker rank's process under mpirun: runs rank 0's steps until rank 0 stops, then returns. A failure aborts the
+  // whole job (MPI ends every rank of it), after printing why with the rank.
+  m.def("run_worker_rank", [](const EngineOptions& options) {
+    const std::unique_ptr<Communicator> comm = make_mpi_communicator(
+        std::chrono::milliseconds(static_cast<int64_t>(options.collective_timeout_s * 1000.0)));
+    try {
+      run_worker_rank(options, *comm);
+    } catch (const std::exception& e) {
+      comm->abort(e.what());
+      throw;
+    }
+  }, "options"_a, nb::call_guard<nb::gil_scoped_release>());
 
   nb::class_<ModelConfig>(m, "ModelConfig", "The parsed config.json (read-only summary).")
       .def_ro("architecture", &ModelConfig::architecture)

@@ -2,6 +2,7 @@
 
 #ifdef DEEPINFER_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/parallel/nccl_communicator.h"
 #include "backend/cuda/runtime/device_info.h"
 #endif
 
@@ -17,6 +18,19 @@ std::unique_ptr<Backend> make_backend(const std::string& device, int index) {
   return make_cuda_backend(index);
 #else
   throw InvalidArgument("device 'cuda': this build has no CUDA backend (it was built without nvcc)");
+#endif
+}
+
+std::unique_ptr<Communicator> make_device_communicator(Backend& backend, Communicator& host,
+                                                       std::chrono::milliseconds timeout) {
+  if (backend.device() == Device::kCpu) return nullptr;
+#ifdef DEEPINFER_HAVE_CUDA
+  return make_nccl_communicator(backend, host,
+                                std::chrono::ceil<std::chrono::seconds>(timeout));
+#else
+  static_cast<void>(host);
+  static_cast<void>(timeout);
+  throw InvalidArgument("device collectives: this build has no CUDA backend");
 #endif
 }
 

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 
 #include "engine/device_backend.h"
 #include "engine/model_runner.h"
+#include "parallel/mpi_communicator.h"
 #include "model/sharded_source.h"
 
 namespace deepinfer {
@@ -57,12 +59,27 @@ LoadedModel load_model(const EngineOptions& options, const LoadProgress& progres
   auto source = options.load_format == LoadFormat::kDummy ? make_dummy_source(options.seed)
                                                           : open_checkpoint_source(options.model_path, config);
   const std::unique_ptr<WeightSource> shard_source = make_sharded_source(*source, parallel.shard);
-  LoadedModel loaded{.backend = make_backend(options.device, parallel.shard.rank)};
+  LoadedModel loaded{.backend = make_backend(options.device, local_device(options, parallel.shard.rank))};
+  ModelParallel model_parallel = parallel;
+  if (comm != nullptr) {
+    loaded.device_comm = make_device_communicator(
+        *loaded.backend, *comm,
+        std::chrono::milliseconds(static_cast<int64_t>(options.collective_timeout_s * 1000.0)));
+    if (loaded.device_comm) model_parallel.comm = loaded.device_comm.get();
+  }
   // Each weight goes to the device as it is read: the host never holds the model.
   const std::unique_ptr<WeightSink> sink = make_weight_sink(options, config, *loaded.backend);
   ModelWeights weights = load_weights(local, *shard_source, *sink, progress, parallel.shard);
-  loaded.model = std::make_unique<DeepseekModel>(std::move(config), std::move(weights), *loaded.backend, parallel);
+  loaded.model = std::make_unique<DeepseekModel>(std::move(config), std::move(weights), *loaded.backend,
+                                                 model_parallel);
   return loaded;
+}
+
+int local_device(const EngineOptions& options, int32_t rank) {
+  // Ranks in one process take GPUs 0 .. n - 1; a process mpirun started takes the GPU of its rank on its node.
+  if (options.rank_launch == RankLaunch::kInProcess) return rank;
+  const char* local_rank = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  return local_rank != nullptr ? std::atoi(local_rank) : rank;
 }
 
 LatentCacheShape engine_cache_shape(const EngineOptions& options, const ModelConfig& config) {
@@ -103,11 +120,16 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& options, const LoadP
   local_config(load_model_config(options.model_path),
                {.size = options.tensor_parallel_size, .expert_parallel = options.enable_expert_parallel});
   std::unique_ptr<Ranks> ranks;
-  if (options.tensor_parallel_size > 1) {
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(options.collective_timeout_s * 1000.0));
+  if (options.tensor_parallel_size > 1 && options.rank_launch == RankLaunch::kMpi) {
     ranks = std::make_unique<Ranks>();
-    ranks->group = std::make_unique<LocalGroup>(
-        options.tensor_parallel_size,
-        std::chrono::milliseconds(static_cast<int64_t>(options.collective_timeout_s * 1000.0)));
+    ranks->comm = make_mpi_communicator(timeout);
+    DI_CHECK_ARG(ranks->comm->size() == options.tensor_parallel_size, "mpirun started ", ranks->comm->size(),
+                 " processes for tensor_parallel_size ", options.tensor_parallel_size, ": start one a rank");
+    DI_CHECK_ARG(ranks->comm->rank() == 0, "rank ", ranks->comm->rank(), " runs run_worker_rank, not the engine");
+  } else if (options.tensor_parallel_size > 1) {
+    ranks = std::make_unique<Ranks>();
+    ranks->group = std::make_unique<LocalGroup>(options.tensor_parallel_size, timeout);
     ranks->comm = ranks->group->communicator(0);
     ranks->workers = std::make_unique<WorkerRanks>(options, *ranks->group, *ranks->comm);  // they load meanwhile
   }
@@ -187,6 +209,9 @@ void Engine::shutdown() {
   if (ranks_ && ranks_->workers) {
     ranks_->workers->stop();
     ranks_->workers.reset();  // joins them
+  } else if (ranks_ && ranks_->comm) {
+    broadcast_stop(*ranks_->comm);  // the processes of the other ranks
+    ranks_->comm.reset();
   }
   output_cv_.notify_all();
 }
@@ -342,7 +367,7 @@ void Engine::step_once() {
   try {
     StepBatch step = build_step_batch(plan, options_.page_size, static_cast<int32_t>(model_->config().vocab_size));
     pure_decode = step.forward.is_pure_decode();
-    if (ranks_) ranks_->workers->send(step.forward);
+    if (ranks_) broadcast_step(*ranks_->comm, step.forward);
     result = runner_.execute(step);  // the step's one device-to-host copy
     scored = std::move(step.scored);
   } catch (const CollectiveError& e) {

@@ -28,6 +28,9 @@
 namespace deepinfer {
 
 enum class LoadFormat : uint8_t { kSafetensors, kDummy };
+// Who starts the ranks of a parallel model: this process (ranks 1.. as threads, one a GPU), or a launcher that
+// started one process a rank (mpirun: rank 0's process runs the engine, the others run_worker_rank).
+enum class RankLaunch : uint8_t { kInProcess, kMpi };
 
 struct EngineOptions {
   std::string model_path;                    // Hugging Face directory (config.json; safetensors unless dummy)
@@ -53,6 +56,7 @@ struct EngineOptions {
   int32_t tensor_parallel_size = 1;
   bool enable_expert_parallel = false;
   double collective_timeout_s = 600.0;       // a rank that does not reach a collective this long fails the engine
+  RankLaunch rank_launch = RankLaunch::kInProcess;
 
   void validate() const;
 };
@@ -93,6 +97,9 @@ struct EngineStats {
 // of `comm`'s rank (on GPU `comm->rank()`), which reads only its slices of the checkpoint.
 struct LoadedModel {
   std::unique_ptr<Backend> backend;
+  // The device collectives of a GPU rank (NCCL, its host collectives through the group's communicator); a CPU rank
+  // computes in host memory and uses the group's communicator itself.
+  std::unique_ptr<Communicator> device_comm;
   std::unique_ptr<DeepseekModel> model;
 };
 LoadedModel load_model(const EngineOptions& options, const LoadProgress& progress = {}, Communicator* comm = nullptr);
@@ -100,6 +107,8 @@ LoadedModel load_model(const EngineOptions& options, const LoadProgress& progres
 // The latent cache of every rank: its shape (num_pages unset), the pages this rank's memory holds, and, once the
 // ranks agree on the pages and max_model_len, the cache with its graph scratch page and the step runner's options.
 LatentCacheShape engine_cache_shape(const EngineOptions& options, const ModelConfig& config);
+// The GPU of `rank` on its machine.
+int local_device(const EngineOptions& options, int32_t rank);
 int64_t local_cache_pages(const EngineOptions& options, const LatentCacheShape& shape, DeepseekModel& model);
 struct EngineCachePlan {
   LatentCacheShape shape;  // num_pages includes the scratch page
@@ -153,12 +162,12 @@ class Engine {
   void emit(RequestOutputDelta delta);
 
   EngineOptions options_;
-  // Under tensor parallelism: the group, rank 0's communicator and the worker ranks (destroyed after the step thread
-  // stops and before this rank's model).
+  // Under tensor parallelism: rank 0's communicator and, when this process started the other ranks, their group and
+  // threads (stopped after the step thread, before this rank's model goes).
   struct Ranks {
-    std::unique_ptr<LocalGroup> group;
-    std::unique_ptr<Communicator> comm;  // rank 0's
-    std::unique_ptr<WorkerRanks> workers;
+    std::unique_ptr<LocalGroup> group;    // ranks in this process
+    std::unique_ptr<Communicator> comm;   // rank 0's
+    std::unique_ptr<WorkerRanks> workers; // ranks in this process
   };
   std::unique_ptr<Ranks> ranks_;
   std::unique_ptr<Backend> backend_;

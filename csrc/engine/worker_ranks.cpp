@@ -6,11 +6,7 @@
 #include "engine/engine.h"
 
 namespace deepinfer {
-namespace {
-
-// One worker rank: its shard, its cache (as rank 0 plans it), then the steps rank 0 broadcasts until the empty
-// batch that stops it.
-void run_worker(const EngineOptions& options, Communicator& comm) {
+void run_worker_rank(const EngineOptions& options, Communicator& comm) {
   LoadedModel loaded = load_model(options, {}, &comm);
   const LatentCacheShape shape = engine_cache_shape(options, loaded.model->config());
   const auto [pages, max_len] = WorkerRanks::agree_cache(comm, local_cache_pages(options, shape, *loaded.model), {});
@@ -26,8 +22,6 @@ void run_worker(const EngineOptions& options, Communicator& comm) {
   }
 }
 
-}  // namespace
-
 WorkerRanks::WorkerRanks(const EngineOptions& options, LocalGroup& group, Communicator& rank0)
     : options_(std::make_unique<EngineOptions>(options)), rank0_(rank0) {
   for (int32_t rank = 1; rank < group.size(); ++rank) {
@@ -35,7 +29,7 @@ WorkerRanks::WorkerRanks(const EngineOptions& options, LocalGroup& group, Commun
     Communicator& comm = *comms_.back();
     threads_.emplace_back([this, &comm] {
       try {
-        run_worker(*options_, comm);
+        run_worker_rank(*options_, comm);
       } catch (const CollectiveError&) {
         // The group failed elsewhere (another rank's error, or rank 0 ending a failed start); rank 0 reports it.
       } catch (const std::exception& e) {
@@ -70,17 +64,21 @@ std::pair<int64_t, int32_t> WorkerRanks::agree_cache(Communicator& comm, int64_t
   return {plan[0], plan[1]};
 }
 
-void WorkerRanks::send(const ForwardBatch& batch) {
-  std::vector<int32_t> words = encode_forward_batch(batch);
-  rank0_.broadcast(words, 0);
-}
-
 void WorkerRanks::stop() {
   if (stopped_) return;
   stopped_ = true;
+  broadcast_stop(rank0_);
+}
+
+void broadcast_step(Communicator& rank0, const ForwardBatch& batch) {
+  std::vector<int32_t> words = encode_forward_batch(batch);
+  rank0.broadcast(words, 0);
+}
+
+void broadcast_stop(Communicator& rank0) {
   std::vector<int32_t> none;
   try {
-    rank0_.broadcast(none, 0);
+    rank0.broadcast(none, 0);
   } catch (const CollectiveError&) {
     // A worker already failed: the others have stopped on that error.
   }

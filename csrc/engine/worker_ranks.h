@@ -34,8 +34,6 @@ class WorkerRanks {
   // Returns {pages, max_model_len}.
   static std::pair<int64_t, int32_t> agree_cache(Communicator& comm, int64_t pages,
                                                  const std::function<int32_t(int64_t)>& decide);
-  // Rank 0 runs a step: the workers get its batch first.
-  void send(const ForwardBatch& batch);
   // Rank 0's stop message, once the workers run steps; the destructor then joins them.
   void stop();
 
@@ -46,5 +44,15 @@ class WorkerRanks {
   std::vector<std::thread> threads_;
   bool stopped_ = false;
 };
+
+// A worker rank's whole life, in a thread of its own (WorkerRanks) or as the process of a rank that mpirun started:
+// loads its shard, takes rank 0's cache plan, then runs every step rank 0 broadcasts until it broadcasts the stop.
+// Throws what failed (a CollectiveError when another rank did); the caller then aborts the group with it.
+void run_worker_rank(const EngineOptions& options, Communicator& comm);
+
+// Rank 0's side of a step: the workers get its batch (without its sampling inputs) before it runs it.
+void broadcast_step(Communicator& rank0, const ForwardBatch& batch);
+// Rank 0's stop: the workers' loops end. A group that already failed is left as it is.
+void broadcast_stop(Communicator& rank0);
 
 }  // namespace deepinfer

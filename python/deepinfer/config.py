@@ -79,6 +79,8 @@ ENGINE_FIELD_HELP: dict[str, str] = {
     "data_parallel_size": "model replicas (DP attention); only 1 is built",
     "enable_dp_attention": "attention data-parallel, experts expert-parallel (not built yet)",
     "collective_timeout_s": "seconds a rank may wait for the others in a collective before the engine fails",
+    "distributed_executor_backend": "who starts the ranks: 'mp' (this process, one thread a rank), 'mpi' (mpirun, "
+                                    "one process a rank); none: 'mpi' when mpirun started this process",
     "max_model_len": "longest prompt + output, in tokens; none: min(max_position_embeddings, what the cache holds)",
     "gpu_memory_utilization": "fraction of GPU memory for weights + latent cache, in (0, 1] (CUDA backend)",
     "enforce_eager": "CUDA backend: run without CUDA graphs",
@@ -114,6 +116,7 @@ class EngineConfig:
     data_parallel_size: int = 1
     enable_dp_attention: bool = False
     collective_timeout_s: float = 600.0
+    distributed_executor_backend: str | None = None
     max_model_len: int | None = None
     gpu_memory_utilization: float = 0.90
     enforce_eager: bool = False
@@ -159,6 +162,8 @@ class EngineConfig:
                 "for the experts) instead")
         require(is_finite_number(self.collective_timeout_s) and self.collective_timeout_s > 0,
                 f"collective_timeout_s must be a finite number > 0, got {self.collective_timeout_s!r}")
+        require(self.distributed_executor_backend in (None, "mp", "mpi"),
+                f"distributed_executor_backend must be None, 'mp' or 'mpi', got {self.distributed_executor_backend!r}")
         require(self.max_model_len is None or (isinstance(self.max_model_len, int) and self.max_model_len >= 2),
                 f"max_model_len must be None or an integer >= 2, got {self.max_model_len!r}")
         require(is_finite_number(self.gpu_memory_utilization) and 0.0 < self.gpu_memory_utilization <= 1.0,

@@ -212,6 +212,12 @@ class DeepInferenceEngine:
         options.collective_timeout_s = float(config.collective_timeout_s)
         options.fp8_weights = fp8_weights
         options.fp8_activations = fp8_activations
+        if self._ranks_from_mpirun(config):
+            options.rank_launch = _deepinfer.RankLaunch.mpi
+            if _deepinfer.mpi_rank() > 0:
+                # Only rank 0 serves: the other processes run its steps, then the program ends with rank 0's stop.
+                _deepinfer.run_worker_rank(options)
+                raise SystemExit(0)
         self._core = _deepinfer.Engine.create(options, self._load_progress(self.model_config.num_hidden_layers))
         self.weight_bytes: dict[str, int] = dict(self._core.weight_bytes)
         logger.info("resident weights: %s", ", ".join(f"{dtype} {n / (1 << 30):.2f} GiB"
@@ -252,6 +258,18 @@ class DeepInferenceEngine:
             raise ValueError(f"dtype={config.dtype!r}: the {device.upper()} backend computes in "
                              f"{allowed[1]}; use dtype='auto' or {allowed[1]!r}")
         return device
+
+    @staticmethod
+    def _ranks_from_mpirun(config: EngineConfig) -> bool:
+        """Whether the ranks are processes mpirun started (one a rank) rather than threads this process starts."""
+        if config.distributed_executor_backend == "mp" or config.tensor_parallel_size == 1:
+            return False
+        if config.distributed_executor_backend == "mpi":
+            if not _deepinfer.mpi_launched():
+                raise ValueError("distributed_executor_backend='mpi': this process was not started by mpirun; run "
+                                 f"`mpirun -np {config.tensor_parallel_size} deepinfer ...`")
+            return True
+        return _deepinfer.mpi_launched()
 
     def _check_max_model_len(self, config: EngineConfig, model_dir: Path) -> None:
         """A max_model_len past the checkpoint's max_position_embeddings is refused here, from config.json alone,

@@ -111,3 +111,59 @@ def test_a_rank_that_fails_to_load_fails_the_start_naming_it(checkpoints, tmp_pa
         DeepInferenceEngine(EngineConfig(model_name_or_path=str(broken), tensor_parallel_size=2,
                                          enable_expert_parallel=True, collective_timeout_s=60))
     assert time.monotonic() - started < 30  # the failure ends the start, not the timeout
+
+
+# --------------------------------------------------------------------------------------- ranks as processes (mpirun)
+
+_RANK_PROGRAM = """
+import json, os, sys, threading
+from deepinfer import DeepInferenceEngine, EngineConfig, SamplingParams
+path, prompts, die_after = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3])
+if die_after > 0 and os.environ.get("OMPI_COMM_WORLD_RANK") == "1":
+    threading.Timer(die_after, lambda: os.kill(os.getpid(), 9)).start()  # rank 1's process is killed mid-run
+engine = DeepInferenceEngine(EngineConfig(model_name_or_path=path, tensor_parallel_size=2, page_size=4,
+                                          num_cache_pages=24, max_model_len=64, max_num_batched_tokens=16, seed=5,
+                                          collective_timeout_s=20))
+params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+rounds = 1000 if die_after > 0 else 1
+for _ in range(rounds):
+    outs = engine.generate([{"prompt_token_ids": p} for p in prompts], params)
+print("TOKENS " + json.dumps([o.outputs[0].token_ids for o in outs]), flush=True)
+engine.shutdown()
+"""
+
+
+def mpirun(ranks: int, *args: str, timeout: float):
+    import os
+    import subprocess
+    import sys
+
+    mpiexec = shutil.which("mpirun")
+    if mpiexec is None:
+        from conftest import skip_or_fail
+        skip_or_fail("mpirun is not installed (apt-get install openmpi-bin libopenmpi-dev)")
+    as_root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return subprocess.run([mpiexec, "--oversubscribe", *as_root, "-np", str(ranks), sys.executable, "-c",
+                           _RANK_PROGRAM, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_ranks_as_processes_under_mpirun_give_the_same_tokens(checkpoints, reference):
+    import deepinfer._deepinfer as core
+
+    prompts = json.dumps(PROMPTS)
+    result = mpirun(2, str(checkpoints["v3"]), prompts, "0", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if line.startswith("TOKENS ")]
+    assert len(lines) == 1, result.stdout  # only rank 0 reports; rank 1's process ends with its stop
+    assert json.loads(lines[0][len("TOKENS "):]) == [o.token_ids for o in reference["v3"][0]]
+    assert not core.mpi_launched()
+
+
+def test_a_killed_rank_process_ends_the_job_with_an_error(checkpoints):
+    started = time.monotonic()
+    result = mpirun(2, str(checkpoints["v3"]), json.dumps(PROMPTS), "4", timeout=300)
+    assert result.returncode != 0
+    assert "TOKENS" not in result.stdout
+    assert time.monotonic() - started < 120
+    # mpirun names the rank that died and ends the others.
+    assert "rank 1" in (result.stderr + result.stdout), result.stderr[-3000:]
