@@ -674,21 +674,23 @@ void add_moe_route(CaseRegistry& r, const MoeRouteCase& c, uint64_t seed) {
 void add_moe_experts_bf16(CaseRegistry& r, const ExpertsShape& s, uint64_t seed, const ExpertShard& shard = {},
                           PairsHeld held = PairsHeld::kAny) {
   const Activations act{DType::kBF16};
-  Rng rng(seed);
-  const int64_t tokens = s.tokens, dim = s.dim, inter = s.inter, experts = s.experts(), pairs = s.pairs();
-  const float x_range = 1.0f, w_range = static_cast<float>(std::sqrt(3.0 / double(dim)));
-  const float down_range = static_cast<float>(std::sqrt(3.0 / double(inter)));
-  const std::vector<float> x = act.round(rng.uniform(tokens * dim, -x_range, x_range));
-  const std::vector<float> w_gate_up = act.round(rng.uniform(experts * 2 * inter * dim, -w_range, w_range));
-  const std::vector<float> w_down = act.round(rng.uniform(experts * dim * inter, -down_range, down_range));
-  const ExpertPairs routing = random_expert_pairs(rng, s, held, shard);
-  const int64_t held_experts = shard.all() ? experts : shard.num_held(s.shared);
-  const std::vector<float> shard_gate_up = shard_values(w_gate_up, 2 * inter * dim, shard, s.routed, s.shared);
-  const std::vector<float> shard_down = shard_values(w_down, dim * inter, shard, s.routed, s.shared);
   r.add({.op = OpKind::kMoeExperts,
          .name = str_cat("moe_experts_bf16_", s.str(), shard_name(shard),
                          held == PairsHeld::kNone ? "_none_held" : ""),
          .run = [=](OpRunner& run) -> Outputs {
+           // Built here from the seed (the same on both backends): the registry holds no V3-sized weights.
+           Rng rng(seed);
+           const int64_t tokens = s.tokens, dim = s.dim, inter = s.inter, experts = s.experts(), pairs = s.pairs();
+           const float x_range = 1.0f, w_range = static_cast<float>(std::sqrt(3.0 / double(dim)));
+           const float down_range = static_cast<float>(std::sqrt(3.0 / double(inter)));
+           const std::vector<float> x = act.round(rng.uniform(tokens * dim, -x_range, x_range));
+           const std::vector<float> w_gate_up = act.round(rng.uniform(experts * 2 * inter * dim, -w_range, w_range));
+           const std::vector<float> w_down = act.round(rng.uniform(experts * dim * inter, -down_range, down_range));
+           const ExpertPairs routing = random_expert_pairs(rng, s, held, shard);
+           const int64_t held_experts = shard.all() ? experts : shard.num_held(s.shared);
+           const std::vector<float> shard_gate_up =
+               shard_values(w_gate_up, 2 * inter * dim, shard, s.routed, s.shared);
+           const std::vector<float> shard_down = shard_values(w_down, dim * inter, shard, s.routed, s.shared);
            const TensorView out = run.output({tokens, dim}, act.on(run));
            run.backend().moe_experts(
                {.x = run.upload(act.tensor(run, {tokens, dim}, x)),
@@ -745,25 +747,27 @@ void add_moe_experts_fp8_bf16_x(CaseRegistry& r, const ExpertsShape& s, uint64_t
 void add_moe_bf16(CaseRegistry& r, const std::string& tag, const MoeRouteCase& c, int64_t dim, int64_t inter,
                   uint64_t seed, bool router = false, const ExpertShard& shard = {}) {
   const Activations act{DType::kBF16};
-  Rng rng(seed);
-  const int64_t tokens = c.tokens, experts = c.experts + c.num_shared, pairs = c.top_k + c.num_shared;
-  const float w_range = static_cast<float>(std::sqrt(3.0 / double(dim)));
-  const std::vector<float> given_logits =
-      router ? std::vector<float>{} : rng.uniform(tokens * c.experts, -4.0f, 4.0f);
-  const std::vector<float> router_w = router ? act.round(rng.uniform(c.experts * dim, -w_range, w_range))
-                                             : std::vector<float>{};
-  const std::vector<float> bias = c.bias ? rng.uniform(c.experts, -0.5f, 0.5f) : std::vector<float>{};
-  const float down_range = static_cast<float>(std::sqrt(3.0 / double(inter)));
-  const std::vector<float> x = act.round(rng.uniform(tokens * dim, -1.0f, 1.0f));
-  const std::vector<float> w_gate_up = act.round(rng.uniform(experts * 2 * inter * dim, -w_range, w_range));
-  const std::vector<float> w_down = act.round(rng.uniform(experts * dim * inter, -down_range, down_range));
-  const int64_t held_experts = shard.all() ? experts : shard.num_held(c.num_shared);
-  const std::vector<float> shard_gate_up = shard_values(w_gate_up, 2 * inter * dim, shard, c.experts, c.num_shared);
-  const std::vector<float> shard_down = shard_values(w_down, dim * inter, shard, c.experts, c.num_shared);
   r.add({.op = OpKind::kMoe,
-         .name = str_cat("moe_bf16_", tag, "_t", tokens, "_d", dim, "_i", inter, router ? "_router" : "",
+         .name = str_cat("moe_bf16_", tag, "_t", c.tokens, "_d", dim, "_i", inter, router ? "_router" : "",
                          shard_name(shard)),
          .run = [=](OpRunner& run) -> Outputs {
+           // Built here from the seed (the same on both backends): the registry holds no V3-sized weights.
+           Rng rng(seed);
+           const int64_t tokens = c.tokens, experts = c.experts + c.num_shared, pairs = c.top_k + c.num_shared;
+           const float w_range = static_cast<float>(std::sqrt(3.0 / double(dim)));
+           const std::vector<float> given_logits =
+               router ? std::vector<float>{} : rng.uniform(tokens * c.experts, -4.0f, 4.0f);
+           const std::vector<float> router_w = router ? act.round(rng.uniform(c.experts * dim, -w_range, w_range))
+                                                      : std::vector<float>{};
+           const std::vector<float> bias = c.bias ? rng.uniform(c.experts, -0.5f, 0.5f) : std::vector<float>{};
+           const float down_range = static_cast<float>(std::sqrt(3.0 / double(inter)));
+           const std::vector<float> x = act.round(rng.uniform(tokens * dim, -1.0f, 1.0f));
+           const std::vector<float> w_gate_up = act.round(rng.uniform(experts * 2 * inter * dim, -w_range, w_range));
+           const std::vector<float> w_down = act.round(rng.uniform(experts * dim * inter, -down_range, down_range));
+           const int64_t held_experts = shard.all() ? experts : shard.num_held(c.num_shared);
+           const std::vector<float> shard_gate_up =
+               shard_values(w_gate_up, 2 * inter * dim, shard, c.experts, c.num_shared);
+           const std::vector<float> shard_down = shard_values(w_down, dim * inter, shard, c.experts, c.num_shared);
            const TensorView ids = run.output({tokens, pairs}, DType::kI32);
            const TensorView weights = run.output({tokens, pairs}, DType::kF32);
            const TensorView out = run.output({tokens, dim}, act.on(run));
