@@ -187,7 +187,8 @@ NB_MODULE(_deepinfer, m) {
       .def_ro("decode_step_seconds", &EngineStats::decode_step_seconds)
       .def_ro("num_graph_replays", &EngineStats::num_graph_replays)
       .def_ro("num_graphs", &EngineStats::num_graphs)
-      .def_ro("alive", &EngineStats::alive);
+      .def_ro("alive", &EngineStats::alive)
+      .def_ro("failure", &EngineStats::failure);
 
   nb::class_<Engine>(m, "Engine", "The engine; its step loop runs in a C++ thread.")
       .def_static(

@@ -336,6 +336,7 @@ void Engine::fail_all(const std::string& message) {
   std::lock_guard lock(mutex_);
   broken_ = message;
   stats_.alive = false;
+  stats_.failure = message;
   for (const auto& p : pending_) {
     outputs_.push_back({.id = p.id, .finished = true, .finish_reason = FinishReason::kError, .error = message});
   }

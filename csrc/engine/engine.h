@@ -91,6 +91,7 @@ struct EngineStats {
   uint64_t num_graph_replays = 0;            // decode steps that replayed a recorded graph
   int64_t num_graphs = 0;                    // graphs recorded so far
   bool alive = true;
+  std::string failure;                       // why the engine stopped stepping (a failed rank), when !alive
 };
 
 // A model ready to run, on the backend of the options' device: the whole model, or under tensor parallelism the shard

@@ -451,3 +451,40 @@ def test_cors_is_off_by_default_and_follows_allowed_origins():
     assert server["allowed_origins"] == ["https://a.example", "*"] and server["allow_credentials"] is True
     _, server = resolve_serve_options(parse())
     assert server["allowed_origins"] == [] and server["allow_credentials"] is False
+
+
+def test_an_engine_that_stops_ends_the_server_with_its_reason(caplog):
+    """A parallel engine whose rank failed cannot step again: the server exits with status 1, logging the engine's
+    reason (which names the rank), instead of answering every request with an error."""
+    import logging
+    import time
+
+    from deepinfer.server.app import create_app
+    from deepinfer.server.cli import _serve, bind_listen_socket
+
+    class DyingEngine(FakeEngine):
+        def __init__(self):
+            super().__init__(["x"])
+            self.dies_at = time.monotonic() + 1.0
+            self.shut = False
+
+        def stats(self):
+            s = super().stats()
+            if time.monotonic() >= self.dies_at:
+                s.alive, s.failure = False, "the engine stopped: rank 1 of 2 failed: CUDA error: an illegal memory access"
+            return s
+
+        def shutdown(self):
+            self.shut = True
+
+    engine = DyingEngine()
+    app = create_app(engine)
+    sock = bind_listen_socket("127.0.0.1", 0)
+    server = {"host": "127.0.0.1", "port": sock.getsockname()[1], "log_level": "warning", "access_log": False,
+              "shutdown_timeout": 2}
+    started = time.monotonic()
+    with caplog.at_level(logging.CRITICAL):
+        assert _serve(app, engine, server, sock) == 1
+    assert time.monotonic() - started < 20
+    assert engine.shut
+    assert any("rank 1 of 2 failed" in r.getMessage() and "the server stops" in r.getMessage() for r in caplog.records)

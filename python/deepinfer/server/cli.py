@@ -194,10 +194,28 @@ def _make_server_class():
             self._signals = 0
             self._loop: asyncio.AbstractEventLoop | None = None
             self._abort_started = False
+            self.failed = False
 
         async def serve(self, sockets: Any = None) -> None:
             self._loop = asyncio.get_running_loop()
-            await super().serve(sockets)
+            watch = asyncio.ensure_future(self._watch_engine())
+            try:
+                await super().serve(sockets)
+            finally:
+                watch.cancel()
+
+        async def _watch_engine(self) -> None:
+            """A parallel engine whose rank failed cannot step again: the server ends (exit status 1) with the
+            engine's reason, which names the rank, instead of answering every request with an error."""
+            while not self.should_exit:
+                await asyncio.sleep(0.5)
+                stats = self._engine.stats()
+                if stats is not None and not getattr(stats, "alive", True):
+                    logger.critical("%s; the server stops", getattr(stats, "failure", "") or "the engine stopped")
+                    self.failed = True
+                    self.should_exit = True
+                    await self._abort_all()
+                    return
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
@@ -283,7 +301,7 @@ def _serve(app: Any, engine: Any, server: dict[str, Any], sock: socket.socket) -
         asyncio.run(srv.serve(sockets=[sock]))
     except SystemExit as e:  # uvicorn exits on startup failures (address in use, ...)
         return int(e.code) if isinstance(e.code, int) else 1
-    return 0 if srv.started else 1
+    return 0 if srv.started and not srv.failed else 1
 
 
 class _Interrupted(Exception):
