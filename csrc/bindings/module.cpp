@@ -109,6 +109,7 @@ NB_MODULE(_deepinfer, m) {
       .def_rw("enable_prefix_caching", &EngineOptions::enable_prefix_caching)
       .def_rw("tensor_parallel_size", &EngineOptions::tensor_parallel_size)
       .def_rw("enable_expert_parallel", &EngineOptions::enable_expert_parallel)
+      .def_rw("enable_dp_attention", &EngineOptions::enable_dp_attention)
       .def_rw("collective_timeout_s", &EngineOptions::collective_timeout_s)
       .def_rw("rank_launch", &EngineOptions::rank_launch)
       .def("validate", &EngineOptions::validate);

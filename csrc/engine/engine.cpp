@@ -26,6 +26,9 @@ void EngineOptions::validate() const {
   DI_CHECK_ARG(tensor_parallel_size >= 1, "tensor_parallel_size must be >= 1, got ", tensor_parallel_size);
   DI_CHECK_ARG(!enable_expert_parallel || tensor_parallel_size > 1,
                "enable_expert_parallel needs more than one rank (tensor_parallel_size ", tensor_parallel_size, ")");
+  DI_CHECK_ARG(!enable_dp_attention || (tensor_parallel_size > 1 && enable_expert_parallel),
+               "enable_dp_attention needs tensor_parallel_size > 1 ranks and enable_expert_parallel (the experts are "
+               "what the data-parallel ranks share)");
   DI_CHECK_ARG(collective_timeout_s > 0.0, "collective_timeout_s must be > 0, got ", collective_timeout_s);
 }
 
@@ -51,7 +54,8 @@ LoadedModel load_model(const EngineOptions& options, const LoadProgress& progres
   options.validate();
   ModelConfig config = load_model_config(options.model_path);
   const ModelParallel parallel{.shard = {.rank = comm ? comm->rank() : 0, .size = options.tensor_parallel_size,
-                                         .expert_parallel = options.enable_expert_parallel},
+                                         .expert_parallel = options.enable_expert_parallel,
+                                         .dp_attention = options.enable_dp_attention},
                                .comm = comm};
   DI_CHECK_ARG(parallel.shard.whole() || (comm && comm->size() == parallel.shard.size), "tensor_parallel_size ",
                options.tensor_parallel_size, " needs a group of as many ranks");
@@ -103,9 +107,11 @@ int64_t local_cache_pages(const EngineOptions& options, const LatentCacheShape& 
 
 EngineCachePlan engine_cache_plan(const EngineOptions& options, LatentCacheShape shape, int64_t pages,
                                   int32_t max_model_len) {
-  const bool graphs = uses_graphs(options);
-  shape.num_pages = static_cast<int32_t>(pages + (graphs ? 1 : 0));
-  const int32_t scratch_page = graphs ? static_cast<int32_t>(pages) : -1;
+  // Data-parallel steps run eagerly for now: a graph would need every rank's batch padded to one bucket.
+  const bool graphs = uses_graphs(options) && !options.enable_dp_attention;
+  const bool scratch = graphs || options.enable_dp_attention;  // the padding rows of graphs and of idle DP ranks
+  shape.num_pages = static_cast<int32_t>(pages + (scratch ? 1 : 0));
+  const int32_t scratch_page = scratch ? static_cast<int32_t>(pages) : -1;
   return {.shape = shape,
           .scratch_page = scratch_page,
           .runner = {.use_graphs = graphs,
@@ -118,7 +124,8 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& options, const LoadP
   options.validate();
   // A split the model does not divide into is refused here, from config.json alone, before any rank starts.
   local_config(load_model_config(options.model_path),
-               {.size = options.tensor_parallel_size, .expert_parallel = options.enable_expert_parallel});
+               {.size = options.tensor_parallel_size, .expert_parallel = options.enable_expert_parallel,
+                .dp_attention = options.enable_dp_attention});
   std::unique_ptr<Ranks> ranks;
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(options.collective_timeout_s * 1000.0));
   if (options.tensor_parallel_size > 1 && options.rank_launch == RankLaunch::kMpi) {
@@ -184,15 +191,19 @@ Engine::Engine(EngineOptions options, std::unique_ptr<Ranks> ranks, LoadedModel 
       backend_(std::move(loaded.backend)),
       model_(std::move(loaded.model)),
       cache_(plan.shape, *backend_),
-      // The scratch page, when there is one, is the last: the cache manager hands out the pages before it.
-      cache_manager_(plan.scratch_page >= 0 ? plan.scratch_page : plan.shape.num_pages, plan.shape.page_size,
-                     options_.enable_prefix_caching),
       scheduler_config_(scheduler_config),
-      scheduler_(scheduler_config, cache_manager_),
+      scratch_page_(plan.scratch_page),
       runner_(*model_, cache_, plan.runner),
       seed_rng_(options_.seed) {
-  stats_.num_cache_pages = cache_manager_.num_free_pages();
-  stats_.num_free_cache_pages = cache_manager_.num_free_pages();
+  // The scratch page, when there is one, is the last: the cache managers hand out the pages before it.
+  const int32_t pages = plan.scratch_page >= 0 ? plan.scratch_page : plan.shape.num_pages;
+  const int32_t lanes = options_.enable_dp_attention ? options_.tensor_parallel_size : 1;
+  for (int32_t r = 0; r < lanes; ++r) {
+    lanes_.push_back(std::make_unique<Lane>(pages, plan.shape.page_size, options_.enable_prefix_caching,
+                                            scheduler_config));
+  }
+  stats_.num_cache_pages = pages * lanes;
+  stats_.num_free_cache_pages = pages * lanes;
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -267,12 +278,12 @@ void Engine::loop() {
     {
       std::unique_lock lock(mutex_);
       work_cv_.wait(lock, [&] {
-        return stopping_ || !pending_.empty() || !pending_aborts_.empty() || scheduler_.has_unfinished();
+        return stopping_ || !pending_.empty() || !pending_aborts_.empty() || has_unfinished();
       });
       if (stopping_) break;
     }
     admit_pending();
-    if (scheduler_.has_unfinished()) step_once();
+    if (has_unfinished()) step_once();
     output_cv_.notify_all();
   }
   // Shutdown: everything still queued or running ends as aborted, and its pages return to the pool.
@@ -283,16 +294,20 @@ void Engine::loop() {
     pending_.clear();
     pending_aborts_.clear();
   }
-  for (uint64_t id : scheduler_.unfinished_ids()) {
-    scheduler_.abort(id);
-    ids.push_back(id);
+  int32_t free_pages = 0;
+  for (auto& lane : lanes_) {
+    for (uint64_t id : lane->scheduler.unfinished_ids()) {
+      lane->scheduler.abort(id);
+      ids.push_back(id);
+    }
+    free_pages += lane->cache_manager.num_free_pages();
   }
   for (uint64_t id : ids) emit({.id = id, .finished = true, .finish_reason = FinishReason::kAbort});
   {
     std::lock_guard lock(mutex_);
     stats_.num_running = 0;
     stats_.num_waiting = 0;
-    stats_.num_free_cache_pages = cache_manager_.num_free_pages();
+    stats_.num_free_cache_pages = free_pages;
   }
   output_cv_.notify_all();
 }
@@ -312,26 +327,45 @@ void Engine::admit_pending() {
     request->params = std::move(p.params);
     request->eos_token_ids = model_->config().eos_token_ids;
     request->seed = request->params.seed ? *request->params.seed : seed_rng_();
+    // A new request goes to the data-parallel rank with the fewest requests (the only lane without DP).
+    Lane* lane = lanes_.front().get();
+    for (auto& l : lanes_) {
+      const auto load = [](const Lane& x) { return x.scheduler.num_running() + x.scheduler.num_waiting(); };
+      if (load(*l) < load(*lane)) lane = l.get();
+    }
     try {
-      scheduler_.add(std::move(request));
+      lane->scheduler.add(std::move(request));
     } catch (const std::exception& e) {
       emit({.id = p.id, .finished = true, .finish_reason = FinishReason::kError, .error = e.what()});
     }
   }
   for (uint64_t id : aborts) {
-    if (scheduler_.abort(id)) {
-      emit({.id = id, .finished = true, .finish_reason = FinishReason::kAbort});
+    for (auto& lane : lanes_) {
+      if (lane->scheduler.abort(id)) emit({.id = id, .finished = true, .finish_reason = FinishReason::kAbort});
     }
   }
   std::lock_guard lock(mutex_);
-  stats_.num_running = scheduler_.num_running();
-  stats_.num_waiting = scheduler_.num_waiting();
-  stats_.num_free_cache_pages = cache_manager_.num_free_pages();
+  stats_.num_running = 0;
+  stats_.num_waiting = 0;
+  stats_.num_free_cache_pages = 0;
+  for (const auto& lane : lanes_) {
+    stats_.num_running += lane->scheduler.num_running();
+    stats_.num_waiting += lane->scheduler.num_waiting();
+    stats_.num_free_cache_pages += lane->cache_manager.num_free_pages();
+  }
+}
+
+bool Engine::has_unfinished() const {
+  return std::any_of(lanes_.begin(), lanes_.end(), [](const auto& l) { return l->scheduler.has_unfinished(); });
 }
 
 void Engine::fail_all(const std::string& message) {
-  for (uint64_t id : scheduler_.unfinished_ids()) {
-    if (scheduler_.abort(id)) emit({.id = id, .finished = true, .finish_reason = FinishReason::kError, .error = message});
+  for (auto& lane : lanes_) {
+    for (uint64_t id : lane->scheduler.unfinished_ids()) {
+      if (lane->scheduler.abort(id)) {
+        emit({.id = id, .finished = true, .finish_reason = FinishReason::kError, .error = message});
+      }
+    }
   }
   std::lock_guard lock(mutex_);
   broken_ = message;
@@ -343,11 +377,11 @@ void Engine::fail_all(const std::string& message) {
   pending_.clear();
 }
 
-void Engine::fail_plan(const SchedulePlan& plan, const std::string& message) {
-  scheduler_.cancel(plan);
+void Engine::fail_plan(Lane& lane, const SchedulePlan& plan, const std::string& message) {
+  lane.scheduler.cancel(plan);
   for (const auto& chunk : plan.chunks) {
     const uint64_t id = chunk.request->id;
-    if (scheduler_.abort(id)) {
+    if (lane.scheduler.abort(id)) {
       emit({.id = id, .finished = true, .finish_reason = FinishReason::kError, .error = message});
     }
   }
@@ -355,34 +389,89 @@ void Engine::fail_plan(const SchedulePlan& plan, const std::string& message) {
 
 void Engine::step_once() {
   const auto started = std::chrono::steady_clock::now();
-  SchedulePlan plan = scheduler_.schedule();
-  if (plan.empty()) {
+  const size_t n = lanes_.size();
+  std::vector<SchedulePlan> plans(n);
+  std::vector<bool> idle(n);
+  bool any = false;
+  for (size_t r = 0; r < n; ++r) {
+    plans[r] = lanes_[r]->scheduler.schedule();
+    idle[r] = plans[r].empty();
+    any = any || !idle[r];
+  }
+  if (!any) {
     // Nothing fits this step (should not happen with validated requests); wait briefly for aborts or shutdown.
     std::unique_lock lock(mutex_);
     work_cv_.wait_for(lock, std::chrono::milliseconds(5));
     return;
   }
-  StepResult result;
-  std::vector<ScoredRows> scored;
-  bool pure_decode = false;
+  std::vector<StepResult> results;
+  std::vector<StepBatch> steps(n);
+  bool pure_decode = true;
   try {
-    StepBatch step = build_step_batch(plan, options_.page_size, static_cast<int32_t>(model_->config().vocab_size));
-    pure_decode = step.forward.is_pure_decode();
-    if (ranks_) broadcast_step(*ranks_->comm, step.forward);
-    result = runner_.execute(step);  // the step's one device-to-host copy
-    scored = std::move(step.scored);
+    const auto vocab = static_cast<int32_t>(model_->config().vocab_size);
+    int32_t most_tokens = 0;
+    for (size_t r = 0; r < n; ++r) {
+      steps[r] = idle[r] ? idle_step() : build_step_batch(plans[r], options_.page_size, vocab);
+      if (!idle[r]) pure_decode = pure_decode && steps[r].forward.is_pure_decode();
+      most_tokens = std::max(most_tokens, steps[r].forward.num_tokens());
+    }
+    if (options_.enable_dp_attention) {
+      for (StepBatch& step : steps) step.forward.dp_max_tokens = most_tokens;
+    }
+    results = execute_lanes(steps, idle);
   } catch (const CollectiveError& e) {
     // A rank failed or stopped answering: the group cannot step again. Everything ends with the error.
     fail_all(std::string("the engine stopped: ") + e.what());
     return;
   } catch (const std::exception& e) {
-    fail_plan(plan, std::string("the step failed: ") + e.what());
+    for (size_t r = 0; r < n; ++r) {
+      if (!idle[r]) fail_plan(*lanes_[r], plans[r], std::string("the step failed: ") + e.what());
+    }
     return;
   }
-  const uint64_t prompt_tokens = num_prompt_tokens(plan);  // before update() destroys the requests that finish
-  emit_prompt_logprobs(plan, scored, result.scored);
-  emit_updates(plan, result.sampled);
-  record_step(std::chrono::steady_clock::now() - started, pure_decode, prompt_tokens, result.sampled.size());
+  uint64_t prompt_tokens = 0, generated = 0;
+  for (size_t r = 0; r < n; ++r) {
+    if (idle[r]) continue;
+    prompt_tokens += num_prompt_tokens(plans[r]);  // before update() destroys the requests that finish
+    emit_prompt_logprobs(plans[r], steps[r].scored, results[r].scored);
+    emit_updates(*lanes_[r], plans[r], results[r].sampled);
+    generated += results[r].sampled.size();
+  }
+  record_step(std::chrono::steady_clock::now() - started, pure_decode, prompt_tokens, generated);
+}
+
+StepBatch Engine::idle_step() const {
+  // One token of no request, written to the scratch page: the padding step of a data-parallel rank with nothing to
+  // do, which still joins the MoE layers' collectives.
+  ForwardBatchBuilder builder(options_.page_size, 1);
+  const int32_t token[] = {0}, pages[] = {scratch_page_};
+  builder.add(token, 0, pages, /*samples=*/true);
+  return {.forward = std::move(builder).take(), .logits_row_of_sample = {}, .scored = {}};
+}
+
+std::vector<StepResult> Engine::execute_lanes(std::vector<StepBatch>& steps, const std::vector<bool>& idle) {
+  std::vector<StepResult> results(steps.size());
+  if (!options_.enable_dp_attention) {
+    // One lane: the other ranks (TP) run its forward pass; rank 0 samples.
+    if (ranks_) broadcast_step(*ranks_->comm, steps[0].forward);
+    results[0] = runner_.execute(steps[0]);  // the step's one device-to-host copy
+    return results;
+  }
+  // Data-parallel attention: every rank gets every lane's batch and runs its own; then each other rank sends its
+  // sampled rows to rank 0 in turn.
+  std::vector<int32_t> words = encode_lanes(steps, idle);
+  broadcast_step_words(*ranks_->comm, words);
+  if (idle[0]) {
+    runner_.execute_forward(steps[0].forward);
+  } else {
+    results[0] = runner_.execute(steps[0]);
+  }
+  for (size_t r = 1; r < steps.size(); ++r) {
+    std::vector<int32_t> rows;
+    ranks_->comm->broadcast(rows, static_cast<int32_t>(r));
+    if (!idle[r]) results[r] = collect_step_result(steps[r], decode_sampled_rows(rows));
+  }
+  return results;
 }
 
 uint64_t Engine::num_prompt_tokens(const SchedulePlan& plan) {
@@ -405,11 +494,11 @@ void Engine::emit_prompt_logprobs(const SchedulePlan& plan, std::span<const Scor
   }
 }
 
-void Engine::emit_updates(const SchedulePlan& plan, std::span<const SampledToken> sampled) {
+void Engine::emit_updates(Lane& lane, const SchedulePlan& plan, std::span<const SampledToken> sampled) {
   std::vector<int32_t> tokens;
   tokens.reserve(sampled.size());
   for (const SampledToken& s : sampled) tokens.push_back(s.token);
-  for (const RequestUpdate& u : scheduler_.update(plan, tokens)) {
+  for (const RequestUpdate& u : lane.scheduler.update(plan, tokens)) {
     RequestOutputDelta delta{.id = u.id, .finished = u.finished, .finish_reason = u.reason,
                              .num_preemptions = u.num_preemptions, .num_cached_tokens = u.num_cached_tokens};
     if (u.new_token >= 0) {
@@ -434,12 +523,20 @@ void Engine::record_step(std::chrono::steady_clock::duration elapsed, bool pure_
   stats_.num_generated_tokens += generated_tokens;
   stats_.num_graph_replays = static_cast<uint64_t>(runner_.num_graph_replays());
   stats_.num_graphs = runner_.num_graphs();
-  stats_.num_preemptions = scheduler_.total_preemptions();
-  stats_.prefix_cache_queries = scheduler_.prefix_cache_queries();
-  stats_.prefix_cache_hits = scheduler_.prefix_cache_hits();
-  stats_.num_running = scheduler_.num_running();
-  stats_.num_waiting = scheduler_.num_waiting();
-  stats_.num_free_cache_pages = cache_manager_.num_free_pages();
+  stats_.num_preemptions = 0;
+  stats_.prefix_cache_queries = 0;
+  stats_.prefix_cache_hits = 0;
+  stats_.num_running = 0;
+  stats_.num_waiting = 0;
+  stats_.num_free_cache_pages = 0;
+  for (const auto& lane : lanes_) {
+    stats_.num_preemptions += lane->scheduler.total_preemptions();
+    stats_.prefix_cache_queries += lane->scheduler.prefix_cache_queries();
+    stats_.prefix_cache_hits += lane->scheduler.prefix_cache_hits();
+    stats_.num_running += lane->scheduler.num_running();
+    stats_.num_waiting += lane->scheduler.num_waiting();
+    stats_.num_free_cache_pages += lane->cache_manager.num_free_pages();
+  }
 }
 
 }  // namespace deepinfer

@@ -55,6 +55,9 @@ struct EngineOptions {
   // partitioned across the ranks instead of split.
   int32_t tensor_parallel_size = 1;
   bool enable_expert_parallel = false;
+  // Data-parallel attention over the tensor_parallel_size ranks (with enable_expert_parallel, model_shard.h): each
+  // rank serves its own requests with its own latent cache; one scheduler plans them all, a lane a rank.
+  bool enable_dp_attention = false;
   double collective_timeout_s = 600.0;       // a rank that does not reach a collective this long fails the engine
   RankLaunch rank_launch = RankLaunch::kInProcess;
 
@@ -153,11 +156,17 @@ class Engine {
   // Applies the plan's sampled tokens (one per sampling chunk, in plan order) and emits each request's delta.
   void emit_prompt_logprobs(const SchedulePlan& plan, std::span<const ScoredRows> scored,
                             std::span<const std::vector<SampledToken>> tokens);
-  void emit_updates(const SchedulePlan& plan, std::span<const SampledToken> sampled);
+  struct Lane;
+  void emit_updates(Lane& lane, const SchedulePlan& plan, std::span<const SampledToken> sampled);
+  // Runs each lane's step on its rank (an idle lane's rank a padding step): the lanes' results, rank 0 sampling
+  // its own and the others sending theirs.
+  std::vector<StepResult> execute_lanes(std::vector<StepBatch>& steps, const std::vector<bool>& idle);
+  StepBatch idle_step() const;
   void record_step(std::chrono::steady_clock::duration elapsed, bool pure_decode, uint64_t prompt_tokens,
                    uint64_t generated_tokens);
   void admit_pending();
-  void fail_plan(const SchedulePlan& plan, const std::string& message);
+  void fail_plan(Lane& lane, const SchedulePlan& plan, const std::string& message);
+  bool has_unfinished() const;
   // Ends every request with `message` and refuses new ones: the ranks of a parallel model can no longer step.
   void fail_all(const std::string& message);
   void emit(RequestOutputDelta delta);
@@ -174,9 +183,17 @@ class Engine {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<DeepseekModel> model_;
   LatentCache cache_;
-  CacheManager cache_manager_;
   SchedulerConfig scheduler_config_;
-  Scheduler scheduler_;                              // touched only by the step thread
+  // The requests of one data-parallel rank: its cache's pages and the scheduler that plans them. One lane without
+  // data-parallel attention. Touched only by the step thread.
+  struct Lane {
+    Lane(int32_t pages, int32_t page_size, bool prefix_caching, const SchedulerConfig& config)
+        : cache_manager(pages, page_size, prefix_caching), scheduler(config, cache_manager) {}
+    CacheManager cache_manager;
+    Scheduler scheduler;
+  };
+  std::vector<std::unique_ptr<Lane>> lanes_;
+  int32_t scratch_page_ = -1;                        // a page no request owns (graphs' padding, idle DP steps)
   StepRunner runner_;                                // touched only by the step thread
   std::mt19937_64 seed_rng_;                         // the seeds of requests without one of their own
 

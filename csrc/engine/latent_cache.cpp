@@ -41,7 +41,10 @@ void profile_largest_step(DeepseekModel& model, int32_t max_num_batched_tokens, 
   std::iota(page_ids.begin(), page_ids.end(), 0);
   ForwardBatchBuilder builder(page_size, pages);
   builder.add(token_ids, 0, page_ids, /*samples=*/true);
-  run_forward(model, cache, std::move(builder).take());  // waits for the step
+  ForwardBatch batch = std::move(builder).take();
+  // Every rank of a data-parallel group profiles this same step, so its MoE layers gather as many tokens from each.
+  batch.dp_max_tokens = tokens;
+  run_forward(model, cache, batch);  // waits for the step
 }
 
 }  // namespace

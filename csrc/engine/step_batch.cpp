@@ -152,6 +152,7 @@ StepInputs bind_step(ConstTensorView packed, const StepLayout& layout, const For
   m.num_tokens = b.num_tokens();
   m.num_decode_seqs = b.num_decode_seqs;
   m.num_logits = static_cast<int64_t>(b.logits_indices.size());
+  m.dp_max_tokens = b.dp_max_tokens;
   const int64_t rows = layout.size(StepLayout::kSamplingRows) / kSamplingRowWords;
   in.sampling_rows = part(StepLayout::kSamplingRows).reshaped({rows, kSamplingRowWords});
   in.penalty_tokens = part(StepLayout::kPenaltyTokens);
@@ -164,13 +165,15 @@ namespace {
 // The arrays in the order they are encoded, each preceded by its length.
 template <typename Batch>
 auto encoded_arrays(Batch& b) {
-  return std::array{&b.token_ids, &b.positions, &b.slot_mapping, &b.query_start, &b.context_lens, &b.page_table,
-                    &b.logits_indices};
+  return std::array{&b.token_ids,           &b.positions,         &b.slot_mapping,           &b.query_start,
+                    &b.context_lens,        &b.page_table,        &b.logits_indices,         &b.sampling.rows,
+                    &b.sampling.penalty_tokens, &b.sampling.penalty_counts, &b.sampling.masked_tokens};
 }
 }  // namespace
 
 std::vector<int32_t> encode_forward_batch(const ForwardBatch& batch) {
-  std::vector<int32_t> words{batch.max_pages_per_seq, batch.num_decode_seqs, batch.decode_context_bound};
+  std::vector<int32_t> words{batch.max_pages_per_seq, batch.num_decode_seqs, batch.decode_context_bound,
+                             batch.dp_max_tokens};
   for (const std::vector<int32_t>* a : encoded_arrays(batch)) {
     words.push_back(static_cast<int32_t>(a->size()));
     words.insert(words.end(), a->begin(), a->end());
@@ -180,11 +183,12 @@ std::vector<int32_t> encode_forward_batch(const ForwardBatch& batch) {
 
 ForwardBatch decode_forward_batch(std::span<const int32_t> words) {
   ForwardBatch b;
-  DI_CHECK(words.size() >= 3, "a step batch of ", words.size(), " words");
+  DI_CHECK(words.size() >= 4, "a step batch of ", words.size(), " words");
   b.max_pages_per_seq = words[0];
   b.num_decode_seqs = words[1];
   b.decode_context_bound = words[2];
-  size_t at = 3;
+  b.dp_max_tokens = words[3];
+  size_t at = 4;
   for (std::vector<int32_t>* a : encoded_arrays(b)) {
     DI_CHECK(at < words.size() && words[at] >= 0 && static_cast<size_t>(words[at]) <= words.size() - at - 1,
              "a step batch cut short at word ", at, " of ", words.size());

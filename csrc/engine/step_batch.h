@@ -42,6 +42,8 @@ struct ForwardBatch {
   // longest): a recorded graph keeps the split plan it was recorded with, so it is recorded for a bound.
   int32_t decode_context_bound = 0;
   SamplingBatch sampling;               // empty when nothing samples from this step's logits on the device
+  // Data-parallel attention: the most tokens any rank computes this step (the MoE layers pad to it); 0 otherwise.
+  int32_t dp_max_tokens = 0;
 
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
   int32_t num_seqs() const { return static_cast<int32_t>(context_lens.size()); }
@@ -122,8 +124,8 @@ struct StepLayout {
   int64_t total() const { return packed_size; }
 };
 
-// The batch without its sampling inputs, as int32 words and back: what rank 0 sends the other ranks of a parallel
-// model each step, which run its forward pass but do not sample. decode_forward_batch throws on malformed words.
+// The batch, with its sampling inputs, as int32 words and back: what rank 0 sends the other ranks of a parallel model
+// each step. decode_forward_batch throws on malformed words.
 std::vector<int32_t> encode_forward_batch(const ForwardBatch& batch);
 ForwardBatch decode_forward_batch(std::span<const int32_t> words);
 

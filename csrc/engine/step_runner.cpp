@@ -55,6 +55,7 @@ ForwardBatch pad_decode_batch(const ForwardBatch& batch, std::span<const int32_t
   ForwardBatch out = std::move(builder).take();
   out.sampling = batch.sampling;
   out.decode_context_bound = width * page_size;
+  out.dp_max_tokens = batch.dp_max_tokens;
   return out;
 }
 
@@ -209,17 +210,23 @@ StepRunner::Forward StepRunner::forward(const ForwardBatch& batch) {
   return f;
 }
 
-StepResult StepRunner::execute(const StepBatch& step) {
-  const std::vector<SampledToken> rows = execute(step.forward);
+StepResult collect_step_result(const StepBatch& step, std::span<const SampledToken> rows) {
   StepResult result;
   result.sampled.reserve(step.logits_row_of_sample.size());
-  for (int32_t row : step.logits_row_of_sample) result.sampled.push_back(rows.at(static_cast<size_t>(row)));
+  for (int32_t row : step.logits_row_of_sample) {
+    DI_CHECK(row >= 0 && static_cast<size_t>(row) < rows.size(), "step runner: logits row ", row, " of ", rows.size());
+    result.sampled.push_back(rows[static_cast<size_t>(row)]);
+  }
   for (const ScoredRows& s : step.scored) {
     DI_CHECK(s.first_row >= 0 && static_cast<size_t>(s.first_row + s.count) <= rows.size(), "step runner: scored rows [",
              s.first_row, ", ", s.first_row + s.count, ") of ", rows.size());
     result.scored.emplace_back(rows.begin() + s.first_row, rows.begin() + s.first_row + s.count);
   }
   return result;
+}
+
+StepResult StepRunner::execute(const StepBatch& step) {
+  return collect_step_result(step, execute(step.forward));
 }
 
 }  // namespace deepinfer

@@ -40,6 +40,10 @@ ForwardBatch pad_decode_batch(const ForwardBatch& batch, std::span<const int32_t
 // [logits rows, vocab_size] float32 in host memory, once the step is done.
 Tensor run_forward(DeepseekModel& model, const LatentCache& cache, const ForwardBatch& batch);
 
+// A plan's step's results from its batch's sampled rows (one per logits row): the sampled token of each sampling chunk
+// in plan order, and each ScoredRows entry's tokens.
+StepResult collect_step_result(const StepBatch& step, std::span<const SampledToken> rows);
+
 class StepRunner {
  public:
   StepRunner(DeepseekModel& model, const LatentCache& cache, StepRunnerOptions options);

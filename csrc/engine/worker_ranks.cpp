@@ -1,6 +1,7 @@
 #include "engine/worker_ranks.h"
 
 #include <cstdio>
+#include <cstring>
 #include <exception>
 
 #include "engine/engine.h"
@@ -18,7 +19,22 @@ void run_worker_rank(const EngineOptions& options, Communicator& comm) {
   while (true) {
     comm.broadcast(words, 0);
     if (words.empty()) return;
-    runner.execute_forward(decode_forward_batch(words));
+    if (!options.enable_dp_attention) {
+      runner.execute_forward(decode_forward_batch(words));  // rank 0 samples
+      continue;
+    }
+    // Data-parallel attention: this rank's own lane, sampled here; the rows go to rank 0, each rank in turn.
+    const auto [batch, idle] = decode_lane(words, comm.rank());
+    std::vector<int32_t> rows;
+    if (idle) {
+      runner.execute_forward(batch);
+    } else {
+      rows = encode_sampled_rows(runner.execute(batch));
+    }
+    for (int32_t r = 1; r < comm.size(); ++r) {
+      std::vector<int32_t> sent = r == comm.rank() ? rows : std::vector<int32_t>{};
+      comm.broadcast(sent, r);
+    }
   }
 }
 
@@ -73,6 +89,48 @@ void WorkerRanks::stop() {
 void broadcast_step(Communicator& rank0, const ForwardBatch& batch) {
   std::vector<int32_t> words = encode_forward_batch(batch);
   rank0.broadcast(words, 0);
+}
+
+void broadcast_step_words(Communicator& rank0, std::vector<int32_t>& words) { rank0.broadcast(words, 0); }
+
+std::vector<int32_t> encode_lanes(const std::vector<StepBatch>& steps, const std::vector<bool>& idle) {
+  std::vector<int32_t> words{static_cast<int32_t>(steps.size())};
+  for (size_t r = 0; r < steps.size(); ++r) {
+    const std::vector<int32_t> lane = encode_forward_batch(steps[r].forward);
+    words.push_back(idle[r] ? 1 : 0);
+    words.push_back(static_cast<int32_t>(lane.size()));
+    words.insert(words.end(), lane.begin(), lane.end());
+  }
+  return words;
+}
+
+std::pair<ForwardBatch, bool> decode_lane(std::span<const int32_t> words, int32_t lane) {
+  DI_CHECK(!words.empty() && lane >= 0 && lane < words[0], "lane ", lane, " of a step of ",
+           words.empty() ? 0 : words[0], " lanes");
+  size_t at = 1;
+  for (int32_t r = 0;; ++r) {
+    DI_CHECK(at + 2 <= words.size() && words[at + 1] >= 0 &&
+                 static_cast<size_t>(words[at + 1]) <= words.size() - at - 2,
+             "a step's lanes cut short at lane ", r);
+    const bool idle = words[at] != 0;
+    const auto n = static_cast<size_t>(words[at + 1]);
+    if (r == lane) return {decode_forward_batch(words.subspan(at + 2, n)), idle};
+    at += 2 + n;
+  }
+}
+
+std::vector<int32_t> encode_sampled_rows(const std::vector<SampledToken>& rows) {
+  static_assert(sizeof(SampledToken) == kSampledTokenWords * sizeof(int32_t));
+  std::vector<int32_t> words(rows.size() * kSampledTokenWords);
+  std::memcpy(words.data(), rows.data(), words.size() * sizeof(int32_t));
+  return words;
+}
+
+std::vector<SampledToken> decode_sampled_rows(std::span<const int32_t> words) {
+  DI_CHECK(words.size() % kSampledTokenWords == 0, "sampled rows of ", words.size(), " words");
+  std::vector<SampledToken> rows(words.size() / kSampledTokenWords);
+  std::memcpy(rows.data(), words.data(), words.size() * sizeof(int32_t));
+  return rows;
 }
 
 void broadcast_stop(Communicator& rank0) {

@@ -50,8 +50,16 @@ class WorkerRanks {
 // Throws what failed (a CollectiveError when another rank did); the caller then aborts the group with it.
 void run_worker_rank(const EngineOptions& options, Communicator& comm);
 
-// Rank 0's side of a step: the workers get its batch (without its sampling inputs) before it runs it.
+// Rank 0's side of a step: the workers get its batch before it runs it.
 void broadcast_step(Communicator& rank0, const ForwardBatch& batch);
+void broadcast_step_words(Communicator& rank0, std::vector<int32_t>& words);
+
+// Data-parallel attention: every lane's (rank's) batch in one message, a lane with nothing to do marked idle (its
+// rank runs the batch, a padding step, without sampling); and a rank's sampled rows, which it sends rank 0.
+std::vector<int32_t> encode_lanes(const std::vector<StepBatch>& steps, const std::vector<bool>& idle);
+std::pair<ForwardBatch, bool> decode_lane(std::span<const int32_t> words, int32_t lane);
+std::vector<int32_t> encode_sampled_rows(const std::vector<SampledToken>& rows);
+std::vector<SampledToken> decode_sampled_rows(std::span<const int32_t> words);
 // Rank 0's stop: the workers' loops end. A group that already failed is left as it is.
 void broadcast_stop(Communicator& rank0);
 

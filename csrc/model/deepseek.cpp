@@ -71,7 +71,7 @@ DeepseekModel::DeepseekModel(ModelConfig config, ModelWeights weights, Backend& 
 }
 
 void DeepseekModel::reduce(Tensor& partial) {
-  if (!parallel_.shard.whole()) parallel_.comm->all_reduce(partial.view());
+  if (parallel_.shard.splits_attention()) parallel_.comm->all_reduce(partial.view());
 }
 
 Tensor DeepseekModel::activation(Shape shape) { return backend_.empty(shape, backend_.activation_dtype()); }
@@ -103,12 +103,14 @@ void DeepseekModel::run_into(const ModelInputs& in, std::span<const TensorView> 
   Tensor residual = activation({num_tokens, d});                            // [T, D]
   const int64_t local_vocab = local_.vocab_size;
   backend_.embedding({.token_ids = in.token_ids, .table = weights_.embed.cview(), .out = residual.view(),
-                      .first_row = parallel_.shard.rank * local_vocab, .vocab_size = c.vocab_size});
+                      .first_row = parallel_.shard.splits_attention() ? parallel_.shard.rank * local_vocab : 0,
+                      .vocab_size = c.vocab_size});
   reduce(residual);
   Tensor h = activation({num_tokens, d});                                   // normalized input of each sublayer
   backend_.rms_norm(
       {.x = residual.cview(), .weight = weights_.layers[0].input_norm.cview(), .out = h.view(), .eps = eps});
 
+  dp_max_tokens_ = in.dp_max_tokens;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const LayerWeights& layer = weights_.layers[static_cast<size_t>(i)];
     Tensor attn_out = attention(layer, i, h, in, cache);                  // [T, D]
@@ -129,7 +131,7 @@ void DeepseekModel::run_into(const ModelInputs& in, std::span<const TensorView> 
   Tensor last = activation({num_logits, d});                                // [N, D]
   backend_.gather_rows({.src = residual.cview(), .indices = in.logits_indices, .out = last.view()});
   backend_.rms_norm({.x = last.cview(), .weight = weights_.norm.cview(), .out = last.view(), .eps = eps});
-  if (parallel_.shard.whole()) {
+  if (!parallel_.shard.splits_attention()) {
     backend_.linear({.x = last.cview(), .w = weights_.lm_head.cview(), .out = logits});  // [N, V] float32
     return;
   }
@@ -234,6 +236,18 @@ ExpertShard DeepseekModel::expert_shard(const MoeWeights& w) const {
 // token's top-k with weight 1, and one moe op computes the router logits, routes, and computes the routed and the
 // shared experts together.
 Tensor DeepseekModel::moe(const MoeWeights& w, const Tensor& h) {
+  if (parallel_.shard.dp_attention && !parallel_.shard.whole()) return moe_data_parallel(w, h);
+  Tensor out = moe_routed(w, h);
+  if (w.shared_mlp) {  // expert parallelism: this rank's channels of the shared experts
+    const Tensor shared = mlp_part(*w.shared_mlp, h);
+    backend_.add({.x = out.view(), .y = shared.cview()});
+  }
+  reduce(out);  // every rank's experts (or channels of them)
+  return out;
+}
+
+// The routing and this rank's experts over `h`'s tokens (the shared ones too when the stacked weights hold them).
+Tensor DeepseekModel::moe_routed(const MoeWeights& w, const Tensor& h) {
   const ModelConfig& c = config_;
   const int64_t t = h.shape()[0];
   const int64_t pairs = c.num_experts_per_tok + w.num_shared_experts;           // k + s a token
@@ -250,11 +264,32 @@ Tensor DeepseekModel::moe(const MoeWeights& w, const Tensor& h) {
                 .x = h.cview(), .w_gate_up = w.experts_gate_up.cview(), .w_down = w.experts_down.cview(),
                 .out = out.view(), .router = w.gate.cview(), .router_logits = router_logits.view(),
                 .shard = expert_shard(w)});
-  if (w.shared_mlp) {  // expert parallelism: this rank's channels of the shared experts
+  return out;
+}
+
+// Data-parallel attention: each rank holds its own tokens. They are padded to the group's largest step, gathered from
+// every rank, routed and run through this rank's experts; the sums of all ranks' experts come back to the tokens'
+// ranks (reduce-scatter), and each rank adds its shared experts for its own tokens. A rank with no request this step
+// still computes a padded step, so that the others' collectives meet.
+Tensor DeepseekModel::moe_data_parallel(const MoeWeights& w, const Tensor& h) {
+  const int64_t t = h.shape()[0], d = config_.hidden_size, ranks = parallel_.shard.size;
+  const int64_t padded = dp_max_tokens_;
+  DI_CHECK(padded >= t, "model: ", t, " tokens on a rank of a data-parallel step of at most ", padded);
+  Tensor mine = backend_.zeros({padded, d}, backend_.activation_dtype());      // [T_max, D]: h, then zeros
+  if (t > 0) backend_.copy_strided({.src = h.cview(), .dst = mine.view().rows(0, t), .src_row_stride = d,
+                                    .dst_row_stride = d});
+  Tensor all = activation({ranks * padded, d});                                 // every rank's, rank-major
+  parallel_.comm->all_gather(mine.cview(), all.view());
+  const Tensor routed = moe_routed(w, all);                                     // this rank's experts, all tokens
+  Tensor summed = activation({padded, d});
+  parallel_.comm->reduce_scatter(routed.cview(), summed.view());               // every rank's experts, my tokens
+  Tensor out = activation({t, d});
+  if (t > 0) backend_.copy_strided({.src = summed.cview().rows(0, t), .dst = out.view(), .src_row_stride = d,
+                                    .dst_row_stride = d});
+  if (w.shared_mlp && t > 0) {
     const Tensor shared = mlp_part(*w.shared_mlp, h);
     backend_.add({.x = out.view(), .y = shared.cview()});
   }
-  reduce(out);  // every rank's experts (or channels of them)
   return out;
 }
 

@@ -52,6 +52,8 @@ class DeepseekModel {
   Tensor mlp(const MlpWeights& w, const Tensor& h);
   Tensor mlp_part(const MlpWeights& w, const Tensor& h);  // this rank's channels' share, before the sum
   Tensor moe(const MoeWeights& w, const Tensor& h);
+  Tensor moe_routed(const MoeWeights& w, const Tensor& h);         // routing + this rank's experts
+  Tensor moe_data_parallel(const MoeWeights& w, const Tensor& h);  // gathered tokens, scattered sums
   ExpertShard expert_shard(const MoeWeights& w) const;  // the experts the layer's stacked weights hold
   Tensor linear(const Tensor& x, const Weight& w);
   // Sums a partial result over the TP ranks, in place (nothing to do on one rank).
@@ -66,6 +68,7 @@ class DeepseekModel {
   RopeTables rope_;
   Tensor inv_freq_;       // [qk_rope_head_dim / 2] float32, on the backend's device
   float softmax_scale_;
+  int64_t dp_max_tokens_ = 0;  // the step's (ModelInputs::dp_max_tokens), for the MoE layers
 };
 
 }  // namespace deepinfer

@@ -20,6 +20,9 @@ struct ModelInputs {
   int64_t num_tokens = 0;
   int64_t num_decode_seqs = 0;
   int64_t num_logits = 0;
+  // Data-parallel attention: the most tokens any rank of the group computes this step. The MoE layers gather every
+  // rank's tokens padded to this many (0: no DP group).
+  int64_t dp_max_tokens = 0;
 };
 
 }  // namespace deepinfer

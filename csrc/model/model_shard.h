@@ -11,6 +11,11 @@
 // holding experts [r E / ep, (r + 1) E / ep) whole; the shared experts stay split as under TP.
 //
 // Each rank's partial results (o_proj, the MLP's down_proj, the experts) are summed by an all-reduce.
+//
+// Data-parallel attention (dp_attention, with EP; DeepSeek's production layout): every rank holds the whole model
+// but its share of the routed experts, and runs attention, the dense layers and the shared experts for its own
+// requests with its own latent cache. The MoE layers gather every rank's tokens, compute the rank's experts for all
+// of them and scatter the sums back (all-gather, reduce-scatter).
 #pragma once
 
 #include <cstdint>
@@ -24,8 +29,11 @@ struct ModelShard {
   int32_t rank = 0;
   int32_t size = 1;             // TP ranks (1: the whole model)
   bool expert_parallel = false;  // routed experts partitioned across the ranks instead of split
+  bool dp_attention = false;     // attention data-parallel (each rank its own requests), experts expert-parallel
 
   bool whole() const { return size == 1; }
+  // Whether this rank holds a slice of the attention, dense layers and vocabulary (tensor parallelism).
+  bool splits_attention() const { return size > 1 && !dp_attention; }
   // Throws InvalidArgument naming the values when `config` cannot be split this way (heads, intermediate sizes,
   // vocabulary or experts not divisible by the ranks, more ranks than experts).
   void validate(const ModelConfig& config) const;

@@ -29,7 +29,10 @@ Matrix matrix_of(std::span<const int64_t> shape) {
 
 class ShardedSource final : public WeightSource {
  public:
-  ShardedSource(const WeightSource& inner, const ModelShard& shard) : inner_(inner), shard_(shard) {}
+  // Under data-parallel attention nothing is split by channels: the source reads whole tensors (the loader picks the
+  // rank's experts).
+  ShardedSource(const WeightSource& inner, const ModelShard& shard)
+      : inner_(inner), shard_(shard.splits_attention() ? shard : ModelShard{.expert_parallel = shard.expert_parallel}) {}
 
   bool contains(const std::string& name) const override { return inner_.contains(name); }
 
@@ -147,7 +150,7 @@ class ShardedSource final : public WeightSource {
   }
 
   const WeightSource& inner_;
-  const ModelShard& shard_;
+  const ModelShard shard_;
 };
 
 }  // namespace

@@ -21,7 +21,8 @@ enum class TensorSplit : uint8_t {
 // Routed experts are whole under expert parallelism (their ranks hold whole experts; the loader picks them).
 TensorSplit tensor_split(const std::string& name, bool expert_parallel);
 
-// `inner` read through `shard` (which must outlive it, as must `inner`). Without TP (shard.whole()) it is `inner`.
+// `inner` (which must outlive it) read through `shard`. Without TP (one rank, or data-parallel attention) it reads
+// `inner`'s whole tensors.
 std::unique_ptr<WeightSource> make_sharded_source(const WeightSource& inner, const ModelShard& shard);
 
 }  // namespace deepinfer

@@ -448,7 +448,8 @@ MoeWeights load_moe(Loader& loader, const ModelConfig& c, const std::string& p, 
     }
   }
   if (s > 0 && ep) {
-    w.shared_mlp = load_mlp(loader, p + "shared_experts.", d, s * inter / shard.size);
+    // Split by channels under TP; whole under data-parallel attention, where each rank runs them for its own tokens.
+    w.shared_mlp = load_mlp(loader, p + "shared_experts.", d, s * inter / (shard.splits_attention() ? shard.size : 1));
   } else if (s > 0) {
     load_shared_experts(loader, c, p + "shared_experts.", w);
   }

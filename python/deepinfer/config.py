@@ -76,8 +76,9 @@ ENGINE_FIELD_HELP: dict[str, str] = {
     "tensor_parallel_size": "ranks to split the model across: GPUs 0..N-1 (CUDA) or threads (CPU)",
     "enable_expert_parallel": "partition the routed experts across the tensor-parallel ranks instead of splitting "
                               "each expert",
-    "data_parallel_size": "model replicas (DP attention); only 1 is built",
-    "enable_dp_attention": "attention data-parallel, experts expert-parallel (not built yet)",
+    "data_parallel_size": "data-parallel ranks: 1, or tensor_parallel_size with enable_dp_attention",
+    "enable_dp_attention": "each rank serves its own requests with its own latent cache; the MoE layers are "
+                           "expert-parallel over all ranks (needs enable_expert_parallel)",
     "collective_timeout_s": "seconds a rank may wait for the others in a collective before the engine fails",
     "distributed_executor_backend": "who starts the ranks: 'mp' (this process, one thread a rank), 'mpi' (mpirun, "
                                     "one process a rank); none: 'mpi' when mpirun started this process",
@@ -156,10 +157,15 @@ class EngineConfig:
                 "enable_expert_parallel needs tensor_parallel_size > 1 (the experts are partitioned across its ranks)")
         require(isinstance(self.data_parallel_size, int) and self.data_parallel_size >= 1,
                 f"data_parallel_size must be an integer >= 1, got {self.data_parallel_size!r}")
-        require(self.data_parallel_size == 1 and not self.enable_dp_attention,
-                f"data_parallel_size={self.data_parallel_size}, enable_dp_attention={self.enable_dp_attention}: "
-                "data-parallel attention is not built yet; use tensor_parallel_size (with enable_expert_parallel "
-                "for the experts) instead")
+        require(isinstance(self.enable_dp_attention, bool),
+                f"enable_dp_attention must be a bool, got {self.enable_dp_attention!r}")
+        require(not self.enable_dp_attention or (self.tensor_parallel_size > 1 and self.enable_expert_parallel),
+                "enable_dp_attention needs tensor_parallel_size > 1 and enable_expert_parallel: the ranks serve "
+                "their own requests and share the experts")
+        require(self.data_parallel_size in (1, self.tensor_parallel_size if self.enable_dp_attention else 1),
+                f"data_parallel_size={self.data_parallel_size}: whole-model replicas are not built; data-parallel "
+                "attention runs over the tensor_parallel_size ranks (enable_dp_attention, data_parallel_size 1 or "
+                "equal to tensor_parallel_size)")
         require(is_finite_number(self.collective_timeout_s) and self.collective_timeout_s > 0,
                 f"collective_timeout_s must be a finite number > 0, got {self.collective_timeout_s!r}")
         require(self.distributed_executor_backend in (None, "mp", "mpi"),

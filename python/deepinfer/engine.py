@@ -209,6 +209,7 @@ class DeepInferenceEngine:
         options.enable_prefix_caching = config.enable_prefix_caching
         options.tensor_parallel_size = config.tensor_parallel_size
         options.enable_expert_parallel = config.enable_expert_parallel
+        options.enable_dp_attention = config.enable_dp_attention
         options.collective_timeout_s = float(config.collective_timeout_s)
         options.fp8_weights = fp8_weights
         options.fp8_activations = fp8_activations

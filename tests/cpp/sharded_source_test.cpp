@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "engine/step_batch.h"
+#include "engine/worker_ranks.h"
 #include "model/sharded_source.h"
 
 namespace deepinfer {
@@ -125,6 +126,41 @@ TEST(StepBatch, EncodesAndDecodesTheForwardBatch) {
   std::vector<int32_t> words = encode_forward_batch(batch);
   words.pop_back();
   EXPECT_THROW(decode_forward_batch(words), Error);
+}
+
+}  // namespace
+}  // namespace deepinfer
+
+namespace deepinfer {
+namespace {
+
+TEST(WorkerRanks, LanesAndSampledRowsRoundTrip) {
+  std::vector<StepBatch> steps(3);
+  for (int32_t r = 0; r < 3; ++r) {
+    ForwardBatchBuilder b(4, 2);
+    const int32_t pages[] = {r, r + 3};
+    std::vector<int32_t> tokens(static_cast<size_t>(r + 1), 7 + r);
+    b.add(tokens, 0, pages, true);
+    steps[static_cast<size_t>(r)].forward = std::move(b).take();
+    steps[static_cast<size_t>(r)].forward.dp_max_tokens = 3;
+    steps[static_cast<size_t>(r)].forward.sampling.rows = {r, r, r};
+  }
+  const std::vector<int32_t> words = encode_lanes(steps, {false, true, false});
+  for (int32_t r = 0; r < 3; ++r) {
+    const auto [batch, idle] = decode_lane(words, r);
+    EXPECT_EQ(idle, r == 1);
+    EXPECT_EQ(batch.token_ids, steps[static_cast<size_t>(r)].forward.token_ids);
+    EXPECT_EQ(batch.page_table, steps[static_cast<size_t>(r)].forward.page_table);
+    EXPECT_EQ(batch.sampling.rows, steps[static_cast<size_t>(r)].forward.sampling.rows);
+    EXPECT_EQ(batch.dp_max_tokens, 3);
+  }
+  EXPECT_THROW(decode_lane(words, 3), Error);
+  std::vector<SampledToken> rows(2);
+  rows[0].token = 11;
+  rows[1].token = 12;
+  const std::vector<SampledToken> back = decode_sampled_rows(encode_sampled_rows(rows));
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[1].token, 12);
 }
 
 }  // namespace

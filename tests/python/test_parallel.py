@@ -71,6 +71,37 @@ def test_parallel_layouts_match_one_rank(checkpoints, reference, arch, layout):
         assert np.max(np.abs(values - ref_values)) / np.max(np.abs(ref_values)) <= 1e-5
 
 
+@pytest.mark.parametrize("arch", ["v3", "v2_two_shared"])
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_data_parallel_attention_matches_one_rank(checkpoints, reference, arch, ranks):
+    """Each rank serves its own requests from its own 12-page cache (small enough to preempt there too); the MoE
+    layers are expert-parallel over all ranks. A rank whose requests have finished still runs padding steps while
+    the others work."""
+    ref_greedy, ref_scored, _ = reference[arch]
+    greedy, scored, stats = run(checkpoints[arch], tensor_parallel_size=ranks, enable_expert_parallel=True,
+                                enable_dp_attention=True, num_cache_pages=12, max_model_len=48)
+    assert stats.num_preemptions > 0
+    assert stats.num_cache_pages == 12 * ranks  # no rank holds another's cache
+    assert [o.token_ids for o in greedy] == [o.token_ids for o in ref_greedy]
+    for attribute, ref_out, out in (("logprobs", ref_greedy, greedy), ("prompt_logprobs", ref_scored, scored)):
+        ref_values, values = logprob_values(ref_out, attribute), logprob_values(out, attribute)
+        assert ref_values.shape == values.shape and ref_values.size > 0
+        assert np.max(np.abs(values - ref_values)) / np.max(np.abs(ref_values)) <= 1e-5
+
+
+def test_an_idle_data_parallel_rank_does_not_hang_the_others(checkpoints, reference):
+    """One request on two ranks: rank 1 has nothing to do at every step and joins the MoE collectives anyway."""
+    engine = DeepInferenceEngine(EngineConfig(model_name_or_path=str(checkpoints["v3"]), tensor_parallel_size=2,
+                                              enable_expert_parallel=True, enable_dp_attention=True, page_size=4,
+                                              num_cache_pages=24, max_model_len=64, collective_timeout_s=30, seed=5))
+    try:
+        out = engine.generate({"prompt_token_ids": PROMPTS[4]},
+                              SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))[0]
+    finally:
+        engine.shutdown()
+    assert out.outputs[0].token_ids == reference["v3"][0][4].outputs[0].token_ids
+
+
 def test_a_split_the_model_does_not_divide_into_is_refused_before_loading(checkpoints, tmp_path):
     # Only config.json: the error must come from the split, not from weights that are not there.
     (tmp_path / "config.json").write_text((checkpoints["v3"] / "config.json").read_text())
@@ -80,8 +111,11 @@ def test_a_split_the_model_does_not_divide_into_is_refused_before_loading(checkp
     with pytest.raises(ValueError, match=r"tensor_parallel_size 8 does not divide num_attention_heads \(4\)"):
         DeepInferenceEngine(EngineConfig(model_name_or_path=str(tmp_path), tensor_parallel_size=8,
                                          enable_expert_parallel=True))
-    with pytest.raises(ValueError, match="data-parallel attention is not built yet"):
-        EngineConfig(model_name_or_path=str(tmp_path), data_parallel_size=2, enable_dp_attention=True)
+    with pytest.raises(ValueError, match="enable_dp_attention needs tensor_parallel_size > 1 and "
+                                         "enable_expert_parallel"):
+        EngineConfig(model_name_or_path=str(tmp_path), tensor_parallel_size=2, enable_dp_attention=True)
+    with pytest.raises(ValueError, match="whole-model replicas are not built"):
+        EngineConfig(model_name_or_path=str(tmp_path), data_parallel_size=2)
     with pytest.raises(ValueError, match="enable_expert_parallel needs tensor_parallel_size > 1"):
         EngineConfig(model_name_or_path=str(tmp_path), enable_expert_parallel=True)
 
