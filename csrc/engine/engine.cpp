@@ -424,6 +424,12 @@ void Engine::step_once() {
     fail_all(std::string("the engine stopped: ") + e.what());
     return;
   } catch (const std::exception& e) {
+    if (ranks_) {
+      // The other ranks may be inside this step's collectives, which rank 0 will not reach: the group cannot go on.
+      ranks_->comm->abort(std::string("rank 0's step failed: ") + e.what());
+      fail_all(std::string("the engine stopped: rank 0's step failed: ") + e.what());
+      return;
+    }
     for (size_t r = 0; r < n; ++r) {
       if (!idle[r]) fail_plan(*lanes_[r], plans[r], std::string("the step failed: ") + e.what());
     }
