@@ -345,10 +345,20 @@ void Engine::admit_pending() {
     }
   }
   std::lock_guard lock(mutex_);
+  update_lane_stats();
+}
+
+void Engine::update_lane_stats() {
+  stats_.num_preemptions = 0;
+  stats_.prefix_cache_queries = 0;
+  stats_.prefix_cache_hits = 0;
   stats_.num_running = 0;
   stats_.num_waiting = 0;
   stats_.num_free_cache_pages = 0;
   for (const auto& lane : lanes_) {
+    stats_.num_preemptions += lane->scheduler.total_preemptions();
+    stats_.prefix_cache_queries += lane->scheduler.prefix_cache_queries();
+    stats_.prefix_cache_hits += lane->scheduler.prefix_cache_hits();
     stats_.num_running += lane->scheduler.num_running();
     stats_.num_waiting += lane->scheduler.num_waiting();
     stats_.num_free_cache_pages += lane->cache_manager.num_free_pages();
@@ -529,20 +539,7 @@ void Engine::record_step(std::chrono::steady_clock::duration elapsed, bool pure_
   stats_.num_generated_tokens += generated_tokens;
   stats_.num_graph_replays = static_cast<uint64_t>(runner_.num_graph_replays());
   stats_.num_graphs = runner_.num_graphs();
-  stats_.num_preemptions = 0;
-  stats_.prefix_cache_queries = 0;
-  stats_.prefix_cache_hits = 0;
-  stats_.num_running = 0;
-  stats_.num_waiting = 0;
-  stats_.num_free_cache_pages = 0;
-  for (const auto& lane : lanes_) {
-    stats_.num_preemptions += lane->scheduler.total_preemptions();
-    stats_.prefix_cache_queries += lane->scheduler.prefix_cache_queries();
-    stats_.prefix_cache_hits += lane->scheduler.prefix_cache_hits();
-    stats_.num_running += lane->scheduler.num_running();
-    stats_.num_waiting += lane->scheduler.num_waiting();
-    stats_.num_free_cache_pages += lane->cache_manager.num_free_pages();
-  }
+  update_lane_stats();
 }
 
 }  // namespace deepinfer

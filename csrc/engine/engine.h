@@ -167,6 +167,7 @@ class Engine {
   void admit_pending();
   void fail_plan(Lane& lane, const SchedulePlan& plan, const std::string& message);
   bool has_unfinished() const;
+  void update_lane_stats();  // the lanes' sums into stats_; the caller holds mutex_
   // Ends every request with `message` and refuses new ones: the ranks of a parallel model can no longer step.
   void fail_all(const std::string& message);
   void emit(RequestOutputDelta delta);
