@@ -1,12 +1,12 @@
 #include "engine/worker_ranks.h"
 
-#include <cstdio>
 #include <cstring>
 #include <exception>
 
 #include "engine/engine.h"
 
 namespace deepinfer {
+
 void run_worker_rank(const EngineOptions& options, Communicator& comm) {
   LoadedModel loaded = load_model(options, {}, &comm);
   const LatentCacheShape shape = engine_cache_shape(options, loaded.model->config());
