@@ -201,3 +201,23 @@ def test_a_killed_rank_process_ends_the_job_with_an_error(checkpoints):
     assert time.monotonic() - started < 120
     # mpirun names the rank that died and ends the others.
     assert "rank 1" in (result.stderr + result.stdout), result.stderr[-3000:]
+
+
+def test_one_command_serves_a_tensor_parallel_model_through_the_openai_client(checkpoints, reference):
+    """`deepinfer serve MODEL --tensor-parallel-size 2`: the official client gets the one-rank greedy tokens."""
+    from conftest import require_module
+    from test_server import ServerProcess
+
+    openai = require_module("openai")
+    srv = ServerProcess(str(checkpoints["v3"]), "--tensor-parallel-size", "2", "--page-size", "4",
+                        "--num-cache-pages", "24", "--max-model-len", "64", "--seed", "5", "--shutdown-timeout", "5")
+    try:
+        srv.wait_ready()
+        client = openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key="none", max_retries=0, timeout=120)
+        model = client.models.list().data[0].id
+        got = client.completions.create(model=model, prompt=PROMPTS[3], max_tokens=10, temperature=0.0,
+                                        extra_body={"ignore_eos": True})
+    finally:
+        assert srv.stop() == 0
+    assert got.usage.completion_tokens == 10
+    assert got.choices[0].text == reference["v3"][0][3].outputs[0].text
