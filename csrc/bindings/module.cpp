@@ -121,8 +121,7 @@ NB_MODULE(_deepinfer, m) {
   // A worker rank's process under mpirun: runs rank 0's steps until rank 0 stops, then returns. A failure aborts the
   // whole job (MPI ends every rank of it), after printing why with the rank.
   m.def("run_worker_rank", [](const EngineOptions& options) {
-    const std::unique_ptr<Communicator> comm = make_mpi_communicator(
-        std::chrono::milliseconds(static_cast<int64_t>(options.collective_timeout_s * 1000.0)));
+    const std::unique_ptr<Communicator> comm = make_mpi_communicator(options.collective_timeout());
     try {
       run_worker_rank(options, *comm);
     } catch (const std::exception& e) {

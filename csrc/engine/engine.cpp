@@ -66,9 +66,7 @@ LoadedModel load_model(const EngineOptions& options, const LoadProgress& progres
   LoadedModel loaded{.backend = make_backend(options.device, local_device(options, parallel.shard.rank))};
   ModelParallel model_parallel = parallel;
   if (comm != nullptr) {
-    loaded.device_comm = make_device_communicator(
-        *loaded.backend, *comm,
-        std::chrono::milliseconds(static_cast<int64_t>(options.collective_timeout_s * 1000.0)));
+    loaded.device_comm = make_device_communicator(*loaded.backend, *comm, options.collective_timeout());
     if (loaded.device_comm) model_parallel.comm = loaded.device_comm.get();
   }
   // Each weight goes to the device as it is read: the host never holds the model.
@@ -127,7 +125,7 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& options, const LoadP
                {.size = options.tensor_parallel_size, .expert_parallel = options.enable_expert_parallel,
                 .dp_attention = options.enable_dp_attention});
   std::unique_ptr<Ranks> ranks;
-  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(options.collective_timeout_s * 1000.0));
+  const auto timeout = options.collective_timeout();
   if (options.tensor_parallel_size > 1 && options.rank_launch == RankLaunch::kMpi) {
     ranks = std::make_unique<Ranks>();
     ranks->comm = make_mpi_communicator(timeout);

@@ -62,6 +62,9 @@ struct EngineOptions {
   RankLaunch rank_launch = RankLaunch::kInProcess;
 
   void validate() const;
+  std::chrono::milliseconds collective_timeout() const {
+    return std::chrono::milliseconds(static_cast<int64_t>(collective_timeout_s * 1000.0));
+  }
 };
 
 struct RequestOutputDelta {

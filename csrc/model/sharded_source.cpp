@@ -113,7 +113,7 @@ class ShardedSource final : public WeightSource {
              " floats");
     std::vector<float> whole(static_cast<size_t>(num_rows * global_row));
     inner_.read_rows(name, global, first_row, num_rows, whole);
-    const Matrix local = matrix_of(shape.size() == 2 ? shape.subspan(1) : shape.subspan(1));
+    const Matrix local = matrix_of(shape.subspan(1));
     const Matrix stored = matrix_of(std::span<const int64_t>(global).subspan(1));
     for (int64_t r = 0; r < num_rows; ++r) {
       const float* src = whole.data() + r * global_row;
@@ -144,7 +144,7 @@ class ShardedSource final : public WeightSource {
   std::vector<int64_t> global_shape(const std::string& name, std::span<const int64_t> local) const {
     std::vector<int64_t> g(local.begin(), local.end());
     const TensorSplit split = tensor_split(name, shard_.expert_parallel);
-    const size_t dim = split == TensorSplit::kColumns ? g.size() - 1 : (g.size() == 2 ? 0 : g.size() - 2);
+    const size_t dim = split == TensorSplit::kColumns ? g.size() - 1 : g.size() - 2;
     g[dim] *= shard_.size;
     return g;
   }

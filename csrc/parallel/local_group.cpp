@@ -2,12 +2,13 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstddef>
 #include <cstring>
 #include <mutex>
 #include <string>
 #include <vector>
 
-#include "core/half.h"
+#include "parallel/rank_order_sum.h"
 
 namespace deepinfer {
 
@@ -68,20 +69,6 @@ struct LocalGroup::State {
 
 namespace {
 
-// Element i of a float32 or bfloat16 buffer, widened.
-float load(const void* data, DType dtype, int64_t i) {
-  if (dtype == DType::kF32) return static_cast<const float*>(data)[i];
-  return bf16_to_float(static_cast<const uint16_t*>(data)[i]);
-}
-
-void store(void* data, DType dtype, int64_t i, float value) {
-  if (dtype == DType::kF32) {
-    static_cast<float*>(data)[i] = value;
-  } else {
-    static_cast<uint16_t*>(data)[i] = float_to_bf16(value);
-  }
-}
-
 void check_reducible(DType dtype, const char* what) {
   DI_CHECK(dtype == DType::kF32 || dtype == DType::kBF16, what, ": float32 or bfloat16 only, got ",
            dtype_name(dtype));
@@ -95,19 +82,16 @@ class LocalCommunicator final : public Communicator {
   int32_t size() const override { return s_.size; }
   std::string_view name() const override { return "local"; }
 
-  // Every rank sums the same buffers in rank order, so every rank's result has the same bits.
+  // Every rank sums the same buffers in rank order (rank_order_sum.h), so every rank's result has the same bits.
   void all_reduce(TensorView inout) override {
     check_reducible(inout.dtype, "all_reduce");
     const int64_t n = inout.numel();
     slot().data = inout.data;
     s_.meet(rank_, "all_reduce");
-    std::vector<float> sum(static_cast<size_t>(n), 0.0f);
-    for (int32_t r = 0; r < s_.size; ++r) {
-      const void* src = s_.slots[static_cast<size_t>(r)].data;
-      for (int64_t i = 0; i < n; ++i) sum[static_cast<size_t>(i)] += load(src, inout.dtype, i);
-    }
+    std::vector<std::byte> sum(static_cast<size_t>(n) * dtype_size(inout.dtype));
+    sum_in_rank_order(parts(0), n, inout.dtype, sum.data());
     s_.meet(rank_, "all_reduce");  // everyone has read every buffer: each may now overwrite its own
-    for (int64_t i = 0; i < n; ++i) store(inout.data, inout.dtype, i, sum[static_cast<size_t>(i)]);
+    std::memcpy(inout.data, sum.data(), sum.size());
   }
 
   void all_gather(ConstTensorView in, TensorView out) override {
@@ -131,12 +115,7 @@ class LocalCommunicator final : public Communicator {
              out.shape.str(), " on ", s_.size, " ranks");
     slot().data = in.data;
     s_.meet(rank_, "reduce_scatter");
-    const int64_t begin = n * rank_;
-    for (int64_t i = 0; i < n; ++i) {
-      float sum = 0.0f;
-      for (int32_t r = 0; r < s_.size; ++r) sum += load(s_.slots[static_cast<size_t>(r)].data, in.dtype, begin + i);
-      store(out.data, out.dtype, i, sum);
-    }
+    sum_in_rank_order(parts(static_cast<size_t>(n * rank_) * dtype_size(in.dtype)), n, in.dtype, out.data);
     s_.meet(rank_, "reduce_scatter");
   }
 
@@ -212,6 +191,12 @@ class LocalCommunicator final : public Communicator {
 
  private:
   LocalGroup::State::Slot& slot() { return s_.slots[static_cast<size_t>(rank_)]; }
+  // Every rank's published buffer, `offset` bytes in, in rank order.
+  std::vector<const void*> parts(size_t offset) const {
+    std::vector<const void*> p;
+    for (const LocalGroup::State::Slot& slot : s_.slots) p.push_back(static_cast<const std::byte*>(slot.data) + offset);
+    return p;
+  }
 
   LocalGroup::State& s_;
   int32_t rank_;

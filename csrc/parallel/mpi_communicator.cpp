@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/half.h"
+#include "parallel/rank_order_sum.h"
 
 namespace deepinfer {
 namespace {
@@ -108,27 +108,13 @@ void check_device_view(const ConstTensorView& view, const char* collective, cons
   DI_CHECK(view.shape.ndim() >= 1, "mpi ", collective, ": ", name, " has no dimension");
 }
 
-// out[i] = ((block_0[i] + block_1[i]) + block_2[i]) + ... in float32; bfloat16 is widened exactly and rounded once.
-void sum_in_rank_order(const std::byte* blocks, int32_t num_blocks, int64_t count, DType dtype, void* out) {
-  if (dtype == DType::kF32) {
-    const auto* x = reinterpret_cast<const float*>(blocks);
-    auto* y = static_cast<float*>(out);
-#pragma omp parallel for if (count > (1 << 16))
-    for (int64_t i = 0; i < count; ++i) {
-      float sum = x[i];
-      for (int32_t p = 1; p < num_blocks; ++p) sum += x[p * count + i];
-      y[i] = sum;
-    }
-  } else {
-    const auto* x = reinterpret_cast<const uint16_t*>(blocks);
-    auto* y = static_cast<uint16_t*>(out);
-#pragma omp parallel for if (count > (1 << 16))
-    for (int64_t i = 0; i < count; ++i) {
-      float sum = bf16_to_float(x[i]);
-      for (int32_t p = 1; p < num_blocks; ++p) sum += bf16_to_float(x[p * count + i]);
-      y[i] = float_to_bf16(sum);
-    }
+// The rank-order sum (rank_order_sum.h) of `num_blocks` blocks of `count` elements laid one after another.
+void sum_blocks_in_rank_order(const std::byte* blocks, int32_t num_blocks, int64_t count, DType dtype, void* out) {
+  std::vector<const void*> parts(static_cast<size_t>(num_blocks));
+  for (int32_t p = 0; p < num_blocks; ++p) {
+    parts[static_cast<size_t>(p)] = blocks + static_cast<size_t>(p * count) * dtype_size(dtype);
   }
+  sum_in_rank_order(parts, count, dtype, out);
 }
 
 // A committed contiguous datatype of one row, so that counts and displacements are in rows (they stay within int).
@@ -298,7 +284,7 @@ void MpiCommunicator::all_reduce(TensorView inout) {
             kName);
   wait(request, kName, until);
   std::byte* my_block = static_cast<std::byte*>(inout.data) + static_cast<size_t>(offsets[rank_]) * element_bytes;
-  sum_in_rank_order(scratch_.data(), size_, mine, inout.dtype, my_block);
+  sum_blocks_in_rank_order(scratch_.data(), size_, mine, inout.dtype, my_block);
   check_mpi(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, inout.data, counts.data(), offsets.data(), type,
                             comm_, &request),
             kName);
@@ -344,7 +330,7 @@ void MpiCommunicator::reduce_scatter(ConstTensorView in, TensorView out) {
                           &request),
             kName);
   wait(request, kName, until);
-  sum_in_rank_order(scratch_.data(), size_, count, in.dtype, out.data);
+  sum_blocks_in_rank_order(scratch_.data(), size_, count, in.dtype, out.data);
 }
 
 void MpiCommunicator::all_to_all(ConstTensorView in, std::span<const int64_t> send_rows, TensorView out,
