@@ -20,7 +20,7 @@ void Backend::mla_prepare(const MlaPrepareArgs& a) {
   };
   rotate(a.q.columns(nope, rope_dim), heads, heads * qk_dim, qk_dim);       // q_pe [T, H, rope]
   rotate(a.latent.columns(rank, rope_dim), 1, latent_dim, 0);              // k_pe [T, rope]
-  mla_cache_write({.latent = a.latent, .cache = a.cache, .slot_mapping = a.slot_mapping});
+  mla_cache_write({.latent = a.latent, .cache = a.cache, .slot_mapping = a.slot_mapping, .kv_lora_rank = rank});
 
   const int64_t num_decode = a.num_decode_tokens();
   if (num_decode == 0) return;

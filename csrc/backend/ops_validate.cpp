@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/ops/latent_fp8.h"
 
 namespace deepinfer {
 namespace {
@@ -73,6 +74,23 @@ void expect_row_stride(int64_t stride, int64_t row, const char* op, const char* 
 }
 
 // A linear weight: x's dtype, or block-scaled FP8 with float32 scales of its block grid on the same device.
+// A layer of the latent cache for rows of `latent_dim` values whose first `rank` are c_kv: [pages, page_size, latent_dim]
+// in `activations`' dtype, or [pages, page_size, row bytes] in the FP8 layout (latent_fp8.h).
+void expect_latent_cache(const ConstTensorView& cache, const ConstTensorView& activations, const char* activations_name,
+                         int64_t rank, int64_t latent_dim, const char* op) {
+  expect_ndim(cache, 3, op, "cache");
+  if (is_fp8_latent_cache(cache)) {
+    DI_CHECK(rank > 0 && rank <= latent_dim, op, ": an FP8 latent cache needs kv_lora_rank in (0, ", latent_dim,
+             "], got ", rank);
+    const LatentFp8Layout layout{.rank = rank, .rope_dim = latent_dim - rank};
+    DI_CHECK(cache.shape[2] == layout.row_bytes(), op, ": FP8 cache ", cache.shape.str(), " for rows of ", rank,
+             " + ", latent_dim - rank, " values needs ", layout.row_bytes(), " bytes a row");
+    return;
+  }
+  DI_CHECK(cache.shape[2] == latent_dim, op, ": cache ", cache.shape.str(), " for latent rows of ", latent_dim);
+  expect_same_dtype(activations, cache, op, activations_name, "cache");
+}
+
 void expect_weight(const WeightView& w, const ConstTensorView& x, const char* op, const char* name) {
   if (!w.is_fp8()) {
     expect_same_dtype(x, w, op, "x", name);
@@ -275,11 +293,9 @@ void RopeArgs::validate() const {
 }
 
 void MlaCacheWriteArgs::validate() const {
-  expect_ndim(cache, 3, "mla_cache_write", "cache");
-  DI_CHECK(latent.shape.ndim() == 2 && latent.shape[1] == cache.shape[2], "mla_cache_write: latent ",
-           latent.shape.str(), " cache ", cache.shape.str());
+  expect_ndim(latent, 2, "mla_cache_write", "latent");
+  expect_latent_cache(cache, latent, "latent", kv_lora_rank, latent.shape[1], "mla_cache_write");
   expect_index_array(slot_mapping, latent.shape[0], "mla_cache_write", "slot_mapping");
-  expect_same_dtype(latent, cache, "mla_cache_write", "latent", "cache");
   expect_one_device({latent, cache, slot_mapping}, "mla_cache_write");
   expect_entries_below(slot_mapping, cache.shape[0] * cache.shape[1], "mla_cache_write", "slot");
 }
@@ -292,9 +308,9 @@ void MlaPrepareArgs::validate() const {
   const int64_t tokens = num_tokens(), heads = q.shape[1], latent_dim = latent.shape[1], rope = rope_dim();
   DI_CHECK(kv_lora_rank >= 0 && rope >= 0 && rope % 2 == 0, kOp, ": latent ", latent.shape.str(), " with kv_lora_rank ",
            kv_lora_rank, " leaves ", rope, " rope columns (must be even and >= 0)");
-  DI_CHECK(q.shape[0] == tokens && q.shape[2] >= rope && cache.shape[2] == latent_dim, kOp, ": latent ",
-           latent.shape.str(), " q ", q.shape.str(), " cache ", cache.shape.str(), ": q needs ", tokens,
-           " tokens of at least ", rope, " rope columns, the cache rows of ", latent_dim);
+  DI_CHECK(q.shape[0] == tokens && q.shape[2] >= rope, kOp, ": latent ", latent.shape.str(), " q ", q.shape.str(),
+           ": q needs ", tokens, " tokens of at least ", rope, " rope columns");
+  expect_latent_cache(cache, latent, "latent", kv_lora_rank, latent_dim, kOp);
   // No decode: q_abs is a default view (or any empty one that is not 3-D).
   DI_CHECK(q_abs.shape.ndim() == 3 || q_abs.numel() == 0, kOp, ": q_abs ", q_abs.shape.str(),
            " must be [Td, H, rank + rope] or empty");
@@ -313,7 +329,6 @@ void MlaPrepareArgs::validate() const {
            " for ", rope, " rope columns");
   expect_activation(latent, kOp, "latent");
   expect_same_dtype(latent, q, kOp, "latent", "q");
-  expect_same_dtype(latent, cache, kOp, "latent", "cache");
   expect_one_device({latent, q, q_abs, cache, slot_mapping, positions, kv_a_norm, inv_freq}, kOp);
   expect_entries_below(slot_mapping, cache.shape[0] * cache.shape[1], kOp, "slot");
 }
@@ -356,14 +371,13 @@ void validate_meta(const AttentionMetadata& m, const ConstTensorView& cache, int
 }  // namespace
 
 void MlaDecodeArgs::validate() const {
-  expect_ndim(cache, 3, "mla_decode", "cache");
   expect_ndim(q, 3, "mla_decode", "q");
-  DI_CHECK(q.shape[0] == meta.num_seqs && q.shape[2] == cache.shape[2] && kv_lora_rank >= 0 &&
-               kv_lora_rank <= cache.shape[2] && out_latent.shape.ndim() == 3 && out_latent.shape[0] == q.shape[0] &&
+  DI_CHECK(q.shape[0] == meta.num_seqs && kv_lora_rank >= 0 && kv_lora_rank <= q.shape[2] &&
+               out_latent.shape.ndim() == 3 && out_latent.shape[0] == q.shape[0] &&
                out_latent.shape[1] == q.shape[1] && out_latent.shape[2] == kv_lora_rank,
            "mla_decode: q ", q.shape.str(), " for ", meta.num_seqs, " sequences, cache ", cache.shape.str(),
            " kv_lora_rank ", kv_lora_rank, " out ", out_latent.shape.str());
-  expect_same_dtype(q, cache, "mla_decode", "q", "cache");
+  expect_latent_cache(cache, q, "q", kv_lora_rank, q.shape[2], "mla_decode");
   expect_same_dtype(q, out_latent, "mla_decode", "q", "out_latent");
   expect_one_device({q, cache, out_latent}, "mla_decode");
   DI_CHECK(projects() == (out.data != nullptr), "mla_decode: w_uv ", w_uv.shape.str(), " and out ", out.shape.str(),
@@ -383,16 +397,17 @@ void MlaDecodeArgs::validate() const {
 }
 
 void MlaPrefillArgs::validate() const {
-  expect_ndim(cache, 3, "mla_prefill", "cache");
   expect_ndim(q, 3, "mla_prefill", "q");
   const int64_t heads = q.shape[1];
-  const int64_t rope_dim = cache.shape[2] - kv_lora_rank;
+  const int64_t rope_dim = q.shape[2] - qk_nope_head_dim;
+  DI_CHECK(rope_dim >= 0 && kv_lora_rank >= 0, "mla_prefill: q ", q.shape.str(), " with ", qk_nope_head_dim,
+           " nope columns, kv_lora_rank ", kv_lora_rank);
+  expect_latent_cache(cache, q, "q", kv_lora_rank, kv_lora_rank + rope_dim, "mla_prefill");
   DI_CHECK(q.shape[2] == qk_nope_head_dim + rope_dim && out.shape.ndim() == 3 && out.shape[0] == q.shape[0] &&
                out.shape[1] == heads && out.shape[2] == v_head_dim && kv_b.shape.ndim() == 2 &&
                kv_b.shape[0] == heads * (qk_nope_head_dim + v_head_dim) && kv_b.shape[1] == kv_lora_rank,
            "mla_prefill: q ", q.shape.str(), " cache ", cache.shape.str(), " kv_b ", kv_b.shape.str(), " out ",
            out.shape.str());
-  expect_same_dtype(q, cache, "mla_prefill", "q", "cache");
   expect_same_dtype(q, out, "mla_prefill", "q", "out");
   expect_one_device({q, cache, kv_b, out}, "mla_prefill");
   validate_meta(meta, cache, q.shape[0], "mla_prefill");

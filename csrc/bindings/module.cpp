@@ -68,6 +68,9 @@ NB_MODULE(_deepinfer, m) {
   nb::enum_<LoadFormat>(m, "LoadFormat")
       .value("safetensors", LoadFormat::kSafetensors)
       .value("dummy", LoadFormat::kDummy);
+  nb::enum_<KvCacheDtype>(m, "KvCacheDtype")
+      .value("auto", KvCacheDtype::kAuto)
+      .value("fp8", KvCacheDtype::kFp8);
   nb::enum_<RankLaunch>(m, "RankLaunch")
       .value("in_process", RankLaunch::kInProcess)
       .value("mpi", RankLaunch::kMpi);
@@ -106,6 +109,7 @@ NB_MODULE(_deepinfer, m) {
       .def_rw("enforce_eager", &EngineOptions::enforce_eager)
       .def_rw("fp8_weights", &EngineOptions::fp8_weights)
       .def_rw("fp8_activations", &EngineOptions::fp8_activations)
+      .def_rw("kv_cache_dtype", &EngineOptions::kv_cache_dtype)
       .def_rw("enable_prefix_caching", &EngineOptions::enable_prefix_caching)
       .def_rw("tensor_parallel_size", &EngineOptions::tensor_parallel_size)
       .def_rw("enable_expert_parallel", &EngineOptions::enable_expert_parallel)

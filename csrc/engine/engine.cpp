@@ -85,7 +85,11 @@ int local_device(const EngineOptions& options, int32_t rank) {
 }
 
 LatentCacheShape engine_cache_shape(const EngineOptions& options, const ModelConfig& config) {
-  return {.num_layers = config.num_hidden_layers, .page_size = options.page_size, .latent_dim = config.latent_dim()};
+  return {.num_layers = config.num_hidden_layers,
+          .page_size = options.page_size,
+          .latent_dim = config.latent_dim(),
+          .kv_lora_rank = config.kv_lora_rank,
+          .fp8 = options.kv_cache_dtype == KvCacheDtype::kFp8};
 }
 
 namespace {

@@ -32,6 +32,8 @@ enum class LoadFormat : uint8_t { kSafetensors, kDummy };
 // started one process a rank (mpirun: rank 0's process runs the engine, the others run_worker_rank).
 enum class RankLaunch : uint8_t { kInProcess, kMpi };
 
+enum class KvCacheDtype : uint8_t { kAuto, kFp8 };
+
 struct EngineOptions {
   std::string model_path;                    // Hugging Face directory (config.json; safetensors unless dummy)
   LoadFormat load_format = LoadFormat::kSafetensors;
@@ -50,6 +52,9 @@ struct EngineOptions {
   // The CPU computes with their dequantized values (exactly the FP8 weights, in float32).
   bool fp8_weights = false;
   bool fp8_activations = true;               // W8A8 (prefill GEMMs quantize activations); false: weight-only FP8
+  // The latent cache in the model's activation dtype, or in FP8 (backend/ops/latent_fp8.h: 656 bytes a token a layer
+  // at DeepSeek's dims instead of 1,152 in bf16).
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::kAuto;
   // Tensor parallelism (model_shard.h): the model split across this many ranks, one a GPU (devices 0 .. n - 1) or,
   // on the CPU, a thread; one scheduler steps them all. With enable_expert_parallel the routed experts are
   // partitioned across the ranks instead of split.

@@ -15,8 +15,8 @@ LatentCache::LatentCache(LatentCacheShape shape, Backend& backend) : shape_(shap
   views_.reserve(static_cast<size_t>(shape.num_layers));
   for (int64_t i = 0; i < shape.num_layers; ++i) {
     // Zeros, so a page never written reads as finite values (a bug reading one shows up as wrong numbers, not NaN).
-    layers_.push_back(
-        backend.zeros({shape.num_pages, shape.page_size, shape.latent_dim}, backend.activation_dtype()));
+    layers_.push_back(backend.zeros({shape.num_pages, shape.page_size, shape.row_elements()},
+                                    shape.dtype(backend.activation_dtype())));
     views_.push_back(layers_.back().view());
   }
 }
@@ -26,14 +26,15 @@ namespace {
 // The working memory of the largest step, measured: one prefill of max_num_batched_tokens tokens (capped by the
 // model's positions) into a cache of just the pages it needs. A device backend's pool keeps the memory it took, so
 // afterwards the device's used memory counts the weights, the step's peak activations and workspaces together.
-void profile_largest_step(DeepseekModel& model, int32_t max_num_batched_tokens, int32_t page_size) {
+void profile_largest_step(DeepseekModel& model, int32_t max_num_batched_tokens, const LatentCacheShape& shape) {
+  const int32_t page_size = shape.page_size;
   const ModelConfig& c = model.config();
   const auto tokens =
       static_cast<int32_t>(std::min<int64_t>(max_num_batched_tokens, c.max_position_embeddings - 1));
   const int32_t pages = (tokens + page_size - 1) / page_size;
-  const LatentCache cache({.num_layers = c.num_hidden_layers, .num_pages = pages, .page_size = page_size,
-                           .latent_dim = c.latent_dim()},
-                          model.backend());
+  LatentCacheShape step_shape = shape;
+  step_shape.num_pages = pages;
+  const LatentCache cache(step_shape, model.backend());
   std::vector<int32_t> token_ids(static_cast<size_t>(tokens)), page_ids(static_cast<size_t>(pages));
   for (int32_t pos = 0; pos < tokens; ++pos) {
     token_ids[static_cast<size_t>(pos)] = pos % static_cast<int32_t>(c.vocab_size);
@@ -53,7 +54,7 @@ int64_t latent_cache_pages(const CacheBudget& budget, const LatentCacheShape& sh
   const int64_t page_bytes = shape.bytes_per_page(model.backend().activation_dtype());
   if (budget.num_cache_pages > 0) return budget.num_cache_pages;
   if (!model.backend().memory_info()) return budget.cache_memory_bytes / page_bytes;  // the host's memory
-  profile_largest_step(model, budget.max_num_batched_tokens, shape.page_size);
+  profile_largest_step(model, budget.max_num_batched_tokens, shape);
   const DeviceMemoryInfo mem = *model.backend().memory_info();
   const int64_t used = mem.total_bytes - mem.free_bytes;  // weights, working memory, the CUDA context, other processes
   // Decode graphs: the logits buffer they all write ([max_num_seqs, V] float32) and the arena for a decode step's

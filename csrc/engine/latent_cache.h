@@ -1,5 +1,6 @@
 // The paged latent cache's memory: per layer [num_pages, page_size, kv_lora_rank + rope_dim], on the backend's
-// device, in its activation dtype, and how many pages it gets. Which page holds which tokens is the cache manager's
+// device, in its activation dtype or in the FP8 layout (backend/ops/latent_fp8.h: [num_pages, page_size, row bytes]),
+// and how many pages it gets. Which page holds which tokens is the cache manager's
 // bookkeeping (engine/cache_manager.h); the model only writes and attends the views it is handed.
 #pragma once
 
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/ops/latent_fp8.h"
 #include "core/tensor.h"
 #include "model/deepseek.h"
 
@@ -17,10 +19,18 @@ struct LatentCacheShape {
   int64_t num_layers = 0;
   int32_t num_pages = 0;
   int32_t page_size = 64;
-  int64_t latent_dim = 0;
+  int64_t latent_dim = 0;    // kv_lora_rank + rope_dim
+  int64_t kv_lora_rank = 0;  // where c_kv ends in a row: the FP8 layout's codes
+  bool fp8 = false;          // the FP8 layout (kv_cache_dtype "fp8"), else the activation dtype
 
-  int64_t bytes_per_page(DType dtype) const {
-    return num_layers * page_size * latent_dim * static_cast<int64_t>(dtype_size(dtype));
+  // The cache tensors' dtype and last dimension, for a backend computing in `activation`.
+  DType dtype(DType activation) const { return fp8 ? DType::kF8E4M3 : activation; }
+  int64_t row_elements() const {
+    return fp8 ? LatentFp8Layout{.rank = kv_lora_rank, .rope_dim = latent_dim - kv_lora_rank}.row_bytes()
+               : latent_dim;
+  }
+  int64_t bytes_per_page(DType activation) const {
+    return num_layers * page_size * row_elements() * static_cast<int64_t>(dtype_size(dtype(activation)));
   }
 };
 

@@ -20,9 +20,9 @@ std::vector<float> SequenceScorer::last_logits(std::span<const int32_t> tokens, 
   const ModelConfig& c = loaded_.model->config();
   const int32_t page_size = options_.page_size;
   const int32_t num_pages = (n + page_size - 1) / page_size;
-  LatentCache cache({.num_layers = c.num_hidden_layers, .num_pages = num_pages + 1, .page_size = page_size,
-                     .latent_dim = c.latent_dim()},
-                    loaded_.model->backend());
+  LatentCacheShape shape = engine_cache_shape(options_, c);
+  shape.num_pages = num_pages + 1;
+  LatentCache cache(shape, loaded_.model->backend());
   // Pages in reverse order, so a page-table bug cannot hide behind an identity mapping.
   std::vector<int32_t> pages(static_cast<size_t>(num_pages));
   std::iota(pages.rbegin(), pages.rend(), 1);

@@ -213,6 +213,8 @@ class DeepInferenceEngine:
         options.collective_timeout_s = float(config.collective_timeout_s)
         options.fp8_weights = fp8_weights
         options.fp8_activations = fp8_activations
+        options.kv_cache_dtype = (_deepinfer.KvCacheDtype.auto if config.kv_cache_dtype == "auto"
+                                  else _deepinfer.KvCacheDtype.fp8)
         if self._ranks_from_mpirun(config):
             options.rank_launch = _deepinfer.RankLaunch.mpi
             if _deepinfer.mpi_rank() > 0:

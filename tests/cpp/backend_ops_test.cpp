@@ -15,6 +15,8 @@
 
 #include "backend/backend.h"
 #include "core/counter_rng.h"
+#include "core/fp8.h"
+#include "core/half.h"
 #include "mla_prepare_cases.h"
 #include "moe_cases.h"
 #include "op_test_harness.h"
@@ -464,11 +466,18 @@ struct MlaDims {
 // unused pages and the slots past each context stay NaN after the cache write.
 struct PagedBatch {
   int64_t page_size = 0, num_pages = 0, latent_dim = 0;
+  int64_t rank = 0;   // with fp8: the FP8 layout (ops/latent_fp8.h), c_kv in the first `rank` columns
+  bool fp8 = false;
   int32_t max_pages = 0;
   std::vector<int32_t> context_lens, query_start, page_table;
   std::vector<int32_t> token_start;  // [num_seqs + 1] sequence s's cached tokens: rows of `latents`
   std::vector<int32_t> slots;        // the cache slot of every cached token, in `latents` row order
   std::vector<float> latents;        // [cached tokens, latent_dim]: c_kv | k_pe
+  std::vector<float> cached;         // what the cache keeps of them: latents, or their FP8 values
+
+  // Bytes of one cache row in the FP8 layout: rank codes, a float32 scale per 128, rope bf16, padded to 16.
+  int64_t fp8_row_bytes() const { return (rank + 4 * ((rank + 127) / 128) + 2 * (latent_dim - rank) + 15) / 16 * 16; }
+  int64_t row_elements() const { return fp8 ? fp8_row_bytes() : latent_dim; }
 
   int32_t num_seqs() const { return static_cast<int32_t>(context_lens.size()); }
   int64_t num_queries() const { return query_start.back(); }
@@ -486,9 +495,31 @@ struct PagedBatch {
   }
 };
 
+// The FP8 cache's values of latent rows, written out from its definition (ops/latent_fp8.h): c_kv in groups of 128
+// through e4m3 with the scale 2^ceil(log2(amax / 448)) (1 for an all-zero group), k_pe through bfloat16.
+std::vector<float> fp8_cached_values(std::span<const float> latents, int64_t rank, int64_t dim) {
+  std::vector<float> out(latents.begin(), latents.end());
+  for (size_t row = 0; row * dim < out.size(); ++row) {
+    float* x = out.data() + row * dim;
+    for (int64_t g = 0; g < rank; g += 128) {
+      const int64_t end = std::min(rank, g + 128);
+      double amax = 0.0;
+      for (int64_t i = g; i < end; ++i) amax = std::max(amax, std::fabs(double(x[i])));
+      const double scale = amax > 0.0 ? std::exp2(std::ceil(std::log2(double(float(amax) / 448.0f)))) : 1.0;
+      for (int64_t i = g; i < end; ++i) {
+        x[i] = static_cast<float>(e4m3_to_float(float_to_e4m3(static_cast<float>(x[i] / scale))) * scale);
+      }
+    }
+    for (int64_t i = rank; i < dim; ++i) x[i] = bf16_to_float(float_to_bf16(x[i]));
+  }
+  return out;
+}
+
+// fp8: the cache in the FP8 layout, rank its c_kv columns.
 PagedBatch make_paged_batch(Rng& rng, const std::vector<int32_t>& context_lens, const std::vector<int32_t>& queries,
-                            int64_t page_size, int64_t latent_dim) {
-  PagedBatch b{.page_size = page_size, .latent_dim = latent_dim, .context_lens = context_lens};
+                            int64_t page_size, int64_t latent_dim, bool fp8 = false, int64_t rank = 0) {
+  PagedBatch b{.page_size = page_size, .latent_dim = latent_dim, .rank = rank, .fp8 = fp8,
+               .context_lens = context_lens};
   const int32_t seqs = b.num_seqs();
   int64_t used_pages = 0, max_needed = 0;
   for (int32_t ctx : context_lens) {
@@ -519,27 +550,45 @@ PagedBatch make_paged_batch(Rng& rng, const std::vector<int32_t>& context_lens, 
     b.token_start.push_back(b.token_start.back() + context_lens[s]);
   }
   b.latents = rng.uniform(static_cast<int64_t>(b.slots.size()) * latent_dim);
+  b.cached = fp8 ? fp8_cached_values(b.latents, rank, latent_dim) : b.latents;
   return b;
 }
 
-// The poisoned cache, then this batch's latents written through the backend's mla_cache_write.
+// The poisoned cache (NaN; in the FP8 layout all bytes 0xff, NaN as e4m3, bf16 and float32), then this batch's
+// latents written through the backend's mla_cache_write.
 TensorView write_paged_cache(OpRunner& run, const PagedBatch& b) {
-  const std::vector<float> poison(static_cast<size_t>(b.num_pages * b.page_size * b.latent_dim), kNaN);
-  const TensorView cache =
-      run.upload(HostTensor::f32({b.num_pages, b.page_size, b.latent_dim}, poison), Access::kReadWrite);
+  const Shape shape{b.num_pages, b.page_size, b.row_elements()};
+  TensorView cache;
+  if (b.fp8) {
+    const std::vector<uint8_t> poison(static_cast<size_t>(shape.numel()), 0xff);
+    cache = run.upload(HostTensor::from_raw(shape, DType::kF8E4M3, poison.data()), Access::kReadWrite);
+  } else {
+    const std::vector<float> poison(static_cast<size_t>(shape.numel()), kNaN);
+    cache = run.upload(HostTensor::f32(shape, poison), Access::kReadWrite);
+  }
   const int64_t tokens = static_cast<int64_t>(b.slots.size());
   run.backend().mla_cache_write({.latent = run.upload(HostTensor::f32({tokens, b.latent_dim}, b.latents)),
-                                 .cache = cache, .slot_mapping = run.upload(HostTensor::i32({tokens}, b.slots))});
+                                 .cache = cache, .slot_mapping = run.upload(HostTensor::i32({tokens}, b.slots)),
+                                 .kv_lora_rank = b.rank});
   return cache;
 }
 
-// Cache rows that are entirely NaN after the write: exactly the unused ones, or the poison was not real.
-Output poisoned_rows(OpRunner& run, const TensorView& cache, int64_t latent_dim) {
-  const std::vector<double> c = run.fetch(cache);
+// Cache rows that are entirely poison after the write (NaN; in the FP8 layout 0xff bytes): exactly the unused ones,
+// or the poison was not real.
+Output poisoned_rows(OpRunner& run, const TensorView& cache) {
+  const int64_t row = cache.shape[2];
   int64_t count = 0;
-  for (size_t row = 0; row * latent_dim < c.size(); ++row) {
-    count += std::all_of(c.begin() + row * latent_dim, c.begin() + (row + 1) * latent_dim,
-                         [](double v) { return std::isnan(v); });
+  if (cache.dtype == DType::kF8E4M3) {
+    const HostTensor c = run.download(cache);
+    for (size_t r = 0; r * row < c.bytes.size(); ++r) {
+      count += std::all_of(c.bytes.begin() + r * row, c.bytes.begin() + (r + 1) * row,
+                           [](std::byte v) { return v == std::byte{0xff}; });
+    }
+  } else {
+    const std::vector<double> c = run.fetch(cache);
+    for (size_t r = 0; r * row < c.size(); ++r) {
+      count += std::all_of(c.begin() + r * row, c.begin() + (r + 1) * row, [](double v) { return std::isnan(v); });
+    }
   }
   return {"poisoned_rows", {double(count)}, Compare::kExact};
 }
@@ -558,7 +607,7 @@ NaiveMla naive_mla(const PagedBatch& b, const MlaDims& d, std::span<const float>
                   .latent_out = std::vector<double>(tokens * d.heads * d.rank, 0.0)};
   for (int32_t s = 0; s < b.num_seqs(); ++s) {
     const int64_t ctx = b.context_lens[s], nq = b.query_start[s + 1] - b.query_start[s];
-    const float* lat = b.latents.data() + int64_t(b.token_start[s]) * dim;
+    const float* lat = b.cached.data() + int64_t(b.token_start[s]) * dim;
     std::vector<double> k_nope(ctx * d.heads * d.nope), v(ctx * d.heads * d.v);
     for (int64_t j = 0; j < ctx; ++j) {
       for (int64_t h = 0; h < d.heads; ++h) {
@@ -643,14 +692,76 @@ void add_mla_cache_write(CaseRegistry& r, int64_t num_pages, int64_t page_size, 
          }});
 }
 
+// Latent rows into an FP8 cache: the bytes read back, parsed by the layout's definition (codes, then a float32 scale
+// per 128, then bf16 k_pe), must give the values fp8_cached_values derives, every scale a power of two, and the rows
+// no token wrote still all 0xff.
+void add_mla_cache_write_fp8(CaseRegistry& r, int64_t num_pages, int64_t page_size, int64_t rank, int64_t rope,
+                             int64_t tokens, uint64_t seed) {
+  Rng rng(seed);
+  const int64_t dim = rank + rope;
+  std::vector<float> latent = rng.uniform(tokens * dim, -3.0f, 3.0f);
+  if (tokens > 1) std::fill(latent.begin() + dim, latent.begin() + dim + std::min<int64_t>(rank, 128), 0.0f);  // a zero group
+  std::vector<int32_t> all_slots(static_cast<size_t>(num_pages * page_size));
+  std::iota(all_slots.begin(), all_slots.end(), 0);
+  rng.shuffle(all_slots);
+  const std::vector<int32_t> slots(all_slots.begin(), all_slots.begin() + tokens);
+  const PagedBatch layout{.latent_dim = dim, .rank = rank, .fp8 = true};
+  const int64_t row_bytes = layout.fp8_row_bytes(), groups = (rank + 127) / 128;
+  r.add({.op = OpKind::kMlaCacheWrite,
+         .name = str_cat("mla_cache_write_fp8_", tokens, "_tokens_", num_pages, "x", page_size, "_r", rank, "_p", rope),
+         .run = [=](OpRunner& run) -> Outputs {
+           const Shape shape{num_pages, page_size, row_bytes};
+           const std::vector<uint8_t> poison(static_cast<size_t>(shape.numel()), 0xff);
+           const TensorView cache =
+               run.upload(HostTensor::from_raw(shape, DType::kF8E4M3, poison.data()), Access::kReadWrite);
+           run.backend().mla_cache_write({.latent = run.upload(HostTensor::f32({tokens, dim}, latent)),
+                                          .cache = cache,
+                                          .slot_mapping = run.upload(HostTensor::i32({tokens}, slots)),
+                                          .kv_lora_rank = rank});
+           const HostTensor bytes = run.download(cache);
+           const auto* base = reinterpret_cast<const uint8_t*>(bytes.bytes.data());
+           std::vector<double> values;
+           double non_power_scales = 0.0;
+           for (int64_t t = 0; t < tokens; ++t) {
+             const uint8_t* row = base + static_cast<int64_t>(slots[t]) * row_bytes;
+             for (int64_t i = 0; i < rank; ++i) {
+               float scale;
+               std::memcpy(&scale, row + rank + 4 * (i / 128), 4);
+               values.push_back(double(e4m3_to_float(row[i])) * scale);
+             }
+             for (int64_t g = 0; g < groups; ++g) {
+               float scale;
+               std::memcpy(&scale, row + rank + 4 * g, 4);
+               int exponent = 0;
+               non_power_scales += std::frexp(scale, &exponent) != 0.5f;
+             }
+             for (int64_t i = 0; i < rope; ++i) {
+               uint16_t v;
+               std::memcpy(&v, row + rank + 4 * groups + 2 * i, 2);
+               values.push_back(bf16_to_float(v));
+             }
+           }
+           return {{"values", values, Compare::kExact},
+                   {"non_power_of_two_scales", {non_power_scales}, Compare::kExact},
+                   poisoned_rows(run, cache)};
+         },
+         .naive = [=]() -> Outputs {
+           return {{"values", widen(fp8_cached_values(latent, rank, dim)), Compare::kExact},
+                   {"non_power_of_two_scales", {0.0}, Compare::kExact},
+                   {"poisoned_rows", {double(num_pages * page_size - tokens)}, Compare::kExact}};
+         }});
+}
+
 // The key test of MLA: absorbed decode == naive attention. One query per sequence; q_nope goes to latent space
 // with W_UK (head_linear), mla_decode attends over the shared latent rows, W_UV (head_linear) brings the output
 // back. Also checked: the latent output itself, and mla_prefill on the same queries (the decompressing path).
-void add_mla_decode(CaseRegistry& r, const MlaDims& d, const std::vector<int32_t>& context_lens, uint64_t seed) {
+// fp8: over the FP8 cache, against naive attention over the values it keeps.
+void add_mla_decode(CaseRegistry& r, const MlaDims& d, const std::vector<int32_t>& context_lens, uint64_t seed,
+                    bool fp8 = false) {
   Rng rng(seed);
   const int64_t seqs = static_cast<int64_t>(context_lens.size());
   const PagedBatch b = make_paged_batch(rng, context_lens, std::vector<int32_t>(context_lens.size(), 1), d.page_size,
-                                        d.latent_dim());
+                                        d.latent_dim(), fp8, d.rank);
   const std::vector<float> q = rng.uniform(seqs * d.heads * d.qk_dim());
   const float w_range = static_cast<float>(std::sqrt(3.0 / double(d.rank)));
   const std::vector<float> kv_b = rng.uniform(d.heads * (d.nope + d.v) * d.rank, -w_range, w_range);
@@ -660,7 +771,7 @@ void add_mla_decode(CaseRegistry& r, const MlaDims& d, const std::vector<int32_t
   std::string lens;
   for (int32_t c : context_lens) lens += str_cat("_", c);
   r.add({.op = OpKind::kMlaDecode,
-         .name = str_cat("mla_decode_absorbed_", d.str(), "_ctx", lens),
+         .name = str_cat("mla_decode_absorbed_", d.str(), "_ctx", lens, fp8 ? "_fp8_cache" : ""),
          .run = [=](OpRunner& run) -> Outputs {
            const TensorView cache = write_paged_cache(run, b);
            const AttentionMetadata meta = b.meta(run);
@@ -696,7 +807,7 @@ void add_mla_decode(CaseRegistry& r, const MlaDims& d, const std::vector<int32_t
                    {"out_absorbed", run.fetch(out)},
                    {"out_projected", run.fetch(out_projected)},
                    {"out_prefill", run.fetch(out_prefill)},
-                   poisoned_rows(run, cache, d.latent_dim())};
+                   poisoned_rows(run, cache)};
          },
          .naive = [=]() -> Outputs {
            const NaiveMla n = naive_mla(b, d, q, kv_b, scale);
@@ -710,9 +821,9 @@ void add_mla_decode(CaseRegistry& r, const MlaDims& d, const std::vector<int32_t
 
 // Prefill and chunked prefill: sequence s has queries[s] new tokens at the end of context_lens[s] cached ones.
 void add_mla_prefill(CaseRegistry& r, const MlaDims& d, const std::vector<int32_t>& context_lens,
-                     const std::vector<int32_t>& queries, uint64_t seed) {
+                     const std::vector<int32_t>& queries, uint64_t seed, bool fp8 = false) {
   Rng rng(seed);
-  const PagedBatch b = make_paged_batch(rng, context_lens, queries, d.page_size, d.latent_dim());
+  const PagedBatch b = make_paged_batch(rng, context_lens, queries, d.page_size, d.latent_dim(), fp8, d.rank);
   const int64_t tokens = b.num_queries();
   const std::vector<float> q = rng.uniform(tokens * d.heads * d.qk_dim());
   const float w_range = static_cast<float>(std::sqrt(3.0 / double(d.rank)));
@@ -721,7 +832,7 @@ void add_mla_prefill(CaseRegistry& r, const MlaDims& d, const std::vector<int32_
   std::string lens;
   for (size_t s = 0; s < context_lens.size(); ++s) lens += str_cat("_", queries[s], "of", context_lens[s]);
   r.add({.op = OpKind::kMlaPrefill,
-         .name = str_cat("mla_prefill_", d.str(), "_q", lens),
+         .name = str_cat("mla_prefill_", d.str(), "_q", lens, fp8 ? "_fp8_cache" : ""),
          .run = [=](OpRunner& run) -> Outputs {
            const TensorView cache = write_paged_cache(run, b);
            const TensorView out = run.output({tokens, d.heads, d.v}, DType::kF32);
@@ -730,7 +841,7 @@ void add_mla_prefill(CaseRegistry& r, const MlaDims& d, const std::vector<int32_
                                       .kv_b = run.upload(HostTensor::f32({d.heads * (d.nope + d.v), d.rank}, kv_b)),
                                       .out = out, .meta = b.meta(run), .kv_lora_rank = d.rank,
                                       .qk_nope_head_dim = d.nope, .v_head_dim = d.v, .softmax_scale = scale});
-           return {{"out", run.fetch(out)}, poisoned_rows(run, cache, d.latent_dim())};
+           return {{"out", run.fetch(out)}, poisoned_rows(run, cache)};
          },
          .naive = [=]() -> Outputs {
            return {{"out", naive_mla(b, d, q, kv_b, scale).out},
@@ -887,6 +998,11 @@ CaseRegistry build_registry() {
   add_mla_cache_write(r, 7, 4, 10, 9, 80);
   add_mla_cache_write(r, 3, 5, 6, 0, 81);
   add_mla_cache_write(r, 2, 1, 3, 2, 82);
+  // The FP8 layout: DeepSeek's dims, a rank under one group, and one whose last group is partial.
+  add_mla_cache_write_fp8(r, 5, 64, 512, 64, 100, 83);
+  add_mla_cache_write_fp8(r, 3, 5, 16, 8, 7, 84);
+  add_mla_cache_write_fp8(r, 4, 3, 200, 6, 11, 85);
+  add_mla_cache_write_fp8(r, 2, 1, 8, 4, 0, 86);
   // mla_prepare (norm, both ropes, cache write, q_abs rope columns) against its formula, at the shapes the CUDA
   // tests run; and the arguments it rejects
   add_mla_prepare_cases(r, DType::kF32, 1e-5, 200);
@@ -900,6 +1016,12 @@ CaseRegistry build_registry() {
   add_mla_decode(r, {.heads = 16, .rank = 512, .rope = 64, .nope = 128, .v = 128, .page_size = 64}, {1, 64, 65, 130},
                  93);
   add_mla_decode(r, {.heads = 4, .rank = 24, .rope = 8, .nope = 16, .v = 8, .page_size = 3}, {}, 94);
+  // Over the FP8 cache (against naive attention over the values it keeps): a partial group, DeepSeek's dims.
+  add_mla_decode(r, {.heads = 3, .rank = 16, .rope = 8, .nope = 8, .v = 12, .page_size = 4}, {1, 4, 5, 11, 23}, 95,
+                 true);
+  add_mla_decode(r, {.heads = 2, .rank = 200, .rope = 8, .nope = 8, .v = 12, .page_size = 7}, {1, 9, 30}, 96, true);
+  add_mla_decode(r, {.heads = 16, .rank = 512, .rope = 64, .nope = 128, .v = 128, .page_size = 64}, {1, 64, 65, 130},
+                 97, true);
   add_mla_prefill(r, {.heads = 3, .rank = 16, .rope = 8, .nope = 8, .v = 12, .page_size = 4},
                   {1, 5, 11, 9, 23, 4}, {1, 5, 3, 0, 23, 1}, 100);
   add_mla_prefill(r, {.heads = 4, .rank = 64, .rope = 32, .nope = 32, .v = 24, .page_size = 16}, {40, 33, 16},
@@ -908,6 +1030,10 @@ CaseRegistry build_registry() {
                   {70, 9}, 102);
   add_mla_prefill(r, {.heads = 1, .rank = 8, .rope = 4, .nope = 4, .v = 4, .page_size = 1}, {3, 1}, {2, 1}, 103);
   add_mla_prefill(r, {.heads = 2, .rank = 8, .rope = 4, .nope = 4, .v = 4, .page_size = 2}, {}, {}, 104);
+  add_mla_prefill(r, {.heads = 3, .rank = 16, .rope = 8, .nope = 8, .v = 12, .page_size = 4},
+                  {1, 5, 11, 9, 23, 4}, {1, 5, 3, 0, 23, 1}, 105, true);
+  add_mla_prefill(r, {.heads = 2, .rank = 512, .rope = 64, .nope = 128, .v = 128, .page_size = 64}, {70, 65},
+                  {70, 9}, 106, true);
   add_mla_bad_meta(r, OpKind::kMlaDecode, BadMeta::kPageTooLarge, 110);
   add_mla_bad_meta(r, OpKind::kMlaDecode, BadMeta::kPageNegative, 111);
   add_mla_bad_meta(r, OpKind::kMlaDecode, BadMeta::kTwoQueries, 112);

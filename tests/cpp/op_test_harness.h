@@ -30,6 +30,7 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
+#include "core/fp8.h"
 #include "core/half.h"
 #include "core/tensor.h"
 
@@ -90,6 +91,7 @@ struct HostTensor {
           out[i] = v;
           break;
         }
+        case DType::kF8E4M3: out[i] = e4m3_to_float(static_cast<uint8_t>(bytes[i])); break;
         default: DI_CHECK(false, "to_double: unsupported dtype ", dtype_name(dtype));
       }
     }

@@ -254,7 +254,3 @@ def test_unsupported_dtype(checkpoints, tmp_path):
         engine_for(d)
 
 
-@pytest.mark.parametrize("value, match", [("fp8", "not supported yet"), ("int8", "kv_cache_dtype must be")])
-def test_kv_cache_dtype_other_than_auto_fails_before_loading(value, match):
-    with pytest.raises(ValueError, match=match):
-        EngineConfig(kv_cache_dtype=value)

@@ -2,6 +2,9 @@
 //
 // Cache layout, one layer: [num_pages, page_size, latent_dim] with latent_dim = kv_lora_rank + rope_dim; a token's
 // row holds the normalized c_kv (kv_a_layernorm output) followed by its rotated k_pe. Nothing else is cached.
+// The cache is in the activation dtype, or (dtype kF8E4M3) in the FP8 layout of backend/ops/latent_fp8.h:
+// [num_pages, page_size, row_bytes], e4m3 c_kv with power-of-two scales and bf16 k_pe. Every op below takes either;
+// an op writing the FP8 cache quantizes, one reading it widens the row to the values quantization kept.
 #pragma once
 
 #include <cstdint>
@@ -15,8 +18,9 @@ namespace deepinfer {
 // cache[slot / page_size, slot % page_size, :] = latent[t, :] for every token t.
 struct MlaCacheWriteArgs {
   ConstTensorView latent;        // [T, latent_dim]
-  TensorView cache;              // [num_pages, page_size, latent_dim]
+  TensorView cache;              // [num_pages, page_size, latent_dim], or the FP8 layout's row bytes
   ConstTensorView slot_mapping;  // [T] int32, each in [0, num_pages * page_size)
+  int64_t kv_lora_rank = 0;      // where c_kv ends in a latent row: needed by an FP8 cache only
   void validate() const;
 };
 
