@@ -75,17 +75,19 @@ def shape_config(name: str, v3_layers: int = V3_SLICE_LAYERS) -> dict:
 SHAPE_NAMES = ("v2-lite", "v3-slice", "smoke")
 
 
-def step_bytes(c: dict, batch: int, context: int, fp8: bool = False) -> tuple[float, float]:
+def step_bytes(c: dict, batch: int, context: int, fp8: bool = False, fp8_cache: bool = False) -> tuple[float, float]:
     """(weight bytes, latent-cache bytes) one decode step of `batch` sequences of `context` tokens must read.
 
     Weights: every layer's MLA projections (q or q_a/q_b, kv_a, kv_b, o), the dense MLPs of the first layers,
     per MoE layer the router, the shared experts and min(E, batch x top_k) routed experts (an upper bound on the
     distinct experts a step touches), and lm_head. Not counted: the embedding rows (batch x hidden) and the norms.
-    Cache: batch x context tokens x (kv_lora_rank + qk_rope_head_dim) values per layer.
+    Cache: batch x context tokens x (kv_lora_rank + qk_rope_head_dim) bf16 values per layer, or with `fp8_cache` the
+    FP8 layout's row (latent_fp8_row_bytes: 656 bytes at DeepSeek's dims).
     Weights are bf16, or with `fp8` the linear layers' e4m3 codes and float32 scales (one per 128 x 128 block): every
     projection but kv_b_proj (which, with the router and lm_head, stays bf16).
     """
-    return _step_bytes(c, batch, context, min(c["n_routed_experts"], batch * c["num_experts_per_tok"]), fp8)
+    return _step_bytes(c, batch, context, min(c["n_routed_experts"], batch * c["num_experts_per_tok"]), fp8,
+                       fp8_cache)
 
 
 def expected_active_experts(c: dict, batch: int) -> float:
@@ -95,15 +97,23 @@ def expected_active_experts(c: dict, batch: int) -> float:
     return e * (1.0 - (1.0 - k / e) ** batch)
 
 
-def step_bytes_expected(c: dict, batch: int, context: int, fp8: bool = False) -> tuple[float, float]:
+def step_bytes_expected(c: dict, batch: int, context: int, fp8: bool = False,
+                        fp8_cache: bool = False) -> tuple[float, float]:
     """step_bytes with the expected number of distinct experts instead of the upper bound min(E, batch x k)."""
-    return _step_bytes(c, batch, context, expected_active_experts(c, batch), fp8)
+    return _step_bytes(c, batch, context, expected_active_experts(c, batch), fp8, fp8_cache)
+
+
+def latent_fp8_row_bytes(rank: int, rope: int) -> int:
+    """A token's row of one layer in the FP8 latent cache: e4m3 codes, a float32 scale per 128, bf16 rope values,
+    padded to 16 bytes (csrc/backend/ops/latent_fp8.h)."""
+    return (rank + 4 * -(-rank // 128) + 2 * rope + 15) // 16 * 16
 
 
 FP8_BYTES_PER_WEIGHT = 1.0 + 4.0 / (128 * 128)  # a code, and a share of its block's float32 scale
 
 
-def _step_bytes(c: dict, batch: int, context: int, experts: float, fp8: bool = False) -> tuple[float, float]:
+def _step_bytes(c: dict, batch: int, context: int, experts: float, fp8: bool = False,
+                fp8_cache: bool = False) -> tuple[float, float]:
     d, layers = c["hidden_size"], c["num_hidden_layers"]
     h, rank, rope, nope, v = (c["num_attention_heads"], c["kv_lora_rank"], c["qk_rope_head_dim"],
                               c["qk_nope_head_dim"], c["v_head_dim"])
@@ -118,8 +128,8 @@ def _step_bytes(c: dict, batch: int, context: int, experts: float, fp8: bool = F
     moe_layers = layers - dense_layers
     linear = layers * linear_attn + dense_layers * dense_mlp + moe_layers * experts_ffn
     wide = layers * kv_b + moe_layers * router + c["vocab_size"] * d
-    cache = batch * context * (rank + rope) * layers
-    return (FP8_BYTES_PER_WEIGHT if fp8 else 2.0) * linear + 2.0 * wide, 2.0 * cache  # bf16 cache
+    row = latent_fp8_row_bytes(rank, rope) if fp8_cache else 2 * (rank + rope)
+    return (FP8_BYTES_PER_WEIGHT if fp8 else 2.0) * linear + 2.0 * wide, float(batch * context * row * layers)
 
 
 def parameter_count(c: dict) -> int:

@@ -85,6 +85,8 @@ def parse_args(argv=None):
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--quantization", default="none", choices=["none", "fp8"],
                     help="fp8: linear layers quantized to block-scaled FP8 at load (the roofline counts their bytes)")
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
+                    help="fp8: the FP8 latent cache (the roofline counts its bytes)")
     ap.add_argument("--budget-s", type=float, default=0.0, help="start no case after this many seconds (0: no limit)")
     ap.add_argument("--floors", type=Path, default=None, help="floors.json (default OUT/floors.json)")
     ap.add_argument("--copy-gbps", type=float, default=DEFAULT_COPY_GBPS, help="when floors.json is missing")
@@ -213,9 +215,9 @@ def decode_case(engine, c: dict, args, batch: int, context: int, rng, deadline: 
     if res["status"] == "ok":
         mid = context + max_tokens // 2
         copy_gbps = args.copy_gbps_used
-        fp8 = args.quantization == "fp8"
-        wb, cb = step_bytes(c, batch, mid, fp8)
-        we, _ = step_bytes_expected(c, batch, mid, fp8)
+        fp8, fp8_cache = args.quantization == "fp8", args.kv_cache_dtype == "fp8"
+        wb, cb = step_bytes(c, batch, mid, fp8, fp8_cache)
+        we, _ = step_bytes_expected(c, batch, mid, fp8, fp8_cache)
         row.update({"floor_ms_per_step": (wb + cb) / (copy_gbps * 1e9) * 1e3,
                     "floor_ms_per_step_expected_experts": (we + cb) / (copy_gbps * 1e9) * 1e3,
                     "weight_bytes_per_step": wb, "weight_bytes_per_step_expected_experts": we,
@@ -310,7 +312,8 @@ def run_mode(name: str, c: dict, model_dir: Path, mode: str, args, result: dict,
                        max_model_len=max_len, max_num_seqs=max(args.batches + ([256] if sharegpt else [])),
                        max_num_batched_tokens=args.max_num_batched_tokens,
                        gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=mode == "eager",
-                       quantization=None if args.quantization == "none" else args.quantization)
+                       quantization=None if args.quantization == "none" else args.quantization,
+                       kv_cache_dtype=args.kv_cache_dtype)
     if out_of_time():
         entry["status"] = "skipped: time budget (not loaded)"
         save()
@@ -443,7 +446,8 @@ def render_markdown(result: dict) -> str:
              f"{result.get('date')})", "", f"Command: `{result.get('command')}`", "",
              f"Copy bandwidth for the floors: {result.get('copy_gbps_used', 0):,.0f} GB/s "
              f"({result.get('copy_gbps_source')}); "
-             f"HF baseline: {hf_source_text(result.get('hf_baseline_source'))}.", ""]
+             f"HF baseline: {hf_source_text(result.get('hf_baseline_source'))}.", "",
+             f"Weights: {result.get('quantization', 'none')}; latent cache: {result.get('kv_cache_dtype', 'auto')}.", ""]
     for name, shape in result.get("shapes", {}).items():
         c = shape.get("config", {})
         lines += [f"## {name}: {c.get('num_hidden_layers')} layers, "
@@ -541,6 +545,7 @@ def main(argv=None) -> int:
     result: dict = {"what": "DeepInfer engine, random weights (load_format=dummy): decode vs roofline, TTFT, "
                             "ShareGPT offline throughput", **run_metadata(), "device": args.device,
                     "quantization": args.quantization,
+                    "kv_cache_dtype": args.kv_cache_dtype,
                     "copy_gbps_used": args.copy_gbps_used,
                     "copy_gbps_source": "floors.json of this run" if floors.get("copy_gbps") else
                     f"--copy-gbps {args.copy_gbps} (no floors.json)",

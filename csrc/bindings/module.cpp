@@ -206,6 +206,8 @@ NB_MODULE(_deepinfer, m) {
       .def_prop_ro("model_config", &Engine::model_config, nb::rv_policy::reference_internal)
       .def_prop_ro("max_model_len", &Engine::max_model_len)
       .def_prop_ro("weight_bytes", &Engine::weight_bytes)
+      .def_prop_ro("cache_dtype", &Engine::cache_dtype)
+      .def_prop_ro("cache_bytes_per_token", &Engine::cache_bytes_per_token)
       .def("add_request", &Engine::add_request, "request_id"_a, "prompt_token_ids"_a, "params"_a,
            "Queues a request; raises ValueError when it cannot be served.")
       .def("abort", &Engine::abort, "request_id"_a)

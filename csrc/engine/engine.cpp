@@ -186,6 +186,15 @@ std::vector<std::pair<std::string, int64_t>> Engine::weight_bytes() const {
   return out;
 }
 
+std::string Engine::cache_dtype() const {
+  return std::string(dtype_name(cache_.shape().dtype(backend_->activation_dtype())));
+}
+
+int64_t Engine::cache_bytes_per_token() const {
+  const LatentCacheShape& shape = cache_.shape();
+  return shape.bytes_per_page(backend_->activation_dtype()) / shape.page_size;
+}
+
 Engine::Engine(EngineOptions options, std::unique_ptr<Ranks> ranks, LoadedModel loaded, const EngineCachePlan& plan,
                SchedulerConfig scheduler_config)
     : options_(std::move(options)),

@@ -142,6 +142,10 @@ class Engine {
   std::vector<std::pair<std::string, int64_t>> weight_bytes() const;
   const EngineOptions& options() const { return options_; }
   int32_t max_model_len() const { return scheduler_config_.max_model_len; }
+  // The latent cache's dtype name ("bfloat16", "float32", or "float8_e4m3fn" for the FP8 layout) and the bytes one
+  // token takes in it, over all layers.
+  std::string cache_dtype() const;
+  int64_t cache_bytes_per_token() const;
 
   // Validates and queues a request; throws InvalidArgument (and changes nothing) when it cannot be served.
   void add_request(uint64_t id, std::vector<int32_t> prompt_token_ids, SamplingParams params);

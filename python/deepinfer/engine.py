@@ -226,6 +226,9 @@ class DeepInferenceEngine:
         logger.info("resident weights: %s", ", ".join(f"{dtype} {n / (1 << 30):.2f} GiB"
                                                       for dtype, n in self.weight_bytes.items()))
         self._max_model_len = self._core.max_model_len
+        self.cache_info = {"dtype": self._core.cache_dtype, "bytes_per_token": self._core.cache_bytes_per_token}
+        logger.info("latent cache: %s, %d bytes a token (all layers), %s tokens", self.cache_info["dtype"],
+                    self.cache_info["bytes_per_token"], f"{self._core.stats().num_cache_pages * config.page_size:,}")
         self._final_stats = None
 
         self._ids = itertools.count()

@@ -123,16 +123,26 @@ def test_fp8_cache_greedy_with_preemption_and_prefix_caching_matches_transformer
 
 def test_fp8_cache_holds_more_tokens_in_the_same_memory(checkpoints):
     """Same cache budget: pages scale with the row size (float32 on the CPU: 56 values x 4 bytes; FP8: 40 codes, one
-    scale, 16 bf16 rope values, padded to 80 bytes)."""
+    scale, 16 bf16 rope values, padded to 80 bytes), and the engine and /metrics report the cache's dtype and bytes."""
+    from deepinfer.server.metrics import ServerMetrics
+
     path = checkpoints["v3"]
-    pages = {}
+    pages, info = {}, {}
     for dtype in ("auto", "fp8"):
         engine = DeepInferenceEngine(EngineConfig(model_name_or_path=str(path), kv_cache_dtype=dtype,
                                                   cache_memory_gb=0.01, max_model_len=256))
         try:
             pages[dtype] = engine.stats().num_cache_pages
+            info[dtype] = engine.cache_info
+            metrics = ServerMetrics(engine, "m").render().decode()
         finally:
             engine.shutdown()
+        row = f'deepinfer_cache_bytes_per_token{{dtype="{info[dtype]["dtype"]}",model_name="m"}} ' \
+              f'{float(info[dtype]["bytes_per_token"])}'
+        assert row in metrics
+    layers = 3
+    assert info == {"auto": {"dtype": "float32", "bytes_per_token": 224 * layers},
+                    "fp8": {"dtype": "float8_e4m3fn", "bytes_per_token": 80 * layers}}
     assert pages["fp8"] == pytest.approx(pages["auto"] * 224 / 80, rel=0.01)
 
 

@@ -76,6 +76,12 @@ class _EngineCollector:
         for dtype, n in getattr(self._engine, "weight_bytes", {}).items():
             weights.add_metric(values + [dtype], n)
         yield weights
+        cache = getattr(self._engine, "cache_info", None)
+        if cache is not None:
+            row = GaugeMetricFamily("deepinfer_cache_bytes_per_token", "Bytes one token takes in the latent cache, "
+                                    "all layers, by the cache's dtype.", labels=names + ["dtype"])
+            row.add_metric(values + [cache["dtype"]], cache["bytes_per_token"])
+            yield row
 
 
 class ServerMetrics:
