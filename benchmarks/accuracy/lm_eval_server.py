@@ -1,6 +1,7 @@
 """The second perplexity measurement: lm-evaluation-harness's loglikelihood_rolling through `deepinfer serve`.
 
-For one quantization: start `deepinfer serve` (the demo model, on the CPU, at a free loopback port), wait until it
+For one configuration (its `deepinfer serve` flags: the weights' quantization, the latent cache's dtype): start
+`deepinfer serve` with them (the demo model, on the CPU, at a free loopback port), wait until it
 answers /health, run `lm_eval run --model local-completions` with tasks/deepinfer_demo_heldout.yaml over the held-out
 text, stop the server, and read back the total loglikelihood lm-eval summed over the document. lm-eval reports word
 and byte perplexity only; the token perplexity is exp(-loglikelihood / tokens) with the engine measurement's token
@@ -39,13 +40,13 @@ def _get_json(url: str, timeout: float = 5.0):
 
 
 @contextlib.contextmanager
-def served(quantization: str | None, max_model_len: int, log_path: Path, start_timeout_s: float = 300.0):
-    """A running `deepinfer serve` of the demo model; yields (base URL, served model name); always stopped after."""
+def served(server_args: list[str], max_model_len: int, log_path: Path, start_timeout_s: float = 300.0):
+    """A running `deepinfer serve` of the demo model with ``server_args`` added; yields (base URL, served model name,
+    the command); always stopped after."""
     port = free_port()
     cmd = [sys.executable, "-m", "deepinfer.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--device", "cpu", "--max-model-len", str(max_model_len), "--log-level", "warning", "--no-access-log"]
-    if quantization:
-        cmd += ["--quantization", quantization]
+           "--device", "cpu", "--max-model-len", str(max_model_len), "--log-level", "warning", "--no-access-log",
+           *server_args]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
         server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -114,14 +115,14 @@ def read_results(output_path: Path) -> dict:
     }
 
 
-def measure(quantization: str | None, text: str, tokens: int, window: int, tokenizer_dir: Path, work: Path,
-            lm_eval_python: str, timeout_s: float) -> dict:
-    """One lm-eval run through a fresh server; the token perplexity over ``tokens`` tokens."""
-    label = quantization or "none"
+def measure(label: str, server_args: list[str], text: str, tokens: int, window: int, tokenizer_dir: Path,
+            work: Path, lm_eval_python: str, timeout_s: float) -> dict:
+    """One lm-eval run through a fresh server started with ``server_args``, its files under work/label; the token
+    perplexity over ``tokens`` tokens."""
     run_dir = work / label
     write_dataset(text, run_dir)
     max_length = window + 1  # local-completions keeps one position for the generated token
-    with served(quantization, max_length, run_dir / "server.log") as (base_url, model, server_cmd):
+    with served(server_args, max_length, run_dir / "server.log") as (base_url, model, server_cmd):
         cmd = lm_eval_command(lm_eval_python, base_url, model, tokenizer_dir, max_length, run_dir / "lm_eval_out")
         env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                    HF_DATASETS_CACHE=str(run_dir / "hf_datasets_cache"))
@@ -137,7 +138,7 @@ def measure(quantization: str | None, text: str, tokens: int, window: int, token
     names = {base_url: "http://127.0.0.1:PORT", str(tokenizer_dir): "DEMO_MODEL_DIR", str(run_dir): "OUT",
              str(TASKS_DIR): "benchmarks/accuracy/tasks", lm_eval_python: "python",
              f"--port {base_url.rsplit(':', 1)[1]}": "--port PORT"}
-    res.update(quantization=quantization, tokens=tokens, max_length=max_length, nats_per_token=nats,
+    res.update(tokens=tokens, max_length=max_length, nats_per_token=nats,
                perplexity=math.exp(nats), seconds=round(seconds, 1),
                server_command=_named(["deepinfer", "serve"] + server_cmd[4:], names),
                lm_eval_command=_named(cmd, names))

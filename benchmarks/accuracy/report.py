@@ -2,21 +2,39 @@
 
 from __future__ import annotations
 
-FP8_TARGET_PERCENT = 1.0        # FP8 weights: at most +1% perplexity
-AGREEMENT_TARGET_PERCENT = 0.1  # the two measurements: within 0.1% of each other
-
-LABELS = {"none": "own (bf16 file, fp32 compute)", "fp8": "FP8 (block-scaled e4m3, 128x128)"}
+WEIGHTS = {None: "own (bf16 file, fp32 compute)", "fp8": "FP8 (block-scaled e4m3, 128x128)"}
+CACHES = {"auto": "fp32 (the compute dtype)", "fp8": "FP8 (e4m3 c_kv, 2^k scale per 128; bf16 k_pe)"}
+SOURCES = (("engine", "engine prompt_logprobs"), ("lm_eval", "lm-eval via deepinfer serve"))
 
 
 def _verdict(ok: bool) -> str:
     return "met" if ok else "missed"
 
 
+def _labels(r: dict, key: str) -> tuple[str, str]:
+    """A configuration's weights and latent cache, in words."""
+    c = r["configurations"][key]
+    return WEIGHTS.get(c["quantization"], str(c["quantization"])), CACHES.get(c["kv_cache_dtype"], c["kv_cache_dtype"])
+
+
+def _cells(r: dict, key: str) -> str:
+    """A configuration's weights and latent cache table cells."""
+    return " | ".join(_labels(r, key))
+
+
+def _named(r: dict, key: str) -> str:
+    """A configuration in short: "FP8 weights, fp32 cache" (each label's first word)."""
+    weights, cache = (label.split(" ")[0] for label in _labels(r, key))
+    return f"{weights} weights, {cache} cache"
+
+
 def render_markdown(r: dict) -> str:
     engine, lm_eval = r["engine"], r["lm_eval"]
     d = r["data"]
+    pages = {CACHES.get(run["kv_cache_dtype"], run["kv_cache_dtype"]).split(" ")[0]: run["cache_pages"]
+             for run in engine.values()}
     lines = [
-        "# FP8 weights: perplexity of the embedded demo model on its held-out text",
+        "# FP8 weights and FP8 latent cache: perplexity of the embedded demo model on its held-out text",
         "",
         f"- Date (UTC): {r['date_utc']}; commit {r['commit']}; machine: {r['machine']} ({r['platform']})",
         f"- Command: `{r['command']}`",
@@ -28,6 +46,11 @@ def render_markdown(r: dict) -> str:
         f"{r['window'] - 1} tokens; each later one starts with the token before it (conditioning only) and predicts "
         f"the next {r['window'] - 1}; the last is right-aligned to the end of the text, its earlier tokens context only.",
         "- Engine: `SamplingParams(prompt_logprobs=0, max_tokens=0)`, the scored tokens' own logprobs summed.",
+        "- Configurations: the weights (`quantization`: the file's own, or `fp8`) and the latent cache "
+        "(`kv_cache_dtype`: `auto`, on the CPU fp32, or `fp8`: c_kv in e4m3 with a power-of-two float32 scale per 128 "
+        "values, k_pe in bf16, widened to fp32 as attention reads them). The prefill attends over the cached latents "
+        "too, so every scored token sees the cache's values. The engine's cache at its default memory: "
+        + ", ".join(f"{n:,} pages ({cache})" for cache, n in pages.items()) + ".",
     ]
     if lm_eval:
         one = next(iter(lm_eval.values()))
@@ -38,39 +61,48 @@ def render_markdown(r: dict) -> str:
             "lm-eval reports word and byte perplexity; the token perplexity below is exp(-loglikelihood / tokens), "
             "its summed loglikelihood over the same token count.",
         ]
-    lines += ["", "| weights | measurement | perplexity | nats/token | tokens | delta vs own weights |",
-              "|---|---|---:|---:|---:|---:|"]
-    for source, runs in (("engine prompt_logprobs", engine), ("lm-eval via deepinfer serve", lm_eval)):
-        for q, run in runs.items():
-            base = runs.get("none")
-            delta = "–" if q == "none" or base is None else f"{100 * (run['perplexity'] / base['perplexity'] - 1):+.3f}%"
-            lines.append(f"| {LABELS.get(q, q)} | {source} | {run['perplexity']:.4f} | {run['nats_per_token']:.6f} | "
+    first = next(iter(r["configurations"]))
+    lines += ["", "| weights | latent cache | measurement | perplexity | nats/token | tokens | "
+              f"delta vs {_named(r, first)} |", "|---|---|---|---:|---:|---:|---:|"]
+    for source, name in SOURCES:
+        runs = r[source]
+        for key, run in runs.items():
+            delta = "–" if key == first else f"{100 * (run['perplexity'] / runs[first]['perplexity'] - 1):+.3f}%"
+            lines.append(f"| {_cells(r, key)} | {name} | {run['perplexity']:.4f} | {run['nats_per_token']:.6f} | "
                          f"{run['tokens']:,} | {delta} |")
+    sources = [(source, name) for source, name in SOURCES if r[source]]
+    lines += ["", "## Deltas", "", "| change | configuration | against | "
+              + " | ".join(name for _, name in sources) + " |", "|---|---|---|" + "---:|" * len(sources)]
+    for c in r["comparisons"]:
+        lines.append(f"| {c['what']} | {_named(r, c['configuration'])} | {_named(r, c['baseline'])} | "
+                     + " | ".join(f"{c[f'{source}_delta_percent']:+.3f}%" for source, _ in sources) + " |")
     lines += ["", "## Targets", "", "| target | figure | status |", "|---|---|---|"]
-    for source in ("engine", "lm_eval"):
-        key = f"{source}_fp8_delta_percent"
-        if key in r:
-            lines.append(f"| FP8 weights <= +{FP8_TARGET_PERCENT:g}% perplexity ({source.replace('_', '-')}) | "
-                         f"{r[key]:+.3f}% | {_verdict(r[key] <= FP8_TARGET_PERCENT)} |")
-    for q, gap in r.get("agreement_percent", {}).items():
-        lines.append(f"| engine and lm-eval agree to {AGREEMENT_TARGET_PERCENT:g}% ({LABELS.get(q, q)}) | "
-                     f"lm-eval {gap:+.2e}% of the engine | {_verdict(abs(gap) <= AGREEMENT_TARGET_PERCENT)} |")
+    for c in r["comparisons"]:
+        if c["target_percent"] is None:
+            continue
+        for source, _ in sources:
+            delta = c[f"{source}_delta_percent"]
+            lines.append(f"| {c['what']}: <= +{c['target_percent']:g}% perplexity over {_named(r, c['baseline'])} "
+                         f"({source.replace('_', '-')}) | {delta:+.3f}% | {_verdict(delta <= c['target_percent'])} |")
+    for key, gap in r.get("agreement_percent", {}).items():
+        lines.append(f"| engine and lm-eval agree to {r['agreement_target_percent']:g}% ({_named(r, key)}) | "
+                     f"lm-eval {gap:+.2e}% of the engine | {_verdict(abs(gap) <= r['agreement_target_percent'])} |")
     if lm_eval:
         lines += ["", "## lm-eval's own metrics", "",
-                  "| weights | loglikelihood | word perplexity | byte perplexity | bits per byte | words | seconds |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
-        for q, run in lm_eval.items():
-            lines.append(f"| {LABELS.get(q, q)} | {run['loglikelihood']:.3f} | {run['word_perplexity']:.4f} | "
+                  "| weights | latent cache | loglikelihood | word perplexity | byte perplexity | bits per byte | "
+                  "words | seconds |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+        for key, run in lm_eval.items():
+            lines.append(f"| {_cells(r, key)} | {run['loglikelihood']:.3f} | {run['word_perplexity']:.4f} | "
                          f"{run['byte_perplexity']:.6f} | {run['bits_per_byte']:.6f} | {run['words']:,} | "
                          f"{run['seconds']} |")
     lines += ["", "## The training report's window cut", "",
               "tools/train_demo_model.py scores windows of "
               f"{r['window'] - 1} tokens each after its own BOS (no token of the text before it). The engine on that "
               "cut, as a check against `demo_model_training.md` (test perplexity 108.24):", "",
-              "| weights | perplexity (report windows) |", "|---|---:|"]
-    for q, run in engine.items():
-        lines.append(f"| {LABELS.get(q, q)} | {run['report_windows_perplexity']:.4f} |")
-    own = engine.get("none")
+              "| weights | latent cache | perplexity (report windows) |", "|---|---|---:|"]
+    for key, run in engine.items():
+        lines.append(f"| {_cells(r, key)} | {run['report_windows_perplexity']:.4f} |")
+    own = engine.get(first)
     if own:
         gap = 100 * (own["perplexity"] / own["report_windows_perplexity"] - 1)
         lines += ["", f"The rolling windows score {gap:+.2f}% above that cut. Their windows after the first begin with a "
