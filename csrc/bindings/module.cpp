@@ -52,6 +52,19 @@ int visible_cuda_devices() {
 #endif
 }
 
+// (free, total) bytes of CUDA device `index` now: what the engine checks a deployment against before loading.
+std::pair<int64_t, int64_t> cuda_device_memory(int index) {
+  const int visible = visible_cuda_devices();
+  DI_CHECK_ARG(index >= 0 && index < visible, "CUDA device ", index, " is not visible (", visible,
+               " visible; a build without the CUDA backend sees none)");
+#ifdef DEEPINFER_HAVE_CUDA
+  const cuda::DeviceMemory mem = cuda::device_memory(index);
+  return {mem.free_bytes, mem.total_bytes};
+#else
+  return {0, 0};  // not reached: no device is visible
+#endif
+}
+
 }  // namespace
 }  // namespace deepinfer
 
@@ -151,6 +164,8 @@ NB_MODULE(_deepinfer, m) {
       .def_prop_ro("fp8", [](const ModelConfig& c) { return c.fp8.enabled; });
   m.def("cuda_device_count", &visible_cuda_devices,
         "CUDA devices this build can use: 0 without the CUDA backend or without a GPU.");
+  m.def("cuda_device_memory", &cuda_device_memory, "index"_a,
+        "(free, total) bytes of CUDA device `index` now; ValueError when it is not visible.");
   m.def("load_model_config", [](const std::string& path) { return load_model_config(path); }, "model_dir"_a);
 
   nb::class_<TokenLogprob>(m, "TokenLogprob")

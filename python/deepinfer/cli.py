@@ -1,4 +1,4 @@
-"""The `deepinfer` command: generate, chat, serve, bench."""
+"""The `deepinfer` command: generate, chat, plan, serve, bench."""
 
 from __future__ import annotations
 
@@ -124,7 +124,15 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+# Commands that need none of the server modules: when one of them runs, serve and bench are listed without
+# importing theirs (the HTTP stack), which would double the start-up of `deepinfer plan`.
+_LIGHT_COMMANDS = ("generate", "chat", "plan")
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; with `command` one of _LIGHT_COMMANDS, serve and bench only as names (what runs is
+    `command`, so their flags are never parsed)."""
+    load_servers = command not in _LIGHT_COMMANDS
     parser = argparse.ArgumentParser(prog="deepinfer", description="DeepInfer: serve and run DeepSeek V2/V3 models.")
     parser.add_argument("--version", action=_VersionAction,
                         help="print the version, the backends of this build and the GPUs it sees, and exit")
@@ -144,6 +152,17 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--system", default=None, help="system prompt")
     chat.set_defaults(func=cmd_chat)
 
+    from deepinfer.plan_cli import DESCRIPTION as PLAN_DESCRIPTION, add_plan_arguments, run_plan
+
+    plan = sub.add_parser("plan", help="whether a deployment fits its GPUs, from config.json, in a second",
+                          description=PLAN_DESCRIPTION)
+    add_plan_arguments(plan)
+    plan.set_defaults(func=run_plan)
+
+    if not load_servers:
+        sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+        sub.add_parser("bench", help="benchmarks")
+        return parser
     _add_server_command(sub, "serve", "OpenAI-compatible HTTP server", "deepinfer.server.cli", "add_serve_arguments",
                         "run_serve")
     bench = sub.add_parser("bench", help="benchmarks")
@@ -190,7 +209,9 @@ def _missing(what: str, error: Exception) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)  # the global options take no values
+    args = build_parser(command).parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError, NotADirectoryError) as e:

@@ -186,6 +186,8 @@ class DeepInferenceEngine:
         self.model_config = _deepinfer.load_model_config(str(model_dir))
         self._check_max_model_len(config, model_dir)
         fp8_weights, fp8_activations = self._weight_format(config)
+        if device == "cuda":
+            self._check_fits_before_load(config, model_dir)
         self.tokenizer = self._load_tokenizer(config, model_dir)
         # What the checkpoint recommends for values a request leaves unset (generation_config.json).
         self.generation_defaults = load_generation_defaults(model_dir, config.generation_config)
@@ -286,6 +288,33 @@ class DeepInferenceEngine:
             raise ValueError(f"max_model_len={config.max_model_len} is larger than the model's "
                              f"max_position_embeddings={limit} (config.json in {model_dir}); use max_model_len "
                              f"(--max-model-len) {limit} or less, or leave it unset")
+
+    @staticmethod
+    def _check_fits_before_load(config: EngineConfig, model_dir: Path) -> None:
+        """Refuses, before a weight is read, a deployment whose weights cannot fit the GPUs (deepinfer.plan, the
+        arithmetic of `deepinfer plan`, in its words): without this the failure comes after minutes of loading. An
+        extension without cuda_device_memory (built before it) skips the check; the engine's own after loading
+        remains."""
+        ask = getattr(_deepinfer, "cuda_device_memory", None)
+        if ask is None:
+            return
+        if DeepInferenceEngine._ranks_from_mpirun(config):
+            devices = [int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"))]  # this process's rank's GPU
+        else:  # the ranks take GPUs 0 .. n - 1 (too few visible: the engine says so when it starts them)
+            devices = list(range(min(config.tensor_parallel_size, _deepinfer.cuda_device_count())))
+        if not devices:
+            return
+        from deepinfer.model_dims import load_model_dims
+        from deepinfer.plan import check_fits_before_load
+
+        try:
+            memory = [tuple(int(v) for v in ask(i)) for i in devices]
+        except RuntimeError as e:  # the driver did not answer: creating the backend will say why, in its words
+            logger.debug("no GPU memory figures before loading (%s): the plan's check is skipped", e)
+            return
+        plan = check_fits_before_load(load_model_dims(model_dir), config, memory, model=str(model_dir))
+        log = logger.info if plan.fits else logger.warning
+        log("plan: %s (before loading; the working memory is estimated, and measured after)", plan.verdict())
 
     def _weight_format(self, config: EngineConfig) -> tuple[bool, bool]:
         """(fp8 weights, fp8 activations). An FP8 checkpoint stays FP8 unless asked otherwise (as vLLM runs it);

@@ -1,0 +1,217 @@
+"""`deepinfer plan`: its figures against what the engine allocates (the CPU backend), DeepSeek-V3 on 8 x H200, the
+command as a user runs it, and the engine's refusal before loading."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import resource
+import subprocess
+import sys
+
+import pytest
+
+from deepinfer import EngineConfig
+from deepinfer.model_dims import load_model_dims
+from deepinfer.plan import GIB, check_fits_before_load, plan_memory, plan_options
+
+ENV = {**os.environ, "DEEPINFER_NO_PROGRESS": "1"}
+
+# DeepSeek-V3's published config.json, less what does not size memory (rope scaling, routing details); bf16 (the
+# FP8 release adds quantization_config, which the tests add where they want FP8 weights by default).
+DEEPSEEK_V3 = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "vocab_size": 129280,
+    "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+    "first_k_dense_replace": 3, "moe_layer_freq": 1, "n_routed_experts": 256, "n_shared_experts": 1,
+    "num_experts_per_tok": 8, "n_group": 8, "topk_group": 4, "num_attention_heads": 128, "num_key_value_heads": 128,
+    "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
+    "max_position_embeddings": 163840, "num_nextn_predict_layers": 1, "tie_word_embeddings": False,
+}
+FP8_RELEASE = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+H200_GIB = 141
+
+
+@pytest.fixture(scope="module")
+def v3_config(tmp_path_factory):
+    path = tmp_path_factory.mktemp("v3") / "config.json"
+    path.write_text(json.dumps(DEEPSEEK_V3))
+    return path
+
+
+def deepinfer(*args: str) -> tuple[subprocess.CompletedProcess, float]:
+    """The command's result and the CPU seconds it took (user + system: unlike wall time, not the machine's load)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    r = subprocess.run([sys.executable, "-m", "deepinfer.cli", *args], capture_output=True, text=True, env=ENV,
+                       timeout=60)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def cpu_plan(path, **engine):
+    config = EngineConfig(model_name_or_path=str(path), device="cpu", **engine)
+    return plan_memory(load_model_dims(path), config)
+
+
+def within_2_percent(planned: int, actual: int) -> bool:
+    return abs(planned - actual) <= 0.02 * actual
+
+
+# ---------------------------------------------------------------------------------------------- against the engine
+
+LAYOUTS = [dict(), dict(tensor_parallel_size=2), dict(tensor_parallel_size=2, enable_expert_parallel=True),
+           dict(tensor_parallel_size=2, enable_expert_parallel=True, enable_dp_attention=True)]
+
+
+@pytest.mark.parametrize("arch", ["v3", "v2_two_shared"])
+@pytest.mark.parametrize("quantization", [None, "fp8"])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=["whole", "tp2", "ep2", "dp2"])
+def test_weight_bytes_are_the_engines(checkpoints, arch, quantization, layout):
+    from deepinfer import DeepInferenceEngine
+
+    engine = dict(quantization=quantization, num_cache_pages=16, max_model_len=64, **layout)
+    planned = cpu_plan(checkpoints[arch], **engine)
+    with DeepInferenceEngine(EngineConfig(model_name_or_path=str(checkpoints[arch]), **engine)) as e:
+        actual = e.weight_bytes  # rank 0's under TP / EP: a rank's bytes, what a plan gives a GPU
+    assert set(planned.weight_bytes) == set(actual)
+    for dtype, n in actual.items():
+        assert within_2_percent(planned.weight_bytes[dtype], n), (dtype, planned.weight_bytes, actual)
+    assert planned.weight_bytes == actual  # on the CPU every term is exact
+
+
+@pytest.mark.parametrize("quantization", [None, "fp8"])
+def test_a_bf16_file_is_float32_on_the_cpu(tmp_path, quantization):
+    import torch
+
+    from conftest import write_checkpoint
+    from deepinfer import DeepInferenceEngine
+
+    path = write_checkpoint(tmp_path / "bf16", "v3", seed=7, dtype=torch.bfloat16)
+    engine = dict(quantization=quantization, num_cache_pages=16, max_model_len=64)
+    planned = cpu_plan(path, **engine)
+    with DeepInferenceEngine(EngineConfig(model_name_or_path=str(path), **engine)) as e:
+        assert planned.weight_bytes == e.weight_bytes == {"float32": planned.weights_per_gpu}
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+@pytest.mark.parametrize("layout", [dict(), LAYOUTS[3]], ids=["whole", "dp2"])
+def test_cache_pages_are_the_engines(checkpoints, kv_cache_dtype, layout):
+    from deepinfer import DeepInferenceEngine
+
+    engine = dict(kv_cache_dtype=kv_cache_dtype, cache_memory_gb=0.01, page_size=8, **layout)
+    planned = cpu_plan(checkpoints["v3"], **engine)
+    with DeepInferenceEngine(EngineConfig(model_name_or_path=str(checkpoints["v3"]), **engine)) as e:
+        assert planned.cache_bytes_per_token == e.cache_info["bytes_per_token"]
+        assert planned.cache_dtype == e.cache_info["dtype"]
+        pages = e.stats().num_cache_pages  # every data-parallel rank's pages together
+        assert within_2_percent(planned.cache_pages * planned.lanes, pages)
+        assert planned.cache_tokens_total == pages * 8
+        assert e.max_model_len == min(512, planned.cache_tokens_per_gpu)  # what the plan says an unset one becomes
+
+
+# ------------------------------------------------------------------------------------------ DeepSeek-V3, 8 x H200
+
+def test_v3_in_fp8_fits_eight_h200s(v3_config):
+    config = EngineConfig(model_name_or_path=str(v3_config), tensor_parallel_size=8, quantization="fp8",
+                          max_model_len=32768)
+    plan = plan_memory(load_model_dims(v3_config), config, gpu_memory_bytes=H200_GIB * GIB)
+    assert 670e9 < plan.parameters < 672e9  # the main model's 671 B (the MTP layer is not loaded)
+    # 671 B / 8 in FP8, plus what every rank holds whole (q_a, kv_a) and what stays bf16 (kv_b and its halves, the
+    # vocabulary's eighth of the embedding and lm_head), plus the scales.
+    assert 84e9 < plan.weights_per_gpu < 87e9
+    assert plan.weight_bytes["float8_e4m3fn"] > 0.97 * plan.weights_per_gpu
+    assert plan.cache_bytes_per_token == 61 * 576 * 2
+    assert plan.fits and plan.sequences >= 10 and plan.cache_tokens_total == plan.cache_tokens_per_gpu
+    fp8_cache = plan_memory(load_model_dims(v3_config), dataclasses.replace(config, kv_cache_dtype="fp8"),
+                            gpu_memory_bytes=H200_GIB * GIB)
+    assert fp8_cache.cache_bytes_per_token == 61 * 656
+    assert fp8_cache.cache_pages > 1.7 * plan.cache_pages  # 1,152 / 656 bytes a token a layer, the same memory
+
+
+def test_v3_in_bf16_does_not_fit_and_fp8_would(v3_config):
+    config = EngineConfig(model_name_or_path=str(v3_config), tensor_parallel_size=8)
+    dims = load_model_dims(v3_config)
+    plan = plan_memory(dims, config, gpu_memory_bytes=H200_GIB * GIB)
+    assert plan.weight_format == "bfloat16" and plan.weights_per_gpu > 160e9 and not plan.fits
+    assert plan.verdict().startswith("does not fit: the weights take")
+    options = {o.change: o for o in plan_options(dims, config, plan)}
+    assert options["--quantization fp8"].plan.fits
+    assert options["--tensor-parallel-size 16"].plan.fits  # the smallest split that fits: more GPUs than 8
+    assert not options["--kv-cache-dtype fp8"].plan.fits   # the cache is not what is too big
+    assert not options["INT4 weights"].available and options["INT4 weights"].note == "not built yet"
+
+
+def test_an_fp8_checkpoint_plans_fp8_by_default(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({**DEEPSEEK_V3, "quantization_config": FP8_RELEASE}))
+    config = EngineConfig(model_name_or_path=str(tmp_path), tensor_parallel_size=8)
+    plan = plan_memory(load_model_dims(tmp_path), config, gpu_memory_bytes=H200_GIB * GIB)
+    assert plan.weight_format == "fp8 (W8A8)" and plan.fits
+
+
+# ---------------------------------------------------------------------------------------------------- the command
+
+def test_the_command_prints_the_plan_in_under_a_second(v3_config):
+    r, cpu_seconds = deepinfer("plan", str(v3_config), "--gpus", "8", "--gpu-memory-gb", str(H200_GIB),
+                               "--quantization", "fp8", "--max-model-len", "32768")
+    assert r.returncode == 0, r.stderr
+    assert cpu_seconds < 1.0
+    for words in ("weights", "latent cache", "verdict   fits", "--kv-cache-dtype fp8", "not built yet"):
+        assert words in r.stdout
+    r, _ = deepinfer("plan", str(v3_config), "--gpus", "8", "--gpu-memory-gb", str(H200_GIB), "--json")
+    assert r.returncode == 1  # bf16 does not fit: scripts can gate `deepinfer serve` on the status
+    out = json.loads(r.stdout)
+    assert out["plan"]["fits"] is False and out["plan"]["tensor_parallel_size"] == 8
+    assert any(o["change"] == "--quantization fp8" and o["fits"] for o in out["options"])
+
+
+def test_the_command_plans_the_cpu_backend(checkpoints):
+    r, _ = deepinfer("plan", "--model", str(checkpoints["v3"]), "--device", "cpu", "--cache-memory-gb", "0.01",
+                     "--page-size", "8", "--json")
+    assert r.returncode == 0, r.stderr
+    expected = cpu_plan(checkpoints["v3"], cache_memory_gb=0.01, page_size=8)
+    assert json.loads(r.stdout)["plan"]["cache_pages"] == expected.cache_pages
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (("plan", "/nonexistent/model", "--gpu-memory-gb", "80"), 2, "no such checkpoint directory or config.json"),
+    (("plan", "--kv-cache-dtype", "fp4", "--gpu-memory-gb", "80"), 2, "kv_cache_dtype must be"),
+    (("plan", "--quantization", "int4", "--gpu-memory-gb", "80"), 2, "not supported yet"),
+    (("plan", "--gpus", "2", "--tensor-parallel-size", "4", "--gpu-memory-gb", "80"), 2, "needs as many GPUs"),
+    (("plan", "--gpu-memory-gb", "lots"), 2, "expected a number, got 'lots'"),
+    (("plan", "--gpus", "3", "--gpu-memory-gb", "80"), 2, "tensor_parallel_size 3 does not divide"),
+])
+def test_bad_input_is_one_clear_line(args, code, message):
+    r, _ = deepinfer(*args)
+    assert r.returncode == code and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_gpu_plan_without_the_gpus_memory_says_what_to_give(tmp_path):
+    from deepinfer import _deepinfer
+
+    if _deepinfer.cuda_device_count() > 0:
+        pytest.skip("a visible GPU answers for --gpu-memory-gb")
+    r, _ = deepinfer("plan")
+    assert r.returncode == 2 and "--gpu-memory-gb" in r.stderr
+
+
+# ------------------------------------------------------------------------------------ the engine's check before load
+
+def test_the_check_before_loading_refuses_in_the_plans_words(v3_config, monkeypatch):
+    dims = load_model_dims(v3_config)
+    h200 = [(H200_GIB * GIB - GIB // 2, H200_GIB * GIB)] * 8  # (free, total): half a GiB in use already
+    with pytest.raises(ValueError, match=r"does not fit: the weights take 158\.\d GiB a GPU \(bfloat16, "
+                                         r"tensor_parallel_size 8\).*would fit: --tensor-parallel-size 16, "
+                                         r"--quantization fp8"):
+        check_fits_before_load(dims, EngineConfig(model_name_or_path=str(v3_config), tensor_parallel_size=8), h200)
+    plan = check_fits_before_load(dims, EngineConfig(model_name_or_path=str(v3_config), tensor_parallel_size=8,
+                                                     quantization="fp8"), h200)
+    assert plan.fits and plan.in_use_bytes == GIB // 2
+
+    # The engine runs that check before it reads a weight: here with 8 GPUs made visible to it.
+    from deepinfer import DeepInferenceEngine, _deepinfer
+
+    monkeypatch.setattr(_deepinfer, "cuda_device_count", lambda: 8)
+    monkeypatch.setattr(_deepinfer, "cuda_device_memory", lambda index: h200[index], raising=False)
+    with pytest.raises(ValueError, match="does not fit: the weights take 158"):
+        DeepInferenceEngine(EngineConfig(model_name_or_path=str(v3_config.parent), tensor_parallel_size=8,
+                                         device="cuda", load_format="dummy"))
