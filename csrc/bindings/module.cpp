@@ -9,6 +9,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
+#include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
 #include "engine/worker_ranks.h"
@@ -153,9 +154,20 @@ NB_MODULE(_deepinfer, m) {
       .def_ro("hidden_size", &ModelConfig::hidden_size)
       .def_ro("num_hidden_layers", &ModelConfig::num_hidden_layers)
       .def_ro("num_attention_heads", &ModelConfig::num_attention_heads)
+      .def_ro("intermediate_size", &ModelConfig::intermediate_size)
+      .def_ro("moe_intermediate_size", &ModelConfig::moe_intermediate_size)
+      .def_ro("q_lora_rank", &ModelConfig::q_lora_rank)
       .def_ro("kv_lora_rank", &ModelConfig::kv_lora_rank)
+      .def_ro("qk_nope_head_dim", &ModelConfig::qk_nope_head_dim)
       .def_ro("qk_rope_head_dim", &ModelConfig::qk_rope_head_dim)
+      .def_ro("v_head_dim", &ModelConfig::v_head_dim)
       .def_ro("n_routed_experts", &ModelConfig::n_routed_experts)
+      .def_ro("n_shared_experts", &ModelConfig::n_shared_experts)
+      .def_ro("num_experts_per_tok", &ModelConfig::num_experts_per_tok)
+      .def_ro("first_k_dense_replace", &ModelConfig::first_k_dense_replace)
+      .def_ro("moe_layer_freq", &ModelConfig::moe_layer_freq)
+      .def_ro("tie_word_embeddings", &ModelConfig::tie_word_embeddings)
+      .def_prop_ro("version", [](const ModelConfig& c) { return c.version == ModelVersion::kV3 ? 3 : 2; })
       .def_ro("max_position_embeddings", &ModelConfig::max_position_embeddings)
       .def_ro("num_nextn_predict_layers", &ModelConfig::num_nextn_predict_layers)
       .def_ro("eos_token_ids", &ModelConfig::eos_token_ids)
@@ -167,6 +179,9 @@ NB_MODULE(_deepinfer, m) {
   m.def("cuda_device_memory", &cuda_device_memory, "index"_a,
         "(free, total) bytes of CUDA device `index` now; ValueError when it is not visible.");
   m.def("load_model_config", [](const std::string& path) { return load_model_config(path); }, "model_dir"_a);
+  m.def(
+      "parse_model_config", [](const std::string& text) { return parse_model_config(nlohmann::json::parse(text)); },
+      "config_json"_a, "A config.json's text parsed as the engine parses it (ValueError naming a bad field).");
 
   nb::class_<TokenLogprob>(m, "TokenLogprob")
       .def_ro("token", &TokenLogprob::token)

@@ -1,9 +1,8 @@
-"""The dimensions of a DeepSeek V2/V3 model that size its memory, read from config.json in pure Python.
+"""The dimensions of a DeepSeek V2/V3 model that size its memory, from config.json as the engine parses it.
 
-``deepinfer plan`` must answer in well under a second for a checkpoint it never loads (or for a bare config.json
-downloaded alone), so it reads the fields itself rather than through the extension. Names, defaults and the
-fields required are those of csrc/model/config.cpp (``parse_model_config``), so a config the engine accepts gives
-the same dimensions here; the engine's own parser still validates everything else when it loads.
+``deepinfer plan`` answers for a checkpoint it never loads (or for a bare config.json downloaded alone): the text
+goes through the extension's own parser (``_deepinfer.parse_model_config``, csrc/model/config.cpp), which takes
+well under a millisecond, so the plan and the engine can never read a field differently.
 """
 
 from __future__ import annotations
@@ -11,12 +10,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 __all__ = ["ModelDims", "load_model_dims", "config_json_path"]
-
-_ARCHITECTURES = {"DeepseekV3ForCausalLM": 3, "DeepseekV2ForCausalLM": 2}
-_MODEL_TYPES = {"deepseek_v3": 3, "deepseek_v2": 2}
 
 
 @dataclass(frozen=True)
@@ -60,55 +56,18 @@ class ModelDims:
         return sum(self.is_moe_layer(i) for i in range(self.num_hidden_layers))
 
     @classmethod
-    def from_json(cls, j: Mapping[str, Any], where: str = "config.json") -> "ModelDims":
-        if not isinstance(j, Mapping):
-            raise ValueError(f"{where}: expected a JSON object")
-        archs = j.get("architectures")
-        arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else ""
-        version = _ARCHITECTURES.get(arch) or (_MODEL_TYPES.get(j.get("model_type", "")) if not arch else None)
-        if version is None:
-            raise ValueError(f"{where}: unsupported architecture {arch or j.get('model_type')!r}: DeepInfer serves "
-                             "DeepseekV2ForCausalLM and DeepseekV3ForCausalLM")
-
-        def integer(key: str, default: int | None = None) -> int:
-            value = j.get(key)
-            if value is None:
-                if default is None:
-                    raise ValueError(f"{where}: missing integer field {key!r}")
-                return default
-            if isinstance(value, float) and value.is_integer():  # 4096.0: the engine's parser converts it too
-                return int(value)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ValueError(f"{where}: field {key!r} has the wrong type: {json.dumps(value)}")
-            return value
-
-        q_lora = j.get("q_lora_rank")
-        quant = j.get("quantization_config")
-        if isinstance(quant, Mapping) and quant.get("quant_method", "") != "fp8":
-            raise ValueError(f"{where}: quantization_config.quant_method {quant.get('quant_method')!r} is not "
-                             "supported (native FP8 block-scaled checkpoints are)")
-        dims = cls(version=version, vocab_size=integer("vocab_size"), hidden_size=integer("hidden_size"),
-                   intermediate_size=integer("intermediate_size", 0),
-                   moe_intermediate_size=integer("moe_intermediate_size", 0),
-                   num_hidden_layers=integer("num_hidden_layers"), num_attention_heads=integer("num_attention_heads"),
-                   q_lora_rank=q_lora if isinstance(q_lora, int) and not isinstance(q_lora, bool) else None,
-                   kv_lora_rank=integer("kv_lora_rank"), qk_nope_head_dim=integer("qk_nope_head_dim"),
-                   qk_rope_head_dim=integer("qk_rope_head_dim"), v_head_dim=integer("v_head_dim"),
-                   n_routed_experts=integer("n_routed_experts", 0), n_shared_experts=integer("n_shared_experts", 0),
-                   num_experts_per_tok=integer("num_experts_per_tok", 0),
-                   first_k_dense_replace=integer("first_k_dense_replace", 0),
-                   moe_layer_freq=integer("moe_layer_freq", 1),
-                   max_position_embeddings=integer("max_position_embeddings", 4096),
-                   tie_word_embeddings=bool(j.get("tie_word_embeddings") or False),
-                   fp8_checkpoint=isinstance(quant, Mapping),
-                   num_nextn_predict_layers=integer("num_nextn_predict_layers", 0))
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "kv_lora_rank",
-                     "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
-            if getattr(dims, name) <= 0:
-                raise ValueError(f"{where}: {name!r} must be > 0, got {getattr(dims, name)}")
-        if dims.n_routed_experts > 0 and (dims.moe_intermediate_size <= 0 or dims.num_experts_per_tok <= 0):
-            raise ValueError(f"{where}: a MoE model needs moe_intermediate_size and num_experts_per_tok > 0")
-        return dims
+    def from_config(cls, c: Any) -> "ModelDims":
+        """From the extension's ModelConfig."""
+        return cls(version=c.version, vocab_size=c.vocab_size, hidden_size=c.hidden_size,
+                   intermediate_size=c.intermediate_size, moe_intermediate_size=c.moe_intermediate_size,
+                   num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+                   q_lora_rank=c.q_lora_rank, kv_lora_rank=c.kv_lora_rank, qk_nope_head_dim=c.qk_nope_head_dim,
+                   qk_rope_head_dim=c.qk_rope_head_dim, v_head_dim=c.v_head_dim,
+                   n_routed_experts=c.n_routed_experts, n_shared_experts=c.n_shared_experts,
+                   num_experts_per_tok=c.num_experts_per_tok, first_k_dense_replace=c.first_k_dense_replace,
+                   moe_layer_freq=c.moe_layer_freq, max_position_embeddings=c.max_position_embeddings,
+                   tie_word_embeddings=c.tie_word_embeddings, fp8_checkpoint=c.fp8,
+                   num_nextn_predict_layers=c.num_nextn_predict_layers)
 
 
 def config_json_path(model: str | Path) -> Path:
@@ -127,9 +86,15 @@ def config_json_path(model: str | Path) -> Path:
 def load_model_dims(model: str | Path) -> ModelDims:
     """The dimensions of the checkpoint directory or bare config.json `model`. FileNotFoundError when it is not
     there, ValueError naming the file and the field when it is not a DeepSeek V2/V3 config."""
+    from deepinfer import _deepinfer
+
     path = config_json_path(model)
     try:
-        data = json.loads(path.read_text())
+        text = path.read_text()
+        json.loads(text)  # a clear message for text that is not JSON at all
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path} is not valid JSON: {e}") from None
-    return ModelDims.from_json(data, str(path))
+    try:
+        return ModelDims.from_config(_deepinfer.parse_model_config(text))
+    except (ValueError, RuntimeError) as e:
+        raise ValueError(f"{path}: {e}") from None
