@@ -215,3 +215,19 @@ def test_the_check_before_loading_refuses_in_the_plans_words(v3_config, monkeypa
     with pytest.raises(ValueError, match="does not fit: the weights take 158"):
         DeepInferenceEngine(EngineConfig(model_name_or_path=str(v3_config.parent), tensor_parallel_size=8,
                                          device="cuda", load_format="dummy"))
+
+
+def test_readme_sample_reproduces(tmp_path):
+    """The README's `deepinfer plan` sample is what the command prints for DeepSeek-V3's config.json (FP8 release)."""
+    readme = (os.path.dirname(__file__) + "/../../README.md")
+    text = open(readme, encoding="utf-8").read()
+    command = "$ deepinfer plan DeepSeek-V3 --gpus 8 --gpu-memory-gb 141 --max-model-len 32768"
+    assert command in text
+    sample = text.split(command + "\n", 1)[1].split("```", 1)[0].rstrip("\n").splitlines()
+    model = tmp_path / "DeepSeek-V3"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({**DEEPSEEK_V3, "quantization_config": FP8_RELEASE}))
+    r = subprocess.run([sys.executable, "-m", "deepinfer.cli", *command.split()[2:]], capture_output=True, text=True,
+                       env=ENV, timeout=60, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.rstrip("\n").splitlines() == sample
