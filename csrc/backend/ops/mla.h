@@ -17,6 +17,7 @@ struct MlaCacheWriteArgs {
   ConstTensorView latent;        // [T, latent_dim]
   TensorView cache;              // [num_pages, page_size, latent_dim]
   ConstTensorView slot_mapping;  // [T] int32, each in [0, num_pages * page_size)
+  int64_t kv_lora_rank = 0;
   void validate() const;
 };
 
