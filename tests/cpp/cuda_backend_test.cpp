@@ -31,6 +31,7 @@
 #include "backend/cuda/gemm/skinny_gemm.cuh"
 #include "backend/cuda/runtime/tuning.h"
 #include "device_memory.h"
+#include "mla_fp8_cache_cases.h"
 #include "mla_prepare_cases.h"
 #include "moe_cases.h"
 #include "op_test_harness.h"
@@ -1117,6 +1118,8 @@ CaseRegistry build_registry() {
   // tiles of 128, 129, 44 and 1 rows, full prompts of 256 (aligned) and 383.
   add_mla_prefill(r, 16, 64, {777, 300}, {300, 129}, 168);
   add_mla_prefill(r, 16, 64, {256, 383}, {256, 383}, 169);
+  // The FP8 latent cache: its write, mla_prepare into it, mla_prefill over it (mla_fp8_cache_cases.h).
+  add_mla_fp8_cache_cases(r, 1000);
   // MoE routing: V3 (sigmoid, bias, 8 groups keep 4, top-8 of 256) with one and several route blocks, V2-Lite
   // (softmax, greedy, top-6 of 64), V2 group-limited; no tokens.
   const MoeRouteCase v3{.tag = "v3_e256_g8_keep4_k8", .tokens = 7, .experts = 256, .top_k = 8, .n_group = 8,

@@ -1,5 +1,6 @@
-// Writes this step's latent rows into the paged latent cache on CUDA (device memory, the same element type on both
-// sides, normally bfloat16).
+// Writes this step's latent rows into the paged latent cache on CUDA (device memory): copied when the cache holds the
+// latent's element type (normally bfloat16), quantized into FP8 rows (backend/ops/latent_fp8.h) when its dtype is
+// kF8E4M3, from float32 or bfloat16 latents of MlaCacheWriteArgs::kv_lora_rank c_kv values.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/cuda/mla/latent_fp8_rows.h"
 #include "backend/cuda/mla/mla_ops.h"
 #include "backend/cuda/mla/mla_prefill.cuh"
 #include "backend/cuda/runtime/context.h"
@@ -14,7 +15,8 @@ namespace deepinfer::cuda {
 
 // Decompressing prefill: gather each prefill sequence's latent rows (the sequences' contexts back to back), decompress
 // them with one cuBLAS GEMM (kv = c_kv · kv_b^T: per head 128 k_nope then 128 v columns), then the causal
-// flash-attention kernel reads q, the kv rows and the latents' k_pe.
+// flash-attention kernel reads q, the kv rows and the latents' k_pe. Over an FP8 cache the gather widens the rows into
+// the same bf16 workspace, and the rest runs as over a bf16 cache.
 void mla_prefill(CudaContext& ctx, const MlaPrefillArgs& a) {
   const auto timing = ctx.timed("mla_prefill");
   constexpr const char* kOp = "cuda mla_prefill";
@@ -29,17 +31,24 @@ void mla_prefill(CudaContext& ctx, const MlaPrefillArgs& a) {
   const int64_t tokens = a.q.shape[0], heads = a.q.shape[1];
   const int64_t seqs = a.meta.num_seqs, max_ctx = a.meta.max_context_len;
   if (tokens == 0 || heads == 0 || seqs == 0 || max_ctx == 0) return;
+  const bool fp8 = is_fp8_latent_cache(a.cache);
+  // The rope width: q's columns past nope (a row of an FP8 cache counts bytes, not values).
+  const int64_t rope = a.q.shape[2] - a.qk_nope_head_dim;
+  const bool bf16_cache = a.cache.dtype == DType::kBF16 && a.cache.shape[2] == kMlaPrefillRank + kMlaPrefillRope;
   if (a.q.dtype != DType::kBF16 || a.kv_b.dtype != DType::kBF16 || a.kv_lora_rank != kMlaPrefillRank ||
-      a.cache.shape[2] != kMlaPrefillRank + kMlaPrefillRope || a.qk_nope_head_dim != kMlaPrefillNope ||
+      rope != kMlaPrefillRope || !(bf16_cache || fp8) || a.qk_nope_head_dim != kMlaPrefillNope ||
       a.v_head_dim != kMlaPrefillV) {
-    throw UnsupportedOp(str_cat(kOp, ": the kernels take bfloat16 q, cache and kv_b at DeepSeek's dims (rank ",
-                                kMlaPrefillRank, ", rope ", kMlaPrefillRope, ", nope ", kMlaPrefillNope, ", v ",
-                                kMlaPrefillV, "); got ", dtype_name(a.q.dtype), " q, ", dtype_name(a.kv_b.dtype),
-                                " kv_b, rank ", a.kv_lora_rank, ", rope ", a.cache.shape[2] - a.kv_lora_rank,
-                                ", nope ", a.qk_nope_head_dim, ", v ", a.v_head_dim));
+    throw UnsupportedOp(str_cat(kOp, ": the kernels take bfloat16 q and kv_b, a bfloat16 or FP8 cache, at DeepSeek's "
+                                "dims (rank ", kMlaPrefillRank, ", rope ", kMlaPrefillRope, ", nope ", kMlaPrefillNope,
+                                ", v ", kMlaPrefillV, "); got ", dtype_name(a.q.dtype), " q, ",
+                                dtype_name(a.kv_b.dtype), " kv_b, a ", dtype_name(a.cache.dtype), " cache of rows ",
+                                a.cache.shape[2], " wide, rank ", a.kv_lora_rank, ", rope ", rope, ", nope ",
+                                a.qk_nope_head_dim, ", v ", a.v_head_dim));
   }
+  if (fp8) checked_fp8_latent_layout(a.cache, a.kv_lora_rank, rope, kOp);  // 656-byte rows
 #ifdef DEEPINFER_HAVE_CUBLAS
-  const int64_t row_dim = a.cache.shape[2], kv_width = heads * (a.qk_nope_head_dim + a.v_head_dim);
+  // Workspace rows are bf16 latent rows whichever the cache holds.
+  const int64_t row_dim = kMlaPrefillRank + kMlaPrefillRope, kv_width = heads * (a.qk_nope_head_dim + a.v_head_dim);
   // The workspace holds every sequence's context back to back; without the host-side sum, its bound.
   const int64_t rows = a.meta.total_context_len > 0 ? a.meta.total_context_len : seqs * max_ctx;
   DI_CHECK(rows <= INT32_MAX && kv_width <= INT32_MAX && heads <= INT32_MAX && a.cache.shape[1] <= INT32_MAX, kOp,
@@ -55,7 +64,8 @@ void mla_prefill(CudaContext& ctx, const MlaPrefillArgs& a) {
   auto* latents = reinterpret_cast<uint16_t*>(base);
   auto* kv = reinterpret_cast<uint16_t*>(base + latent_bytes);
 
-  mla_prefill_gather({.cache = a.cache.as<uint16_t>(),
+  mla_prefill_gather({.cache = fp8 ? nullptr : a.cache.as<uint16_t>(),
+                      .cache_fp8 = fp8 ? a.cache.as<uint8_t>() : nullptr,
                       .page_table = a.meta.page_table.as<int32_t>(),
                       .context_lens = a.meta.context_lens.as<int32_t>(),
                       .query_start = a.meta.query_start.as<int32_t>(),

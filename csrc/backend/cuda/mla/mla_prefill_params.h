@@ -11,16 +11,19 @@
 // Three steps share one workspace: gather (each sequence's latent rows into `latents`: sequence s's key j at row
 // start(s) + j, start(s) = context_lens[0] + ... + context_lens[s - 1], so the rows are the sum of the contexts),
 // a cuBLAS GEMM (kv = latents[:, :512] · kv_b^T), then the attention kernel. All tensors are contiguous; bf16 values
-// are stored as their 16-bit patterns (uint16_t).
+// are stored as their 16-bit patterns (uint16_t). Over an FP8 cache (backend/ops/latent_fp8.h) the gather widens each
+// row into the same bf16 workspace row (c_kv = e4m3 code * power-of-two scale, exact in bf16; k_pe copied), and the
+// later steps do not see the difference.
 #pragma once
 
 #include <cstdint>
 
 namespace deepinfer::cuda {
 
-// Step 1: the gather.
+// Step 1: the gather, from the bf16 cache or (cache_fp8 set instead) the FP8 one.
 struct MlaPrefillGatherParams {
   const uint16_t* cache = nullptr;         // [num_pages, page_size, 576]
+  const uint8_t* cache_fp8 = nullptr;      // [num_pages, page_size, 656]: 512 codes, 4 scales, 64 bf16 k_pe
   const int32_t* page_table = nullptr;     // [num_seqs, max_pages_per_seq]; only the first ceil(ctx / page_size) read
   const int32_t* context_lens = nullptr;   // [num_seqs], device memory
   const int32_t* query_start = nullptr;    // [num_seqs + 1], device memory: sequences without queries are skipped

@@ -4,7 +4,10 @@
 //     written back in place and into the token's cache row from registers, so the cache write costs no second read
 //     of the row. The norm is rms_norm_row.cuh, the rms_norm kernel's own reduction and rounding: in bfloat16, c_kv
 //     comes out with the bits of the unfused rms_norm. (Its float32 path sums in the same order as the bfloat16 one,
-//     not in the vectorized order of the float32 rms_norm: the two differ in the last bits.)
+//     not in the vectorized order of the float32 rms_norm: the two differ in the last bits.) Into an FP8 cache
+//     (backend/ops/latent_fp8.h) the norm and the rope write only the row; after a barrier the block quantizes the
+//     row as written back (latent_fp8_row.cuh), so the cache row is quantize_latent_fp8_row of the op's latent row,
+//     its bf16-rounded c_kv on bf16. The group maxima need the whole row, hence the second read, from L1 or L2.
 //   - block (t, 1 + b) rotates q_pe in heads [b * heads_per_block, (b + 1) * heads_per_block) of token t. Thread
 //     (row, lane) takes pair `lane` (and lane + lanes, ... for rope dims past the block) in every `rows`-th head of
 //     the range: one cos/sin serves all its heads, a warp reads consecutive pairs of one head (128 contiguous bytes
@@ -23,6 +26,8 @@
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/elementwise/elementwise_vec.cuh"
 #include "backend/cuda/runtime/launch.h"
+#include "backend/cuda/mla/latent_fp8_row.cuh"
+#include "backend/cuda/mla/latent_fp8_rows.h"
 #include "backend/cuda/mla/mla_prepare_params.h"
 #include "backend/cuda/runtime/ptx.cuh"
 #include "backend/cuda/norm/rms_norm_row.cuh"
@@ -31,12 +36,16 @@
 namespace deepinfer::cuda {
 namespace {
 
-template <typename T, int kThreadsPerBlock>
+// What the cache rows hold: the latent's elements, or FP8 rows (backend/ops/latent_fp8.h).
+enum class PrepareCache : uint8_t { kElements, kFp8 };
+
+template <typename T, int kThreadsPerBlock, PrepareCache kCacheRows>
 struct MlaPrepareTraits {
   static_assert(sizeof(T) == 2 || sizeof(T) == 4, "float32 or bfloat16 elements");
   using Element = T;
   static constexpr int kThreads = kThreadsPerBlock;  // rms_norm_block_threads(rank): the norm's reduction order
   static constexpr int kHeadsPerBatch = 4;           // q_pe pairs a thread loads before it stores any
+  static constexpr PrepareCache kCache = kCacheRows;
 };
 
 // Threads of a q block that share a head row: one per rope pair, at most the whole block.
@@ -65,9 +74,31 @@ struct PrepareAhead {
   }
 };
 
+// Into an FP8 cache: the norm and the rope write the latent row in place, then the block quantizes it into the cache
+// row from memory, once every thread's values are there.
 template <typename Traits>
-__device__ __forceinline__ void prepare_latent_row(const MlaPrepareParams& p, int64_t t, int32_t position,
-                                                   const PrepareAhead<Traits>& ahead) {
+__device__ __forceinline__ void prepare_latent_row_fp8(const MlaPrepareParams& p, int64_t t, int32_t position,
+                                                       const PrepareAhead<Traits>& ahead) {
+  using T = typename Traits::Element;
+  T* row = static_cast<T*>(p.latent) + t * (p.rank + p.rope_dim);
+  rms_norm_row<Traits::kThreads>(row, ahead.norm, p.kv_a_norm, p.rank, p.eps, [&](int64_t i, T v) { row[i] = v; });
+  const int64_t half = p.rope_dim / 2;  // k_pe, as in prepare_latent_row_elements, into the row only
+  for (int64_t i = threadIdx.x; i < half; i += Traits::kThreads) {
+    float cos_a, sin_a;
+    ahead.pair_cos_sin(p, position, i, cos_a, sin_a);
+    const RopePair r = rope_rotate(load_rope_pair(row + p.rank, i, half, p.interleaved), cos_a, sin_a);
+    store_rope_pair(row + p.rank, i, half, p.interleaved, r);
+  }
+  const int64_t slot = ahead.slot;
+  if (slot < 0 || slot >= p.num_slots) return;  // the same for the whole block: no barrier is left waiting
+  __syncthreads();  // the row as every thread of the block wrote it
+  store_latent_fp8_row<Traits::kThreads>(row, p.fp8_row, static_cast<uint8_t*>(p.cache) + slot * p.fp8_row.row_bytes);
+}
+
+// Into a cache of elements: each value goes to the row and the cache row from registers.
+template <typename Traits>
+__device__ __forceinline__ void prepare_latent_row_elements(const MlaPrepareParams& p, int64_t t, int32_t position,
+                                                            const PrepareAhead<Traits>& ahead) {
   using T = typename Traits::Element;
   const int64_t row_dim = p.rank + p.rope_dim;
   T* row = static_cast<T*>(p.latent) + t * row_dim;
@@ -85,6 +116,16 @@ __device__ __forceinline__ void prepare_latent_row(const MlaPrepareParams& p, in
     const RopePair r = rope_rotate(load_rope_pair(row + p.rank, i, half, p.interleaved), cos_a, sin_a);
     store_rope_pair(row + p.rank, i, half, p.interleaved, r);
     if (cache_row != nullptr) store_rope_pair(cache_row + p.rank, i, half, p.interleaved, r);
+  }
+}
+
+template <typename Traits>
+__device__ __forceinline__ void prepare_latent_row(const MlaPrepareParams& p, int64_t t, int32_t position,
+                                                   const PrepareAhead<Traits>& ahead) {
+  if constexpr (Traits::kCache == PrepareCache::kFp8) {
+    prepare_latent_row_fp8<Traits>(p, t, position, ahead);
+  } else {
+    prepare_latent_row_elements<Traits>(p, t, position, ahead);
   }
 }
 
@@ -164,6 +205,15 @@ void launch(MlaPrepareParams p, LaunchStream stream) {
   launch_pdl(mla_prepare_kernel<Traits>, {.grid = grid, .block = dim3(Traits::kThreads)}, stream, p);
 }
 
+template <typename T, PrepareCache kCache>
+void launch_for_rank(const MlaPrepareParams& p, LaunchStream stream) {
+  if (rms_norm_block_threads(p.rank) == 128) {
+    launch<MlaPrepareTraits<T, 128, kCache>>(p, stream);
+  } else {
+    launch<MlaPrepareTraits<T, 512, kCache>>(p, stream);
+  }
+}
+
 }  // namespace
 
 void mla_prepare(const MlaPrepareArgs& a, LaunchStream stream) {
@@ -175,6 +225,10 @@ void mla_prepare(const MlaPrepareArgs& a, LaunchStream stream) {
   DI_CHECK(a.latent.device == Device::kCuda, kOp, ": tensors must be in device memory");
   DI_CHECK(tokens <= INT_MAX, kOp, ": ", tokens, " tokens exceed the grid");
   const int64_t num_decode = a.num_decode_tokens();
+  const bool fp8 = is_fp8_latent_cache(a.cache);
+  const LatentFp8RowParams fp8_row =
+      fp8 ? fp8_row_params(checked_fp8_latent_layout(a.cache, a.kv_lora_rank, a.rope_dim(), kOp))
+          : LatentFp8RowParams{};
   const MlaPrepareParams p{.latent = a.latent.data,
                            .q = a.q.data,
                            .q_abs = num_decode > 0 ? a.q_abs.data : nullptr,
@@ -192,13 +246,14 @@ void mla_prepare(const MlaPrepareArgs& a, LaunchStream stream) {
                            .num_slots = a.cache.shape[0] * a.cache.shape[1],
                            .eps = a.eps,
                            .attention_scaling = a.attention_scaling,
-                           .interleaved = a.interleaved};
+                           .interleaved = a.interleaved,
+                           .fp8_row = fp8_row};
   dispatch_activation(a.latent.dtype, kOp, [&](auto element) {
     using T = decltype(element);
-    if (rms_norm_block_threads(p.rank) == 128) {
-      launch<MlaPrepareTraits<T, 128>>(p, stream);
+    if (fp8) {
+      launch_for_rank<T, PrepareCache::kFp8>(p, stream);
     } else {
-      launch<MlaPrepareTraits<T, 512>>(p, stream);
+      launch_for_rank<T, PrepareCache::kElements>(p, stream);
     }
   });
 }
