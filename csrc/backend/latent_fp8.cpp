@@ -1,4 +1,4 @@
-// The FP8 latent cache row's host side: the layout's checks, the scale rule, and the CPU backend's row conversions.
+// The FP8 latent cache row's host side: the scale rule and the CPU backend's row conversions.
 #include "backend/ops/latent_fp8.h"
 
 #include <algorithm>
@@ -12,23 +12,6 @@
 #include "core/half.h"
 
 namespace deepinfer {
-
-LatentFp8Layout LatentFp8Layout::of_row_bytes(int64_t row_bytes, int64_t rank) {
-  DI_CHECK_ARG(rank > 0, "FP8 latent cache: kv_lora_rank ", rank, " must be positive");
-  LatentFp8Layout layout{.rank = rank, .rope_dim = 0};
-  const int64_t rope_bytes = row_bytes - layout.rope_offset();
-  DI_CHECK_ARG(rope_bytes >= 0, "FP8 latent cache: rows of ", row_bytes, " bytes cannot hold ", rank,
-               " codes and their ", layout.num_groups(), " scales");
-  // The padding is under 16 bytes, so the rope width is the largest even count whose row has this size.
-  for (int64_t rope = rope_bytes / 2; rope >= 0; --rope) {
-    layout.rope_dim = rope;
-    if (layout.row_bytes() == row_bytes) return layout;
-    if (layout.row_bytes() < row_bytes) break;
-  }
-  throw InvalidArgument(str_cat("FP8 latent cache: rows of ", row_bytes, " bytes are no FP8 layout of kv_lora_rank ",
-                                rank, " (", rank, " codes, ", layout.num_groups(), " float32 scales, the bf16 rope "
-                                "values, padded to 16 bytes)"));
-}
 
 float latent_fp8_scale(float amax) {
   if (!(amax > 0.0f) || !std::isfinite(amax)) return 1.0f;

@@ -31,9 +31,6 @@ struct LatentFp8Layout {
   int64_t scales_offset() const { return rank; }
   int64_t rope_offset() const { return scales_offset() + 4 * num_groups(); }
   int64_t row_bytes() const { return (rope_offset() + 2 * rope_dim + 15) / 16 * 16; }
-
-  // The layout whose rows a cache of `row_bytes` bytes holds for `rank`; throws InvalidArgument when none does.
-  static LatentFp8Layout of_row_bytes(int64_t row_bytes, int64_t rank);
 };
 
 // True when `cache` ([num_pages, page_size, last]) is in the FP8 layout (its dtype is kF8E4M3).
