@@ -6,7 +6,8 @@
 // and fp32 summation order differ: tolerance 1e-2 of the largest reference value) and float32 (tolerance 1e-5).
 // Copies (embedding, gathers, strided copies, cache write) and untouched elements compare exactly. Index arrays
 // (ids, positions, slots, attention metadata) are device tensors, as the model passes them. MLA decode and prefill
-// and the MoE experts run in bfloat16 only (their kernels' type); MoE routing takes fp32 logits. The tests that need
+// and the MoE experts run in bfloat16 only (their kernels' type; MLA decode also over the FP8 latent cache, whose
+// bytes both backends get as they are); MoE routing takes fp32 logits. The tests that need
 // a GPU are the *Cuda* ones and fail without one (cuda_device_required.h); the rest (the host-side heuristics and
 // switches) run anywhere the CUDA build does.
 #ifdef DEEPINFER_HAVE_CUDA
@@ -31,6 +32,7 @@
 #include "backend/cuda/gemm/skinny_gemm.cuh"
 #include "backend/cuda/runtime/tuning.h"
 #include "device_memory.h"
+#include "mla_decode_fp8_cases.h"
 #include "mla_fp8_cache_cases.h"
 #include "mla_prepare_cases.h"
 #include "moe_cases.h"
@@ -1103,6 +1105,8 @@ CaseRegistry build_registry() {
   add_mla_decode(r, 16, 64, {1000}, 110, {.step_write = true, .early_op_between = true, .project = true});
   add_mla_decode(r, 16, 64, {1, 64, 65, 130, 1000}, 111, {.step_write = true, .early_op_between = true, .project = true});
   add_mla_decode(r, 128, 64, {5, 300, 2049}, 112, {.step_write = true, .early_op_between = true});
+  // MLA decode over the FP8 latent cache, the same shapes and step orders (mla_decode_fp8_cases.h).
+  add_mla_decode_fp8_cases(r, 400);
   // MLA prefill, bfloat16 at DeepSeek's dims: V2-Lite's 16 heads and V3's 128; full prompts, chunked prefill over a
   // cached prefix (one or many query tiles), context 1, a sequence without queries, page sizes that do not divide
   // 64 (7, 1) or the contexts, long contexts (the workspace grows as cases run).

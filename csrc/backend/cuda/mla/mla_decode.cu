@@ -1,4 +1,5 @@
-// MLA decode launcher: parameter checks, the split heuristic, kernel choice and the split-combine kernel.
+// MLA decode launcher: parameter checks, the split heuristic, kernel choice (by cache format and head count) and the
+// split-combine kernel, which is the same for every kernel: they all write the same partials.
 #include "backend/cuda/mla/mla_decode.cuh"
 
 #include <cuda_bf16.h>
@@ -24,13 +25,29 @@ constexpr int kCombineWarps = kCombineThreads / 32;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+bool reads_fp8(const MlaDecodeParams& p) { return p.cache_fp8 != nullptr; }
+
+// The FP8 cache has one kernel (16 heads per CTA: mla_decode_fp8_kernel.cuh); the bf16 cache picks by head count.
 MlaDecodeKernel resolve_kernel(const MlaDecodeParams& p) {
   if (p.kernel != MlaDecodeKernel::kAuto) return p.kernel;
+  if (reads_fp8(p)) return MlaDecodeKernel::kNarrowFp8;
   return p.num_heads % mla_detail::kWideHeads == 0 ? MlaDecodeKernel::kWideWgmma : MlaDecodeKernel::kNarrow;
 }
 
 int heads_per_cta(MlaDecodeKernel kernel) {
-  return kernel == MlaDecodeKernel::kNarrow ? mla_detail::kNarrowHeads : mla_detail::kWideHeads;
+  return kernel == MlaDecodeKernel::kNarrow || kernel == MlaDecodeKernel::kNarrowFp8 ? mla_detail::kNarrowHeads
+                                                                                      : mla_detail::kWideHeads;
+}
+
+const char* kernel_name(MlaDecodeKernel kernel) {
+  switch (kernel) {
+    case MlaDecodeKernel::kAuto: return "auto";
+    case MlaDecodeKernel::kNarrow: return "narrow";
+    case MlaDecodeKernel::kWide: return "wide";
+    case MlaDecodeKernel::kWideWgmma: return "wide_wgmma";
+    case MlaDecodeKernel::kNarrowFp8: return "narrow_fp8";
+  }
+  return "?";
 }
 
 __device__ __forceinline__ float block_reduce(float v, float* scratch, bool is_max) {
@@ -131,6 +148,9 @@ int mla_decode_num_splits(const MlaDecodeParams& p) {
   // and read back by the combine), one CTA per SM (both kernels use most of the shared memory). Ties go to fewer
   // splits. The split cost is fitted to the v2-lite step at batch 1 on an H200 (docs/experiments/mla_decode_splits/):
   // at 1k one-tile splits beat fewer, longer ones, and at 8k splits of 4-5 tiles beat twice as many of 2.
+  // The FP8 kernel takes the same costs in its own tiles, unmeasured: where splits matter (few CTAs, each latency-
+  // bound), both kernels keep two 64-token tiles in flight, so a tile costs about the same time in either format;
+  // with enough CTAs to fill the GPU (bandwidth-bound) the heuristic chooses one split for both.
   constexpr double kCtaOverheadTiles = 1.0;
   constexpr double kSplitCostTiles = 0.1;
   const int64_t sms = std::max(p.num_sms, 1);
@@ -164,10 +184,15 @@ void mla_decode(const MlaDecodeParams& p, LaunchStream stream) {
            " heads is not a positive multiple of ", heads_per_cta(kernel), " (heads per CTA of the chosen kernel)");
   DI_CHECK(p.page_size > 0 && p.max_pages_per_seq > 0, "mla_decode: page_size ", p.page_size,
            ", max_pages_per_seq ", p.max_pages_per_seq);
-  DI_CHECK(p.q != nullptr && p.cache != nullptr && p.page_table != nullptr && p.context_lens != nullptr &&
-               p.out != nullptr,
+  DI_CHECK((p.cache != nullptr) != (p.cache_fp8 != nullptr), "mla_decode: exactly one of cache (bf16) and cache_fp8 ",
+           "is given (got ", p.cache != nullptr ? "cache" : "no cache", " and ",
+           p.cache_fp8 != nullptr ? "cache_fp8" : "no cache_fp8", ")");
+  DI_CHECK((kernel == MlaDecodeKernel::kNarrowFp8) == reads_fp8(p), "mla_decode: kernel ", kernel_name(kernel),
+           " does not read the ", reads_fp8(p) ? "FP8 cache (narrow_fp8 does)" : "bf16 cache (narrow_fp8 reads FP8)");
+  const void* cache = reads_fp8(p) ? static_cast<const void*>(p.cache_fp8) : static_cast<const void*>(p.cache);
+  DI_CHECK(p.q != nullptr && p.page_table != nullptr && p.context_lens != nullptr && p.out != nullptr,
            "mla_decode: null tensor pointer");
-  DI_CHECK(reinterpret_cast<uintptr_t>(p.q) % 16 == 0 && reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 &&
+  DI_CHECK(reinterpret_cast<uintptr_t>(p.q) % 16 == 0 && reinterpret_cast<uintptr_t>(cache) % 16 == 0 &&
                reinterpret_cast<uintptr_t>(p.out) % 16 == 0,
            "mla_decode: q, cache and out must be 16-byte aligned");
   DI_CHECK(p.fresh_rows >= -1, "mla_decode: fresh_rows ", p.fresh_rows, " (-1: unknown, else >= 0)");
@@ -184,6 +209,7 @@ void mla_decode(const MlaDecodeParams& p, LaunchStream stream) {
   switch (kernel) {
     case MlaDecodeKernel::kNarrow: mla_detail::launch_mla_decode_narrow(kp, stream); break;
     case MlaDecodeKernel::kWideWgmma: mla_detail::launch_mla_decode_wide_wgmma(kp, stream); break;
+    case MlaDecodeKernel::kNarrowFp8: mla_detail::launch_mla_decode_narrow_fp8(kp, stream); break;
     default: mla_detail::launch_mla_decode_wide(kp, stream); break;
   }
   if (kp.defer_combine != 0) return;  // the next kernel reads the partials

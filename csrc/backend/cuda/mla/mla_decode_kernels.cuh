@@ -12,7 +12,8 @@
 //
 // Narrow kernel (16 heads): the queries live in registers. QK: warp w takes k-half w / 4 (288 of the 576 dims)
 // and tokens 16 * (w % 4) .. +16; the two k-halves are summed through shared memory. PV: warp w owns output
-// columns 64 w .. +64 for all 16 heads. Three stages of 72 KB.
+// columns 64 w .. +64 for all 16 heads. Three stages of 72 KB. Over the FP8 cache the same kernel runs with another
+// QK step (mla_decode_fp8_kernel.cuh): its stages hold the FP8 rows (mla_decode_fp8_stage.cuh), and QK widens them.
 // Wide kernel (64 heads): the queries live in shared memory. QK: warp w takes heads 16 * (w % 4) .. +16 and tokens
 // 32 * (w / 4) .. +32. PV: warp w owns columns 64 w .. +64 for all 64 heads (128 fp32 accumulators a thread).
 // Two stages. mla_decode_wgmma.cuh has the same wide kernel on warpgroup MMA (the default for 64-head blocks).
@@ -23,6 +24,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "backend/cuda/mla/mla_decode_fp8_stage.cuh"
 #include "backend/cuda/mla/mla_decode_internal.h"
 #include "backend/cuda/mla/mla_decode_params.h"
 #include "backend/cuda/runtime/launch.h"
@@ -34,6 +36,7 @@ using namespace ::deepinfer::cuda::ptx;  // NOLINT: the shared PTX wrappers
 
 template <int kHeadsPerCta, int kNumStages>
 struct MlaDecodeTraits {
+  static constexpr bool kFp8Cache = false;                   // rows of p.cache (bf16) in tile_offset's layout
   static constexpr int kHeads = kHeadsPerCta;
   static constexpr int kStages = kNumStages;
   static constexpr int kWarps = kThreads / 32;
@@ -116,9 +119,11 @@ __device__ __forceinline__ TileRange split_tiles(int context_len, int split, int
 // The token whose cache row this thread copies in tile `tile` (4 threads a row).
 __device__ __forceinline__ int tile_token(int tile) { return tile * kBlockN + static_cast<int>(threadIdx.x >> 2); }
 
-// Tile `tile` of a sequence (tokens tile * 64 ..) into the swizzled stage at `dst`: the rows of tokens in
-// [tokens_from, tokens_to). Rows past the context are zero-filled (their pages are never looked up: unused
-// page-table slots may hold anything). known_page >= 0: the thread's row's page, looked up already.
+// Tile `tile` of a sequence (tokens tile * 64 ..) into the stage at `dst`: the rows of tokens in [tokens_from,
+// tokens_to), in the traits' cache format (bf16 rows into tile_offset's swizzle, FP8 rows into Fp8Stage's regions).
+// Rows past the context are zero-filled (their pages are never looked up: unused page-table slots may hold anything;
+// an FP8 row of zeros has zero scales, so it widens to zeros, never to NaN). known_page >= 0: the thread's row's page,
+// looked up already.
 template <typename T>
 __device__ __forceinline__ void load_kv_tile(uint32_t dst, const MlaDecodeParams& p, const int32_t* pages,
                                              int tile, int context_len, int tokens_from = 0,
@@ -127,16 +132,32 @@ __device__ __forceinline__ void load_kv_tile(uint32_t dst, const MlaDecodeParams
   const int token = tile_token(tile);
   if (token < tokens_from || token >= tokens_to) return;
   const bool valid = token < context_len;
-  const uint16_t* src = p.cache;
-  if (valid) {
-    const int64_t page = known_page >= 0 ? known_page : pages[token / p.page_size];
-    src += (page * p.page_size + token % p.page_size) * kHeadDim;
-  }
-  const uint32_t src_bytes = valid ? 16u : 0u;
+  if constexpr (T::kFp8Cache) {
+    const uint8_t* src = p.cache_fp8;
+    if (valid) {
+      const int64_t page = known_page >= 0 ? known_page : pages[token / p.page_size];
+      src += (page * p.page_size + token % p.page_size) * Fp8Stage::kRowBytes;
+    }
+    const uint32_t src_bytes = valid ? 16u : 0u;
 #pragma unroll
-  for (int k = 0; k < T::kChunks / 4; ++k) {
-    const int chunk = sub + 4 * k;
-    cp_async_16(dst + tile_offset(row, chunk), src + chunk * 8, src_bytes);
+    for (int k = 0; k < (Fp8Stage::kRowChunks + 3) / 4; ++k) {
+      const int chunk = sub + 4 * k;
+      if (chunk < Fp8Stage::kRowChunks) {
+        cp_async_16(dst + fp8_row_chunk_offset(row, chunk), src + chunk * 16, src_bytes);
+      }
+    }
+  } else {
+    const uint16_t* src = p.cache;
+    if (valid) {
+      const int64_t page = known_page >= 0 ? known_page : pages[token / p.page_size];
+      src += (page * p.page_size + token % p.page_size) * kHeadDim;
+    }
+    const uint32_t src_bytes = valid ? 16u : 0u;
+#pragma unroll
+    for (int k = 0; k < T::kChunks / 4; ++k) {
+      const int chunk = sub + 4 * k;
+      cp_async_16(dst + tile_offset(row, chunk), src + chunk * 8, src_bytes);
+    }
   }
 }
 
@@ -250,9 +271,24 @@ __device__ void store_empty(const MlaDecodeParams& p, int b, int h0, int split) 
   }
 }
 
+// Columns 2t, 2t + 1 of an n8 tile of the output from lane t's accumulator pair (v0, v1): the pair itself, or, when V
+// was stored with the columns of each group of four in the FP8 QK step's order 0 2 1 3 (kWidenOrder:
+// mla_decode_fp8_kernel.cuh), the pair holds columns (4k, 4k + 2) (t even) or (4k + 1, 4k + 3) (t odd) of group k,
+// and one exchange with lane t ^ 1 gives each lane its two adjacent columns.
+template <bool kWidenOrder>
+__device__ __forceinline__ float2 output_column_pair(float v0, float v1, int t) {
+  if constexpr (!kWidenOrder) {
+    return make_float2(v0, v1);
+  } else {
+    const bool odd = (t & 1) != 0;
+    const float other = __shfl_xor_sync(0xffffffffu, odd ? v0 : v1, 1);
+    return odd ? make_float2(other, v1) : make_float2(v0, other);
+  }
+}
+
 // Writes this warp's accumulators: rows rt * 16 + g (+ 8), columns 64 * warp + 8 * nt + 2 t (+ 1), divided by the
-// row sums; with splits, an fp32 partial plus the row's log2-sum-exp.
-template <typename T>
+// row sums; with splits, an fp32 partial plus the row's log2-sum-exp. kWidenOrder: as output_column_pair's.
+template <typename T, bool kWidenOrder = false>
 __device__ void store_output(const MlaDecodeParams& p, int b, int h0, int split, const float (&acc)[T::kRowTiles][8][4],
                              const float* row_max, const float* row_sum) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -269,16 +305,16 @@ __device__ void store_output(const MlaDecodeParams& p, int b, int h0, int split,
         uint16_t* out = p.out + (row0 + r) * kValueDim + warp * T::kColsPerWarp + 2 * t;
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
-          *reinterpret_cast<uint32_t*>(out + nt * 8) =
-              pack_bf16x2(acc[rt][nt][2 * half] * inv_l, acc[rt][nt][2 * half + 1] * inv_l);
+          const float2 v = output_column_pair<kWidenOrder>(acc[rt][nt][2 * half], acc[rt][nt][2 * half + 1], t);
+          *reinterpret_cast<uint32_t*>(out + nt * 8) = pack_bf16x2(v.x * inv_l, v.y * inv_l);
         }
       } else {
         float* part = static_cast<float*>(p.workspace) + (split * rows + row0 + r) * kValueDim +
                       warp * T::kColsPerWarp + 2 * t;
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
-          *reinterpret_cast<float2*>(part + nt * 8) =
-              make_float2(acc[rt][nt][2 * half] * inv_l, acc[rt][nt][2 * half + 1] * inv_l);
+          const float2 v = output_column_pair<kWidenOrder>(acc[rt][nt][2 * half], acc[rt][nt][2 * half + 1], t);
+          *reinterpret_cast<float2*>(part + nt * 8) = make_float2(v.x * inv_l, v.y * inv_l);
         }
         if (warp == 0 && t == 0) {
           float* lse = static_cast<float*>(p.workspace) + static_cast<int64_t>(p.num_splits) * rows * kValueDim;
@@ -418,24 +454,93 @@ __device__ __forceinline__ void publish_row_stats(const SoftmaxRows<kRows, kPart
 // ---------------------------------------------------------------------------------------------------------------
 // Narrow kernel: 16 heads per CTA
 
-template <typename T>
+// What a narrow kernel's QK step works on. Warp w computes S for the 16 heads and the 16 tokens 16 group .. over
+// one k-half of the 576 dims (the four warps of a k-half cover the tile's 64 tokens); role.lane is its lane.
+struct NarrowQkRole {
+  int k_half, group, lane;
+};
+// A region of the kernel's shared memory, as a generic pointer (plain loads and stores) and as its shared-window
+// address (cp.async, ldmatrix).
+struct SmemRegion {
+  uint8_t* ptr;
+  uint32_t addr;
+};
+
+// The narrow kernel's QK step over one cache format, with the queries of its 16 heads held in registers (the A
+// fragments of the warp's k-half). A QK type gives
+//   kFp8Cache                 the cache format, which must be its traits' (the tile loads copy rows of it)
+//   kSmemBytes                shared memory it needs beside the stages (its region, after them)
+//   Queries                   the registers
+//   load_queries(q, p, b, h0, role)
+//   scores(s, q, stage, region, role)   S of the warp's heads and tokens over its k-half from the tile in `stage`;
+//                             returns the address of the tile whose first 512 columns PV reads as V (tile_offset's
+//                             layout): the stage itself, or one the step widened into its region.
+//   kVInWidenOrder            V's columns in each group of four are stored 0 2 1 3 (store_output puts them back)
+// This one reads the bf16 tile: both products read the stage (ldmatrix), and the k-halves are dims 288 k_half ...
+struct NarrowBf16Qk {
+  static constexpr bool kFp8Cache = false;
+  static constexpr bool kVInWidenOrder = false;
+  static constexpr int kSmemBytes = 0;
+  static constexpr int kKSteps = kHeadDim / 2 / 16;  // 18 k16 steps per k-half
+  static constexpr int kChunksPerHalf = NarrowTraits::kChunks / 2;  // 36 chunks of 16 bytes
+  struct Queries {
+    uint32_t a[kKSteps][4];  // A fragments of Q[16 heads, this k-half]
+  };
+
+  static __device__ __forceinline__ void load_queries(Queries& q, const MlaDecodeParams& p, int b, int h0,
+                                                      const NarrowQkRole& role) {
+    const int g = role.lane >> 2, t = role.lane & 3;
+    const uint32_t* q_lo =
+        reinterpret_cast<const uint32_t*>(p.q + (static_cast<int64_t>(b) * p.num_heads + h0 + g) * kHeadDim);
+    const uint32_t* q_hi = q_lo + 8 * kHeadDim / 2;
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      const int word = (role.k_half * (kHeadDim / 2) + ks * 16 + 2 * t) / 2;
+      q.a[ks][0] = __ldg(q_lo + word);
+      q.a[ks][1] = __ldg(q_hi + word);
+      q.a[ks][2] = __ldg(q_lo + word + 4);
+      q.a[ks][3] = __ldg(q_hi + word + 4);
+    }
+  }
+
+  static __device__ __forceinline__ uint32_t scores(float (&s)[2][4], const Queries& q, SmemRegion stage,
+                                                    SmemRegion /*region*/, const NarrowQkRole& role) {
+    const int lane = role.lane;
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      // matrices: (tokens 0-7, k 0-7), (tokens 0-7, k 8-15), (tokens 8-15, k 0-7), (tokens 8-15, k 8-15)
+      const int token = role.group * 16 + ((lane >> 4) << 3) + (lane & 7);
+      const int chunk = role.k_half * kChunksPerHalf + ks * 2 + ((lane >> 3) & 1);
+      uint32_t kb[4];
+      ldmatrix_x4(kb, stage.addr + tile_offset(token, chunk));
+      mma_bf16_16816(s[0], q.a[ks], kb[0], kb[1]);
+      mma_bf16_16816(s[1], q.a[ks], kb[2], kb[3]);
+    }
+    return stage.addr;
+  }
+};
+
+template <typename T, typename Qk>
 struct NarrowSmem {
-  static constexpr int kKv = 0;                                          // [kStages][64][576] bf16, swizzled
-  static constexpr int kP = kKv + T::kStages * T::kTileBytes;            // [16][64] bf16, swizzled
+  static constexpr int kKv = 0;                                          // [kStages] stages of the cache's format
+  static constexpr int kQk = kKv + T::kStages * T::kTileBytes;           // the QK step's region (Qk::kSmemBytes)
+  static constexpr int kP = kQk + Qk::kSmemBytes;                        // [16][64] bf16, swizzled
   static constexpr int kSPart = kP + T::kHeads * T::kPRowBytes;          // [4 groups][32 lanes][8] fp32
   static constexpr int kRedMax = kSPart + 4 * 32 * 8 * 4;                // [4 groups][16] fp32
   static constexpr int kRedSum = kRedMax + 4 * T::kHeads * 4;            // [4 groups][16] fp32
   static constexpr int kAlpha = kRedSum + 4 * T::kHeads * 4;             // [16] fp32
   static constexpr int kRowMax = kAlpha + T::kHeads * 4;                 // [16] fp32
   static constexpr int kBytes = kRowMax + T::kHeads * 4;
+  static_assert(kQk % 128 == 0 && Qk::kSmemBytes % 128 == 0, "the regions keep the swizzles' 128-byte alignment");
   static_assert(kBytes <= 227 * 1024, "fits one CTA per SM");
 };
 
-template <typename T>
+// Qk: NarrowBf16Qk, or the FP8 one (mla_decode_fp8_kernel.cuh); the rest of the kernel is the same for both.
+template <typename T, typename Qk>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_narrow_kernel(const __grid_constant__ MlaDecodeParams p) {
   static_assert(T::kHeads == 16 && T::kWarps == 8, "warp roles below assume 16 heads and 8 warps");
-  using L = NarrowSmem<T>;
-  constexpr int kKSteps = kHeadDim / 2 / 16;  // 18 k16 steps per k-half
+  static_assert(T::kFp8Cache == Qk::kFp8Cache, "the tile loads and the QK step read one cache format");
+  using L = NarrowSmem<T, Qk>;
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t kv_base = smem_addr(smem + L::kKv);
 
@@ -455,24 +560,14 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_narrow_kernel(const __
   float* red_sum = reinterpret_cast<float*>(smem + L::kRedSum);
   float* alpha = reinterpret_cast<float*>(smem + L::kAlpha);
   float* row_max = reinterpret_cast<float*>(smem + L::kRowMax);
+  const SmemRegion qk_region{.ptr = smem + L::kQk, .addr = smem_addr(smem + L::kQk)};
 
   // Complete the first tiles' copies; load the queries into registers meanwhile.
   finish_first_tiles<T>(kv_base, p, start);
-  const int k_half = warp >> 2, group = warp & 3;  // QK role: dims 288 * k_half .., tokens 16 * group ..
-  uint32_t qf[kKSteps][4];                         // A fragments of Q[16 heads, this k-half]
-  {
-    const uint32_t* q_lo =
-        reinterpret_cast<const uint32_t*>(p.q + (static_cast<int64_t>(b) * p.num_heads + h0 + g) * kHeadDim);
-    const uint32_t* q_hi = q_lo + 8 * kHeadDim / 2;
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      const int word = (k_half * (kHeadDim / 2) + ks * 16 + 2 * t) / 2;
-      qf[ks][0] = __ldg(q_lo + word);
-      qf[ks][1] = __ldg(q_hi + word);
-      qf[ks][2] = __ldg(q_lo + word + 4);
-      qf[ks][3] = __ldg(q_hi + word + 4);
-    }
-  }
+  const int k_half = warp >> 2, group = warp & 3;  // QK role: one k-half of the dims, tokens 16 * group ..
+  const NarrowQkRole role{.k_half = k_half, .group = group, .lane = lane};
+  typename Qk::Queries q;
+  Qk::load_queries(q, p, b, h0, role);
 
   const SoftmaxRows<T::kHeads, 4, 2> th{.part = group, .r_lo = g, .t = t};  // the softmax role (k_half 0)
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
@@ -483,28 +578,20 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_narrow_kernel(const __
   int stage = 0;
   for (int i = 0; i < num_tiles; ++i) {
     cp_async_wait<T::kStages - 2>();
-    __syncthreads();  // tile i visible to all; every warp is done with tile i - 1's stage
+    // Tile i visible to all; every warp is done with tile i - 1's stage (and with the QK region's V tile)
+    __syncthreads();
     queue_next_tile<T>(kv_base, p, pages, range, i, stage, context_len);
-    const uint32_t kv = kv_base + stage * T::kTileBytes;
+    const SmemRegion kv_stage{.ptr = smem + L::kKv + stage * T::kTileBytes, .addr = kv_base + stage * T::kTileBytes};
     const int valid = context_len - (range.begin + i) * kBlockN;  // tokens of this tile inside the context
 
     // S (partial over this warp's k-half) for 16 heads x 16 tokens
     float s[2][4] = {};
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      // matrices: (tokens 0-7, k 0-7), (tokens 0-7, k 8-15), (tokens 8-15, k 0-7), (tokens 8-15, k 8-15)
-      const int token = group * 16 + ((lane >> 4) << 3) + (lane & 7);
-      const int chunk = k_half * (T::kChunks / 2) + ks * 2 + ((lane >> 3) & 1);
-      uint32_t kb[4];
-      ldmatrix_x4(kb, kv + tile_offset(token, chunk));
-      mma_bf16_16816(s[0], qf[ks], kb[0], kb[1]);
-      mma_bf16_16816(s[1], qf[ks], kb[2], kb[3]);
-    }
+    const uint32_t v_tile = Qk::scores(s, q, kv_stage, qk_region, role);
     if (k_half == 1) {
       s_part[0] = make_float4(s[0][0], s[0][1], s[0][2], s[0][3]);
       s_part[1] = make_float4(s[1][0], s[1][1], s[1][2], s[1][3]);
     }
-    __syncthreads();
+    __syncthreads();  // also publishes what the QK step wrote to its region (the FP8 step's V tile)
     if (k_half == 0) {
       const float4 o0 = s_part[0], o1 = s_part[1];
       s[0][0] += o0.x, s[0][1] += o0.y, s[0][2] += o0.z, s[0][3] += o0.w;
@@ -517,7 +604,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_narrow_kernel(const __
       }
     }
     __syncthreads();
-    accumulate_pv<T>(acc, p_tile, kv, alpha);
+    accumulate_pv<T>(acc, p_tile, v_tile, alpha);
     stage = stage + 1 == T::kStages ? 0 : stage + 1;
   }
   allow_dependent_launch();
@@ -528,7 +615,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_narrow_kernel(const __
     red_sum[threadIdx.x] += red_sum[16 + threadIdx.x] + red_sum[32 + threadIdx.x] + red_sum[48 + threadIdx.x];
   }
   __syncthreads();
-  store_output<T>(p, b, h0, split, acc, row_max, red_sum);
+  store_output<T, Qk::kVInWidenOrder>(p, b, h0, split, acc, row_max, red_sum);
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-// mla_decode: the argument checks, the split count, the workspace, and the choice between the split combine kernel
-// and W_UV's fold of it.
+// mla_decode: the argument checks, the cache format (bfloat16 or FP8: the kernel that reads it), the split count, the
+// workspace, and the choice between the split combine kernel and W_UV's fold of it.
 #include <algorithm>
 #include <climits>
 #include <cstddef>
@@ -11,15 +11,25 @@
 #include "backend/cuda/mla/mla_ops.h"
 #include "backend/cuda/runtime/context.h"
 #include "backend/cuda/runtime/op_checks.h"
+#include "backend/ops/latent_fp8.h"
 
 namespace deepinfer::cuda {
 namespace {
 
-// What the MLA decode kernel takes (mla_decode_params.h): DeepSeek's 512-wide latent plus 64 rope values per row,
-// bfloat16, heads in multiples of 16.
+// What the MLA decode kernels take (mla_decode_params.h): DeepSeek's 512-wide latent plus 64 rope values per row,
+// bfloat16 queries and outputs, heads in multiples of 16; the cache in bfloat16 or in the FP8 layout
+// (backend/ops/latent_fp8.h) at those dims.
 constexpr int64_t kDecodeRank = 512;
 constexpr int64_t kDecodeRowDim = 576;
 constexpr int64_t kDecodeHeadMultiple = 16;
+
+// The FP8 cache's rows the kernel reads: LatentFp8Layout at the kernel's dims, whose size the kernel hard-codes.
+int64_t fp8_row_bytes() {
+  const int64_t bytes = LatentFp8Layout{.rank = kDecodeRank, .rope_dim = kDecodeRowDim - kDecodeRank}.row_bytes();
+  DI_CHECK(bytes == kMlaDecodeFp8RowBytes, "the FP8 decode kernel reads rows of ", kMlaDecodeFp8RowBytes,
+           " bytes; the layout at rank ", kDecodeRank, " is ", bytes);
+  return bytes;
+}
 
 }  // namespace
 
@@ -45,10 +55,17 @@ void mla_decode(CudaContext& ctx, const MlaDecodeArgs& a) {
                                 kDecodeHeadMultiple, "; got ", dtype_name(a.q.dtype), " rows of ", a.kv_lora_rank,
                                 " + ", a.q.shape[2] - a.kv_lora_rank, " values and ", heads, " heads"));
   }
+  const bool fp8 = is_fp8_latent_cache(a.cache);
+  if (fp8 && a.cache.shape[2] != fp8_row_bytes()) {
+    throw UnsupportedOp(str_cat(kOp, ": the FP8 kernel reads cache rows of ", fp8_row_bytes(), " bytes (", kDecodeRank,
+                                " e4m3 codes, their float32 scales, ", kDecodeRowDim - kDecodeRank,
+                                " bfloat16 rope values); got rows of ", a.cache.shape[2], " bytes"));
+  }
   DI_CHECK(a.cache.shape[1] <= INT32_MAX && heads <= INT32_MAX, kOp, ": page size ", a.cache.shape[1], ", ", heads,
            " heads");
   MlaDecodeParams p{.q = a.q.as<uint16_t>(),
-                    .cache = a.cache.as<uint16_t>(),
+                    .cache = fp8 ? nullptr : a.cache.as<uint16_t>(),
+                    .cache_fp8 = fp8 ? a.cache.as<uint8_t>() : nullptr,
                     .page_table = a.meta.page_table.as<int32_t>(),
                     .context_lens = a.meta.context_lens.as<int32_t>(),
                     .out = a.out_latent.as<uint16_t>(),

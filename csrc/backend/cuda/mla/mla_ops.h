@@ -10,7 +10,9 @@
 //   mla_decode       flash-decoding (mla_decode.cuh): each sequence's context is cut into splits of 64-token tiles,
 //                    a CTA takes a block of heads over one split (16 heads: mla_decode_narrow, 64: the wgmma kernel),
 //                    and a combine kernel merges the splits' partials from the context's workspace. The split count is
-//                    chosen once a call (mla_decode_num_splits, or CudaTuning::mla_decode_splits). With the value
+//                    chosen once a call (mla_decode_num_splits, or CudaTuning::mla_decode_splits). Over the FP8
+//                    cache (a kF8E4M3 cache tensor: backend/ops/latent_fp8.h) one kernel of 16 heads a CTA runs for
+//                    every head count, widening the rows in its QK step (mla_decode_fp8_kernel.cuh). With the value
 //                    projection (MlaDecodeArgs::w_uv), W_UV follows on head_linear's kernels; for one sequence its
 //                    per-head GEMV combines the partials as it reads them, and the combine kernel is skipped.
 //   mla_prefill      the sequences' latent rows are gathered from the cache into a bf16 workspace (FP8 rows widened
