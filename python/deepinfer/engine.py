@@ -231,6 +231,7 @@ class DeepInferenceEngine:
         self.cache_info = {"dtype": self._core.cache_dtype, "bytes_per_token": self._core.cache_bytes_per_token}
         logger.info("latent cache: %s, %d bytes a token (all layers), %s tokens", self.cache_info["dtype"],
                     self.cache_info["bytes_per_token"], f"{self._core.stats().num_cache_pages * config.page_size:,}")
+        self._warn_fp8_cache_heads(config, device)
         self._final_stats = None
 
         self._ids = itertools.count()
@@ -625,6 +626,20 @@ class DeepInferenceEngine:
         core = self._core
         if core is not None:  # after shutdown nothing runs any more
             core.abort(core_id)
+
+    def _warn_fp8_cache_heads(self, config: EngineConfig, device: str) -> None:
+        """The FP8 cache's decode kernel takes 16 heads a CTA: past 16 heads a GPU each tile is widened several times
+        over, and decode attention is slower than over the bf16 cache (benchmarks/results/fp8_h200.md)."""
+        if device != "cuda" or config.kv_cache_dtype == "auto":
+            return
+        heads = self.model_config.num_attention_heads
+        if not config.enable_dp_attention:
+            heads //= config.tensor_parallel_size
+        if heads > 16:
+            logger.warning("kv_cache_dtype=%r with %d attention heads a GPU: the FP8 cache holds 1.76x the tokens, but "
+                           "its decode kernel is tuned for 16 heads a GPU and attends up to 3x slower than the bf16 "
+                           "cache at this head count (tensor parallelism brings DeepSeek-V3 to 16 a GPU at 8 GPUs)",
+                           config.kv_cache_dtype, heads)
 
     def stats(self) -> Any:
         core = self._core
