@@ -231,3 +231,38 @@ def test_readme_sample_reproduces(tmp_path):
                        env=ENV, timeout=60, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.rstrip("\n").splitlines() == sample
+
+
+# DeepSeek-V2-Lite's dimensions (the CUDA kernels' shapes), four layers: enough to size every term.
+V2_LITE_4L = {
+    "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "vocab_size": 102400, "hidden_size": 2048,
+    "intermediate_size": 10944, "moe_intermediate_size": 1408, "num_hidden_layers": 4, "first_k_dense_replace": 1,
+    "moe_layer_freq": 1, "n_routed_experts": 64, "n_shared_experts": 2, "num_experts_per_tok": 6, "n_group": 1,
+    "topk_group": 1, "topk_method": "greedy", "num_attention_heads": 16, "num_key_value_heads": 16,
+    "q_lora_rank": None, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
+    "max_position_embeddings": 16384, "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 1,
+    "torch_dtype": "bfloat16",
+}
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_plan_matches_the_cuda_engine(tmp_path, kv_cache_dtype):
+    """On a GPU: the plan's weights equal what the engine holds, and its cache pages (after an estimated working
+    memory) are within 2% of the pages the engine measured room for."""
+    from deepinfer import DeepInferenceEngine, _deepinfer
+
+    if _deepinfer.cuda_device_count() == 0:
+        pytest.skip("needs a CUDA GPU and a build with the CUDA backend")
+    (tmp_path / "config.json").write_text(json.dumps(V2_LITE_4L))
+    config = EngineConfig(model_name_or_path=str(tmp_path), load_format="dummy", device="cuda",
+                          kv_cache_dtype=kv_cache_dtype, max_model_len=8192)
+    free, total = _deepinfer.cuda_device_memory(0)
+    plan = plan_memory(load_model_dims(tmp_path), config, gpu_memory_bytes=total, in_use_bytes=total - free)
+    engine = DeepInferenceEngine(config)
+    try:
+        assert plan.weight_bytes == dict(engine.weight_bytes)
+        assert plan.cache_bytes_per_token == engine.cache_info["bytes_per_token"]
+        pages = engine.stats().num_cache_pages
+        assert within_2_percent(plan.cache_pages, pages), (plan.cache_pages, pages)
+    finally:
+        engine.shutdown()
