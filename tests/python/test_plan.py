@@ -233,9 +233,10 @@ def test_readme_sample_reproduces(tmp_path):
     assert r.stdout.rstrip("\n").splitlines() == sample
 
 
-# DeepSeek-V2-Lite's dimensions (the CUDA kernels' shapes), four layers: enough to size every term.
+# DeepSeek-V2-Lite's dimensions (the CUDA kernels' shapes), four layers, with V3's vocabulary (the default tokenizer
+# fits it): enough to size every term.
 V2_LITE_4L = {
-    "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "vocab_size": 102400, "hidden_size": 2048,
+    "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "vocab_size": 129280, "hidden_size": 2048,
     "intermediate_size": 10944, "moe_intermediate_size": 1408, "num_hidden_layers": 4, "first_k_dense_replace": 1,
     "moe_layer_freq": 1, "n_routed_experts": 64, "n_shared_experts": 2, "num_experts_per_tok": 6, "n_group": 1,
     "topk_group": 1, "topk_method": "greedy", "num_attention_heads": 16, "num_key_value_heads": 16,
