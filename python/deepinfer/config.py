@@ -72,6 +72,8 @@ class QuantizationConfig:
 # tests check that every field has an entry.
 ENGINE_FIELD_HELP: dict[str, str] = {
     "model_name_or_path": "Hugging Face DeepSeek V2/V3 directory or hub id; none: the embedded demo model",
+    "revision": "the hub revision (branch, tag or commit) of a model given as a hub id; none: the default branch",
+    "download_dir": "where a hub model is downloaded (Hugging Face's cache_dir); none: the Hugging Face cache",
     "tokenizer": "directory with tokenizer.json; none: the model's own (or DeepSeek-V3's when it has none)",
     "tensor_parallel_size": "ranks to split the model across: GPUs 0..N-1 (CUDA) or threads (CPU)",
     "enable_expert_parallel": "partition the routed experts across the tensor-parallel ranks instead of splitting "
@@ -113,6 +115,8 @@ class EngineConfig:
     ENGINE_FIELD_HELP (above) says what each field means."""
 
     model_name_or_path: str | None = None
+    revision: str | None = None
+    download_dir: str | None = None
     tokenizer: str | None = None
     tensor_parallel_size: int = 1
     enable_expert_parallel: bool = False
@@ -151,6 +155,10 @@ class EngineConfig:
         if self.model_name_or_path is not None:
             require(isinstance(self.model_name_or_path, (str, os.PathLike)) and str(self.model_name_or_path) != "",
                     "model_name_or_path must be a non-empty path or None (the embedded model)")
+        for name in ("revision", "download_dir"):
+            value = getattr(self, name)
+            require(value is None or (isinstance(value, (str, os.PathLike)) and str(value) != ""),
+                    f"{name} must be None or a non-empty string, got {value!r}")
         require(isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1,
                 f"tensor_parallel_size must be an integer >= 1, got {self.tensor_parallel_size!r}")
         require(isinstance(self.enable_expert_parallel, bool),

@@ -47,8 +47,15 @@ def _looks_like_hub_id(name: str) -> bool:
     return name.count("/") == 1 and not name.startswith((".", "/", "~")) and not os.path.exists(name)
 
 
-def resolve_model_path(name: str | None) -> tuple[Path, str | None]:
-    """A local directory for `name` (None: the embedded model) and the load format it implies, if any."""
+def resolve_model_path(name: str | None, revision: str | None = None,
+                       download_dir: str | os.PathLike | None = None) -> tuple[Path, str | None]:
+    """A local directory for `name` (None: the embedded model) and the load format it implies, if any. A hub id is
+    downloaded at ``revision`` into ``download_dir`` (Hugging Face's cache_dir); both only mean something for one."""
+    if name is None or Path(name).expanduser().is_dir():
+        for option, value in (("revision", revision), ("download_dir", download_dir)):
+            if value is not None:
+                logger.warning("%s=%r is ignored: the model is %s, not a hub id", option, value,
+                               "the embedded demo model" if name is None else f"the local directory {name!r}")
     if name is None:
         path, load_format = default_model()
         return path, load_format
@@ -62,9 +69,12 @@ def resolve_model_path(name: str | None) -> tuple[Path, str | None]:
             raise ValueError(f"model {name!r} is not a local directory, and huggingface_hub is not installed "
                              "to download it") from None
         try:
-            local = snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.jinja", "tokenizer*"])
-        except Exception as e:  # network, authentication, unknown repository
-            raise ValueError(f"model {name!r} is not a local directory and could not be downloaded: {e}") from e
+            local = snapshot_download(name, revision=revision,
+                                      cache_dir=None if download_dir is None else str(download_dir),
+                                      allow_patterns=["*.json", "*.safetensors", "*.jinja", "tokenizer*"])
+        except Exception as e:  # network, authentication, unknown repository or revision
+            at = f" at revision {revision!r}" if revision is not None else ""
+            raise ValueError(f"model {name!r} is not a local directory and could not be downloaded{at}: {e}") from e
         return Path(local), None
     raise ValueError(f"model path {name!r} does not exist or is not a directory")
 
@@ -179,7 +189,8 @@ class DeepInferenceEngine:
             raise TypeError("pass either an EngineConfig or keyword arguments, not both")
         self.config = config
         self.device = device = self._choose_device(config)
-        model_dir, implied_format = resolve_model_path(config.model_name_or_path)
+        model_dir, implied_format = resolve_model_path(config.model_name_or_path, config.revision,
+                                                       config.download_dir)
         load_format = config.load_format if config.load_format != "auto" else (implied_format or "safetensors")
         self.model_dir = model_dir
         self.is_random_model = load_format == "dummy"
@@ -590,15 +601,20 @@ class DeepInferenceEngine:
         raise TypeError(f"prompts must be a string, token ids, or a list of those; got {type(prompts).__name__}")
 
     def render_chat(self, messages: Messages, *, add_generation_prompt: bool = True,
-                    chat_template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
-        """Token ids of a conversation rendered with the checkpoint's chat template."""
+                    chat_template_kwargs: Mapping[str, Any] | None = None,
+                    chat_template: str | None = None) -> list[int]:
+        """Token ids of a conversation rendered with the checkpoint's chat template, or with ``chat_template`` (a
+        Jinja source, or the name of one of the checkpoint's named templates) when given."""
         if not isinstance(messages, Sequence) or not messages:
             raise ValueError("messages must be a non-empty list of {'role', 'content'} mappings")
         for m in messages:
             if not isinstance(m, Mapping) or "role" not in m:
                 raise ValueError(f"every message needs a 'role'; got {m!r}")
+        kwargs = dict(chat_template_kwargs or {})
+        if chat_template is not None:
+            kwargs["chat_template"] = chat_template
         text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt,
-                                                  tokenize=False, **dict(chat_template_kwargs or {}))
+                                                  tokenize=False, **kwargs)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def chat(self, messages: Messages | Sequence[Messages], sampling_params: SamplingParams | None = None, *,

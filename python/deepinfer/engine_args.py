@@ -22,7 +22,8 @@ __all__ = ["add_engine_arguments", "engine_values", "engine_field_help", "finite
 
 # Engine values a command line may carry: the fields, and quantization's JSON spelling.
 ENGINE_VALUE_NAMES = frozenset(f.name for f in dataclasses.fields(EngineConfig)) | {"quantization_config"}
-_METAVARS = {"model_name_or_path": "PATH", "tokenizer": "PATH", "served_model_name": "NAME"}
+_METAVARS = {"model_name_or_path": "PATH", "tokenizer": "PATH", "served_model_name": "NAME", "revision": "REV",
+             "download_dir": "DIR"}
 
 
 def finite_float(text: str) -> float:

@@ -8,6 +8,9 @@ from typing import Any, Sequence
 
 from deepinfer import _deepinfer
 
+# The most alternatives a token's logprobs carry (OpenAI's top_logprobs limit, vLLM's default --max-logprobs).
+MAX_LOGPROBS = 20
+
 
 @dataclass
 class SamplingParams:
@@ -69,11 +72,11 @@ class SamplingParams:
                 f"presence_penalty must be in [-2, 2], got {self.presence_penalty!r}")
         require(-2.0 <= number("frequency_penalty") <= 2.0,
                 f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty!r}")
-        require(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20),
-                f"logprobs must be None or an integer in [0, 20], got {self.logprobs!r}")
+        require(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS),
+                f"logprobs must be None or an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
         require(self.prompt_logprobs is None or (isinstance(self.prompt_logprobs, int) and
-                                                 0 <= self.prompt_logprobs <= 20),
-                f"prompt_logprobs must be None or an integer in [0, 20], got {self.prompt_logprobs!r}")
+                                                 0 <= self.prompt_logprobs <= MAX_LOGPROBS),
+                f"prompt_logprobs must be None or an integer in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs!r}")
 
     @classmethod
     def from_kwargs(cls, base: "SamplingParams | None" = None, **kwargs: Any) -> "SamplingParams":

@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import deepinfer
 from deepinfer.build_info import build_info
+from deepinfer.sampling_params import MAX_LOGPROBS
 from deepinfer.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from deepinfer.server.protocol import APIError, error_body
 from deepinfer.server.reasoning import ReasoningParser, get_reasoning_parser
@@ -46,7 +47,9 @@ def create_app(engine: Any, *, api_key: str | None = None, max_queue: int = DEFA
                reasoning_parser: str | type[ReasoningParser] | None = None,
                tool_call_parser: str | None = "deepseek_v3",
                served_model_name: str | Sequence[str] | None = None,
-               allowed_origins: Sequence[str] = (), allow_credentials: bool = False) -> FastAPI:
+               allowed_origins: Sequence[str] = (), allow_credentials: bool = False,
+               chat_template: str | None = None, response_role: str = "assistant",
+               max_logprobs: int = MAX_LOGPROBS, root_path: str = "", log_requests: bool = False) -> FastAPI:
     """An ASGI app serving ``engine``. The caller owns the engine (and shuts it down).
 
     ``max_queue`` bounds the sequences waiting for their first token; past it requests get 503.
@@ -57,6 +60,10 @@ def create_app(engine: Any, *, api_key: str | None = None, max_queue: int = DEFA
     another model get 404.
     ``allowed_origins`` (e.g. ["https://app.example"] or ["*"]) lets browsers on those origins call the API: CORS
     headers on every answer, preflight requests answered; none by default (same-origin only).
+    ``chat_template`` (a Jinja source) renders chat requests instead of the checkpoint's template;
+    ``response_role`` is the role of the answers' messages; ``max_logprobs`` the largest logprobs / top_logprobs a
+    request may ask for. ``root_path`` (e.g. "/api") is the prefix of a proxy in front: paths answer with or
+    without it. ``log_requests`` logs one line per generation request (its id, prompt lengths and parameters).
     """
     if isinstance(reasoning_parser, str):
         reasoning_parser = get_reasoning_parser(reasoning_parser)
@@ -76,12 +83,19 @@ def create_app(engine: Any, *, api_key: str | None = None, max_queue: int = DEFA
                          f"got {tool_call_parser!r}")
     options = ServerOptions(served_model_names=names, api_key=api_key or None, max_queue_size=max_queue,
                             reasoning_parser=reasoning_parser,
-                            tool_call_parser=TOOL_CALL_PARSERS.get(tool_call_parser or "none"))
+                            tool_call_parser=TOOL_CALL_PARSERS.get(tool_call_parser or "none"),
+                            chat_template=chat_template, response_role=response_role, max_logprobs=max_logprobs,
+                            log_requests=log_requests)
     state = ServerState(engine=engine, options=options, metrics=ServerMetrics(engine, names[0]))
     serving = OpenAIServing(state)
 
+    if not isinstance(max_logprobs, int) or not 0 <= max_logprobs <= MAX_LOGPROBS:
+        raise ValueError(f"max_logprobs must be an integer in [0, {MAX_LOGPROBS}], got {max_logprobs!r}")
+
+    # FastAPI's root_path: a request path with the prefix is routed without it, one without it as it is, so the
+    # server answers behind a proxy that strips the prefix and one that keeps it.
     app = FastAPI(title="DeepInfer", version=deepinfer.__version__, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+                  openapi_url=None, root_path=root_path)
     app.state.server = state
     if allowed_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_credentials=allow_credentials,

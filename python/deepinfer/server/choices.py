@@ -162,8 +162,10 @@ class ChatFormat(ChoiceFormat):
 
     def __init__(self, token_text: TokenText, n: int, want_logprobs: bool,
                  parser_cls: type[ReasoningParser] | None, opens_reasoning: bool,
-                 tool_parser_cls: type[DeepSeekToolCallParser] | None = None, parallel_tool_calls: bool = True) -> None:
+                 tool_parser_cls: type[DeepSeekToolCallParser] | None = None, parallel_tool_calls: bool = True,
+                 role: str = "assistant") -> None:
         self._token_text = token_text
+        self._role = role  # the server's --response-role
         self._want_logprobs = want_logprobs
         # Per choice, its reasoning parser (None: no reasoning_content, all is content).
         self._parsers: list[ReasoningParser | None] = [parser_cls(opens_reasoning) if parser_cls else None
@@ -193,7 +195,7 @@ class ChatFormat(ChoiceFormat):
         return {"content": content}
 
     def body(self, c: Choice) -> tuple[Any, Any]:
-        message: dict[str, Any] = {"role": "assistant"}
+        message: dict[str, Any] = {"role": self._role}
         parser = self._parsers[c.index]
         if parser is not None:
             reasoning, content = parser.parse(c.text)
@@ -211,7 +213,7 @@ class ChatFormat(ChoiceFormat):
         return message, self._logprobs(c.logprobs) if self._want_logprobs else None
 
     def first_delta(self, c: Choice) -> Any:
-        return {"role": "assistant", "content": ""}
+        return {"role": self._role, "content": ""}
 
     def delta(self, c: Choice, out: CompletionOutput) -> tuple[Any, Any] | None:
         delta: dict[str, Any] = {}

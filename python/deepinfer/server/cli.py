@@ -5,7 +5,8 @@ The model is the positional MODEL (as ``vllm serve MODEL``) or ``--model``. Ever
 YAML file given with ``--config``; flags override the file. Server options (host, port, API key, ...) work the same
 way. The port is bound before the model loads, so a port in use fails at once. SIGTERM or SIGINT stops admitting
 requests, lets those in flight finish for up to ``--shutdown-timeout`` seconds, aborts the rest, shuts the engine
-down and exits 0; a second signal aborts at once.
+down and exits 0; a second signal aborts at once. vLLM's serve flags are accepted too: deepinfer.server.vllm_flags
+maps those without a DeepInfer option of their own.
 
     deepinfer serve /models/DeepSeek-V2-Lite --port 8000 --api-key sk-... --max-model-len 8192
     deepinfer serve --config serve.yaml --port 9000
@@ -30,6 +31,8 @@ from typing import Any
 
 from deepinfer.config import EngineConfig, is_finite_number
 from deepinfer.engine_args import ENGINE_VALUE_NAMES, add_engine_arguments, finite_float
+from deepinfer.sampling_params import MAX_LOGPROBS
+from deepinfer.server.vllm_flags import add_vllm_arguments, apply_aliases, warn_inapplicable
 
 __all__ = ["add_serve_arguments", "run_serve", "resolve_serve_options", "main"]
 
@@ -47,6 +50,16 @@ SERVER_DEFAULTS: dict[str, Any] = {
     "access_log": True,
     "allowed_origins": [],
     "allow_credentials": False,
+    "chat_template": None,
+    "response_role": "assistant",
+    "max_logprobs": MAX_LOGPROBS,
+    "enable_log_requests": False,
+    "uvicorn_log_level": None,
+    "root_path": "",
+    "ssl_keyfile": None,
+    "ssl_certfile": None,
+    "ssl_ca_certs": None,
+    "ssl_cert_reqs": 0,
 }
 API_KEY_ENV = "DEEPINFER_API_KEY"
 _REASONING_PARSERS = ("deepseek-r1",)
@@ -88,8 +101,37 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                              f"(default {SERVER_DEFAULTS['shutdown_timeout']:g})")
     server.add_argument("--log-level", choices=_LOG_LEVELS, default=S,
                         help=f"(default {SERVER_DEFAULTS['log_level']})")
+    server.add_argument("--uvicorn-log-level", choices=_LOG_LEVELS, default=S,
+                        help="the HTTP server's (uvicorn's) log level (default: --log-level)")
     server.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=S,
                         help="log one line per HTTP request (default on)")
+    server.add_argument("--disable-uvicorn-access-log", dest="access_log", action="store_const", const=False,
+                        default=S, help="same as --no-access-log")
+    server.add_argument("--enable-log-requests", action=argparse.BooleanOptionalAction, default=S,
+                        help="log each generation request's id, prompt length and sampling parameters, never its "
+                             "text (default off)")
+    server.add_argument("--disable-log-requests", dest="enable_log_requests", action="store_const", const=False,
+                        default=S, help="same as --no-enable-log-requests (the default)")
+    server.add_argument("--chat-template", metavar="FILE_OR_JINJA", default=S,
+                        help="Jinja chat template (a file, or the template itself) for /v1/chat/completions "
+                             "(default: the checkpoint's)")
+    server.add_argument("--response-role", metavar="ROLE", default=S,
+                        help=f"role of the message in chat answers (default {SERVER_DEFAULTS['response_role']})")
+    server.add_argument("--max-logprobs", type=int, metavar="N", default=S,
+                        help="largest logprobs/top_logprobs a request may ask for, at most "
+                             f"{MAX_LOGPROBS} (default {SERVER_DEFAULTS['max_logprobs']})")
+    server.add_argument("--root-path", metavar="PATH", default=S,
+                        help="path prefix of a proxy in front of the server, e.g. /api; routes answer with or "
+                             "without it (default: none)")
+    server.add_argument("--ssl-keyfile", metavar="FILE", default=S, help="serve HTTPS with this private key "
+                                                                        "(default: plain HTTP)")
+    server.add_argument("--ssl-certfile", metavar="FILE", default=S,
+                        help="the certificate (chain) for HTTPS; required for HTTPS (default: none)")
+    server.add_argument("--ssl-ca-certs", metavar="FILE", default=S,
+                        help="CA certificates to verify client certificates against (default: none)")
+    server.add_argument("--ssl-cert-reqs", type=int, choices=(0, 1, 2), default=S,
+                        help="client certificates: 0 not asked, 1 optional, 2 required, as Python's ssl.CERT_* "
+                             "(default 0)")
     server.add_argument("--allowed-origins", nargs="+", metavar="ORIGIN", default=S,
                         help="origins whose browser pages may call the API (CORS), e.g. https://app.example or '*' "
                              "(default: none)")
@@ -97,6 +139,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                         help="let those origins send cookies and Authorization headers (default off)")
 
     add_engine_arguments(parser)
+    add_vllm_arguments(parser)
     return parser
 
 
@@ -134,11 +177,12 @@ def resolve_serve_options(args: argparse.Namespace) -> tuple[dict[str, Any], dic
             raise ValueError(f"the model is given twice, differently: {positional!r} (positional MODEL) and "
                              f"{flag!r} (--model); give one of them")
         given["model_name_or_path"] = positional
+    given = apply_aliases(given, "flags")
     engine_names = ENGINE_VALUE_NAMES
     file_values: dict[str, Any] = {}
     config_path = getattr(args, "config", None)
     if config_path:
-        file_values = load_config_file(config_path)
+        file_values = apply_aliases(load_config_file(config_path), str(config_path))
         unknown = sorted(set(file_values) - engine_names - set(SERVER_DEFAULTS))
         if unknown:
             raise ValueError(f"{config_path}: unknown options {unknown}; known: "
@@ -173,7 +217,68 @@ def resolve_serve_options(args: argparse.Namespace) -> tuple[dict[str, Any], dic
         raise ValueError(f"allow_credentials must be true or false, got {server['allow_credentials']!r}")
     if server["log_level"] not in _LOG_LEVELS:
         raise ValueError(f"log_level must be one of {list(_LOG_LEVELS)}, got {server['log_level']!r}")
+    if server["uvicorn_log_level"] not in (None, *_LOG_LEVELS):
+        raise ValueError(f"uvicorn_log_level must be one of {list(_LOG_LEVELS)}, got {server['uvicorn_log_level']!r}")
+    if not isinstance(server["enable_log_requests"], bool):
+        raise ValueError(f"enable_log_requests must be true or false, got {server['enable_log_requests']!r}")
+    max_logprobs = server["max_logprobs"]
+    if not isinstance(max_logprobs, int) or isinstance(max_logprobs, bool) or not 0 <= max_logprobs <= MAX_LOGPROBS:
+        raise ValueError(f"max_logprobs must be an integer in [0, {MAX_LOGPROBS}] (the engine returns at most "
+                         f"{MAX_LOGPROBS} alternatives a token), got {max_logprobs!r}")
+    if not isinstance(server["response_role"], str) or not server["response_role"]:
+        raise ValueError(f"response_role must be a non-empty string, got {server['response_role']!r}")
+    root = server["root_path"]
+    if not isinstance(root, str) or (root and (not root.startswith("/") or root.endswith("/"))):
+        raise ValueError(f"root_path must be empty or a path like /api (a leading /, no trailing /), got {root!r}")
+    if server["chat_template"] is not None:
+        server["chat_template"] = load_chat_template(server["chat_template"])
+    check_ssl(server)
     return engine_values, server
+
+
+def load_chat_template(value: Any) -> str:
+    """The Jinja source that ``--chat-template`` names: a file's text, or the value itself when it is a template
+    (it has Jinja's braces, or several lines). Compiled here, so that a broken one fails before the weights load."""
+    from deepinfer.chat import compile_chat_template
+
+    if not isinstance(value, (str, os.PathLike)) or str(value) == "":
+        raise ValueError(f"chat_template must be a file or a Jinja template, got {value!r}")
+    text = str(value)
+    path = Path(text).expanduser()
+    looks_inline = any(c in text for c in "{}\n")
+    if not looks_inline:
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise ValueError(f"chat_template {str(value)!r} is not a readable file ({e.strerror or e}) and "
+                             "has no Jinja in it") from None
+    try:
+        compile_chat_template(text)
+    except ValueError as e:
+        where = "the chat template given inline" if looks_inline else f"chat_template {str(value)!r}"
+        raise ValueError(f"{where}: {e}") from None
+    return text
+
+
+def check_ssl(server: dict[str, Any]) -> None:
+    """Loads the certificate and key as the server will, so that a wrong file fails before the weights load."""
+    import ssl
+
+    keyfile, certfile, ca_certs = server["ssl_keyfile"], server["ssl_certfile"], server["ssl_ca_certs"]
+    if server["ssl_cert_reqs"] not in (0, 1, 2):
+        raise ValueError(f"ssl_cert_reqs must be 0, 1 or 2, got {server['ssl_cert_reqs']!r}")
+    if certfile is None:
+        if keyfile is not None or ca_certs is not None:
+            raise ValueError("HTTPS needs --ssl-certfile (the certificate) besides --ssl-keyfile/--ssl-ca-certs")
+        return
+    try:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(certfile, keyfile)
+        if ca_certs is not None:
+            context.load_verify_locations(ca_certs)
+    except (OSError, ssl.SSLError) as e:
+        raise ValueError(f"cannot use --ssl-certfile {certfile!r} / --ssl-keyfile {keyfile!r}"
+                         f"{f' / --ssl-ca-certs {ca_certs!r}' if ca_certs else ''}: {e}") from None
 
 
 # ----------------------------------------------------------------------------------------------- serving
@@ -292,8 +397,12 @@ def bind_listen_socket(host: str, port: int) -> socket.socket:
 def _serve(app: Any, engine: Any, server: dict[str, Any], sock: socket.socket) -> int:
     import uvicorn
 
-    config = uvicorn.Config(app, host=server["host"], port=server["port"], log_level=server["log_level"],
+    server = {**SERVER_DEFAULTS, **server}  # options left out take their defaults
+    config = uvicorn.Config(app, host=server["host"], port=server["port"],
+                            log_level=server["uvicorn_log_level"] or server["log_level"],
                             access_log=bool(server["access_log"]), lifespan="off",
+                            ssl_keyfile=server["ssl_keyfile"], ssl_certfile=server["ssl_certfile"],
+                            ssl_ca_certs=server["ssl_ca_certs"], ssl_cert_reqs=server["ssl_cert_reqs"],
                             timeout_graceful_shutdown=float(server["shutdown_timeout"]) + 10.0)
     Server = _make_server_class()
     srv = Server(config, app.state.server, engine, float(server["shutdown_timeout"]))
@@ -327,6 +436,7 @@ def run_serve(args: argparse.Namespace) -> int:
     level = "DEBUG" if server["log_level"] == "trace" else server["log_level"].upper()
     logging.basicConfig(level=level, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
     logging.getLogger("deepinfer").setLevel(level)
+    warn_inapplicable(args, logger)
 
     from deepinfer.engine import DeepInferenceEngine
 
@@ -363,13 +473,16 @@ def run_serve(args: argparse.Namespace) -> int:
         app = create_app(engine, api_key=server["api_key"], max_queue=server["max_queue_size"],
                          reasoning_parser=server["reasoning_parser"], tool_call_parser=server["tool_call_parser"],
                          allowed_origins=server["allowed_origins"],
-                         allow_credentials=server["allow_credentials"])
+                         allow_credentials=server["allow_credentials"], chat_template=server["chat_template"],
+                         response_role=server["response_role"], max_logprobs=server["max_logprobs"],
+                         root_path=server["root_path"], log_requests=server["enable_log_requests"])
         if on_main:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             previous = {}
-        logger.info("serving %s (max_model_len %d) at http://%s:%d/v1", engine.served_model_name,
-                    app.state.server.max_model_len, server["host"], server["port"])
+        scheme = "https" if server["ssl_certfile"] else "http"
+        logger.info("serving %s (max_model_len %d) at %s://%s:%d%s/v1", engine.served_model_name,
+                    app.state.server.max_model_len, scheme, server["host"], server["port"], server["root_path"])
         return _serve(app, engine, server, sock)
     except _Interrupted as e:
         logger.info("%s while starting: stopping", e)

@@ -15,6 +15,8 @@ from typing import Any, Callable, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from deepinfer.sampling_params import MAX_LOGPROBS
+
 __all__ = [
     "APIError",
     "ChatCompletionRequest",
@@ -216,25 +218,32 @@ def check_unsupported(body: dict[str, Any], endpoint: Literal["chat", "completio
 # ----------------------------------------------------------------------------------------------- values
 
 
-def check_values(req: CompletionRequest | ChatCompletionRequest) -> int:
+def check_values(req: CompletionRequest | ChatCompletionRequest, max_logprobs: int = MAX_LOGPROBS) -> int:
     """Raises a 400 for the first value of a (model-validated) request that its types allow but the API does not;
-    returns the request's n."""
+    returns the request's n. ``max_logprobs`` is the server's --max-logprobs."""
     n = 1 if req.n is None else req.n
     if not 1 <= n <= MAX_N:
         raise APIError(400, f"Invalid value for 'n': must be between 1 and {MAX_N}, got {n}", param="n",
                        code="invalid_value")
     if isinstance(req, ChatCompletionRequest):
-        _check_chat_values(req)
+        _check_chat_values(req, max_logprobs)
+    else:
+        _check_logprobs("logprobs", req.logprobs, max_logprobs)
     return n
 
 
-def _check_chat_values(req: ChatCompletionRequest) -> None:
+def _check_logprobs(param: str, value: int | None, max_logprobs: int) -> None:
+    if value is not None and not 0 <= value <= max_logprobs:
+        limit = "" if max_logprobs == MAX_LOGPROBS else " (this server's --max-logprobs)"
+        raise APIError(400, f"Invalid value for '{param}': must be between 0 and {max_logprobs}{limit}, got {value}",
+                       param=param, code="invalid_value")
+
+
+def _check_chat_values(req: ChatCompletionRequest, max_logprobs: int) -> None:
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "'top_logprobs' requires 'logprobs' to be true", param="top_logprobs",
                        code="invalid_value")
-    if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
-        raise APIError(400, f"Invalid value for 'top_logprobs': must be between 0 and 20, got {req.top_logprobs}",
-                       param="top_logprobs", code="invalid_value")
+    _check_logprobs("top_logprobs", req.top_logprobs, max_logprobs)
     if req.max_tokens is not None and req.max_completion_tokens is not None \
             and req.max_tokens != req.max_completion_tokens:
         raise APIError(400, "Give 'max_completion_tokens' or 'max_tokens', not two different values",

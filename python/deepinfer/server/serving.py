@@ -28,7 +28,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError
 
 from deepinfer.outputs import CompletionOutput
-from deepinfer.sampling_params import SamplingParams
+from deepinfer.sampling_params import MAX_LOGPROBS, SamplingParams
 from deepinfer.server.choices import ChatFormat, Choice, ChoiceFormat, CompletionFormat
 from deepinfer.server.metrics import ServerMetrics
 from deepinfer.server.protocol import (APIError, ChatCompletionRequest, CompletionRequest, check_unsupported,
@@ -53,6 +53,10 @@ class ServerOptions:
     max_queue_size: int = 1024
     reasoning_parser: type[ReasoningParser] | None = None
     tool_call_parser: type[DeepSeekToolCallParser] | None = None  # None: requests with tools are refused
+    chat_template: str | None = None   # Jinja source used instead of the checkpoint's (a request's own still wins)
+    response_role: str = "assistant"   # the role of chat answers' messages
+    max_logprobs: int = MAX_LOGPROBS   # the largest logprobs / top_logprobs a request may ask for
+    log_requests: bool = False         # one log line per generation request (never its text)
 
 
 @dataclass
@@ -323,7 +327,7 @@ class OpenAIServing:
         except ValidationError as e:
             raise validation_error(e) from None
         self._check_model(req.model)
-        return req, check_values(req)
+        return req, check_values(req, self.state.options.max_logprobs)
 
     async def _read_json(self, request: Request) -> dict[str, Any]:
         raw = await request.body()
@@ -461,6 +465,9 @@ class OpenAIServing:
         created = int(time.time())
         model = req.model or self.state.model_name
         run = self._submit(prompts, params, request_id, n, arrival)
+        if self.state.options.log_requests:
+            logger.info("request %s: %d prompt(s) of %s tokens, %s", request_id, len(prompts),
+                        "/".join(str(len(ids)) for ids in prompts), params[0])
         choices = [Choice(i) for i in range(run.num_choices)]
         prompt_tokens = sum(run.prompt_lens)
 
@@ -609,9 +616,12 @@ class OpenAIServing:
         kwargs = dict(req.chat_template_kwargs or {})
         if req.tools and req.tool_choice != "none":
             kwargs["tools"] = req.tools  # the template renders them (DeepSeek's lists them in the system turn)
+        # The server's --chat-template, unless the request names its own in chat_template_kwargs.
+        template = self.state.options.chat_template
+        template = {"chat_template": template} if template and "chat_template" not in kwargs else {}
         try:
             return list(self.engine.render_chat(messages, add_generation_prompt=bool(req.add_generation_prompt),
-                                                chat_template_kwargs=kwargs))
+                                                chat_template_kwargs=kwargs, **template))
         except (ValueError, TypeError, KeyError, jinja2.TemplateError) as e:
             raise APIError(400, f"The chat template could not render these messages: {e}", param="messages",
                            code="invalid_value") from None
@@ -634,5 +644,5 @@ class OpenAIServing:
         uses_tools = bool(req.tools) and req.tool_choice != "none"
         fmt = ChatFormat(self.state.token_text, n, bool(req.logprobs), parser_cls, opens_reasoning,
                          self.state.options.tool_call_parser if uses_tools else None,
-                         req.parallel_tool_calls is not False)
+                         req.parallel_tool_calls is not False, self.state.options.response_role)
         return await self._respond(request, req, fmt, "chatcmpl", [ids], [params], n, arrival)
