@@ -58,11 +58,15 @@ def serve_env() -> dict[str, str]:
 
 
 class ServerProcess:
-    """`python -m deepinfer.cli serve ...` on a free port of 127.0.0.1, its output in a temporary file."""
+    """`python -m deepinfer.cli serve ...` on a free port of 127.0.0.1, its output in a temporary file; ``scheme`` and
+    ``verify`` (what httpx trusts) for a server started with --ssl-* flags. After stop(), ``final_output`` holds its
+    whole output."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, scheme: str = "http", verify: object = True) -> None:
         self.port = free_port()
-        self.base_url = f"http://{HOST}:{self.port}"
+        self.base_url = f"{scheme}://{HOST}:{self.port}"
+        self.verify = verify
+        self.final_output = ""
         env = serve_env()
         self._log = tempfile.NamedTemporaryFile(prefix="deepinfer-serve-", suffix=".log", delete=False)
         cmd = [sys.executable, "-m", "deepinfer.cli", "serve", "--host", HOST, "--port", str(self.port),
@@ -80,7 +84,7 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the server exited with {self.proc.returncode}:\n{self.output()}")
             try:
-                if httpx.get(f"{self.base_url}/health", timeout=2.0).status_code == 200:
+                if httpx.get(f"{self.base_url}/health", timeout=2.0, verify=self.verify).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
@@ -96,6 +100,7 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+        self.final_output = self.output()
         self._log.close()
         try:
             os.unlink(self._log.name)

@@ -12,8 +12,6 @@ import datetime
 import ssl
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -29,7 +27,7 @@ require_module("yaml")
 from deepinfer.default_model import TRAINED_MODEL_DIR  # noqa: E402
 from deepinfer.server.cli import add_serve_arguments, resolve_serve_options  # noqa: E402
 from deepinfer.server.vllm_flags import INAPPLICABLE  # noqa: E402
-from test_server import HOST, free_port, serve_env  # noqa: E402
+from test_server import HOST, ServerProcess, serve_env  # noqa: E402
 
 MARKER = "[vllm-cli-template]"
 TEMPLATE = (MARKER + "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
@@ -46,50 +44,6 @@ def serve_cli(*args: str, timeout: int = 60) -> subprocess.CompletedProcess:
                           timeout=timeout, env=serve_env())
 
 
-class Server:
-    """`deepinfer serve ARGS --port P`, its output in a file; ``scheme`` and ``verify`` for HTTPS."""
-
-    def __init__(self, *args: str, scheme: str = "http", verify: object = True) -> None:
-        self.port = free_port()
-        self.origin = f"{scheme}://{HOST}:{self.port}"
-        self.verify = verify
-        self._log = tempfile.NamedTemporaryFile(prefix="deepinfer-vllm-cli-", suffix=".log", delete=False)
-        cmd = [sys.executable, "-m", "deepinfer.cli", "serve", *args, "--host", HOST, "--port", str(self.port)]
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=serve_env())
-
-    def output(self) -> str:
-        self._log.flush()
-        return Path(self._log.name).read_text(errors="replace")
-
-    def wait_ready(self, timeout: float = 120.0) -> "Server":
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.proc.returncode}:\n{self.output()}")
-            try:
-                if httpx.get(f"{self.origin}/health", timeout=2.0, verify=self.verify).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"the server did not become healthy in {timeout}s:\n{self.output()}")
-
-    def stop(self) -> str:
-        """Stops the server; returns its whole output."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        out = self.output()
-        self._log.close()
-        Path(self._log.name).unlink(missing_ok=True)
-        return out
-
-
 # ----------------------------------------------------------------------------------------------- end to end
 
 
@@ -98,16 +52,16 @@ def test_a_vllm_command_line_serves_the_demo_model(tmp_path):
 
     template = tmp_path / "T.jinja"
     template.write_text(TEMPLATE)
-    srv = Server(str(TRAINED_MODEL_DIR), "--block-size", "16", "--max-model-len", "512", "--enable-chunked-prefill",
-                 "--max-logprobs", "5", "--response-role", "assistant", "--disable-log-requests",
-                 "--swap-space", "4", "--disable-custom-all-reduce", "--trust-remote-code",
-                 "--chat-template", str(template), "--root-path", "/api", "--uvicorn-log-level", "warning")
-    out = ""
+    srv = ServerProcess(str(TRAINED_MODEL_DIR), "--block-size", "16", "--max-model-len", "512",
+                        "--enable-chunked-prefill", "--max-logprobs", "5", "--response-role", "assistant",
+                        "--disable-log-requests",
+                        "--swap-space", "4", "--disable-custom-all-reduce", "--trust-remote-code",
+                        "--chat-template", str(template), "--root-path", "/api", "--uvicorn-log-level", "warning")
     try:
         srv.wait_ready()
         # Behind a proxy that keeps the prefix, and one that strips it: both reach the API.
-        client = openai.OpenAI(base_url=f"{srv.origin}/api/v1", api_key="none", max_retries=0)
-        assert httpx.get(f"{srv.origin}/v1/models", timeout=10).status_code == 200
+        client = openai.OpenAI(base_url=f"{srv.base_url}/api/v1", api_key="none", max_retries=0)
+        assert httpx.get(f"{srv.base_url}/v1/models", timeout=10).status_code == 200
         messages = [{"role": "user", "content": "Hello there"}]
         chat = client.chat.completions.create(model=str(TRAINED_MODEL_DIR), messages=messages, max_tokens=6,
                                               temperature=0.0, logprobs=True, top_logprobs=5)
@@ -131,7 +85,8 @@ def test_a_vllm_command_line_serves_the_demo_model(tmp_path):
         with pytest.raises(openai.BadRequestError, match="between 0 and 5"):
             client.completions.create(model=str(TRAINED_MODEL_DIR), prompt="Hi", max_tokens=2, logprobs=6)
     finally:
-        out = srv.stop()
+        srv.stop()
+    out = srv.final_output
     for flag in ("--swap-space", "--disable-custom-all-reduce"):
         assert "WARNING" in out and f"{flag} is ignored: {INAPPLICABLE[flag][1]}" in out, out
     assert "Traceback" not in out, out
@@ -165,11 +120,11 @@ def _self_signed_cert(tmp_path: Path) -> tuple[Path, Path]:
 def test_https_with_ssl_keyfile_and_certfile(tmp_path):
     keyfile, certfile = _self_signed_cert(tmp_path)
     trust = ssl.create_default_context(cafile=str(certfile))
-    srv = Server("--max-model-len", "256", "--ssl-keyfile", str(keyfile), "--ssl-certfile", str(certfile),
-                 scheme="https", verify=trust)
+    srv = ServerProcess("--max-model-len", "256", "--ssl-keyfile", str(keyfile), "--ssl-certfile", str(certfile),
+                        scheme="https", verify=trust)
     try:
         srv.wait_ready()
-        client = openai.OpenAI(base_url=f"{srv.origin}/v1", api_key="none", max_retries=0,
+        client = openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key="none", max_retries=0,
                                http_client=httpx.Client(verify=trust))
         out = client.completions.create(model=client.models.list().data[0].id, prompt="Hi", max_tokens=2)
         assert out.usage.completion_tokens >= 1
