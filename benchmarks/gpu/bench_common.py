@@ -105,8 +105,10 @@ def step_bytes_expected(c: dict, batch: int, context: int, fp8: bool = False,
 
 def latent_fp8_row_bytes(rank: int, rope: int) -> int:
     """A token's row of one layer in the FP8 latent cache: e4m3 codes, a float32 scale per 128, bf16 rope values,
-    padded to 16 bytes (csrc/backend/ops/latent_fp8.h)."""
-    return (rank + 4 * -(-rank // 128) + 2 * rope + 15) // 16 * 16
+    padded to 16 bytes (csrc/backend/ops/latent_fp8.h), as the engine computes it."""
+    from deepinfer import _deepinfer
+
+    return _deepinfer.latent_fp8_row_bytes(rank, rope)
 
 
 FP8_BYTES_PER_WEIGHT = 1.0 + 4.0 / (128 * 128)  # a code, and a share of its block's float32 scale

@@ -180,6 +180,12 @@ NB_MODULE(_deepinfer, m) {
         "(free, total) bytes of CUDA device `index` now; ValueError when it is not visible.");
   m.def("load_model_config", [](const std::string& path) { return load_model_config(path); }, "model_dir"_a);
   m.def(
+      "latent_fp8_row_bytes",
+      [](int64_t kv_lora_rank, int64_t rope_dim) {
+        return LatentFp8Layout{.rank = kv_lora_rank, .rope_dim = rope_dim}.row_bytes();
+      },
+      "kv_lora_rank"_a, "rope_dim"_a, "Bytes of one token's row of one layer in the FP8 latent cache (latent_fp8.h).");
+  m.def(
       "parse_model_config", [](const std::string& text) { return parse_model_config(nlohmann::json::parse(text)); },
       "config_json"_a, "A config.json's text parsed as the engine parses it (ValueError naming a bad field).");
 

@@ -23,7 +23,6 @@ __all__ = ["Layout", "resident_weight_bytes", "parameter_count", "cache_bytes_pe
 GIB = 1 << 30
 MIB = 1 << 20
 FP8_BLOCK = 128          # core/weight.h kFp8Block
-FP8_CACHE_GROUP = 128    # backend/ops/latent_fp8.h: c_kv values a scale covers
 INT4_GROUP = 128         # a hypothetical INT4 format: 4-bit codes, one bfloat16 scale per 128 values
 CUBLAS_WORKSPACE = 32 * MIB          # runtime/cublas_handle.h kDefaultWorkspaceBytes
 FP8_LT_WORKSPACE = 32 * MIB          # gemm/fp8_linear.cpp kLtWorkspaceBytes
@@ -168,8 +167,9 @@ def parameter_count(d: ModelDims) -> int:
 def cache_row_bytes(d: ModelDims, fp8: bool, device: str) -> int:
     """One token's row of one layer: LatentCacheShape::row_elements x its dtype's size."""
     if fp8:  # backend/ops/latent_fp8.h: e4m3 c_kv, a float32 scale per 128, bf16 k_pe, padded to 16 bytes
-        raw = d.kv_lora_rank + 4 * math.ceil(d.kv_lora_rank / FP8_CACHE_GROUP) + 2 * d.qk_rope_head_dim
-        return (raw + 15) // 16 * 16
+        from deepinfer import _deepinfer
+
+        return _deepinfer.latent_fp8_row_bytes(d.kv_lora_rank, d.qk_rope_head_dim)
     return d.latent_dim * (2 if device == "cuda" else 4)
 
 
