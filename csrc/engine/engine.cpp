@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "engine/device_backend.h"
+#include "core/counter_rng.h"
 #include "engine/model_runner.h"
 #include "parallel/mpi_communicator.h"
 #include "model/sharded_source.h"
@@ -30,6 +31,12 @@ void EngineOptions::validate() const {
                "enable_dp_attention needs tensor_parallel_size > 1 ranks and enable_expert_parallel (the experts are "
                "what the data-parallel ranks share)");
   DI_CHECK_ARG(collective_timeout_s > 0.0, "collective_timeout_s must be > 0, got ", collective_timeout_s);
+  DI_CHECK_ARG(num_speculative_tokens >= 0 && num_speculative_tokens <= kMaxSpeculativeTokens,
+               "num_speculative_tokens must be in [0, ", kMaxSpeculativeTokens, "], got ", num_speculative_tokens);
+  DI_CHECK_ARG(num_speculative_tokens == 0 || tensor_parallel_size == 1,
+               "MTP speculative decoding runs on one rank for now; tensor_parallel_size is ", tensor_parallel_size);
+  DI_CHECK_ARG(speculative_forced_acceptance < 0.0 || speculative_forced_acceptance <= 1.0,
+               "speculative_forced_acceptance must be in [0, 1] or negative (off), got ", speculative_forced_acceptance);
 }
 
 namespace {
@@ -71,7 +78,8 @@ LoadedModel load_model(const EngineOptions& options, const LoadProgress& progres
   }
   // Each weight goes to the device as it is read: the host never holds the model.
   const std::unique_ptr<WeightSink> sink = make_weight_sink(options, config, *loaded.backend);
-  ModelWeights weights = load_weights(local, *shard_source, *sink, progress, parallel.shard);
+  ModelWeights weights = load_weights(local, *shard_source, *sink, progress, parallel.shard,
+                                      /*with_mtp=*/options.num_speculative_tokens > 0);
   loaded.model = std::make_unique<DeepseekModel>(std::move(config), std::move(weights), *loaded.backend,
                                                  model_parallel);
   return loaded;
@@ -85,7 +93,8 @@ int local_device(const EngineOptions& options, int32_t rank) {
 }
 
 LatentCacheShape engine_cache_shape(const EngineOptions& options, const ModelConfig& config) {
-  return {.num_layers = config.num_hidden_layers,
+  // The MTP layer's latents are one more layer, in the same pages.
+  return {.num_layers = config.num_hidden_layers + (options.num_speculative_tokens > 0 ? 1 : 0),
           .page_size = options.page_size,
           .latent_dim = config.latent_dim(),
           .kv_lora_rank = config.kv_lora_rank,
@@ -119,7 +128,8 @@ EngineCachePlan engine_cache_plan(const EngineOptions& options, LatentCacheShape
           .runner = {.use_graphs = graphs,
                      .max_graph_batch = options.max_num_seqs,
                      .max_graph_pages = (max_model_len + shape.page_size - 1) / shape.page_size,
-                     .scratch_page = scratch_page}};
+                     .scratch_page = scratch_page,
+                     .keep_hidden = options.num_speculative_tokens > 0}};
 }
 
 std::unique_ptr<Engine> Engine::create(const EngineOptions& options, const LoadProgress& progress) {
@@ -172,7 +182,8 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& options, const LoadP
                                      : std::pair{local_pages, decide_max_len(local_pages)};
   SchedulerConfig sched{.max_num_seqs = options.max_num_seqs,
                         .max_num_batched_tokens = options.max_num_batched_tokens,
-                        .max_model_len = max_len};
+                        .max_model_len = max_len,
+                        .num_lookahead_tokens = std::max(0, options.num_speculative_tokens - 1)};
   sched.validate();
   return std::unique_ptr<Engine>(new Engine(options, std::move(ranks), std::move(loaded),
                                             engine_cache_plan(options, shape, pages, max_len), sched));
@@ -212,6 +223,10 @@ Engine::Engine(EngineOptions options, std::unique_ptr<Ranks> ranks, LoadedModel 
   for (int32_t r = 0; r < lanes; ++r) {
     lanes_.push_back(std::make_unique<Lane>(pages, plan.shape.page_size, options_.enable_prefix_caching,
                                             scheduler_config));
+  }
+  if (options_.num_speculative_tokens > 0) {
+    drafter_ = std::make_unique<MtpDrafter>(*model_, cache_, options_.num_speculative_tokens);
+    stats_.spec_accepted_per_position.assign(static_cast<size_t>(options_.num_speculative_tokens), 0);
   }
   stats_.num_cache_pages = pages * lanes;
   stats_.num_free_cache_pages = pages * lanes;
@@ -460,9 +475,27 @@ void Engine::step_once() {
   for (size_t r = 0; r < n; ++r) {
     if (idle[r]) continue;
     prompt_tokens += num_prompt_tokens(plans[r]);  // before update() destroys the requests that finish
+    std::vector<DraftChunk> drafted;
+    if (drafter_) {
+      for (size_t i = 0; i < plans[r].chunks.size(); ++i) {
+        const ScheduledChunk& chunk = plans[r].chunks[i];
+        drafted.push_back({.request_id = chunk.request->id, .start = chunk.start,
+                           .first_row = steps[r].first_token_row[i], .samples = chunk.samples});
+      }
+    }
     emit_prompt_logprobs(plans[r], steps[r].scored, results[r].scored);
-    emit_updates(*lanes_[r], plans[r], results[r].sampled);
-    generated += results[r].sampled.size();
+    generated += emit_updates(*lanes_[r], plans[r], steps[r], results[r].sampled);
+    if (drafter_) {
+      try {
+        drafter_->propose(drafted, runner_.last_hidden(), lanes_[r]->scheduler);
+      } catch (const std::exception& e) {
+        // The step's tokens are out; the requests go on without drafts, as without speculation.
+        for (const DraftChunk& c : drafted) lanes_[r]->scheduler.set_drafts(c.request_id, {});
+        std::lock_guard lock(mutex_);
+        stats_.spec_drafter_failure = std::string("the MTP drafter stopped: ") + e.what();
+        drafter_.reset();
+      }
+    }
   }
   record_step(std::chrono::steady_clock::now() - started, pure_decode, prompt_tokens, generated);
 }
@@ -521,20 +554,63 @@ void Engine::emit_prompt_logprobs(const SchedulePlan& plan, std::span<const Scor
   }
 }
 
-void Engine::emit_updates(Lane& lane, const SchedulePlan& plan, std::span<const SampledToken> sampled) {
-  std::vector<int32_t> tokens;
-  tokens.reserve(sampled.size());
-  for (const SampledToken& s : sampled) tokens.push_back(s.token);
-  for (const RequestUpdate& u : lane.scheduler.update(plan, tokens)) {
+int32_t Engine::accepted_drafts(const ScheduledChunk& chunk, std::span<const SampledToken> rows) {
+  const std::vector<int32_t>& drafts = chunk.request->draft_token_ids;
+  int32_t accepted = 0;
+  const double forced = options_.speculative_forced_acceptance;
+  while (accepted < chunk.num_draft_tokens) {
+    const bool accepts =
+        forced >= 0.0 ? static_cast<double>(counter_rng::uniform01(
+                              options_.seed, static_cast<int32_t>(forced_acceptance_draws_++ & 0x7fffffff), 0)) < forced
+                      : rows[static_cast<size_t>(accepted)].token == drafts[static_cast<size_t>(accepted)];
+    if (!accepts) break;
+    ++accepted;
+  }
+  return accepted;
+}
+
+uint64_t Engine::emit_updates(Lane& lane, const SchedulePlan& plan, const StepBatch& step,
+                              std::span<const SampledToken> sampled) {
+  // Each sampling chunk's rows: its real token's, then one after each draft. The chunk keeps the rows of the drafts
+  // it accepts and the one after them (its correction, or the token after its last draft).
+  std::vector<int32_t> tokens, counts;
+  std::vector<SampledToken> kept;
+  size_t row = 0, sample = 0;
+  std::lock_guard lock(mutex_);  // the speculative decoding stats
+  for (const ScheduledChunk& chunk : plan.chunks) {
+    if (!chunk.samples) continue;
+    const auto rows = sampled.subspan(row, static_cast<size_t>(step.num_rows_of_sample(sample++)));
+    row += rows.size();
+    const int32_t accepted = chunk.num_draft_tokens > 0 ? accepted_drafts(chunk, rows) : 0;
+    for (int32_t j = 0; j <= accepted; ++j) {
+      SampledToken t = rows[static_cast<size_t>(j)];
+      if (j < accepted) t.token = chunk.request->draft_token_ids[static_cast<size_t>(j)];  // forced acceptance
+      tokens.push_back(t.token);
+      kept.push_back(t);
+    }
+    counts.push_back(accepted + 1);
+    if (chunk.num_draft_tokens > 0) {
+      stats_.spec_num_drafts += 1;
+      stats_.spec_num_draft_tokens += static_cast<uint64_t>(chunk.num_draft_tokens);
+      stats_.spec_num_accepted_tokens += static_cast<uint64_t>(accepted);
+      for (int32_t j = 0; j < accepted; ++j) stats_.spec_accepted_per_position[static_cast<size_t>(j)] += 1;
+    }
+  }
+  uint64_t generated = 0;
+  std::vector<RequestOutputDelta> deltas;
+  for (RequestUpdate& u : lane.scheduler.update(plan, tokens, counts)) {
     RequestOutputDelta delta{.id = u.id, .finished = u.finished, .finish_reason = u.reason,
                              .num_preemptions = u.num_preemptions, .num_cached_tokens = u.num_cached_tokens};
-    if (u.new_token >= 0) {
-      delta.new_token_ids.push_back(u.new_token);
-      if (u.logprobs >= 0) delta.logprobs.push_back(SampleResult::from(sampled[static_cast<size_t>(u.sampled_index)]));
+    for (size_t i = 0; i < u.new_tokens.size(); ++i) {
+      delta.new_token_ids.push_back(u.new_tokens[i]);
+      if (u.logprobs >= 0) delta.logprobs.push_back(SampleResult::from(kept[static_cast<size_t>(u.sampled_index) + i]));
     }
-    emit(std::move(delta));
+    generated += u.new_tokens.size();
+    outputs_.push_back(std::move(delta));
   }
+  return generated;
 }
+
 
 void Engine::record_step(std::chrono::steady_clock::duration elapsed, bool pure_decode, uint64_t prompt_tokens,
                          uint64_t generated_tokens) {

@@ -18,6 +18,7 @@
 #include "backend/backend.h"
 #include "engine/cache_manager.h"
 #include "engine/latent_cache.h"
+#include "engine/mtp_drafter.h"
 #include "engine/sample_result.h"
 #include "engine/scheduler.h"
 #include "engine/step_runner.h"
@@ -64,6 +65,12 @@ struct EngineOptions {
   // rank serves its own requests with its own latent cache; one scheduler plans them all, a lane a rank.
   bool enable_dp_attention = false;
   double collective_timeout_s = 600.0;       // a rank that does not reach a collective this long fails the engine
+  // MTP speculative decoding (engine/mtp_drafter.h): the checkpoint's MTP layer drafts this many tokens a request
+  // after every step and the next step verifies them; 0 = off. One rank only.
+  int32_t num_speculative_tokens = 0;
+  // Benchmarks only: each draft is accepted with this probability instead of by verification (>= 0), so a speed
+  // can be measured at a chosen acceptance rate on random weights. The output is not the model's. -1 = off.
+  double speculative_forced_acceptance = -1.0;
   RankLaunch rank_launch = RankLaunch::kInProcess;
 
   void validate() const;
@@ -100,6 +107,13 @@ struct EngineStats {
   uint64_t num_decode_steps = 0;             // steps whose every sequence decoded one token
   double decode_step_seconds = 0.0;          // their share of step_seconds
   uint64_t num_graph_replays = 0;            // decode steps that replayed a recorded graph
+  // Speculative decoding: verifications (a request's step with drafts), the drafts they checked, those accepted,
+  // and the acceptances by draft position (index 0: the first draft).
+  uint64_t spec_num_drafts = 0;
+  uint64_t spec_num_draft_tokens = 0;
+  uint64_t spec_num_accepted_tokens = 0;
+  std::vector<uint64_t> spec_accepted_per_position;
+  std::string spec_drafter_failure;          // why drafting stopped (the engine goes on without it), or ""
   int64_t num_graphs = 0;                    // graphs recorded so far
   bool alive = true;
   std::string failure;                       // why the engine stopped stepping (a failed rank), when !alive
@@ -169,7 +183,11 @@ class Engine {
   void emit_prompt_logprobs(const SchedulePlan& plan, std::span<const ScoredRows> scored,
                             std::span<const std::vector<SampledToken>> tokens);
   struct Lane;
-  void emit_updates(Lane& lane, const SchedulePlan& plan, std::span<const SampledToken> sampled);
+  // Returns the tokens generated.
+  uint64_t emit_updates(Lane& lane, const SchedulePlan& plan, const StepBatch& step,
+                        std::span<const SampledToken> sampled);
+  // The verification of a chunk's drafts: how many leading drafts its sampled rows accept.
+  int32_t accepted_drafts(const ScheduledChunk& chunk, std::span<const SampledToken> rows);
   // Runs each lane's step on its rank (an idle lane's rank a padding step): the lanes' results, rank 0 sampling
   // its own and the others sending theirs.
   std::vector<StepResult> execute_lanes(std::vector<StepBatch>& steps, const std::vector<bool>& idle);
@@ -208,6 +226,8 @@ class Engine {
   std::vector<std::unique_ptr<Lane>> lanes_;
   int32_t scratch_page_ = -1;                        // a page no request owns (graphs' padding, idle DP steps)
   StepRunner runner_;                                // touched only by the step thread
+  std::unique_ptr<MtpDrafter> drafter_;              // speculative decoding; touched only by the step thread
+  uint64_t forced_acceptance_draws_ = 0;             // the counter of speculative_forced_acceptance's draws
   std::mt19937_64 seed_rng_;                         // the seeds of requests without one of their own
 
   struct PendingRequest {

@@ -29,6 +29,8 @@ struct Request {
   uint64_t seed = 0;                   // the sampler's: params.seed, or one the engine drew at admission
 
   int32_t num_computed_tokens = 0;  // tokens [0, num_computed_tokens) have their latent in the cache
+  // Speculative decoding: the drafter's guesses at the tokens after the last one, which the next step verifies.
+  std::vector<int32_t> draft_token_ids;
   std::vector<int32_t> page_ids;    // page table: token i lives in page_ids[i / page_size]
   // Prefix caching: the keys of the first page_keys.size() pages (full and computed; CacheManager::page_key), and
   // how many prompt tokens the last admission found cached.

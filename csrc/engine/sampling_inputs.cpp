@@ -9,14 +9,16 @@
 
 namespace deepinfer {
 
-void append_sampling_inputs(const Request& r, int32_t vocab_size, SamplingBatch& out) {
+void append_sampling_inputs(const Request& r, int32_t vocab_size, SamplingBatch& out,
+                            std::span<const int32_t> pending) {
   const SamplingParams& p = r.params;
+  const int32_t num_output = r.num_output_tokens() + static_cast<int32_t>(pending.size());
   SamplingRow row{.temperature = p.temperature,
                   .top_k = p.top_k <= 0 || p.top_k >= vocab_size ? 0 : p.top_k,  // -1 and 0 both mean off
                   .top_p = p.top_p,
                   .log_min_p = p.min_p > 0.0f ? std::log(p.min_p) : -std::numeric_limits<float>::infinity(),
                   .seed = r.seed,
-                  .step = r.num_output_tokens(),
+                  .step = num_output,
                   .repetition_penalty = p.repetition_penalty,
                   .presence_penalty = p.presence_penalty,
                   .frequency_penalty = p.frequency_penalty,
@@ -31,6 +33,7 @@ void append_sampling_inputs(const Request& r, int32_t vocab_size, SamplingBatch&
       for (int32_t t : r.prompt_token_ids) counts.try_emplace(t, 0);
     }
     for (int32_t t : r.output_token_ids) ++counts[t];
+    for (int32_t t : pending) ++counts[t];
     row.penalty_begin = static_cast<int32_t>(out.penalty_tokens.size());
     for (const auto& [token, count] : counts) {
       out.penalty_tokens.push_back(token);
@@ -41,7 +44,7 @@ void append_sampling_inputs(const Request& r, int32_t vocab_size, SamplingBatch&
 
   // Before min_tokens, the tokens that would end the request cannot be drawn.
   row.mask_begin = row.mask_end = static_cast<int32_t>(out.masked_tokens.size());
-  if (r.num_output_tokens() < p.min_tokens) {
+  if (num_output < p.min_tokens) {
     if (!p.ignore_eos) {
       out.masked_tokens.insert(out.masked_tokens.end(), r.eos_token_ids.begin(), r.eos_token_ids.end());
     }

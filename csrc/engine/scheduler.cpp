@@ -12,6 +12,7 @@ void SchedulerConfig::validate() const {
   DI_CHECK_ARG(max_num_batched_tokens > 0, "max_num_batched_tokens must be > 0, got ", max_num_batched_tokens);
   DI_CHECK_ARG(max_model_len >= 2, "max_model_len must be >= 2 (one prompt token and one generated), got ",
                max_model_len);
+  DI_CHECK_ARG(num_lookahead_tokens >= 0, "num_lookahead_tokens must be >= 0, got ", num_lookahead_tokens);
 }
 
 int32_t SchedulePlan::num_sampling_chunks() const {
@@ -91,6 +92,15 @@ SchedulePlan Scheduler::schedule() {
     }
   }
 
+  // 3. Room for the drafter after each sampling chunk, from pages nobody needs this step: never a preemption.
+  if (config_.num_lookahead_tokens > 0) {
+    for (const ScheduledChunk& chunk : plan.chunks) {
+      if (!chunk.samples) continue;
+      grow_pages(*chunk.request, std::min(chunk.start + chunk.num_tokens + config_.num_lookahead_tokens,
+                                          config_.max_model_len));
+    }
+  }
+
   for (const ScheduledChunk& chunk : plan.chunks) plan.num_batched_tokens += chunk.num_tokens;
   in_flight_ = !plan.chunks.empty();
   return plan;
@@ -99,23 +109,32 @@ SchedulePlan Scheduler::schedule() {
 bool Scheduler::schedule_running(Request* request, SchedulePlan& plan, int32_t& budget) {
   const int32_t start = request->num_computed_tokens;
   int32_t num_tokens = std::min({request->num_uncomputed_tokens(), budget, chunk_limit(*request)});
+  // Drafts follow a decode's one token, within the budget and max_model_len (every token they could add fits).
+  const bool decodes = request->num_uncomputed_tokens() == 1;
+  int64_t drafts = decodes ? std::min<int64_t>({static_cast<int64_t>(request->draft_token_ids.size()), budget - 1,
+                                                config_.max_model_len - 1 - request->num_tokens()})
+                           : 0;
+  drafts = std::max<int64_t>(drafts, 0);
   while (true) {
     // Tokens the pages it holds plus the free pages can take from start on.
     const int64_t capacity =
         (static_cast<int64_t>(request->page_ids.size()) + cache_.num_free_pages()) * cache_.page_size() - start;
     if (capacity >= 1) {
       num_tokens = static_cast<int32_t>(std::min<int64_t>(num_tokens, capacity));
-      DI_CHECK(grow_pages(*request, start + num_tokens), "request ", request->id, ": could not grow to ",
-               start + num_tokens, " tokens with ", cache_.num_free_pages(), " free pages");
+      drafts = std::min(drafts, capacity - num_tokens);  // only in the room left: drafts never preempt
+      DI_CHECK(grow_pages(*request, start + num_tokens + static_cast<int32_t>(drafts)), "request ", request->id,
+               ": could not grow to ", start + num_tokens + drafts, " tokens with ", cache_.num_free_pages(),
+               " free pages");
       break;
     }
     Request* victim = running_.back();
     preempt(victim, plan, budget);
     if (victim == request) return false;
   }
-  plan.chunks.push_back({.request = request, .start = start, .num_tokens = num_tokens,
-                         .samples = start + num_tokens == request->num_tokens()});
-  budget -= num_tokens;
+  plan.chunks.push_back({.request = request, .start = start, .num_tokens = num_tokens + static_cast<int32_t>(drafts),
+                         .samples = start + num_tokens == request->num_tokens(),
+                         .num_draft_tokens = static_cast<int32_t>(drafts)});
+  budget -= num_tokens + static_cast<int32_t>(drafts);
   return true;
 }
 
@@ -129,6 +148,7 @@ void Scheduler::preempt(Request* victim, SchedulePlan& plan, int32_t& budget) {
   }
   cache_.free(victim->page_ids);  // its registered pages stay cached: the recompute may find them
   victim->page_ids.clear();
+  victim->draft_token_ids.clear();
   victim->page_keys.clear();
   victim->num_computed_tokens = 0;
   ++victim->num_preemptions;
@@ -140,52 +160,69 @@ void Scheduler::preempt(Request* victim, SchedulePlan& plan, int32_t& budget) {
 }
 
 std::vector<RequestUpdate> Scheduler::update(const SchedulePlan& plan, std::span<const int32_t> sampled_tokens) {
+  const std::vector<int32_t> one_each(sampled_tokens.size(), 1);
+  return update(plan, sampled_tokens, one_each);
+}
+
+std::vector<RequestUpdate> Scheduler::update(const SchedulePlan& plan, std::span<const int32_t> tokens,
+                                             std::span<const int32_t> counts) {
   std::vector<RequestUpdate> updates;
   if (plan.chunks.empty()) {
-    DI_CHECK(sampled_tokens.empty(), "an empty plan got ", sampled_tokens.size(), " sampled tokens");
+    DI_CHECK(tokens.empty() && counts.empty(), "an empty plan got ", tokens.size(), " sampled tokens");
     return updates;
   }
   check_plan(plan);
-  DI_CHECK(static_cast<size_t>(plan.num_sampling_chunks()) == sampled_tokens.size(), "the plan of step ",
-           plan.step, " has ", plan.num_sampling_chunks(), " sampling chunks but got ", sampled_tokens.size(),
-           " sampled tokens");
+  DI_CHECK(static_cast<size_t>(plan.num_sampling_chunks()) == counts.size(), "the plan of step ", plan.step, " has ",
+           plan.num_sampling_chunks(), " sampling chunks but got ", counts.size(), " token counts");
+  size_t total = 0;
+  for (int32_t c : counts) total += static_cast<size_t>(c);
+  DI_CHECK(total == tokens.size(), "the plan of step ", plan.step, " got ", tokens.size(), " sampled tokens for counts "
+           "summing to ", total);
 
-  size_t next_sample = 0;
+  size_t next_count = 0, next_token = 0;
   for (const ScheduledChunk& chunk : plan.chunks) {
-    const int32_t token = chunk.samples ? sampled_tokens[next_sample++] : -1;
+    const int32_t count = chunk.samples ? counts[next_count++] : 0;
+    const size_t first_token = next_token;
+    next_token += static_cast<size_t>(count);
     if (was_aborted_in_flight(chunk.request)) continue;
     Request& r = *chunk.request;
-    r.num_computed_tokens += chunk.num_tokens;
-    register_full_pages(r);
-    if (!chunk.samples) continue;
-
-    // A request that only scores its prompt (max_tokens 0) ends at its prompt's end with nothing generated.
-    const bool scores_only = r.params.max_tokens == 0;
-    if (!scores_only) r.output_token_ids.push_back(token);
-    // EOS and stop ids count only from output index min_tokens on (the sampler masks them before).
-    const bool may_stop = r.num_output_tokens() > r.params.min_tokens;
-    FinishReason reason = FinishReason::kNone;
-    if (scores_only) {
-      reason = FinishReason::kLength;
-    } else if (may_stop && r.is_eos(token)) {
-      reason = FinishReason::kStop;
-    } else if (may_stop && r.is_stop_token(token)) {
-      reason = FinishReason::kStop;
-    } else if (r.num_output_tokens() >= r.params.max_tokens) {
-      reason = FinishReason::kLength;
-    } else if (r.num_tokens() >= config_.max_model_len) {
-      reason = FinishReason::kLength;
+    DI_CHECK(!chunk.samples || (count >= 1 && count <= 1 + chunk.num_draft_tokens), "request ", r.id, ": ", count,
+             " tokens from a chunk of ", chunk.num_draft_tokens, " drafts");
+    r.draft_token_ids.clear();
+    // The real tokens, and the drafts the verification accepted (all but the last token it returned).
+    r.num_computed_tokens += chunk.num_tokens - chunk.num_draft_tokens + std::max(0, count - 1);
+    if (!chunk.samples) {
+      register_full_pages(r);
+      continue;
     }
+
     RequestUpdate& u = updates.emplace_back();
     u.id = r.id;
-    u.new_token = scores_only ? -1 : token;
+    u.sampled_index = static_cast<int32_t>(first_token);
+    u.logprobs = r.params.logprobs;
+    // A request that only scores its prompt (max_tokens 0) ends at its prompt's end with nothing generated.
+    FinishReason reason = r.params.max_tokens == 0 ? FinishReason::kLength : FinishReason::kNone;
+    for (int32_t i = 0; i < count && reason == FinishReason::kNone; ++i) {
+      const int32_t token = tokens[first_token + static_cast<size_t>(i)];
+      r.output_token_ids.push_back(token);
+      u.new_tokens.push_back(token);
+      // EOS and stop ids count only from output index min_tokens on (the sampler masks them before).
+      const bool may_stop = r.num_output_tokens() > r.params.min_tokens;
+      if (may_stop && (r.is_eos(token) || r.is_stop_token(token))) {
+        reason = FinishReason::kStop;
+      } else if (r.num_output_tokens() >= r.params.max_tokens || r.num_tokens() >= config_.max_model_len) {
+        reason = FinishReason::kLength;
+      }
+    }
+    // Tokens after a stop were computed but are not the request's.
+    r.num_computed_tokens = std::min(r.num_computed_tokens, r.num_tokens() - 1);
+    register_full_pages(r);
+    if (chunk.num_draft_tokens > 0 && reason == FinishReason::kNone) trim_pages(r);  // rejected drafts' pages
     u.finished = reason != FinishReason::kNone;
     u.reason = reason;
     u.num_output_tokens = r.num_output_tokens();
     u.num_preemptions = r.num_preemptions;
     u.num_cached_tokens = r.num_cached_tokens;
-    u.sampled_index = static_cast<int32_t>(next_sample) - 1;
-    u.logprobs = r.params.logprobs;
     if (u.finished) {
       r.finish_reason = reason;
       u.output_token_ids = std::move(r.output_token_ids);
@@ -195,6 +232,12 @@ std::vector<RequestUpdate> Scheduler::update(const SchedulePlan& plan, std::span
   in_flight_ = false;
   aborted_in_flight_.clear();
   return updates;
+}
+
+void Scheduler::set_drafts(uint64_t id, std::vector<int32_t> drafts) {
+  auto it = requests_.find(id);
+  if (it == requests_.end() || it->second->status != RequestStatus::kRunning) return;
+  it->second->draft_token_ids = std::move(drafts);
 }
 
 void Scheduler::cancel(const SchedulePlan& plan) {
@@ -268,8 +311,12 @@ void Scheduler::register_full_pages(Request& r) {
   }
 }
 
+int32_t Scheduler::kept_tokens(const Request& request) const {
+  return std::min(request.num_computed_tokens + config_.num_lookahead_tokens, config_.max_model_len);
+}
+
 void Scheduler::trim_pages(Request& request) {
-  const size_t keep = static_cast<size_t>(cache_.pages_for_tokens(request.num_computed_tokens));
+  const size_t keep = static_cast<size_t>(cache_.pages_for_tokens(kept_tokens(request)));
   if (request.page_ids.size() <= keep) return;
   cache_.free(std::span<const int32_t>(request.page_ids).subspan(keep));
   request.page_ids.resize(keep);
@@ -308,8 +355,9 @@ void Scheduler::check_plan(const SchedulePlan& plan) const {
     if (was_aborted_in_flight(chunk.request)) continue;
     const Request& r = *chunk.request;
     DI_CHECK(r.status == RequestStatus::kRunning, "request ", r.id, " in the plan is ", to_string(r.status));
-    DI_CHECK(chunk.start == r.num_computed_tokens && chunk.num_tokens > 0 &&
-                 chunk.start + chunk.num_tokens <= r.num_tokens(),
+    DI_CHECK(chunk.start == r.num_computed_tokens && chunk.num_tokens > chunk.num_draft_tokens &&
+                 chunk.num_draft_tokens <= static_cast<int32_t>(r.draft_token_ids.size()) &&
+                 chunk.start + chunk.num_tokens - chunk.num_draft_tokens <= r.num_tokens(),
              "request ", r.id, ": chunk [", chunk.start, ", ", chunk.start + chunk.num_tokens,
              ") does not follow its ", r.num_computed_tokens, " computed of ", r.num_tokens(), " tokens");
   }
@@ -358,13 +406,16 @@ void Scheduler::check_invariants() const {
              i);
     const size_t needed = static_cast<size_t>(cache_.pages_for_tokens(r->num_computed_tokens));
     if (in_flight_) {
-      const size_t most = static_cast<size_t>(cache_.pages_for_tokens(r->num_tokens()));
+      const size_t most = static_cast<size_t>(cache_.pages_for_tokens(
+          r->num_tokens() + static_cast<int64_t>(r->draft_token_ids.size()) + config_.num_lookahead_tokens));
       DI_CHECK(r->page_ids.size() >= needed && r->page_ids.size() <= most, "request ", r->id, " holds ",
                r->page_ids.size(), " pages, outside [", needed, ", ", most, "] for ", r->num_computed_tokens,
                " computed of ", r->num_tokens(), " tokens");
     } else {
-      DI_CHECK(r->page_ids.size() == needed, "request ", r->id, " holds ", r->page_ids.size(), " pages but its ",
-               r->num_computed_tokens, " computed tokens need ", needed);
+      const size_t most = static_cast<size_t>(cache_.pages_for_tokens(kept_tokens(*r)));
+      DI_CHECK(r->page_ids.size() >= needed && r->page_ids.size() <= most, "request ", r->id, " holds ",
+               r->page_ids.size(), " pages but its ", r->num_computed_tokens, " computed tokens need ", needed,
+               " (at most ", most, " with the drafter's lookahead)");
     }
   }
   for (size_t i = 0; i < waiting_.size(); ++i) {

@@ -10,6 +10,10 @@
 //      the token budget and the free pages allow; a long prompt is chunked to the remaining budget.
 //      Admission is strictly first-come-first-served: it stops at the first request that does not fit, and
 //      it is skipped in a step that had to preempt. Admitting never preempts.
+//   3. Speculative decoding: a decoding request with draft tokens computes them after its last token (the step
+//      verifies them), as far as the budget and the pages allow; drafts never cause a preemption. A request that
+//      samples also keeps num_lookahead_tokens more pages' worth of room when pages are free, for the drafter,
+//      which writes the MTP layer's latents of its guesses there.
 // A preempted request loses its cache and later recomputes its prompt and the output it already generated.
 // Nothing here reads time or randomness: the same calls give the same plans.
 #pragma once
@@ -36,6 +40,7 @@ struct SchedulerConfig {
   int32_t max_num_seqs = 256;             // running requests at most
   int32_t max_num_batched_tokens = 8192;  // tokens in one forward pass at most
   int32_t max_model_len = 8192;           // prompt + output tokens of one request at most
+  int32_t num_lookahead_tokens = 0;       // room kept after a sampling chunk for the drafter (k - 1 with k drafts)
 
   // Throws InvalidArgument naming the bad field.
   void validate() const;
@@ -46,8 +51,11 @@ struct SchedulerConfig {
 struct ScheduledChunk {
   Request* request = nullptr;
   int32_t start = 0;       // the request's num_computed_tokens when scheduled
-  int32_t num_tokens = 0;  // > 0
+  int32_t num_tokens = 0;  // > 0, including the drafts
   bool samples = false;    // the chunk ends at request->num_tokens(): the model samples the next token
+  // The chunk's last num_draft_tokens tokens are request->draft_token_ids, after its one real token: each of the
+  // chunk's positions samples, and update() takes the tokens the verification accepted.
+  int32_t num_draft_tokens = 0;
 };
 
 // What to run in one step. Request pointers stay valid until the next call that mutates the scheduler
@@ -66,14 +74,14 @@ struct SchedulePlan {
 // update() returns).
 struct RequestUpdate {
   uint64_t id = 0;
-  int32_t new_token = -1;
+  std::vector<int32_t> new_tokens;        // in order; several when the step accepted drafts; none when scoring only
   bool finished = false;
   FinishReason reason = FinishReason::kNone;
-  int32_t num_output_tokens = 0;          // including new_token
+  int32_t num_output_tokens = 0;          // including new_tokens
   int32_t num_preemptions = 0;            // of this request so far
   int32_t num_cached_tokens = 0;          // prompt tokens its admission found in the prefix cache
   std::vector<int32_t> output_token_ids;  // the whole output, filled only when finished
-  int32_t sampled_index = -1;             // which of update()'s sampled tokens is new_token
+  int32_t sampled_index = -1;             // which of update()'s sampled tokens is new_tokens[0]
   int32_t logprobs = -1;                  // the request's params.logprobs (-1: it wants none)
 };
 
@@ -99,6 +107,14 @@ class Scheduler {
   // chunk order. Returns one RequestUpdate per sampling chunk; finished requests free their pages and are
   // destroyed before this returns. Chunks of requests aborted since schedule() are skipped (their tokens too).
   std::vector<RequestUpdate> update(const SchedulePlan& plan, std::span<const int32_t> sampled_tokens);
+  // The same with speculative decoding: sampling chunk i contributed counts[i] tokens of `tokens` (in order), from 1
+  // to 1 + its num_draft_tokens: the drafts the verification accepted, then the token sampled after them. The
+  // request advances over its real token and the accepted drafts; its drafts are consumed either way.
+  std::vector<RequestUpdate> update(const SchedulePlan& plan, std::span<const int32_t> tokens,
+                                    std::span<const int32_t> counts);
+
+  // The drafter's guesses for running request `id` (ignored when it is gone): the tokens after its last one.
+  void set_drafts(uint64_t id, std::vector<int32_t> drafts);
 
   // Gives up a plan that will not be run (the forward pass failed): the requests keep their progress from
   // before schedule(), and the pages allocated for the plan are released.
@@ -132,8 +148,10 @@ class Scheduler {
   void preempt(Request* victim, SchedulePlan& plan, int32_t& budget);
   // Grows the page table to cover num_tokens tokens; false (no change) when the pages are not free.
   bool grow_pages(Request& request, int32_t num_tokens);
-  // Shrinks the page table back to pages_for_tokens(num_computed_tokens).
+  // Shrinks the page table back to the pages its computed tokens and the drafter's lookahead may use.
   void trim_pages(Request& request);
+  // The most tokens a running request keeps room for between steps: its computed ones and the lookahead.
+  int32_t kept_tokens(const Request& request) const;
   // Admission with prefix caching: the request takes the cached pages of its longest cached prefix (whole pages, at
   // least its last token left to compute, none when it scores its prompt) and starts computing after them.
   void take_cached_prefix(Request& request);

@@ -97,9 +97,18 @@ struct StepBatch {
   ForwardBatch forward;
   std::vector<int32_t> logits_row_of_sample;
   std::vector<ScoredRows> scored;
+  // Speculative decoding: a sampling chunk that verifies d drafts samples d + 1 consecutive rows from its
+  // logits_row_of_sample on (empty: one row each).
+  std::vector<int32_t> rows_of_sample;
+  // Where each plan chunk's tokens start among the batch's token rows (plan order): the drafter reads their hidden
+  // states.
+  std::vector<int32_t> first_token_row;
+
+  int32_t num_rows_of_sample(size_t i) const { return rows_of_sample.empty() ? 1 : rows_of_sample[i]; }
 };
 
-// What a step returns: one token per sampling chunk (plan order), and per ScoredRows entry its scored tokens.
+// What a step returns: the sampled rows of each sampling chunk (plan order, one each without drafts), and per
+// ScoredRows entry its scored tokens.
 struct StepResult {
   std::vector<SampledToken> sampled;
   std::vector<std::vector<SampledToken>> scored;

@@ -90,7 +90,19 @@ StepRunner::StepRunner(DeepseekModel& model, const LatentCache& cache, StepRunne
     graph_inputs_ = backend_.empty({b * (6 + kSamplingRowWords) + b * options_.max_graph_pages + (int64_t{1} << 16)},
                                    DType::kI32);
     graph_logits_ = backend_.empty({b, model.config().vocab_size}, DType::kF32);
+    if (options_.keep_hidden) graph_hidden_ = backend_.empty({b, model.config().hidden_size}, backend_.activation_dtype());
   }
+}
+
+TensorView StepRunner::hidden_rows(int64_t tokens, bool graph) {
+  if (!options_.keep_hidden) return {};
+  const int64_t d = model_.config().hidden_size;
+  if (graph) return graph_hidden_.view().rows(0, tokens);
+  if (eager_hidden_.numel() < tokens * d) {
+    eager_hidden_ = backend_.empty({std::max<int64_t>(tokens, 2 * eager_hidden_.numel() / d), d},
+                                   backend_.activation_dtype());
+  }
+  return eager_hidden_.view().rows(0, tokens);
 }
 
 StepRunner::~StepRunner() = default;
@@ -112,13 +124,16 @@ void StepRunner::upload(const std::vector<int32_t>& packed, TensorView dst) {
 ConstTensorView StepRunner::replay_graph(const ForwardBatch& padded, const StepLayout& layout) {
   const GraphKey key{padded.num_seqs(), padded.max_pages_per_seq};
   const TensorView logits = graph_logits_.view().rows(0, padded.num_seqs());
+  const TensorView hidden = hidden_rows(padded.num_tokens(), /*graph=*/true);
   Graph& g = graphs_[key];
   if (g.graph == nullptr || !g.graph->replay()) {
     // The recorded work reads only what outlives this call: the graph's entry (its inputs are views of
-    // graph_inputs_, at offsets that depend on the key alone), the model and the shared logits buffer. Graphs replay
-    // one at a time and the sampler reads the logits right after, so every graph writes them to the same place.
+    // graph_inputs_, at offsets that depend on the key alone), the model and the shared logits (and hidden states)
+    // buffers. Graphs replay one at a time and the sampler reads the logits right after, so every graph writes them
+    // to the same place.
     g.inputs = bind_step(graph_inputs_.cview(), layout, padded);
-    g.graph = backend_.capture([this, &g, logits] { model_.run_into(g.inputs.model, cache_.layers(), logits); });
+    g.graph = backend_.capture(
+        [this, &g, logits, hidden] { model_.run_into(g.inputs.model, cache_.layers(), logits, hidden); });
     if (g.graph == nullptr) {  // this backend has no graphs (nothing ran): the caller runs the step eagerly
       graphs_.erase(key);
       options_.use_graphs = false;
@@ -187,6 +202,7 @@ StepRunner::Forward StepRunner::forward(const ForwardBatch& batch) {
       upload(packed_, graph_inputs_.view());
       logits = replay_graph(padded, layout);
       in = bind_step(graph_inputs_.cview(), layout, padded);
+      if (logits.data != nullptr && options_.keep_hidden) last_hidden_ = graph_hidden_.cview().rows(0, batch.num_tokens());
     }
   }
   if (logits.data == nullptr) {
@@ -204,8 +220,11 @@ StepRunner::Forward StepRunner::forward(const ForwardBatch& batch) {
     eager_inputs = backend_.empty({layout.total()}, DType::kI32);
     upload(packed_, eager_inputs.view());
     in = bind_step(eager_inputs.cview(), layout, run_batch);
-    eager_logits = model_.run(in.model, cache_.layers());
+    eager_logits = backend_.empty({in.model.num_logits, model_.config().vocab_size}, DType::kF32);
+    const TensorView hidden = hidden_rows(run_batch.num_tokens(), /*graph=*/false);
+    model_.run_into(in.model, cache_.layers(), eager_logits.view(), hidden);
     logits = eager_logits.cview();
+    if (options_.keep_hidden) last_hidden_ = ConstTensorView(hidden).rows(0, batch.num_tokens());
   }
   return f;
 }
@@ -213,9 +232,11 @@ StepRunner::Forward StepRunner::forward(const ForwardBatch& batch) {
 StepResult collect_step_result(const StepBatch& step, std::span<const SampledToken> rows) {
   StepResult result;
   result.sampled.reserve(step.logits_row_of_sample.size());
-  for (int32_t row : step.logits_row_of_sample) {
-    DI_CHECK(row >= 0 && static_cast<size_t>(row) < rows.size(), "step runner: logits row ", row, " of ", rows.size());
-    result.sampled.push_back(rows[static_cast<size_t>(row)]);
+  for (size_t i = 0; i < step.logits_row_of_sample.size(); ++i) {
+    const int32_t row = step.logits_row_of_sample[i], count = step.num_rows_of_sample(i);
+    DI_CHECK(row >= 0 && count >= 1 && static_cast<size_t>(row + count) <= rows.size(), "step runner: logits rows [",
+             row, ", ", row + count, ") of ", rows.size());
+    result.sampled.insert(result.sampled.end(), rows.begin() + row, rows.begin() + row + count);
   }
   for (const ScoredRows& s : step.scored) {
     DI_CHECK(s.first_row >= 0 && static_cast<size_t>(s.first_row + s.count) <= rows.size(), "step runner: scored rows [",

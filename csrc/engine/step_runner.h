@@ -23,6 +23,7 @@ struct StepRunnerOptions {
   int32_t max_graph_pages = 0;    // page-table width of the largest context bucket (max_model_len in pages); 0 =
                                   // decode steps keep their own width (no buckets)
   int32_t scratch_page = -1;      // a cache page no request owns: the padding rows of a graph's batch write there
+  bool keep_hidden = false;       // keep every token's final hidden state of the last step (the MTP drafter's input)
 };
 
 // The decode batch sizes graphs are recorded for, up to `max_batch` (always included).
@@ -60,6 +61,10 @@ class StepRunner {
   // ranks of a parallel model other than rank 0 run each step. Returns once the step is done.
   void execute_forward(const ForwardBatch& batch);
 
+  // With keep_hidden: the final hidden states ([tokens, hidden_size], after model.norm) of the last step's token
+  // rows, in its batch's order, on the device; valid until the next step.
+  ConstTensorView last_hidden() const { return last_hidden_; }
+
   int64_t num_graphs() const { return static_cast<int64_t>(graphs_.size()); }
   int64_t num_graph_replays() const { return num_replays_; }
   int64_t num_graph_captures() const { return num_captures_; }  // more than num_graphs() when graphs were renewed
@@ -78,6 +83,8 @@ class StepRunner {
     ConstTensorView logits;
     StepInputs in;
   };
+  // Where a step of `tokens` rows writes its hidden states (keep_hidden), or an empty view.
+  TensorView hidden_rows(int64_t tokens, bool graph);
   Forward forward(const ForwardBatch& batch);
   bool graph_eligible(const ForwardBatch& batch) const;
   // Copies the packed arrays into `dst` (device) through the staging buffer.
@@ -93,6 +100,9 @@ class StepRunner {
   Tensor staging_;                // page-locked on a GPU
   Tensor graph_inputs_;           // device: the packed arrays every graph reads (its address is recorded)
   Tensor graph_logits_;           // device: [largest bucket, V] float32, where every graph writes its logits
+  Tensor graph_hidden_;           // device: [largest bucket, D], where every graph writes its hidden states
+  Tensor eager_hidden_;           // device: the last eager step's hidden states
+  ConstTensorView last_hidden_;
   std::map<GraphKey, Graph> graphs_;
   int64_t num_replays_ = 0;
   int64_t num_captures_ = 0;

@@ -28,10 +28,7 @@ void upload_weights(ModelWeights& w, Backend& backend) {
     linear(m.gate_up);
     linear(m.down);
   };
-  matrix(w.embed);
-  matrix(w.lm_head);
-  vector(w.norm);
-  for (LayerWeights& layer : w.layers) {
+  const auto decoder_layer = [&](LayerWeights& layer) {
     vector(layer.input_norm);
     vector(layer.post_attention_norm);
     MlaWeights& a = layer.attn;
@@ -47,6 +44,17 @@ void upload_weights(ModelWeights& w, Backend& backend) {
       linear(layer.moe->experts_gate_up);
       linear(layer.moe->experts_down);
     }
+  };
+  matrix(w.embed);
+  matrix(w.lm_head);
+  vector(w.norm);
+  for (LayerWeights& layer : w.layers) decoder_layer(layer);
+  if (w.mtp) {
+    vector(w.mtp->enorm);
+    vector(w.mtp->hnorm);
+    linear(w.mtp->eh_proj);
+    decoder_layer(w.mtp->block);
+    vector(w.mtp->head_norm);
   }
 }
 
@@ -88,10 +96,12 @@ Tensor DeepseekModel::run(const ModelInputs& in, std::span<const TensorView> cac
   return logits;
 }
 
-void DeepseekModel::run_into(const ModelInputs& in, std::span<const TensorView> cache, TensorView logits) {
+void DeepseekModel::run_into(const ModelInputs& in, std::span<const TensorView> cache, TensorView logits,
+                             TensorView hidden) {
   const ModelConfig& c = config_;
-  DI_CHECK(static_cast<int64_t>(cache.size()) == c.num_hidden_layers, "model: a latent cache of ", cache.size(),
-           " layers for ", c.num_hidden_layers);
+  DI_CHECK(static_cast<int64_t>(cache.size()) == c.num_hidden_layers + (has_mtp() ? 1 : 0),
+           "model: a latent cache of ", cache.size(), " layers for ", c.num_hidden_layers,
+           has_mtp() ? " and the MTP layer" : "");
   DI_CHECK(logits.dtype == DType::kF32 && logits.shape.ndim() == 2 && logits.shape[0] == in.num_logits &&
                logits.shape[1] == c.vocab_size,
            "model: logits ", logits.shape.str(), " ", dtype_name(logits.dtype), " for ", in.num_logits, " rows of ",
@@ -126,11 +136,25 @@ void DeepseekModel::run_into(const ModelInputs& in, std::span<const TensorView> 
     }
   }
 
-  // Only the rows that sample need the final norm and the vocabulary projection.
-  const int64_t num_logits = in.num_logits;
+  head(residual, weights_.norm, in, logits, hidden);
+}
+
+void DeepseekModel::head(const Tensor& residual, const Tensor& norm, const ModelInputs& in, TensorView logits,
+                         TensorView hidden) {
+  const ModelConfig& c = config_;
+  const int64_t num_logits = in.num_logits, d = c.hidden_size, local_vocab = local_.vocab_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
   Tensor last = activation({num_logits, d});                                // [N, D]
-  backend_.gather_rows({.src = residual.cview(), .indices = in.logits_indices, .out = last.view()});
-  backend_.rms_norm({.x = last.cview(), .weight = weights_.norm.cview(), .out = last.view(), .eps = eps});
+  if (hidden.data != nullptr) {
+    DI_CHECK(hidden.shape == Shape({in.num_tokens, d}) && hidden.dtype == backend_.activation_dtype(),
+             "model: hidden states ", hidden.shape.str(), " for ", in.num_tokens, " tokens of ", d);
+    backend_.rms_norm({.x = residual.cview(), .weight = norm.cview(), .out = hidden, .eps = eps});
+    backend_.gather_rows({.src = ConstTensorView(hidden), .indices = in.logits_indices, .out = last.view()});
+  } else {
+    // Only the rows that sample need the final norm and the vocabulary projection.
+    backend_.gather_rows({.src = residual.cview(), .indices = in.logits_indices, .out = last.view()});
+    backend_.rms_norm({.x = last.cview(), .weight = norm.cview(), .out = last.view(), .eps = eps});
+  }
   if (!parallel_.shard.splits_attention()) {
     backend_.linear({.x = last.cview(), .w = weights_.lm_head.cview(), .out = logits});  // [N, V] float32
     return;
@@ -146,6 +170,46 @@ void DeepseekModel::run_into(const ModelInputs& in, std::span<const TensorView> 
                            .dst = logits.columns(r * local_vocab, local_vocab),
                            .src_row_stride = local_vocab, .dst_row_stride = c.vocab_size});
   }
+}
+
+void DeepseekModel::run_mtp_into(const ModelInputs& in, std::span<const TensorView> cache, ConstTensorView prev_hidden,
+                                 TensorView logits, TensorView hidden) {
+  const ModelConfig& c = config_;
+  DI_CHECK(has_mtp(), "model: loaded without its MTP layer");
+  DI_CHECK(parallel_.shard.whole(), "model: the MTP layer runs on one rank");
+  const int64_t n = c.num_hidden_layers, t = in.num_tokens, d = c.hidden_size;
+  DI_CHECK(static_cast<int64_t>(cache.size()) == n + 1, "model: a latent cache of ", cache.size(), " layers for ", n,
+           " and the MTP layer");
+  DI_CHECK(prev_hidden.shape == Shape({t, d}), "model: MTP hidden input ", prev_hidden.shape.str(), " for ", t,
+           " tokens of ", d);
+  const MtpWeights& mtp = *weights_.mtp;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+
+  // x = eh_proj([enorm(Emb(t_{p+1})) ; hnorm(h_p)])
+  Tensor embedded = activation({t, d});
+  backend_.embedding({.token_ids = in.token_ids, .table = weights_.embed.cview(), .out = embedded.view(),
+                      .first_row = 0, .vocab_size = c.vocab_size});
+  Tensor both = activation({t, 2 * d});                                     // [T, 2D]
+  Tensor normed = activation({t, d});
+  backend_.rms_norm({.x = embedded.cview(), .weight = mtp.enorm.cview(), .out = normed.view(), .eps = eps});
+  backend_.copy_strided({.src = normed.cview(), .dst = both.view().columns(0, d), .src_row_stride = d,
+                         .dst_row_stride = 2 * d});
+  backend_.rms_norm({.x = prev_hidden, .weight = mtp.hnorm.cview(), .out = normed.view(), .eps = eps});
+  backend_.copy_strided({.src = normed.cview(), .dst = both.view().columns(d, d), .src_row_stride = d,
+                         .dst_row_stride = 2 * d});
+  Tensor residual = linear(both, mtp.eh_proj);                              // [T, D]
+
+  // One decoder block over its own latent cache (layer n of `cache`).
+  const LayerWeights& block = mtp.block;
+  Tensor h = activation({t, d});
+  backend_.rms_norm({.x = residual.cview(), .weight = block.input_norm.cview(), .out = h.view(), .eps = eps});
+  dp_max_tokens_ = 0;
+  Tensor attn_out = attention(block, n, h, in, cache);
+  backend_.add_rms_norm({.residual = residual.view(), .x = attn_out.cview(), .weight = block.post_attention_norm.cview(),
+                         .out = h.view(), .eps = eps});
+  const Tensor ffn_out = block.moe ? moe(*block.moe, h) : mlp(*block.mlp, h);
+  backend_.add({.x = residual.view(), .y = ffn_out.cview()});
+  head(residual, mtp.head_norm, in, logits, hidden);
 }
 
 Tensor DeepseekModel::attention(const LayerWeights& layer, int64_t layer_index, const Tensor& h,

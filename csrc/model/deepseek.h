@@ -42,10 +42,24 @@ class DeepseekModel {
   // so a backend can record it as a graph.
   Tensor run(const ModelInputs& in, std::span<const TensorView> cache);
   // The same, writing the logits into `logits` ([num_logits, vocab_size] float32, on the device): a recorded graph
-  // keeps writing where it was recorded to write.
-  void run_into(const ModelInputs& in, std::span<const TensorView> cache, TensorView logits);
+  // keeps writing where it was recorded to write. With `hidden` ([num_tokens, hidden_size], activation dtype) it also
+  // writes every token's final hidden state there (after model.norm: what the MTP layer reads). `cache` may hold
+  // the MTP layer's after the main layers'.
+  void run_into(const ModelInputs& in, std::span<const TensorView> cache, TensorView logits, TensorView hidden = {});
+
+  // The MTP layer (MtpWeights; the model was loaded with it) over one step's inputs: token i of `in` is t_{p+1} for
+  // position p = in.positions[i], whose main-model hidden state is row i of `prev_hidden` ([T, D]). Writes the
+  // layer's latents into cache[num_hidden_layers], the logits of in.logits_indices (predicting t_{p+2}) into
+  // `logits`, and, with `hidden`, every row's output after the head's norm (the vector the head reads, which the
+  // next draft reads as its h when the layer is applied again).
+  bool has_mtp() const { return weights_.mtp.has_value(); }
+  void run_mtp_into(const ModelInputs& in, std::span<const TensorView> cache, ConstTensorView prev_hidden,
+                    TensorView logits, TensorView hidden = {});
 
  private:
+  // The final norm of the rows of `residual` that have logits, and the vocabulary projection into `logits`; with
+  // `hidden`, the norm of every row into it first (the logits rows gathered from it).
+  void head(const Tensor& residual, const Tensor& norm, const ModelInputs& in, TensorView logits, TensorView hidden);
   // h [T, D] -> attention output [T, D]; writes the layer's latents into the cache.
   Tensor attention(const LayerWeights& layer, int64_t layer_index, const Tensor& h, const ModelInputs& in,
                    std::span<const TensorView> cache);

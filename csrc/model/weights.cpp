@@ -456,6 +456,22 @@ MoeWeights load_moe(Loader& loader, const ModelConfig& c, const std::string& p, 
   return w;
 }
 
+// Decoder layer `i` (a main layer, or the MTP layer's block at i = num_hidden_layers), stored as model.layers.{i}.*.
+LayerWeights load_layer(Loader& loader, const ModelConfig& c, int64_t i, const ModelShard& shard) {
+  const std::string p = "model.layers." + std::to_string(i) + ".";
+  const int64_t d = c.hidden_size;
+  LayerWeights layer;
+  layer.input_norm = loader.read(p + "input_layernorm.weight", {d}, WeightRole::kVector);
+  layer.post_attention_norm = loader.read(p + "post_attention_layernorm.weight", {d}, WeightRole::kVector);
+  layer.attn = load_mla(loader, c, p + "self_attn.");
+  if (c.is_moe_layer(i)) {
+    layer.moe = load_moe(loader, c, p + "mlp.", shard);
+  } else {
+    layer.mlp = load_mlp(loader, p + "mlp.", d, c.intermediate_size);
+  }
+  return layer;
+}
+
 }  // namespace
 
 void WeightSource::read_fp8_rows(const std::string& name, std::span<const int64_t>, int64_t, int64_t,
@@ -470,31 +486,37 @@ std::unique_ptr<WeightSource> open_checkpoint_source(const std::filesystem::path
 std::unique_ptr<WeightSource> make_dummy_source(uint64_t seed) { return std::make_unique<DummySource>(seed); }
 
 ModelWeights load_weights(const ModelConfig& c, const WeightSource& source, WeightSink& sink,
-                          const LoadProgress& progress, const ModelShard& shard) {
-  Loader loader(source, sink, progress, c.num_hidden_layers + 2);
+                          const LoadProgress& progress, const ModelShard& shard, bool with_mtp) {
+  DI_CHECK_ARG(!with_mtp || c.num_nextn_predict_layers > 0,
+               "the checkpoint has no MTP layer (num_nextn_predict_layers is 0 in its config.json): MTP speculative "
+               "decoding needs one");
+  DI_CHECK_ARG(!with_mtp || shard.whole(), "MTP speculative decoding runs on one rank (tensor_parallel_size 1)");
+  Loader loader(source, sink, progress, c.num_hidden_layers + 2 + (with_mtp ? 1 : 0));
   ModelWeights w;
   const int64_t d = c.hidden_size;
   w.embed = loader.read("model.embed_tokens.weight", {c.vocab_size, d});
   loader.step();
   w.layers.reserve(static_cast<size_t>(c.num_hidden_layers));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    LayerWeights layer;
-    layer.input_norm = loader.read(p + "input_layernorm.weight", {d}, WeightRole::kVector);
-    layer.post_attention_norm = loader.read(p + "post_attention_layernorm.weight", {d}, WeightRole::kVector);
-    layer.attn = load_mla(loader, c, p + "self_attn.");
-    if (c.is_moe_layer(i)) {
-      layer.moe = load_moe(loader, c, p + "mlp.", shard);
-    } else {
-      layer.mlp = load_mlp(loader, p + "mlp.", d, c.intermediate_size);
-    }
-    w.layers.push_back(std::move(layer));
+    w.layers.push_back(load_layer(loader, c, i, shard));
     loader.step();
   }
   w.norm = loader.read("model.norm.weight", {d}, WeightRole::kVector);
   // Tied embeddings: lm_head is the embedding, read and placed a second time.
   const bool tied = c.tie_word_embeddings && !source.contains("lm_head.weight");
   w.lm_head = loader.read(tied ? "model.embed_tokens.weight" : "lm_head.weight", {c.vocab_size, d});
+  if (with_mtp) {
+    const int64_t n = c.num_hidden_layers;
+    const std::string p = "model.layers." + std::to_string(n) + ".";
+    MtpWeights mtp;
+    mtp.enorm = loader.read(p + "enorm.weight", {d}, WeightRole::kVector);
+    mtp.hnorm = loader.read(p + "hnorm.weight", {d}, WeightRole::kVector);
+    mtp.eh_proj = loader.read_linear(p + "eh_proj.weight", {d, 2 * d});
+    mtp.block = load_layer(loader, c, n, shard);
+    mtp.head_norm = loader.read(p + "shared_head.norm.weight", {d}, WeightRole::kVector);
+    w.mtp = std::move(mtp);
+    loader.step();
+  }
   loader.finish();
   loader.step();
   return w;
@@ -512,7 +534,7 @@ std::vector<std::pair<DType, int64_t>> weight_bytes_by_dtype(const ModelWeights&
   add(weights.embed);
   add(weights.norm);
   add(weights.lm_head);
-  for (const LayerWeights& layer : weights.layers) {
+  const auto add_layer = [&](const LayerWeights& layer) {
     add(layer.input_norm);
     add(layer.post_attention_norm);
     const MlaWeights& a = layer.attn;
@@ -532,6 +554,14 @@ std::vector<std::pair<DType, int64_t>> weight_bytes_by_dtype(const ModelWeights&
       add_weight(layer.moe->experts_gate_up);
       add_weight(layer.moe->experts_down);
     }
+  };
+  for (const LayerWeights& layer : weights.layers) add_layer(layer);
+  if (weights.mtp) {
+    add(weights.mtp->enorm);
+    add(weights.mtp->hnorm);
+    add_weight(weights.mtp->eh_proj);
+    add_layer(weights.mtp->block);
+    add(weights.mtp->head_norm);
   }
   return {bytes.begin(), bytes.end()};
 }

@@ -64,11 +64,25 @@ struct LayerWeights {
   std::optional<MoeWeights> moe;  // MoE layers
 };
 
+// DeepSeek-V3's multi-token prediction layer (one depth), stored as model.layers.{num_hidden_layers}.*: for position i
+// it reads the main model's final hidden state h_i (after model.norm) and the next token t_{i+1}, and predicts t_{i+2}:
+//   x_i = eh_proj([enorm(Emb(t_{i+1})) ; hnorm(h_i)]),  y = block(x) over its own latent cache,
+//   logits_i = lm_head(head_norm(y_i)).
+// The embedding and the output head are the main model's (DeepSeek stores copies under the layer; they are equal).
+struct MtpWeights {
+  Tensor enorm;      // [D]
+  Tensor hnorm;      // [D]
+  Weight eh_proj;    // [D, 2D]  embedding half first
+  LayerWeights block;
+  Tensor head_norm;  // [D]      shared_head.norm
+};
+
 struct ModelWeights {
   Tensor embed;    // [V, D]
   std::vector<LayerWeights> layers;
   Tensor norm;     // [D]
   Tensor lm_head;  // [V, D] (a copy of embed when tied)
+  std::optional<MtpWeights> mtp;  // loaded only for MTP speculative decoding
 };
 
 // Where tensors come from: a checkpoint directory, or random values for benchmarks (load_format="dummy").
@@ -111,7 +125,8 @@ inline constexpr int64_t kLoadChunkFloats = int64_t{1} << 24;
 // The bytes of every resident weight by dtype (FP8 scales count as float32): what the load log and /metrics report.
 std::vector<std::pair<DType, int64_t>> weight_bytes_by_dtype(const ModelWeights& weights);
 
-// Loads the main model's layers (MTP layers stored after them are skipped), placing every tensor through `sink` as
+// Loads the main model's layers and, with `with_mtp`, the first MTP layer stored after them (the others are skipped;
+// throws when the config declares none), placing every tensor through `sink` as
 // soon as it is read. The host holds at most one piece of float32 values at a time: a chunk of whole rows of up to
 // kLoadChunkFloats, one row when a row is larger (one expert of a fused [E, 2I, D] tensor), one expert's tensor, or
 // one head of kv_b_proj (from which w_uk_t and w_uv are derived on the host); a chunk of rows of a shared down_proj
@@ -121,7 +136,7 @@ std::vector<std::pair<DType, int64_t>> weight_bytes_by_dtype(const ModelWeights&
 // One rank's part under tensor/expert parallelism: `config` is the rank's local_config, `source` reads through
 // make_sharded_source, and `shard` picks the routed experts under EP.
 ModelWeights load_weights(const ModelConfig& config, const WeightSource& source, WeightSink& sink,
-                          const LoadProgress& progress = {}, const ModelShard& shard = {});
+                          const LoadProgress& progress = {}, const ModelShard& shard = {}, bool with_mtp = false);
 // The same into host float32 tensors (make_host_sink()).
 ModelWeights load_weights(const ModelConfig& config, const WeightSource& source, const LoadProgress& progress = {});
 

@@ -334,7 +334,7 @@ TEST(Scheduler, FinishesOnEos) {
   ASSERT_EQ(updates.size(), 1u);
   EXPECT_TRUE(updates[0].finished);
   EXPECT_EQ(updates[0].reason, FinishReason::kStop);
-  EXPECT_EQ(updates[0].new_token, kEos);
+  EXPECT_EQ(updates[0].new_tokens, (std::vector<int32_t>{kEos}));
   EXPECT_EQ(updates[0].num_output_tokens, 2);
   EXPECT_EQ(updates[0].output_token_ids, (std::vector<int32_t>{kToken, kEos}));
   EXPECT_EQ(s.find(1), nullptr);
@@ -464,9 +464,9 @@ TEST(Scheduler, AbortBetweenScheduleAndUpdateSkipsTheChunk) {
   s.check_invariants();
   ASSERT_EQ(updates.size(), 2u);
   EXPECT_EQ(updates[0].id, 1u);
-  EXPECT_EQ(updates[0].new_token, 11);
+  EXPECT_EQ(updates[0].new_tokens, (std::vector<int32_t>{11}));
   EXPECT_EQ(updates[1].id, 3u);
-  EXPECT_EQ(updates[1].new_token, 33);
+  EXPECT_EQ(updates[1].new_tokens, (std::vector<int32_t>{33}));
   EXPECT_EQ(s.find(2)->num_computed_tokens, 0);
   EXPECT_EQ(s.find(2)->status, RequestStatus::kWaiting);
   run_to_completion(s);
@@ -744,7 +744,7 @@ class Soak {
       } else if (num_output >= sh.params.max_tokens || static_cast<int32_t>(sh.tokens.size()) >= config_.max_model_len) {
         reason = FinishReason::kLength;
       }
-      expected.push_back({.id = id, .new_token = token, .finished = reason != FinishReason::kNone,
+      expected.push_back({.id = id, .new_tokens = {token}, .finished = reason != FinishReason::kNone,
                           .reason = reason, .num_output_tokens = num_output, .num_preemptions = 0,
                           .output_token_ids = {}});
       if (reason != FinishReason::kNone) {
@@ -759,7 +759,7 @@ class Soak {
       const RequestUpdate& u = updates[i];
       const RequestUpdate& e = expected[i];
       ASSERT_EQ(u.id, e.id);
-      EXPECT_EQ(u.new_token, e.new_token);
+      EXPECT_EQ(u.new_tokens, e.new_tokens);
       ASSERT_EQ(u.finished, e.finished) << "request " << u.id;
       EXPECT_EQ(u.reason, e.reason) << "request " << u.id;
       EXPECT_EQ(u.num_output_tokens, e.num_output_tokens);
