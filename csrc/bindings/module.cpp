@@ -129,6 +129,8 @@ NB_MODULE(_deepinfer, m) {
       .def_rw("enable_expert_parallel", &EngineOptions::enable_expert_parallel)
       .def_rw("enable_dp_attention", &EngineOptions::enable_dp_attention)
       .def_rw("collective_timeout_s", &EngineOptions::collective_timeout_s)
+      .def_rw("num_speculative_tokens", &EngineOptions::num_speculative_tokens)
+      .def_rw("speculative_forced_acceptance", &EngineOptions::speculative_forced_acceptance)
       .def_rw("rank_launch", &EngineOptions::rank_launch)
       .def("validate", &EngineOptions::validate);
   m.def("mpi_launched", &mpi_launched, "Whether mpirun started this process (its rank variables are set).");
@@ -226,6 +228,11 @@ NB_MODULE(_deepinfer, m) {
       .def_ro("num_decode_steps", &EngineStats::num_decode_steps)
       .def_ro("decode_step_seconds", &EngineStats::decode_step_seconds)
       .def_ro("num_graph_replays", &EngineStats::num_graph_replays)
+      .def_ro("spec_num_drafts", &EngineStats::spec_num_drafts)
+      .def_ro("spec_num_draft_tokens", &EngineStats::spec_num_draft_tokens)
+      .def_ro("spec_num_accepted_tokens", &EngineStats::spec_num_accepted_tokens)
+      .def_ro("spec_accepted_per_position", &EngineStats::spec_accepted_per_position)
+      .def_ro("spec_drafter_failure", &EngineStats::spec_drafter_failure)
       .def_ro("num_graphs", &EngineStats::num_graphs)
       .def_ro("alive", &EngineStats::alive)
       .def_ro("failure", &EngineStats::failure);

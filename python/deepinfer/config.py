@@ -67,6 +67,54 @@ class QuantizationConfig:
         raise TypeError(f"quantization must be a string, a mapping or QuantizationConfig, got {type(value).__name__}")
 
 
+SPECULATIVE_METHODS = ("mtp", "deepseek_mtp")
+MAX_SPECULATIVE_TOKENS = 8
+
+
+@dataclass
+class SpeculativeConfig:
+    """MTP speculative decoding, in vLLM's shape (``{"method": "mtp", "num_speculative_tokens": k}``).
+
+    The checkpoint's MTP layer (``num_nextn_predict_layers``) drafts k tokens after every step (applied again for
+    k > 1) and the next step verifies them all at once: greedy output is the output without it, and sampling keeps
+    the model's distribution. ``forced_acceptance`` is for benchmarks only: each draft is then accepted with that
+    probability instead of by verification, so speed can be measured at a chosen acceptance rate on random weights
+    (the text is not the model's)."""
+
+    method: str = "mtp"
+    num_speculative_tokens: int = 1
+    forced_acceptance: float | None = None
+
+    def validate(self) -> None:
+        if self.method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative_config.method must be one of {SPECULATIVE_METHODS} (the checkpoint's MTP "
+                             f"layer drafts), got {self.method!r}")
+        k = self.num_speculative_tokens
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"speculative_config.num_speculative_tokens must be an integer in "
+                             f"[1, {MAX_SPECULATIVE_TOKENS}], got {k!r}")
+        f = self.forced_acceptance
+        if f is not None and not (is_finite_number(f) and 0.0 <= f <= 1.0):
+            raise ValueError(f"speculative_config.forced_acceptance must be None or a number in [0, 1], got {f!r}")
+
+    @classmethod
+    def coerce(cls, value: "Mapping[str, Any] | SpeculativeConfig | None") -> "SpeculativeConfig | None":
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if isinstance(value, Mapping):
+            values = dict(value)
+            if values.get("model") is not None:
+                raise ValueError("speculative_config.model: DeepInfer drafts with the checkpoint's own MTP layer "
+                                 "(method 'mtp'); a separate draft model is not supported")
+            values.pop("model", None)
+            known = {f.name for f in dataclasses.fields(cls)}
+            unknown = set(values) - known
+            if unknown:
+                raise ValueError(f"speculative_config: unknown keys {sorted(unknown)}; known: {sorted(known | {'model'})}")
+            return cls(**values)
+        raise TypeError(f"speculative_config must be a mapping or SpeculativeConfig, got {type(value).__name__}")
+
+
 # What each EngineConfig field means, in one line: the help of its command-line flag (`deepinfer serve`, `generate`,
 # `chat`, which add "(default: ...)" themselves) and the reference for the fields below. Kept in this one place;
 # tests check that every field has an entry.
@@ -93,6 +141,8 @@ ENGINE_FIELD_HELP: dict[str, str] = {
                       "at DeepSeek's dims instead of 1,152",
     "quantization": "'fp8': FP8 weights (an FP8 checkpoint as stored, a bf16 one quantized at load); "
                     "none: the checkpoint's own format",
+    "speculative_config": 'MTP speculative decoding, e.g. {"method": "mtp", "num_speculative_tokens": 1}: the '
+                          "checkpoint's MTP layer drafts that many tokens a step and the model verifies them; none: off",
     "device": "'auto' (CUDA when a GPU is visible), 'cpu' or 'cuda'",
     "dtype": "compute dtype: 'auto', 'float32' (CPU), 'bfloat16' (CUDA) or 'float16'",
     "seed": "engine seed: dummy weights and requests that give no seed",
@@ -130,6 +180,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     kv_cache_dtype: str = "auto"
     quantization: str | Mapping[str, Any] | QuantizationConfig | None = None
+    speculative_config: Mapping[str, Any] | SpeculativeConfig | None = None
     device: str = "auto"
     dtype: str = "auto"
     seed: int = 0
@@ -145,7 +196,13 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         self.quantization = QuantizationConfig.coerce(self.quantization)
+        self.speculative_config = SpeculativeConfig.coerce(self.speculative_config)
         self.validate()
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        """Draft tokens a step (0: no speculative decoding)."""
+        return self.speculative_config.num_speculative_tokens if self.speculative_config is not None else 0
 
     def validate(self) -> None:
         def require(cond: bool, message: str) -> None:
@@ -208,11 +265,23 @@ class EngineConfig:
                 f"generation_config must be 'auto' or 'none', got {self.generation_config!r}")
         if self.quantization is not None:
             self.quantization.validate()
+        if self.speculative_config is not None:
+            self.speculative_config.validate()
+            require(self.tensor_parallel_size == 1,
+                    "speculative_config: MTP speculative decoding runs on one rank for now (tensor_parallel_size 1)")
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> "EngineConfig":
         """Builds a config from a mapping (a YAML file, CLI flags); unknown keys are an error, not ignored."""
         values = dict(values)
+        if "num_speculative_tokens" in values:  # vLLM's shorthand flag: MTP drafts of that many tokens
+            k = values.pop("num_speculative_tokens")
+            spec = dict(values.get("speculative_config") or {"method": "mtp"})
+            if "num_speculative_tokens" in spec and spec["num_speculative_tokens"] != k:
+                raise ValueError(f"num_speculative_tokens={k} disagrees with speculative_config's "
+                                 f"{spec['num_speculative_tokens']}")
+            spec["num_speculative_tokens"] = k
+            values["speculative_config"] = spec
         if "quantization_config" in values:
             block = values.pop("quantization_config")
             if block is not None:

@@ -228,12 +228,20 @@ class DeepInferenceEngine:
         options.fp8_activations = fp8_activations
         options.kv_cache_dtype = (_deepinfer.KvCacheDtype.auto if config.kv_cache_dtype == "auto"
                                   else _deepinfer.KvCacheDtype.fp8)
+        if config.speculative_config is not None:
+            if self.model_config.num_nextn_predict_layers < 1:
+                raise ValueError(f"speculative_config: {config.model_name_or_path or 'the model'} has no MTP layer "
+                                 "(num_nextn_predict_layers is 0 in its config.json); MTP speculative decoding needs one")
+            options.num_speculative_tokens = config.speculative_config.num_speculative_tokens
+            forced = config.speculative_config.forced_acceptance
+            options.speculative_forced_acceptance = -1.0 if forced is None else float(forced)
         if self._ranks_from_mpirun(config):
             options.rank_launch = _deepinfer.RankLaunch.mpi
             if _deepinfer.mpi_rank() > 0:
                 # Only rank 0 serves: the other processes run its steps, then the program ends with rank 0's stop.
                 _deepinfer.run_worker_rank(options)
                 raise SystemExit(0)
+        self.num_speculative_tokens = config.num_speculative_tokens
         self._core = _deepinfer.Engine.create(options, self._load_progress(self.model_config.num_hidden_layers))
         self.weight_bytes: dict[str, int] = dict(self._core.weight_bytes)
         logger.info("resident weights: %s", ", ".join(f"{dtype} {n / (1 << 30):.2f} GiB"
@@ -486,12 +494,24 @@ class DeepInferenceEngine:
             new_logprobs = [TokenLogprobs(token_id=r.token, logprob=r.logprob,
                                           top=[Logprob(t.token, t.logprob) for t in r.top_logprobs])
                             for r in d.logprobs]
-        text_delta = c.detokenizer.step(new_ids) if new_ids else ""
-        if d.finished:
-            text_delta += c.detokenizer.flush()
-        emit, stopped = find_stop(c.decoded, text_delta, c.params.stop, c.params.include_stop_str_in_output,
-                                  final=d.finished)
-        c.decoded += text_delta
+        # A step that accepted drafts brings several tokens: they are taken one at a time, so that a stop string ends
+        # the output at the token that completes it, as it would without speculative decoding.
+        emit, stopped, taken = "", False, 0
+        for i in range(max(len(new_ids), 1)):
+            last = i + 1 >= len(new_ids)
+            text_delta = c.detokenizer.step(new_ids[i:i + 1]) if new_ids else ""
+            if d.finished and last:
+                text_delta += c.detokenizer.flush()
+            part, stopped = find_stop(c.decoded, text_delta, c.params.stop, c.params.include_stop_str_in_output,
+                                      final=d.finished and last)
+            c.decoded += text_delta
+            emit += part
+            taken = i + 1 if new_ids else 0
+            if stopped:
+                break
+        new_ids = new_ids[:taken]
+        if new_logprobs is not None:
+            new_logprobs = new_logprobs[:taken]
         c.text += emit
         c.token_ids.extend(new_ids)
         if new_logprobs is not None and c.logprobs is not None:
@@ -660,6 +680,20 @@ class DeepInferenceEngine:
     def stats(self) -> Any:
         core = self._core
         return core.stats() if core is not None else self._final_stats
+
+    def speculative_stats(self) -> dict[str, Any] | None:
+        """MTP speculative decoding so far: verifications, draft tokens checked and accepted, the acceptance rate, the
+        mean tokens a verification yields (accepted drafts + 1) and the acceptance rate by draft position; None
+        without speculative decoding."""
+        if self.num_speculative_tokens == 0:
+            return None
+        s = self.stats()
+        drafts, checked, accepted = s.spec_num_drafts, s.spec_num_draft_tokens, s.spec_num_accepted_tokens
+        return {"num_drafts": drafts, "num_draft_tokens": checked, "num_accepted_tokens": accepted,
+                "acceptance_rate": accepted / checked if checked else 0.0,
+                "mean_accepted_length": 1.0 + accepted / drafts if drafts else 0.0,
+                "acceptance_rate_per_position": [n / drafts if drafts else 0.0 for n in s.spec_accepted_per_position],
+                "drafter_failure": s.spec_drafter_failure or None}
 
     def shutdown(self) -> None:
         """Aborts what is still running, stops the engine's threads and frees its memory (the model, the cache: on a

@@ -21,7 +21,8 @@ from deepinfer.config import ENGINE_FIELD_HELP, EngineConfig
 __all__ = ["add_engine_arguments", "engine_values", "engine_field_help", "finite_float", "ENGINE_VALUE_NAMES"]
 
 # Engine values a command line may carry: the fields, and quantization's JSON spelling.
-ENGINE_VALUE_NAMES = frozenset(f.name for f in dataclasses.fields(EngineConfig)) | {"quantization_config"}
+ENGINE_VALUE_NAMES = (frozenset(f.name for f in dataclasses.fields(EngineConfig))
+                      | {"quantization_config", "num_speculative_tokens"})
 _METAVARS = {"model_name_or_path": "PATH", "tokenizer": "PATH", "served_model_name": "NAME", "revision": "REV",
              "download_dir": "DIR"}
 
@@ -163,6 +164,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser,
         group.add_argument("--quantization-config", dest="quantization_config", type=json_object, default=S,
                            metavar="JSON",
                            help='quantization as a JSON object, e.g. {"method": "fp8", "group_size": 128}')
+    if "--num-speculative-tokens" not in taken:
+        group.add_argument("--num-speculative-tokens", dest="num_speculative_tokens", type=int, default=S,
+                           metavar="K", help="MTP speculative decoding with K draft tokens a step (the same as "
+                           '--speculative-config \'{"method": "mtp", "num_speculative_tokens": K}\')')
 
 
 def engine_values(args: argparse.Namespace) -> dict[str, Any]:

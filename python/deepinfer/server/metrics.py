@@ -71,6 +71,20 @@ class _EngineCollector:
                       s.prefix_cache_queries)
         yield counter("deepinfer_prefix_cache_hits", "Of them, tokens found cached (their latents not computed).",
                       s.prefix_cache_hits)
+        drafts = getattr(s, "spec_num_drafts", 0)
+        if getattr(self._engine, "num_speculative_tokens", 0) > 0:
+            # vLLM's speculative decoding counters, under our prefix.
+            yield counter("deepinfer_spec_decode_num_drafts", "Verifications: a request's step that checked drafts.",
+                          drafts)
+            yield counter("deepinfer_spec_decode_num_draft_tokens", "Draft tokens checked.", s.spec_num_draft_tokens)
+            yield counter("deepinfer_spec_decode_num_accepted_tokens", "Draft tokens accepted.",
+                          s.spec_num_accepted_tokens)
+            per_position = CounterMetricFamily("deepinfer_spec_decode_num_accepted_tokens_per_pos",
+                                               "Draft tokens accepted, by position in the draft (0: the first).",
+                                               labels=names + ["position"])
+            for pos, n in enumerate(s.spec_accepted_per_position):
+                per_position.add_metric(values + [str(pos)], n)
+            yield per_position
         weights = GaugeMetricFamily("deepinfer_weight_bytes", "Bytes of the resident model weights by dtype "
                                     "(FP8 block scales count as float32).", labels=names + ["dtype"])
         for dtype, n in getattr(self._engine, "weight_bytes", {}).items():
