@@ -508,6 +508,9 @@ ModelWeights load_weights(const ModelConfig& c, const WeightSource& source, Weig
   if (with_mtp) {
     const int64_t n = c.num_hidden_layers;
     const std::string p = "model.layers." + std::to_string(n) + ".";
+    DI_CHECK_ARG(source.contains(p + "eh_proj.weight"), "the checkpoint has no MTP layer: its config.json declares ",
+                 c.num_nextn_predict_layers, " (num_nextn_predict_layers) but ", p, "* is not stored (a checkpoint "
+                 "re-saved by transformers drops it); MTP speculative decoding needs DeepSeek's layer");
     MtpWeights mtp;
     mtp.enorm = loader.read(p + "enorm.weight", {d}, WeightRole::kVector);
     mtp.hnorm = loader.read(p + "hnorm.weight", {d}, WeightRole::kVector);
