@@ -254,6 +254,8 @@ NB_MODULE(_deepinfer, m) {
       .def("add_request", &Engine::add_request, "request_id"_a, "prompt_token_ids"_a, "params"_a,
            "Queues a request; raises ValueError when it cannot be served.")
       .def("abort", &Engine::abort, "request_id"_a)
+      .def("set_speculative_forced_acceptance", &Engine::set_speculative_forced_acceptance, "rate"_a,
+           "benchmarks only: accept each draft with this probability instead of by verification (< 0: off)")
       .def("wait_outputs", &Engine::wait_outputs, "timeout_s"_a, nb::call_guard<nb::gil_scoped_release>(),
            "Blocks (without the GIL) until outputs arrive or the timeout passes.")
       .def("stats", &Engine::stats)

@@ -224,6 +224,7 @@ Engine::Engine(EngineOptions options, std::unique_ptr<Ranks> ranks, LoadedModel 
     lanes_.push_back(std::make_unique<Lane>(pages, plan.shape.page_size, options_.enable_prefix_caching,
                                             scheduler_config));
   }
+  forced_acceptance_ = options_.speculative_forced_acceptance;
   if (options_.num_speculative_tokens > 0) {
     drafter_ = std::make_unique<MtpDrafter>(*model_, cache_, options_.num_speculative_tokens);
     stats_.spec_accepted_per_position.assign(static_cast<size_t>(options_.num_speculative_tokens), 0);
@@ -270,6 +271,11 @@ void Engine::add_request(uint64_t id, std::vector<int32_t> prompt, SamplingParam
   if (!broken_.empty()) throw Error(broken_);
   pending_.push_back({id, std::move(prompt), std::move(params)});
   work_cv_.notify_one();
+}
+
+void Engine::set_speculative_forced_acceptance(double rate) {
+  DI_CHECK_ARG(rate <= 1.0, "speculative_forced_acceptance must be in [0, 1] or negative (off), got ", rate);
+  forced_acceptance_ = rate;
 }
 
 void Engine::abort(uint64_t id) {
@@ -557,7 +563,7 @@ void Engine::emit_prompt_logprobs(const SchedulePlan& plan, std::span<const Scor
 int32_t Engine::accepted_drafts(const ScheduledChunk& chunk, std::span<const SampledToken> rows) {
   const std::vector<int32_t>& drafts = chunk.request->draft_token_ids;
   int32_t accepted = 0;
-  const double forced = options_.speculative_forced_acceptance;
+  const double forced = forced_acceptance_.load(std::memory_order_relaxed);
   while (accepted < chunk.num_draft_tokens) {
     const bool accepts =
         forced >= 0.0 ? static_cast<double>(counter_rng::uniform01(

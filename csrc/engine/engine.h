@@ -2,6 +2,7 @@
 // requests and collect outputs from any thread; nothing here needs Python's GIL.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -163,6 +164,8 @@ class Engine {
 
   // Validates and queues a request; throws InvalidArgument (and changes nothing) when it cannot be served.
   void add_request(uint64_t id, std::vector<int32_t> prompt_token_ids, SamplingParams params);
+  // Benchmarks only: sets EngineOptions::speculative_forced_acceptance for the steps that follow.
+  void set_speculative_forced_acceptance(double rate);
   // Finishes a request with reason kAbort and frees its pages; unknown ids are ignored.
   void abort(uint64_t id);
   // Blocks until outputs are available or `timeout_s` passes; returns what has accumulated.
@@ -227,7 +230,8 @@ class Engine {
   int32_t scratch_page_ = -1;                        // a page no request owns (graphs' padding, idle DP steps)
   StepRunner runner_;                                // touched only by the step thread
   std::unique_ptr<MtpDrafter> drafter_;              // speculative decoding; touched only by the step thread
-  uint64_t forced_acceptance_draws_ = 0;             // the counter of speculative_forced_acceptance's draws
+  std::atomic<double> forced_acceptance_{-1.0};     // speculative_forced_acceptance, settable while running
+  uint64_t forced_acceptance_draws_ = 0;             // the counter of its draws
   std::mt19937_64 seed_rng_;                         // the seeds of requests without one of their own
 
   struct PendingRequest {
