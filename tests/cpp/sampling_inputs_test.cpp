@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <span>
 #include <vector>
 
 #include "backend/ops/sample.h"
@@ -103,6 +104,58 @@ TEST(SamplingInputs, MasksEosAndStopIdsUntilMinTokens) {
   append_sampling_inputs(r, 100, b);
   row = row_at(b, 2);
   EXPECT_EQ(row.mask_begin, row.mask_end);
+}
+
+// The row of a draft being verified samples the token after the `pending` drafts as if they were outputs already:
+// the RNG counter advances over them and presence/frequency penalties count them. The request itself is unchanged.
+TEST(SamplingInputs, PendingTokensCountAsOutputsForTheStepAndPenalties) {
+  Request r = request({5, 6}, {6, 9});
+  r.params.presence_penalty = 0.5f;
+  r.params.frequency_penalty = 0.25f;
+  SamplingBatch b;
+  append_sampling_inputs(r, 100, b);
+  const std::vector<int32_t> pending = {9, 4, 4};
+  append_sampling_inputs(r, 100, b, pending);
+  ASSERT_EQ(b.rows.size(), 2 * static_cast<size_t>(kSamplingRowWords));
+  EXPECT_EQ(row_at(b, 0).step, 2);
+  EXPECT_EQ(row_at(b, 1).step, 5);  // 2 outputs + 3 pending
+  std::map<int32_t, int32_t> got;
+  SamplingRow row = row_at(b, 1);
+  for (int32_t i = row.penalty_begin; i < row.penalty_end; ++i) got[b.penalty_tokens[i]] = b.penalty_counts[i];
+  EXPECT_EQ(got, (std::map<int32_t, int32_t>{{6, 1}, {9, 2}, {4, 2}}));
+  EXPECT_EQ(r.output_token_ids, (std::vector<int32_t>{6, 9}));
+
+  // With the repetition penalty, a prompt token that is pending counts as an output.
+  Request s = request({5, 7}, {});
+  s.params.repetition_penalty = 1.2f;
+  const std::vector<int32_t> five = {5};
+  append_sampling_inputs(s, 100, b, five);
+  row = row_at(b, 2);
+  got.clear();
+  for (int32_t i = row.penalty_begin; i < row.penalty_end; ++i) got[b.penalty_tokens[i]] = b.penalty_counts[i];
+  EXPECT_EQ(got, (std::map<int32_t, int32_t>{{5, 1}, {7, 0}}));
+  EXPECT_EQ(row.step, 1);
+}
+
+// The min_tokens mask applies by the output index of the token being sampled: outputs + pending.
+TEST(SamplingInputs, PendingTokensCountTowardsMinTokens) {
+  Request r = request({5}, {7});
+  r.params.min_tokens = 3;
+  r.params.stop_token_ids = {11};
+  SamplingBatch b;
+  const std::vector<int32_t> drafts = {8, 9, 10};
+  for (size_t j = 0; j <= drafts.size(); ++j) {
+    append_sampling_inputs(r, 100, b, std::span(drafts).first(j));  // samples output 1 + j
+  }
+  ASSERT_EQ(b.rows.size(), 4 * static_cast<size_t>(kSamplingRowWords));
+  const auto masked = [&b](size_t i) {
+    const SamplingRow row = row_at(b, i);
+    return std::vector<int32_t>(b.masked_tokens.begin() + row.mask_begin, b.masked_tokens.begin() + row.mask_end);
+  };
+  EXPECT_EQ(masked(0), (std::vector<int32_t>{1, 11}));  // output 1
+  EXPECT_EQ(masked(1), (std::vector<int32_t>{1, 11}));  // output 2
+  EXPECT_TRUE(masked(2).empty());                       // output 3: min_tokens reached
+  EXPECT_TRUE(masked(3).empty());
 }
 
 }  // namespace

@@ -1,16 +1,19 @@
 // The step's batch on the host: the one ForwardBatch builder, a plan's step (decode rows first, sampled rows mapped
-// back to plan order) and the packing of the step's arrays.
+// back to plan order, verified drafts as decode rows) and the packing of the step's arrays.
 #include "engine/step_batch.h"
 
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <map>
+#include <span>
 #include <utility>
 #include <vector>
 
 #include "backend/ops/sample.h"
 #include "core/error.h"
 #include "engine/model_runner.h"
+#include "engine/step_runner.h"
 
 namespace deepinfer {
 namespace {
@@ -95,6 +98,107 @@ TEST(BuildStepBatch, PutsDecodesFirstAndMapsSampledRowsToPlanOrder) {
   EXPECT_NO_THROW(b.validate(100, 8, 4));
 
   decoding.page_ids.clear();  // a request without the pages its chunk needs
+  EXPECT_THROW(build_step_batch(plan, 4, 100), Error);
+}
+
+// The distinct tokens of row i's penalty list, with their counts.
+std::map<int32_t, int32_t> penalties_of(const SamplingBatch& b, size_t i) {
+  const SamplingRow row = sampling_row(b, i);
+  std::map<int32_t, int32_t> counts;
+  for (int32_t k = row.penalty_begin; k < row.penalty_end; ++k) {
+    counts[b.penalty_tokens[static_cast<size_t>(k)]] = b.penalty_counts[static_cast<size_t>(k)];
+  }
+  return counts;
+}
+
+std::vector<int32_t> masked_of(const SamplingBatch& b, size_t i) {
+  const SamplingRow row = sampling_row(b, i);
+  return {b.masked_tokens.begin() + row.mask_begin, b.masked_tokens.begin() + row.mask_end};
+}
+
+// A chunk that verifies 2 drafts becomes 3 one-token sequences (its real token, then each draft) over the request's
+// whole page table, each sampling, in the decode range before a prefill chunk that comes first in the plan. Each
+// position's sampling row samples as if the drafts before it were accepted: the RNG counter, the penalties and the
+// min_tokens mask count them as outputs.
+TEST(BuildStepBatch, VerifiedDraftsAreOneDecodeSequenceEach) {
+  Request prefilling, verifying;
+  prefilling.id = 1;
+  prefilling.prompt_token_ids = {3, 4, 5, 6, 7};
+  prefilling.page_ids = {4, 5};
+  prefilling.seed = 11;
+  verifying.id = 2;
+  verifying.prompt_token_ids = {8, 9, 10};
+  verifying.output_token_ids = {12, 13};  // 13, at position 4, is the real token to compute
+  verifying.draft_token_ids = {20, 21};   // positions 5 and 6
+  verifying.num_computed_tokens = 4;
+  verifying.page_ids = {6, 3};
+  verifying.seed = 22;
+  verifying.eos_token_ids = {1};
+  verifying.params.presence_penalty = 0.5f;
+  verifying.params.min_tokens = 3;  // outputs 0..2 may not be EOS: only position 4's row (output 2) masks it
+  SchedulePlan plan;
+  plan.chunks = {{.request = &prefilling, .start = 0, .num_tokens = 5, .samples = true},
+                 {.request = &verifying, .start = 4, .num_tokens = 3, .samples = true, .num_draft_tokens = 2}};
+
+  const StepBatch step = build_step_batch(plan, /*page_size=*/4, /*vocab_size=*/100);
+  const ForwardBatch& b = step.forward;
+  EXPECT_EQ(b.num_decode_seqs, 3);
+  EXPECT_EQ(b.token_ids, (std::vector<int32_t>{13, 20, 21, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(b.positions, (std::vector<int32_t>{4, 5, 6, 0, 1, 2, 3, 4}));
+  // Positions 4..6 are offsets 0..2 of page 3; the prefill's 0..3 fill page 4, its 4 starts page 5.
+  EXPECT_EQ(b.slot_mapping, (std::vector<int32_t>{3 * 4 + 0, 3 * 4 + 1, 3 * 4 + 2, 4 * 4 + 0, 4 * 4 + 1, 4 * 4 + 2,
+                                                  4 * 4 + 3, 5 * 4 + 0}));
+  EXPECT_EQ(b.query_start, (std::vector<int32_t>{0, 1, 2, 3, 8}));
+  EXPECT_EQ(b.context_lens, (std::vector<int32_t>{5, 6, 7, 5}));  // each verified position sees the ones before it
+  EXPECT_EQ(b.max_pages_per_seq, 2);
+  EXPECT_EQ(b.page_table, (std::vector<int32_t>{6, 3, 6, 3, 6, 3, 4, 5}));
+  EXPECT_EQ(b.logits_indices, (std::vector<int32_t>{0, 1, 2, 7}));
+  EXPECT_FALSE(b.is_pure_decode());
+  EXPECT_NO_THROW(b.validate(100, 8, 4));
+
+  // Plan order: the prefill (logits row 3, one row), then the verification (rows 0..2).
+  EXPECT_EQ(step.logits_row_of_sample, (std::vector<int32_t>{3, 0}));
+  EXPECT_EQ(step.rows_of_sample, (std::vector<int32_t>{1, 3}));
+  EXPECT_EQ(step.num_rows_of_sample(0), 1);
+  EXPECT_EQ(step.num_rows_of_sample(1), 3);
+  EXPECT_EQ(step.first_token_row, (std::vector<int32_t>{3, 0}));
+  EXPECT_TRUE(step.scored.empty());
+
+  // Sampling rows in logits-row order: the three verification rows, then the prefill's.
+  ASSERT_EQ(b.sampling.rows.size(), 4 * static_cast<size_t>(kSamplingRowWords));
+  for (size_t j = 0; j < 3; ++j) {
+    SCOPED_TRACE(::testing::Message() << "verification row " << j);
+    EXPECT_EQ(sampling_row(b.sampling, j).seed, 22u);
+    EXPECT_EQ(sampling_row(b.sampling, j).step, 2 + static_cast<int32_t>(j));  // 2 outputs + j drafts before it
+  }
+  EXPECT_EQ(penalties_of(b.sampling, 0), (std::map<int32_t, int32_t>{{12, 1}, {13, 1}}));
+  EXPECT_EQ(penalties_of(b.sampling, 1), (std::map<int32_t, int32_t>{{12, 1}, {13, 1}, {20, 1}}));
+  EXPECT_EQ(penalties_of(b.sampling, 2), (std::map<int32_t, int32_t>{{12, 1}, {13, 1}, {20, 1}, {21, 1}}));
+  EXPECT_EQ(masked_of(b.sampling, 0), (std::vector<int32_t>{1}));
+  EXPECT_TRUE(masked_of(b.sampling, 1).empty());
+  EXPECT_TRUE(masked_of(b.sampling, 2).empty());
+  EXPECT_EQ(sampling_row(b.sampling, 3).seed, 11u);
+  EXPECT_EQ(sampling_row(b.sampling, 3).step, 0);
+
+  // The step's result: per sampling chunk in plan order, its rows: the prefill's row 3, then rows 0, 1, 2.
+  std::vector<SampledToken> rows(4);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i].token = 50 + static_cast<int32_t>(i);
+  const StepResult result = collect_step_result(step, rows);
+  std::vector<int32_t> tokens;
+  for (const SampledToken& t : result.sampled) tokens.push_back(t.token);
+  EXPECT_EQ(tokens, (std::vector<int32_t>{53, 50, 51, 52}));
+  EXPECT_THROW(collect_step_result(step, std::span(rows).first(3)), Error);  // row 3 missing
+
+  // The verification alone is a pure decode step (what decode graphs serve).
+  SchedulePlan alone;
+  alone.chunks = {plan.chunks[1]};
+  const StepBatch only = build_step_batch(alone, 4, 100);
+  EXPECT_TRUE(only.forward.is_pure_decode());
+  EXPECT_EQ(only.first_token_row, (std::vector<int32_t>{0}));
+  EXPECT_EQ(only.logits_row_of_sample, (std::vector<int32_t>{0}));
+  EXPECT_EQ(only.rows_of_sample, (std::vector<int32_t>{3}));
+
+  verifying.draft_token_ids = {20};  // fewer drafts held than the chunk verifies
   EXPECT_THROW(build_step_batch(plan, 4, 100), Error);
 }
 
