@@ -111,7 +111,7 @@ int64_t local_cache_pages(const EngineOptions& options, const LatentCacheShape& 
                              .cache_memory_bytes = options.cache_memory_bytes,
                              .gpu_memory_utilization = options.gpu_memory_utilization,
                              .max_num_batched_tokens = options.max_num_batched_tokens,
-                             .max_num_seqs = options.max_num_seqs,
+                             .max_num_seqs = options.max_num_seqs * (1 + options.num_speculative_tokens),
                              .graphs = uses_graphs(options)},
                             shape, model);
 }
@@ -126,7 +126,8 @@ EngineCachePlan engine_cache_plan(const EngineOptions& options, LatentCacheShape
   return {.shape = shape,
           .scratch_page = scratch_page,
           .runner = {.use_graphs = graphs,
-                     .max_graph_batch = options.max_num_seqs,
+                     // A verification step has a row per draft: k + 1 rows a sequence.
+                     .max_graph_batch = options.max_num_seqs * (1 + options.num_speculative_tokens),
                      .max_graph_pages = (max_model_len + shape.page_size - 1) / shape.page_size,
                      .scratch_page = scratch_page,
                      .keep_hidden = options.num_speculative_tokens > 0}};

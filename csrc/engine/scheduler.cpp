@@ -70,6 +70,8 @@ SchedulePlan Scheduler::schedule() {
     if (!schedule_running(running_[i], plan, budget)) break;  // it was the latest: nothing after it
   }
 
+  schedule_drafts(plan, budget);
+
   // 2. Waiting requests by arrival, first-come-first-served, never after a preemption in this step.
   if (plan.preempted_ids.empty()) {
     while (!waiting_.empty() && budget > 0 && num_running() < config_.max_num_seqs) {
@@ -109,33 +111,45 @@ SchedulePlan Scheduler::schedule() {
 bool Scheduler::schedule_running(Request* request, SchedulePlan& plan, int32_t& budget) {
   const int32_t start = request->num_computed_tokens;
   int32_t num_tokens = std::min({request->num_uncomputed_tokens(), budget, chunk_limit(*request)});
-  // Drafts follow a decode's one token, within the budget and max_model_len (every token they could add fits).
-  const bool decodes = request->num_uncomputed_tokens() == 1;
-  int64_t drafts = decodes ? std::min<int64_t>({static_cast<int64_t>(request->draft_token_ids.size()), budget - 1,
-                                                config_.max_model_len - 1 - request->num_tokens()})
-                           : 0;
-  drafts = std::max<int64_t>(drafts, 0);
   while (true) {
     // Tokens the pages it holds plus the free pages can take from start on.
     const int64_t capacity =
         (static_cast<int64_t>(request->page_ids.size()) + cache_.num_free_pages()) * cache_.page_size() - start;
     if (capacity >= 1) {
       num_tokens = static_cast<int32_t>(std::min<int64_t>(num_tokens, capacity));
-      drafts = std::min(drafts, capacity - num_tokens);  // only in the room left: drafts never preempt
-      DI_CHECK(grow_pages(*request, start + num_tokens + static_cast<int32_t>(drafts)), "request ", request->id,
-               ": could not grow to ", start + num_tokens + drafts, " tokens with ", cache_.num_free_pages(),
-               " free pages");
+      DI_CHECK(grow_pages(*request, start + num_tokens), "request ", request->id, ": could not grow to ",
+               start + num_tokens, " tokens with ", cache_.num_free_pages(), " free pages");
       break;
     }
     Request* victim = running_.back();
     preempt(victim, plan, budget);
     if (victim == request) return false;
   }
-  plan.chunks.push_back({.request = request, .start = start, .num_tokens = num_tokens + static_cast<int32_t>(drafts),
-                         .samples = start + num_tokens == request->num_tokens(),
-                         .num_draft_tokens = static_cast<int32_t>(drafts)});
-  budget -= num_tokens + static_cast<int32_t>(drafts);
+  plan.chunks.push_back({.request = request, .start = start, .num_tokens = num_tokens,
+                         .samples = start + num_tokens == request->num_tokens()});
+  budget -= num_tokens;
   return true;
+}
+
+void Scheduler::schedule_drafts(SchedulePlan& plan, int32_t& budget) {
+  // After every running request has its real tokens: drafts take only budget and pages left over, so they can
+  // never cost another request its step.
+  for (ScheduledChunk& chunk : plan.chunks) {
+    Request& r = *chunk.request;
+    if (budget <= 0) break;
+    if (!chunk.samples || chunk.num_tokens != 1 || r.draft_token_ids.empty()) continue;
+    const int32_t end = chunk.start + 1;
+    const int64_t room =
+        (static_cast<int64_t>(r.page_ids.size()) + cache_.num_free_pages()) * cache_.page_size() - end;
+    // Within max_model_len: every token a verification could add fits.
+    const auto drafts = static_cast<int32_t>(std::max<int64_t>(
+        0, std::min<int64_t>({static_cast<int64_t>(r.draft_token_ids.size()), budget, room,
+                              config_.max_model_len - 1 - r.num_tokens()})));
+    if (drafts == 0 || !grow_pages(r, end + drafts)) continue;
+    chunk.num_tokens += drafts;
+    chunk.num_draft_tokens = drafts;
+    budget -= drafts;
+  }
 }
 
 void Scheduler::preempt(Request* victim, SchedulePlan& plan, int32_t& budget) {

@@ -10,8 +10,9 @@
 //      the token budget and the free pages allow; a long prompt is chunked to the remaining budget.
 //      Admission is strictly first-come-first-served: it stops at the first request that does not fit, and
 //      it is skipped in a step that had to preempt. Admitting never preempts.
-//   3. Speculative decoding: a decoding request with draft tokens computes them after its last token (the step
-//      verifies them), as far as the budget and the pages allow; drafts never cause a preemption. A request that
+//   3. Speculative decoding (between 1 and 2): a decoding request with draft tokens computes them after its last
+//      token (the step verifies them), from the budget and free pages the running requests left; drafts never
+//      cause a preemption. A request that
 //      samples also keeps num_lookahead_tokens more pages' worth of room when pages are free, for the drafter,
 //      which writes the MTP layer's latents of its guesses there.
 // A preempted request loses its cache and later recomputes its prompt and the output it already generated.
@@ -146,6 +147,8 @@ class Scheduler {
   // Schedules one running request; returns false when it was itself preempted.
   bool schedule_running(Request* request, SchedulePlan& plan, int32_t& budget);
   void preempt(Request* victim, SchedulePlan& plan, int32_t& budget);
+  // Adds the drafts of the planned decodes that have them, from the budget and pages the running requests left.
+  void schedule_drafts(SchedulePlan& plan, int32_t& budget);
   // Grows the page table to cover num_tokens tokens; false (no change) when the pages are not free.
   bool grow_pages(Request& request, int32_t num_tokens);
   // Shrinks the page table back to the pages its computed tokens and the drafter's lookahead may use.
