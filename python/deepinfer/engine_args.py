@@ -167,7 +167,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser,
     if "--num-speculative-tokens" not in taken:
         group.add_argument("--num-speculative-tokens", dest="num_speculative_tokens", type=int, default=S,
                            metavar="K", help="MTP speculative decoding with K draft tokens a step (the same as "
-                           '--speculative-config \'{"method": "mtp", "num_speculative_tokens": K}\')')
+                           '--speculative-config \'{"method": "mtp", "num_speculative_tokens": K}\') (default: none)')
 
 
 def engine_values(args: argparse.Namespace) -> dict[str, Any]:
