@@ -514,7 +514,8 @@ namespace {
 
 // One row's parameters (host memory): ranges inside their arrays, penalty tokens distinct within the row.
 void validate_sampling_row(const SamplingRow& p, int64_t row, int64_t vocab, int64_t num_penalties,
-                           int64_t num_masked, const int32_t* penalty_tokens, std::vector<uint8_t>& seen) {
+                           int64_t num_masked, int64_t num_allowed_rows, const int32_t* penalty_tokens,
+                           std::vector<uint8_t>& seen) {
   DI_CHECK(std::isfinite(p.temperature) && p.temperature >= 0.0f, "sample: row ", row, " temperature ",
            p.temperature, " must be finite and >= 0");
   DI_CHECK(p.top_p > 0.0f && p.top_p <= 1.0f, "sample: row ", row, " top_p ", p.top_p, " outside (0, 1]");
@@ -538,6 +539,10 @@ void validate_sampling_row(const SamplingRow& p, int64_t row, int64_t vocab, int
            num_penalties, " penalty tokens");
   DI_CHECK(p.mask_begin >= 0 && p.mask_begin <= p.mask_end && p.mask_end <= num_masked, "sample: row ", row,
            " mask range [", p.mask_begin, ", ", p.mask_end, ") outside the ", num_masked, " masked tokens");
+  DI_CHECK(p.allowed_row >= -1 && p.allowed_row < num_allowed_rows, "sample: row ", row, " allowed_row ",
+           p.allowed_row, " outside [-1, ", num_allowed_rows, ")");
+  DI_CHECK(p.score_token < 0 || p.allowed_row < 0, "sample: row ", row, " scores token ", p.score_token,
+           " but has a grammar mask");
   if (p.penalty_begin == p.penalty_end) return;
   // Penalties apply once per token (the device applies them as it reads each token's logit).
   seen.assign(static_cast<size_t>(vocab), 0);
@@ -573,7 +578,16 @@ void SampleArgs::validate() const {
   expect_list(penalty_tokens, penalty_tokens.numel(), "penalty_tokens");
   expect_list(penalty_counts, penalty_tokens.numel(), "penalty_counts");
   expect_list(masked_tokens, masked_tokens.numel(), "masked_tokens");
+  int64_t num_allowed_rows = 0;
+  if (allowed_tokens.numel() > 0) {
+    expect_dtype(allowed_tokens, DType::kI32, "sample", "allowed_tokens");
+    DI_CHECK(allowed_tokens.shape.ndim() == 2 && allowed_tokens.shape[1] == (vocab + 31) / 32,
+             "sample: allowed_tokens ", allowed_tokens.shape.str(), " for a vocabulary of ", vocab, ": expected [rows, ",
+             (vocab + 31) / 32, "]");
+    num_allowed_rows = allowed_tokens.shape[0];
+  }
   expect_one_device({logits, rows, penalty_tokens, penalty_counts, masked_tokens, out}, "sample");
+  if (allowed_tokens.numel() > 0) expect_one_device({logits, allowed_tokens}, "sample");
   expect_entries_below(penalty_tokens, vocab, "sample", "penalty token");
   expect_entries_below(masked_tokens, vocab, "sample", "masked token");
   if (on_host(penalty_counts)) {
@@ -587,8 +601,8 @@ void SampleArgs::validate() const {
   for (int64_t r = 0; r < num_rows; ++r) {
     SamplingRow p;
     std::memcpy(static_cast<void*>(&p), rows.as<int32_t>() + r * kSamplingRowWords, sizeof p);
-    validate_sampling_row(p, r, vocab, penalty_tokens.numel(), masked_tokens.numel(), penalty_tokens.as<int32_t>(),
-                          seen);
+    validate_sampling_row(p, r, vocab, penalty_tokens.numel(), masked_tokens.numel(), num_allowed_rows,
+                          penalty_tokens.as<int32_t>(), seen);
   }
 }
 

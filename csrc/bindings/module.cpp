@@ -89,6 +89,16 @@ NB_MODULE(_deepinfer, m) {
       .value("in_process", RankLaunch::kInProcess)
       .value("mpi", RankLaunch::kMpi);
 
+  nb::enum_<GrammarKind>(m, "GrammarKind")
+      .value("none", GrammarKind::kNone)
+      .value("json_schema", GrammarKind::kJsonSchema)
+      .value("regex", GrammarKind::kRegex)
+      .value("lark", GrammarKind::kLark);
+  nb::class_<GrammarSpec>(m, "GrammarSpec", "Structured outputs: the grammar a request's output follows.")
+      .def(nb::init<>())
+      .def_rw("kind", &GrammarSpec::kind)
+      .def_rw("text", &GrammarSpec::text);
+
   nb::class_<SamplingParams>(m, "SamplingParams", "Per-request sampling and stopping parameters.")
       .def(nb::init<>())
       .def_rw("temperature", &SamplingParams::temperature)
@@ -105,6 +115,7 @@ NB_MODULE(_deepinfer, m) {
       .def_rw("ignore_eos", &SamplingParams::ignore_eos)
       .def_rw("logprobs", &SamplingParams::logprobs)
       .def_rw("prompt_logprobs", &SamplingParams::prompt_logprobs)
+      .def_rw("grammar", &SamplingParams::grammar)
       .def("validate", &SamplingParams::validate, "vocab_size"_a, "Raises ValueError naming the bad field.");
 
   nb::class_<EngineOptions>(m, "EngineOptions")
@@ -132,6 +143,8 @@ NB_MODULE(_deepinfer, m) {
       .def_rw("num_speculative_tokens", &EngineOptions::num_speculative_tokens)
       .def_rw("speculative_forced_acceptance", &EngineOptions::speculative_forced_acceptance)
       .def_rw("rank_launch", &EngineOptions::rank_launch)
+      .def_rw("grammar_library", &EngineOptions::grammar_library)
+      .def_rw("tokenizer_json", &EngineOptions::tokenizer_json)
       .def("validate", &EngineOptions::validate);
   m.def("mpi_launched", &mpi_launched, "Whether mpirun started this process (its rank variables are set).");
   m.def("mpi_rank", [] {

@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "engine/device_backend.h"
+#include "engine/grammar/llguidance_compiler.h"
 #include "core/counter_rng.h"
 #include "engine/model_runner.h"
 #include "parallel/mpi_communicator.h"
@@ -267,11 +268,32 @@ void Engine::add_request(uint64_t id, std::vector<int32_t> prompt, SamplingParam
   DI_CHECK_ARG(len < scheduler_config_.max_model_len, "request ", id, ": the prompt has ", len,
                " tokens; max_model_len is ", scheduler_config_.max_model_len,
                " (prompt + at least one generated token must fit)");
+  std::unique_ptr<GrammarMatcher> grammar = params.grammar.empty() ? nullptr : compile_grammar(id, params.grammar);
   std::lock_guard lock(mutex_);
   DI_CHECK_ARG(!stopping_, "the engine is shut down");
   if (!broken_.empty()) throw Error(broken_);
-  pending_.push_back({id, std::move(prompt), std::move(params)});
+  pending_.push_back({id, std::move(prompt), std::move(params), std::move(grammar)});
   work_cv_.notify_one();
+}
+
+std::unique_ptr<GrammarMatcher> Engine::compile_grammar(uint64_t id, const GrammarSpec& spec) {
+  DI_CHECK_ARG(!options_.enable_dp_attention, "request ", id, ": structured outputs are not available with "
+               "data-parallel attention yet (every rank samples its own lane; the grammars live on rank 0)");
+  DI_CHECK_ARG(!options_.grammar_library.empty(), "request ", id, ": structured outputs need the llguidance "
+               "package (pip install llguidance), which this engine did not find");
+  GrammarCompiler* compiler = nullptr;
+  {
+    std::lock_guard lock(grammar_mutex_);
+    if (!grammar_compiler_) {
+      const ModelConfig& c = model_->config();
+      grammar_compiler_ = make_llguidance_compiler(
+          {.library_path = options_.grammar_library, .tokenizer_json_path = options_.tokenizer_json,
+           .vocab_size = static_cast<int32_t>(c.vocab_size),
+           .eos_token_id = c.eos_token_ids.empty() ? -1 : c.eos_token_ids.front()});
+    }
+    compiler = grammar_compiler_.get();
+  }
+  return compiler->compile(spec);
 }
 
 void Engine::set_speculative_forced_acceptance(double rate) {
@@ -358,6 +380,7 @@ void Engine::admit_pending() {
     request->id = p.id;
     request->prompt_token_ids = std::move(p.prompt);
     request->params = std::move(p.params);
+    request->grammar = std::move(p.grammar);
     request->eos_token_ids = model_->config().eos_token_ids;
     request->seed = request->params.seed ? *request->params.seed : seed_rng_();
     // A new request goes to the data-parallel rank with the fewest requests (the only lane without DP).
@@ -607,7 +630,8 @@ uint64_t Engine::emit_updates(Lane& lane, const SchedulePlan& plan, const StepBa
   std::vector<RequestOutputDelta> deltas;
   for (RequestUpdate& u : lane.scheduler.update(plan, tokens, counts)) {
     RequestOutputDelta delta{.id = u.id, .finished = u.finished, .finish_reason = u.reason,
-                             .num_preemptions = u.num_preemptions, .num_cached_tokens = u.num_cached_tokens};
+                             .error = std::move(u.error), .num_preemptions = u.num_preemptions,
+                             .num_cached_tokens = u.num_cached_tokens};
     for (size_t i = 0; i < u.new_tokens.size(); ++i) {
       delta.new_token_ids.push_back(u.new_tokens[i]);
       if (u.logprobs >= 0) delta.logprobs.push_back(SampleResult::from(kept[static_cast<size_t>(u.sampled_index) + i]));

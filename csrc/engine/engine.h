@@ -73,6 +73,10 @@ struct EngineOptions {
   // can be measured at a chosen acceptance rate on random weights. The output is not the model's. -1 = off.
   double speculative_forced_acceptance = -1.0;
   RankLaunch rank_launch = RankLaunch::kInProcess;
+  // Structured outputs (engine/grammar): the llguidance wheel's shared library and the checkpoint's tokenizer.json,
+  // opened at the first constrained request. Empty library: constrained requests are refused with the reason.
+  std::string grammar_library;
+  std::string tokenizer_json;
 
   void validate() const;
   std::chrono::milliseconds collective_timeout() const {
@@ -238,7 +242,12 @@ class Engine {
     uint64_t id;
     std::vector<int32_t> prompt;
     SamplingParams params;
+    std::unique_ptr<GrammarMatcher> grammar;
   };
+  // Structured outputs: compiles the request's grammar (on the caller's thread), opening the grammar engine first.
+  std::unique_ptr<GrammarMatcher> compile_grammar(uint64_t id, const GrammarSpec& spec);
+  std::mutex grammar_mutex_;
+  std::unique_ptr<GrammarCompiler> grammar_compiler_;  // made at the first constrained request
   mutable std::mutex mutex_;
   std::condition_variable work_cv_;
   std::condition_variable output_cv_;

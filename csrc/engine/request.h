@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -27,6 +28,9 @@ struct Request {
   SamplingParams params;
   std::vector<int32_t> eos_token_ids;  // the model's EOS ids; ignored when params.ignore_eos
   uint64_t seed = 0;                   // the sampler's: params.seed, or one the engine drew at admission
+  // Structured outputs: where the output is in params.grammar (null without one). Advanced by Scheduler::update over
+  // each generated token; the step masks the tokens it does not allow.
+  std::unique_ptr<GrammarMatcher> grammar;
 
   int32_t num_computed_tokens = 0;  // tokens [0, num_computed_tokens) have their latent in the cache
   // Speculative decoding: the drafter's guesses at the tokens after the last one, which the next step verifies.

@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "backend/ops/sample.h"
+#include "core/error.h"
 
 namespace deepinfer {
 
@@ -50,6 +51,13 @@ void append_sampling_inputs(const Request& r, int32_t vocab_size, SamplingBatch&
     }
     out.masked_tokens.insert(out.masked_tokens.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
     row.mask_end = static_cast<int32_t>(out.masked_tokens.size());
+  }
+
+  // Structured outputs: the grammar's mask, filled while the device runs the forward pass.
+  if (r.grammar) {
+    DI_CHECK(pending.empty(), "request ", r.id, ": a grammar-constrained request has no drafts to verify");
+    row.allowed_row = static_cast<int32_t>(out.grammars.size());
+    out.grammars.push_back(r.grammar.get());
   }
 
   int32_t words[kSamplingRowWords];

@@ -5,6 +5,8 @@
 #include <optional>
 #include <vector>
 
+#include "engine/grammar/grammar_matcher.h"
+
 namespace deepinfer {
 
 struct SamplingParams {
@@ -22,6 +24,7 @@ struct SamplingParams {
   bool ignore_eos = false;
   int32_t logprobs = -1;             // -1 = none; N >= 0: the sampled token's logprob plus the top N
   int32_t prompt_logprobs = -1;      // -1 = none; N >= 0: each prompt token's logprob (after the first) plus the top N
+  GrammarSpec grammar;               // structured outputs: the output follows this grammar (kind kNone = free)
 
   // Throws InvalidArgument naming the offending field and value.
   void validate(int32_t vocab_size) const;

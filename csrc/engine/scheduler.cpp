@@ -222,8 +222,16 @@ std::vector<RequestUpdate> Scheduler::update(const SchedulePlan& plan, std::span
       u.new_tokens.push_back(token);
       // EOS and stop ids count only from output index min_tokens on (the sampler masks them before).
       const bool may_stop = r.num_output_tokens() > r.params.min_tokens;
-      if (may_stop && (r.is_eos(token) || r.is_stop_token(token))) {
+      if (r.grammar && !r.grammar->error().empty()) {
+        reason = FinishReason::kError;
+        u.error = "structured outputs: " + r.grammar->error();
+      } else if (may_stop && (r.is_eos(token) || r.is_stop_token(token))) {
         reason = FinishReason::kStop;
+      } else if (r.grammar && !r.grammar->consume(token)) {
+        reason = FinishReason::kError;
+        u.error = str_cat("structured outputs: the grammar rejected token ", token, ": ", r.grammar->error());
+      } else if (r.grammar && r.grammar->is_terminated()) {
+        reason = FinishReason::kStop;  // the grammar is complete: nothing but the end of sequence could follow
       } else if (r.num_output_tokens() >= r.params.max_tokens || r.num_tokens() >= config_.max_model_len) {
         reason = FinishReason::kLength;
       }
@@ -250,7 +258,9 @@ std::vector<RequestUpdate> Scheduler::update(const SchedulePlan& plan, std::span
 
 void Scheduler::set_drafts(uint64_t id, std::vector<int32_t> drafts) {
   auto it = requests_.find(id);
-  if (it == requests_.end() || it->second->status != RequestStatus::kRunning) return;
+  // A grammar-constrained request is not speculated on: its verification rows would each need the mask after drafts
+  // the matcher has not consumed.
+  if (it == requests_.end() || it->second->status != RequestStatus::kRunning || it->second->grammar) return;
   it->second->draft_token_ids = std::move(drafts);
 }
 

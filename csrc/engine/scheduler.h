@@ -23,6 +23,7 @@
 #include <deque>
 #include <memory>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -84,6 +85,7 @@ struct RequestUpdate {
   std::vector<int32_t> output_token_ids;  // the whole output, filled only when finished
   int32_t sampled_index = -1;             // which of update()'s sampled tokens is new_tokens[0]
   int32_t logprobs = -1;                  // the request's params.logprobs (-1: it wants none)
+  std::string error;                      // why the request ended, with reason kError (its grammar failed)
 };
 
 class Scheduler {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/ops/sample.h"
+#include "engine/grammar/grammar_matcher.h"
 #include "model/model_inputs.h"
 
 namespace deepinfer {
@@ -20,6 +21,9 @@ struct SamplingBatch {
   std::vector<int32_t> penalty_tokens;  // [P]
   std::vector<int32_t> penalty_counts;  // [P]
   std::vector<int32_t> masked_tokens;   // [M]
+  // Structured outputs: the matchers whose masks are the rows of the sampler's allowed_tokens (SamplingRow::
+  // allowed_row indexes this). Host-side only: the step fills their masks, rank 0 samples.
+  std::vector<GrammarMatcher*> grammars;
 };
 
 // The tokens of all scheduled sequences concatenated, no padding. Decode sequences (one query token each) come

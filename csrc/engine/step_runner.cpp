@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <exception>
 
 #include "core/error.h"
 
@@ -121,6 +122,30 @@ void StepRunner::upload(const std::vector<int32_t>& packed, TensorView dst) {
   backend_.copy_to_device(staging_.cview().rows(0, n), dst.rows(0, n));
 }
 
+ConstTensorView StepRunner::grammar_masks(std::span<GrammarMatcher* const> grammars) {
+  const int64_t words = (model_.config().vocab_size + 31) / 32;
+  const auto rows = static_cast<int64_t>(grammars.size());
+  if (mask_staging_.numel() < rows * words) {
+    mask_staging_ = backend_.staging({std::max(rows * words, 2 * mask_staging_.numel())}, DType::kI32);
+    masks_ = backend_.empty({mask_staging_.numel()}, DType::kI32);
+  }
+  auto* host = reinterpret_cast<uint32_t*>(mask_staging_.view().as<int32_t>());
+  std::exception_ptr failure;
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t g = 0; g < rows; ++g) {
+    try {
+      grammars[static_cast<size_t>(g)]->fill_allowed({host + g * words, static_cast<size_t>(words)});
+    } catch (...) {
+#pragma omp critical
+      failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+  const TensorView device = masks_.view().rows(0, rows * words);
+  backend_.copy_to_device(mask_staging_.cview().rows(0, rows * words), device);
+  return ConstTensorView(device).reshaped({rows, words});
+}
+
 ConstTensorView StepRunner::replay_graph(const ForwardBatch& padded, const StepLayout& layout) {
   const GraphKey key{padded.num_seqs(), padded.max_pages_per_seq};
   const TensorView logits = graph_logits_.view().rows(0, padded.num_seqs());
@@ -162,13 +187,18 @@ std::vector<SampledToken> StepRunner::execute(const ForwardBatch& batch) {
              .penalty_tokens = host_view(sb.penalty_tokens),
              .penalty_counts = host_view(sb.penalty_counts),
              .masked_tokens = host_view(sb.masked_tokens),
+             .allowed_tokens = ConstTensorView(nullptr, DType::kI32,
+                                               Shape{static_cast<int64_t>(sb.grammars.size()), (c.vocab_size + 31) / 32},
+                                               Device::kCpu),
              .out = TensorView{nullptr, DType::kI32, Shape{n, kSampledTokenWords}, Device::kCpu}}
       .validate();
 
   Forward f = forward(batch);
+  const ConstTensorView allowed = sb.grammars.empty() ? ConstTensorView{} : grammar_masks(sb.grammars);
   Tensor out = backend_.empty({n, kSampledTokenWords}, DType::kI32);
   backend_.sample({.logits = f.logits.rows(0, n), .rows = f.in.sampling_rows, .penalty_tokens = f.in.penalty_tokens,
-                   .penalty_counts = f.in.penalty_counts, .masked_tokens = f.in.masked_tokens, .out = out.view()});
+                   .penalty_counts = f.in.penalty_counts, .masked_tokens = f.in.masked_tokens,
+                   .allowed_tokens = allowed, .out = out.view()});
   std::vector<SampledToken> tokens(static_cast<size_t>(n));
   backend_.copy_to_host(out.cview(),
                         TensorView{tokens.data(), DType::kI32, Shape{n, kSampledTokenWords}, Device::kCpu});

@@ -89,6 +89,9 @@ class StepRunner {
   bool graph_eligible(const ForwardBatch& batch) const;
   // Copies the packed arrays into `dst` (device) through the staging buffer.
   void upload(const std::vector<int32_t>& packed, TensorView dst);
+  // Structured outputs: the allowed-token bitmaps of the step's constrained rows, [G, ceil(V / 32)] on the device.
+  // Filled on the host (several matchers at once) after the forward pass was launched, so they overlap it.
+  ConstTensorView grammar_masks(std::span<GrammarMatcher* const> grammars);
   ConstTensorView replay_graph(const ForwardBatch& padded, const StepLayout& layout);
 
   DeepseekModel& model_;
@@ -98,6 +101,8 @@ class StepRunner {
   std::vector<int32_t> buckets_;
   std::vector<int32_t> packed_;   // host scratch for pack_step
   Tensor staging_;                // page-locked on a GPU
+  Tensor mask_staging_;           // page-locked: the grammar masks, apart from staging_ (its copy may be in flight)
+  Tensor masks_;                  // device: the grammar masks the sampler reads
   Tensor graph_inputs_;           // device: the packed arrays every graph reads (its address is recorded)
   Tensor graph_logits_;           // device: [largest bucket, V] float32, where every graph writes its logits
   Tensor graph_hidden_;           // device: [largest bucket, D], where every graph writes its hidden states

@@ -455,7 +455,7 @@ TEST(SampleOp, ValidationNamesTheRowAndTheValue) {
   expect_error([&] {
     cpu->sample({.logits = logits, .rows = {words.data(), DType::kI32, {1, kSamplingRowWords - 1}, Device::kCpu},
                  .out = out_view});
-  }, "sample: rows [1, 15] for logits [1, 16]: expected [1, 16]");
+  }, "sample: rows [1, 19] for logits [1, 16]: expected [1, 20]");
   expect_error([&] {
     cpu->sample({.logits = logits, .rows = {words.data(), DType::kI32, {1, kSamplingRowWords}, Device::kCpu},
                  .out = {static_cast<void*>(out.data()), DType::kI32, {2, kSampledTokenWords}, Device::kCpu}});

@@ -40,6 +40,13 @@ std::vector<float> penalized_logits(std::span<const float> raw, const SamplingRo
   }
   const int32_t* masked = a.masked_tokens.as<int32_t>();
   for (int32_t j = p.mask_begin; j < p.mask_end; ++j) l[static_cast<size_t>(masked[j])] = kNegInf;
+  if (p.allowed_row >= 0) {
+    const auto* allowed = reinterpret_cast<const uint32_t*>(a.allowed_tokens.as<int32_t>()) +
+                          static_cast<int64_t>(p.allowed_row) * a.allowed_tokens.shape[1];
+    for (size_t t = 0; t < l.size(); ++t) {
+      if (((allowed[t / 32] >> (t % 32)) & 1u) == 0) l[t] = kNegInf;
+    }
+  }
   return l;
 }
 

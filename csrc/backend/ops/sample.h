@@ -6,7 +6,8 @@
 //   2. penalties on a copy of l: for each (token t, output count c) in the row's penalty range:
 //        repetition (t in prompt or output): l[t] = l[t] > 0 ? l[t] / rep : l[t] * rep
 //        presence and frequency (c > 0):     l[t] -= frequency * c + presence
-//      then every token of the row's mask range is set to -inf (EOS and stop ids before min_tokens).
+//      then every token of the row's mask range is set to -inf (EOS and stop ids before min_tokens), and with
+//      allowed_row >= 0 every token whose bit in allowed_tokens[allowed_row] is clear (a grammar's mask).
 //   3. temperature 0: token = argmax (lowest index on ties).
 //      otherwise, with s_i = l_i / temperature, keep the tokens that pass all of:
 //        top_k  (> 0):  s_i >= the k-th largest s (ties at the boundary are all kept)
@@ -48,8 +49,10 @@ struct SamplingRow {
   int32_t mask_end = 0;
   int32_t num_logprobs = -1;  // -1 = none; 0..kMaxTopLogprobs
   int32_t score_token = -1;   // >= 0: report this token instead of sampling (in [0, V))
+  int32_t allowed_row = -1;   // >= 0: the row of allowed_tokens that says which tokens may be drawn; -1 = all
+  int32_t reserved[3] = {};   // keeps the row a whole number of 16-byte vectors
 };
-static_assert(sizeof(SamplingRow) == 64, "SamplingRow is read from device memory as 16 int32 words");
+static_assert(sizeof(SamplingRow) == 80, "SamplingRow is read from device memory as 20 int32 words (5 int4)");
 inline constexpr int64_t kSamplingRowWords = sizeof(SamplingRow) / sizeof(int32_t);
 
 // One row's result, as the op writes it (SampleArgs::out holds these bytes).
@@ -70,6 +73,7 @@ struct SampleArgs {
   ConstTensorView penalty_tokens;  // [P] int32: per row, the distinct tokens of its prompt and output
   ConstTensorView penalty_counts;  // [P] int32: how often each occurs in the output (0: prompt only)
   ConstTensorView masked_tokens;   // [M] int32
+  ConstTensorView allowed_tokens;  // [G, ceil(V / 32)] int32 bitmaps: bit t % 32 of word t / 32 set = t allowed
   TensorView out;                  // [N, kSampledTokenWords] int32: the SampledToken of each row
   // Shapes and dtypes, and every host-visible value when the rows are in host memory (the CPU backend).
   void validate() const;
