@@ -287,7 +287,7 @@ std::unique_ptr<GrammarMatcher> Engine::compile_grammar(uint64_t id, const Gramm
     if (!grammar_compiler_) {
       const ModelConfig& c = model_->config();
       grammar_compiler_ = make_llguidance_compiler(
-          {.library_path = options_.grammar_library, .tokenizer_json_path = options_.tokenizer_json,
+          {.library_path = options_.grammar_library, .tokenizer_json = options_.tokenizer_json,
            .vocab_size = static_cast<int32_t>(c.vocab_size),
            .eos_token_id = c.eos_token_ids.empty() ? -1 : c.eos_token_ids.front()});
     }

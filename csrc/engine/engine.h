@@ -73,8 +73,8 @@ struct EngineOptions {
   // can be measured at a chosen acceptance rate on random weights. The output is not the model's. -1 = off.
   double speculative_forced_acceptance = -1.0;
   RankLaunch rank_launch = RankLaunch::kInProcess;
-  // Structured outputs (engine/grammar): the llguidance wheel's shared library and the checkpoint's tokenizer.json,
-  // opened at the first constrained request. Empty library: constrained requests are refused with the reason.
+  // Structured outputs (engine/grammar): the llguidance wheel's shared library and the text of the checkpoint's
+  // tokenizer.json, taken at the first constrained request. No library: constrained requests are refused, saying why.
   std::string grammar_library;
   std::string tokenizer_json;
 

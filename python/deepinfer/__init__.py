@@ -5,6 +5,7 @@ from deepinfer.config import EngineConfig, QuantizationConfig
 from deepinfer.engine import DeepInferenceEngine, RequestStream
 from deepinfer.outputs import CompletionOutput, RequestOutput
 from deepinfer.sampling_params import SamplingParams
+from deepinfer.structured_outputs import StructuredOutputsParams
 from deepinfer.tokenizer import Tokenizer
 
 # The engine opens NCCL only when it makes a GPU communicator, from the path this sets when the NCCL wheel is there.
@@ -17,6 +18,7 @@ __all__ = [
     "EngineConfig",
     "QuantizationConfig",
     "SamplingParams",
+    "StructuredOutputsParams",
     "RequestOutput",
     "CompletionOutput",
     "RequestStream",

@@ -27,6 +27,7 @@ from deepinfer.default_model import default_model
 from deepinfer.generation_defaults import load_generation_defaults
 from deepinfer.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput, TokenLogprobs
 from deepinfer.sampling_params import SamplingParams
+from deepinfer.structured_outputs import grammar_library
 from deepinfer.tokenizer import IncrementalDetokenizer, Tokenizer, find_stop, first_completed_stop
 
 logger = logging.getLogger("deepinfer")
@@ -228,6 +229,9 @@ class DeepInferenceEngine:
         options.fp8_activations = fp8_activations
         options.kv_cache_dtype = (_deepinfer.KvCacheDtype.auto if config.kv_cache_dtype == "auto"
                                   else _deepinfer.KvCacheDtype.fp8)
+        options.grammar_library = grammar_library()
+        if options.grammar_library:
+            options.tokenizer_json = self.tokenizer.to_json()
         if config.speculative_config is not None:
             if self.model_config.num_nextn_predict_layers < 1:
                 raise ValueError(f"speculative_config: {config.model_name_or_path or 'the model'} has no MTP layer "

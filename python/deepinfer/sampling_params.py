@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Sequence
 
 from deepinfer import _deepinfer
+from deepinfer.structured_outputs import StructuredOutputsParams
 
 # The most alternatives a token's logprobs carry (OpenAI's top_logprobs limit, vLLM's default --max-logprobs).
 MAX_LOGPROBS = 20
@@ -32,8 +33,15 @@ class SamplingParams:
     logprobs: int | None = None         # top-N logprobs per generated token (plus the chosen token's)
     prompt_logprobs: int | None = None  # top-N logprobs per prompt token after the first (plus the token's own)
     skip_special_tokens: bool = True
+    # The output follows a JSON Schema, regex, choice or grammar (vLLM's name and type; a dict is accepted too).
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise ValueError("structured_outputs must be a StructuredOutputsParams (or a dict of its fields), got "
+                             f"{type(self.structured_outputs).__name__}")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
@@ -108,4 +116,6 @@ class SamplingParams:
         # A request that generates nothing exists only to score its prompt, so every completion of it scores.
         scores = self.prompt_logprobs is not None and (score_prompt or self.max_tokens == 0)
         p.prompt_logprobs = int(self.prompt_logprobs) if scores else -1
+        if self.structured_outputs is not None:
+            p.grammar = self.structured_outputs.to_core()
         return p

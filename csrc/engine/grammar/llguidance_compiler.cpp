@@ -6,9 +6,7 @@
 
 #include <algorithm>
 #include <array>
-#include <fstream>
-#include <iterator>
-#include <sstream>
+#include <type_traits>
 
 #include "core/error.h"
 
@@ -154,20 +152,17 @@ class LlguidanceCompiler final : public GrammarCompiler {
   explicit LlguidanceCompiler(const LlguidanceOptions& o) : eos_token_id_(o.eos_token_id) {
     DI_CHECK(o.vocab_size > 0, "structured outputs: vocabulary size ", o.vocab_size);
     auto api = std::make_shared<const LlgApi>(o.library_path);
-    std::ifstream file(o.tokenizer_json_path, std::ios::binary);
-    DI_CHECK(file.good(), "structured outputs: cannot read the tokenizer ", o.tokenizer_json_path);
-    const std::string json((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+    DI_CHECK(!o.tokenizer_json.empty(), "structured outputs: no tokenizer.json given");
     LlgTokenizerInit init{};
     init.vocab_size = static_cast<uint32_t>(o.vocab_size);
     init.tok_eos = static_cast<uint32_t>(std::max(o.eos_token_id, 0));
-    init.tokenizer_json = json.c_str();
+    init.tokenizer_json = o.tokenizer_json.c_str();
     // The library tokenizes only to force tokens or heal them, which a matcher that only masks does not do; its
     // built-in greedy tokenizer spares a callback into Python's tokenizer from the library's threads.
     init.use_approximate_greedy_tokenize_fn = true;
     std::array<char, 1024> message{};
     Tokenizer* tokenizer = api->new_tokenizer(&init, message.data(), message.size());
-    DI_CHECK(tokenizer != nullptr, "structured outputs: llguidance cannot load the tokenizer ",
-             o.tokenizer_json_path, ": ", message.data());
+    DI_CHECK(tokenizer != nullptr, "structured outputs: llguidance cannot load the tokenizer: ", message.data());
     tokenizer_ = std::make_shared<const TokenizerHandle>(std::move(api), tokenizer);
   }
 

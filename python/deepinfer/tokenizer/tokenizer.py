@@ -409,9 +409,12 @@ class Tokenizer:
             return self._tok.token_to_id(tokens)
         return [self._tok.token_to_id(t) for t in tokens]
 
+    def to_json(self) -> str:
+        """The tokenizer.json text this tokenizer runs (the grammar engine builds its token trie from it)."""
+        return self._tok.to_str()
+
     # ---------------------------------------------------------------------------------------
     # Properties
-
     @property
     def vocab_size(self) -> int:
         """Number of token ids the tokenizer knows, added tokens included (= ``len(tokenizer)``).
