@@ -1,0 +1,158 @@
+// Structured outputs in the scheduler and the step's inputs: a request's grammar advances over its generated tokens,
+// ends the request when complete or when it rejects a token, gets no drafts, and its sampling row points at its mask.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "engine/cache_manager.h"
+#include "engine/grammar/grammar_matcher.h"
+#include "engine/request.h"
+#include "engine/sampling_inputs.h"
+#include "engine/scheduler.h"
+
+namespace deepinfer {
+namespace {
+
+constexpr int32_t kEos = 2;
+
+// A grammar that accepts `expected` token by token and is complete after the last one; records what it was given.
+class ScriptedMatcher final : public GrammarMatcher {
+ public:
+  ScriptedMatcher(std::vector<int32_t> expected, std::vector<int32_t>& consumed)
+      : expected_(std::move(expected)), consumed_(consumed) {}
+
+  void fill_allowed(std::span<uint32_t> allowed) override {
+    std::fill(allowed.begin(), allowed.end(), 0u);
+    if (next_ < expected_.size()) allowed[expected_[next_] / 32] |= 1u << (expected_[next_] % 32);
+  }
+  bool consume(int32_t token) override {
+    consumed_.push_back(token);
+    if (next_ >= expected_.size() || expected_[next_] != token) {
+      error_ = "token " + std::to_string(token) + " is not allowed here";
+      return false;
+    }
+    ++next_;
+    return true;
+  }
+  bool is_terminated() const override { return next_ == expected_.size(); }
+  std::string error() const override { return error_; }
+
+ private:
+  std::vector<int32_t> expected_;
+  std::vector<int32_t>& consumed_;
+  size_t next_ = 0;
+  std::string error_;
+};
+
+std::unique_ptr<Request> constrained_request(uint64_t id, std::vector<int32_t> grammar, std::vector<int32_t>& consumed,
+                                             int32_t max_tokens = 20) {
+  auto r = std::make_unique<Request>();
+  r->id = id;
+  r->prompt_token_ids = {10, 11, 12, 13, 14};
+  r->params.max_tokens = max_tokens;
+  r->eos_token_ids = {kEos};
+  r->grammar = std::make_unique<ScriptedMatcher>(std::move(grammar), consumed);
+  return r;
+}
+
+RequestUpdate step_with(Scheduler& s, int32_t token) {
+  const SchedulePlan plan = s.schedule();
+  const std::vector<int32_t> tokens(static_cast<size_t>(plan.num_sampling_chunks()), token);
+  auto updates = s.update(plan, tokens);
+  s.check_invariants();
+  EXPECT_EQ(updates.size(), 1u);
+  return updates.empty() ? RequestUpdate{} : updates[0];
+}
+
+TEST(GrammarScheduling, TheGrammarSeesEveryTokenAndACompleteGrammarEndsTheRequest) {
+  CacheManager cache(16, 4);
+  Scheduler s({.max_num_batched_tokens = 64, .max_model_len = 64}, cache);
+  std::vector<int32_t> consumed;
+  s.add(constrained_request(1, {40, 41, 42}, consumed));
+  EXPECT_FALSE(step_with(s, 40).finished);
+  EXPECT_FALSE(step_with(s, 41).finished);
+  const RequestUpdate last = step_with(s, 42);
+  EXPECT_TRUE(last.finished);
+  EXPECT_EQ(last.reason, FinishReason::kStop);
+  EXPECT_EQ(last.output_token_ids, (std::vector<int32_t>{40, 41, 42}));
+  EXPECT_EQ(consumed, (std::vector<int32_t>{40, 41, 42}));
+  EXPECT_FALSE(s.has_unfinished());
+}
+
+TEST(GrammarScheduling, ARejectedTokenEndsTheRequestWithTheGrammarsReason) {
+  CacheManager cache(16, 4);
+  Scheduler s({.max_num_batched_tokens = 64, .max_model_len = 64}, cache);
+  std::vector<int32_t> consumed;
+  s.add(constrained_request(1, {40, 41}, consumed));
+  const RequestUpdate u = step_with(s, 99);
+  EXPECT_TRUE(u.finished);
+  EXPECT_EQ(u.reason, FinishReason::kError);
+  EXPECT_NE(u.error.find("the grammar rejected token 99: token 99 is not allowed here"), std::string::npos) << u.error;
+  EXPECT_EQ(cache.num_free_pages(), 16);
+}
+
+TEST(GrammarScheduling, EosEndsTheRequestWithoutReachingTheGrammar) {
+  CacheManager cache(16, 4);
+  Scheduler s({.max_num_batched_tokens = 64, .max_model_len = 64}, cache);
+  std::vector<int32_t> consumed;
+  s.add(constrained_request(1, {40, 41}, consumed));
+  EXPECT_FALSE(step_with(s, 40).finished);
+  const RequestUpdate u = step_with(s, kEos);
+  EXPECT_EQ(u.reason, FinishReason::kStop);
+  EXPECT_EQ(consumed, (std::vector<int32_t>{40}));
+}
+
+TEST(GrammarScheduling, MaxTokensStillEndsAnIncompleteGrammar) {
+  CacheManager cache(16, 4);
+  Scheduler s({.max_num_batched_tokens = 64, .max_model_len = 64}, cache);
+  std::vector<int32_t> consumed;
+  s.add(constrained_request(1, {40, 41, 42}, consumed, /*max_tokens=*/2));
+  step_with(s, 40);
+  const RequestUpdate u = step_with(s, 41);
+  EXPECT_EQ(u.reason, FinishReason::kLength);
+}
+
+TEST(GrammarScheduling, AConstrainedRequestGetsNoDrafts) {
+  CacheManager cache(16, 4);
+  Scheduler s({.max_num_batched_tokens = 64, .max_model_len = 64, .num_lookahead_tokens = 1}, cache);
+  std::vector<int32_t> consumed;
+  s.add(constrained_request(1, {40, 41, 42}, consumed));
+  step_with(s, 40);
+  s.set_drafts(1, {41, 42});
+  EXPECT_TRUE(s.find(1)->draft_token_ids.empty());
+  const SchedulePlan plan = s.schedule();
+  ASSERT_EQ(plan.chunks.size(), 1u);
+  EXPECT_EQ(plan.chunks[0].num_draft_tokens, 0);
+  s.cancel(plan);
+}
+
+TEST(GrammarScheduling, TheSamplingRowPointsAtItsGrammarsMask) {
+  std::vector<int32_t> consumed;
+  auto free = std::make_unique<Request>();
+  free->prompt_token_ids = {1, 2};
+  free->params.max_tokens = 4;
+  auto constrained = constrained_request(7, {40}, consumed);
+  SamplingBatch batch;
+  append_sampling_inputs(*free, 128, batch);
+  append_sampling_inputs(*constrained, 128, batch);
+  append_sampling_inputs(*free, 128, batch);
+  ASSERT_EQ(batch.grammars.size(), 1u);
+  EXPECT_EQ(batch.grammars[0], constrained->grammar.get());
+  std::vector<int32_t> allowed_rows;
+  for (size_t r = 0; r < 3; ++r) {
+    SamplingRow row;
+    std::memcpy(static_cast<void*>(&row), batch.rows.data() + r * kSamplingRowWords, sizeof row);
+    allowed_rows.push_back(row.allowed_row);
+  }
+  EXPECT_EQ(allowed_rows, (std::vector<int32_t>{-1, 0, -1}));
+  // Drafts of a constrained request cannot be verified: each row would need the mask after the drafts.
+  const int32_t pending[] = {40};
+  EXPECT_THROW(append_sampling_inputs(*constrained, 128, batch, pending), Error);
+}
+
+}  // namespace
+}  // namespace deepinfer
