@@ -114,7 +114,7 @@ def write_model_dir(root: Path, name: str, config: dict) -> tuple[Path, str]:
         tok.backend.save(str(d / "tokenizer.json"))
         import deepinfer
 
-        shutil.copy(Path(deepinfer.__file__).parent / "tokenizers" / "deepseek-v3" / "tokenizer_config.json",
+        shutil.copy(Path(deepinfer.__file__).parent / "tokenizer" / "deepseek-v3" / "tokenizer_config.json",
                     d / "tokenizer_config.json")
         return d, "deepseek-v3"
     except (ModuleNotFoundError, FileNotFoundError, ValueError) as e:

@@ -241,6 +241,8 @@ NB_MODULE(_deepinfer, m) {
       .def_ro("num_decode_steps", &EngineStats::num_decode_steps)
       .def_ro("decode_step_seconds", &EngineStats::decode_step_seconds)
       .def_ro("num_graph_replays", &EngineStats::num_graph_replays)
+      .def_ro("num_grammar_masks", &EngineStats::num_grammar_masks)
+      .def_ro("grammar_mask_seconds", &EngineStats::grammar_mask_seconds)
       .def_ro("spec_num_drafts", &EngineStats::spec_num_drafts)
       .def_ro("spec_num_draft_tokens", &EngineStats::spec_num_draft_tokens)
       .def_ro("spec_num_accepted_tokens", &EngineStats::spec_num_accepted_tokens)

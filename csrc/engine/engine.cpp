@@ -656,6 +656,8 @@ void Engine::record_step(std::chrono::steady_clock::duration elapsed, bool pure_
   stats_.num_prompt_tokens_computed += prompt_tokens;
   stats_.num_generated_tokens += generated_tokens;
   stats_.num_graph_replays = static_cast<uint64_t>(runner_.num_graph_replays());
+  stats_.num_grammar_masks = static_cast<uint64_t>(runner_.num_grammar_masks());
+  stats_.grammar_mask_seconds = runner_.grammar_mask_seconds();
   stats_.num_graphs = runner_.num_graphs();
   update_lane_stats();
 }

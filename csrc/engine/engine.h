@@ -112,6 +112,8 @@ struct EngineStats {
   uint64_t num_decode_steps = 0;             // steps whose every sequence decoded one token
   double decode_step_seconds = 0.0;          // their share of step_seconds
   uint64_t num_graph_replays = 0;            // decode steps that replayed a recorded graph
+  uint64_t num_grammar_masks = 0;            // structured outputs: token masks computed (one a constrained row)
+  double grammar_mask_seconds = 0.0;         // host time computing them, while the device runs the forward pass
   // Speculative decoding: verifications (a request's step with drafts), the drafts they checked, those accepted,
   // and the acceptances by draft position (index 0: the first draft).
   uint64_t spec_num_drafts = 0;

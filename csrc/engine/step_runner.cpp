@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cstring>
 #include <exception>
 
@@ -130,6 +131,7 @@ ConstTensorView StepRunner::grammar_masks(std::span<GrammarMatcher* const> gramm
     masks_ = backend_.empty({mask_staging_.numel()}, DType::kI32);
   }
   auto* host = reinterpret_cast<uint32_t*>(mask_staging_.view().as<int32_t>());
+  const auto started = std::chrono::steady_clock::now();
   std::exception_ptr failure;
 #pragma omp parallel for schedule(dynamic)
   for (int64_t g = 0; g < rows; ++g) {
@@ -141,6 +143,8 @@ ConstTensorView StepRunner::grammar_masks(std::span<GrammarMatcher* const> gramm
     }
   }
   if (failure) std::rethrow_exception(failure);
+  num_grammar_masks_ += rows;
+  grammar_mask_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   const TensorView device = masks_.view().rows(0, rows * words);
   backend_.copy_to_device(mask_staging_.cview().rows(0, rows * words), device);
   return ConstTensorView(device).reshaped({rows, words});

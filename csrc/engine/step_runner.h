@@ -68,6 +68,9 @@ class StepRunner {
   int64_t num_graphs() const { return static_cast<int64_t>(graphs_.size()); }
   int64_t num_graph_replays() const { return num_replays_; }
   int64_t num_graph_captures() const { return num_captures_; }  // more than num_graphs() when graphs were renewed
+  // Structured outputs: the grammar masks filled so far, and the host time it took (beside the forward pass).
+  int64_t num_grammar_masks() const { return num_grammar_masks_; }
+  double grammar_mask_seconds() const { return grammar_mask_seconds_; }
 
  private:
   struct Graph {
@@ -111,6 +114,8 @@ class StepRunner {
   std::map<GraphKey, Graph> graphs_;
   int64_t num_replays_ = 0;
   int64_t num_captures_ = 0;
+  int64_t num_grammar_masks_ = 0;
+  double grammar_mask_seconds_ = 0.0;
 };
 
 }  // namespace deepinfer
