@@ -187,9 +187,13 @@ def plan_memory(d: ModelDims, config: EngineConfig, *, gpus: int | None = None, 
         raise ValueError("a plan for GPUs needs the memory of one: give --gpu-memory-gb, in GiB (80 for an H100, "
                          "141 for an H200), or --device cpu for the CPU backend")
     linear_format, format_name = _weight_format(config, d, device, int4_weights)
-    weights = resident_weight_bytes(d, layout, linear_format, device)
+    mtp_layers = 1 if config.speculative_config is not None else 0
+    if mtp_layers and d.num_nextn_predict_layers < 1:
+        raise ValueError("speculative_config: the model has no MTP layer (num_nextn_predict_layers is 0 in its "
+                         "config.json); MTP speculative decoding needs one")
+    weights = resident_weight_bytes(d, layout, linear_format, device, mtp_layers)
     kv_fp8 = config.kv_cache_dtype != "auto"
-    per_token = cache_bytes_per_token(d, kv_fp8, device)
+    per_token = cache_bytes_per_token(d, kv_fp8, device, mtp_layers)
     page_bytes = per_token * config.page_size
     tokens = min(config.max_num_batched_tokens, d.max_position_embeddings - 1)
     working = context = reserve = 0
@@ -213,7 +217,10 @@ def plan_memory(d: ModelDims, config: EngineConfig, *, gpus: int | None = None, 
     if gpus > layout.ranks:
         notes.append(f"{gpus - layout.ranks} of the {gpus} GPUs stay idle: the engine runs one copy of the model over "
                      f"tensor_parallel_size {layout.ranks} ranks (no replicas)")
-    if d.num_nextn_predict_layers:
+    if mtp_layers:
+        notes.append(f"the MTP layer is loaded for speculative decoding ({config.speculative_config.num_speculative_tokens}"
+                     " draft tokens a step): its weights and its latent-cache layer are counted")
+    elif d.num_nextn_predict_layers:
         notes.append(f"MTP layers stored after the main ones ({d.num_nextn_predict_layers}) are not loaded")
     if config.max_model_len is None:
         notes.append(f"max_model_len unset: the engine takes min(max_position_embeddings "

@@ -101,52 +101,65 @@ class _Tally:
             self.matrix(n)
 
 
-def resident_weight_bytes(d: ModelDims, layout: Layout, linear_format: str, device: str) -> dict[str, int]:
+def resident_weight_bytes(d: ModelDims, layout: Layout, linear_format: str, device: str,
+                          mtp_layers: int = 0) -> dict[str, int]:
     """Bytes by dtype of the weights one rank holds (rank 0; under expert parallelism every rank holds as many):
     what Engine.weight_bytes reports. `linear_format` is "fp8", "int4" (hypothetical) or "plain" (the compute
-    dtype); `device` "cuda" or "cpu"."""
+    dtype); `device` "cuda" or "cpu". `mtp_layers` (0 or 1): the MTP layer loaded for speculative decoding, stored
+    after the main layers (its embedding and head are the model's)."""
     t = _Tally(device, linear_format)
-    n = layout.ranks if layout.splits_attention else 1
-    ep = layout.expert_parallel and layout.ranks > 1
-    heads, vocab, inter = d.num_attention_heads // n, d.vocab_size // n, d.intermediate_size // n
-    moe_inter = d.moe_intermediate_size // (1 if ep else n)
-    dim, rank = d.hidden_size, d.kv_lora_rank
+    dim, vocab = d.hidden_size, d.vocab_size // (layout.ranks if layout.splits_attention else 1)
     t.matrix(vocab, dim)  # the embedding
     t.matrix(vocab, dim)  # lm_head (a tied one is a second copy of the embedding)
     t.vector(dim)         # the final norm
     for layer in range(d.num_hidden_layers):
-        t.vector(dim)
-        t.vector(dim)
-        if d.q_lora_rank:
-            t.linear(d.q_lora_rank, dim)                    # q_a_proj, replicated
-            t.vector(d.q_lora_rank)
-            t.linear(heads * d.qk_head_dim, d.q_lora_rank)  # q_b_proj, by heads
-        else:
-            t.linear(heads * d.qk_head_dim, dim)
-        t.linear(d.latent_dim, dim)                         # kv_a_proj_with_mqa, replicated
-        t.vector(rank)
-        t.matrix(heads * (d.qk_nope_head_dim + d.v_head_dim), rank)  # kv_b_proj, kept in the compute dtype
-        t.matrix(heads, rank, d.qk_nope_head_dim)                    # its W_UK half, per head, transposed
-        t.matrix(heads, d.v_head_dim, rank)                          # its W_UV half
-        t.linear(dim, heads * d.v_head_dim)                 # o_proj, by heads
-        if not d.is_moe_layer(layer):
-            t.linear(2 * inter, dim)
-            t.linear(dim, inter)
-            continue
-        experts = d.n_routed_experts
-        t.matrix(experts, dim)  # the router
-        if d.version == 3:
-            t.vector(experts)   # its correction bias
-        # Without EP the shared experts are stacked after the routed ones; under EP each rank stacks its whole routed
-        # experts and holds its channels of the shared ones (all of them under data-parallel attention) apart.
-        stacked = experts // layout.ranks if ep else experts + d.n_shared_experts
-        t.linear(2 * moe_inter, dim, stacked)
-        t.linear(dim, moe_inter, stacked)
-        if ep and d.n_shared_experts:
-            shared = d.n_shared_experts * d.moe_intermediate_size // n
-            t.linear(2 * shared, dim)
-            t.linear(dim, shared)
+        _decoder_layer(t, d, layout, layer)
+    for layer in range(d.num_hidden_layers, d.num_hidden_layers + mtp_layers):
+        t.vector(dim)               # enorm
+        t.vector(dim)               # hnorm
+        t.linear(dim, 2 * dim)      # eh_proj
+        _decoder_layer(t, d, layout, layer)
+        t.vector(dim)               # shared_head.norm
     return t.bytes
+
+
+def _decoder_layer(t: _Tally, d: ModelDims, layout: Layout, layer: int) -> None:
+    n = layout.ranks if layout.splits_attention else 1
+    ep = layout.expert_parallel and layout.ranks > 1
+    heads, inter = d.num_attention_heads // n, d.intermediate_size // n
+    moe_inter = d.moe_intermediate_size // (1 if ep else n)
+    dim, rank = d.hidden_size, d.kv_lora_rank
+    t.vector(dim)
+    t.vector(dim)
+    if d.q_lora_rank:
+        t.linear(d.q_lora_rank, dim)                    # q_a_proj, replicated
+        t.vector(d.q_lora_rank)
+        t.linear(heads * d.qk_head_dim, d.q_lora_rank)  # q_b_proj, by heads
+    else:
+        t.linear(heads * d.qk_head_dim, dim)
+    t.linear(d.latent_dim, dim)                         # kv_a_proj_with_mqa, replicated
+    t.vector(rank)
+    t.matrix(heads * (d.qk_nope_head_dim + d.v_head_dim), rank)  # kv_b_proj, kept in the compute dtype
+    t.matrix(heads, rank, d.qk_nope_head_dim)                    # its W_UK half, per head, transposed
+    t.matrix(heads, d.v_head_dim, rank)                          # its W_UV half
+    t.linear(dim, heads * d.v_head_dim)                 # o_proj, by heads
+    if not d.is_moe_layer(layer):
+        t.linear(2 * inter, dim)
+        t.linear(dim, inter)
+        return
+    experts = d.n_routed_experts
+    t.matrix(experts, dim)  # the router
+    if d.version == 3:
+        t.vector(experts)   # its correction bias
+    # Without EP the shared experts are stacked after the routed ones; under EP each rank stacks its whole routed
+    # experts and holds its channels of the shared ones (all of them under data-parallel attention) apart.
+    stacked = experts // layout.ranks if ep else experts + d.n_shared_experts
+    t.linear(2 * moe_inter, dim, stacked)
+    t.linear(dim, moe_inter, stacked)
+    if ep and d.n_shared_experts:
+        shared = d.n_shared_experts * d.moe_intermediate_size // n
+        t.linear(2 * shared, dim)
+        t.linear(dim, shared)
 
 
 def parameter_count(d: ModelDims) -> int:
@@ -173,9 +186,9 @@ def cache_row_bytes(d: ModelDims, fp8: bool, device: str) -> int:
     return d.latent_dim * (2 if device == "cuda" else 4)
 
 
-def cache_bytes_per_token(d: ModelDims, fp8: bool, device: str) -> int:
-    """A token's latent rows over all layers (Engine.cache_info["bytes_per_token"])."""
-    return d.num_hidden_layers * cache_row_bytes(d, fp8, device)
+def cache_bytes_per_token(d: ModelDims, fp8: bool, device: str, mtp_layers: int = 0) -> int:
+    """A token's latent rows over all layers, the MTP layer's too when loaded (Engine.cache_info["bytes_per_token"])."""
+    return (d.num_hidden_layers + mtp_layers) * cache_row_bytes(d, fp8, device)
 
 
 def _align(n: int, to: int = 256) -> int:

@@ -267,3 +267,30 @@ def test_plan_matches_the_cuda_engine(tmp_path, kv_cache_dtype):
         assert within_2_percent(plan.cache_pages, pages), (plan.cache_pages, pages)
     finally:
         engine.shutdown()
+
+
+def test_the_mtp_layer_is_counted_when_speculative_decoding_loads_it():
+    """With MTP speculative decoding the engine loads the MTP layer and gives it a cache layer: so does the plan."""
+    from deepinfer import DeepInferenceEngine
+    from deepinfer.default_model import TRAINED_MODEL_DIR, has_trained_model
+
+    if not has_trained_model():
+        pytest.skip("the embedded demo model is missing")
+    engine = dict(speculative_config={"method": "mtp", "num_speculative_tokens": 2}, num_cache_pages=16)
+    planned = cpu_plan(TRAINED_MODEL_DIR, **engine)
+    without = cpu_plan(TRAINED_MODEL_DIR, num_cache_pages=16)
+    with DeepInferenceEngine(EngineConfig(model_name_or_path=str(TRAINED_MODEL_DIR), **engine)) as e:
+        assert planned.weight_bytes == e.weight_bytes
+        assert planned.cache_bytes_per_token == e.cache_info["bytes_per_token"]
+    assert planned.weights_per_gpu > without.weights_per_gpu
+    layers = load_model_dims(TRAINED_MODEL_DIR).num_hidden_layers
+    assert planned.cache_bytes_per_token * layers == without.cache_bytes_per_token * (layers + 1)
+    assert any("MTP layer is loaded" in n for n in planned.notes)
+
+
+def test_a_plan_with_mtp_for_a_model_without_it_says_so(v3_config, tmp_path):
+    config = json.loads(v3_config.read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**config, "num_nextn_predict_layers": 0}))
+    r, _ = deepinfer("plan", str(path), "--gpus", "1", "--gpu-memory-gb", "141", "--num-speculative-tokens", "1")
+    assert r.returncode == 2 and "has no MTP layer" in r.stderr, (r.stdout, r.stderr)

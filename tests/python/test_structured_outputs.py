@@ -263,3 +263,27 @@ def test_a_broken_grammar_library_fails_only_constrained_requests(monkeypatch, t
         assert e.generate(["x"], SamplingParams(max_tokens=2), use_tqdm=False)[0].outputs[0].token_ids
     finally:
         e.shutdown()
+
+
+def test_tensor_parallel_ranks_sample_the_same_constrained_tokens(engine):
+    """Rank 0 samples under tensor parallelism: the masks are its own, the output that of one rank."""
+    tp = DeepInferenceEngine(EngineConfig(device="cpu", seed=3, tensor_parallel_size=2))
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=100, structured_outputs=constrained(json=PERSON))
+        got = tp.generate(PROMPTS[:3], params, use_tqdm=False)
+        ref = engine.generate(PROMPTS[:3], params, use_tqdm=False)
+        assert [g.outputs[0].token_ids for g in got] == [r.outputs[0].token_ids for r in ref]
+    finally:
+        tp.shutdown()
+
+
+def test_data_parallel_attention_refuses_constrained_requests():
+    if not has_trained_model():
+        skip_or_fail("the embedded demo model is missing")
+    dp = DeepInferenceEngine(EngineConfig(device="cpu", tensor_parallel_size=2, enable_expert_parallel=True,
+                                          enable_dp_attention=True))
+    try:
+        with pytest.raises(ValueError, match="not available with data-parallel attention"):
+            dp.generate(["x"], SamplingParams(max_tokens=2, structured_outputs={"regex": "a+"}), use_tqdm=False)
+    finally:
+        dp.shutdown()
