@@ -188,8 +188,15 @@ std::vector<RequestUpdate> Scheduler::update(const SchedulePlan& plan, std::span
   check_plan(plan);
   DI_CHECK(static_cast<size_t>(plan.num_sampling_chunks()) == counts.size(), "the plan of step ", plan.step, " has ",
            plan.num_sampling_chunks(), " sampling chunks but got ", counts.size(), " token counts");
-  size_t total = 0;
-  for (int32_t c : counts) total += static_cast<size_t>(c);
+  // Every count is checked before any request changes: a bad one leaves the plan as it was (cancel() still works).
+  size_t total = 0, sample = 0;
+  for (const ScheduledChunk& chunk : plan.chunks) {
+    if (!chunk.samples) continue;
+    const int32_t c = counts[sample++];  // (the chunk's request may be gone: aborted in flight)
+    DI_CHECK(c >= 1 && c <= 1 + chunk.num_draft_tokens, "the plan of step ", plan.step, ": sampling chunk ",
+             sample - 1, " got ", c, " tokens from ", chunk.num_draft_tokens, " drafts");
+    total += static_cast<size_t>(c);
+  }
   DI_CHECK(total == tokens.size(), "the plan of step ", plan.step, " got ", tokens.size(), " sampled tokens for counts "
            "summing to ", total);
 
@@ -200,8 +207,6 @@ std::vector<RequestUpdate> Scheduler::update(const SchedulePlan& plan, std::span
     next_token += static_cast<size_t>(count);
     if (was_aborted_in_flight(chunk.request)) continue;
     Request& r = *chunk.request;
-    DI_CHECK(!chunk.samples || (count >= 1 && count <= 1 + chunk.num_draft_tokens), "request ", r.id, ": ", count,
-             " tokens from a chunk of ", chunk.num_draft_tokens, " drafts");
     r.draft_token_ids.clear();
     // The real tokens, and the drafts the verification accepted (all but the last token it returned).
     r.num_computed_tokens += chunk.num_tokens - chunk.num_draft_tokens + std::max(0, count - 1);

@@ -608,6 +608,32 @@ TEST(SchedulerSpeculative, VerifiesDraftsAndKeepsTheAcceptedOnes) {
 
 // update() splits `tokens` over the sampling chunks in plan order by `counts`, and sampled_index says where each
 // request's share starts. The overload without counts is one token per chunk: every draft rejected.
+TEST(SchedulerSpeculative, ABadCountChangesNoRequest) {
+  CacheManager cache(32, 4);
+  Scheduler s({.max_num_batched_tokens = 64, .max_model_len = 64}, cache);
+  s.add(make_request(1, 4, 20));
+  s.add(make_request(2, 4, 20));
+  step(s, schedule(s), 50);
+  s.set_drafts(2, {61});
+  SchedulePlan plan = schedule(s);
+  ASSERT_EQ(chunk_ids(plan), (std::vector<uint64_t>{1, 2}));
+  // The first chunk's count is fine, the second's is more than its one draft allows: nothing may have moved.
+  const std::vector<int32_t> tokens{70, 61, 71, 72}, counts{1, 3};
+  try {
+    s.update(plan, tokens, counts);
+    ADD_FAILURE() << "a count past the drafts was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sampling chunk 1 got 3 tokens from 1 drafts"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(s.find(1)->num_computed_tokens, 4);
+  EXPECT_EQ(s.find(1)->output_token_ids, (std::vector<int32_t>{50}));
+  EXPECT_EQ(s.find(2)->draft_token_ids, (std::vector<int32_t>{61}));
+  s.cancel(plan);
+  s.check_invariants();
+  run_to_completion(s);
+  EXPECT_EQ(cache.num_free_pages(), 32);
+}
+
 TEST(SchedulerSpeculative, CountsSplitTheTokensOverTheChunks) {
   CacheManager cache(32, 4);
   Scheduler s({.max_num_batched_tokens = 64, .max_model_len = 64}, cache);
