@@ -1,7 +1,7 @@
 """The OpenAI wire format: request models (validated strictly), errors, and parameter policy.
 
 Requests are validated here, in three passes. First the raw JSON object is checked against parameters that OpenAI
-defines but this server does not implement (tools, logit_bias, response_format json_schema, ...): those are refused
+defines but this server does not implement (tool_choice required, logit_bias, audio, ...): those are refused
 with a 400 that names the parameter, never silently dropped. Then the object is validated by a strict pydantic model
 (no type coercion, unknown keys refused), so a string where a number belongs is an error, not a guess. Last,
 ``check_values`` checks what the types do not say (n's range; chat's logprobs options, token limits, roles and
@@ -108,6 +108,16 @@ class _SamplingRequest(_Strict):
     stop_token_ids: Optional[list[int]] = None
     include_stop_str_in_output: Optional[bool] = None
     skip_special_tokens: Optional[bool] = None
+    # Structured outputs (structured.py turns these into the request's one constraint): OpenAI's response_format,
+    # vLLM's structured_outputs and its older guided_* fields.
+    response_format: Optional[dict[str, Any]] = None
+    structured_outputs: Optional[dict[str, Any]] = None
+    guided_json: Union[dict[str, Any], str, None] = None
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[list[str]] = None
+    guided_grammar: Optional[str] = None
+    guided_whitespace_pattern: Optional[str] = None
+    guided_decoding_backend: Optional[str] = None
 
 
 class CompletionRequest(_SamplingRequest):
@@ -142,7 +152,6 @@ class ChatCompletionRequest(_SamplingRequest):
     logprobs: Optional[bool] = False
     top_logprobs: Optional[int] = None
     logit_bias: Optional[dict[str, float]] = None
-    response_format: Optional[dict[str, Any]] = None
     parallel_tool_calls: Optional[bool] = None
     # Only the values that ask for nothing are accepted here; check_unsupported refuses the others first.
     tools: Optional[list[Any]] = None
@@ -168,9 +177,6 @@ _UNSUPPORTED_CHAT: dict[str, _Check] = {
                     "need structured outputs to force the call, which this server does not have yet"),
     "functions": (lambda v: v != [], _NO_TOOLS),
     "function_call": (lambda v: v != "none", _NO_TOOLS),
-    "response_format": (lambda v: not (isinstance(v, dict) and v.get("type") == "text"),
-                        "is not supported: only {\"type\": \"text\"} is (no JSON mode or json_schema "
-                        "structured output yet)"),
     "logit_bias": (lambda v: v != {}, "is not supported yet"),
     "audio": (lambda v: True, "is not supported: this model produces text only"),
     "modalities": (lambda v: v != ["text"], "is not supported: this model produces text only"),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -34,6 +35,7 @@ from deepinfer.server.metrics import ServerMetrics
 from deepinfer.server.protocol import (APIError, ChatCompletionRequest, CompletionRequest, check_unsupported,
                                        check_values, validation_error)
 from deepinfer.server.reasoning import ReasoningParser
+from deepinfer.server.structured import Constraint, request_constraint
 from deepinfer.server.tool_calls import DeepSeekToolCallParser
 from deepinfer.tokenizer import TokenText
 
@@ -262,6 +264,8 @@ def _json_response(payload: Mapping[str, Any], status: int = 200) -> Response:
                     status_code=status, media_type="application/json")
 
 
+_GRAMMAR_ERROR = re.compile(r"invalid \w+ grammar\b")  # the engine's message for a constraint that does not compile
+
 _PARAM_NAMES = {"n", "temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "min_tokens", "stop",
                 "stop_token_ids", "repetition_penalty", "presence_penalty", "frequency_penalty", "logprobs"}
 
@@ -373,11 +377,14 @@ class OpenAIServing:
         return requested
 
     def _sampling_params(self, req: Any, n: int, max_tokens: int, logprobs: int | None,
-                         renames: Mapping[str, str], prompt_logprobs: int | None = None) -> SamplingParams:
+                         renames: Mapping[str, str], prompt_logprobs: int | None = None,
+                         constraint: Constraint | None = None) -> SamplingParams:
         # The checkpoint's recommended values (generation_config.json) for what the request leaves unset.
         defaults = getattr(self.state.engine, "generation_defaults", {})
         values: dict[str, Any] = {k: v for k, v in defaults.items() if k != "max_tokens"}
         values.update({"n": n, "max_tokens": max_tokens, "logprobs": logprobs, "prompt_logprobs": prompt_logprobs})
+        if constraint is not None:
+            values["structured_outputs"] = constraint.params
         for name in ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
                      "include_stop_str_in_output", "ignore_eos", "repetition_penalty", "presence_penalty",
                      "frequency_penalty", "min_tokens", "skip_special_tokens"):
@@ -407,7 +414,7 @@ class OpenAIServing:
                                 f"{limit}. Retry later.", type="server_error", code="server_overloaded")
 
     def _submit(self, prompts: list[list[int]], params: list[SamplingParams], request_id: str, n: int,
-                arrival: float) -> _Run:
+                arrival: float, constraint: Constraint | None = None) -> _Run:
         self._admit(len(prompts) * n)
         loop = asyncio.get_running_loop()
         streams = []
@@ -418,6 +425,11 @@ class OpenAIServing:
         except ValueError as e:
             for s in streams:
                 s.abort()
+            if constraint is not None and _GRAMMAR_ERROR.match(str(e)):
+                # The engine compiles the constraint when the request is added: llguidance's message names the
+                # problem (a bad type, a $ref that points nowhere, a regex that does not parse...).
+                raise APIError(400, f"Invalid value for '{constraint.param}': {e}", param=constraint.param,
+                               code="invalid_value") from None
             raise APIError(400, str(e), code="invalid_value") from None
         except RuntimeError as e:  # the engine is shut down
             for s in streams:
@@ -458,13 +470,14 @@ class OpenAIServing:
             run.close()
 
     async def _respond(self, request: Request, req: Any, fmt: ChoiceFormat, id_prefix: str,
-                       prompts: list[list[int]], params: list[SamplingParams], n: int, arrival: float) -> Response:
+                       prompts: list[list[int]], params: list[SamplingParams], n: int, arrival: float,
+                       constraint: Constraint | None = None) -> Response:
         """Submits a request's prompts and answers it: the whole response, or its server-sent events with
         ``stream``. The same for both endpoints; ``fmt`` gives what their choices look like."""
         request_id = f"{id_prefix}-{uuid.uuid4().hex}"
         created = int(time.time())
         model = req.model or self.state.model_name
-        run = self._submit(prompts, params, request_id, n, arrival)
+        run = self._submit(prompts, params, request_id, n, arrival, constraint)
         if self.state.options.log_requests:
             logger.info("request %s: %d prompt(s) of %s tokens, %s", request_id, len(prompts),
                         "/".join(str(len(ids)) for ids in prompts), params[0])
@@ -559,6 +572,7 @@ class OpenAIServing:
     async def completions(self, request: Request) -> Response:
         arrival = time.monotonic()
         req, n = await self._parse(request, CompletionRequest, "completions")
+        constraint = request_constraint(req)
         prompts = self._completion_prompts(req.prompt)
         params = []
         echo = bool(req.echo)
@@ -569,13 +583,14 @@ class OpenAIServing:
             max_tokens = self._max_tokens(req.max_tokens, len(ids), DEFAULT_COMPLETION_MAX_TOKENS, "max_tokens",
                                           scores_prompt)
             params.append(self._sampling_params(req, n, max_tokens, req.logprobs, {},
-                                                req.logprobs if scores_prompt else None))
+                                                req.logprobs if scores_prompt else None, constraint))
         tok = self.engine.tokenizer
         echo_texts = [(text if text is not None else tok.decode(ids, skip_special_tokens=False)) if echo else ""
                       for text, ids in prompts]
         fmt = CompletionFormat(self.state.token_text, echo_texts, echo, n, req.logprobs is not None,
                                [ids for _, ids in prompts] if scores_prompt else None)
-        return await self._respond(request, req, fmt, "cmpl", [ids for _, ids in prompts], params, n, arrival)
+        return await self._respond(request, req, fmt, "cmpl", [ids for _, ids in prompts], params, n, arrival,
+                                   constraint)
 
     # ---- /v1/chat/completions
 
@@ -630,19 +645,21 @@ class OpenAIServing:
         arrival = time.monotonic()
         req, n = await self._parse(request, ChatCompletionRequest, "chat")
         self._check_tools(req)
+        constraint = request_constraint(req)
         ids = self._render_chat(req)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         max_tokens = self._max_tokens(requested, len(ids), None, param)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        params = self._sampling_params(req, n, max_tokens, logprobs, {"logprobs": "top_logprobs"})
         parser_cls = self.state.options.reasoning_parser
         opens_reasoning = False
         if parser_cls is not None:
             tail = self.engine.tokenizer.decode(ids[-16:], skip_special_tokens=False)
             opens_reasoning = parser_cls.prompt_opens_reasoning(tail)
+        params = self._sampling_params(req, n, max_tokens, logprobs, {"logprobs": "top_logprobs"},
+                                       constraint=constraint)
         uses_tools = bool(req.tools) and req.tool_choice != "none"
         fmt = ChatFormat(self.state.token_text, n, bool(req.logprobs), parser_cls, opens_reasoning,
                          self.state.options.tool_call_parser if uses_tools else None,
                          req.parallel_tool_calls is not False, self.state.options.response_role)
-        return await self._respond(request, req, fmt, "chatcmpl", [ids], [params], n, arrival)
+        return await self._respond(request, req, fmt, "chatcmpl", [ids], [params], n, arrival, constraint)

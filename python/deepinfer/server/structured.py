@@ -1,0 +1,148 @@
+"""Structured outputs on the wire: what a request asks its output to follow, as one ``StructuredOutputsParams``.
+
+A request constrains its output through one of
+
+- OpenAI's ``response_format``: ``{"type": "json_object"}`` (any JSON object) or ``{"type": "json_schema",
+  "json_schema": {"name", "schema", "strict", "description"}}`` (the schema is always enforced, ``strict`` or not);
+- vLLM's ``structured_outputs`` object (``json``, ``regex``, ``choice``, ``grammar``, ``json_object``, with
+  ``disable_any_whitespace`` and ``whitespace_pattern``), or its older ``guided_json``, ``guided_regex``,
+  ``guided_choice``, ``guided_grammar`` fields (``guided_whitespace_pattern``; ``guided_decoding_backend`` may name
+  "auto", "guidance" or "llguidance", what runs here, and nothing else);
+
+Two of these at once are refused (400): one output cannot follow two grammars. A constraint's shape is checked here;
+its schema or grammar is compiled by the engine when the request is added, and a compile error is a 400 too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from deepinfer.server.protocol import APIError
+from deepinfer.structured_outputs import StructuredOutputsParams
+
+__all__ = ["Constraint", "request_constraint"]
+
+_CONSTRAINT_FIELDS = ("json", "regex", "choice", "grammar", "json_object")
+_WHITESPACE_FIELDS = ("disable_any_whitespace", "whitespace_pattern")
+_GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+# guided_decoding_backend values that name what runs here (llguidance); vLLM's other backends are refused.
+GUIDED_BACKENDS = ("auto", "guidance", "llguidance")
+_JSON_SCHEMA_KEYS = {"name", "description", "schema", "strict"}
+
+
+@dataclass
+class Constraint:
+    """The request's one constraint and the parameter it came from (errors name it)."""
+
+    params: StructuredOutputsParams
+    param: str
+
+
+def _bad(message: str, param: str) -> APIError:
+    return APIError(400, message, param=param, code="invalid_value")
+
+
+def _from_response_format(rf: Any) -> tuple[dict[str, Any], str] | None:
+    """response_format -> (StructuredOutputsParams fields, param), or None for text."""
+    if not isinstance(rf, dict):
+        raise _bad("Invalid value for 'response_format': expected an object such as {\"type\": \"json_object\"}",
+                   "response_format")
+    kind = rf.get("type")
+    extra = set(rf) - {"type", "json_schema"}
+    if extra:
+        raise APIError(400, f"Unrecognized request argument supplied: response_format.{sorted(extra)[0]}",
+                       param=f"response_format.{sorted(extra)[0]}", code="unknown_parameter")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"json_object": True}, "response_format"
+    if kind == "json_schema":
+        js = rf.get("json_schema")
+        if js is None:
+            raise APIError(400, "Missing required parameter: 'response_format.json_schema'",
+                           param="response_format.json_schema", code="missing_required_parameter")
+        if not isinstance(js, dict):
+            raise _bad("Invalid value for 'response_format.json_schema': expected an object with 'name' and "
+                       "'schema'", "response_format.json_schema")
+        extra = set(js) - _JSON_SCHEMA_KEYS
+        if extra:
+            name = f"response_format.json_schema.{sorted(extra)[0]}"
+            raise APIError(400, f"Unrecognized request argument supplied: {name}", param=name,
+                           code="unknown_parameter")
+        if "name" not in js:
+            raise APIError(400, "Missing required parameter: 'response_format.json_schema.name'",
+                           param="response_format.json_schema.name", code="missing_required_parameter")
+        if not isinstance(js["name"], str) or not js["name"]:
+            raise _bad("Invalid value for 'response_format.json_schema.name': expected a non-empty string",
+                       "response_format.json_schema.name")
+        if "schema" not in js:
+            raise APIError(400, "Missing required parameter: 'response_format.json_schema.schema' (the JSON Schema "
+                                "the output follows)",
+                           param="response_format.json_schema.schema", code="missing_required_parameter")
+        if not isinstance(js["schema"], dict):
+            raise _bad("Invalid value for 'response_format.json_schema.schema': expected a JSON Schema object",
+                       "response_format.json_schema.schema")
+        for key, types in (("strict", (bool,)), ("description", (str,))):
+            if js.get(key) is not None and not isinstance(js[key], types):
+                raise _bad(f"Invalid type for 'response_format.json_schema.{key}': expected a "
+                           f"{'boolean' if key == 'strict' else 'string'}", f"response_format.json_schema.{key}")
+        return {"json": js["schema"]}, "response_format.json_schema.schema"
+    if kind is None:
+        raise APIError(400, "Missing required parameter: 'response_format.type'", param="response_format.type",
+                       code="missing_required_parameter")
+    if kind == "structural_tag":
+        raise APIError(400, "'response_format' of type 'structural_tag' (vLLM's) is not supported: use "
+                            "'json_schema', or structured_outputs' 'grammar'", param="response_format.type",
+                       code="unsupported_parameter")
+    raise _bad(f"Invalid value for 'response_format.type': {kind!r}; supported: 'text', 'json_object', "
+               "'json_schema'", "response_format.type")
+
+
+def request_constraint(req: Any) -> Constraint | None:
+    """The constraint a request's fields ask for (None: free text). Raises a 400 for a malformed one and for two
+    at once."""
+    found: list[tuple[dict[str, Any], str]] = []
+    rf = getattr(req, "response_format", None)
+    if rf is not None:
+        got = _from_response_format(rf)
+        if got is not None:
+            found.append(got)
+    whitespace: dict[str, Any] = {}
+    so = getattr(req, "structured_outputs", None)
+    if so is not None:
+        unknown = sorted(set(so) - set(_CONSTRAINT_FIELDS) - set(_WHITESPACE_FIELDS))
+        if unknown:
+            raise _bad(f"Invalid value for 'structured_outputs': unknown fields {unknown}; known: "
+                       f"{sorted(_CONSTRAINT_FIELDS + _WHITESPACE_FIELDS)}", "structured_outputs")
+        whitespace = {k: so[k] for k in _WHITESPACE_FIELDS if so.get(k) is not None}
+        set_fields = [k for k in _CONSTRAINT_FIELDS if so.get(k) not in (None, False)]
+        for k in set_fields:
+            found.append(({k: so[k]}, f"structured_outputs.{k}"))
+    for name, key in _GUIDED.items():
+        value = getattr(req, name, None)
+        if value is not None:
+            found.append(({key: value}, name))
+    pattern = getattr(req, "guided_whitespace_pattern", None)
+    if pattern is not None:
+        whitespace.setdefault("whitespace_pattern", pattern)
+    backend = getattr(req, "guided_decoding_backend", None)
+    if backend is not None and backend not in GUIDED_BACKENDS:
+        raise APIError(400, f"'guided_decoding_backend' {backend!r} is not available: this server's structured "
+                            f"outputs run on llguidance (give one of {list(GUIDED_BACKENDS)}, or leave it out)",
+                       param="guided_decoding_backend", code="unsupported_parameter")
+    if not found:
+        if so is not None:
+            raise _bad("Invalid value for 'structured_outputs': set one of json, regex, choice, grammar, json_object",
+                       "structured_outputs")
+        return None
+    if len(found) > 1:
+        names = [p for _, p in found]
+        raise APIError(400, f"{' and '.join(repr(n) for n in names)} both constrain the output; give one "
+                            "structured-output constraint per request", param=names[1], code="invalid_value")
+    fields, param = found[0]
+    try:
+        params = StructuredOutputsParams(**fields, **whitespace)
+    except (ValueError, TypeError) as e:
+        raise _bad(f"Invalid value for '{param}': {e}", param) from None
+    return Constraint(params, param)
