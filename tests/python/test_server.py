@@ -505,7 +505,6 @@ def test_out_of_range(server, model, field, value):
 
 
 @pytest.mark.parametrize("endpoint,field,value", [
-    ("chat", "tool_choice", "required"),
     ("chat", "functions", [{"name": "f"}]),
     ("chat", "function_call", "auto"),
     ("chat", "logit_bias", {"5": 10}),

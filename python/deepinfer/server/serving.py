@@ -33,10 +33,11 @@ from deepinfer.sampling_params import MAX_LOGPROBS, SamplingParams
 from deepinfer.server.choices import ChatFormat, Choice, ChoiceFormat, CompletionFormat
 from deepinfer.server.metrics import ServerMetrics
 from deepinfer.server.protocol import (APIError, ChatCompletionRequest, CompletionRequest, check_unsupported,
-                                       check_values, validation_error)
+                                       check_values, forced_tool_name, validation_error)
 from deepinfer.server.reasoning import ReasoningParser
-from deepinfer.server.structured import Constraint, request_constraint
+from deepinfer.server.structured import Constraint, request_constraint, tool_call_grammar, tool_call_token_ids
 from deepinfer.server.tool_calls import DeepSeekToolCallParser
+from deepinfer.structured_outputs import StructuredOutputsParams
 from deepinfer.tokenizer import TokenText
 
 logger = logging.getLogger("deepinfer.server")
@@ -55,6 +56,7 @@ class ServerOptions:
     max_queue_size: int = 1024
     reasoning_parser: type[ReasoningParser] | None = None
     tool_call_parser: type[DeepSeekToolCallParser] | None = None  # None: requests with tools are refused
+    tool_call_format: str = "deepseek_v3"  # the form a forced tool call is written in: deepseek_v3 or deepseek_v31
     chat_template: str | None = None   # Jinja source used instead of the checkpoint's (a request's own still wins)
     response_role: str = "assistant"   # the role of chat answers' messages
     max_logprobs: int = MAX_LOGPROBS   # the largest logprobs / top_logprobs a request may ask for
@@ -623,6 +625,37 @@ class OpenAIServing:
                 raise APIError(400, f"Invalid value for 'tools[{i}]': expected {{\"type\": \"function\", "
                                     "\"function\": {\"name\": ..., \"parameters\": {...}}}", param="tools",
                                code="invalid_value")
+            parameters = function.get("parameters")
+            if parameters is not None and not isinstance(parameters, dict):
+                raise APIError(400, f"Invalid value for 'tools[{i}].function.parameters': expected a JSON Schema "
+                                    "object", param="tools", code="invalid_value")
+        name = forced_tool_name(req.tool_choice)
+        if name is not None and name not in {tool["function"]["name"] for tool in req.tools}:
+            raise APIError(400, f"Invalid value for 'tool_choice': no tool named {name!r} in 'tools'",
+                           param="tool_choice", code="invalid_value")
+
+    def _forced_tool_calls(self, req: ChatCompletionRequest, constraint: Constraint | None,
+                           reasoning: str | None) -> Constraint | None:
+        """For tool_choice "required" or a named function: the grammar that makes the output a tool-call block
+        (after R1's reasoning, with a reasoning parser). None for "auto" and "none"."""
+        if req.tool_choice in (None, "auto", "none"):
+            return None
+        what = "a named function" if isinstance(req.tool_choice, dict) else "'required'"
+        if constraint is not None:
+            raise APIError(400, f"'tool_choice' {what} and '{constraint.param}' both constrain the output; give "
+                                "one structured-output constraint per request", param="tool_choice",
+                           code="invalid_value")
+        token_ids = tool_call_token_ids(self.engine.tokenizer)
+        if token_ids is None:
+            raise APIError(400, f"'tool_choice' {what} is not supported with this model: its tokenizer lacks "
+                                "DeepSeek's tool-call tokens (<｜tool▁calls▁begin｜> ...), which the forced call is "
+                                "written with", param="tool_choice", code="unsupported_parameter")
+        name = forced_tool_name(req.tool_choice)
+        grammar = tool_call_grammar(req.tools, token_ids, form=self.state.options.tool_call_format, name=name,
+                                    parallel=name is None and req.parallel_tool_calls is not False,
+                                    reasoning=reasoning)
+        # A compile error comes from a tool's parameters schema: the grammar around it is this server's.
+        return Constraint(StructuredOutputsParams(grammar=grammar), "tools")
 
     def _render_chat(self, req: ChatCompletionRequest) -> list[int]:
         import jinja2
@@ -656,6 +689,8 @@ class OpenAIServing:
         if parser_cls is not None:
             tail = self.engine.tokenizer.decode(ids[-16:], skip_special_tokens=False)
             opens_reasoning = parser_cls.prompt_opens_reasoning(tail)
+        reasoning = None if parser_cls is None else "open" if opens_reasoning else "optional"
+        constraint = self._forced_tool_calls(req, constraint, reasoning) or constraint
         params = self._sampling_params(req, n, max_tokens, logprobs, {"logprobs": "top_logprobs"},
                                        constraint=constraint)
         uses_tools = bool(req.tools) and req.tool_choice != "none"

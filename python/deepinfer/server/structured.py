@@ -8,6 +8,8 @@ A request constrains its output through one of
   ``disable_any_whitespace`` and ``whitespace_pattern``), or its older ``guided_json``, ``guided_regex``,
   ``guided_choice``, ``guided_grammar`` fields (``guided_whitespace_pattern``; ``guided_decoding_backend`` may name
   "auto", "guidance" or "llguidance", what runs here, and nothing else);
+- chat's ``tool_choice`` "required" or a named function: a grammar that makes the output a DeepSeek tool-call block
+  (see ``tool_call_grammar``).
 
 Two of these at once are refused (400): one output cannot follow two grammars. A constraint's shape is checked here;
 its schema or grammar is compiled by the engine when the request is added, and a compile error is a 400 too.
@@ -15,13 +17,14 @@ its schema or grammar is compiled by the engine when the request is added, and a
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from deepinfer.server.protocol import APIError
 from deepinfer.structured_outputs import StructuredOutputsParams
 
-__all__ = ["Constraint", "request_constraint"]
+__all__ = ["Constraint", "request_constraint", "tool_call_grammar", "tool_call_token_ids", "TOOL_CALL_TOKENS"]
 
 _CONSTRAINT_FIELDS = ("json", "regex", "choice", "grammar", "json_object")
 _WHITESPACE_FIELDS = ("disable_any_whitespace", "whitespace_pattern")
@@ -29,6 +32,10 @@ _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "cho
 # guided_decoding_backend values that name what runs here (llguidance); vLLM's other backends are refused.
 GUIDED_BACKENDS = ("auto", "guidance", "llguidance")
 _JSON_SCHEMA_KEYS = {"name", "description", "schema", "strict"}
+
+# The markers of DeepSeek-V3's tool-call block (special tokens of its tokenizer).
+TOOL_CALL_TOKENS = {"calls_begin": "<｜tool▁calls▁begin｜>", "calls_end": "<｜tool▁calls▁end｜>",
+                    "call_begin": "<｜tool▁call▁begin｜>", "call_end": "<｜tool▁call▁end｜>", "sep": "<｜tool▁sep｜>"}
 
 
 @dataclass
@@ -101,7 +108,7 @@ def _from_response_format(rf: Any) -> tuple[dict[str, Any], str] | None:
 
 def request_constraint(req: Any) -> Constraint | None:
     """The constraint a request's fields ask for (None: free text). Raises a 400 for a malformed one and for two
-    at once."""
+    at once. ``tool_choice`` is not looked at here (see serving.py)."""
     found: list[tuple[dict[str, Any], str]] = []
     rf = getattr(req, "response_format", None)
     if rf is not None:
@@ -146,3 +153,79 @@ def request_constraint(req: Any) -> Constraint | None:
     except (ValueError, TypeError) as e:
         raise _bad(f"Invalid value for '{param}': {e}", param) from None
     return Constraint(params, param)
+
+
+# ----------------------------------------------------------------------------------------------- tool calls
+
+
+def tool_call_token_ids(tokenizer: Any) -> dict[str, int] | None:
+    """The ids of DeepSeek's tool-call markers in ``tokenizer``; None when it lacks any of them."""
+    convert = getattr(tokenizer, "convert_tokens_to_ids", None)
+    if convert is None:
+        return None
+    ids: dict[str, int] = {}
+    for key, token in TOOL_CALL_TOKENS.items():
+        try:
+            token_id = convert(token)
+        except Exception:
+            return None
+        if not isinstance(token_id, int) or token_id < 0:
+            return None
+        ids[key] = token_id
+    return ids
+
+
+def _lark_str(text: str) -> str:
+    # Lark string literals take JSON's escapes, so any string is one literal.
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _arguments_schema(tool: dict[str, Any]) -> dict[str, Any]:
+    params = tool["function"].get("parameters")
+    schema = params if isinstance(params, dict) and params else {"type": "object"}
+    if "x-guidance" in schema:
+        return schema
+    # The compact layout of JSON outputs (", " and ": "), as StructuredOutputsParams lays them out by default.
+    return {**schema, "x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}}
+
+
+def tool_call_grammar(tools: list[dict[str, Any]], token_ids: dict[str, int], *, form: str = "deepseek_v3",
+                      name: str | None = None, parallel: bool = True, reasoning: str | None = None) -> str:
+    """A Lark grammar (llguidance's dialect) whose outputs are one DeepSeek tool-call block:
+
+        <｜tool▁calls▁begin｜> CALL ("\\n"? CALL)* <｜tool▁calls▁end｜>      (one CALL unless ``parallel``)
+        CALL (deepseek_v3):  <｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\nARGS\\n```<｜tool▁call▁end｜>
+        CALL (deepseek_v31): <｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>
+
+    NAME is one of the tools' names (only ``name`` when given) and ARGS is JSON valid against that tool's
+    ``parameters`` schema (embedded with ``%json``; a tool without parameters takes any object). The markers are
+    the tokenizer's special tokens, referred to by id (``token_ids``). ``reasoning`` puts R1's reasoning first:
+    "open" (the prompt opened a ``<think>`` block: free text up to ``</think>``), "optional" (the output may start
+    with a ``<think>...</think>`` block) or None.
+    """
+    t = {key: f"<[{value}]>" for key, value in token_ids.items()}
+    chosen = [tool for tool in tools if name is None or tool["function"]["name"] == name]
+    lines = []
+    calls = f"{t['calls_begin']} call " + (f'("\\n"? call)* ' if parallel and name is None else "") + t["calls_end"]
+    if reasoning == "open":
+        lines.append(f"start: think WS {calls}")
+    elif reasoning == "optional":
+        lines.append(f'start: ("<think>" think WS)? {calls}')
+    else:
+        lines.append(f"start: {calls}")
+    if reasoning is not None:
+        # A lazy rule ends at the first "</think>"; up to 4 whitespace characters may follow (R1 writes "\n\n").
+        lines.append('think[lazy]: /(.|\\n)*/ "</think>"')
+        lines.append("WS: /[ \\t\\r\\n]{0,4}/")
+    lines.append("call: " + " | ".join(f"call_{i}" for i in range(len(chosen))))
+    for i, tool in enumerate(chosen):
+        fn = tool["function"]["name"]
+        if form == "deepseek_v31":
+            head = f"{t['call_begin']} {_lark_str(fn)} {t['sep']}"
+            tail = t["call_end"]
+        else:
+            head = f"{t['call_begin']} \"function\" {t['sep']} {_lark_str(fn + chr(10) + '```json' + chr(10))}"
+            tail = f"{_lark_str(chr(10) + '```')} {t['call_end']}"
+        lines.append(f"call_{i}: {head} args_{i} {tail}")
+        lines.append(f"args_{i}: %json {json.dumps(_arguments_schema(tool), ensure_ascii=False)}")
+    return "\n".join(lines) + "\n"
