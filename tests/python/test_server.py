@@ -505,10 +505,8 @@ def test_out_of_range(server, model, field, value):
 
 
 @pytest.mark.parametrize("endpoint,field,value", [
-    ("chat", "tool_choice", "required"),
     ("chat", "functions", [{"name": "f"}]),
-    ("chat", "response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
-    ("chat", "response_format", {"type": "json_object"}),
+    ("chat", "function_call", "auto"),
     ("chat", "logit_bias", {"5": 10}),
     ("chat", "audio", {"voice": "alloy", "format": "wav"}),
     ("chat", "store", True),

@@ -136,4 +136,6 @@ def test_without_tools_the_text_is_content_and_bad_tools_are_refused(tool_app):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tools"
     forced = chat(app, {"model": "fake-r1", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS,
                         "tool_choice": "required"})
+    # A forced call is written with DeepSeek's tool-call tokens, which this stand-in tokenizer lacks.
     assert forced.status_code == 400 and forced.json()["error"]["param"] == "tool_choice"
+    assert "tool-call tokens" in forced.json()["error"]["message"]

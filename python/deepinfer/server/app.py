@@ -55,7 +55,8 @@ def create_app(engine: Any, *, api_key: str | None = None, max_queue: int = DEFA
     ``max_queue`` bounds the sequences waiting for their first token; past it requests get 503.
     ``reasoning_parser`` ("deepseek-r1") splits chat outputs into ``reasoning_content`` and ``content``.
     ``tool_call_parser`` ("deepseek_v3" or "deepseek_v31": one parser reads both forms; None or "none": requests with
-    tools are refused) turns DeepSeek's tool-call text into OpenAI ``tool_calls``.
+    tools are refused) turns DeepSeek's tool-call text into OpenAI ``tool_calls``; its name is also the form that
+    ``tool_choice`` "required" or a named function forces the call to be written in.
     ``served_model_name`` names the model in the API (default: the engine's served_model_name); requests naming
     another model get 404.
     ``allowed_origins`` (e.g. ["https://app.example"] or ["*"]) lets browsers on those origins call the API: CORS
@@ -84,6 +85,8 @@ def create_app(engine: Any, *, api_key: str | None = None, max_queue: int = DEFA
     options = ServerOptions(served_model_names=names, api_key=api_key or None, max_queue_size=max_queue,
                             reasoning_parser=reasoning_parser,
                             tool_call_parser=TOOL_CALL_PARSERS.get(tool_call_parser or "none"),
+                            tool_call_format=tool_call_parser if tool_call_parser in TOOL_CALL_PARSERS
+                            else "deepseek_v3",
                             chat_template=chat_template, response_role=response_role, max_logprobs=max_logprobs,
                             log_requests=log_requests)
     state = ServerState(engine=engine, options=options, metrics=ServerMetrics(engine, names[0]))

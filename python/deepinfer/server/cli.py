@@ -92,7 +92,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                         help="return <think>...</think> text as reasoning_content (DeepSeek-R1 style models)")
     server.add_argument("--tool-call-parser", choices=("deepseek_v3", "deepseek_v31", "none"), default=S,
                         help="parse DeepSeek's tool-call text into OpenAI tool_calls for requests with tools; one parser "
-                             "reads both the V3/R1 and the V3.1 form (default deepseek_v3); none: tools are refused")
+                             "reads both the V3/R1 and the V3.1 form (default deepseek_v3); tool_choice 'required' "
+                             "or a named function forces a call in the form named here; none: tools are refused")
     server.add_argument("--max-queue-size", type=int, default=S,
                         help="sequences that may wait for their first token before new requests get 503 "
                              f"(default {SERVER_DEFAULTS['max_queue_size']})")

@@ -1,7 +1,7 @@
 """The OpenAI wire format: request models (validated strictly), errors, and parameter policy.
 
 Requests are validated here, in three passes. First the raw JSON object is checked against parameters that OpenAI
-defines but this server does not implement (tools, logit_bias, response_format json_schema, ...): those are refused
+defines but this server does not implement (logit_bias, audio, the deprecated functions, ...): those are refused
 with a 400 that names the parameter, never silently dropped. Then the object is validated by a strict pydantic model
 (no type coercion, unknown keys refused), so a string where a number belongs is an error, not a guess. Last,
 ``check_values`` checks what the types do not say (n's range; chat's logprobs options, token limits, roles and
@@ -108,6 +108,16 @@ class _SamplingRequest(_Strict):
     stop_token_ids: Optional[list[int]] = None
     include_stop_str_in_output: Optional[bool] = None
     skip_special_tokens: Optional[bool] = None
+    # Structured outputs (structured.py turns these into the request's one constraint): OpenAI's response_format,
+    # vLLM's structured_outputs and its older guided_* fields.
+    response_format: Optional[dict[str, Any]] = None
+    structured_outputs: Optional[dict[str, Any]] = None
+    guided_json: Union[dict[str, Any], str, None] = None
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[list[str]] = None
+    guided_grammar: Optional[str] = None
+    guided_whitespace_pattern: Optional[str] = None
+    guided_decoding_backend: Optional[str] = None
 
 
 class CompletionRequest(_SamplingRequest):
@@ -142,11 +152,10 @@ class ChatCompletionRequest(_SamplingRequest):
     logprobs: Optional[bool] = False
     top_logprobs: Optional[int] = None
     logit_bias: Optional[dict[str, float]] = None
-    response_format: Optional[dict[str, Any]] = None
     parallel_tool_calls: Optional[bool] = None
-    # Only the values that ask for nothing are accepted here; check_unsupported refuses the others first.
     tools: Optional[list[Any]] = None
-    tool_choice: Optional[Any] = None
+    tool_choice: Optional[Any] = None  # "auto", "none", "required" or {"type": "function", "function": {"name"}}
+    # The deprecated function-calling fields: only the values that ask for nothing get past check_unsupported.
     functions: Optional[list[Any]] = None
     function_call: Optional[Any] = None
     modalities: Optional[list[str]] = None
@@ -163,14 +172,8 @@ _NO_TOOLS = ("is not supported: use 'tools' (the deprecated function-calling fie
 _Check = tuple[Callable[[Any], bool], str]
 
 _UNSUPPORTED_CHAT: dict[str, _Check] = {
-    "tool_choice": (lambda v: v not in ("auto", "none"),
-                    "is not supported for values other than 'auto' and 'none': 'required' and a named function "
-                    "need structured outputs to force the call, which this server does not have yet"),
     "functions": (lambda v: v != [], _NO_TOOLS),
     "function_call": (lambda v: v != "none", _NO_TOOLS),
-    "response_format": (lambda v: not (isinstance(v, dict) and v.get("type") == "text"),
-                        "is not supported: only {\"type\": \"text\"} is (no JSON mode or json_schema "
-                        "structured output yet)"),
     "logit_bias": (lambda v: v != {}, "is not supported yet"),
     "audio": (lambda v: True, "is not supported: this model produces text only"),
     "modalities": (lambda v: v != ["text"], "is not supported: this model produces text only"),
@@ -248,6 +251,7 @@ def _check_chat_values(req: ChatCompletionRequest, max_logprobs: int) -> None:
             and req.max_tokens != req.max_completion_tokens:
         raise APIError(400, "Give 'max_completion_tokens' or 'max_tokens', not two different values",
                        param="max_tokens", code="invalid_value")
+    _check_tool_choice(req)
     for i, m in enumerate(req.messages):
         if m.role not in _CHAT_ROLES:
             raise APIError(400, f"Invalid value for 'messages[{i}].role': {m.role!r}; expected one of "
@@ -258,6 +262,32 @@ def _check_chat_values(req: ChatCompletionRequest, max_logprobs: int) -> None:
                     raise APIError(400, f"Content parts of type {part.type!r} are not supported: this model "
                                         "takes text only", param=f"messages[{i}].content[{j}].type",
                                    code="unsupported_parameter")
+
+
+def forced_tool_name(tool_choice: Any) -> str | None:
+    """The function a (checked) named tool_choice forces; None for the string values."""
+    return tool_choice["function"]["name"] if isinstance(tool_choice, dict) else None
+
+
+def _check_tool_choice(req: ChatCompletionRequest) -> None:
+    tc = req.tool_choice
+    if tc is None:
+        return
+    if isinstance(tc, str):
+        if tc not in ("auto", "none", "required"):
+            raise APIError(400, f"Invalid value for 'tool_choice': {tc!r}; expected 'auto', 'none', 'required' or "
+                                "{\"type\": \"function\", \"function\": {\"name\": ...}}", param="tool_choice",
+                           code="invalid_value")
+    else:
+        function = tc.get("function") if isinstance(tc, dict) else None
+        if not (isinstance(tc, dict) and tc.get("type") == "function" and set(tc) <= {"type", "function"}
+                and isinstance(function, dict) and set(function) == {"name"}
+                and isinstance(function["name"], str) and function["name"]):
+            raise APIError(400, "Invalid value for 'tool_choice': a named tool choice is {\"type\": \"function\", "
+                                "\"function\": {\"name\": ...}}", param="tool_choice", code="invalid_value")
+    if tc not in ("auto", "none") and not req.tools:
+        raise APIError(400, "'tool_choice' 'required' or a named function needs 'tools'", param="tool_choice",
+                       code="invalid_value")
 
 
 # ----------------------------------------------------------------------------------------------- validation

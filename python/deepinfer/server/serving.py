@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -32,9 +33,11 @@ from deepinfer.sampling_params import MAX_LOGPROBS, SamplingParams
 from deepinfer.server.choices import ChatFormat, Choice, ChoiceFormat, CompletionFormat
 from deepinfer.server.metrics import ServerMetrics
 from deepinfer.server.protocol import (APIError, ChatCompletionRequest, CompletionRequest, check_unsupported,
-                                       check_values, validation_error)
+                                       check_values, forced_tool_name, validation_error)
 from deepinfer.server.reasoning import ReasoningParser
+from deepinfer.server.structured import Constraint, request_constraint, tool_call_grammar, tool_call_token_ids
 from deepinfer.server.tool_calls import DeepSeekToolCallParser
+from deepinfer.structured_outputs import StructuredOutputsParams
 from deepinfer.tokenizer import TokenText
 
 logger = logging.getLogger("deepinfer.server")
@@ -53,6 +56,7 @@ class ServerOptions:
     max_queue_size: int = 1024
     reasoning_parser: type[ReasoningParser] | None = None
     tool_call_parser: type[DeepSeekToolCallParser] | None = None  # None: requests with tools are refused
+    tool_call_format: str = "deepseek_v3"  # the form a forced tool call is written in: deepseek_v3 or deepseek_v31
     chat_template: str | None = None   # Jinja source used instead of the checkpoint's (a request's own still wins)
     response_role: str = "assistant"   # the role of chat answers' messages
     max_logprobs: int = MAX_LOGPROBS   # the largest logprobs / top_logprobs a request may ask for
@@ -262,6 +266,8 @@ def _json_response(payload: Mapping[str, Any], status: int = 200) -> Response:
                     status_code=status, media_type="application/json")
 
 
+_GRAMMAR_ERROR = re.compile(r"invalid \w+ grammar\b")  # the engine's message for a constraint that does not compile
+
 _PARAM_NAMES = {"n", "temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "min_tokens", "stop",
                 "stop_token_ids", "repetition_penalty", "presence_penalty", "frequency_penalty", "logprobs"}
 
@@ -373,11 +379,14 @@ class OpenAIServing:
         return requested
 
     def _sampling_params(self, req: Any, n: int, max_tokens: int, logprobs: int | None,
-                         renames: Mapping[str, str], prompt_logprobs: int | None = None) -> SamplingParams:
+                         renames: Mapping[str, str], prompt_logprobs: int | None = None,
+                         constraint: Constraint | None = None) -> SamplingParams:
         # The checkpoint's recommended values (generation_config.json) for what the request leaves unset.
         defaults = getattr(self.state.engine, "generation_defaults", {})
         values: dict[str, Any] = {k: v for k, v in defaults.items() if k != "max_tokens"}
         values.update({"n": n, "max_tokens": max_tokens, "logprobs": logprobs, "prompt_logprobs": prompt_logprobs})
+        if constraint is not None:
+            values["structured_outputs"] = constraint.params
         for name in ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
                      "include_stop_str_in_output", "ignore_eos", "repetition_penalty", "presence_penalty",
                      "frequency_penalty", "min_tokens", "skip_special_tokens"):
@@ -407,7 +416,7 @@ class OpenAIServing:
                                 f"{limit}. Retry later.", type="server_error", code="server_overloaded")
 
     def _submit(self, prompts: list[list[int]], params: list[SamplingParams], request_id: str, n: int,
-                arrival: float) -> _Run:
+                arrival: float, constraint: Constraint | None = None) -> _Run:
         self._admit(len(prompts) * n)
         loop = asyncio.get_running_loop()
         streams = []
@@ -418,6 +427,11 @@ class OpenAIServing:
         except ValueError as e:
             for s in streams:
                 s.abort()
+            if constraint is not None and _GRAMMAR_ERROR.match(str(e)):
+                # The engine compiles the constraint when the request is added: llguidance's message names the
+                # problem (a bad type, a $ref that points nowhere, a regex that does not parse...).
+                raise APIError(400, f"Invalid value for '{constraint.param}': {e}", param=constraint.param,
+                               code="invalid_value") from None
             raise APIError(400, str(e), code="invalid_value") from None
         except RuntimeError as e:  # the engine is shut down
             for s in streams:
@@ -458,13 +472,14 @@ class OpenAIServing:
             run.close()
 
     async def _respond(self, request: Request, req: Any, fmt: ChoiceFormat, id_prefix: str,
-                       prompts: list[list[int]], params: list[SamplingParams], n: int, arrival: float) -> Response:
+                       prompts: list[list[int]], params: list[SamplingParams], n: int, arrival: float,
+                       constraint: Constraint | None = None) -> Response:
         """Submits a request's prompts and answers it: the whole response, or its server-sent events with
         ``stream``. The same for both endpoints; ``fmt`` gives what their choices look like."""
         request_id = f"{id_prefix}-{uuid.uuid4().hex}"
         created = int(time.time())
         model = req.model or self.state.model_name
-        run = self._submit(prompts, params, request_id, n, arrival)
+        run = self._submit(prompts, params, request_id, n, arrival, constraint)
         if self.state.options.log_requests:
             logger.info("request %s: %d prompt(s) of %s tokens, %s", request_id, len(prompts),
                         "/".join(str(len(ids)) for ids in prompts), params[0])
@@ -559,6 +574,7 @@ class OpenAIServing:
     async def completions(self, request: Request) -> Response:
         arrival = time.monotonic()
         req, n = await self._parse(request, CompletionRequest, "completions")
+        constraint = request_constraint(req)
         prompts = self._completion_prompts(req.prompt)
         params = []
         echo = bool(req.echo)
@@ -569,13 +585,14 @@ class OpenAIServing:
             max_tokens = self._max_tokens(req.max_tokens, len(ids), DEFAULT_COMPLETION_MAX_TOKENS, "max_tokens",
                                           scores_prompt)
             params.append(self._sampling_params(req, n, max_tokens, req.logprobs, {},
-                                                req.logprobs if scores_prompt else None))
+                                                req.logprobs if scores_prompt else None, constraint))
         tok = self.engine.tokenizer
         echo_texts = [(text if text is not None else tok.decode(ids, skip_special_tokens=False)) if echo else ""
                       for text, ids in prompts]
         fmt = CompletionFormat(self.state.token_text, echo_texts, echo, n, req.logprobs is not None,
                                [ids for _, ids in prompts] if scores_prompt else None)
-        return await self._respond(request, req, fmt, "cmpl", [ids for _, ids in prompts], params, n, arrival)
+        return await self._respond(request, req, fmt, "cmpl", [ids for _, ids in prompts], params, n, arrival,
+                                   constraint)
 
     # ---- /v1/chat/completions
 
@@ -608,6 +625,37 @@ class OpenAIServing:
                 raise APIError(400, f"Invalid value for 'tools[{i}]': expected {{\"type\": \"function\", "
                                     "\"function\": {\"name\": ..., \"parameters\": {...}}}", param="tools",
                                code="invalid_value")
+            parameters = function.get("parameters")
+            if parameters is not None and not isinstance(parameters, dict):
+                raise APIError(400, f"Invalid value for 'tools[{i}].function.parameters': expected a JSON Schema "
+                                    "object", param="tools", code="invalid_value")
+        name = forced_tool_name(req.tool_choice)
+        if name is not None and name not in {tool["function"]["name"] for tool in req.tools}:
+            raise APIError(400, f"Invalid value for 'tool_choice': no tool named {name!r} in 'tools'",
+                           param="tool_choice", code="invalid_value")
+
+    def _forced_tool_calls(self, req: ChatCompletionRequest, constraint: Constraint | None,
+                           reasoning: str | None) -> Constraint | None:
+        """For tool_choice "required" or a named function: the grammar that makes the output a tool-call block
+        (after R1's reasoning, with a reasoning parser). None for "auto" and "none"."""
+        if req.tool_choice in (None, "auto", "none"):
+            return None
+        what = "a named function" if isinstance(req.tool_choice, dict) else "'required'"
+        if constraint is not None:
+            raise APIError(400, f"'tool_choice' {what} and '{constraint.param}' both constrain the output; give "
+                                "one structured-output constraint per request", param="tool_choice",
+                           code="invalid_value")
+        token_ids = tool_call_token_ids(self.engine.tokenizer)
+        if token_ids is None:
+            raise APIError(400, f"'tool_choice' {what} is not supported with this model: its tokenizer lacks "
+                                "DeepSeek's tool-call tokens (<｜tool▁calls▁begin｜> ...), which the forced call is "
+                                "written with", param="tool_choice", code="unsupported_parameter")
+        name = forced_tool_name(req.tool_choice)
+        grammar = tool_call_grammar(req.tools, token_ids, form=self.state.options.tool_call_format, name=name,
+                                    parallel=name is None and req.parallel_tool_calls is not False,
+                                    reasoning=reasoning)
+        # A compile error comes from a tool's parameters schema: the grammar around it is this server's.
+        return Constraint(StructuredOutputsParams(grammar=grammar), "tools")
 
     def _render_chat(self, req: ChatCompletionRequest) -> list[int]:
         import jinja2
@@ -630,19 +678,23 @@ class OpenAIServing:
         arrival = time.monotonic()
         req, n = await self._parse(request, ChatCompletionRequest, "chat")
         self._check_tools(req)
+        constraint = request_constraint(req)
         ids = self._render_chat(req)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         max_tokens = self._max_tokens(requested, len(ids), None, param)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        params = self._sampling_params(req, n, max_tokens, logprobs, {"logprobs": "top_logprobs"})
         parser_cls = self.state.options.reasoning_parser
         opens_reasoning = False
         if parser_cls is not None:
             tail = self.engine.tokenizer.decode(ids[-16:], skip_special_tokens=False)
             opens_reasoning = parser_cls.prompt_opens_reasoning(tail)
+        reasoning = None if parser_cls is None else "open" if opens_reasoning else "optional"
+        constraint = self._forced_tool_calls(req, constraint, reasoning) or constraint
+        params = self._sampling_params(req, n, max_tokens, logprobs, {"logprobs": "top_logprobs"},
+                                       constraint=constraint)
         uses_tools = bool(req.tools) and req.tool_choice != "none"
         fmt = ChatFormat(self.state.token_text, n, bool(req.logprobs), parser_cls, opens_reasoning,
                          self.state.options.tool_call_parser if uses_tools else None,
                          req.parallel_tool_calls is not False, self.state.options.response_role)
-        return await self._respond(request, req, fmt, "chatcmpl", [ids], [params], n, arrival)
+        return await self._respond(request, req, fmt, "chatcmpl", [ids], [params], n, arrival, constraint)
