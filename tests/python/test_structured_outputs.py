@@ -287,3 +287,18 @@ def test_data_parallel_attention_refuses_constrained_requests():
             dp.generate(["x"], SamplingParams(max_tokens=2, structured_outputs={"regex": "a+"}), use_tqdm=False)
     finally:
         dp.shutdown()
+
+
+def test_masks_are_counted_in_stats_and_metrics(engine):
+    from prometheus_client import generate_latest
+
+    from deepinfer.server.metrics import ServerMetrics
+
+    before = engine.stats()
+    out = engine.generate(["Hark"], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True,
+                                                   structured_outputs={"regex": "[a-z]{6}"}), use_tqdm=False)[0]
+    after = engine.stats()
+    assert after.num_grammar_masks - before.num_grammar_masks == len(out.outputs[0].token_ids) > 0
+    assert after.grammar_mask_seconds > before.grammar_mask_seconds
+    text = generate_latest(ServerMetrics(engine, "demo").registry).decode()
+    assert f'deepinfer_grammar_masks_total{{model_name="demo"}} {float(after.num_grammar_masks)}' in text

@@ -71,6 +71,10 @@ class _EngineCollector:
                       s.prefix_cache_queries)
         yield counter("deepinfer_prefix_cache_hits", "Of them, tokens found cached (their latents not computed).",
                       s.prefix_cache_hits)
+        yield counter("deepinfer_grammar_masks", "Structured outputs: token masks computed (one a constrained row "
+                      "a step).", s.num_grammar_masks)
+        yield counter("deepinfer_grammar_mask_seconds", "Host time computing them (beside the forward pass).",
+                      s.grammar_mask_seconds)
         drafts = getattr(s, "spec_num_drafts", 0)
         if getattr(self._engine, "num_speculative_tokens", 0) > 0:
             # vLLM's speculative decoding counters, under our prefix.
