@@ -1,6 +1,7 @@
 // The counter RNG (core/counter_rng.h) and the sampling op on the CPU backend (ops/sample.h): known answers,
 // uniformity and independence of the noise; chi-square fits of the sampled frequencies to the renormalized kept
-// distribution; what a seed fixes and what it does not; penalties, masks and logprobs; validation messages.
+// distribution; what a seed fixes and what it does not; penalties, masks, grammar masks and logprobs; validation
+// messages.
 #include <gtest/gtest.h>
 
 #include <algorithm>
