@@ -885,7 +885,22 @@ std::vector<SamplingRow> mixed_sampling_params() {
           {.temperature = 2.0f, .top_k = 200, .top_p = 0.7f, .num_logprobs = 20}};
 }
 
-SampleBatch mixed_sample_batch(int64_t vocab, int64_t rows, LogitShape shape, uint64_t seed) {
+// kMixed: six rows of every seven get a grammar mask (SamplingRow::allowed_row), of 1, 3, 1%, 10%, half and all
+// but 5 of the tokens, in turn; the seventh has none.
+enum class GrammarMasks : uint8_t { kNone, kMixed };
+
+void add_grammar_masks(SampleBatch& b, Rng& rng) {
+  const int64_t v = b.vocab;
+  std::vector<int32_t> masks;
+  for (const int64_t allowed : {int64_t{1}, int64_t{3}, v / 100, v / 10, v / 2, v - 5}) {
+    masks.push_back(b.add_allowed(random_tokens(rng, v, std::clamp<int64_t>(allowed, 1, v))));
+  }
+  masks.push_back(-1);
+  for (size_t r = 0; r < b.rows.size(); ++r) b.rows[r].allowed_row = masks[r % masks.size()];
+}
+
+SampleBatch mixed_sample_batch(int64_t vocab, int64_t rows, LogitShape shape, uint64_t seed,
+                               GrammarMasks grammar = GrammarMasks::kNone) {
   Rng rng(seed);
   const std::vector<SamplingRow> mix = mixed_sampling_params();
   SampleBatch b{.vocab = vocab};
@@ -910,15 +925,18 @@ SampleBatch mixed_sample_batch(int64_t vocab, int64_t rows, LogitShape shape, ui
     }
     b.add(sample_logits(rng, vocab, shape), p, penalties, masked);
   }
+  if (grammar == GrammarMasks::kMixed) add_grammar_masks(b, rng);
   return b;
 }
 
-void add_sample(CaseRegistry& r, int64_t vocab, int64_t rows, LogitShape shape, uint64_t seed) {
+void add_sample(CaseRegistry& r, int64_t vocab, int64_t rows, LogitShape shape, uint64_t seed,
+                GrammarMasks grammar = GrammarMasks::kNone) {
   const char* shape_tag = shape == LogitShape::kUniform ? "uniform" : shape == LogitShape::kTies ? "ties" : "model";
   r.add({.op = OpKind::kSample,
-         .name = str_cat("sample_v", vocab, "_n", rows, "_", shape_tag),
+         .name = str_cat("sample_v", vocab, "_n", rows, "_", shape_tag,
+                         grammar == GrammarMasks::kMixed ? "_grammar" : ""),
          .run = [=](OpRunner& run) -> Outputs {
-           return run_sample_batch(run, mixed_sample_batch(vocab, rows, shape, seed));
+           return run_sample_batch(run, mixed_sample_batch(vocab, rows, shape, seed, grammar));
          },
          .tolerance = 1e-5});
 }
@@ -1363,7 +1381,8 @@ CaseRegistry build_registry() {
                   even_shard(32, i, 4, 3));
     }
   }
-  // Sampling: V3's and V2's vocabularies with 64 mixed rows, one row alone, ties, small and odd vocabularies.
+  // Sampling: V3's and V2's vocabularies with 64 mixed rows, one row alone, ties, small and odd vocabularies; the same
+  // with grammar masks.
   add_sample(r, 129280, 64, LogitShape::kModelLike, 170);
   add_sample(r, 129280, 64, LogitShape::kUniform, 171);
   add_sample(r, 102400, 64, LogitShape::kModelLike, 172);
@@ -1372,6 +1391,12 @@ CaseRegistry build_registry() {
   add_sample(r, 5003, 33, LogitShape::kUniform, 175);
   add_sample(r, 1029, 45, LogitShape::kTies, 176);
   add_sample(r, 130, 30, LogitShape::kModelLike, 177);
+  // With grammar masks: V3's vocabulary with many rows (one CTA each) and with few (clusters), flat logits (the top-p
+  // rows re-read the row), an odd vocabulary with ties.
+  add_sample(r, 129280, 64, LogitShape::kModelLike, 178, GrammarMasks::kMixed);
+  add_sample(r, 129280, 7, LogitShape::kUniform, 179, GrammarMasks::kMixed);
+  add_sample(r, 5003, 33, LogitShape::kTies, 180, GrammarMasks::kMixed);
+  add_sample(r, 130, 30, LogitShape::kModelLike, 181, GrammarMasks::kMixed);
   return r;
 }
 

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <span>
@@ -455,14 +456,39 @@ inline Outputs sampled_token_outputs(const HostTensor& out) {
   return {token, counts, top_ids, logprob, top_logprobs};
 }
 
-// One sampling call: rows of logits, their parameters, and the token lists their ranges point into.
+// One sampling call: rows of logits, their parameters, the token lists their ranges point into, and the grammar
+// masks their allowed_row indexes.
 struct SampleBatch {
   int64_t vocab = 0;
   std::vector<float> logits;  // [rows, vocab]
   std::vector<SamplingRow> rows;
   std::vector<int32_t> penalty_tokens, penalty_counts, masked_tokens;
+  std::vector<int32_t> allowed_tokens;  // [num_allowed_rows(), allowed_words()] bitmaps (ops/sample.h)
 
   int64_t num_rows() const { return static_cast<int64_t>(rows.size()); }
+  int64_t allowed_words() const { return (vocab + 31) / 32; }
+  int64_t num_allowed_rows() const {
+    return allowed_tokens.empty() ? 0 : static_cast<int64_t>(allowed_tokens.size()) / allowed_words();
+  }
+  // Appends a grammar mask that allows exactly `tokens` and returns its row (for SamplingRow::allowed_row). The bits
+  // of the last word past the vocabulary are set: they stand for no token, and no backend may draw one from them.
+  int32_t add_allowed(const std::vector<int32_t>& tokens) {
+    const int64_t words = allowed_words();
+    std::vector<uint32_t> bits(static_cast<size_t>(words), 0u);
+    for (const int32_t t : tokens) {
+      DI_CHECK(t >= 0 && t < vocab, "allowed token ", t, " outside [0, ", vocab, ")");
+      bits[static_cast<size_t>(t / 32)] |= 1u << (t % 32);
+    }
+    if (vocab % 32 != 0) bits.back() |= ~0u << (vocab % 32);
+    for (const uint32_t w : bits) allowed_tokens.push_back(static_cast<int32_t>(w));
+    return static_cast<int32_t>(num_allowed_rows() - 1);
+  }
+  // Whether row parameters `p` may draw token t (every token without a grammar mask).
+  bool allowed(const SamplingRow& p, int32_t t) const {
+    if (p.allowed_row < 0) return true;
+    const int64_t at = p.allowed_row * allowed_words() + t / 32;
+    return ((static_cast<uint32_t>(allowed_tokens[static_cast<size_t>(at)]) >> (t % 32)) & 1u) != 0;
+  }
   // Appends a row: its logits, its parameters, its (token, output count) penalties and its masked tokens.
   void add(std::span<const float> row_logits, SamplingRow p,
            const std::vector<std::pair<int32_t, int32_t>>& penalties = {}, const std::vector<int32_t>& masked = {}) {
@@ -515,8 +541,22 @@ inline Outputs run_sample_batch(OpRunner& run, const SampleBatch& b) {
                         .rows = run.upload(HostTensor::i32({n, kSamplingRowWords}, b.row_words())),
                         .penalty_tokens = run.upload(list(b.penalty_tokens)),
                         .penalty_counts = run.upload(list(b.penalty_counts)),
-                        .masked_tokens = run.upload(list(b.masked_tokens)), .out = out});
+                        .masked_tokens = run.upload(list(b.masked_tokens)),
+                        .allowed_tokens = b.allowed_tokens.empty()
+                                              ? ConstTensorView{}
+                                              : ConstTensorView(run.upload(HostTensor::i32(
+                                                    {b.num_allowed_rows(), b.allowed_words()}, b.allowed_tokens))),
+                        .out = out});
   return sampled_token_outputs(run.download(out));
+}
+
+// `count` distinct tokens of [0, vocab), drawn at random.
+inline std::vector<int32_t> random_tokens(Rng& rng, int64_t vocab, int64_t count) {
+  std::vector<int32_t> tokens(static_cast<size_t>(vocab));
+  std::iota(tokens.begin(), tokens.end(), 0);
+  rng.shuffle(tokens);
+  tokens.resize(static_cast<size_t>(count));
+  return tokens;
 }
 
 // Where a rope case's rotated elements sit in its flat input: tokens x heads slices of rot_dim values.

@@ -36,6 +36,9 @@ inline SampledToken naive_sample_row(std::span<const float> raw, const SamplingR
     if (b.penalty_counts[j] > 0) v -= p.frequency_penalty * static_cast<float>(b.penalty_counts[j]) + p.presence_penalty;
   }
   for (int32_t j = p.mask_begin; j < p.mask_end; ++j) l[b.masked_tokens[j]] = kNegInf;
+  for (int32_t t = 0; t < vocab; ++t) {
+    if (!b.allowed(p, t)) l[t] = kNegInf;
+  }
 
   SampledToken out;
   if (p.temperature == 0.0f) {
@@ -98,7 +101,7 @@ inline SampledToken naive_sample_row(std::span<const float> raw, const SamplingR
 }
 
 // How a validation case breaks the call's shapes (kThrows: every backend rejects them).
-enum class BadSampleShape : uint8_t { kNone, kRowWidth, kOutRows, kCountsLength, kIntLogits };
+enum class BadSampleShape : uint8_t { kNone, kRowWidth, kOutRows, kCountsLength, kIntLogits, kAllowedWidth };
 
 inline void add_sample(CaseRegistry& r, const std::string& tag, const SampleBatch& b, Expect expect = Expect::kMatch,
                 BadSampleShape bad = BadSampleShape::kNone) {
@@ -118,6 +121,13 @@ inline void add_sample(CaseRegistry& r, const std::string& tag, const SampleBatc
            const auto list = [](const std::vector<int32_t>& v) {
              return HostTensor::i32({static_cast<int64_t>(v.size())}, v);
            };
+           // kAllowedWidth: the bitmaps read as rows one word wider than the vocabulary needs.
+           std::vector<int32_t> allowed = b.allowed_tokens;
+           Shape allowed_shape{b.num_allowed_rows(), b.allowed_words()};
+           if (bad == BadSampleShape::kAllowedWidth) {
+             allowed.resize(static_cast<size_t>(b.num_allowed_rows() * (b.allowed_words() + 1)), 0);
+             allowed_shape = Shape{b.num_allowed_rows(), b.allowed_words() + 1};
+           }
            run.backend().sample({.logits = run.upload(bad == BadSampleShape::kIntLogits
                                                           ? HostTensor::i32({n, b.vocab}, int_logits)
                                                           : HostTensor::f32({n, b.vocab}, b.logits)),
@@ -125,6 +135,10 @@ inline void add_sample(CaseRegistry& r, const std::string& tag, const SampleBatc
                                  .penalty_tokens = run.upload(list(b.penalty_tokens)),
                                  .penalty_counts = run.upload(list(counts)),
                                  .masked_tokens = run.upload(list(b.masked_tokens)),
+                                 .allowed_tokens = allowed.empty()
+                                                       ? ConstTensorView{}
+                                                       : ConstTensorView(run.upload(
+                                                             HostTensor::i32(allowed_shape, allowed))),
                                  .out = run.output({out_rows, kSampledTokenWords}, DType::kI32)});
            return {};
          },
@@ -151,6 +165,133 @@ inline std::vector<SamplingRow> with_seeds(std::vector<SamplingRow> base, int se
     }
   }
   return rows;
+}
+
+// Every token of [0, vocab).
+inline std::vector<int32_t> all_tokens(int64_t vocab) {
+  std::vector<int32_t> tokens(static_cast<size_t>(vocab));
+  std::iota(tokens.begin(), tokens.end(), 0);
+  return tokens;
+}
+
+// Grammar masks (SamplingRow::allowed_row): a disallowed token is a masked token for the draw and the thresholds,
+// and the logprobs stay those of the raw distribution.
+inline void add_grammar_sample_cases(CaseRegistry& r) {
+  // Densities from one token to every token, a mask that allows nothing and rows without one, each with every kind
+  // of parameters; 37 tokens leave 27 bits of the second word past the vocabulary (set, and never drawn).
+  {
+    Rng rng(240);
+    SampleBatch b{.vocab = 37};
+    const std::vector<int32_t> masks = {b.add_allowed({17}), b.add_allowed(random_tokens(rng, 37, 3)),
+                                        b.add_allowed(random_tokens(rng, 37, 18)), b.add_allowed({}),
+                                        b.add_allowed(all_tokens(37)), -1};
+    const std::vector<SamplingRow> params = {{.temperature = 0.0f},
+                                             {.temperature = 0.0f, .num_logprobs = 5},
+                                             {.temperature = 1.0f},
+                                             {.temperature = 0.7f, .top_k = 2},
+                                             {.temperature = 1.0f, .top_k = 100, .num_logprobs = 20},
+                                             {.temperature = 1.0f, .top_p = 0.6f},
+                                             {.temperature = 1.0f, .log_min_p = std::log(0.3f)},
+                                             {.temperature = 0.8f, .top_k = 4, .top_p = 0.8f,
+                                              .log_min_p = std::log(0.05f), .num_logprobs = 3}};
+    for (const SamplingRow& base : with_seeds(params, 2)) {
+      for (const int32_t mask : masks) {
+        SamplingRow p = base;
+        p.allowed_row = mask;
+        b.add(random_logits(rng, 37, 4.0f), p);
+      }
+    }
+    add_sample(r, "grammar_v37", b);
+  }
+  // With penalties and masked lists: penalized tokens inside and outside the grammar's set, masked tokens inside it;
+  // a row whose logit maximum is disallowed and whose best allowed token is penalized below the next; a row whose
+  // allowed tokens are all on its masked list (every token masked: token 0).
+  {
+    Rng rng(241);
+    SampleBatch b{.vocab = 41};
+    const std::vector<std::pair<int32_t, int32_t>> penalties = {{0, 0}, {3, 1}, {7, 2}, {8, 0}, {12, 5}, {40, 1},
+                                                                {20, 0}, {21, 3}, {30, 1}};
+    const std::vector<int32_t> grammar = {0, 3, 7, 13, 20, 25, 30, 33, 40};
+    const int32_t mask = b.add_allowed(grammar);
+    for (int i = 0; i < 4; ++i) {
+      const float temperature = i % 2 == 0 ? 0.0f : 0.9f;
+      b.add(random_logits(rng, 41, 3.0f), {.temperature = temperature, .seed = uint64_t(i), .step = i,
+                                           .repetition_penalty = 1.7f, .allowed_row = mask}, penalties, {25});
+      b.add(random_logits(rng, 41, 3.0f), {.temperature = temperature, .seed = uint64_t(i), .step = i,
+                                           .presence_penalty = 1.5f, .frequency_penalty = 0.4f, .num_logprobs = 4,
+                                           .allowed_row = mask}, penalties, {3, 33});
+      b.add(random_logits(rng, 41, 3.0f), {.temperature = temperature, .top_k = 3, .top_p = 0.9f,
+                                           .seed = uint64_t(i), .step = i, .repetition_penalty = 0.8f,
+                                           .presence_penalty = -0.5f, .frequency_penalty = 0.25f,
+                                           .allowed_row = mask}, penalties);
+    }
+    std::vector<float> l(41, 0.0f);
+    l[12] = 6.0f;  // disallowed
+    l[13] = 5.0f;
+    l[20] = 4.0f;  // penalized to 4 / 1.5 - 0.2
+    l[7] = 3.0f;
+    b.add(l, {.temperature = 0.0f, .repetition_penalty = 1.5f, .frequency_penalty = 0.2f, .num_logprobs = 3,
+              .allowed_row = mask}, {{12, 1}, {13, 2}, {20, 0}}, {13});
+    b.add(random_logits(rng, 41, 3.0f), {.temperature = 0.0f, .num_logprobs = 2, .allowed_row = mask}, {}, grammar);
+    b.add(random_logits(rng, 41, 3.0f), {.temperature = 1.0f, .top_p = 0.5f, .seed = 7, .allowed_row = mask},
+          penalties, grammar);
+    add_sample(r, "grammar_penalties_masks_v41", b);
+  }
+  // A vocabulary of whole words (no bits past it) and logits on a grid of 0.5: the top-k and top-p boundaries fall
+  // inside runs of equal values among the allowed tokens.
+  {
+    Rng rng(242);
+    SampleBatch b{.vocab = 64};
+    const std::vector<int32_t> masks = {b.add_allowed(random_tokens(rng, 64, 32)),
+                                        b.add_allowed(random_tokens(rng, 64, 7))};
+    for (const SamplingRow& base : with_seeds({{.temperature = 1.0f, .top_k = 5},
+                                               {.temperature = 1.0f, .top_p = 0.5f},
+                                               {.temperature = 0.5f, .top_k = 6, .top_p = 0.7f},
+                                               {.temperature = 0.0f, .num_logprobs = 9}}, 3)) {
+      for (const int32_t mask : masks) {
+        SamplingRow p = base;
+        p.allowed_row = mask;
+        b.add(random_logits(rng, 64, 3.0f, 0.5f), p);
+      }
+    }
+    add_sample(r, "grammar_ties_v64", b);
+  }
+  // A thousand tokens: rows with and without masks in one batch, sparse and dense masks, two rows sharing one.
+  {
+    Rng rng(243);
+    SampleBatch b{.vocab = 1029};
+    const std::vector<int32_t> masks = {b.add_allowed(random_tokens(rng, 1029, 1)),
+                                        b.add_allowed(random_tokens(rng, 1029, 3)),
+                                        b.add_allowed(random_tokens(rng, 1029, 100)),
+                                        b.add_allowed(random_tokens(rng, 1029, 514)),
+                                        b.add_allowed(random_tokens(rng, 1029, 1020)),
+                                        -1};
+    const std::vector<SamplingRow> params = {{.temperature = 0.0f, .num_logprobs = 7},
+                                             {.temperature = 1.0f, .top_k = 50, .top_p = 0.9f},
+                                             {.temperature = 0.6f, .top_p = 0.95f},
+                                             {.temperature = 1.0f, .log_min_p = std::log(0.05f), .num_logprobs = 20},
+                                             {.temperature = 1.2f}};
+    for (const SamplingRow& base : with_seeds(params, 2)) {
+      for (const int32_t mask : masks) {
+        SamplingRow p = base;
+        p.allowed_row = mask;
+        b.add(random_logits(rng, 1029, 5.0f), p, {{5, 1}, {600, 0}}, {1028});
+      }
+    }
+    add_sample(r, "grammar_mixed_v1029", b);
+  }
+  // One token: a mask that allows it and one that allows nothing (token 0 either way), with logprobs.
+  {
+    Rng rng(244);
+    SampleBatch b{.vocab = 1};
+    const int32_t it = b.add_allowed({0}), nothing = b.add_allowed({});
+    for (const int32_t mask : {it, nothing}) {
+      b.add(random_logits(rng, 1, 2.0f), {.temperature = 0.0f, .num_logprobs = 20, .allowed_row = mask});
+      b.add(random_logits(rng, 1, 2.0f), {.temperature = 1.0f, .top_k = 1, .top_p = 0.5f, .seed = 3,
+                                          .num_logprobs = 1, .allowed_row = mask});
+    }
+    add_sample(r, "grammar_v1", b);
+  }
 }
 
 inline void add_sample_cases(CaseRegistry& r) {
@@ -276,6 +417,7 @@ inline void add_sample_cases(CaseRegistry& r) {
     b.add(random_logits(rng, 301, 5.0f), {.temperature = 0.7f, .top_k = 1, .seed = 5, .num_logprobs = 0});
     add_sample(r, "mixed_v301", b);
   }
+  add_grammar_sample_cases(r);
   add_sample(r, "no_rows", SampleBatch{.vocab = 10});
   // validation: values of the rows and the token lists (host memory), and shapes (every backend)
   const auto one_row = [](SamplingRow p, std::vector<std::pair<int32_t, int32_t>> penalties = {},
@@ -300,7 +442,16 @@ inline void add_sample_cases(CaseRegistry& r) {
     b.rows[1].penalty_end = 2;  // past the end of the list
     add_sample(r, "rejects_penalty_range_past_the_list", b, Expect::kThrowsOnHost);
   }
-  add_sample(r, "rejects_row_width_15", one_row({.temperature = 1.0f}), Expect::kThrows, BadSampleShape::kRowWidth);
+  {
+    SampleBatch b = one_row({.temperature = 1.0f});
+    b.rows[1].allowed_row = b.add_allowed({2, 3}) + 1;  // past the one mask
+    add_sample(r, "rejects_allowed_row_past_the_masks", b, Expect::kThrowsOnHost);
+    b.rows[1] = {.temperature = 0.0f, .score_token = 3, .allowed_row = 0};
+    add_sample(r, "rejects_scored_row_with_a_grammar_mask", b, Expect::kThrowsOnHost);
+    b.rows[1] = {.temperature = 1.0f, .allowed_row = 0};
+    add_sample(r, "rejects_allowed_width", b, Expect::kThrows, BadSampleShape::kAllowedWidth);
+  }
+  add_sample(r, "rejects_row_width_19", one_row({.temperature = 1.0f}), Expect::kThrows, BadSampleShape::kRowWidth);
   add_sample(r, "rejects_out_rows", one_row({.temperature = 1.0f}), Expect::kThrows, BadSampleShape::kOutRows);
   add_sample(r, "rejects_counts_length", one_row({.temperature = 1.0f}, {{3, 1}}), Expect::kThrows,
              BadSampleShape::kCountsLength);

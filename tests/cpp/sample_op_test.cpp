@@ -1,6 +1,7 @@
 // The counter RNG (core/counter_rng.h) and the sampling op on the CPU backend (ops/sample.h): known answers,
 // uniformity and independence of the noise; chi-square fits of the sampled frequencies to the renormalized kept
-// distribution; what a seed fixes and what it does not; penalties, masks and logprobs; validation messages.
+// distribution; what a seed fixes and what it does not; penalties, masks, grammar masks and logprobs; validation
+// messages.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -22,6 +24,8 @@ namespace deepinfer {
 namespace {
 
 using op_test::SampleBatch;
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // ---------------------------------------------------------------------------------------------------------------
 // The counter RNG
@@ -171,13 +175,20 @@ std::vector<SampledToken> run_sample(Backend& cpu, const SampleBatch& b) {
               .rows = {words.data(), DType::kI32, {n, kSamplingRowWords}, Device::kCpu},
               .penalty_tokens = list(b.penalty_tokens), .penalty_counts = list(b.penalty_counts),
               .masked_tokens = list(b.masked_tokens),
+              .allowed_tokens = b.allowed_tokens.empty()
+                                    ? ConstTensorView{}
+                                    : ConstTensorView(b.allowed_tokens.data(), DType::kI32,
+                                                      {b.num_allowed_rows(), b.allowed_words()}, Device::kCpu),
               .out = {static_cast<void*>(out.data()), DType::kI32, {n, kSampledTokenWords}, Device::kCpu}});
   return out;
 }
 
-// `draws` rows of the same logits and parameters, steps 0, 1, 2, ...: the tokens drawn.
-std::vector<int32_t> draw(Backend& cpu, const std::vector<float>& logits, SamplingRow p, int draws) {
+// `draws` rows of the same logits and parameters, steps 0, 1, 2, ...: the tokens drawn. With `allowed`, every row
+// has the grammar mask that allows those tokens.
+std::vector<int32_t> draw(Backend& cpu, const std::vector<float>& logits, SamplingRow p, int draws,
+                          const std::optional<std::vector<int32_t>>& allowed = std::nullopt) {
   SampleBatch b{.vocab = static_cast<int64_t>(logits.size())};
+  if (allowed) p.allowed_row = b.add_allowed(*allowed);
   for (int i = 0; i < draws; ++i) {
     p.step = i;
     b.add(logits, p);
@@ -229,11 +240,18 @@ std::vector<double> kept_distribution(const std::vector<float>& l, const Samplin
 }
 
 // 20000 draws (steps 0..19999) against the kept distribution: no token outside it, and a chi-square fit inside.
-void expect_fits(Backend& cpu, const std::vector<float>& logits, SamplingRow p, const std::string& what) {
+// With `allowed` (a grammar mask), the kept distribution is that of the logits with every other token at -inf.
+void expect_fits(Backend& cpu, const std::vector<float>& logits, SamplingRow p, const std::string& what,
+                 const std::optional<std::vector<int32_t>>& allowed = std::nullopt) {
   constexpr int kDraws = 20000;
-  const std::vector<double> want = kept_distribution(logits, p);
+  std::vector<float> kept_logits = logits;
+  if (allowed) {
+    kept_logits.assign(logits.size(), kNegInf);
+    for (const int32_t t : *allowed) kept_logits[static_cast<size_t>(t)] = logits[static_cast<size_t>(t)];
+  }
+  const std::vector<double> want = kept_distribution(kept_logits, p);
   std::vector<int64_t> counts(logits.size(), 0);
-  for (int32_t t : draw(cpu, logits, p, kDraws)) ++counts[static_cast<size_t>(t)];
+  for (int32_t t : draw(cpu, logits, p, kDraws, allowed)) ++counts[static_cast<size_t>(t)];
   double chi2 = 0.0;
   int kept = 0;
   for (size_t t = 0; t < logits.size(); ++t) {
@@ -406,6 +424,184 @@ TEST(SampleOp, LogprobsAreTheRawLogSoftmaxSorted) {
   EXPECT_EQ(out[1].num_top, 0);
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// Grammar masks (SamplingRow::allowed_row)
+
+// Over many seeds and every kind of parameters, with penalties and masked lists besides, no drawn token is outside
+// the grammar's set (nor on the masked list), and a set of several tokens is not collapsed to one.
+TEST(SampleOp, AGrammarMaskBoundsEveryDraw) {
+  const std::unique_ptr<Backend> cpu = make_cpu_backend();
+  op_test::Rng rng(50);
+  constexpr int64_t kVocab = 300;
+  const std::vector<SamplingRow> params = {{.temperature = 1.0f},
+                                           {.temperature = 0.7f, .top_k = 5},
+                                           {.temperature = 1.0f, .top_k = 400},
+                                           {.temperature = 1.0f, .top_p = 0.9f},
+                                           {.temperature = 1.3f, .log_min_p = std::log(0.1f)},
+                                           {.temperature = 0.8f, .top_k = 20, .top_p = 0.8f,
+                                            .log_min_p = std::log(0.02f), .repetition_penalty = 1.3f,
+                                            .presence_penalty = 0.5f}};
+  for (const int64_t count : {int64_t{1}, int64_t{3}, int64_t{30}, kVocab / 2}) {
+    const std::vector<int32_t> allowed = op_test::random_tokens(rng, kVocab, count);
+    const std::set<int32_t> allowed_set(allowed.begin(), allowed.end());
+    const int32_t on_list = allowed.back();  // masked by the list as well, when the grammar allows more
+    for (const SamplingRow& base : params) {
+      const std::vector<float> logits = rng.uniform(kVocab, -4.0f, 4.0f);
+      SampleBatch b{.vocab = kVocab};
+      const int32_t mask = b.add_allowed(allowed);
+      for (int seed = 0; seed < 200; ++seed) {
+        SamplingRow p = base;
+        p.seed = 9000 + static_cast<uint64_t>(seed);
+        p.step = seed % 7;
+        p.allowed_row = mask;
+        b.add(logits, p, {{allowed.front(), 2}, {(allowed.front() + 1) % 300, 1}},
+              count > 1 ? std::vector<int32_t>{on_list} : std::vector<int32_t>{});
+      }
+      std::set<int32_t> drawn;
+      for (const SampledToken& t : run_sample(*cpu, b)) {
+        EXPECT_TRUE(allowed_set.contains(t.token)) << count << " allowed: drew token " << t.token;
+        if (count > 1) {
+          EXPECT_NE(t.token, on_list) << "a token of the masked list";
+        }
+        drawn.insert(t.token);
+      }
+      if (count == kVocab / 2 && (base.top_k == 0 || base.top_k > kVocab)) {
+        EXPECT_GT(drawn.size(), 5u) << "temperature " << base.temperature << ", top_p " << base.top_p;
+      }
+    }
+  }
+}
+
+// A grammar mask is the masked list of the tokens it disallows, and the draw is that of logits at -inf there: the
+// same token for every seed and every parameter.
+TEST(SampleOp, AGrammarMaskMasksTheDisallowedTokens) {
+  const std::unique_ptr<Backend> cpu = make_cpu_backend();
+  op_test::Rng rng(51);
+  constexpr int64_t kVocab = 77;
+  const std::vector<int32_t> allowed = op_test::random_tokens(rng, kVocab, 20);
+  std::vector<int32_t> disallowed;
+  for (int32_t t = 0; t < kVocab; ++t) {
+    if (std::find(allowed.begin(), allowed.end(), t) == allowed.end()) disallowed.push_back(t);
+  }
+  const std::vector<SamplingRow> params = {{.temperature = 0.0f},
+                                           {.temperature = 1.0f},
+                                           {.temperature = 0.6f, .top_k = 3},
+                                           {.temperature = 1.0f, .top_p = 0.7f},
+                                           {.temperature = 1.0f, .log_min_p = std::log(0.2f)},
+                                           {.temperature = 0.9f, .top_k = 8, .top_p = 0.9f,
+                                            .log_min_p = std::log(0.05f)}};
+  SampleBatch by_mask{.vocab = kVocab}, by_list{.vocab = kVocab}, by_logits{.vocab = kVocab};
+  const int32_t mask = by_mask.add_allowed(allowed);
+  for (const SamplingRow& base : params) {
+    for (int seed = 0; seed < 50; ++seed) {
+      SamplingRow p = base;
+      p.seed = static_cast<uint64_t>(seed) * 131;
+      p.step = seed;
+      const std::vector<float> logits = rng.uniform(kVocab, -3.0f, 3.0f);
+      std::vector<float> at_minus_inf = logits;
+      for (const int32_t t : disallowed) at_minus_inf[static_cast<size_t>(t)] = kNegInf;
+      by_list.add(logits, p, {}, disallowed);
+      by_logits.add(at_minus_inf, p);
+      p.allowed_row = mask;
+      by_mask.add(logits, p);
+    }
+  }
+  const std::vector<SampledToken> mask_out = run_sample(*cpu, by_mask), list_out = run_sample(*cpu, by_list),
+                                  logits_out = run_sample(*cpu, by_logits);
+  for (size_t i = 0; i < mask_out.size(); ++i) {
+    EXPECT_EQ(mask_out[i].token, list_out[i].token) << "row " << i << ": mask vs masked list";
+    EXPECT_EQ(mask_out[i].token, logits_out[i].token) << "row " << i << ": mask vs logits at -inf";
+  }
+}
+
+// The frequencies fit softmax(l / T) renormalized over the allowed tokens that the filters keep.
+TEST(SampleOp, FrequenciesUnderAGrammarMaskFitTheAllowedDistribution) {
+  const std::unique_ptr<Backend> cpu = make_cpu_backend();
+  op_test::Rng rng(52);
+  const std::vector<float> fifty = rng.uniform(50, -2.0f, 2.0f);
+  const std::vector<int32_t> allowed = op_test::random_tokens(rng, 50, 12);
+  expect_fits(*cpu, fifty, {.temperature = 1.0f, .seed = 53}, "12 of 50 tokens allowed", allowed);
+  expect_fits(*cpu, fifty, {.temperature = 0.7f, .top_k = 6, .seed = 54}, "12 of 50 allowed, top_k 6", allowed);
+  expect_fits(*cpu, fifty, {.temperature = 1.0f, .top_p = 0.8f, .seed = 55}, "12 of 50 allowed, top_p 0.8", allowed);
+}
+
+// Greedy rows pick the largest allowed logit (the lowest index among equals), whatever larger logits the grammar
+// disallows; a mask that allows nothing gives token 0, greedy or not.
+TEST(SampleOp, GreedyPicksTheBestAllowedToken) {
+  const std::unique_ptr<Backend> cpu = make_cpu_backend();
+  const std::vector<float> l{5.0f, 1.0f, 4.0f, 3.0f, 4.0f, -2.0f, 6.0f, 0.5f};
+  SampleBatch b{.vocab = 8};
+  const int32_t some = b.add_allowed({1, 2, 3, 4, 5}), low = b.add_allowed({1, 5, 7}), nothing = b.add_allowed({});
+  b.add(l, {.temperature = 0.0f, .allowed_row = some});     // 2 and 4 tie at 4: token 2
+  b.add(l, {.temperature = 0.0f, .allowed_row = low});      // token 1
+  b.add(l, {.temperature = 0.0f, .repetition_penalty = 1.5f, .allowed_row = some}, {{2, 1}});  // 4 / 1.5 < 4
+  b.add(l, {.temperature = 0.0f, .allowed_row = nothing});
+  b.add(l, {.temperature = 1.0f, .top_p = 0.5f, .seed = 1, .allowed_row = nothing});
+  b.add(l, {.temperature = 0.0f});                           // no mask: token 6
+  const std::vector<SampledToken> out = run_sample(*cpu, b);
+  EXPECT_EQ(out[0].token, 2);
+  EXPECT_EQ(out[1].token, 1);
+  EXPECT_EQ(out[2].token, 4);
+  EXPECT_EQ(out[3].token, 0);
+  EXPECT_EQ(out[4].token, 0);
+  EXPECT_EQ(out[5].token, 6);
+
+  // Random rows: the argmax over the allowed set.
+  op_test::Rng rng(56);
+  SampleBatch random{.vocab = 1000};
+  std::vector<std::vector<int32_t>> sets;
+  for (int i = 0; i < 40; ++i) {
+    sets.push_back(op_test::random_tokens(rng, 1000, 1 + i * 13));
+    random.add(rng.uniform(1000, -5.0f, 5.0f), {.temperature = 0.0f, .allowed_row = random.add_allowed(sets.back())});
+  }
+  const std::vector<SampledToken> random_out = run_sample(*cpu, random);
+  for (size_t i = 0; i < sets.size(); ++i) {
+    int32_t best = -1;
+    for (const int32_t t : sets[i]) {
+      const float v = random.logits[i * 1000 + static_cast<size_t>(t)];
+      if (best < 0 || v > random.logits[i * 1000 + static_cast<size_t>(best)] ||
+          (v == random.logits[i * 1000 + static_cast<size_t>(best)] && t < best)) {
+        best = t;
+      }
+    }
+    EXPECT_EQ(random_out[i].token, best) << "row " << i << ", " << sets[i].size() << " allowed";
+  }
+}
+
+// The logprobs are those of the raw distribution: the mask changes neither the top tokens (disallowed ones
+// included) nor the drawn token's logprob.
+TEST(SampleOp, AGrammarMaskLeavesTheRawLogprobs) {
+  const std::unique_ptr<Backend> cpu = make_cpu_backend();
+  op_test::Rng rng(57);
+  const std::vector<float> l = rng.uniform(200, -4.0f, 4.0f);
+  std::vector<int32_t> order(l.size());  // highest first (random floats: no ties)
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return l[a] > l[b]; });
+  const std::vector<int32_t> allowed(order.begin() + 30, order.begin() + 40);  // none of the top 30
+  for (const SamplingRow& p : {SamplingRow{.temperature = 0.0f, .num_logprobs = 20},
+                               SamplingRow{.temperature = 1.0f, .top_k = 4, .seed = 8, .num_logprobs = 20}}) {
+    SampleBatch b{.vocab = 200};
+    SamplingRow masked = p;
+    masked.allowed_row = b.add_allowed(allowed);
+    b.add(l, masked);
+    b.add(l, p);
+    const std::vector<SampledToken> out = run_sample(*cpu, b);
+    EXPECT_NE(std::find(allowed.begin(), allowed.end(), out[0].token), allowed.end());
+    ASSERT_EQ(out[0].num_top, 20);
+    for (int j = 0; j < 20; ++j) {
+      EXPECT_EQ(out[0].top_ids[j], order[static_cast<size_t>(j)]);
+      EXPECT_EQ(out[0].top_ids[j], out[1].top_ids[j]);
+      EXPECT_EQ(out[0].top_logprobs[j], out[1].top_logprobs[j]);
+    }
+    // The drawn token's logprob: the raw log-softmax at it (the unmasked row's top list holds the same values).
+    double z = 0.0;
+    for (float v : l) z += std::exp(double(v) - l[order[0]]);
+    const double want = double(l[static_cast<size_t>(out[0].token)]) - l[order[0]] - std::log(z);
+    EXPECT_NEAR(out[0].logprob, want, 1e-5);
+    EXPECT_LT(out[0].logprob, out[0].top_logprobs[19]);  // below every top token: the mask made no difference
+  }
+}
+
 // Validation: each bad value names the op, the row and the value.
 void expect_error(const std::function<void()>& fn, const std::string& needle) {
   try {
@@ -464,6 +660,41 @@ TEST(SampleOp, ValidationNamesTheRowAndTheValue) {
     cpu->sample({.logits = {l.data(), DType::kF32, {1, 0}, Device::kCpu},
                  .rows = {words.data(), DType::kI32, {1, kSamplingRowWords}, Device::kCpu}, .out = out_view});
   }, "sample: logits [1, 0] must have a vocabulary of 1 to 2^31 - 1 tokens");
+  // Grammar masks: a row past the masks (or naming one when there are none), the wrong width, a scored row with a
+  // mask.
+  {
+    SampleBatch b{.vocab = 40};
+    const std::vector<float> forty(40, 0.0f);
+    b.add(forty, {.temperature = 1.0f, .allowed_row = b.add_allowed({1, 2})});
+    b.add(forty, {.temperature = 1.0f, .allowed_row = 1});
+    expect_error([&] { run_sample(*cpu, b); }, "sample: row 1 allowed_row 1 outside [-1, 1)");
+    b.rows[1].allowed_row = -2;
+    expect_error([&] { run_sample(*cpu, b); }, "sample: row 1 allowed_row -2 outside [-1, 1)");
+    b.rows[1] = {.temperature = 0.0f, .score_token = 3, .allowed_row = 0};
+    expect_error([&] { run_sample(*cpu, b); }, "sample: row 1 scores token 3 but has a grammar mask");
+    b.rows[1] = {.temperature = 1.0f};
+    const std::vector<int32_t> row_words = b.row_words();
+    std::vector<SampledToken> two(2);
+    const auto with_allowed = [&](ConstTensorView allowed) {
+      return [&, allowed] {
+        cpu->sample({.logits = {b.logits.data(), DType::kF32, {2, 40}, Device::kCpu},
+                     .rows = {row_words.data(), DType::kI32, {2, kSamplingRowWords}, Device::kCpu},
+                     .allowed_tokens = allowed,
+                     .out = {static_cast<void*>(two.data()), DType::kI32, {2, kSampledTokenWords}, Device::kCpu}});
+      };
+    };
+    std::vector<int32_t> wide(6, -1);
+    expect_error(with_allowed({wide.data(), DType::kI32, {2, 3}, Device::kCpu}),
+                 "sample: allowed_tokens [2, 3] for a vocabulary of 40: expected [rows, 2]");
+    expect_error(with_allowed({wide.data(), DType::kI32, {1, 1}, Device::kCpu}),
+                 "sample: allowed_tokens [1, 1] for a vocabulary of 40: expected [rows, 2]");
+    expect_error(with_allowed({wide.data(), DType::kI32, {4}, Device::kCpu}),
+                 "sample: allowed_tokens [4] for a vocabulary of 40: expected [rows, 2]");
+    expect_error(with_allowed({wide.data(), DType::kF32, {1, 2}, Device::kCpu}),
+                 "sample: allowed_tokens must be int32");
+    with_allowed({wide.data(), DType::kI32, {3, 2}, Device::kCpu})();  // the right shape: both rows draw
+    expect_error(with_allowed(ConstTensorView{}), "sample: row 0 allowed_row 0 outside [-1, 0)");
+  }
   // Default (empty) token lists are fine when no row uses them.
   SamplingRow p{.temperature = 0.0f};
   std::memcpy(words.data(), static_cast<const void*>(&p), sizeof p);

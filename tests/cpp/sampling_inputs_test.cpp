@@ -54,6 +54,9 @@ TEST(SamplingInputs, CopiesTheParametersAndCountsTheStep) {
   EXPECT_EQ(a.penalty_begin, a.penalty_end);
   EXPECT_EQ(a.mask_begin, a.mask_end);
   EXPECT_TRUE(b.penalty_tokens.empty() && b.masked_tokens.empty());
+  EXPECT_EQ(a.allowed_row, -1);  // no grammar: no mask
+  EXPECT_TRUE(b.grammars.empty());
+  for (const int32_t w : a.reserved) EXPECT_EQ(w, 0);
 
   r.params.min_p = 0.0f;
   SamplingBatch d;

@@ -3,8 +3,11 @@
 //
 // Pass 1 reads the row (float4 loads) and applies penalties and masks as the logits are read: a bitmap in shared
 // memory marks the row's masked and penalized tokens, the main loop skips them and a loop over the row's short
-// penalty list supplies the penalized logits l'. It finds the largest l' (its first index is the greedy token;
-// s = l' / temperature is monotone in l', so the largest s is max(l') / temperature) and the raw maximum (logprobs).
+// penalty list supplies the penalized logits l'. A grammar mask (allowed_row) starts the bitmaps as the complement
+// of its allowed tokens, so a disallowed token is a masked token to every later step (the raw logits of the logprobs
+// never look at the bitmaps); a row with no grammar mask, penalties or masked tokens neither builds nor tests them.
+// It finds the largest l' (its first index is the greedy token; s = l' / temperature is monotone in l', so the
+// largest s is max(l') / temperature) and the raw maximum (logprobs).
 // With temperature alone it also runs the draw (below), so such a row is read once.
 //
 // A row with top-k or top-p then needs only the tokens that can still matter, all at or above one floor on s:
@@ -289,18 +292,24 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(__grid_constant__ c
 
   SamplingRow params;
   {
-    int4 words[4];
+    static_assert(kSamplingRowWords % 4 == 0, "a SamplingRow is read as whole int4 vectors");
+    constexpr int kRowVectors = kSamplingRowWords / 4;
+    int4 words[kRowVectors];
     const auto* src = reinterpret_cast<const int4*>(p.rows + r * kSamplingRowWords);
 #pragma unroll
-    for (int w = 0; w < 4; ++w) words[w] = __ldg(src + w);
+    for (int w = 0; w < kRowVectors; ++w) words[w] = __ldg(src + w);
     memcpy(static_cast<void*>(&params), words, sizeof params);
   }
   // Ranges are checked on the host only when the rows are host memory: clamp them, so bad rows cannot read outside.
+  // An allowed_row outside the bitmaps reads none of them: the row has no grammar mask.
   const int32_t penalty_begin = min(max(params.penalty_begin, 0), p.num_penalties);
   const int32_t penalty_end = min(max(params.penalty_end, penalty_begin), p.num_penalties);
   const int32_t mask_begin = min(max(params.mask_begin, 0), p.num_masked);
   const int32_t mask_end = min(max(params.mask_end, mask_begin), p.num_masked);
-  const bool has_special = penalty_end > penalty_begin || mask_end > mask_begin;
+  const uint32_t* allowed = params.allowed_row >= 0 && params.allowed_row < p.num_allowed_rows
+                                ? p.allowed_tokens + static_cast<int64_t>(params.allowed_row) * p.allowed_words
+                                : nullptr;
+  const bool has_special = allowed != nullptr || penalty_end > penalty_begin || mask_end > mask_begin;
 
   const int32_t bitmap_words = ((vocab + 63) / 64) * 2;
   const bool greedy = params.temperature == 0.0f;
@@ -314,8 +323,20 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(__grid_constant__ c
   const int32_t capacity = p.candidate_capacity - top_reserve;
   b.top = b.candidates + capacity;
   const Row row = row_share<kCluster>(p, params, r, b, penalty_begin, penalty_end, has_special);
-  if (has_special) {  // every CTA marks the whole row's lists (they are short)
-    for (int32_t w = tid; w < 2 * bitmap_words; w += kThreads) b.masked_bits[w] = 0;
+  if (has_special) {  // every CTA marks the whole row's lists (they are short) and copies its grammar mask
+    if (allowed != nullptr) {
+      // A token the grammar disallows is a masked token. The words past the bitmap, and the bits of its last word
+      // past the vocabulary, stand for no token: masked too, so no bit of the copy can let one through.
+      for (int32_t w = tid; w < bitmap_words; w += kThreads) {
+        uint32_t masked = w < p.allowed_words ? ~__ldg(allowed + w) : ~0u;
+        const int32_t tokens_in_word = vocab - 32 * w;
+        if (tokens_in_word < 32) masked |= tokens_in_word <= 0 ? ~0u : ~0u << tokens_in_word;
+        b.masked_bits[w] = masked;
+        b.special_bits[w] = masked;
+      }
+    } else {
+      for (int32_t w = tid; w < 2 * bitmap_words; w += kThreads) b.masked_bits[w] = 0;
+    }
     __syncthreads();
     for (int32_t j = mask_begin + tid; j < mask_end; j += kThreads) {
       const int32_t t = p.masked_tokens[j];
@@ -553,9 +574,13 @@ int num_sms_of_current_device() {
 
 void sample(const SampleArgs& a, LaunchStream stream) {
   const int64_t num_rows = a.logits.shape[0], vocab = a.logits.shape[1];
-  for (const ConstTensorView* t : {&a.penalty_tokens, &a.penalty_counts, &a.masked_tokens}) {
-    DI_CHECK(t->numel() == 0 || t->device == Device::kCuda, "cuda sample: the token lists must be in device memory");
+  for (const ConstTensorView* t : {&a.penalty_tokens, &a.penalty_counts, &a.masked_tokens, &a.allowed_tokens}) {
+    DI_CHECK(t->numel() == 0 || t->device == Device::kCuda,
+             "cuda sample: the token lists and grammar masks must be in device memory");
   }
+  const bool has_allowed = a.allowed_tokens.numel() > 0;
+  DI_CHECK(!has_allowed || a.allowed_tokens.shape[0] <= INT_MAX, "cuda sample: ", a.allowed_tokens.shape.str(),
+           " grammar masks exceed the kernel's row index");
   if (vocab > kMaxVocab) {
     throw UnsupportedOp(str_cat("cuda sample: a vocabulary of ", vocab, " tokens exceeds the kernel's ", kMaxVocab));
   }
@@ -574,11 +599,15 @@ void sample(const SampleArgs& a, LaunchStream stream) {
                        .penalty_tokens = a.penalty_tokens.numel() > 0 ? a.penalty_tokens.as<int32_t>() : nullptr,
                        .penalty_counts = a.penalty_counts.numel() > 0 ? a.penalty_counts.as<int32_t>() : nullptr,
                        .masked_tokens = a.masked_tokens.numel() > 0 ? a.masked_tokens.as<int32_t>() : nullptr,
+                       .allowed_tokens = has_allowed ? reinterpret_cast<const uint32_t*>(a.allowed_tokens.as<int32_t>())
+                                                     : nullptr,
                        .out = a.out.as<int32_t>(),
                        .num_rows = num_rows,
                        .vocab = static_cast<int32_t>(vocab),
                        .num_penalties = static_cast<int32_t>(a.penalty_tokens.numel()),
                        .num_masked = static_cast<int32_t>(a.masked_tokens.numel()),
+                       .num_allowed_rows = has_allowed ? static_cast<int32_t>(a.allowed_tokens.shape[0]) : 0,
+                       .allowed_words = has_allowed ? static_cast<int32_t>(a.allowed_tokens.shape[1]) : 0,
                        .candidate_capacity = static_cast<int32_t>(capacity),
                        .tokens_per_thread = per_thread};
   switch (cluster) {

@@ -1,6 +1,6 @@
-// Sampling on the device (ops/sample.h): penalties, masks, temperature, top-k / top-p / min-p, the draw and the
-// logprobs of each row of logits, all in one launch with no host synchronization (the only device-to-host copy of a
-// step is its tokens).
+// Sampling on the device (ops/sample.h): penalties, masks (token lists and grammar bitmaps), temperature, top-k /
+// top-p / min-p, the draw and the logprobs of each row of logits, all in one launch with no host synchronization (the
+// only device-to-host copy of a step is its tokens).
 //
 // How it runs: one group of CTAs per row (sample.cu: a cluster of up to 8 CTAs when there are few rows, partial
 // results meeting in distributed shared memory). A first pass reads the row, applying penalties and masks, and finds
