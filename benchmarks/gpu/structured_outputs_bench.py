@@ -85,6 +85,9 @@ def run_case(engine, prompts: list[list[int]], case: str, output_tokens: int) ->
     outs = [s.result(timeout=900) for s in streams]
     wall = time.perf_counter() - t0
     after = engine.stats()
+    errors = [o.outputs[0].error for o in outs if o.outputs[0].finish_reason == "error"]
+    if errors:
+        raise RuntimeError(f"{case}: {len(errors)} of {len(outs)} requests failed; the first: {errors[0]}")
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     masks = after.num_grammar_masks - before.num_grammar_masks
     mask_s = after.grammar_mask_seconds - before.grammar_mask_seconds

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import jsonschema
 import numpy as np
@@ -302,3 +303,29 @@ def test_masks_are_counted_in_stats_and_metrics(engine):
     assert after.grammar_mask_seconds > before.grammar_mask_seconds
     text = generate_latest(ServerMetrics(engine, "demo").registry).decode()
     assert f'deepinfer_grammar_masks_total{{model_name="demo"}} {float(after.num_grammar_masks)}' in text
+
+
+def test_a_tokenizer_larger_than_the_vocabulary(tmp_path):
+    """DeepSeek-V3's tokenizer (128,815 tokens) over a model of 100,000: the grammar's masks cover the tokenizer's
+    tokens and are cut to the model's, whose tokens come first."""
+    import shutil
+
+    import deepinfer
+    from deepinfer.tokenizer import Tokenizer
+
+    from conftest import tiny_config
+
+    config = tiny_config("v3").to_dict()
+    config["vocab_size"] = 100_000
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    Tokenizer.default_deepseek_v3().backend.save(str(tmp_path / "tokenizer.json"))
+    shutil.copy(Path(deepinfer.__file__).parent / "tokenizer" / "deepseek-v3" / "tokenizer_config.json", tmp_path)
+    e = DeepInferenceEngine(EngineConfig(model_name_or_path=str(tmp_path), load_format="dummy", device="cpu"))
+    try:
+        out = e.generate(["hello"], SamplingParams(temperature=1.0, seed=0, max_tokens=12,
+                                                   structured_outputs={"regex": "[a-z]+"}), use_tqdm=False)[0]
+        o = out.outputs[0]
+        assert o.finish_reason in ("stop", "length") and o.token_ids, (o.finish_reason, o.error)
+        assert all(t < 100_000 for t in o.token_ids) and re.fullmatch("[a-z]+", o.text), o.text
+    finally:
+        e.shutdown()

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <type_traits>
+#include <vector>
 
 #include "core/error.h"
 
@@ -118,14 +119,23 @@ class LlguidanceMatcher final : public GrammarMatcher {
   ~LlguidanceMatcher() override { api().free_matcher(matcher_); }
 
   void fill_allowed(std::span<uint32_t> allowed) override {
-    const size_t bytes = allowed.size_bytes();
-    DI_CHECK(api().matcher_get_mask_byte_size(matcher_) == bytes, "structured outputs: the grammar's mask has ",
-             api().matcher_get_mask_byte_size(matcher_), " bytes, the sampler's ", bytes);
-    if (api().matcher_compute_mask_into(matcher_, allowed.data(), bytes) == 0) return;
-    std::fill(allowed.begin(), allowed.end(), 0u);  // an error: end the request (consume() reports it)
-    if (eos_token_id_ >= 0 && static_cast<size_t>(eos_token_id_ / 32) < allowed.size()) {
-      allowed[static_cast<size_t>(eos_token_id_ / 32)] |= 1u << (eos_token_id_ % 32);
+    // The library's mask covers the tokenizer's tokens, which may outnumber the model's vocabulary (a tokenizer
+    // larger than the embedding): then it is computed aside and cut to the vocabulary, whose tokens come first.
+    const size_t bytes = api().matcher_get_mask_byte_size(matcher_);
+    const bool aside = bytes != allowed.size_bytes();
+    if (aside) scratch_.resize(bytes / sizeof(uint32_t));
+    uint32_t* mask = aside ? scratch_.data() : allowed.data();
+    if (api().matcher_compute_mask_into(matcher_, mask, bytes) != 0) {
+      std::fill(allowed.begin(), allowed.end(), 0u);  // an error: end the request (consume() reports it)
+      if (eos_token_id_ >= 0 && static_cast<size_t>(eos_token_id_ / 32) < allowed.size()) {
+        allowed[static_cast<size_t>(eos_token_id_ / 32)] |= 1u << (eos_token_id_ % 32);
+      }
+      return;
     }
+    if (!aside) return;
+    const size_t words = std::min(allowed.size(), scratch_.size());
+    std::copy_n(scratch_.begin(), words, allowed.begin());
+    std::fill(allowed.begin() + static_cast<std::ptrdiff_t>(words), allowed.end(), 0u);
   }
 
   bool consume(int32_t token) override {
@@ -145,6 +155,7 @@ class LlguidanceMatcher final : public GrammarMatcher {
   std::shared_ptr<const TokenizerHandle> tokenizer_;
   Matcher* matcher_;
   int32_t eos_token_id_;
+  std::vector<uint32_t> scratch_;  // the library's mask when it is not the sampler's size
 };
 
 class LlguidanceCompiler final : public GrammarCompiler {
