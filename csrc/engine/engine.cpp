@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
+#include <exception>
 
 #include "engine/device_backend.h"
 #include "engine/grammar/llguidance_compiler.h"
@@ -41,6 +43,22 @@ void EngineOptions::validate() const {
 }
 
 namespace {
+
+// The scheduler's independent work (a step's grammar advances) on OpenMP's threads; an exception of one body is
+// rethrown here, after the others ran.
+void parallel_for_on_host_threads(size_t n, const std::function<void(size_t)>& body) {
+  std::exception_ptr failure;
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t i = 0; i < static_cast<int64_t>(n); ++i) {
+    try {
+      body(static_cast<size_t>(i));
+    } catch (...) {
+#pragma omp critical
+      failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+}
 
 // The sink of the weights' format: FP8 weights on a device that computes with them, stored FP8 values in float32 on
 // the CPU (exact), and a bf16 checkpoint's FP8 quantization emulated in float32 on the CPU.
@@ -225,6 +243,7 @@ Engine::Engine(EngineOptions options, std::unique_ptr<Ranks> ranks, LoadedModel 
   for (int32_t r = 0; r < lanes; ++r) {
     lanes_.push_back(std::make_unique<Lane>(pages, plan.shape.page_size, options_.enable_prefix_caching,
                                             scheduler_config));
+    lanes_.back()->scheduler.set_parallel_for(parallel_for_on_host_threads);
   }
   forced_acceptance_ = options_.speculative_forced_acceptance;
   if (options_.num_speculative_tokens > 0) {

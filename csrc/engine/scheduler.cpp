@@ -200,6 +200,45 @@ std::vector<RequestUpdate> Scheduler::update(const SchedulePlan& plan, std::span
   DI_CHECK(total == tokens.size(), "the plan of step ", plan.step, " got ", tokens.size(), " sampled tokens for counts "
            "summing to ", total);
 
+  // Structured outputs: each constrained request's grammar takes its new token first, all of them at once (a consume
+  // is about ten microseconds; a batch of them one after another would sit on the step's critical path). A token that
+  // ends the request (EOS, a stop id) never reaches the grammar; before min_tokens the sampler masks those.
+  struct GrammarStep {
+    const ScheduledChunk* chunk;
+    int32_t token;
+    bool consumed = false;
+    bool failed = false;
+  };
+  std::vector<GrammarStep> grammar_steps;
+  {
+    size_t count_index = 0, token_index = 0;
+    for (const ScheduledChunk& chunk : plan.chunks) {
+      const int32_t count = chunk.samples ? counts[count_index++] : 0;
+      const size_t first = token_index;
+      token_index += static_cast<size_t>(count);
+      if (count == 0 || was_aborted_in_flight(chunk.request) || !chunk.request->grammar) continue;
+      DI_CHECK(count == 1, "request ", chunk.request->id, ": a grammar-constrained request got ", count,
+               " tokens (it has no drafts)");
+      const Request& r = *chunk.request;
+      const int32_t token = tokens[first];
+      if (r.params.max_tokens == 0 || r.is_eos(token) || r.is_stop_token(token)) continue;
+      grammar_steps.push_back({.chunk = &chunk, .token = token});
+    }
+  }
+  const auto advance = [&](size_t i) {
+    GrammarStep& g = grammar_steps[i];
+    GrammarMatcher& grammar = *g.chunk->request->grammar;
+    if (!grammar.error().empty()) return;  // its mask failed: the request ends with that error
+    g.consumed = true;
+    g.failed = !grammar.consume(g.token);
+  };
+  if (parallel_for_ && grammar_steps.size() > 1) {
+    parallel_for_(grammar_steps.size(), advance);
+  } else {
+    for (size_t i = 0; i < grammar_steps.size(); ++i) advance(i);
+  }
+  size_t next_grammar = 0;
+
   size_t next_count = 0, next_token = 0;
   for (const ScheduledChunk& chunk : plan.chunks) {
     const int32_t count = chunk.samples ? counts[next_count++] : 0;
@@ -227,15 +266,18 @@ std::vector<RequestUpdate> Scheduler::update(const SchedulePlan& plan, std::span
       u.new_tokens.push_back(token);
       // EOS and stop ids count only from output index min_tokens on (the sampler masks them before).
       const bool may_stop = r.num_output_tokens() > r.params.min_tokens;
-      if (r.grammar && !r.grammar->error().empty()) {
+      const GrammarStep* g = next_grammar < grammar_steps.size() && grammar_steps[next_grammar].chunk == &chunk
+                                 ? &grammar_steps[next_grammar++]
+                                 : nullptr;
+      if (r.grammar && !r.grammar->error().empty() && (g == nullptr || !g->failed)) {
         reason = FinishReason::kError;
         u.error = "structured outputs: " + r.grammar->error();
       } else if (may_stop && (r.is_eos(token) || r.is_stop_token(token))) {
         reason = FinishReason::kStop;
-      } else if (r.grammar && !r.grammar->consume(token)) {
+      } else if (g != nullptr && g->failed) {
         reason = FinishReason::kError;
         u.error = str_cat("structured outputs: the grammar rejected token ", token, ": ", r.grammar->error());
-      } else if (r.grammar && r.grammar->is_terminated()) {
+      } else if (g != nullptr && g->consumed && r.grammar->is_terminated()) {
         reason = FinishReason::kStop;  // the grammar is complete: nothing but the end of sequence could follow
       } else if (r.num_output_tokens() >= r.params.max_tokens || r.num_tokens() >= config_.max_model_len) {
         reason = FinishReason::kLength;

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <deque>
 #include <memory>
 #include <span>
@@ -119,6 +120,11 @@ class Scheduler {
   // The drafter's guesses for running request `id` (ignored when it is gone): the tokens after its last one.
   void set_drafts(uint64_t id, std::vector<int32_t> drafts);
 
+  // How update() runs independent pieces of work (body(i) for i in [0, n), in any order, maybe at once): the
+  // grammars of a step's constrained requests advance through it. Sequential unless the engine gives a parallel one.
+  using ParallelFor = std::function<void(size_t n, const std::function<void(size_t)>& body)>;
+  void set_parallel_for(ParallelFor parallel_for) { parallel_for_ = std::move(parallel_for); }
+
   // Gives up a plan that will not be run (the forward pass failed): the requests keep their progress from
   // before schedule(), and the pages allocated for the plan are released.
   void cancel(const SchedulePlan& plan);
@@ -172,6 +178,7 @@ class Scheduler {
 
   SchedulerConfig config_;
   CacheManager& cache_;
+  ParallelFor parallel_for_;
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;  // owns every unfinished request
   std::vector<Request*> running_;                                     // by arrival_order
   std::deque<Request*> waiting_;                                      // by arrival_order

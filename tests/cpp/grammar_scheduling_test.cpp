@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -128,6 +129,42 @@ TEST(GrammarScheduling, AConstrainedRequestGetsNoDrafts) {
   ASSERT_EQ(plan.chunks.size(), 1u);
   EXPECT_EQ(plan.chunks[0].num_draft_tokens, 0);
   s.cancel(plan);
+}
+
+TEST(GrammarScheduling, TheGrammarsAdvanceThroughTheInjectedParallelFor) {
+  CacheManager cache(32, 4);
+  Scheduler s({.max_num_batched_tokens = 64, .max_model_len = 64}, cache);
+  size_t calls = 0, bodies = 0;
+  s.set_parallel_for([&](size_t n, const std::function<void(size_t)>& body) {
+    ++calls;
+    for (size_t i = n; i-- > 0;) {  // any order
+      body(i);
+      ++bodies;
+    }
+  });
+  std::vector<int32_t> consumed_a, consumed_b, consumed_c;
+  s.add(constrained_request(1, {40, 41}, consumed_a));
+  s.add(constrained_request(2, {50, 51}, consumed_b));
+  s.add(constrained_request(3, {60}, consumed_c));
+  SchedulePlan plan = s.schedule();
+  ASSERT_EQ(plan.num_sampling_chunks(), 3);
+  const std::vector<int32_t> first{40, 50, 99};  // the third request's grammar rejects 99
+  auto updates = s.update(plan, first);
+  EXPECT_EQ(calls, 1u);
+  EXPECT_EQ(bodies, 3u);
+  ASSERT_EQ(updates.size(), 3u);
+  EXPECT_FALSE(updates[0].finished);
+  EXPECT_FALSE(updates[1].finished);
+  EXPECT_EQ(updates[2].reason, FinishReason::kError);
+  plan = s.schedule();
+  updates = s.update(plan, std::vector<int32_t>{41, kEos});  // request 2 stops at EOS: its grammar is not asked
+  EXPECT_EQ(updates[0].reason, FinishReason::kStop);
+  EXPECT_EQ(updates[1].reason, FinishReason::kStop);
+  EXPECT_EQ(consumed_a, (std::vector<int32_t>{40, 41}));
+  EXPECT_EQ(consumed_b, (std::vector<int32_t>{50}));
+  EXPECT_EQ(consumed_c, (std::vector<int32_t>{99}));
+  EXPECT_EQ(bodies, 3u);  // one grammar to advance in the second step: no parallel call
+  EXPECT_EQ(cache.num_free_pages(), 32);
 }
 
 TEST(GrammarScheduling, TheSamplingRowPointsAtItsGrammarsMask) {
