@@ -103,6 +103,33 @@ class _Completion:
                                 stop_reason=self.stop_reason, logprobs=logprobs, error=self.error)
 
 
+def _put_all(items: list[tuple[asyncio.Queue, RequestOutput | None]]) -> None:
+    for q, delta in items:
+        q.put_nowait(delta)
+
+
+def _hand_to_loop(loop: asyncio.AbstractEventLoop, items: list[tuple[asyncio.Queue, RequestOutput | None]]) -> None:
+    try:
+        loop.call_soon_threadsafe(_put_all, items)
+    except RuntimeError:  # the event loop is closed: nobody is listening any more
+        pass
+
+
+class _LoopBatches:
+    """The asyncio streams' deltas of one dispatch, by event loop: each loop gets them in one callback, in order."""
+
+    def __init__(self) -> None:
+        self._items: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput | None]]] = {}
+
+    def add(self, loop: asyncio.AbstractEventLoop, q: asyncio.Queue, delta: RequestOutput | None) -> None:
+        self._items.setdefault(loop, []).append((q, delta))
+
+    def flush(self) -> None:
+        for loop, items in self._items.items():
+            _hand_to_loop(loop, items)
+        self._items.clear()
+
+
 class RequestStream:
     """A submitted request. Iterate it (sync or async) for deltas; `result()` waits for the whole output.
 
@@ -128,13 +155,14 @@ class RequestStream:
         self._async_queue: asyncio.Queue[RequestOutput | None] | None = asyncio.Queue() if loop else None
         self._done = threading.Event()
 
-    # Called by the dispatcher thread.
-    def _deliver(self, delta: RequestOutput | None) -> None:
+    # Called by the dispatcher thread: a synchronous stream's delta now; an asyncio stream's into `batch`, which the
+    # dispatcher hands to each event loop once per engine step (one wake-up of the loop for all its streams).
+    def _deliver(self, delta: RequestOutput | None, batch: "_LoopBatches | None" = None) -> None:
         if self._loop is not None:
-            try:
-                self._loop.call_soon_threadsafe(self._async_queue.put_nowait, delta)  # type: ignore[union-attr]
-            except RuntimeError:  # the event loop is closed: nobody is listening any more
-                pass
+            if batch is not None:
+                batch.add(self._loop, self._async_queue, delta)
+            else:
+                _hand_to_loop(self._loop, [(self._async_queue, delta)])
         else:
             self._sync_queue.put(delta)
         if delta is None:
@@ -470,17 +498,19 @@ class DeepInferenceEngine:
                 return
             if self._closing and not deltas:
                 return  # the core has stopped and everything it emitted was delivered
-            for d in deltas:
-                with self._lock:
-                    entry = self._by_core_id.get(d.request_id)
-                if entry is None:
+            batch = _LoopBatches()
+            with self._lock:
+                entries = [self._by_core_id.get(d.request_id) for d in deltas]
+            for d, entry in zip(deltas, entries):
+                if entry is None or entry[1].finished:
                     continue  # a completion finished here already (a stop string) and was aborted in the core
                 try:
-                    self._apply(entry[0], entry[1], d)
+                    self._apply(entry[0], entry[1], d, batch)
                 except Exception:  # never let one request's bug stop the others' outputs
                     logger.exception("failed to process output of request %s", entry[0].request_id)
+            batch.flush()
 
-    def _apply(self, stream: RequestStream, c: _Completion, d: Any) -> None:
+    def _apply(self, stream: RequestStream, c: _Completion, d: Any, batch: _LoopBatches | None = None) -> None:
         now = time.monotonic()
         if d.new_token_ids and stream.metrics.first_token_time is None:
             stream.metrics.first_token_time = now
@@ -544,9 +574,9 @@ class DeepInferenceEngine:
                                   prompt_logprobs=list(stream.prompt_logprobs)
                                   if all_done and stream.prompt_logprobs is not None else None,
                                   num_cached_tokens=stream.num_cached_tokens)
-            stream._deliver(delta)
+            stream._deliver(delta, batch)
         if all_done:
-            stream._deliver(None)
+            stream._deliver(None, batch)
 
     # ------------------------------------------------------------------ user API
 

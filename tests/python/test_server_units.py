@@ -303,6 +303,7 @@ class FakeEngine:
                                       num_preemptions=0, num_steps=0, num_prompt_tokens_computed=0,
                                       num_generated_tokens=0, step_seconds=0.0, num_decode_steps=0,
                                       decode_step_seconds=0.0, prefix_cache_queries=0, prefix_cache_hits=0,
+                                      num_grammar_masks=0, grammar_mask_seconds=0.0,
                                       alive=True))()
 
 
