@@ -17,7 +17,9 @@ std::unique_ptr<Backend> make_backend(const std::string& device, int index) {
                " CUDA device(s) are visible: tensor_parallel_size must be at most the visible GPUs");
   return make_cuda_backend(index);
 #else
-  throw InvalidArgument("device 'cuda': this build has no CUDA backend (it was built without nvcc)");
+  throw InvalidArgument(
+      "device 'cuda': this build has no CUDA backend (pip install . builds it where nvcc and a Hopper GPU are; "
+      "-C cmake.define.DEEPINFER_CUDA=ON forces it)");
 #endif
 }
 

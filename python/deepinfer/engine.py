@@ -310,8 +310,9 @@ class DeepInferenceEngine:
     def _choose_device(config: EngineConfig) -> str:
         gpus = _deepinfer.cuda_device_count()
         if config.device == "cuda" and gpus == 0:
-            raise ValueError("device='cuda': no CUDA device is visible, or this build has no CUDA backend "
-                             "(it was built without nvcc); use device='cpu'")
+            raise ValueError("device='cuda': no CUDA device is visible, or this build has no CUDA backend (`pip "
+                             "install .` builds it where nvcc and a Hopper GPU are; `-C cmake.define.DEEPINFER_CUDA=ON` "
+                             "forces it); use device='cpu'")
         device = "cuda" if config.device == "cuda" or (config.device == "auto" and gpus > 0) else "cpu"
         allowed = ("auto", "bfloat16") if device == "cuda" else ("auto", "float32")
         if config.dtype not in allowed:
