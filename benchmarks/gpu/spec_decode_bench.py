@@ -6,8 +6,10 @@ Two models:
             drafts are never accepted, so a benchmark-only forced acceptance rate (0, 0.5, 0.85, 1.0) stands in for
             the model's, which measures the speed at the paper's 85%.
 
-Each case decodes `--output-tokens` tokens (ignore_eos) for `batch` copies of a prompt submitted at once; its
-decode tok/s counts output tokens after the first over the time from the last first token to the last finish.
+Each case decodes `--output-tokens` tokens (ignore_eos) for `batch` distinct prompts submitted at once (the first
+ShareGPT prompts with --sharegpt, else numbered variants of one line: identical prompts would route every sequence to
+the same experts and share their prefix); its decode tok/s counts output tokens after the first over the time from the
+last first token to the last finish.
 
   python3 benchmarks/gpu/spec_decode_bench.py --model demo --batches 1,8,32 --ks 0,1,3 --out OUT
   python3 benchmarks/gpu/spec_decode_bench.py --model v3-slice --v3-layers 6 --batches 1,32 --ks 0,1,3 \
@@ -39,6 +41,7 @@ def parse_args(argv=None):
     ap.add_argument("--output-tokens", type=int, default=256)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--sharegpt", type=Path, default=None, help="sharegpt_v3_filtered_1000.json: distinct prompts")
     ap.add_argument("--out", type=Path, default=Path("."))
     return ap.parse_args(argv)
 
@@ -51,13 +54,22 @@ def model_dir(args, root: Path) -> tuple[str | None, str]:
     return str(path), "dummy"
 
 
-def decode_case(engine, batch: int, output_tokens: int, prompt_ids: list[int]) -> dict:
+def distinct_prompts(engine, batch: int, sharegpt: Path | None) -> list[list[int]]:
+    if sharegpt is not None and sharegpt.is_file():
+        from bench_common import sharegpt_prompts
+
+        ids, _ = sharegpt_prompts(sharegpt, batch, engine.model_config.vocab_size, 256)
+        return ids
+    return [engine.tokenizer.encode(f"{PROMPT} ({i})") for i in range(batch)]
+
+
+def decode_case(engine, batch: int, output_tokens: int, prompts: list[list[int]]) -> dict:
     from deepinfer import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=output_tokens, ignore_eos=True)
     before = engine.stats()
     spec_before = engine.speculative_stats()
-    streams = [engine.submit({"prompt_token_ids": prompt_ids}, params) for _ in range(batch)]
+    streams = [engine.submit({"prompt_token_ids": p}, params) for p in prompts[:batch]]
     outs = [s.result(timeout=600) for s in streams]
     after = engine.stats()
     first = max(o.metrics.first_token_time for o in outs)
@@ -97,14 +109,14 @@ def main(argv=None) -> int:
                 speculative_config=spec))
             load_s = time.perf_counter() - t0
             try:
-                prompt_ids = engine.tokenizer.encode(PROMPT)
-                engine.generate({"prompt_token_ids": prompt_ids}, max_tokens=8, temperature=0.0)  # warm-up
+                prompts = distinct_prompts(engine, max(batches), args.sharegpt)
+                engine.generate({"prompt_token_ids": prompts[0]}, max_tokens=8, temperature=0.0)  # warm-up
                 for rate in (forced if k else [None]):
                     if k:
                         engine._core.set_speculative_forced_acceptance(-1.0 if rate is None else rate)
                     for batch in batches:
                         case = {"k": k, "forced_acceptance": rate, "load_s": round(load_s, 1),
-                                **decode_case(engine, batch, args.output_tokens, prompt_ids)}
+                                **decode_case(engine, batch, args.output_tokens, prompts)}
                         base = next((c for c in result["cases"] if c["k"] == 0 and c["batch"] == batch), None)
                         if base is not None:
                             case["speedup"] = case["decode_tok_s"] / base["decode_tok_s"]
