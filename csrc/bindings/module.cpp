@@ -267,7 +267,11 @@ NB_MODULE(_deepinfer, m) {
       .def_prop_ro("cache_dtype", &Engine::cache_dtype)
       .def_prop_ro("cache_bytes_per_token", &Engine::cache_bytes_per_token)
       .def("add_request", &Engine::add_request, "request_id"_a, "prompt_token_ids"_a, "params"_a,
-           "Queues a request; raises ValueError when it cannot be served.")
+           nb::call_guard<nb::gil_scoped_release>(),
+           "Queues a request (compiling its grammar, if any, without the GIL); raises ValueError when it cannot be "
+           "served.")
+      .def("prepare_grammar", &Engine::prepare_grammar, nb::call_guard<nb::gil_scoped_release>(),
+           "Opens the structured-outputs grammar engine now (a second for a large vocabulary).")
       .def("abort", &Engine::abort, "request_id"_a)
       .def("set_speculative_forced_acceptance", &Engine::set_speculative_forced_acceptance, "rate"_a,
            "benchmarks only: accept each draft with this probability instead of by verification (< 0: off)")

@@ -300,19 +300,25 @@ std::unique_ptr<GrammarMatcher> Engine::compile_grammar(uint64_t id, const Gramm
                "data-parallel attention yet (every rank samples its own lane; the grammars live on rank 0)");
   DI_CHECK_ARG(!options_.grammar_library.empty(), "request ", id, ": structured outputs need the llguidance "
                "package (pip install llguidance), which this engine did not find");
-  GrammarCompiler* compiler = nullptr;
-  {
-    std::lock_guard lock(grammar_mutex_);
-    if (!grammar_compiler_) {
-      const ModelConfig& c = model_->config();
-      grammar_compiler_ = make_llguidance_compiler(
-          {.library_path = options_.grammar_library, .tokenizer_json = options_.tokenizer_json,
-           .vocab_size = static_cast<int32_t>(c.vocab_size),
-           .eos_token_id = c.eos_token_ids.empty() ? -1 : c.eos_token_ids.front()});
-    }
-    compiler = grammar_compiler_.get();
+  return grammar_compiler().compile(spec);
+}
+
+GrammarCompiler& Engine::grammar_compiler() {
+  std::lock_guard lock(grammar_mutex_);
+  if (!grammar_compiler_) {
+    const ModelConfig& c = model_->config();
+    grammar_compiler_ = make_llguidance_compiler(
+        {.library_path = options_.grammar_library, .tokenizer_json = options_.tokenizer_json,
+         .vocab_size = static_cast<int32_t>(c.vocab_size),
+         .eos_token_id = c.eos_token_ids.empty() ? -1 : c.eos_token_ids.front()});
   }
-  return compiler->compile(spec);
+  return *grammar_compiler_;  // made once, never replaced: the reference outlives the lock
+}
+
+void Engine::prepare_grammar() {
+  DI_CHECK_ARG(!options_.grammar_library.empty(),
+               "structured outputs need the llguidance package (pip install llguidance), which this engine did not find");
+  grammar_compiler();
 }
 
 void Engine::set_speculative_forced_acceptance(double rate) {

@@ -169,6 +169,9 @@ class Engine {
   int64_t cache_bytes_per_token() const;
 
   // Validates and queues a request; throws InvalidArgument (and changes nothing) when it cannot be served.
+  // Structured outputs: opens the grammar engine and builds the tokenizer's token trie now (about a second), so the
+  // first constrained request does not wait for it. Throws when the engine has no grammar library.
+  void prepare_grammar();
   void add_request(uint64_t id, std::vector<int32_t> prompt_token_ids, SamplingParams params);
   // Benchmarks only: sets EngineOptions::speculative_forced_acceptance for the steps that follow.
   void set_speculative_forced_acceptance(double rate);
@@ -248,6 +251,7 @@ class Engine {
   };
   // Structured outputs: compiles the request's grammar (on the caller's thread), opening the grammar engine first.
   std::unique_ptr<GrammarMatcher> compile_grammar(uint64_t id, const GrammarSpec& spec);
+  GrammarCompiler& grammar_compiler();
   std::mutex grammar_mutex_;
   std::unique_ptr<GrammarCompiler> grammar_compiler_;  // made at the first constrained request
   mutable std::mutex mutex_;

@@ -50,6 +50,11 @@ def constrained(**kwargs) -> StructuredOutputsParams:
     return StructuredOutputsParams(**kwargs)
 
 
+def test_the_grammar_engine_can_be_opened_ahead(engine):
+    assert engine.prepare_structured_outputs() is True
+    assert engine.prepare_structured_outputs() is True  # once made, kept
+
+
 def test_json_schema_outputs_validate(engine):
     params = [SamplingParams(temperature=1.0, seed=s, max_tokens=160, structured_outputs=constrained(json=PERSON))
               for s in range(len(PROMPTS))]
@@ -243,6 +248,7 @@ def test_without_llguidance_constrained_requests_are_refused(monkeypatch):
     monkeypatch.setattr(engine_module, "grammar_library", lambda: "")
     e = DeepInferenceEngine(EngineConfig(device="cpu"))
     try:
+        assert e.prepare_structured_outputs() is False
         with pytest.raises(ValueError, match="need the llguidance package"):
             e.generate(["x"], SamplingParams(max_tokens=2, structured_outputs={"regex": "a+"}), use_tqdm=False)
         assert e.generate(["x"], SamplingParams(max_tokens=2), use_tqdm=False)[0].outputs[0].token_ids

@@ -471,6 +471,10 @@ def run_serve(args: argparse.Namespace) -> int:
             return 1
         from deepinfer.server.app import create_app
 
+        # The grammar engine's token trie is built beside the startup, not on the event loop at the first request
+        # with a response_format.
+        threading.Thread(target=_prepare_structured_outputs, args=(engine,), daemon=True,
+                         name="deepinfer-grammar").start()
         app = create_app(engine, api_key=server["api_key"], max_queue=server["max_queue_size"],
                          reasoning_parser=server["reasoning_parser"], tool_call_parser=server["tool_call_parser"],
                          allowed_origins=server["allowed_origins"],
@@ -508,3 +512,10 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _prepare_structured_outputs(engine) -> None:
+    try:
+        engine.prepare_structured_outputs()
+    except Exception as e:  # a broken grammar library fails constrained requests later, with the reason
+        logging.getLogger("deepinfer.server").warning("structured outputs are unavailable: %s", e)
