@@ -134,6 +134,9 @@ NB_MODULE(_deepinfer, m) {
       .def_rw("enforce_eager", &EngineOptions::enforce_eager)
       .def_rw("fp8_weights", &EngineOptions::fp8_weights)
       .def_rw("fp8_activations", &EngineOptions::fp8_activations)
+      .def_rw("int4_weights", &EngineOptions::int4_weights)
+      .def_rw("int4_group_size", &EngineOptions::int4_group_size)
+      .def_rw("int4_symmetric", &EngineOptions::int4_symmetric)
       .def_rw("kv_cache_dtype", &EngineOptions::kv_cache_dtype)
       .def_rw("enable_prefix_caching", &EngineOptions::enable_prefix_caching)
       .def_rw("tensor_parallel_size", &EngineOptions::tensor_parallel_size)
@@ -188,7 +191,19 @@ NB_MODULE(_deepinfer, m) {
       .def_ro("eos_token_ids", &ModelConfig::eos_token_ids)
       .def_ro("bos_token_id", &ModelConfig::bos_token_id)
       .def_prop_ro("latent_dim", &ModelConfig::latent_dim)
-      .def_prop_ro("fp8", [](const ModelConfig& c) { return c.fp8.enabled; });
+      .def_prop_ro("fp8", [](const ModelConfig& c) { return c.fp8.enabled; })
+      .def_prop_ro("int4_format",
+                   [](const ModelConfig& c) -> std::string {
+                     switch (c.int4.format) {
+                       case Int4Format::kNone: return "";
+                       case Int4Format::kCompressedTensors: return "compressed-tensors";
+                       case Int4Format::kAwq: return "awq";
+                     }
+                     return "";
+                   },
+                   "The checkpoint's 4-bit weight format: '', 'compressed-tensors' or 'awq'.")
+      .def_prop_ro("int4_group_size", [](const ModelConfig& c) { return c.int4.group_size; })
+      .def_prop_ro("int4_symmetric", [](const ModelConfig& c) { return c.int4.symmetric; });
   m.def("cuda_device_count", &visible_cuda_devices,
         "CUDA devices this build can use: 0 without the CUDA backend or without a GPU.");
   m.def("cuda_device_memory", &cuda_device_memory, "index"_a,

@@ -11,6 +11,7 @@
 #include "core/counter_rng.h"
 #include "engine/model_runner.h"
 #include "parallel/mpi_communicator.h"
+#include "model/int4_source.h"
 #include "model/sharded_source.h"
 
 namespace deepinfer {
@@ -28,6 +29,9 @@ void EngineOptions::validate() const {
   DI_CHECK_ARG(gpu_memory_utilization > 0.0 && gpu_memory_utilization <= 1.0,
                "gpu_memory_utilization must be in (0, 1], got ", gpu_memory_utilization);
   DI_CHECK_ARG(tensor_parallel_size >= 1, "tensor_parallel_size must be >= 1, got ", tensor_parallel_size);
+  DI_CHECK_ARG(!(int4_weights && fp8_weights), "INT4 and FP8 weights at once: choose one quantization");
+  DI_CHECK_ARG(!int4_weights || int4_group_size > 0 || int4_group_size == -1,
+               "int4_group_size must be > 0 or -1 (one group per output channel), got ", int4_group_size);
   DI_CHECK_ARG(!enable_expert_parallel || tensor_parallel_size > 1,
                "enable_expert_parallel needs more than one rank (tensor_parallel_size ", tensor_parallel_size, ")");
   DI_CHECK_ARG(!enable_dp_attention || (tensor_parallel_size > 1 && enable_expert_parallel),
@@ -74,6 +78,22 @@ std::unique_ptr<WeightSink> make_weight_sink(const EngineOptions& options, const
   return make_backend_sink(backend, {.fp8 = true, .fp8_activations = options.fp8_activations, .scale_format = scales});
 }
 
+// INT4 weights, stored or rounded at load, before any weight is read: the CPU backend only for now, and a group size
+// that divides every layer's K.
+void check_int4(const EngineOptions& options, const ModelConfig& config) {
+  if (!options.int4_weights && !config.int4.enabled()) return;
+  DI_CHECK_ARG(options.device == "cpu", "INT4 weights on device='cuda': the INT4 GPU kernels are not built yet; ",
+               "4-bit checkpoints (compressed-tensors, AWQ) and quantization='int4' load on the CPU backend ",
+               "(device='cpu'), which computes with the dequantized weights");
+  DI_CHECK_ARG(!options.fp8_weights, "quantization fp8 on a checkpoint of 4-bit weights: it is already quantized; ",
+               "run it as stored");
+  DI_CHECK_ARG(!options.int4_weights || !config.fp8.enabled, "quantization int4 on an FP8 checkpoint: it is already ",
+               "quantized; run it as stored");
+  if (options.int4_weights && !config.int4.enabled()) {
+    check_int4_rounding(config, {.group_size = options.int4_group_size, .symmetric = options.int4_symmetric});
+  }
+}
+
 }  // namespace
 
 LoadedModel load_model(const EngineOptions& options, const LoadProgress& progress, Communicator* comm) {
@@ -86,8 +106,15 @@ LoadedModel load_model(const EngineOptions& options, const LoadProgress& progres
   DI_CHECK_ARG(parallel.shard.whole() || (comm && comm->size() == parallel.shard.size), "tensor_parallel_size ",
                options.tensor_parallel_size, " needs a group of as many ranks");
   const ModelConfig local = local_config(config, parallel.shard);  // refuses a split the model does not divide into
-  auto source = options.load_format == LoadFormat::kDummy ? make_dummy_source(options.seed)
-                                                          : open_checkpoint_source(options.model_path, config);
+  check_int4(options, config);
+  std::unique_ptr<WeightSource> source = options.load_format == LoadFormat::kDummy
+                                             ? make_dummy_source(options.seed)
+                                             : open_checkpoint_source(options.model_path, config);
+  // Rounded before the sharded source splits K across ranks, so a group covers the same inputs as on one rank.
+  if (options.int4_weights && !config.int4.enabled()) {
+    source = make_int4_rounding_source(std::move(source),
+                                       {.group_size = options.int4_group_size, .symmetric = options.int4_symmetric});
+  }
   const std::unique_ptr<WeightSource> shard_source = make_sharded_source(*source, parallel.shard);
   LoadedModel loaded{.backend = make_backend(options.device, local_device(options, parallel.shard.rank))};
   ModelParallel model_parallel = parallel;
@@ -154,10 +181,12 @@ EngineCachePlan engine_cache_plan(const EngineOptions& options, LatentCacheShape
 
 std::unique_ptr<Engine> Engine::create(const EngineOptions& options, const LoadProgress& progress) {
   options.validate();
-  // A split the model does not divide into is refused here, from config.json alone, before any rank starts.
-  local_config(load_model_config(options.model_path),
-               {.size = options.tensor_parallel_size, .expert_parallel = options.enable_expert_parallel,
-                .dp_attention = options.enable_dp_attention});
+  // A split the model does not divide into, or INT4 where it cannot run, is refused here, from config.json alone,
+  // before any rank starts.
+  const ModelConfig model_config = load_model_config(options.model_path);
+  local_config(model_config, {.size = options.tensor_parallel_size, .expert_parallel = options.enable_expert_parallel,
+                              .dp_attention = options.enable_dp_attention});
+  check_int4(options, model_config);
   std::unique_ptr<Ranks> ranks;
   const auto timeout = options.collective_timeout();
   if (options.tensor_parallel_size > 1 && options.rank_launch == RankLaunch::kMpi) {

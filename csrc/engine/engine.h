@@ -54,6 +54,13 @@ struct EngineOptions {
   // The CPU computes with their dequantized values (exactly the FP8 weights, in float32).
   bool fp8_weights = false;
   bool fp8_activations = true;               // W8A8 (prefill GEMMs quantize activations); false: weight-only FP8
+  // A bf16/fp32 checkpoint's linear layers rounded to INT4 at load (model/int4.h round_int4: groups of
+  // int4_group_size inputs, -1 per output channel; zero points unless int4_symmetric). A checkpoint that stores
+  // 4-bit weights (compressed-tensors, AWQ) is read as stored without it. INT4 runs on the CPU backend only for now
+  // (the CPU computes with the dequantized values in float32); the INT4 GPU kernels are not built yet.
+  bool int4_weights = false;
+  int64_t int4_group_size = 128;
+  bool int4_symmetric = false;
   // The latent cache in the model's activation dtype, or in FP8 (backend/ops/latent_fp8.h: 656 bytes a token a layer
   // at DeepSeek's dims instead of 1,152 in bf16).
   KvCacheDtype kv_cache_dtype = KvCacheDtype::kAuto;

@@ -1,6 +1,10 @@
 #include "model/config.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <optional>
+#include <utility>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -72,6 +76,89 @@ RopeConfig parse_rope(const json& j) {
 double yarn_mscale(double scale, double mscale) {
   if (scale <= 1.0) return 1.0;
   return 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+// DeepSeek's block-scaled FP8.
+void parse_fp8(const json& q, ModelConfig& c) {
+  c.fp8.enabled = true;
+  if (auto b = q.find("weight_block_size"); b != q.end() && b->is_array() && b->size() == 2) {
+    c.fp8.block_rows = (*b)[0].get<int64_t>();
+    c.fp8.block_cols = (*b)[1].get<int64_t>();
+  }
+  c.fp8.scale_fmt = get_or<std::string>(q, "scale_fmt", "");
+}
+
+// compressed-tensors' pack-quantized W4A16 (what llm-compressor writes): every config group must quantize weights to
+// 4-bit ints per group or per channel, without activation quantization or activation ordering, and all groups alike
+// (the loader reads one group size and one symmetry from here; the tensors say which layers are quantized).
+void parse_compressed_tensors(const json& q, ModelConfig& c) {
+  const std::string where = "config.json: quantization_config";
+  const std::string format = get_or<std::string>(q, "format", "");
+  DI_CHECK_ARG(format == "pack-quantized" || format == "mixed-precision", where, ".format '", format,
+               "' is not supported: DeepInfer reads compressed-tensors' 'pack-quantized' 4-bit weights (W4A16)");
+  auto groups = q.find("config_groups");
+  DI_CHECK_ARG(groups != q.end() && groups->is_object() && !groups->empty(), where,
+               ".config_groups is missing or empty");
+  std::optional<std::pair<int64_t, bool>> scheme;  // (group size, symmetric) shared by every group
+  for (const auto& [name, group] : groups->items()) {
+    const std::string at = str_cat(where, ".config_groups.", name);
+    DI_CHECK_ARG(group.is_object(), at, " is not an object");
+    const std::string group_format = get_or<std::string>(group, "format", format);
+    DI_CHECK_ARG(group_format == "pack-quantized", at, ".format '", group_format,
+                 "' is not supported (only 'pack-quantized' 4-bit integer weights are)");
+    auto in = group.find("input_activations");
+    DI_CHECK_ARG(in == group.end() || in->is_null(), at, ".input_activations: quantized activations are not "
+                 "supported; DeepInfer loads weight-only 4-bit checkpoints (W4A16)");
+    auto w = group.find("weights");
+    DI_CHECK_ARG(w != group.end() && w->is_object(), at, ".weights is missing: the group quantizes no weights");
+    const int64_t bits = get_or<int64_t>(*w, "num_bits", 0);
+    DI_CHECK_ARG(bits == 4, at, ".weights.num_bits is ", bits, ": only 4-bit weights are supported");
+    const std::string type = get_or<std::string>(*w, "type", "");
+    DI_CHECK_ARG(type == "int", at, ".weights.type '", type, "' is not supported (only 'int')");
+    const std::string strategy = get_or<std::string>(*w, "strategy", "");
+    DI_CHECK_ARG(strategy == "group" || strategy == "channel", at, ".weights.strategy '", strategy,
+                 "' is not supported ('group' or 'channel')");
+    auto actorder = w->find("actorder");
+    DI_CHECK_ARG(actorder == w->end() || actorder->is_null() || (actorder->is_boolean() && !actorder->get<bool>()),
+                 at, ".weights.actorder ", actorder == w->end() ? "" : actorder->dump(),
+                 ": activation-ordered groups (weight_g_idx) are not supported");
+    DI_CHECK_ARG(!get_or<bool>(*w, "dynamic", false), at, ".weights.dynamic: dynamic weight scales are not supported");
+    int64_t group_size = -1;
+    if (strategy == "group") {
+      group_size = get_or<int64_t>(*w, "group_size", 0);
+      DI_CHECK_ARG(group_size > 0, at, ".weights.group_size must be > 0 for the 'group' strategy, got ", group_size);
+    }
+    const std::pair<int64_t, bool> this_scheme{group_size, get_or<bool>(*w, "symmetric", true)};
+    DI_CHECK_ARG(!scheme || *scheme == this_scheme, at, ": its weights (group_size ", group_size, ", symmetric ",
+                 this_scheme.second, ") differ from another group's; one scheme for every layer is supported");
+    scheme = this_scheme;
+  }
+  c.int4 = {.format = Int4Format::kCompressedTensors, .group_size = scheme->first, .symmetric = scheme->second};
+}
+
+// AutoAWQ's GEMM layout with zero points (transformers' AwqConfig writes `bits`; AutoAWQ's own files `w_bit`).
+void parse_awq(const json& q, ModelConfig& c) {
+  const std::string where = "config.json: quantization_config";
+  const int64_t bits = get_or<int64_t>(q, "bits", get_or<int64_t>(q, "w_bit", 0));
+  DI_CHECK_ARG(bits == 4, where, ".bits is ", bits, ": AWQ checkpoints of 4-bit weights are supported");
+  std::string version = get_or<std::string>(q, "version", "gemm");
+  std::transform(version.begin(), version.end(), version.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  DI_CHECK_ARG(version == "gemm", where, ".version '", version, "' is not supported (AutoAWQ's 'gemm' layout is)");
+  DI_CHECK_ARG(get_or<bool>(q, "zero_point", true), where,
+               ".zero_point is false: AWQ without zero points is not supported");
+  const int64_t group_size = get_or<int64_t>(q, "group_size", get_or<int64_t>(q, "q_group_size", 128));
+  DI_CHECK_ARG(group_size > 0 || group_size == -1, where, ".group_size must be > 0 or -1, got ", group_size);
+  c.int4 = {.format = Int4Format::kAwq, .group_size = group_size, .symmetric = false};
+}
+
+void parse_quantization(const json& q, ModelConfig& c) {
+  const std::string method = get_or<std::string>(q, "quant_method", "");
+  if (method == "fp8") return parse_fp8(q, c);
+  if (method == "compressed-tensors") return parse_compressed_tensors(q, c);
+  if (method == "awq") return parse_awq(q, c);
+  throw InvalidArgument(str_cat("config.json: quantization_config.quant_method '", method, "' is not supported: "
+                                "DeepInfer loads 'fp8' (DeepSeek's block-scaled FP8), 'compressed-tensors' "
+                                "(pack-quantized 4-bit weights) and 'awq' (AutoAWQ GEMM) checkpoints"));
 }
 
 }  // namespace
@@ -197,17 +284,7 @@ ModelConfig parse_model_config(const json& j) {
   }
   c.rope = parse_rope(j);
 
-  if (auto it = j.find("quantization_config"); it != j.end() && it->is_object()) {
-    const std::string method = get_or<std::string>(*it, "quant_method", "");
-    DI_CHECK_ARG(method == "fp8", "config.json: quantization_config.quant_method '", method,
-                 "' is not supported (native FP8 block-scaled checkpoints are)");
-    c.fp8.enabled = true;
-    if (auto b = it->find("weight_block_size"); b != it->end() && b->is_array() && b->size() == 2) {
-      c.fp8.block_rows = (*b)[0].get<int64_t>();
-      c.fp8.block_cols = (*b)[1].get<int64_t>();
-    }
-    c.fp8.scale_fmt = get_or<std::string>(*it, "scale_fmt", "");
-  }
+  if (auto it = j.find("quantization_config"); it != j.end() && it->is_object()) parse_quantization(*it, c);
   if (auto it = j.find("eos_token_id"); it != j.end()) c.eos_token_ids = ids_of(*it);
   if (auto it = j.find("bos_token_id"); it != j.end() && it->is_number_integer()) c.bos_token_id = it->get<int32_t>();
   c.validate();

@@ -37,6 +37,22 @@ struct Fp8Config {
   std::string scale_fmt;            // "" or "ue8m0"
 };
 
+// A checkpoint whose linear layers are stored in 4 bits (model/int4.h has the layouts). Which layers are quantized is
+// read from the tensors themselves (X.weight_packed or X.qweight stored instead of X.weight), so the config's
+// `ignore` / `modules_to_not_convert` lists (regexes in one library, substrings in the other) need no matching.
+enum class Int4Format : uint8_t {
+  kNone,
+  kCompressedTensors,  // quant_method "compressed-tensors", format "pack-quantized", W4A16 int weights
+  kAwq,                // quant_method "awq", version "gemm", zero_point true
+};
+
+struct Int4Config {
+  Int4Format format = Int4Format::kNone;
+  int64_t group_size = 128;  // inputs a scale covers; -1: one per output channel (the whole row)
+  bool symmetric = false;    // compressed-tensors without zero points
+  bool enabled() const { return format != Int4Format::kNone; }
+};
+
 struct ModelConfig {
   ModelVersion version = ModelVersion::kV3;
   std::string architecture;
@@ -67,6 +83,7 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   RopeConfig rope;
   Fp8Config fp8;
+  Int4Config int4;
   int64_t num_nextn_predict_layers = 0;  // MTP layers stored after the main layers
   std::vector<int32_t> eos_token_ids;
   std::optional<int32_t> bos_token_id;

@@ -25,13 +25,29 @@ class QuantizationConfig:
     FP8 checkpoint's weights stay as stored, a bf16/fp16 checkpoint's linear layers are quantized so at load.
     ``activation_bits=8`` is W8A8 (prefill GEMMs quantize activations per token per 128 channels), ``16`` weight-only
     FP8. The CPU backend computes in fp32 with the FP8 weights' exact values.
+
+    ``int4`` is 4-bit integer weights with 16-bit activations (W4A16). A checkpoint that stores them
+    (compressed-tensors ``pack-quantized``, AutoAWQ ``gemm``) is read as stored, with its own group size; a bf16/fp32
+    checkpoint's linear layers are rounded to nearest at load, in groups of ``group_size`` inputs (-1: one group per
+    output channel), asymmetric with a zero point per group unless ``symmetric``. ``awq`` asks for an AWQ checkpoint's
+    weights as stored (anything else is an error). INT4 runs on the CPU backend only for now, which computes with the
+    dequantized weights in float32: the INT4 GPU kernels are not built yet. ``weight_bits`` / ``activation_bits``
+    default to the method's (8 / 8 for fp8, 4 / 16 for int4 and awq); ``fuse_quant_dequant`` is accepted and unused.
     """
 
     method: str = "fp8"
-    weight_bits: int = 8
-    activation_bits: int = 8
+    weight_bits: int | None = None
+    activation_bits: int | None = None
     group_size: int = 128
     fuse_quant_dequant: bool = True
+    symmetric: bool = False
+
+    def __post_init__(self) -> None:
+        four_bit = self.method in ("int4", "awq")
+        if self.weight_bits is None:
+            self.weight_bits = 4 if four_bit else 8
+        if self.activation_bits is None:
+            self.activation_bits = 16 if four_bit else 8
 
     def validate(self) -> None:
         if self.method not in QUANTIZATION_METHODS:
@@ -40,15 +56,21 @@ class QuantizationConfig:
             raise ValueError(
                 f"quantization: fp8 needs weight_bits=8 and activation_bits 8 or 16, got "
                 f"weight_bits={self.weight_bits}, activation_bits={self.activation_bits}")
-        if self.group_size <= 0:
-            raise ValueError(f"quantization.group_size must be > 0, got {self.group_size}")
+        if self.method in ("int4", "awq") and (self.weight_bits != 4 or self.activation_bits != 16):
+            raise ValueError(
+                f"quantization: {self.method} is 4-bit weights with 16-bit activations (W4A16): it needs "
+                f"weight_bits=4 and activation_bits=16, got weight_bits={self.weight_bits}, "
+                f"activation_bits={self.activation_bits}")
+        if not isinstance(self.group_size, int) or isinstance(self.group_size, bool) or not (
+                self.group_size > 0 or (self.group_size == -1 and self.method != "fp8")):
+            raise ValueError(f"quantization.group_size must be > 0 (or -1 for int4: one group per output channel), "
+                             f"got {self.group_size!r}")
         if self.method == "fp8" and self.group_size != 128:
             raise ValueError(f"quantization.group_size={self.group_size}: fp8 weights are scaled per 128 x 128 block "
                              "(DeepSeek's format, and what the kernels read); use group_size=128")
-        if self.method in ("int4", "awq"):
-            raise ValueError(
-                f"quantization method {self.method!r} is not supported yet: DeepInfer loads native FP8 checkpoints "
-                "and quantizes bf16/fp16 ones to FP8 (quantization='fp8'), or runs them as they are (quantization=None)")
+        if not isinstance(self.symmetric, bool) or (self.symmetric and self.method != "int4"):
+            raise ValueError(f"quantization.symmetric={self.symmetric!r}: a bool, and True only with method 'int4' "
+                             "(round-to-nearest at load without zero points)")
 
     @classmethod
     def coerce(cls, value: "str | Mapping[str, Any] | QuantizationConfig | None") -> "QuantizationConfig | None":
@@ -65,6 +87,54 @@ class QuantizationConfig:
                 raise ValueError(f"quantization: unknown keys {sorted(unknown)}; known: {sorted(known)}")
             return cls(**dict(value))
         raise TypeError(f"quantization must be a string, a mapping or QuantizationConfig, got {type(value).__name__}")
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """How the engine holds the linear layers, decided from the quantization asked for and the checkpoint's own."""
+
+    fp8_weights: bool = False
+    fp8_activations: bool = True
+    int4: str = ""               # "": none; "compressed-tensors" / "awq": stored 4-bit weights; "rtn": rounded at load
+    int4_group_size: int = 128   # "rtn" only
+    int4_symmetric: bool = False
+
+
+INT4_GPU_NOT_BUILT = ("the INT4 GPU kernels are not built yet; 4-bit checkpoints (compressed-tensors, AWQ) and "
+                      "quantization='int4' load on the CPU backend (device='cpu'), which computes with the dequantized "
+                      "weights")
+
+
+def resolve_weight_format(q: "QuantizationConfig | None", fp8_checkpoint: bool, int4_checkpoint: str,
+                          device: str) -> WeightFormat:
+    """The engine's (and the plan's) reading of `quantization` against the checkpoint (config.json's
+    quantization_config: FP8, or the 4-bit `int4_checkpoint` format). An FP8 or 4-bit checkpoint stays as stored
+    unless asked otherwise, as vLLM runs it. Raises ValueError for what cannot be, before a weight is read."""
+    if q is None:
+        stored = WeightFormat(fp8_weights=fp8_checkpoint, int4=int4_checkpoint)
+    elif q.method == "fp8":
+        if int4_checkpoint:
+            raise ValueError(f"quantization='fp8' on a checkpoint of 4-bit weights ({int4_checkpoint}): it is already "
+                             "quantized; leave quantization unset to run it as stored")
+        stored = WeightFormat(fp8_weights=True, fp8_activations=q.activation_bits == 8)
+    elif q.method == "awq":
+        if int4_checkpoint != "awq":
+            found = f"its quantization_config is {int4_checkpoint!r}" if int4_checkpoint else (
+                "it is an FP8 checkpoint" if fp8_checkpoint else "its config.json has no AWQ quantization_config")
+            raise ValueError(f"quantization='awq' needs an AWQ checkpoint (quantization_config.quant_method 'awq', as "
+                             f"AutoAWQ writes), but {found}; quantization='int4' rounds a bf16/fp32 checkpoint to "
+                             "INT4 at load")
+        stored = WeightFormat(int4="awq")
+    elif int4_checkpoint:  # int4 asked of a 4-bit checkpoint: as stored, with its own groups
+        stored = WeightFormat(int4=int4_checkpoint)
+    elif fp8_checkpoint:
+        raise ValueError("quantization='int4' on an FP8 checkpoint: it is already quantized; leave quantization "
+                         "unset to run it as stored")
+    else:
+        stored = WeightFormat(int4="rtn", int4_group_size=q.group_size, int4_symmetric=q.symmetric)
+    if stored.int4 and device == "cuda":
+        raise ValueError(f"INT4 weights on device='cuda': {INT4_GPU_NOT_BUILT}")
+    return stored
 
 
 SPECULATIVE_METHODS = ("mtp", "deepseek_mtp")
@@ -139,8 +209,9 @@ ENGINE_FIELD_HELP: dict[str, str] = {
     "kv_cache_dtype": "the latent cache's dtype: 'auto' = the model's compute dtype; 'fp8' (= 'fp8_e4m3') stores c_kv "
                       "in e4m3 with a power-of-two scale per 128 values and k_pe in bf16: 656 bytes a token a layer "
                       "at DeepSeek's dims instead of 1,152",
-    "quantization": "'fp8': FP8 weights (an FP8 checkpoint as stored, a bf16 one quantized at load); "
-                    "none: the checkpoint's own format",
+    "quantization": "'fp8': FP8 weights (an FP8 checkpoint as stored, a bf16 one quantized at load); 'int4': "
+                    "4-bit weights (a compressed-tensors or AWQ checkpoint as stored, a bf16 one rounded at load; CPU "
+                    "backend only); 'awq': an AWQ checkpoint as stored; none: the checkpoint's own format",
     "speculative_config": 'MTP speculative decoding, e.g. {"method": "mtp", "num_speculative_tokens": 1}: the '
                           "checkpoint's MTP layer drafts that many tokens a step and the model verifies them; none: off",
     "device": "'auto' (CUDA when a GPU is visible), 'cpu' or 'cuda'",

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Union
 
 from deepinfer import _deepinfer
-from deepinfer.config import EngineConfig
+from deepinfer.config import EngineConfig, WeightFormat, resolve_weight_format
 from deepinfer.default_model import default_model
 from deepinfer.generation_defaults import load_generation_defaults
 from deepinfer.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput, TokenLogprobs
@@ -225,7 +225,7 @@ class DeepInferenceEngine:
         self.is_random_model = load_format == "dummy"
         self.model_config = _deepinfer.load_model_config(str(model_dir))
         self._check_max_model_len(config, model_dir)
-        fp8_weights, fp8_activations = self._weight_format(config)
+        weight_format = self._weight_format(config, device)
         if device == "cuda":
             self._check_fits_before_load(config, model_dir)
         self.tokenizer = self._load_tokenizer(config, model_dir)
@@ -253,8 +253,11 @@ class DeepInferenceEngine:
         options.enable_expert_parallel = config.enable_expert_parallel
         options.enable_dp_attention = config.enable_dp_attention
         options.collective_timeout_s = float(config.collective_timeout_s)
-        options.fp8_weights = fp8_weights
-        options.fp8_activations = fp8_activations
+        options.fp8_weights = weight_format.fp8_weights
+        options.fp8_activations = weight_format.fp8_activations
+        options.int4_weights = weight_format.int4 == "rtn"
+        options.int4_group_size = weight_format.int4_group_size
+        options.int4_symmetric = weight_format.int4_symmetric
         options.kv_cache_dtype = (_deepinfer.KvCacheDtype.auto if config.kv_cache_dtype == "auto"
                                   else _deepinfer.KvCacheDtype.fp8)
         options.grammar_library = grammar_library()
@@ -370,15 +373,12 @@ class DeepInferenceEngine:
         log = logger.info if plan.fits else logger.warning
         log("plan: %s (before loading; the working memory is estimated, and measured after)", plan.verdict())
 
-    def _weight_format(self, config: EngineConfig) -> tuple[bool, bool]:
-        """(fp8 weights, fp8 activations). An FP8 checkpoint stays FP8 unless asked otherwise (as vLLM runs it);
-        quantization='fp8' on a bf16/fp16 checkpoint quantizes its linear layers at load."""
-        q = config.quantization
-        if q is None:
-            return self.model_config.fp8, True
-        if q.method != "fp8":  # validate() refuses every other method before this
-            raise ValueError(f"quantization.method={q.method!r} is not supported")
-        return True, q.activation_bits == 8
+    def _weight_format(self, config: EngineConfig, device: str) -> WeightFormat:
+        """How the linear layers are held (config.resolve_weight_format): an FP8 or 4-bit checkpoint stays as stored
+        unless asked otherwise (as vLLM runs it); quantization='fp8' / 'int4' on a bf16/fp16 checkpoint quantizes its
+        linear layers at load. Refuses, from config.json alone, what cannot run (INT4 on CUDA: not built yet)."""
+        c = self.model_config
+        return resolve_weight_format(config.quantization, c.fp8, c.int4_format, device)
 
     def _load_tokenizer(self, config: EngineConfig, model_dir: Path) -> Tokenizer:
         tok_dir = Path(config.tokenizer).expanduser() if config.tokenizer else model_dir

@@ -38,6 +38,7 @@ class ModelDims:
     tie_word_embeddings: bool
     fp8_checkpoint: bool  # quantization_config says block-scaled FP8 (what the engine keeps FP8 on a GPU)
     num_nextn_predict_layers: int
+    int4_checkpoint: str = ""  # quantization_config's 4-bit weights: "compressed-tensors", "awq" or "" (none)
 
     @property
     def qk_head_dim(self) -> int:
@@ -67,7 +68,8 @@ class ModelDims:
                    num_experts_per_tok=c.num_experts_per_tok, first_k_dense_replace=c.first_k_dense_replace,
                    moe_layer_freq=c.moe_layer_freq, max_position_embeddings=c.max_position_embeddings,
                    tie_word_embeddings=c.tie_word_embeddings, fp8_checkpoint=c.fp8,
-                   num_nextn_predict_layers=c.num_nextn_predict_layers)
+                   num_nextn_predict_layers=c.num_nextn_predict_layers,
+                   int4_checkpoint=getattr(c, "int4_format", ""))
 
 
 def config_json_path(model: str | Path) -> Path:

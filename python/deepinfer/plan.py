@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from deepinfer.config import EngineConfig
+from deepinfer.config import EngineConfig, resolve_weight_format
 from deepinfer.model_dims import ModelDims
 from deepinfer.plan_terms import (BF16, F32, FP8, GIB, MIB, Layout, cache_bytes_per_token, parameter_count,
                                   resident_weight_bytes, step_working_bytes)
@@ -45,7 +45,8 @@ class MemoryPlan:
     tensor_parallel_size: int
     enable_expert_parallel: bool
     enable_dp_attention: bool
-    weight_format: str                # "fp8 (W8A8)", "fp8 (W8A16)", "bfloat16", "float32", "int4 (not built yet)"
+    weight_format: str                # "fp8 (W8A8)", "fp8 (W8A16)", "bfloat16", "float32", "int4 (float32 on the CPU)",
+                                      # "int4 (GPU kernels not built yet)"
     weight_bytes: dict[str, int]      # a GPU, by dtype: what Engine.weight_bytes reports
     cache_dtype: str
     cache_bytes_per_token: int        # all layers: Engine.cache_info["bytes_per_token"]
@@ -158,23 +159,27 @@ def plan_device(config: EngineConfig) -> str:
 
 
 def _weight_format(config: EngineConfig, d: ModelDims, device: str, int4: bool) -> tuple[str, str]:
-    """(the linear layers' format, its name), as the engine's _weight_format decides: an FP8 checkpoint stays FP8
-    unless asked otherwise, quantization='fp8' makes a bf16 one FP8."""
+    """(the linear layers' format, its name), as the engine's _weight_format decides (config.resolve_weight_format):
+    an FP8 or 4-bit checkpoint stays as stored unless asked otherwise, quantization='fp8' makes a bf16 one FP8 and
+    'int4' rounds it to INT4. INT4 runs on the CPU only, where the engine holds the dequantized weights in float32;
+    `int4` plans what INT4 weights would need on GPUs, whose kernels are not built yet."""
     if int4:
-        return "int4", "int4 (not built yet)"
-    q = config.quantization
-    if not (d.fp8_checkpoint if q is None else q.method == "fp8"):
+        return "int4", "int4 (GPU kernels not built yet)"
+    f = resolve_weight_format(config.quantization, d.fp8_checkpoint, d.int4_checkpoint, device)
+    if f.int4:
+        return "plain", "int4 (float32 on the CPU)"
+    if not f.fp8_weights:
         return "plain", BF16 if device == "cuda" else F32
     if device == "cpu":
         return "fp8", "fp8 (float32 on the CPU)"
-    return "fp8", "fp8 (W8A8)" if q is None or q.activation_bits == 8 else "fp8 (W8A16)"
+    return "fp8", "fp8 (W8A8)" if f.fp8_activations else "fp8 (W8A16)"
 
 
 def plan_memory(d: ModelDims, config: EngineConfig, *, gpus: int | None = None, gpu_memory_bytes: int | None = None,
                 in_use_bytes: int | None = None, model: str = "", int4_weights: bool = False) -> MemoryPlan:
     """The memory plan of `config` for the model of `d`: on CUDA for GPUs of `gpu_memory_bytes` each, of which
     `in_use_bytes` are already taken when known (the engine's check measures it; a plan uses an allowance).
-    `int4_weights` plans INT4 linear layers, which the engine does not build yet. Raises ValueError, in the engine's
+    `int4_weights` plans INT4 linear layers on GPUs, whose kernels are not built yet (INT4 runs on the CPU). Raises ValueError, in the engine's
     words, for a split the model does not divide into or a max_model_len past its positions."""
     device = plan_device(config)
     layout = Layout(config.tensor_parallel_size, config.enable_expert_parallel, config.enable_dp_attention)
@@ -255,7 +260,7 @@ class Option:
 
 def plan_options(d: ModelDims, config: EngineConfig, base: MemoryPlan) -> list[Option]:
     """What else would fit, or give more room (CUDA plans): the smallest tensor_parallel_size that fits, FP8
-    weights, the FP8 cache, and INT4 weights (not built yet: what they would need)."""
+    weights, the FP8 cache, and INT4 weights (GPU kernels not built yet: what they would need)."""
     if base.device != "cuda":
         return []
     same = dict(gpus=base.gpus, gpu_memory_bytes=base.gpu_memory_bytes, in_use_bytes=base.in_use_bytes,
@@ -281,7 +286,7 @@ def plan_options(d: ModelDims, config: EngineConfig, base: MemoryPlan) -> list[O
         options.append(Option("--kv-cache-dtype fp8", plan_memory(d, dataclasses.replace(config, kv_cache_dtype="fp8"),
                                                                   **same)))
     options.append(Option("INT4 weights", plan_memory(d, config, int4_weights=True, **same), available=False,
-                          note="not built yet"))
+                          note="GPU kernels not built yet"))
     return options
 
 

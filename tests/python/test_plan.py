@@ -138,7 +138,7 @@ def test_v3_in_bf16_does_not_fit_and_fp8_would(v3_config):
     assert options["--quantization fp8"].plan.fits
     assert options["--tensor-parallel-size 16"].plan.fits  # the smallest split that fits: more GPUs than 8
     assert not options["--kv-cache-dtype fp8"].plan.fits   # the cache is not what is too big
-    assert not options["INT4 weights"].available and options["INT4 weights"].note == "not built yet"
+    assert not options["INT4 weights"].available and options["INT4 weights"].note == "GPU kernels not built yet"
 
 
 def test_an_fp8_checkpoint_plans_fp8_by_default(tmp_path):
@@ -175,7 +175,7 @@ def test_the_command_plans_the_cpu_backend(checkpoints):
 @pytest.mark.parametrize("args, code, message", [
     (("plan", "/nonexistent/model", "--gpu-memory-gb", "80"), 2, "no such checkpoint directory or config.json"),
     (("plan", "--kv-cache-dtype", "fp4", "--gpu-memory-gb", "80"), 2, "kv_cache_dtype must be"),
-    (("plan", "--quantization", "int4", "--gpu-memory-gb", "80"), 2, "not supported yet"),
+    (("plan", "--quantization", "int4", "--gpu-memory-gb", "80"), 2, "the INT4 GPU kernels are not built yet"),
     (("plan", "--gpus", "2", "--tensor-parallel-size", "4", "--gpu-memory-gb", "80"), 2, "needs as many GPUs"),
     (("plan", "--gpu-memory-gb", "lots"), 2, "expected a number, got 'lots'"),
     (("plan", "--gpus", "3", "--gpu-memory-gb", "80"), 2, "tensor_parallel_size 3 does not divide"),

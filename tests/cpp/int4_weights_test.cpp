@@ -1,0 +1,342 @@
+// 4-bit weights on the host: the compressed-tensors and AWQ nibble orders pinned by hand-written words, dequantization
+// against a packer written here from the layouts' definitions, round-to-nearest INT4, and the checkpoint source's
+// checks of packed tensors (before a weight is read).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "model/checkpoint.h"
+#include "model/config.h"
+#include "model/int4.h"
+#include "model/int4_source.h"
+#include "safetensors_writer.h"
+
+namespace deepinfer {
+namespace {
+
+using namespace test;  // NOLINT: the shared test helpers
+
+std::span<const std::byte> as_bytes(const std::vector<int32_t>& words) {
+  return std::as_bytes(std::span<const int32_t>(words));
+}
+
+// compressed-tensors' packing: 8 values a word along the packed dimension, value i in bits 4 (i % 8) .. + 3, each
+// stored as q + 8. `q` is [rows, cols]; packed along cols.
+std::vector<int32_t> pack_ct_rows(const std::vector<int>& q, int64_t rows, int64_t cols) {
+  const int64_t words = (cols + 7) / 8;
+  std::vector<uint32_t> out(static_cast<size_t>(rows * words), 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      out[static_cast<size_t>(r * words + c / 8)] |= static_cast<uint32_t>(q[static_cast<size_t>(r * cols + c)] + 8)
+                                                     << (4 * (c % 8));
+    }
+  }
+  return {out.begin(), out.end()};
+}
+
+// AWQ's packing of a [rows, cols] matrix of unsigned values along cols: nibble j of word c / 8 holds column
+// 8 (c / 8) + kAwqColumnOfNibble[j] (AutoAWQ's order_map).
+std::vector<int32_t> pack_awq_rows(const std::vector<int>& q, int64_t rows, int64_t cols) {
+  std::vector<uint32_t> out(static_cast<size_t>(rows * cols / 8), 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t w = 0; w < cols / 8; ++w) {
+      for (int j = 0; j < 8; ++j) {
+        const int64_t c = 8 * w + kAwqColumnOfNibble[static_cast<size_t>(j)];
+        out[static_cast<size_t>(r * cols / 8 + w)] |= static_cast<uint32_t>(q[static_cast<size_t>(r * cols + c)])
+                                                      << (4 * j);
+      }
+    }
+  }
+  return {out.begin(), out.end()};
+}
+
+TEST(Int4Layout, CompressedTensorsPutsTheFirstValueInTheLowNibble) {
+  // Row values q = k - 8 for k = 0..7 (stored k): the word reads 0x76543210.
+  const std::vector<int32_t> words{0x76543210};
+  const std::vector<float> scales{1.0f};
+  std::vector<float> out(8);
+  dequantize_int4_rows({.layout = Int4Layout::kCompressedTensors, .rows = 1, .cols = 8, .group_size = 8,
+                        .qweight = as_bytes(words), .scales = scales},
+                       0, 1, out);
+  for (int k = 0; k < 8; ++k) EXPECT_EQ(out[static_cast<size_t>(k)], static_cast<float>(k - 8)) << k;
+}
+
+TEST(Int4Layout, AwqInterleavesTheColumnsOfAWord) {
+  // Columns 0..7 holding 0..7: nibbles in the order 0 2 4 6 1 3 5 7 read 0x75316420; zero points 0, scale 1.
+  const std::vector<int32_t> words{0x75316420}, zeros{0};
+  const std::vector<float> scales(8, 1.0f);
+  std::vector<float> out(8);
+  dequantize_int4_rows({.layout = Int4Layout::kAwq, .rows = 8, .cols = 1, .group_size = 1, .qweight = as_bytes(words),
+                        .zeros = as_bytes(zeros), .scales = scales},
+                       0, 8, out);  // W is [N = 8, K = 1]: row n is column n of the stored [K, N]
+  for (int n = 0; n < 8; ++n) EXPECT_EQ(out[static_cast<size_t>(n)], static_cast<float>(n)) << n;
+}
+
+TEST(Int4Dequantize, CompressedTensorsGroupsAndZeroPoints) {
+  // N = 11 (zero points take two words along N), K = 20 (rows end in a partly filled word), groups of 10.
+  const int64_t n = 11, k = 20, g = 10, groups = k / g;
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int> value(-8, 7);
+  std::vector<int> q(static_cast<size_t>(n * k)), z(static_cast<size_t>(n * groups));
+  for (int& v : q) v = value(rng);
+  for (int& v : z) v = value(rng);
+  std::vector<float> scales(static_cast<size_t>(n * groups));
+  for (size_t i = 0; i < scales.size(); ++i) scales[i] = 0.01f * static_cast<float>(i + 1);
+  // weight_zero_point is [N, K / G] packed along N: transpose, pack rows of N, transpose back.
+  std::vector<int> z_t(static_cast<size_t>(groups * n));
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t c = 0; c < groups; ++c) z_t[static_cast<size_t>(c * n + r)] = z[static_cast<size_t>(r * groups + c)];
+  }
+  const std::vector<int32_t> zt_words = pack_ct_rows(z_t, groups, n);  // [groups, ceil(N / 8)]
+  const int64_t zn = (n + 7) / 8;
+  std::vector<int32_t> z_words(static_cast<size_t>(zn * groups));
+  for (int64_t c = 0; c < groups; ++c) {
+    for (int64_t w = 0; w < zn; ++w) z_words[static_cast<size_t>(w * groups + c)] = zt_words[static_cast<size_t>(c * zn + w)];
+  }
+  const std::vector<int32_t> words = pack_ct_rows(q, n, k);
+  const PackedInt4 packed{.layout = Int4Layout::kCompressedTensors, .rows = n, .cols = k, .group_size = g,
+                          .qweight = as_bytes(words), .zeros = as_bytes(z_words), .scales = scales};
+  std::vector<float> all(static_cast<size_t>(n * k));
+  dequantize_int4_rows(packed, 0, n, all);
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t c = 0; c < k; ++c) {
+      const size_t s = static_cast<size_t>(r * groups + c / g);
+      EXPECT_EQ(all[static_cast<size_t>(r * k + c)],
+                static_cast<float>(q[static_cast<size_t>(r * k + c)] - z[s]) * scales[s])
+          << r << ", " << c;
+    }
+  }
+  std::vector<float> part(static_cast<size_t>(3 * k));
+  dequantize_int4_rows(packed, 7, 3, part);
+  EXPECT_TRUE(std::equal(part.begin(), part.end(), all.begin() + 7 * k));
+  // Symmetric: no zero points.
+  std::vector<float> row(static_cast<size_t>(k));
+  dequantize_int4_rows({.layout = Int4Layout::kCompressedTensors, .rows = n, .cols = k, .group_size = g,
+                        .qweight = as_bytes(words), .scales = scales},
+                       0, 1, row);
+  EXPECT_EQ(row[0], static_cast<float>(q[0]) * scales[0]);
+  expect_error([&] { dequantize_int4_rows({.layout = Int4Layout::kCompressedTensors, .rows = n, .cols = k,
+                                           .group_size = 6, .qweight = as_bytes(words), .scales = scales},
+                                          0, 1, row); },
+               {"with group size 6: the group size must divide K"});
+}
+
+TEST(Int4Dequantize, AwqGroupsAndZeroPoints) {
+  const int64_t n = 24, k = 6, g = 3, groups = k / g;  // stored qweight [K, N / 8]
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> value(0, 15);
+  std::vector<int> q(static_cast<size_t>(k * n)), z(static_cast<size_t>(groups * n));  // [K, N], [K / G, N]
+  for (int& v : q) v = value(rng);
+  for (int& v : z) v = value(rng);
+  std::vector<float> scales(static_cast<size_t>(groups * n));
+  for (size_t i = 0; i < scales.size(); ++i) scales[i] = 0.5f + 0.125f * static_cast<float>(i);
+  const std::vector<int32_t> words = pack_awq_rows(q, k, n), z_words = pack_awq_rows(z, groups, n);
+  const PackedInt4 packed{.layout = Int4Layout::kAwq, .rows = n, .cols = k, .group_size = g,
+                          .qweight = as_bytes(words), .zeros = as_bytes(z_words), .scales = scales};
+  std::vector<float> out(static_cast<size_t>(5 * k));
+  dequantize_int4_rows(packed, 9, 5, out);  // rows 9..13 of W [N, K]: columns of the stored [K, N]
+  for (int64_t r = 0; r < 5; ++r) {
+    for (int64_t c = 0; c < k; ++c) {
+      const int64_t col = 9 + r;
+      const size_t s = static_cast<size_t>((c / g) * n + col);
+      EXPECT_EQ(out[static_cast<size_t>(r * k + c)],
+                static_cast<float>(q[static_cast<size_t>(c * n + col)] - z[s]) * scales[s])
+          << r << ", " << c;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------- rounding
+
+TEST(Int4Rounding, AsymmetricGroupsKeepZeroAndTheirEnds) {
+  // Group [-1.5, 3]: s = 0.3, z = 5; the ends and 0 are codes 0, 15 and 5.
+  std::vector<float> x{0.0f, 3.0f, -1.5f, 0.7f, /* second group */ 2.0f, 2.0f, 2.0f, 2.0f};
+  round_int4(x, 8, {.group_size = 4});
+  const float s = 4.5f / 15.0f;
+  EXPECT_EQ(x[0], 0.0f);
+  EXPECT_FLOAT_EQ(x[1], 10.0f * s);
+  EXPECT_FLOAT_EQ(x[2], -5.0f * s);
+  EXPECT_FLOAT_EQ(x[3], 2.0f * s);  // 0.7 / 0.3 = 2.33 -> 2
+  for (int i = 4; i < 8; ++i) EXPECT_FLOAT_EQ(x[static_cast<size_t>(i)], 2.0f);  // [0, 2]: s = 2 / 15, 2 is code 15
+}
+
+TEST(Int4Rounding, ErrorsAreWithinHalfAStepAndRoundingIsIdempotent) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal;
+  const int64_t rows = 6, cols = 64;
+  std::vector<float> x(static_cast<size_t>(rows * cols));
+  for (float& v : x) v = normal(rng);
+  for (const Int4Rounding r : {Int4Rounding{.group_size = 16}, Int4Rounding{.group_size = -1},
+                               Int4Rounding{.group_size = 32, .symmetric = true}}) {
+    std::vector<float> y = x;
+    round_int4(y, cols, r);
+    const int64_t g = r.group_size == -1 ? cols : r.group_size;
+    for (int64_t b = 0; b < rows * cols / g; ++b) {
+      float lo = 0, hi = 0, amax = 0;
+      for (int64_t i = b * g; i < (b + 1) * g; ++i) {
+        lo = std::min(lo, x[static_cast<size_t>(i)]);
+        hi = std::max(hi, x[static_cast<size_t>(i)]);
+        amax = std::max(amax, std::fabs(x[static_cast<size_t>(i)]));
+      }
+      const float step = r.symmetric ? amax / 7 : (hi - lo) / 15;
+      std::set<float> levels;
+      for (int64_t i = b * g; i < (b + 1) * g; ++i) {
+        EXPECT_LE(std::fabs(y[static_cast<size_t>(i)] - x[static_cast<size_t>(i)]), 0.5f * step * 1.0001f);
+        levels.insert(y[static_cast<size_t>(i)]);
+      }
+      EXPECT_LE(levels.size(), 16u);
+    }
+    std::vector<float> again = y;
+    round_int4(again, cols, r);
+    for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(again[i], y[i], 1e-6f) << i;
+  }
+  std::vector<float> zeros(32, 0.0f);
+  round_int4(zeros, 32, {.group_size = 8});
+  round_int4(zeros, 32, {.group_size = 8, .symmetric = true});
+  for (float v : zeros) EXPECT_EQ(v, 0.0f);
+  expect_error([&] { round_int4(zeros, 32, {.group_size = 12}); }, {"group size 12 does not divide rows of 32"});
+}
+
+TEST(Int4Rounding, AppliesToTheProjectionsOnly) {
+  for (const char* name : {"model.layers.0.self_attn.q_a_proj.weight", "model.layers.0.self_attn.kv_b_proj.weight",
+                           "model.layers.0.self_attn.kv_a_proj_with_mqa.weight", "model.layers.1.mlp.experts.3.down_proj.weight",
+                           "model.layers.1.mlp.shared_experts.gate_proj.weight", "model.layers.1.mlp.experts.gate_up_proj",
+                           "model.layers.3.eh_proj.weight"}) {
+    EXPECT_TRUE(is_int4_linear(name)) << name;
+  }
+  for (const char* name : {"model.layers.1.mlp.gate.weight", "model.embed_tokens.weight", "lm_head.weight",
+                           "model.layers.0.input_layernorm.weight", "model.layers.1.mlp.gate.e_score_correction_bias"}) {
+    EXPECT_FALSE(is_int4_linear(name)) << name;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------- the checkpoint
+
+nlohmann::json tiny_config(const nlohmann::json& quantization) {
+  return {{"architectures", {"DeepseekV3ForCausalLM"}}, {"vocab_size", 32}, {"hidden_size", 16},
+          {"intermediate_size", 24}, {"num_hidden_layers", 1}, {"num_attention_heads", 2}, {"kv_lora_rank", 8},
+          {"qk_nope_head_dim", 4}, {"qk_rope_head_dim", 4}, {"v_head_dim", 4}, {"quantization_config", quantization}};
+}
+
+nlohmann::json ct_quantization(bool symmetric, int64_t group_size) {
+  return {{"quant_method", "compressed-tensors"}, {"format", "pack-quantized"},
+          {"config_groups", {{"group_0", {{"targets", {"Linear"}},
+                                          {"weights", {{"num_bits", 4}, {"type", "int"}, {"symmetric", symmetric},
+                                                       {"strategy", "group"}, {"group_size", group_size}}}}}}},
+          {"ignore", {"lm_head"}}};
+}
+
+// One compressed-tensors weight "m.weight" [n, k] with float32 scales, and a plain "p.weight".
+std::vector<RawTensor> ct_tensors(int64_t n, int64_t k, int64_t g, const std::vector<int>& q, bool zeros) {
+  std::vector<float> scales(static_cast<size_t>(n * (k / g)), 0.25f);
+  std::vector<RawTensor> t{
+      {"m.weight_packed", "I32", {n, (k + 7) / 8}, to_bytes(pack_ct_rows(q, n, k))},
+      {"m.weight_scale", "F32", {n, k / g}, to_bytes(scales)},
+      {"m.weight_shape", "I64", {2}, to_bytes(std::vector<int64_t>{n, k})},
+      {"p.weight", "F32", {2, 2}, to_bytes(std::vector<float>{1, 2, 3, 4})}};
+  if (zeros) {
+    // Zero point 1 everywhere (stored 9): [ceil(N / 8), K / G] words of 0x99999999.
+    t.push_back({"m.weight_zero_point", "I32", {(n + 7) / 8, k / g},
+                 to_bytes(std::vector<int32_t>(static_cast<size_t>((n + 7) / 8 * (k / g)),
+                                               static_cast<int32_t>(0x99999999u)))});
+  }
+  return t;
+}
+
+TEST(Int4Checkpoint, ReadsPackedWeightsByTheirPlainNames) {
+  TempDir dir;
+  const int64_t n = 8, k = 16, g = 8;
+  std::vector<int> q(static_cast<size_t>(n * k));
+  for (size_t i = 0; i < q.size(); ++i) q[i] = static_cast<int>(i % 16) - 8;
+  write_safetensors(dir.path() / "model.safetensors", ct_tensors(n, k, g, q, /*zeros=*/true),
+                    nullptr, HeaderPadding::kOdd);  // unaligned words
+  const ModelConfig config = parse_model_config(tiny_config(ct_quantization(false, g)));
+  ASSERT_EQ(config.int4.format, Int4Format::kCompressedTensors);
+  const auto source = open_int4_checkpoint_source(Checkpoint::open(dir.path()), config);
+  EXPECT_TRUE(source->contains("m.weight"));
+  EXPECT_EQ(*source->stored_shape("m.weight"), (std::vector<int64_t>{n, k}));
+  std::vector<float> w(static_cast<size_t>(n * k));
+  source->read(std::string("m.weight"), std::vector<int64_t>{n, k}, w);
+  for (size_t i = 0; i < w.size(); ++i) EXPECT_EQ(w[i], static_cast<float>(q[i] - 1) * 0.25f) << i;
+  std::vector<float> p(4);
+  source->read(std::string("p.weight"), std::vector<int64_t>{2, 2}, p);  // stays as stored
+  EXPECT_EQ(p, (std::vector<float>{1, 2, 3, 4}));
+  expect_error([&] { source->read(std::string("m.weight"), std::vector<int64_t>{k, n}, w); },
+               {"m.weight", "m.weight_packed", "[8, 16]", "expected [16, 8]"});
+}
+
+TEST(Int4Checkpoint, BadPackedTensorsFailWhenOpened) {
+  const int64_t n = 8, k = 16;
+  const std::vector<int> q(static_cast<size_t>(n * k), 0);
+  const auto open = [](const std::vector<RawTensor>& tensors, const nlohmann::json& quantization) {
+    TempDir dir;
+    write_safetensors(dir.path() / "model.safetensors", tensors);
+    return open_int4_checkpoint_source(Checkpoint::open(dir.path()), parse_model_config(tiny_config(quantization)));
+  };
+  std::vector<RawTensor> t = ct_tensors(n, k, 8, q, true);
+  t[2].bytes = to_bytes(std::vector<int64_t>{n, 24});  // weight_shape disagrees with weight_packed
+  expect_error([&] { open(t, ct_quantization(false, 8)); },
+               {"m.weight_packed has shape [8, 2]", "m.weight_shape is [8, 24]", "[8, 3]"});
+  expect_error([&] { open(ct_tensors(n, k, 8, q, true), ct_quantization(false, 6)); },
+               {"group_size 6", "does not divide K = 16", "m"});
+  expect_error([&] { open(ct_tensors(n, k, 8, q, false), ct_quantization(false, 8)); },
+               {"m.weight_packed has no m.weight_zero_point"});
+  t = ct_tensors(n, k, 8, q, true);
+  t[1].shape = {n, 1};
+  t[1].bytes = to_bytes(std::vector<float>(static_cast<size_t>(n), 1.0f));
+  expect_error([&] { open(t, ct_quantization(false, 8)); }, {"m.weight_scale has shape [8, 1], expected [8, 2]"});
+  EXPECT_NO_THROW(open(ct_tensors(n, k, 8, q, false), ct_quantization(true, 8)));
+  // AWQ: qweight [K, N / 8], qzeros [K / G, N / 8], scales [K / G, N].
+  nlohmann::json awq = {{"quant_method", "awq"}, {"bits", 4}, {"group_size", 8}, {"zero_point", true},
+                        {"version", "gemm"}};
+  const std::vector<RawTensor> awq_tensors{
+      {"m.qweight", "I32", {k, n / 8}, to_bytes(std::vector<int32_t>(static_cast<size_t>(k * n / 8)))},
+      {"m.qzeros", "I32", {k / 8, n / 8}, to_bytes(std::vector<int32_t>(static_cast<size_t>(k / 8 * n / 8)))},
+      {"m.scales", "F16", {k / 8, n}, to_bytes(std::vector<uint16_t>(static_cast<size_t>(k / 8 * n), 0x3c00))}};
+  EXPECT_NO_THROW(open(awq_tensors, awq));
+  awq["group_size"] = 3;
+  expect_error([&] { open(awq_tensors, awq); }, {"group_size 3", "does not divide K = 16"});
+}
+
+TEST(Int4Config, RefusesWhatItCannotLoad) {
+  const auto parse = [](const nlohmann::json& q) { return parse_model_config(tiny_config(q)); };
+  nlohmann::json q = ct_quantization(true, 32);
+  q["config_groups"]["group_0"]["weights"]["num_bits"] = 8;
+  expect_error([&] { parse(q); }, {"config_groups.group_0.weights.num_bits is 8", "only 4-bit"});
+  q = ct_quantization(true, 32);
+  q["format"] = "float-quantized";
+  expect_error([&] { parse(q); }, {"format 'float-quantized' is not supported"});
+  q = ct_quantization(true, 32);
+  q["config_groups"]["group_0"]["weights"]["actorder"] = "group";
+  expect_error([&] { parse(q); }, {"actorder"});
+  q = ct_quantization(true, 32);
+  q["config_groups"]["group_0"]["weights"]["strategy"] = "channel";
+  EXPECT_EQ(parse(q).int4.group_size, -1);
+  expect_error([&] { parse({{"quant_method", "awq"}, {"bits", 3}}); }, {"quantization_config.bits is 3"});
+  expect_error([&] { parse({{"quant_method", "awq"}, {"bits", 4}, {"version", "gemv"}}); },
+               {"version 'gemv' is not supported"});
+  expect_error([&] { parse({{"quant_method", "gptq"}}); }, {"quant_method 'gptq' is not supported"});
+  const ModelConfig awq = parse({{"quant_method", "awq"}, {"bits", 4}, {"group_size", 64}, {"zero_point", true}});
+  EXPECT_EQ(awq.int4.format, Int4Format::kAwq);
+  EXPECT_EQ(awq.int4.group_size, 64);
+}
+
+TEST(Int4Config, RoundingGroupsMustDivideEveryInputSize) {
+  const ModelConfig c = parse_model_config(tiny_config(nullptr));  // K: 16 (hidden), 8 (kv_lora_rank), 8, 24
+  EXPECT_NO_THROW(check_int4_rounding(c, {.group_size = 8}));
+  EXPECT_NO_THROW(check_int4_rounding(c, {.group_size = -1}));
+  expect_error([&] { check_int4_rounding(c, {.group_size = 16}); }, {"group_size 16 does not divide K = 8 of kv_b_proj"});
+  expect_error([&] { check_int4_rounding(c, {.group_size = 0}); }, {"group_size must be > 0 or -1"});
+}
+
+}  // namespace
+}  // namespace deepinfer
