@@ -581,9 +581,9 @@ void SampleArgs::validate() const {
   int64_t num_allowed_rows = 0;
   if (allowed_tokens.numel() > 0) {
     expect_dtype(allowed_tokens, DType::kI32, "sample", "allowed_tokens");
-    DI_CHECK(allowed_tokens.shape.ndim() == 2 && allowed_tokens.shape[1] == (vocab + 31) / 32,
+    DI_CHECK(allowed_tokens.shape.ndim() == 2 && allowed_tokens.shape[1] == allowed_token_words(vocab),
              "sample: allowed_tokens ", allowed_tokens.shape.str(), " for a vocabulary of ", vocab, ": expected [rows, ",
-             (vocab + 31) / 32, "]");
+             allowed_token_words(vocab), "]");
     num_allowed_rows = allowed_tokens.shape[0];
   }
   expect_one_device({logits, rows, penalty_tokens, penalty_counts, masked_tokens, out}, "sample");

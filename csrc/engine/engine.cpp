@@ -3,11 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
-#include <functional>
-#include <exception>
 
 #include "engine/device_backend.h"
 #include "engine/grammar/llguidance_compiler.h"
+#include "engine/host_parallel.h"
 #include "core/counter_rng.h"
 #include "engine/model_runner.h"
 #include "parallel/mpi_communicator.h"
@@ -47,22 +46,6 @@ void EngineOptions::validate() const {
 }
 
 namespace {
-
-// The scheduler's independent work (a step's grammar advances) on OpenMP's threads; an exception of one body is
-// rethrown here, after the others ran.
-void parallel_for_on_host_threads(size_t n, const std::function<void(size_t)>& body) {
-  std::exception_ptr failure;
-#pragma omp parallel for schedule(dynamic)
-  for (int64_t i = 0; i < static_cast<int64_t>(n); ++i) {
-    try {
-      body(static_cast<size_t>(i));
-    } catch (...) {
-#pragma omp critical
-      failure = std::current_exception();
-    }
-  }
-  if (failure) std::rethrow_exception(failure);
-}
 
 // The sink of the weights' format: FP8 weights on a device that computes with them, stored FP8 values in float32 on
 // the CPU (exact), and a bf16 checkpoint's FP8 quantization emulated in float32 on the CPU.

@@ -188,13 +188,21 @@ std::vector<RequestUpdate> Scheduler::update(const SchedulePlan& plan, std::span
   check_plan(plan);
   DI_CHECK(static_cast<size_t>(plan.num_sampling_chunks()) == counts.size(), "the plan of step ", plan.step, " has ",
            plan.num_sampling_chunks(), " sampling chunks but got ", counts.size(), " token counts");
-  // Every count is checked before any request changes: a bad one leaves the plan as it was (cancel() still works).
+  // Each chunk's tokens: [first, first + count) of `tokens`. Every count is checked before any request changes: a bad
+  // one leaves the plan as it was (cancel() still works). (A chunk's request may be gone: aborted in flight.)
+  struct ChunkTokens {
+    size_t first = 0;
+    int32_t count = 0;
+  };
+  std::vector<ChunkTokens> spans(plan.chunks.size());
   size_t total = 0, sample = 0;
-  for (const ScheduledChunk& chunk : plan.chunks) {
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const ScheduledChunk& chunk = plan.chunks[i];
     if (!chunk.samples) continue;
-    const int32_t c = counts[sample++];  // (the chunk's request may be gone: aborted in flight)
+    const int32_t c = counts[sample++];
     DI_CHECK(c >= 1 && c <= 1 + chunk.num_draft_tokens, "the plan of step ", plan.step, ": sampling chunk ",
              sample - 1, " got ", c, " tokens from ", chunk.num_draft_tokens, " drafts");
+    spans[i] = {.first = total, .count = c};
     total += static_cast<size_t>(c);
   }
   DI_CHECK(total == tokens.size(), "the plan of step ", plan.step, " got ", tokens.size(), " sampled tokens for counts "
@@ -204,30 +212,25 @@ std::vector<RequestUpdate> Scheduler::update(const SchedulePlan& plan, std::span
   // is about ten microseconds; a batch of them one after another would sit on the step's critical path). A token that
   // ends the request (EOS, a stop id) never reaches the grammar; before min_tokens the sampler masks those.
   struct GrammarStep {
-    const ScheduledChunk* chunk;
-    int32_t token;
+    size_t chunk = 0;
+    int32_t token = 0;
     bool consumed = false;
     bool failed = false;
   };
   std::vector<GrammarStep> grammar_steps;
-  {
-    size_t count_index = 0, token_index = 0;
-    for (const ScheduledChunk& chunk : plan.chunks) {
-      const int32_t count = chunk.samples ? counts[count_index++] : 0;
-      const size_t first = token_index;
-      token_index += static_cast<size_t>(count);
-      if (count == 0 || was_aborted_in_flight(chunk.request) || !chunk.request->grammar) continue;
-      DI_CHECK(count == 1, "request ", chunk.request->id, ": a grammar-constrained request got ", count,
-               " tokens (it has no drafts)");
-      const Request& r = *chunk.request;
-      const int32_t token = tokens[first];
-      if (r.params.max_tokens == 0 || r.is_eos(token) || r.is_stop_token(token)) continue;
-      grammar_steps.push_back({.chunk = &chunk, .token = token});
-    }
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const ScheduledChunk& chunk = plan.chunks[i];
+    if (spans[i].count == 0 || was_aborted_in_flight(chunk.request) || !chunk.request->grammar) continue;
+    const Request& r = *chunk.request;
+    DI_CHECK(spans[i].count == 1, "request ", r.id, ": a grammar-constrained request got ", spans[i].count,
+             " tokens (it has no drafts)");
+    const int32_t token = tokens[spans[i].first];
+    if (r.params.max_tokens == 0 || r.is_eos(token) || r.is_stop_token(token)) continue;
+    grammar_steps.push_back({.chunk = i, .token = token});
   }
-  const auto advance = [&](size_t i) {
-    GrammarStep& g = grammar_steps[i];
-    GrammarMatcher& grammar = *g.chunk->request->grammar;
+  const auto advance = [&](size_t k) {
+    GrammarStep& g = grammar_steps[k];
+    GrammarMatcher& grammar = *plan.chunks[g.chunk].request->grammar;
     if (!grammar.error().empty()) return;  // its mask failed: the request ends with that error
     g.consumed = true;
     g.failed = !grammar.consume(g.token);
@@ -235,15 +238,15 @@ std::vector<RequestUpdate> Scheduler::update(const SchedulePlan& plan, std::span
   if (parallel_for_ && grammar_steps.size() > 1) {
     parallel_for_(grammar_steps.size(), advance);
   } else {
-    for (size_t i = 0; i < grammar_steps.size(); ++i) advance(i);
+    for (size_t k = 0; k < grammar_steps.size(); ++k) advance(k);
   }
-  size_t next_grammar = 0;
+  std::vector<const GrammarStep*> grammar_step_of(plan.chunks.size(), nullptr);
+  for (const GrammarStep& g : grammar_steps) grammar_step_of[g.chunk] = &g;
 
-  size_t next_count = 0, next_token = 0;
-  for (const ScheduledChunk& chunk : plan.chunks) {
-    const int32_t count = chunk.samples ? counts[next_count++] : 0;
-    const size_t first_token = next_token;
-    next_token += static_cast<size_t>(count);
+  for (size_t c = 0; c < plan.chunks.size(); ++c) {
+    const ScheduledChunk& chunk = plan.chunks[c];
+    const int32_t count = spans[c].count;
+    const size_t first_token = spans[c].first;
     if (was_aborted_in_flight(chunk.request)) continue;
     Request& r = *chunk.request;
     r.draft_token_ids.clear();
@@ -266,9 +269,7 @@ std::vector<RequestUpdate> Scheduler::update(const SchedulePlan& plan, std::span
       u.new_tokens.push_back(token);
       // EOS and stop ids count only from output index min_tokens on (the sampler masks them before).
       const bool may_stop = r.num_output_tokens() > r.params.min_tokens;
-      const GrammarStep* g = next_grammar < grammar_steps.size() && grammar_steps[next_grammar].chunk == &chunk
-                                 ? &grammar_steps[next_grammar++]
-                                 : nullptr;
+      const GrammarStep* g = i == 0 ? grammar_step_of[c] : nullptr;  // a constrained chunk has one token
       if (r.grammar && !r.grammar->error().empty() && (g == nullptr || !g->failed)) {
         reason = FinishReason::kError;
         u.error = "structured outputs: " + r.grammar->error();

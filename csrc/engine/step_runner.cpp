@@ -4,9 +4,9 @@
 #include <bit>
 #include <chrono>
 #include <cstring>
-#include <exception>
 
 #include "core/error.h"
+#include "engine/host_parallel.h"
 
 namespace deepinfer {
 
@@ -124,7 +124,7 @@ void StepRunner::upload(const std::vector<int32_t>& packed, TensorView dst) {
 }
 
 ConstTensorView StepRunner::grammar_masks(std::span<GrammarMatcher* const> grammars) {
-  const int64_t words = (model_.config().vocab_size + 31) / 32;
+  const int64_t words = allowed_token_words(model_.config().vocab_size);
   const auto rows = static_cast<int64_t>(grammars.size());
   if (mask_staging_.numel() < rows * words) {
     mask_staging_ = backend_.staging({std::max(rows * words, 2 * mask_staging_.numel())}, DType::kI32);
@@ -132,17 +132,9 @@ ConstTensorView StepRunner::grammar_masks(std::span<GrammarMatcher* const> gramm
   }
   auto* host = reinterpret_cast<uint32_t*>(mask_staging_.view().as<int32_t>());
   const auto started = std::chrono::steady_clock::now();
-  std::exception_ptr failure;
-#pragma omp parallel for schedule(dynamic)
-  for (int64_t g = 0; g < rows; ++g) {
-    try {
-      grammars[static_cast<size_t>(g)]->fill_allowed({host + g * words, static_cast<size_t>(words)});
-    } catch (...) {
-#pragma omp critical
-      failure = std::current_exception();
-    }
-  }
-  if (failure) std::rethrow_exception(failure);
+  parallel_for_on_host_threads(grammars.size(), [&](size_t g) {
+    grammars[g]->fill_allowed({host + static_cast<int64_t>(g) * words, static_cast<size_t>(words)});
+  });
   num_grammar_masks_ += rows;
   grammar_mask_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   const TensorView device = masks_.view().rows(0, rows * words);
@@ -191,9 +183,9 @@ std::vector<SampledToken> StepRunner::execute(const ForwardBatch& batch) {
              .penalty_tokens = host_view(sb.penalty_tokens),
              .penalty_counts = host_view(sb.penalty_counts),
              .masked_tokens = host_view(sb.masked_tokens),
-             .allowed_tokens = ConstTensorView(nullptr, DType::kI32,
-                                               Shape{static_cast<int64_t>(sb.grammars.size()), (c.vocab_size + 31) / 32},
-                                               Device::kCpu),
+             .allowed_tokens = ConstTensorView(
+                 nullptr, DType::kI32,
+                 Shape{static_cast<int64_t>(sb.grammars.size()), allowed_token_words(c.vocab_size)}, Device::kCpu),
              .out = TensorView{nullptr, DType::kI32, Shape{n, kSampledTokenWords}, Device::kCpu}}
       .validate();
 

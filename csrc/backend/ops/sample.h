@@ -54,6 +54,8 @@ struct SamplingRow {
 };
 static_assert(sizeof(SamplingRow) == 80, "SamplingRow is read from device memory as 20 int32 words (5 int4)");
 inline constexpr int64_t kSamplingRowWords = sizeof(SamplingRow) / sizeof(int32_t);
+// The int32 words of one row of SampleArgs::allowed_tokens: a bit a token.
+constexpr int64_t allowed_token_words(int64_t vocab) { return (vocab + 31) / 32; }
 
 // One row's result, as the op writes it (SampleArgs::out holds these bytes).
 struct SampledToken {
