@@ -20,6 +20,9 @@ SOURCES=(
   csrc/backend/cuda/moe/moe_small_ffn.cu
   csrc/backend/cuda/moe/instantiations/moe_grouped_gate_up.cu
   csrc/backend/cuda/moe/instantiations/moe_grouped_down.cu
+  csrc/backend/cuda/moe/instantiations/moe_grouped_w8a8_gate_up.cu
+  csrc/backend/cuda/moe/instantiations/moe_grouped_w8a8_down.cu
+  csrc/backend/cuda/gemm/fp8_convert.cu
   csrc/backend/cuda/runtime/cuda_stream.cpp
   csrc/backend/cuda/runtime/device_buffer.cpp
 )
@@ -34,7 +37,7 @@ build() {
   for pid in "${pids[@]}"; do wait "$pid" || { cat "$BUILD"/*.o.log; exit 1; }; done
   grep -h -E "registers|spill|C75" "$BUILD"/moe_*.o.log || true
   "$NVCC" "${FLAGS[@]}" "$BUILD"/*.o -o "$BUILD/moe_bench" -ldl
-  for k in small_gate_up small_down grouped_gate_up grouped_down; do  # the instructions each kernel really uses
+  for k in small_gate_up small_down grouped_gate_up grouped_down grouped_w8a8_gate_up grouped_w8a8_down; do  # the instructions each kernel really uses
     echo "sass $k: $(cuobjdump --dump-sass "$BUILD/moe_$k.o" 2>/dev/null |
       grep -oE '\b(HGMMA|HMMA|LDGSTS|LDG|LDL|STL|BAR|DEPBAR)\b' | sort | uniq -c | tr -s ' \n' ' ')"
   done

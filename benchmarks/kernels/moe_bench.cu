@@ -4,6 +4,7 @@
 //
 // usage: moe_bench [--json PATH] [--quick | --prefill | --decode] [--no-checks] [--probe] [--seed N] [--fp8]
 //   --fp8: also times FP8 (e4m3, 128 x 128 block-scaled) expert weights of V2-Lite and V3 beside bf16 (tag "fp8";
+//          "fp8-w8a8": prefill sizes with the activations quantized too, on FP8 tensor cores;
 //   decode sizes in GB/s over the active experts' FP8 bytes, codes and scales; prefill sizes in TFLOP/s). Timing
 //   only: the FP8 kernels' correctness is the op tests' (CudaBackend/CudaVsCpu.Case/*fp8*).
 //   --quick: timings at 1 and 4096 tokens only; --prefill: the grouped path only (4096 tokens twice, V3 at 4096,
@@ -740,6 +741,7 @@ struct PerfCase {
   bool stages = true;
   bool separate_combine = false;  // small-M path with the combine kernel instead of the fused combine
   bool two_kernels = false;       // small-M gate/up and down kernels (fused combine) where one launch would run
+  bool w8a8 = false;              // FP8 weights: the grouped kernels quantize the activations (fp8_activations)
 };
 
 struct Ceilings {
@@ -766,6 +768,7 @@ PerfResult run_perf(const PerfCase& c, std::mt19937_64& rng, cudaStream_t stream
   p.out = d_out.as<uint16_t>();
   p.path = c.path;
   p.down_prefetch = c.prefetch;
+  p.fp8_activations = c.w8a8 ? 1 : 0;
   DeviceBuffer workspace(cuda::moe_workspace_bytes(p), stream);
   p.workspace = workspace.data();
   cuda::moe_workspace_init(p, stream);
@@ -979,9 +982,13 @@ int run(int argc, char** argv) {
       DeviceModel v3_fp8 = make_fp8_device_model(kV3, seed + 700, stream);
       for (const DeviceModel* dm : {&v2lite_fp8, &v3_fp8}) {
         for (int t : {1, 2, 4, 8, 32, 4096}) add({.dm = dm, .tokens = t, .tag = "fp8"});
+        add({.dm = dm, .tokens = 4096, .tag = "fp8-w8a8", .w8a8 = true});
       }
       for (const DeviceModel* dm : {&v2lite, &v3}) add({.dm = dm, .tokens = 32768, .tag = "bf16-32k", .stages = false});
-      for (const DeviceModel* dm : {&v2lite_fp8, &v3_fp8}) add({.dm = dm, .tokens = 32768, .tag = "fp8", .stages = false});
+      for (const DeviceModel* dm : {&v2lite_fp8, &v3_fp8}) {
+        add({.dm = dm, .tokens = 32768, .tag = "fp8", .stages = false});
+        add({.dm = dm, .tokens = 32768, .tag = "fp8-w8a8", .stages = false, .w8a8 = true});
+      }
     }
     if (!quick && !prefill && !decode) {
       add({.dm = &v2lite, .tokens = 1, .prefetch = MoeDownPrefetch::kOff, .tag = "prefetch-off", .stages = false});

@@ -1268,6 +1268,23 @@ CaseRegistry build_registry() {
     sh.tokens = tokens;
     add_moe_experts_fp8_bf16_x(r, sh, 281 + static_cast<uint64_t>(tokens), /*w8a8=*/true);
   }
+  // The W8A8 grouped kernels (every K at least 4 blocks of 128; inter 256 above runs W8A16): V2-Lite's widths at 80
+  // tokens (11 K blocks in down), V3-like 1024 x 512 at 300 and 2048 tokens (many tiles a CTA, partial row blocks),
+  // and over 4 expert shards.
+  {
+    ExpertsShape sh = fp8_v2_lite;
+    sh.tokens = 80;
+    add_moe_experts_fp8_bf16_x(r, sh, 285, /*w8a8=*/true);
+  }
+  const ExpertsShape fp8_w8a8{.tokens = 300, .dim = 1024, .inter = 512, .routed = 32, .top_k = 8, .shared = 1};
+  for (const int64_t tokens : {int64_t{300}, int64_t{2048}}) {
+    ExpertsShape sh = fp8_w8a8;
+    sh.tokens = tokens;
+    add_moe_experts_fp8_bf16_x(r, sh, 286 + static_cast<uint64_t>(tokens), /*w8a8=*/true);
+  }
+  for (int64_t i = 0; i < 4; ++i) {
+    add_moe_experts_fp8_bf16_x(r, fp8_w8a8, 287 + static_cast<uint64_t>(i), /*w8a8=*/true, even_shard(32, i, 4, 3));
+  }
   // moe with FP8 experts: V2-Lite-like routing (softmax, greedy) with and without the router (fused into the route
   // kernel at 1 and 8 tokens of 2048), V3-like routing (sigmoid, groups, bias) at decode and prefill sizes, and V3's
   // width (7168: the router in the route kernel and the persistent FFN) at 2 tokens.

@@ -36,6 +36,11 @@ constexpr int kFusedCombineMaxTokens = 32;  // up to this many tokens the small-
 // handoff; at 2048 the two grids' one round each is shorter.
 constexpr int kFusedFfnMaxTokens = 4;
 constexpr int kFusedFfnMinHidden = 4096;
+// The W8A8 grouped kernels (moe_grouped_w8a8.cuh) take 128-wide K blocks (one scale block each) and keep four of them
+// in flight, and a tile's row -> pair table arrives with the first K block of the tile before it: a tile must be at
+// least that many K blocks long (K >= 512). Smaller problems run the W8A16 grouped kernels.
+constexpr int kW8A8BlockK = 128;
+constexpr int kW8A8MinKBlocks = 4;
 
 static_assert(kMaxRoutedExperts % 32 == 0 && kMaxRoutedExperts <= 32 * 32, "routing: a lane's experts in 32 bits");
 static_assert(kMaxRoutedExperts <= kMaxExperts, "the routed experts come first");
@@ -83,6 +88,12 @@ struct MoeKernelParams {
   int32_t* row_pair = nullptr;        // [max_rows]: pair t * top_k + j of each row; padding rows undefined
   uint16_t* act = nullptr;            // [num_tokens * top_k, inter] bf16, by pair
   uint16_t* y = nullptr;              // [num_tokens * top_k, hidden] bf16, by pair
+  // W8A8 grouped path only (moe_grouped_w8a8_supported), else null: x and act quantized per row per 128 channels
+  // (quantize_fp8_activations), codes row-major and scales row-contiguous ([channels / 128][rows]).
+  uint8_t* x_codes = nullptr;         // [num_tokens, hidden]
+  float* x_scales = nullptr;          // [hidden / 128, num_tokens]
+  uint8_t* act_codes = nullptr;       // [num_tokens * top_k, inter]
+  float* act_scales = nullptr;        // [inter / 128, num_tokens * top_k]
   int32_t route_blocks = 0;
   int32_t fused_scatter = 0;          // 1: the last route block scatters all pairs (no scatter kernel)
   int32_t max_rows = 0;               // padded rows the workspace holds
@@ -110,12 +121,20 @@ struct MoeKernelParams {
 struct MoeWorkspaceLayout {
   size_t counter = 0, count_accum = 0, col_done = 0, ffn_sync = 0, block_counts = 0, expert_counts = 0,
          expert_offsets = 0, active_experts = 0, slot_info = 0, row_pair = 0, act = 0, y = 0;
+  size_t x_codes = 0, x_scales = 0, act_codes = 0, act_scales = 0;  // W8A8 grouped path only (0: none)
   size_t zeroed_bytes = 0;  // [0, zeroed_bytes) must be zero between calls
   size_t total_bytes = 0;
   int32_t route_blocks = 0, max_rows = 0;
 };
 
 MoeWorkspaceLayout moe_workspace_layout(const MoeParams& p);
+
+// Whether the grouped kernels run W8A8 for `p` (FP8 weights with fp8_activations, K blocks of 128, every K at least
+// kW8A8MinKBlocks blocks long); otherwise FP8 weights run W8A16.
+inline bool moe_grouped_w8a8_supported(const MoeParams& p) {
+  const auto k_ok = [](int32_t k) { return k % kW8A8BlockK == 0 && k / kW8A8BlockK >= kW8A8MinKBlocks; };
+  return p.weight_format == MoeWeightFormat::kFp8 && p.fp8_activations != 0 && k_ok(p.hidden) && k_ok(p.inter);
+}
 
 // Resolves the workspace pointers and derived values (no checks).
 MoeKernelParams make_kernel_params(const MoeParams& p);
@@ -135,8 +154,11 @@ void launch_small_down(const MoeKernelParams& kp, LaunchStream stream);
 // Gate/up, down and the combine of the small-M path in one persistent launch (up to 8 tokens: one token tile; the
 // auto choice is narrower, see kFusedFfnMaxTokens).
 void launch_small_ffn(const MoeKernelParams& kp, LaunchStream stream);
+// The grouped kernels: bf16, W8A16 or (moe_grouped_w8a8_supported) W8A8, which quantizes its input first.
 void launch_grouped_gate_up(const MoeKernelParams& kp, LaunchStream stream);
 void launch_grouped_down(const MoeKernelParams& kp, LaunchStream stream);
+void launch_grouped_w8a8_gate_up(const MoeKernelParams& kp, LaunchStream stream);  // the kernel alone
+void launch_grouped_w8a8_down(const MoeKernelParams& kp, LaunchStream stream);
 void launch_combine(const MoeKernelParams& kp, LaunchStream stream);
 
 }  // namespace deepinfer::cuda::moe_detail

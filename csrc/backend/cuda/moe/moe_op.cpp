@@ -95,10 +95,11 @@ void set_experts_params(const CudaContext& ctx, const MoeExpertsArgs& a, const c
              fp8_scale_shape(a.w_down.shape).str(), "; got ", dtype_name(a.w_gate_up.scale_inv.dtype), " ",
              a.w_gate_up.scale_inv.shape.str(), " and ", dtype_name(a.w_down.scale_inv.dtype), " ",
              a.w_down.scale_inv.shape.str());
-    // W8A16 either way: fp8_activations allows, and does not require, FP8 activations (weight.h); the kernels widen
-    // the weights to bf16 against the exact bf16 activations.
     p.w_gate_up_scale = a.w_gate_up.scale_inv.as<float>();
     p.w_down_scale = a.w_down.scale_inv.as<float>();
+    // fp8_activations allows, and does not require, FP8 activations (weight.h): the grouped (prefill) kernels take
+    // it where the sizes allow (moe_grouped_w8a8_supported), decode sizes stay W8A16.
+    p.fp8_activations = a.w_gate_up.fp8_activations && a.w_down.fp8_activations ? 1 : 0;
   }
   p.weight_format = fp8 ? MoeWeightFormat::kFp8 : MoeWeightFormat::kBf16;
   check_moe_sizes(experts, top_k, op);

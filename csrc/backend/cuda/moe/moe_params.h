@@ -38,8 +38,9 @@ enum class MoeExpertsPath : uint8_t {
 
 // How the expert weights are stored. kFp8: e4m3 codes (one byte each) with one float32 scale_inv per 128 x 128 block
 // of every expert matrix (DeepSeek's block-scaled FP8); dequantized w[e][r][c] = e4m3(code) * scale[e][r/128][c/128].
-// The kernels widen the codes to bf16 against bf16 activations (W8A16): the small-M kernels exactly, the scale applied
-// to each 128-wide K block's fp32 partial sums; the grouped kernels round e4m3 * scale to bf16 once, in shared memory.
+// The small-M kernels widen the codes to bf16 against bf16 activations (W8A16) exactly, the scale applied to each
+// 128-wide K block's fp32 partial sums. The grouped kernels either round e4m3 * scale to bf16 once, in shared memory
+// (W8A16), or, with MoeParams::fp8_activations, multiply e4m3 activations by e4m3 codes on FP8 tensor cores (W8A8).
 enum class MoeWeightFormat : uint8_t { kBf16, kFp8 };
 
 // Whether the small-M gate/up kernel also pulls the active experts' down weights into L2 for the next kernel.
@@ -78,6 +79,11 @@ struct MoeParams {
   const float* w_gate_up_scale = nullptr;
   const float* w_down_scale = nullptr;
   MoeWeightFormat weight_format = MoeWeightFormat::kBf16;
+  // kFp8 only. 1: W8A8 on the grouped (prefill) path where the sizes allow it (moe_grouped_w8a8_supported): x and the
+  // SwiGLU output are quantized per row per 128 channels (scale amax / 448, as the dense W8A8 GEMMs) and multiplied
+  // with the codes on FP8 tensor cores; DeepSeek's own inference recipe. The small-M (decode) kernels stay W8A16:
+  // they stream the weights, and quantizing their few activation rows would save nothing. 0: W8A16 throughout.
+  int32_t fp8_activations = 0;
   const uint16_t* add = nullptr;        // [num_tokens, hidden] bf16 or null: added to the output
   uint16_t* out = nullptr;              // [num_tokens, hidden] bf16, overwritten
   // moe_workspace_bytes(*this) bytes, 256-byte aligned; moe_workspace_init once before its first use.

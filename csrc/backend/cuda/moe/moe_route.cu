@@ -499,6 +499,13 @@ MoeWorkspaceLayout moe_workspace_layout(const MoeParams& p) {
   l.row_pair = take(static_cast<size_t>(l.max_rows) * sizeof(int32_t));
   l.act = take(pairs * static_cast<size_t>(std::max(p.inter, 0)) * 2);
   l.y = take(pairs * static_cast<size_t>(std::max(p.hidden, 0)) * 2);
+  if (moe_grouped_w8a8_supported(p)) {
+    const auto hidden = static_cast<size_t>(p.hidden), inter = static_cast<size_t>(p.inter);
+    l.x_codes = take(tokens * hidden);
+    l.x_scales = take(tokens * (hidden / kW8A8BlockK) * sizeof(float));
+    l.act_codes = take(pairs * inter);
+    l.act_scales = take(pairs * (inter / kW8A8BlockK) * sizeof(float));
+  }
   l.total_bytes = at;
   return l;
 }
@@ -520,6 +527,12 @@ MoeKernelParams make_kernel_params(const MoeParams& p) {
   kp.row_pair = reinterpret_cast<int32_t*>(ws + l.row_pair);
   kp.act = reinterpret_cast<uint16_t*>(ws + l.act);
   kp.y = reinterpret_cast<uint16_t*>(ws + l.y);
+  if (l.x_codes != 0) {
+    kp.x_codes = ws + l.x_codes;
+    kp.x_scales = reinterpret_cast<float*>(ws + l.x_scales);
+    kp.act_codes = ws + l.act_codes;
+    kp.act_scales = reinterpret_cast<float*>(ws + l.act_scales);
+  }
   kp.route_blocks = l.route_blocks;
   kp.fused_scatter = l.route_blocks <= kFusedScatterMaxBlocks ? 1 : 0;
   kp.max_rows = l.max_rows;
