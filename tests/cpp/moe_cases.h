@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/fp8.h"
+#include "core/half.h"
 #include "core/weight.h"
 #include "op_test_harness.h"
 
@@ -238,6 +239,51 @@ inline std::vector<double> naive_experts(const ExpertsShape& s, const std::vecto
         double y = 0.0;
         for (int64_t i = 0; i < inter; ++i) y += double(w_down[(e * dim + c) * inter + i]) * act[i];
         out[t * dim + c] += double(weights[t * pairs + k]) * y;
+      }
+    }
+  }
+  return out;
+}
+
+// DeepSeek's W8A8 recipe as the CUDA grouped kernels state it (moe_grouped_w8a8.cuh), written out on the host: every
+// row of 128 channels of x, and of the SwiGLU output, quantized to e4m3 with scale amax / 448 (v * (1 / scale), nearest
+// even, saturating), the products of the codes times the scales summed exactly, act and y rounded to bf16 where the
+// kernels store them. `weights` zero for a pair: skipped (a shard's pairs held elsewhere).
+inline void quantize_rows_e4m3(std::vector<float>& v, int64_t width) {
+  for (size_t row = 0; row < v.size(); row += static_cast<size_t>(width)) {
+    for (int64_t b = 0; b < width; b += 128) {
+      float amax = 0.0f;
+      for (int64_t c = b; c < b + 128; ++c) amax = std::max(amax, std::abs(v[row + c]));
+      const float scale = amax > 0.0f ? amax / 448.0f : 1.0f, inv = 1.0f / scale;
+      for (int64_t c = b; c < b + 128; ++c) v[row + c] = e4m3_to_float(float_to_e4m3(v[row + c] * inv)) * scale;
+    }
+  }
+}
+
+inline std::vector<double> naive_experts_w8a8(const ExpertsShape& s, std::vector<float> x,
+                                              const std::vector<float>& w_gate_up, const std::vector<float>& w_down,
+                                              const std::vector<int32_t>& ids, const std::vector<float>& weights) {
+  const int64_t dim = s.dim, inter = s.inter, pairs = s.pairs();
+  quantize_rows_e4m3(x, dim);
+  std::vector<double> out(s.tokens * dim, 0.0);
+  std::vector<float> act(inter);
+  for (int64_t t = 0; t < s.tokens; ++t) {
+    for (int64_t k = 0; k < pairs; ++k) {
+      if (weights[t * pairs + k] == 0.0f) continue;
+      const int64_t e = ids[t * pairs + k];
+      for (int64_t i = 0; i < inter; ++i) {
+        double g = 0.0, u = 0.0;
+        for (int64_t c = 0; c < dim; ++c) {
+          g += double(w_gate_up[(e * 2 * inter + i) * dim + c]) * x[t * dim + c];
+          u += double(w_gate_up[(e * 2 * inter + inter + i) * dim + c]) * x[t * dim + c];
+        }
+        act[i] = bf16_to_float(float_to_bf16(static_cast<float>(g / (1.0 + std::exp(-g)) * u)));
+      }
+      quantize_rows_e4m3(act, inter);
+      for (int64_t c = 0; c < dim; ++c) {
+        double y = 0.0;
+        for (int64_t i = 0; i < inter; ++i) y += double(w_down[(e * dim + c) * inter + i]) * act[i];
+        out[t * dim + c] += double(weights[t * pairs + k]) * bf16_to_float(float_to_bf16(static_cast<float>(y)));
       }
     }
   }
