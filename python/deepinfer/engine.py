@@ -666,9 +666,10 @@ class DeepInferenceEngine:
 
     def render_chat(self, messages: Messages, *, add_generation_prompt: bool = True,
                     chat_template_kwargs: Mapping[str, Any] | None = None,
-                    chat_template: str | None = None) -> list[int]:
+                    chat_template: str | None = None, continue_final_message: bool = False) -> list[int]:
         """Token ids of a conversation rendered with the checkpoint's chat template, or with ``chat_template`` (a
-        Jinja source, or the name of one of the checkpoint's named templates) when given."""
+        Jinja source, or the name of one of the checkpoint's named templates) when given. ``continue_final_message``:
+        the rendering ends inside the final message (no end of turn), for a reply that continues it."""
         if not isinstance(messages, Sequence) or not messages:
             raise ValueError("messages must be a non-empty list of {'role', 'content'} mappings")
         for m in messages:
@@ -678,7 +679,8 @@ class DeepInferenceEngine:
         if chat_template is not None:
             kwargs["chat_template"] = chat_template
         text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt,
-                                                  tokenize=False, **kwargs)
+                                                  tokenize=False, continue_final_message=continue_final_message,
+                                                  **kwargs)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def chat(self, messages: Messages | Sequence[Messages], sampling_params: SamplingParams | None = None, *,

@@ -438,6 +438,105 @@ def test_chat_template_opens_reasoning(client, model):
     assert getattr(plain.choices[0].message, "reasoning_content", "absent") is None
 
 
+# ----------------------------------------------------------------------------------------------- vLLM's extensions
+
+
+def test_prompt_logprobs_are_the_echoed_scores(server, client, model):
+    """prompt_logprobs (vLLM's): per prompt token, null first, then {id: {logprob, rank, decoded_token}} for the token
+    and the top N; the token's logprob is the one echo + logprobs reports, the top N are ranked 1..N in order."""
+    ids = [5, 77, 300, 12, 9, 401]
+    r = post(server, "/v1/completions", {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0,
+                                         "prompt_logprobs": 3, "n": 2})
+    assert r.status_code == 200, r.text
+    choices = r.json()["choices"]
+    pl = choices[0]["prompt_logprobs"]
+    assert choices[1]["prompt_logprobs"] == pl  # every choice of the prompt carries them
+    scored = client.completions.create(model=model, prompt=ids, max_tokens=0, echo=True, logprobs=3, temperature=0)
+    echoed = scored.choices[0].logprobs.token_logprobs
+    assert len(pl) == len(ids) and pl[0] is None
+    for i in range(1, len(ids)):
+        entry = pl[i]
+        assert entry[str(ids[i])]["logprob"] == pytest.approx(echoed[i], abs=1e-5)
+        top = sorted((v for k, v in entry.items() if v["rank"] is not None), key=lambda v: v["rank"])
+        assert [v["rank"] for v in top] == [1, 2, 3]
+        assert [v["logprob"] for v in top] == sorted((v["logprob"] for v in top), reverse=True)
+        assert len(entry) == 3 or entry[str(ids[i])]["rank"] is None  # the prompt token beside the top 3
+        assert all(isinstance(v["decoded_token"], str) for v in entry.values())
+    chat = post(server, "/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": "Hi"}],
+                                                 "max_tokens": 1, "prompt_logprobs": 0})
+    body = chat.json()
+    assert len(body["prompt_logprobs"]) == body["usage"]["prompt_tokens"] and body["prompt_logprobs"][0] is None
+    assert all(len(e) == 1 for e in body["prompt_logprobs"][1:])  # N = 0: the prompt token alone
+    assert_error(post(server, "/v1/completions", {"model": model, "prompt": "hi", "prompt_logprobs": 1,
+                                                  "stream": True}), 400, param="prompt_logprobs")
+    assert_error(post(server, "/v1/completions", {"model": model, "prompt": "hi", "prompt_logprobs": 99}), 400,
+                 param="prompt_logprobs")
+
+
+def test_truncate_prompt_tokens_keeps_the_prompt_end(server, client, model):
+    ids = list(range(10, 50))
+    kept = client.completions.create(model=model, prompt=ids, max_tokens=6, temperature=0, echo=True,
+                                     extra_body={"truncate_prompt_tokens": 8, "ignore_eos": True})
+    plain = client.completions.create(model=model, prompt=ids[-8:], max_tokens=6, temperature=0, echo=True,
+                                      extra_body={"ignore_eos": True})
+    assert kept.usage.prompt_tokens == 8
+    assert kept.choices[0].text == plain.choices[0].text  # the echo is the kept tokens' text, then the same reply
+    # -1: as many as fit beside max_tokens.
+    long = client.completions.create(model=model, prompt=list(range(5, 5 + MAX_MODEL_LEN + 100)), max_tokens=4,
+                                     extra_body={"truncate_prompt_tokens": -1})
+    assert long.usage.prompt_tokens == MAX_MODEL_LEN - 4
+    chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Tell me a long tale"}],
+                                          max_tokens=2, extra_body={"truncate_prompt_tokens": 3})
+    assert chat.usage.prompt_tokens == 3
+    assert_error(post(server, "/v1/completions", {"model": model, "prompt": "hi", "truncate_prompt_tokens": 0}),
+                 400, param="truncate_prompt_tokens")
+
+
+def test_continue_final_message_and_chat_echo(client, model):
+    """continue_final_message renders the conversation up to the end of the assistant's final message (no end of
+    turn; the rendering itself is checked against transformers in test_chat_template.py), so the reply is what a
+    completion of that text gives; echo leads the reply with that final message."""
+    from deepinfer.default_model import default_model
+    from deepinfer.tokenizer import Tokenizer
+
+    messages = [{"role": "user", "content": "Tell a tale"}, {"role": "assistant", "content": "Once upon a"}]
+    tok = Tokenizer.from_dir(default_model()[0])
+    rendered = tok.apply_chat_template(messages, add_generation_prompt=False, continue_final_message=True)
+    assert rendered.endswith("Once upon a")
+    extra = {"continue_final_message": True, "add_generation_prompt": False, "ignore_eos": True}
+    cont = client.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=0,
+                                          extra_body=extra)
+    ref = client.completions.create(model=model, prompt=tok.encode(rendered, add_special_tokens=False),
+                                    max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
+    assert cont.usage.prompt_tokens == ref.usage.prompt_tokens
+    assert cont.choices[0].message.content == ref.choices[0].text
+    echoed = client.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=0,
+                                            extra_body={**extra, "echo": True})
+    assert echoed.choices[0].message.content == "Once upon a" + ref.choices[0].text
+    streamed = client.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=0,
+                                              stream=True, extra_body={**extra, "echo": True})
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == \
+        echoed.choices[0].message.content
+    # echo after a user turn: nothing of the user's message leads the reply.
+    plain = client.chat.completions.create(model=model, messages=messages[:1], max_tokens=4, temperature=0,
+                                           extra_body={"echo": True, "ignore_eos": True})
+    assert not plain.choices[0].message.content.startswith("Tell a tale")
+
+
+def test_extension_errors(server, model):
+    chat = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+    assert_error(post(server, "/v1/chat/completions", {**chat, "continue_final_message": True}), 400,
+                 param="continue_final_message")  # add_generation_prompt is true by default
+    assert_error(post(server, "/v1/chat/completions", {**chat, "continue_final_message": True,
+                                                       "add_generation_prompt": False}), 400,
+                 param="continue_final_message")  # the final message is the user's
+    err = assert_error(post(server, "/v1/completions", {"model": model, "prompt": "hi", "priority": 3}), 400,
+                       param="priority", code="unsupported_parameter")
+    assert "first come, first served" in err["message"]
+    assert post(server, "/v1/completions", {"model": model, "prompt": "hi", "max_tokens": 1,
+                                            "priority": 0}).status_code == 200
+
+
 # ----------------------------------------------------------------------------------------------- bad input
 
 
@@ -474,6 +573,38 @@ def test_malformed_requests(server, model):
     # Unknown endpoints and methods answer in the same schema.
     assert_error(httpx.get(f"{server.base_url}/v1/nothing"), 404)
     assert_error(httpx.get(f"{server.base_url}/v1/completions"), 405)
+
+
+def test_errors_name_the_request_not_the_code(server, model):
+    """Input the tokenizer or the chat template would choke on is refused up front in the API's words, with the
+    field's path: no Python exception text reaches the client."""
+    cases = [
+        ("/v1/completions", b'{"prompt": "a\\ud800b"}', "prompt", "lone UTF-16 surrogate"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\udfff"}]}', "messages[0].content",
+         "lone UTF-16 surrogate"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": null}]}', "messages[0].content",
+         "null is allowed only"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "assistant", "content": null}]}', "messages[0].content",
+         "null is allowed only"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": [{"type": "text"}]}]}',
+         "messages[0].content[0].text", "needs its 'text'"),
+    ]
+    for path, raw, param, words in cases:
+        err = assert_error(post(server, path, None, raw=raw), 400, param=param, code="invalid_value")
+        assert words in err["message"], err
+        for internal in ("TextEncodeInput", "NoneType", "Traceback", "concatenate"):
+            assert internal not in err["message"], err
+    # An assistant message with tool calls may have null content (OpenAI's clients send it so): the check lets it
+    # through. (The demo model's template renders no tool calls and cannot take a null content: its failure is then
+    # answered without Python's words. DeepSeek-V3's template, in test_server_structured_outputs.py, renders it.)
+    body = {"model": model, "max_tokens": 2, "messages": [
+        {"role": "user", "content": "What is the weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "weather", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]}
+    r = post(server, "/v1/chat/completions", body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
+    assert "NoneType" not in r.json()["error"]["message"]
 
 
 def test_unknown_model(server):

@@ -289,7 +289,8 @@ class FakeEngine:
         self.finish_reason, self.error = finish_reason, error
         self.streams = []
 
-    def render_chat(self, messages, add_generation_prompt=True, chat_template_kwargs=None):
+    def render_chat(self, messages, add_generation_prompt=True, chat_template_kwargs=None,
+                    continue_final_message=False):
         text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>" + self.template_suffix
         return self.tokenizer.encode(text)
 
@@ -489,3 +490,35 @@ def test_an_engine_that_stops_ends_the_server_with_its_reason(caplog):
     assert time.monotonic() - started < 20
     assert engine.shut
     assert any("rank 1 of 2 failed" in r.getMessage() and "the server stops" in r.getMessage() for r in caplog.records)
+
+
+def test_an_internal_error_answers_no_python_internals():
+    """An exception the server did not foresee answers 500 with an id the log has, not the exception's text."""
+    class Broken(FakeEngine):
+        def submit(self, prompt, params, loop=None, request_id=None):
+            raise TypeError("unsupported operand type(s) for +: 'NoneType' and 'int'")
+
+    async def go():
+        # The app's own handler answers; the transport must not re-raise the exception to the test.
+        transport = httpx.ASGITransport(app=create_app(Broken(["x"])), raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.post("/v1/completions", json={"model": "fake-r1", "prompt": "hi", "max_tokens": 2})
+
+    r = asyncio.run(go())
+    assert r.status_code == 500
+    err = r.json()["error"]
+    assert err["code"] == "internal_error" and "logged on the server as" in err["message"]
+    assert "NoneType" not in err["message"] and "TypeError" not in err["message"]
+
+
+def test_a_template_type_error_is_not_answered_in_pythons_words():
+    class BadTemplate(FakeEngine):
+        def render_chat(self, messages, **kwargs):
+            raise TypeError('can only concatenate str (not "NoneType") to str')
+
+    r = call(create_app(BadTemplate(["x"])), "/v1/chat/completions",
+             {"model": "fake-r1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["param"] == "messages" and "NoneType" not in err["message"]
+

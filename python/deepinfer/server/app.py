@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -120,8 +121,11 @@ def create_app(engine: Any, *, api_key: str | None = None, max_queue: int = DEFA
 
     @app.exception_handler(Exception)
     async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
-        logger.exception("internal error answering %s %s", request.method, request.url.path)
-        return JSONResponse(error_body(f"Internal server error: {type(exc).__name__}: {exc}", "server_error",
+        # The client gets no Python internals (they name this server's code, not the request's problem); the log
+        # has the traceback under an id the message gives.
+        error_id = uuid.uuid4().hex[:12]
+        logger.exception("internal error %s answering %s %s", error_id, request.method, request.url.path)
+        return JSONResponse(error_body(f"Internal server error (logged on the server as {error_id})", "server_error",
                                        code="internal_error"), status_code=500)
 
     def check_api_key(request: Request) -> None:

@@ -163,9 +163,10 @@ class ChatFormat(ChoiceFormat):
     def __init__(self, token_text: TokenText, n: int, want_logprobs: bool,
                  parser_cls: type[ReasoningParser] | None, opens_reasoning: bool,
                  tool_parser_cls: type[DeepSeekToolCallParser] | None = None, parallel_tool_calls: bool = True,
-                 role: str = "assistant") -> None:
+                 role: str = "assistant", echo_text: str = "") -> None:
         self._token_text = token_text
         self._role = role  # the server's --response-role
+        self._echo_text = echo_text  # the request's echo: the final message's content, leading every reply
         self._want_logprobs = want_logprobs
         # Per choice, its reasoning parser (None: no reasoning_content, all is content).
         self._parsers: list[ReasoningParser | None] = [parser_cls(opens_reasoning) if parser_cls else None
@@ -210,10 +211,12 @@ class ChatFormat(ChoiceFormat):
             if calls:
                 message["content"] = content or None
                 message["tool_calls"] = calls if self._parallel_tool_calls else calls[:1]
+        if self._echo_text:
+            message["content"] = self._echo_text + (message["content"] or "")
         return message, self._logprobs(c.logprobs) if self._want_logprobs else None
 
     def first_delta(self, c: Choice) -> Any:
-        return {"role": self._role, "content": ""}
+        return {"role": self._role, "content": self._echo_text}
 
     def delta(self, c: Choice, out: CompletionOutput) -> tuple[Any, Any] | None:
         delta: dict[str, Any] = {}
@@ -242,3 +245,29 @@ class ChatFormat(ChoiceFormat):
         if delta or logprobs or out.finish_reason:
             return delta, logprobs
         return None
+
+
+def prompt_logprobs_body(token_text: TokenText, ids: list[int],
+                         entries: list[dict[int, Logprob] | None] | None, top: int) -> list[Any] | None:
+    """vLLM's ``prompt_logprobs``: per prompt token, null for the first (nothing precedes it), then {token id:
+    {"logprob", "rank", "decoded_token"}} for the token itself and the ``top`` most likely. A rank is 1 + the
+    entries above it, which is the true rank for the top ones; the prompt token itself, when it is not among them,
+    has an unknown rank (null)."""
+    if entries is None:
+        return None
+    out: list[Any] = []
+    for i, entry in enumerate(entries):
+        if entry is None:
+            out.append(None)
+            continue
+        outside_top = len(entry) > top
+        position = {}
+        for token_id, lp in entry.items():
+            if outside_top and token_id == ids[i]:
+                rank = None
+            else:
+                rank = 1 + sum(1 for other in entry.values() if other.logprob > lp.logprob)
+            position[str(token_id)] = {"logprob": _finite(lp.logprob), "rank": rank,
+                                       "decoded_token": token_text.get(token_id)[0]}
+        out.append(position)
+    return out

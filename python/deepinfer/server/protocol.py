@@ -24,6 +24,7 @@ __all__ = [
     "CompletionRequest",
     "StreamOptions",
     "MAX_N",
+    "check_text",
     "check_unsupported",
     "check_values",
     "error_body",
@@ -118,6 +119,12 @@ class _SamplingRequest(_Strict):
     guided_grammar: Optional[str] = None
     guided_whitespace_pattern: Optional[str] = None
     guided_decoding_backend: Optional[str] = None
+    # vLLM's request extensions: the prompt tokens' logprobs (top N a position), keeping only the prompt's last
+    # tokens (-1: as many as fit beside max_tokens), and the scheduling priority (only 0 here: first come, first
+    # served).
+    prompt_logprobs: Optional[int] = None
+    truncate_prompt_tokens: Optional[int] = None
+    priority: Optional[int] = None
 
 
 class CompletionRequest(_SamplingRequest):
@@ -162,6 +169,11 @@ class ChatCompletionRequest(_SamplingRequest):
     # Extensions.
     chat_template_kwargs: Optional[dict[str, Any]] = None
     add_generation_prompt: Optional[bool] = True
+    # The reply continues the conversation's final (assistant) message instead of starting a new one; needs
+    # add_generation_prompt false.
+    continue_final_message: Optional[bool] = False
+    # The reply's content starts with the final message's when that message has the reply's role.
+    echo: Optional[bool] = False
 
 
 # ----------------------------------------------------------------------------------------------- policy
@@ -191,6 +203,31 @@ _UNSUPPORTED_COMPLETIONS: dict[str, _Check] = {
     "logit_bias": (lambda v: v != {}, "is not supported yet"),
     "store": (lambda v: v is not False, "is not supported: this server does not store completions"),
 }
+
+
+def _lone_surrogate(value: Any, path: str) -> tuple[str, int, str] | None:
+    """(JSON path, character index, the surrogate) of the first string in ``value`` holding a lone UTF-16
+    surrogate (JSON lets "\\ud800" through; it is no Unicode text), or None."""
+    if isinstance(value, str):
+        for i, ch in enumerate(value):
+            if "\ud800" <= ch <= "\udfff":
+                return path, i, f"\\u{ord(ch):04x}"
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _lone_surrogate(item, f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else key)
+        if found is not None:
+            return found
+    return None
+
+
+def check_text(body: dict[str, Any]) -> None:
+    """Raises a 400 naming the first string of the request that is not Unicode text (a lone surrogate)."""
+    found = _lone_surrogate(body, "")
+    if found is not None:
+        path, index, char = found
+        raise APIError(400, f"Invalid value for '{path}': character {index} is a lone UTF-16 surrogate ({char}), "
+                            "which is not Unicode text", param=path, code="invalid_value")
 
 
 def check_unsupported(body: dict[str, Any], endpoint: Literal["chat", "completions"]) -> None:
@@ -228,6 +265,19 @@ def check_values(req: CompletionRequest | ChatCompletionRequest, max_logprobs: i
     if not 1 <= n <= MAX_N:
         raise APIError(400, f"Invalid value for 'n': must be between 1 and {MAX_N}, got {n}", param="n",
                        code="invalid_value")
+    _check_logprobs("prompt_logprobs", req.prompt_logprobs, max_logprobs)
+    if req.prompt_logprobs is not None and req.stream:
+        raise APIError(400, "'prompt_logprobs' is answered whole, not streamed: the prompt's logprobs come with the "
+                            "response; send the request without 'stream'", param="prompt_logprobs",
+                       code="invalid_value")
+    t = req.truncate_prompt_tokens
+    if t is not None and not (t >= 1 or t == -1):
+        raise APIError(400, "Invalid value for 'truncate_prompt_tokens': must be at least 1 (keep the prompt's last "
+                            f"so many tokens) or -1 (as many as fit beside max_tokens), got {t}",
+                       param="truncate_prompt_tokens", code="invalid_value")
+    if req.priority not in (None, 0):
+        raise APIError(400, f"'priority' {req.priority} is not supported: this server schedules first come, first "
+                            "served (only priority 0)", param="priority", code="unsupported_parameter")
     if isinstance(req, ChatCompletionRequest):
         _check_chat_values(req, max_logprobs)
     else:
@@ -252,13 +302,26 @@ def _check_chat_values(req: ChatCompletionRequest, max_logprobs: int) -> None:
         raise APIError(400, "Give 'max_completion_tokens' or 'max_tokens', not two different values",
                        param="max_tokens", code="invalid_value")
     _check_tool_choice(req)
+    if req.continue_final_message and req.add_generation_prompt:
+        raise APIError(400, "'continue_final_message' continues the final message, 'add_generation_prompt' starts a "
+                            "new one: set 'add_generation_prompt' to false", param="continue_final_message",
+                       code="invalid_value")
+    if req.continue_final_message and req.messages[-1].role != "assistant":
+        raise APIError(400, "'continue_final_message' needs the final message to be the assistant's, got role "
+                            f"{req.messages[-1].role!r}", param="continue_final_message", code="invalid_value")
     for i, m in enumerate(req.messages):
         if m.role not in _CHAT_ROLES:
             raise APIError(400, f"Invalid value for 'messages[{i}].role': {m.role!r}; expected one of "
                                 f"{sorted(_CHAT_ROLES)}", param=f"messages[{i}].role", code="invalid_value")
+        if m.content is None and not (m.role == "assistant" and (m.tool_calls or m.refusal is not None)):
+            raise APIError(400, f"Invalid value for 'messages[{i}].content': null is allowed only for an assistant "
+                                "message with 'tool_calls'", param=f"messages[{i}].content", code="invalid_value")
         if isinstance(m.content, list):
             for j, part in enumerate(m.content):
-                if part.type != "text" or part.text is None:
+                if part.type == "text" and part.text is None:
+                    raise APIError(400, f"Invalid value for 'messages[{i}].content[{j}]': a text part needs its "
+                                        "'text'", param=f"messages[{i}].content[{j}].text", code="invalid_value")
+                if part.type != "text":
                     raise APIError(400, f"Content parts of type {part.type!r} are not supported: this model "
                                         "takes text only", param=f"messages[{i}].content[{j}].type",
                                    code="unsupported_parameter")

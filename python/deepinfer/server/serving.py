@@ -30,10 +30,10 @@ from pydantic import ValidationError
 
 from deepinfer.outputs import CompletionOutput
 from deepinfer.sampling_params import MAX_LOGPROBS, SamplingParams
-from deepinfer.server.choices import ChatFormat, Choice, ChoiceFormat, CompletionFormat
+from deepinfer.server.choices import ChatFormat, Choice, ChoiceFormat, CompletionFormat, prompt_logprobs_body
 from deepinfer.server.metrics import ServerMetrics
-from deepinfer.server.protocol import (APIError, ChatCompletionRequest, CompletionRequest, check_unsupported,
-                                       check_values, forced_tool_name, validation_error)
+from deepinfer.server.protocol import (APIError, ChatCompletionRequest, CompletionRequest, check_text,
+                                       check_unsupported, check_values, forced_tool_name, validation_error)
 from deepinfer.server.reasoning import ReasoningParser
 from deepinfer.server.structured import Constraint, request_constraint, tool_call_grammar, tool_call_token_ids
 from deepinfer.server.tool_calls import DeepSeekToolCallParser
@@ -327,6 +327,7 @@ class OpenAIServing:
         """The request's JSON body as ``model`` (a pydantic request class), checked by protocol.py's passes and
         against the served model names. Returns the request and its n."""
         body = await self._read_json(request)
+        check_text(body)
         check_unsupported(body, endpoint)
         try:
             req = model.model_validate(body)
@@ -377,6 +378,15 @@ class OpenAIServing:
                                 f"completion). Please reduce the prompt or the completion length.",
                            param=param, code="context_length_exceeded")
         return requested
+
+    def _truncated(self, ids: list[int], keep: int | None, completion_tokens: int) -> list[int]:
+        """The prompt's last ``keep`` tokens (truncate_prompt_tokens); -1 keeps as many as fit beside
+        ``completion_tokens``. Shorter prompts are unchanged."""
+        if keep is None:
+            return ids
+        if keep == -1:
+            keep = max(1, self.state.max_model_len - max(1, completion_tokens))
+        return ids[-keep:] if len(ids) > keep else ids
 
     def _sampling_params(self, req: Any, n: int, max_tokens: int, logprobs: int | None,
                          renames: Mapping[str, str], prompt_logprobs: int | None = None,
@@ -493,13 +503,23 @@ class OpenAIServing:
             await self._collect_or_fail(request, run, choices)
             for p, entries in enumerate(run.prompt_logprobs):
                 fmt.prompt_scored(p, entries)
+            # vLLM's prompt_logprobs: in each choice of /v1/completions, once in the response of a chat.
+            wanted = req.prompt_logprobs
+            scored = [prompt_logprobs_body(self.state.token_text, ids, entries, wanted) if wanted is not None
+                      else None for ids, entries in zip(prompts, run.prompt_logprobs)]
             data = []
             for c in choices:
                 content, logprobs = fmt.body(c)
-                data.append({"index": c.index, fmt.body_key: content, "logprobs": logprobs,
-                             "finish_reason": fmt.finish_reason(c, c.finish_reason), "stop_reason": c.stop_reason})
-            return _json_response({"id": request_id, "object": fmt.object, "created": created, "model": model,
-                                   "choices": data, "usage": usage()})
+                choice = {"index": c.index, fmt.body_key: content, "logprobs": logprobs,
+                          "finish_reason": fmt.finish_reason(c, c.finish_reason), "stop_reason": c.stop_reason}
+                if wanted is not None and fmt.object == "text_completion":
+                    choice["prompt_logprobs"] = scored[c.index // n]
+                data.append(choice)
+            body = {"id": request_id, "object": fmt.object, "created": created, "model": model, "choices": data,
+                    "usage": usage()}
+            if wanted is not None and fmt.object != "text_completion":
+                body["prompt_logprobs"] = scored[0]
+            return _json_response(body)
 
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
@@ -576,16 +596,21 @@ class OpenAIServing:
         req, n = await self._parse(request, CompletionRequest, "completions")
         constraint = request_constraint(req)
         prompts = self._completion_prompts(req.prompt)
+        if req.truncate_prompt_tokens is not None:  # a truncated prompt echoes its kept tokens' text
+            room = req.max_tokens if req.max_tokens is not None else DEFAULT_COMPLETION_MAX_TOKENS
+            kept = [self._truncated(ids, req.truncate_prompt_tokens, room) for _, ids in prompts]
+            prompts = [(text if len(k) == len(ids) else None, k) for (text, ids), k in zip(prompts, kept)]
         params = []
         echo = bool(req.echo)
         # echo with logprobs scores the prompt too: its tokens' logprobs lead the choice's (what loglikelihood
         # evaluations read, with max_tokens 0 or 1).
         scores_prompt = echo and req.logprobs is not None
+        scoring = [v for v in (req.logprobs if scores_prompt else None, req.prompt_logprobs) if v is not None]
         for _, ids in prompts:
             max_tokens = self._max_tokens(req.max_tokens, len(ids), DEFAULT_COMPLETION_MAX_TOKENS, "max_tokens",
-                                          scores_prompt)
+                                          bool(scoring))
             params.append(self._sampling_params(req, n, max_tokens, req.logprobs, {},
-                                                req.logprobs if scores_prompt else None, constraint))
+                                                max(scoring) if scoring else None, constraint))
         tok = self.engine.tokenizer
         echo_texts = [(text if text is not None else tok.decode(ids, skip_special_tokens=False)) if echo else ""
                       for text, ids in prompts]
@@ -669,10 +694,16 @@ class OpenAIServing:
         template = {"chat_template": template} if template and "chat_template" not in kwargs else {}
         try:
             return list(self.engine.render_chat(messages, add_generation_prompt=bool(req.add_generation_prompt),
+                                                continue_final_message=bool(req.continue_final_message),
                                                 chat_template_kwargs=kwargs, **template))
-        except (ValueError, TypeError, KeyError, jinja2.TemplateError) as e:
+        except (ValueError, jinja2.TemplateError) as e:  # the template's own words (raise_exception) or ours
             raise APIError(400, f"The chat template could not render these messages: {e}", param="messages",
                            code="invalid_value") from None
+        except (TypeError, KeyError) as e:  # Python's words about the template's code: logged, not answered
+            logger.info("the chat template failed: %s: %s", type(e).__name__, e)
+            raise APIError(400, "The chat template could not render these messages: a message lacks a field the "
+                                "template reads, or holds a value of another type than it expects",
+                           param="messages", code="invalid_value") from None
 
     async def chat_completions(self, request: Request) -> Response:
         arrival = time.monotonic()
@@ -682,7 +713,8 @@ class OpenAIServing:
         ids = self._render_chat(req)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        max_tokens = self._max_tokens(requested, len(ids), None, param)
+        ids = self._truncated(ids, req.truncate_prompt_tokens, requested or 1)
+        max_tokens = self._max_tokens(requested, len(ids), None, param, req.prompt_logprobs is not None)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         parser_cls = self.state.options.reasoning_parser
         opens_reasoning = False
@@ -692,9 +724,12 @@ class OpenAIServing:
         reasoning = None if parser_cls is None else "open" if opens_reasoning else "optional"
         constraint = self._forced_tool_calls(req, constraint, reasoning) or constraint
         params = self._sampling_params(req, n, max_tokens, logprobs, {"logprobs": "top_logprobs"},
-                                       constraint=constraint)
+                                       req.prompt_logprobs, constraint)
         uses_tools = bool(req.tools) and req.tool_choice != "none"
+        role = self.state.options.response_role
+        last = self._chat_messages(req)[-1]
+        echo_text = (last["content"] or "") if req.echo and last["role"] == role else ""
         fmt = ChatFormat(self.state.token_text, n, bool(req.logprobs), parser_cls, opens_reasoning,
                          self.state.options.tool_call_parser if uses_tools else None,
-                         req.parallel_tool_calls is not False, self.state.options.response_role)
+                         req.parallel_tool_calls is not False, role, echo_text)
         return await self._respond(request, req, fmt, "chatcmpl", [ids], [params], n, arrival, constraint)
