@@ -6,6 +6,12 @@ infinite request rate (streaming, one HTTP connection per request). Both runs ge
 per request (ignore_eos), so the durations compare directly.
 
     python benchmarks/serve/overhead.py --num-prompts 200 --max-tokens 128 --repeat 3 --save-result overhead.json
+
+With --shape (v2-lite, v3-slice: benchmarks/gpu/bench_common.py) both sides load that shape's config with random
+weights (load_format dummy) and DeepSeek-V3's tokenizer, on --device, batching up to --max-num-seqs sequences:
+
+    python benchmarks/serve/overhead.py --shape v2-lite --device cuda --num-prompts 1000 --max-tokens 256 \
+        --max-model-len 4096 --max-prompt-chars 8000 --max-num-seqs 1024 --repeat 1 --save-result overhead.json
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import sys
 import tempfile
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 import httpx
 
@@ -28,8 +35,23 @@ from deepinfer import DeepInferenceEngine, EngineConfig
 from deepinfer.bench.serve import default_dataset, load_prompts, main as bench_main, run_provenance, sample_prompts
 
 
-def offline(prompts: list[str], max_tokens: int, max_model_len: int) -> dict:
-    engine = DeepInferenceEngine(EngineConfig(max_model_len=max_model_len))
+def engine_settings(args: argparse.Namespace, model_dir: str | None) -> dict:
+    """EngineConfig fields both sides use (the demo model by default)."""
+    settings = {"max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs, "device": args.device}
+    if model_dir is not None:
+        settings.update(model_name_or_path=model_dir, load_format="dummy")
+    return settings
+
+
+def serve_flags(settings: dict) -> list[str]:
+    flags = []
+    for key, value in settings.items():
+        flags += ["--model" if key == "model_name_or_path" else "--" + key.replace("_", "-"), str(value)]
+    return flags
+
+
+def offline(prompts: list[str], max_tokens: int, settings: dict) -> dict:
+    engine = DeepInferenceEngine(EngineConfig(**settings))
     try:
         engine.generate(prompts[0], max_tokens=1)  # warm-up
         start = time.perf_counter()
@@ -42,16 +64,18 @@ def offline(prompts: list[str], max_tokens: int, max_model_len: int) -> dict:
             "median_ttft_ms": 1000 * ttfts[len(ttfts) // 2]}
 
 
-def served(prompts_file: str, num: int, max_tokens: int, max_model_len: int, max_chars: int) -> dict:
+def served(prompts_file: str, num: int, max_tokens: int, settings: dict, max_chars: int) -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "DEEPINFER_NO_PROGRESS": "1"}
-    server = subprocess.Popen([sys.executable, "-m", "deepinfer.cli", "serve", "--port", str(port), "--max-model-len",
-                               str(max_model_len), "--no-access-log", "--log-level", "warning"], env=env)
+    # The queue takes the whole burst: every request waits for its first token at once.
+    server = subprocess.Popen([sys.executable, "-m", "deepinfer.cli", "serve", "--port", str(port),
+                               *serve_flags(settings), "--max-queue-size", str(max(1024, 2 * num)),
+                               "--no-access-log", "--log-level", "warning"], env=env)
     try:
         base = f"http://127.0.0.1:{port}"
-        for _ in range(600):
+        for _ in range(3000):  # a large shape's dummy weights take a while
             try:
                 if httpx.get(f"{base}/health", timeout=1).status_code == 200:
                     break
@@ -82,18 +106,33 @@ def main() -> int:
     p.add_argument("--max-prompt-chars", type=int, default=2000)
     p.add_argument("--repeat", type=int, default=3, help="offline/served pairs to run (default 3)")
     p.add_argument("--save-result", default=None)
+    p.add_argument("--shape", default=None, choices=["v2-lite", "v3-slice"],
+                   help="a benchmark shape with random weights instead of the demo model")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--max-num-seqs", type=int, default=256)
     args = p.parse_args()
     dataset = args.dataset or str(default_dataset())
     prompts = sample_prompts(load_prompts(dataset), args.num_prompts, 0, args.max_prompt_chars)
-    pairs = []
-    for _ in range(args.repeat):  # alternate, so drifting machine load hits both sides alike
-        pairs.append({"offline": offline(prompts, args.max_tokens, args.max_model_len),
-                      "served": served(dataset, args.num_prompts, args.max_tokens, args.max_model_len,
-                                       args.max_prompt_chars)})
-        pairs[-1]["ratio"] = pairs[-1]["served"]["duration"] / pairs[-1]["offline"]["duration"]
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = None
+        if args.shape is not None:
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
+            from bench_common import shape_config
+            from engine_bench import write_model_dir
+
+            model_dir = str(write_model_dir(Path(tmp), args.shape, shape_config(args.shape))[0])
+        settings = engine_settings(args, model_dir)
+        pairs = []
+        for _ in range(args.repeat):  # alternate, so drifting machine load hits both sides alike
+            pairs.append({"offline": offline(prompts, args.max_tokens, settings),
+                          "served": served(dataset, args.num_prompts, args.max_tokens, settings,
+                                           args.max_prompt_chars)})
+            pairs[-1]["ratio"] = pairs[-1]["served"]["duration"] / pairs[-1]["offline"]["duration"]
+            print(json.dumps(pairs[-1]), flush=True)
     ratios = sorted(p["ratio"] for p in pairs)
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), **run_provenance(),
               "command": shlex.join(["python3", "benchmarks/serve/overhead.py", *sys.argv[1:]]),
+              "shape": args.shape or "demo", "device": args.device, "max_num_seqs": args.max_num_seqs,
               "num_prompts": args.num_prompts, "max_tokens": args.max_tokens, "max_model_len": args.max_model_len,
               "max_prompt_chars": args.max_prompt_chars, "pairs": pairs,
               "median_served_over_offline_duration": ratios[len(ratios) // 2]}
