@@ -120,7 +120,10 @@ def main() -> int:
             from bench_common import shape_config
             from engine_bench import write_model_dir
 
-            model_dir = str(write_model_dir(Path(tmp), args.shape, shape_config(args.shape))[0])
+            # Prompts are text tokenized with DeepSeek-V3's tokenizer: the vocabulary must hold its ids (V3's size).
+            config = {**shape_config(args.shape)}
+            config["vocab_size"] = max(config["vocab_size"], 129280)
+            model_dir = str(write_model_dir(Path(tmp), args.shape, config)[0])
         settings = engine_settings(args, model_dir)
         pairs = []
         for _ in range(args.repeat):  # alternate, so drifting machine load hits both sides alike
