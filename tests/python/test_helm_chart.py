@@ -514,6 +514,8 @@ def test_multi_node_wires_the_lws_variables(chart):
     assert not [d for d in docs if d["kind"] == "Deployment"]
     lws = one(docs, "LeaderWorkerSet")
     assert lws["spec"]["leaderWorkerTemplate"]["size"] == values["multiNode"]["size"]
+    # LWS creates a headless Service named as the LeaderWorkerSet: it must not be the chart's Service's name.
+    assert lws["metadata"]["name"] != one(docs, "Service")["metadata"]["name"]
     for role, template in pod_specs(docs).items():
         args = parse_args(container(template)["args"])
         assert args["--nnodes"] == ["$(LWS_GROUP_SIZE)"], role

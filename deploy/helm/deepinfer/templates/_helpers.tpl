@@ -18,6 +18,14 @@ Names and labels.
 {{- end -}}
 {{- end -}}
 
+{{/*
+The LeaderWorkerSet's name. LWS creates a headless Service of that name for its pods' DNS names, so it must differ
+from the chart's Service; kept short, as pod names append the group and worker indices.
+*/}}
+{{- define "deepinfer.lwsName" -}}
+{{- printf "%s-lws" (include "deepinfer.fullname" . | trunc 48 | trimSuffix "-") -}}
+{{- end -}}
+
 {{- define "deepinfer.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
