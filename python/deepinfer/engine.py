@@ -90,25 +90,35 @@ class _Completion:
         self.params = params
         self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens=params.skip_special_tokens)
         self.token_ids: list[int] = []
-        self.decoded = ""   # everything the detokenizer produced (stop strings look at this)
-        self.text = ""      # what was emitted to the user
+        # Everything the detokenizer produced, kept only when stop strings look at it (a string grown by += is copied
+        # each token: quadratic in the output's length).
+        self.has_stops = any(params.stop or ())
+        self.decoded = ""
+        self._text_parts: list[str] = []  # what was emitted to the user, as emitted
         self.logprobs: list[TokenLogprobs] | None = [] if params.logprobs is not None else None
         self.finished = False
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
         self.error: str | None = None
 
+    @property
+    def text(self) -> str:
+        """Everything emitted to the user so far."""
+        if len(self._text_parts) > 1:
+            self._text_parts = ["".join(self._text_parts)]
+        return self._text_parts[0] if self._text_parts else ""
+
     def output(self, text: str, token_ids: list[int], logprobs: list[TokenLogprobs] | None) -> CompletionOutput:
         return CompletionOutput(index=self.index, text=text, token_ids=token_ids, finish_reason=self.finish_reason,
                                 stop_reason=self.stop_reason, logprobs=logprobs, error=self.error)
 
 
-def _put_all(items: list[tuple[asyncio.Queue, RequestOutput | None]]) -> None:
-    for q, delta in items:
-        q.put_nowait(delta)
+def _put_all(items: list[tuple["RequestStream", RequestOutput | None]]) -> None:
+    for stream, delta in items:
+        stream._push(delta)
 
 
-def _hand_to_loop(loop: asyncio.AbstractEventLoop, items: list[tuple[asyncio.Queue, RequestOutput | None]]) -> None:
+def _hand_to_loop(loop: asyncio.AbstractEventLoop, items: list[tuple["RequestStream", RequestOutput | None]]) -> None:
     try:
         loop.call_soon_threadsafe(_put_all, items)
     except RuntimeError:  # the event loop is closed: nobody is listening any more
@@ -119,10 +129,10 @@ class _LoopBatches:
     """The asyncio streams' deltas of one dispatch, by event loop: each loop gets them in one callback, in order."""
 
     def __init__(self) -> None:
-        self._items: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput | None]]] = {}
+        self._items: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, RequestOutput | None]]] = {}
 
-    def add(self, loop: asyncio.AbstractEventLoop, q: asyncio.Queue, delta: RequestOutput | None) -> None:
-        self._items.setdefault(loop, []).append((q, delta))
+    def add(self, loop: asyncio.AbstractEventLoop, stream: "RequestStream", delta: RequestOutput | None) -> None:
+        self._items.setdefault(loop, []).append((stream, delta))
 
     def flush(self) -> None:
         for loop, items in self._items.items():
@@ -153,6 +163,7 @@ class RequestStream:
         self._loop = loop
         self._sync_queue: queue.Queue[RequestOutput | None] = queue.Queue()
         self._async_queue: asyncio.Queue[RequestOutput | None] | None = asyncio.Queue() if loop else None
+        self._forward: tuple[asyncio.Queue, Any] | None = None  # forward_to's queue and tag
         self._done = threading.Event()
 
     # Called by the dispatcher thread: a synchronous stream's delta now; an asyncio stream's into `batch`, which the
@@ -160,13 +171,30 @@ class RequestStream:
     def _deliver(self, delta: RequestOutput | None, batch: "_LoopBatches | None" = None) -> None:
         if self._loop is not None:
             if batch is not None:
-                batch.add(self._loop, self._async_queue, delta)
+                batch.add(self._loop, self, delta)
             else:
-                _hand_to_loop(self._loop, [(self._async_queue, delta)])
+                _hand_to_loop(self._loop, [(self, delta)])
         else:
             self._sync_queue.put(delta)
         if delta is None:
             self._done.set()
+
+    # On the stream's event loop: a delta (None: the end) into its queue, or forward_to's.
+    def _push(self, delta: RequestOutput | None) -> None:
+        if self._forward is not None:
+            self._forward[0].put_nowait((self._forward[1], delta))
+        else:
+            self._async_queue.put_nowait(delta)
+
+    def forward_to(self, q: asyncio.Queue, tag: Any) -> None:
+        """From now on (and with whatever is queued already) the stream's deltas go to ``q`` as ``(tag, delta)``,
+        ``(tag, None)`` last, instead of to its own iteration: a consumer of many streams reads one queue, with no
+        task a stream to move them. Call it on the stream's event loop; the stream is not iterated afterwards."""
+        if self._async_queue is None:
+            raise TypeError("forward_to needs a stream submitted with an event loop")
+        while not self._async_queue.empty():
+            q.put_nowait((tag, self._async_queue.get_nowait()))
+        self._forward = (q, tag)
 
     @property
     def finished(self) -> bool:
@@ -500,17 +528,21 @@ class DeepInferenceEngine:
                 return
             if self._closing and not deltas:
                 return  # the core has stopped and everything it emitted was delivered
-            batch = _LoopBatches()
-            with self._lock:
-                entries = [self._by_core_id.get(d.request_id) for d in deltas]
-            for d, entry in zip(deltas, entries):
-                if entry is None or entry[1].finished:
-                    continue  # a completion finished here already (a stop string) and was aborted in the core
-                try:
-                    self._apply(entry[0], entry[1], d, batch)
-                except Exception:  # never let one request's bug stop the others' outputs
-                    logger.exception("failed to process output of request %s", entry[0].request_id)
-            batch.flush()
+            self._dispatch(deltas)
+
+    def _dispatch(self, deltas: Sequence[Any]) -> None:
+        """One wait's outputs of the core (its step's, usually): each applied to its completion and handed on."""
+        batch = _LoopBatches()
+        with self._lock:
+            entries = [self._by_core_id.get(d.request_id) for d in deltas]
+        for d, entry in zip(deltas, entries):
+            if entry is None or entry[1].finished:
+                continue  # a completion finished here already (a stop string) and was aborted in the core
+            try:
+                self._apply(entry[0], entry[1], d, batch)
+            except Exception:  # never let one request's bug stop the others' outputs
+                logger.exception("failed to process output of request %s", entry[0].request_id)
+        batch.flush()
 
     def _apply(self, stream: RequestStream, c: _Completion, d: Any, batch: _LoopBatches | None = None) -> None:
         now = time.monotonic()
@@ -538,9 +570,12 @@ class DeepInferenceEngine:
             text_delta = c.detokenizer.step(new_ids[i:i + 1]) if new_ids else ""
             if d.finished and last:
                 text_delta += c.detokenizer.flush()
-            part, stopped = find_stop(c.decoded, text_delta, c.params.stop, c.params.include_stop_str_in_output,
-                                      final=d.finished and last)
-            c.decoded += text_delta
+            if c.has_stops:
+                part, stopped = find_stop(c.decoded, text_delta, c.params.stop, c.params.include_stop_str_in_output,
+                                          final=d.finished and last)
+                c.decoded += text_delta
+            else:
+                part = text_delta
             emit += part
             taken = i + 1 if new_ids else 0
             if stopped:
@@ -548,7 +583,8 @@ class DeepInferenceEngine:
         new_ids = new_ids[:taken]
         if new_logprobs is not None:
             new_logprobs = new_logprobs[:taken]
-        c.text += emit
+        if emit:
+            c._text_parts.append(emit)
         c.token_ids.extend(new_ids)
         if new_logprobs is not None and c.logprobs is not None:
             c.logprobs.extend(new_logprobs)

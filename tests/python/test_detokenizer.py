@@ -273,3 +273,51 @@ def test_detokenizer_with_stop_strings(tok):
         if stopped:
             break
     assert stopped and out == "The answer is 42."
+
+
+class _DecodeOnly:
+    """The tokenizer with decode alone: the detokenizer then decodes every step (no fixed token texts)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def decode(self, ids, skip_special_tokens=True):
+        return self.inner.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def test_fixed_token_texts_give_the_decoded_steps(tok):
+    """The shortcut for tokens whose text is fixed (Tokenizer.token_text) changes no delta: step by step the same as
+    decoding every step, over ShareGPT text, special tokens, emoji and CJK split over tokens, and invalid bytes."""
+    require_asset(PROMPTS)
+    rng = random.Random(7)
+    prompts = [item["conversations"][0]["value"] for item in json.loads(PROMPTS.read_text(encoding="utf-8"))]
+    texts = prompts[:40] + MULTIBYTE + ["naïve café e\u0301", "x" * 50]
+    special = [tok.bos_token_id, tok.eos_token_id]
+    for i, text in enumerate(texts):
+        ids = tok.encode(text, add_special_tokens=False)[:300]
+        if i % 3 == 0:  # special tokens in the middle, and raw bytes that are not UTF-8
+            ids = ids[:20] + [special[i % 2]] + ids[20:] + _byte_token_ids(tok, b"\xff\xfe") + ids[:5]
+        for skip in (True, False):
+            prompt = tok.encode(prompts[i + 1][:40], add_special_tokens=False)
+            fast = _stream(tok, prompt, ids, skip_special_tokens=skip)
+            slow = _stream(_DecodeOnly(tok), prompt, ids, skip_special_tokens=skip)
+            assert fast == slow, (i, skip)
+            chunked = _stream(tok, prompt, ids, chunks=3, skip_special_tokens=skip)
+            assert "".join(chunked) == "".join(slow)
+        rng.shuffle(ids)  # also random orders of the same tokens
+        assert _stream(tok, [], ids) == _stream(_DecodeOnly(tok), [], ids)
+
+
+def test_token_text_is_fixed_only_where_it_can_be(tok):
+    hello = tok.encode(" hello", add_special_tokens=False)
+    assert len(hello) == 1 and tok.token_text(hello[0]) == " hello"
+    assert tok.token_text(tok.bos_token_id) is None  # an added token: decoded from its content, may be skipped
+    emoji_bytes = _byte_token_ids(tok, "🙂".encode())
+    assert tok.token_text(emoji_bytes[0]) is None  # a byte that ends inside a character
+    from tokenizers import Tokenizer as HfTokenizer
+    from tokenizers import decoders, models
+
+    wordpiece = HfTokenizer(models.WordPiece({"[UNK]": 0, "a": 1, "##b": 2}, unk_token="[UNK]"))
+    wordpiece.decoder = decoders.WordPiece()
+    other = Tokenizer(wordpiece, unk_token="[UNK]")
+    assert other.token_text(1) is None  # not a byte-level decoder: its text depends on the neighbours

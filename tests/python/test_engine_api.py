@@ -57,6 +57,37 @@ def test_stream_yields_increments_that_add_up(engine):
     assert deltas[-1].finished and deltas[-1].finish_reason == "length"
 
 
+def test_forwarded_streams_deliver_everything_in_order(engine):
+    """RequestStream.forward_to (how the server reads its streams): the deltas already queued when it is called and
+    every later one reach the one queue in order as (tag, delta), then (tag, None); the text is generate()'s."""
+    import asyncio
+
+    params = SamplingParams(temperature=0.8, seed=5, max_tokens=16, ignore_eos=True)
+    want = [engine.generate(p, params)[0] for p in PROMPTS]
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        streams = [engine.submit(p, params, loop=loop) for p in PROMPTS]
+        while streams[0]._async_queue.empty():  # some deltas arrive before the stream is forwarded
+            await asyncio.sleep(0.001)
+        q: asyncio.Queue = asyncio.Queue()
+        for i, s in enumerate(streams):
+            s.forward_to(q, i)
+        texts, ids, ended = [""] * len(streams), [[] for _ in streams], set()
+        while len(ended) < len(streams):
+            i, delta = await q.get()
+            assert i not in ended
+            if delta is None:
+                ended.add(i)
+                continue
+            texts[i] += delta.outputs[0].text
+            ids[i] += delta.outputs[0].token_ids
+        return texts, ids
+
+    texts, ids = asyncio.run(run())
+    assert texts == [w.text for w in want] and ids == [w.token_ids for w in want]
+
+
 def test_seed_gives_the_same_text_whatever_else_is_in_the_batch(engine):
     seeded = SamplingParams(temperature=1.0, top_p=0.95, seed=1234, max_tokens=10)
     alone = engine.generate(PROMPTS[1], seeded)[0].token_ids

@@ -155,6 +155,9 @@ class _Run:
         self.abort()
 
     def _start_pumps(self) -> None:
+        """Every stream's deltas into the run's one queue as (prompt, delta): the engine's streams put them there
+        themselves (RequestStream.forward_to: no task and no second queue a delta); any other async iterable of
+        deltas gets a task that moves them."""
         async def pump(i: int, stream: Any) -> None:
             try:
                 async for delta in stream:
@@ -162,7 +165,11 @@ class _Run:
             finally:
                 self._queue.put_nowait((i, None))
 
-        self._pumps = [asyncio.create_task(pump(i, s)) for i, s in enumerate(self.streams)]
+        for i, s in enumerate(self.streams):
+            if hasattr(s, "forward_to"):
+                s.forward_to(self._queue, i)
+            else:
+                self._pumps.append(asyncio.create_task(pump(i, s)))
 
     async def outputs(self) -> AsyncIterator[tuple[int, CompletionOutput]]:
         """(choice index, new output of that choice) as they arrive; choice index = prompt * n + completion."""

@@ -60,6 +60,9 @@ class IncrementalDetokenizer:
         self._emitted = len(context_text)  # chars of decode(ids[prefix_offset:]) already emitted
         self._text_parts: list[str] = []
         self._finished = False
+        # The fixed text of a token, where the tokenizer knows it (deepinfer's Tokenizer.token_text; other
+        # tokenizers: always decoded).
+        self._token_text = getattr(tokenizer, "token_text", None)
 
     def _decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip)
@@ -80,9 +83,22 @@ class IncrementalDetokenizer:
         if self._finished:
             raise RuntimeError("IncrementalDetokenizer.step() after flush()")
         if isinstance(new_token_ids, int):
-            self._ids.append(new_token_ids)
-        else:
-            self._ids.extend(new_token_ids)
+            new_token_ids = (new_token_ids,)
+        elif not isinstance(new_token_ids, (list, tuple)):
+            new_token_ids = list(new_token_ids)
+        if len(new_token_ids) == 1 and self._token_text is not None and self._read_offset == len(self._ids) \
+                and self._emitted == len(self._prefix_text):
+            # Everything so far is settled and emitted, and the token's text is fixed (Tokenizer.token_text): the
+            # window would decode to prefix_text + that text, so the step's outcome is known without decoding.
+            text = self._token_text(new_token_ids[0])
+            if text is not None:
+                self._ids.append(new_token_ids[0])
+                self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
+                self._prefix_text = text
+                self._emitted = len(text)
+                self._text_parts.append(text)
+                return text
+        self._ids.extend(new_token_ids)
         return self._advance(final=False)
 
     def flush(self) -> str:

@@ -49,9 +49,9 @@ def find_stop(
     ``text_so_far[:len(text_so_far) - held_back_length(text_so_far, stop_strings)]``.
     """
     stops = [s for s in stop_strings if s]
-    full = text_so_far + new_delta
     if not stops:
         return new_delta, False
+    full = text_so_far + new_delta
     emitted = len(text_so_far) - _held_len(text_so_far, stops)
     # A stop string not found before must end inside new_delta.
     search_from = max(0, len(text_so_far) - max(len(s) for s in stops) + 1)

@@ -156,6 +156,10 @@ def _id_list(value: Any) -> list[int]:
     raise ValueError(f"eos_token_id must be an int or a list of ints, got {value!r}")
 
 
+_UNKNOWN: Any = object()  # token_text's cache: not looked up yet
+_REPLACEMENT = "\ufffd"
+
+
 class Tokenizer:
     """A DeepSeek tokenizer: encode/decode, special tokens, chat template.
 
@@ -203,9 +207,17 @@ class Tokenizer:
             if tid not in ids:
                 ids.append(tid)
         self._all_special_ids = tuple(ids)
-        self._skipped_ids = frozenset(
-            i for i, t in self._tok.get_added_tokens_decoder().items() if t.special
-        )
+        added = self._tok.get_added_tokens_decoder()
+        self._skipped_ids = frozenset(i for i, t in added.items() if t.special)
+        # A byte-level decoder (every DeepSeek tokenizer) decodes a sequence to the UTF-8 text of its tokens' bytes
+        # one after another: a vocabulary token whose bytes are whole characters then adds exactly its own text to
+        # whatever precedes it (what IncrementalDetokenizer's shortcut relies on). Added tokens are decoded from
+        # their content and may be skipped, so they never qualify.
+        from tokenizers import decoders
+
+        self._byte_level = isinstance(self._tok.decoder, decoders.ByteLevel)
+        self._added_ids = frozenset(added)
+        self._token_text: dict[int, str | None] = {}
 
         eos_ids = set(extra_eos_token_ids)
         if self.eos_token_id is not None:
@@ -394,6 +406,20 @@ class Tokenizer:
         if isinstance(ids, int):
             ids = [ids]
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, token_id: int) -> str | None:
+        """The text a vocabulary token adds to any decoded sequence it follows (one that ends on a character
+        boundary), or None when that is not fixed: an added token, a token whose bytes end inside a character, or a
+        tokenizer whose decoder is not byte-level. Cached."""
+        text = self._token_text.get(token_id, _UNKNOWN)
+        if text is _UNKNOWN:
+            text = None
+            if self._byte_level and token_id not in self._added_ids:
+                text = self._tok.decode([token_id], skip_special_tokens=False)
+                if not text or _REPLACEMENT in text:
+                    text = None
+            self._token_text[token_id] = text
+        return text
 
     def decode_batch(self, batch: Sequence[Sequence[int]], skip_special_tokens: bool = True) -> list[str]:
         return self._tok.decode_batch([list(ids) for ids in batch], skip_special_tokens=skip_special_tokens)

@@ -1,0 +1,135 @@
+"""The Python work a generated token costs between the C++ engine and its consumer, without the model: how many
+tokens a second the engine's dispatcher (detokenization, stop strings, the delta objects) and the hand-off to the
+consumer can move, on this machine's CPU.
+
+The C++ core is replaced by synthetic step outputs (one new token for each of --streams requests a step, tokens of
+ShareGPT text under DeepSeek-V3's tokenizer), handed to the engine's dispatcher as the core's are. `--path sync`:
+the streams are iterated synchronously (generate's path); `--path asyncio`: the dispatcher runs in its thread and an
+event loop in another consumes every stream as the server does (RequestStream.forward_to into a queue a request),
+the server's path up to its HTTP layer, both on one GIL as in `deepinfer serve`. Reports microseconds of Python per token: what bounds a server's output tok/s.
+
+    python benchmarks/serve/dispatch_bench.py --streams 1000 --tokens 64 --path asyncio
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from deepinfer import DeepInferenceEngine, EngineConfig, SamplingParams
+from deepinfer.tokenizer import Tokenizer
+
+
+def step_outputs(core_ids: list[int], texts: list[list[int]], step: int, last: bool) -> list[SimpleNamespace]:
+    """What the core's wait_outputs returns for one decode step: a new token for every request."""
+    return [SimpleNamespace(request_id=cid, new_token_ids=[ids[step % len(ids)]], finished=last,
+                            finish_reason="length" if last else "", error="", logprobs=[], prompt_logprobs=[],
+                            num_preemptions=0, num_cached_tokens=0)
+            for cid, ids in zip(core_ids, texts)]
+
+
+def token_texts(streams: int) -> list[list[int]]:
+    tok = Tokenizer.default_deepseek_v3()
+    data = json.loads(Path(__file__).resolve().parents[2].joinpath(".data", "sharegpt_v3_filtered_1000.json")
+                      .read_text()) if Path(".data/sharegpt_v3_filtered_1000.json").exists() else None
+    texts = [(item.get("conversations") or [{}])[-1].get("value", "") for item in (data or [])] or \
+        ["The quick brown fox jumps over the lazy dog, again and again, in every language: ünïcödé, 日本語, emoji 🙂."]
+    return [tok.encode(texts[i % len(texts)], add_special_tokens=False)[:512] or [100] for i in range(streams)]
+
+
+def register(engine: DeepInferenceEngine, n: int, params: SamplingParams, loop) -> list:
+    """n requests registered with the dispatcher as _enqueue registers them, with no request in the core."""
+    from deepinfer.engine import RequestStream, _Completion
+
+    streams = []
+    for i in range(n):
+        stream = RequestStream(engine, f"bench-{i}", None, [1, 2, 3], params, loop)
+        core_id = 10_000_000 + i
+        completion = _Completion(0, core_id, engine.tokenizer, [1, 2, 3], params)
+        stream.completions.append(completion)
+        engine._by_core_id[core_id] = (stream, completion)
+        streams.append(stream)
+    return streams
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--streams", type=int, default=1000)
+    ap.add_argument("--tokens", type=int, default=64, help="tokens a stream (steps)")
+    ap.add_argument("--path", choices=["sync", "asyncio"], default="asyncio")
+    ap.add_argument("--stop", action="store_true", help="give every request two stop strings")
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    engine = DeepInferenceEngine(EngineConfig(device="cpu"))
+    engine.tokenizer = Tokenizer.default_deepseek_v3()
+    engine._abort_core = lambda core_id: None  # nothing runs in the core
+    texts = token_texts(args.streams)
+    params = SamplingParams(max_tokens=args.tokens, ignore_eos=True,
+                            stop=["\n\nUser:", "<|stop|>"] if args.stop else None)
+    runs = []
+    for _ in range(args.repeat):
+        runs.append(run_sync(engine, params, texts, args) if args.path == "sync" else run_asyncio(engine, params,
+                                                                                                texts, args))
+    best = min(runs)
+    total = args.streams * args.tokens
+    print(json.dumps({"path": args.path, "streams": args.streams, "tokens": args.tokens, "stop_strings": args.stop,
+                      "seconds": [round(r, 3) for r in runs], "us_per_token": round(1e6 * best / total, 2),
+                      "tokens_per_s": round(total / best)}))
+    engine.shutdown()
+    return 0
+
+
+def run_sync(engine, params, texts, args) -> float:
+    streams = register(engine, args.streams, params, None)
+    core_ids = [s.completions[0].core_id for s in streams]
+    start = time.perf_counter()
+    for step in range(args.tokens):
+        engine._dispatch(step_outputs(core_ids, texts, step, step == args.tokens - 1))
+        for s in streams:  # what a synchronous consumer takes out each step
+            while not s._sync_queue.empty():
+                s._sync_queue.get_nowait()
+    return time.perf_counter() - start
+
+
+def run_asyncio(engine, params, texts, args) -> float:
+    import threading
+
+    loop = asyncio.new_event_loop()
+    streams = register(engine, args.streams, params, loop)
+    core_ids = [s.completions[0].core_id for s in streams]
+    received = [0]
+
+    async def consume(s) -> None:  # as the server reads a request: its stream forwarded into the run's queue
+        q: asyncio.Queue = asyncio.Queue()
+        s.forward_to(q, 0)
+        while True:
+            _, delta = await q.get()
+            if delta is None:
+                return
+            received[0] += len(delta.outputs[0].token_ids)
+
+    async def consume_all() -> None:
+        await asyncio.gather(*(consume(s) for s in streams))
+
+    ready = threading.Event()
+    loop.call_soon(ready.set)
+    consumer = threading.Thread(target=loop.run_until_complete, args=(consume_all(),))
+    consumer.start()
+    ready.wait()
+    start = time.perf_counter()
+    for step in range(args.tokens):
+        engine._dispatch(step_outputs(core_ids, texts, step, step == args.tokens - 1))
+    consumer.join()
+    elapsed = time.perf_counter() - start
+    loop.close()
+    assert received[0] == args.streams * args.tokens, received[0]
+    return elapsed
+
+
+if __name__ == "__main__":
+    sys.exit(main())
