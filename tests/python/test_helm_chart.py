@@ -542,3 +542,14 @@ def test_schema_refuses_unknown_and_wrong_values(chart):
         render(chart, {"engine": {"gpuMemoryUtilization": 1.5}})
     for example, path in EXAMPLES.items():  # the examples as written, through the chart's schema
         chart.validate_schema(yaml.safe_load(path.read_text()))
+
+
+def test_the_pods_run_as_the_images_user():
+    """The chart's default uid is the one the image creates and gives its HF_HOME volume (deploy/docker/Dockerfile):
+    another uid could not write the cache."""
+    dockerfile = (REPO / "deploy" / "docker" / "Dockerfile").read_text()
+    users = re.findall(r"^USER\s+(\d+):(\d+)\s*$", dockerfile, flags=re.M)
+    assert users, "the Dockerfile's final USER is not numeric uid:gid"
+    uid, gid = map(int, users[-1])
+    context = yaml.safe_load((CHART / "values.yaml").read_text())["podSecurityContext"]
+    assert (context["runAsUser"], context["runAsGroup"], context["fsGroup"]) == (uid, gid, gid)
