@@ -522,3 +522,54 @@ def test_a_template_type_error_is_not_answered_in_pythons_words():
     err = r.json()["error"]
     assert err["param"] == "messages" and "NoneType" not in err["message"]
 
+
+
+def test_chunks_ready_together_leave_in_one_write():
+    """Deltas that arrive while the response is still writing earlier ones go out in one body write (the stream
+    forwards its whole script at once, as the engine's streams forward a step's deltas); the events are the same."""
+    class Burst(FakeStream):
+        def forward_to(self, q, tag):  # as the engine's streams: every delta of the script already there
+            for step, piece in enumerate(self.script):
+                last = step == len(self.script) - 1
+                out = CompletionOutput(index=0, text=piece, token_ids=[ord(piece)], finish_reason="length" if last
+                                       else None)
+                q.put_nowait((tag, RequestOutput(request_id=self.request_id, prompt=None, prompt_token_ids=[1],
+                                                 outputs=[out], finished=last)))
+            q.put_nowait((tag, None))
+
+    class BurstEngine(FakeEngine):
+        def submit(self, prompt, params, loop=None, request_id=None):
+            return Burst(request_id, params.n, self.script, self.finish_reason, self.error)
+
+    app = create_app(BurstEngine(["a", "b", "c", "d", "e", "f"]))
+    body = {"model": "fake-r1", "prompt": "hi", "max_tokens": 6, "stream": True}
+
+    async def go():
+        writes: list[bytes] = []
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                 "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"",
+                 "root_path": "", "headers": [(b"content-type", b"application/json"), (b"host", b"test")],
+                 "client": ("127.0.0.1", 1), "server": ("test", 80)}
+        sent = False
+
+        async def receive():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}
+            await asyncio.sleep(3600)  # the client stays connected
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            if message["type"] == "http.response.body" and message.get("body"):
+                writes.append(message["body"])
+
+        await app(scope, receive, send)
+        return writes
+
+    writes = asyncio.run(go())
+    text = b"".join(writes).decode()
+    events = [line[len("data: "):] for line in text.split("\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1]) == "abcdef"
+    assert len(writes) < len(events)  # several events a write

@@ -146,6 +146,10 @@ class _Run:
         for s in self.streams:
             s.abort()
 
+    def queued(self) -> int:
+        """Deltas waiting in the run's queue (already arrived, not yet taken by outputs())."""
+        return self._queue.qsize()
+
     def kill(self) -> None:
         """Ends the response now, whatever the engine still sends (unfinished completions end as "abort")."""
         self._queue.put_nowait((self._KILL, None))
@@ -543,15 +547,24 @@ class OpenAIServing:
                     first = fmt.first_delta(c)
                     if first is not None:
                         yield chunk(c.index, first)
+                # Chunks that are ready together leave in one write: when the event loop runs behind (many streams),
+                # a response's deltas of several steps go out in one send instead of one send each.
+                ready: list[bytes] = []
                 async for ci, out in run.outputs():
                     c = choices[ci]
                     c.add(out)
                     if out.finish_reason == "error":
-                        yield _sse(_generation_failed(out.error).body())
+                        ready.append(_sse(_generation_failed(out.error).body()))
                         break
                     part = fmt.delta(c, out)
                     if part is not None:
-                        yield chunk(ci, part[0], part[1], fmt.finish_reason(c, out.finish_reason), out.stop_reason)
+                        ready.append(chunk(ci, part[0], part[1], fmt.finish_reason(c, out.finish_reason),
+                                           out.stop_reason))
+                    if ready and run.queued() == 0:
+                        yield b"".join(ready)
+                        ready.clear()
+                if ready:
+                    yield b"".join(ready)
                 if include_usage:
                     yield _sse({"id": request_id, "object": fmt.chunk_object, "created": created, "model": model,
                                 "choices": [], "usage": usage()})

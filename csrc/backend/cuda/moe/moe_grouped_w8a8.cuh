@@ -217,28 +217,23 @@ __global__ void __launch_bounds__(T::kThreads, 1) moe_grouped_w8a8_kernel(const 
         load_w8a8_step<T>(kp, meta, src, step + T::kStages - 2, kb_per_tile, n_tiles, my_tiles, smem_base);
       }
       cp_async_commit();
-      if (has_rows) {
-        wgmma_wait<0>();
-        fence_registers(part);
-        // Accumulator 4 j + i: row g (i < 2) or g + 8, column 8 j + 2 t + (i & 1); gate/up columns 64.. are the up
-        // block's.
-        const float s00 = sa0 * sb0, s01 = sa0 * sb1, s10 = sa1 * sb0, s11 = sa1 * sb1;
+      // The promotion runs in every warpgroup, without a branch: accumulators touched inside divergent code make
+      // ptxas serialize the wgmma instructions (its C7518 warning). An all-padding warpgroup waits for nothing and
+      // promotes stale values it never stores.
+      wgmma_wait<0>();
+      fence_registers(part);
+      // Accumulator 4 j + i: row g (i < 2) or g + 8, column 8 j + 2 t + (i & 1); gate/up columns 64.. are the up
+      // block's. The first K block of a tile starts the sums (a select, not a multiply by 0: a stale inf stays out).
+      const float s00 = sa0 * sb0, s01 = sa0 * sb1, s10 = sa1 * sb0, s11 = sa1 * sb1;
+      const bool first = kb == 0;
 #pragma unroll
-        for (int j = 0; j < T::kAcc / 4; ++j) {
-          const bool second = T::kGateUp && j >= T::kAcc / 8;
-          const float top = second ? s01 : s00, bottom = second ? s11 : s10;
-          if (kb == 0) {
-            acc[4 * j] = part[4 * j] * top;
-            acc[4 * j + 1] = part[4 * j + 1] * top;
-            acc[4 * j + 2] = part[4 * j + 2] * bottom;
-            acc[4 * j + 3] = part[4 * j + 3] * bottom;
-          } else {
-            acc[4 * j] = fmaf(part[4 * j], top, acc[4 * j]);
-            acc[4 * j + 1] = fmaf(part[4 * j + 1], top, acc[4 * j + 1]);
-            acc[4 * j + 2] = fmaf(part[4 * j + 2], bottom, acc[4 * j + 2]);
-            acc[4 * j + 3] = fmaf(part[4 * j + 3], bottom, acc[4 * j + 3]);
-          }
-        }
+      for (int j = 0; j < T::kAcc / 4; ++j) {
+        const bool second = T::kGateUp && j >= T::kAcc / 8;
+        const float top = second ? s01 : s00, bottom = second ? s11 : s10;
+        acc[4 * j] = fmaf(part[4 * j], top, first ? 0.0f : acc[4 * j]);
+        acc[4 * j + 1] = fmaf(part[4 * j + 1], top, first ? 0.0f : acc[4 * j + 1]);
+        acc[4 * j + 2] = fmaf(part[4 * j + 2], bottom, first ? 0.0f : acc[4 * j + 2]);
+        acc[4 * j + 3] = fmaf(part[4 * j + 3], bottom, first ? 0.0f : acc[4 * j + 3]);
       }
     }
     // Staging goes to the stages of the tile's last two K blocks, as in the bf16 kernels (no copies fly into them and,
