@@ -79,7 +79,7 @@ SchedulePlan Scheduler::schedule() {
       take_cached_prefix(*r);
       const int32_t start = r->num_computed_tokens;
       const int32_t num_tokens = std::min({r->num_uncomputed_tokens(), budget, chunk_limit(*r)});
-      if (!grow_pages(*r, start + num_tokens)) {
+      if (!grow_pages(*r, start + num_tokens) && !(reclaim_lookahead(plan) && grow_pages(*r, start + num_tokens))) {
         drop_cached_prefix(*r);
         break;
       }
@@ -121,6 +121,7 @@ bool Scheduler::schedule_running(Request* request, SchedulePlan& plan, int32_t& 
                start + num_tokens, " tokens with ", cache_.num_free_pages(), " free pages");
       break;
     }
+    if (reclaim_lookahead(plan)) continue;  // the drafter's room others keep comes back before anyone is preempted
     Request* victim = running_.back();
     preempt(victim, plan, budget);
     if (victim == request) return false;
@@ -385,6 +386,22 @@ void Scheduler::register_full_pages(Request& r) {
 
 int32_t Scheduler::kept_tokens(const Request& request) const {
   return std::min(request.num_computed_tokens + config_.num_lookahead_tokens, config_.max_model_len);
+}
+
+bool Scheduler::reclaim_lookahead(const SchedulePlan& plan) {
+  std::unordered_map<const Request*, int32_t> planned;  // tokens a request's chunk of this plan reaches
+  for (const ScheduledChunk& chunk : plan.chunks) planned[chunk.request] = chunk.start + chunk.num_tokens;
+  bool freed = false;
+  for (Request* r : running_) {
+    const auto it = planned.find(r);
+    const int32_t needed = it != planned.end() ? it->second : r->num_computed_tokens;
+    const auto keep = static_cast<size_t>(cache_.pages_for_tokens(needed));
+    if (r->page_ids.size() <= keep) continue;
+    cache_.free(std::span<const int32_t>(r->page_ids).subspan(keep));
+    r->page_ids.resize(keep);
+    freed = true;
+  }
+  return freed;
 }
 
 void Scheduler::trim_pages(Request& request) {

@@ -14,7 +14,9 @@
 //      token (the step verifies them), from the budget and free pages the running requests left; drafts never
 //      cause a preemption. A request that
 //      samples also keeps num_lookahead_tokens more pages' worth of room when pages are free, for the drafter,
-//      which writes the MTP layer's latents of its guesses there.
+//      which writes the MTP layer's latents of its guesses there. That room is the first thing taken back when a
+//      running request would otherwise be preempted or a waiting one refused: every running request keeps only
+//      the pages of its computed tokens (and of its chunk in this plan), and the drafter then guesses less.
 // A preempted request loses its cache and later recomputes its prompt and the output it already generated.
 // Nothing here reads time or randomness: the same calls give the same plans.
 #pragma once
@@ -161,6 +163,9 @@ class Scheduler {
   bool grow_pages(Request& request, int32_t num_tokens);
   // Shrinks the page table back to the pages its computed tokens and the drafter's lookahead may use.
   void trim_pages(Request& request);
+  // Frees the pages running requests hold beyond their computed tokens and their chunk in `plan` (the drafter's
+  // lookahead); true when it freed any.
+  bool reclaim_lookahead(const SchedulePlan& plan);
   // The most tokens a running request keeps room for between steps: its computed ones and the lookahead.
   int32_t kept_tokens(const Request& request) const;
   // Admission with prefix caching: the request takes the cached pages of its longest cached prefix (whole pages, at

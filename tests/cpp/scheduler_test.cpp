@@ -949,6 +949,58 @@ TEST(SchedulerSpeculative, LookaheadTakesOnlyFreePages) {
   EXPECT_EQ(cache.num_free_pages(), 3);
 }
 
+// The drafter's room is the first thing taken back under pressure: a request that needs a page for its own next token,
+// or a waiting one that needs pages to start, gets the lookahead pages the others keep before anyone is preempted
+// or refused; they keep the pages of their computed tokens and of their chunk in the plan.
+TEST(SchedulerSpeculative, LookaheadPagesComeBackBeforePreemptionOrRefusal) {
+  CacheManager cache(5, 4);
+  Scheduler s({.max_num_batched_tokens = 64, .max_model_len = 64, .num_lookahead_tokens = 5}, cache);
+  s.add(make_request(1, 4, 8));
+  SchedulePlan plan = schedule(s);  // [0, 4) and 5 more positions: ceil(9 / 4) = 3 pages
+  EXPECT_EQ(s.find(1)->page_ids.size(), 3u);
+  step(s, plan);
+  s.add(make_request(2, 8, 4));
+  plan = schedule(s);  // 1 decodes [4, 5); 2 prefills [0, 8) on the 2 free pages, none left for its lookahead
+  ASSERT_EQ(chunk_ids(plan), (std::vector<uint64_t>{1, 2}));
+  EXPECT_EQ(cache.num_free_pages(), 0);
+  step(s, plan);
+  EXPECT_EQ(s.find(1)->page_ids.size(), 3u);  // 5 computed + 5: still its 3 pages
+  EXPECT_EQ(s.find(2)->page_ids.size(), 2u);
+
+  // 2's next token (position 8) needs a third page and none is free: 1's lookahead page comes back instead of
+  // preempting 2; 3, waiting, finds no page left and waits (nothing is preempted for an admission).
+  s.add(make_request(3, 4, 4));
+  plan = schedule(s);
+  EXPECT_TRUE(plan.preempted_ids.empty());
+  ASSERT_EQ(chunk_ids(plan), (std::vector<uint64_t>{1, 2}));
+  EXPECT_EQ(s.find(1)->page_ids.size(), 2u);  // [5, 6): its computed tokens and its chunk
+  EXPECT_EQ(s.find(2)->page_ids.size(), 3u);
+  step(s, plan);
+  EXPECT_EQ(cache.num_free_pages(), 0);
+  s.check_invariants();
+  run_to_completion(s);
+  EXPECT_EQ(cache.num_free_pages(), 5);
+}
+
+// A waiting request is admitted on the lookahead pages a running one keeps, instead of waiting for them.
+TEST(SchedulerSpeculative, AdmissionTakesBackLookaheadPages) {
+  CacheManager cache(3, 4);
+  Scheduler s({.max_num_batched_tokens = 64, .max_model_len = 64, .num_lookahead_tokens = 8}, cache);
+  s.add(make_request(1, 2, 6));
+  SchedulePlan plan = schedule(s);  // [0, 2) and 8 more positions: all 3 pages
+  EXPECT_EQ(cache.num_free_pages(), 0);
+  step(s, plan);
+  s.add(make_request(2, 4, 4));
+  plan = schedule(s);  // 1 decodes [2, 3) on its first page; 2 starts on one of the two it gave back
+  EXPECT_TRUE(plan.preempted_ids.empty());
+  ASSERT_EQ(chunk_ids(plan), (std::vector<uint64_t>{1, 2}));
+  EXPECT_EQ(s.find(2)->page_ids.size(), 1u);
+  step(s, plan);
+  s.check_invariants();
+  run_to_completion(s);
+  EXPECT_EQ(cache.num_free_pages(), 3);
+}
+
 // The lookahead stops at max_model_len: no page for positions the request can never reach.
 TEST(SchedulerSpeculative, LookaheadStopsAtMaxModelLen) {
   CacheManager cache(16, 2);
