@@ -218,55 +218,16 @@ inline ExpertPairs random_expert_pairs(Rng& rng, const ExpertsShape& s, PairsHel
   return out;
 }
 
-// out[t] = sum_k w[t, k] * down_e(silu(gate_e(x[t])) * up_e(x[t])) over the routed and shared pairs, in double.
-inline std::vector<double> naive_experts(const ExpertsShape& s, const std::vector<float>& x,
-                                         const std::vector<float>& w_gate_up, const std::vector<float>& w_down,
-                                         const std::vector<int32_t>& ids, const std::vector<float>& weights) {
+// out[t] = sum_k w[t, k] * down_e(finish_act(silu(gate_e(x[t])) * up_e(x[t]))) over the routed and shared pairs, in
+// double, each down product through finish_y; a pair of weight 0 adds nothing and is skipped (a shard's pairs held
+// elsewhere).
+template <typename FinishAct, typename FinishY>
+std::vector<double> naive_experts_with(const ExpertsShape& s, const std::vector<float>& x,
+                                       const std::vector<float>& w_gate_up, const std::vector<float>& w_down,
+                                       const std::vector<int32_t>& ids, const std::vector<float>& weights,
+                                       FinishAct finish_act, FinishY finish_y) {
   const int64_t dim = s.dim, inter = s.inter, pairs = s.pairs();
   std::vector<double> out(s.tokens * dim, 0.0), act(inter);
-  for (int64_t t = 0; t < s.tokens; ++t) {
-    for (int64_t k = 0; k < pairs; ++k) {
-      const int64_t e = ids[t * pairs + k];
-      for (int64_t i = 0; i < inter; ++i) {
-        double g = 0.0, u = 0.0;
-        for (int64_t c = 0; c < dim; ++c) {
-          g += double(w_gate_up[(e * 2 * inter + i) * dim + c]) * x[t * dim + c];
-          u += double(w_gate_up[(e * 2 * inter + inter + i) * dim + c]) * x[t * dim + c];
-        }
-        act[i] = g / (1.0 + std::exp(-g)) * u;
-      }
-      for (int64_t c = 0; c < dim; ++c) {
-        double y = 0.0;
-        for (int64_t i = 0; i < inter; ++i) y += double(w_down[(e * dim + c) * inter + i]) * act[i];
-        out[t * dim + c] += double(weights[t * pairs + k]) * y;
-      }
-    }
-  }
-  return out;
-}
-
-// DeepSeek's W8A8 recipe as the CUDA grouped kernels state it (moe_grouped_w8a8.cuh), written out on the host: every
-// row of 128 channels of x, and of the SwiGLU output, quantized to e4m3 with scale amax / 448 (v * (1 / scale), nearest
-// even, saturating), the products of the codes times the scales summed exactly, act and y rounded to bf16 where the
-// kernels store them. `weights` zero for a pair: skipped (a shard's pairs held elsewhere).
-inline void quantize_rows_e4m3(std::vector<float>& v, int64_t width) {
-  for (size_t row = 0; row < v.size(); row += static_cast<size_t>(width)) {
-    for (int64_t b = 0; b < width; b += 128) {
-      float amax = 0.0f;
-      for (int64_t c = b; c < b + 128; ++c) amax = std::max(amax, std::abs(v[row + c]));
-      const float scale = amax > 0.0f ? amax / 448.0f : 1.0f, inv = 1.0f / scale;
-      for (int64_t c = b; c < b + 128; ++c) v[row + c] = e4m3_to_float(float_to_e4m3(v[row + c] * inv)) * scale;
-    }
-  }
-}
-
-inline std::vector<double> naive_experts_w8a8(const ExpertsShape& s, std::vector<float> x,
-                                              const std::vector<float>& w_gate_up, const std::vector<float>& w_down,
-                                              const std::vector<int32_t>& ids, const std::vector<float>& weights) {
-  const int64_t dim = s.dim, inter = s.inter, pairs = s.pairs();
-  quantize_rows_e4m3(x, dim);
-  std::vector<double> out(s.tokens * dim, 0.0);
-  std::vector<float> act(inter);
   for (int64_t t = 0; t < s.tokens; ++t) {
     for (int64_t k = 0; k < pairs; ++k) {
       if (weights[t * pairs + k] == 0.0f) continue;
@@ -277,17 +238,55 @@ inline std::vector<double> naive_experts_w8a8(const ExpertsShape& s, std::vector
           g += double(w_gate_up[(e * 2 * inter + i) * dim + c]) * x[t * dim + c];
           u += double(w_gate_up[(e * 2 * inter + inter + i) * dim + c]) * x[t * dim + c];
         }
-        act[i] = bf16_to_float(float_to_bf16(static_cast<float>(g / (1.0 + std::exp(-g)) * u)));
+        act[i] = g / (1.0 + std::exp(-g)) * u;
       }
-      quantize_rows_e4m3(act, inter);
+      finish_act(act);
       for (int64_t c = 0; c < dim; ++c) {
         double y = 0.0;
         for (int64_t i = 0; i < inter; ++i) y += double(w_down[(e * dim + c) * inter + i]) * act[i];
-        out[t * dim + c] += double(weights[t * pairs + k]) * bf16_to_float(float_to_bf16(static_cast<float>(y)));
+        out[t * dim + c] += double(weights[t * pairs + k]) * finish_y(y);
       }
     }
   }
   return out;
+}
+
+inline std::vector<double> naive_experts(const ExpertsShape& s, const std::vector<float>& x,
+                                         const std::vector<float>& w_gate_up, const std::vector<float>& w_down,
+                                         const std::vector<int32_t>& ids, const std::vector<float>& weights) {
+  return naive_experts_with(s, x, w_gate_up, w_down, ids, weights, [](std::vector<double>&) {},
+                            [](double y) { return y; });
+}
+
+// DeepSeek's W8A8 recipe as the CUDA grouped kernels state it (moe_grouped_w8a8.cuh), written out on the host: every
+// row of 128 channels of x, and of the SwiGLU output, quantized to e4m3 with scale amax / 448 (v * (1 / scale), nearest
+// even, saturating), the products of the codes times the scales summed exactly, act and y rounded to bf16 where the
+// kernels store them.
+template <typename Value>
+void quantize_rows_e4m3(std::vector<Value>& v, int64_t width) {
+  for (size_t row = 0; row < v.size(); row += static_cast<size_t>(width)) {
+    for (int64_t b = 0; b < width; b += 128) {
+      float amax = 0.0f;
+      for (int64_t c = b; c < b + 128; ++c) amax = std::max(amax, std::abs(static_cast<float>(v[row + c])));
+      const float scale = amax > 0.0f ? amax / 448.0f : 1.0f, inv = 1.0f / scale;
+      for (int64_t c = b; c < b + 128; ++c) {
+        v[row + c] = e4m3_to_float(float_to_e4m3(static_cast<float>(v[row + c]) * inv)) * scale;
+      }
+    }
+  }
+}
+
+inline double round_bf16(double v) { return bf16_to_float(float_to_bf16(static_cast<float>(v))); }
+
+inline std::vector<double> naive_experts_w8a8(const ExpertsShape& s, std::vector<float> x,
+                                              const std::vector<float>& w_gate_up, const std::vector<float>& w_down,
+                                              const std::vector<int32_t>& ids, const std::vector<float>& weights) {
+  quantize_rows_e4m3(x, s.dim);
+  const auto finish_act = [&](std::vector<double>& act) {
+    for (double& a : act) a = round_bf16(a);
+    quantize_rows_e4m3(act, s.inter);
+  };
+  return naive_experts_with(s, x, w_gate_up, w_down, ids, weights, finish_act, round_bf16);
 }
 
 // Expert parallelism (ExpertShard, ops/moe.h). The test's own statement of which experts a shard holds, apart from
