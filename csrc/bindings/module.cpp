@@ -7,6 +7,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 #include <nlohmann/json.hpp>
@@ -285,6 +286,18 @@ NB_MODULE(_deepinfer, m) {
            nb::call_guard<nb::gil_scoped_release>(),
            "Queues a request (compiling its grammar, if any, without the GIL); raises ValueError when it cannot be "
            "served.")
+      .def(
+          "add_requests",
+          [](Engine& engine, std::vector<std::tuple<uint64_t, std::vector<int32_t>, SamplingParams>> batch) {
+            std::vector<Engine::NewRequest> requests;
+            requests.reserve(batch.size());
+            for (auto& [id, prompt, params] : batch) requests.push_back({id, std::move(prompt), std::move(params)});
+            nb::gil_scoped_release release;
+            engine.add_requests(std::move(requests));
+          },
+          "requests"_a,
+          "Queues (request_id, prompt_token_ids, params) tuples together: all are checked before any is queued, and "
+          "the step thread admits them in one step.")
       .def("prepare_grammar", &Engine::prepare_grammar, nb::call_guard<nb::gil_scoped_release>(),
            "Opens the structured-outputs grammar engine now (a second for a large vocabulary).")
       .def("abort", &Engine::abort, "request_id"_a)

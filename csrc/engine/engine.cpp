@@ -287,7 +287,7 @@ void Engine::shutdown() {
   output_cv_.notify_all();
 }
 
-void Engine::add_request(uint64_t id, std::vector<int32_t> prompt, SamplingParams params) {
+Engine::PendingRequest Engine::checked_request(uint64_t id, std::vector<int32_t> prompt, SamplingParams params) {
   const ModelConfig& c = model_->config();
   DI_CHECK_ARG(!prompt.empty(), "request ", id, ": the prompt is empty");
   for (int32_t t : prompt) {
@@ -300,10 +300,25 @@ void Engine::add_request(uint64_t id, std::vector<int32_t> prompt, SamplingParam
                " tokens; max_model_len is ", scheduler_config_.max_model_len,
                " (prompt + at least one generated token must fit)");
   std::unique_ptr<GrammarMatcher> grammar = params.grammar.empty() ? nullptr : compile_grammar(id, params.grammar);
+  return {id, std::move(prompt), std::move(params), std::move(grammar)};
+}
+
+void Engine::add_request(uint64_t id, std::vector<int32_t> prompt, SamplingParams params) {
+  std::vector<NewRequest> one;
+  one.push_back({id, std::move(prompt), std::move(params)});
+  add_requests(std::move(one));
+}
+
+void Engine::add_requests(std::vector<NewRequest> requests) {
+  std::vector<PendingRequest> checked;
+  checked.reserve(requests.size());
+  for (NewRequest& r : requests) {
+    checked.push_back(checked_request(r.id, std::move(r.prompt_token_ids), std::move(r.params)));
+  }
   std::lock_guard lock(mutex_);
   DI_CHECK_ARG(!stopping_, "the engine is shut down");
   if (!broken_.empty()) throw Error(broken_);
-  pending_.push_back({id, std::move(prompt), std::move(params), std::move(grammar)});
+  for (PendingRequest& p : checked) pending_.push_back(std::move(p));
   work_cv_.notify_one();
 }
 

@@ -180,6 +180,14 @@ class Engine {
   // first constrained request does not wait for it. Throws when the engine has no grammar library.
   void prepare_grammar();
   void add_request(uint64_t id, std::vector<int32_t> prompt_token_ids, SamplingParams params);
+  struct NewRequest {
+    uint64_t id;
+    std::vector<int32_t> prompt_token_ids;
+    SamplingParams params;
+  };
+  // Queues a batch of requests together: all are validated before any is queued, and the step thread sees them in
+  // one admission, so an offline batch is scheduled the same way however the threads interleave.
+  void add_requests(std::vector<NewRequest> requests);
   // Benchmarks only: sets EngineOptions::speculative_forced_acceptance for the steps that follow.
   void set_speculative_forced_acceptance(double rate);
   // Finishes a request with reason kAbort and frees its pages; unknown ids are ignored.
@@ -256,6 +264,8 @@ class Engine {
     SamplingParams params;
     std::unique_ptr<GrammarMatcher> grammar;
   };
+  // Validates a request and compiles its grammar (throws InvalidArgument, changing nothing, when it cannot be served).
+  PendingRequest checked_request(uint64_t id, std::vector<int32_t> prompt, SamplingParams params);
   // Structured outputs: compiles the request's grammar (on the caller's thread), opening the grammar engine first.
   std::unique_ptr<GrammarMatcher> compile_grammar(uint64_t id, const GrammarSpec& spec);
   GrammarCompiler& grammar_compiler();

@@ -489,25 +489,32 @@ class DeepInferenceEngine:
     def _enqueue(self, text: str | None, prompt_ids: list[int], params: SamplingParams,
                  loop: asyncio.AbstractEventLoop | None, request_id: str | None) -> RequestStream:
         """Queues a checked prompt (see _checked_prompt): all of its n completions, or none."""
+        return self._enqueue_all([(text, prompt_ids, params, loop, request_id)])[0]
+
+    def _enqueue_all(self, prompts: Sequence[tuple[str | None, list[int], SamplingParams,
+                                                   asyncio.AbstractEventLoop | None, str | None]]
+                     ) -> list[RequestStream]:
+        """Queues checked prompts (text, ids, params, loop, request id) with all their completions in one call of
+        the core: every one or none, and admitted by the same step (an offline batch is scheduled the same way
+        however this thread and the step thread interleave)."""
         if self._closed:
             raise RuntimeError("the engine is shut down")
-        rid = request_id or f"req-{next(self._ids)}"
-        stream = RequestStream(self, rid, text, prompt_ids, params, loop)
+        streams: list[RequestStream] = []
+        core_requests: list[tuple[int, list[int], Any]] = []
         with self._lock:
-            for index in range(params.n):
-                seed = params.seed + index if params.seed is not None else self._seed_rng.getrandbits(63)
-                core_id = next(self._ids)
-                completion = _Completion(index, core_id, self.tokenizer, prompt_ids, params)
-                try:
-                    self._core.add_request(core_id, prompt_ids, params.to_core(seed, score_prompt=index == 0))
-                except Exception:
-                    for c in stream.completions:  # all of the request's completions or none
-                        self._by_core_id.pop(c.core_id, None)
-                        self._abort_core(c.core_id)
-                    raise
-                stream.completions.append(completion)
-                self._by_core_id[core_id] = (stream, completion)
-        return stream
+            for text, prompt_ids, params, loop, request_id in prompts:
+                stream = RequestStream(self, request_id or f"req-{next(self._ids)}", text, prompt_ids, params, loop)
+                for index in range(params.n):
+                    seed = params.seed + index if params.seed is not None else self._seed_rng.getrandbits(63)
+                    core_id = next(self._ids)
+                    stream.completions.append(_Completion(index, core_id, self.tokenizer, prompt_ids, params))
+                    core_requests.append((core_id, prompt_ids, params.to_core(seed, score_prompt=index == 0)))
+                streams.append(stream)
+            self._core.add_requests(core_requests)  # raises ValueError having queued nothing
+            for stream in streams:
+                for c in stream.completions:
+                    self._by_core_id[c.core_id] = (stream, c)
+        return streams
 
     def _abort_stream(self, stream: RequestStream) -> None:
         for c in stream.completions:
@@ -657,14 +664,8 @@ class DeepInferenceEngine:
             per_prompt = [params] * len(batch)
         # Every prompt tokenized and checked once, all before any is queued.
         checked = [self._checked_prompt(prompt) for prompt in batch]
-        streams: list[RequestStream] = []
-        try:
-            for (text, ids), params in zip(checked, per_prompt):
-                streams.append(self._enqueue(text, ids, params, None, None))
-        except BaseException:
-            for s in streams:
-                s.abort()
-            raise
+        streams = self._enqueue_all([(text, ids, params, None, None)
+                                     for (text, ids), params in zip(checked, per_prompt)])
         return self._collect(streams, use_tqdm)
 
     def _collect(self, streams: list[RequestStream], use_tqdm: bool | None) -> list[RequestOutput]:

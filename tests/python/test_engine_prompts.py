@@ -48,3 +48,15 @@ def test_a_bad_prompt_in_a_batch_queues_none_of_it(engine, encode_calls):
         engine.generate(["short", ""], max_tokens=2)
     assert engine.stats().num_waiting + engine.stats().num_running == before
     assert engine.generate("short", temperature=0.0, max_tokens=2)[0].finish_reason == "length"
+
+
+def test_a_batch_is_admitted_by_one_step(engine):
+    """generate() queues its prompts together, so the step thread cannot start on the first before the last
+    arrives: sixteen two-token prompts that each need one token are served by a single step, on every run (with
+    one queue call a prompt, how many steps depended on how the two threads interleaved)."""
+    for _ in range(5):
+        before = engine.stats().num_steps
+        outs = engine.generate([[7 + i, 11 + i] for i in range(16)], temperature=0.0, max_tokens=1, ignore_eos=True,
+                              use_tqdm=False)
+        assert [len(o.outputs[0].token_ids) for o in outs] == [1] * 16
+        assert engine.stats().num_steps - before == 1

@@ -335,3 +335,16 @@ def test_a_tokenizer_larger_than_the_vocabulary(tmp_path):
         assert all(t < 100_000 for t in o.token_ids) and re.fullmatch("[a-z]+", o.text), o.text
     finally:
         e.shutdown()
+
+
+def test_a_grammar_the_core_refuses_queues_none_of_its_batch(engine):
+    """The grammar compiles in the core, after Python's checks passed for the whole batch: the batch is queued in
+    one call that checks every request before it queues any."""
+    before = engine.stats()
+    params = [SamplingParams(max_tokens=4), SamplingParams(max_tokens=4),
+              SamplingParams(max_tokens=4, structured_outputs={"regex": "(unclosed"})]
+    with pytest.raises(ValueError, match="invalid regex grammar"):
+        engine.generate(["x", "y", "z"], params, use_tqdm=False)
+    after = engine.stats()
+    assert (after.num_waiting, after.num_running, after.num_steps) == (before.num_waiting, before.num_running,
+                                                                       before.num_steps)
