@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "parallel/rank_order_sum.h"
+#include "parallel/host_views.h"
 
 namespace deepinfer {
 namespace {
@@ -83,38 +83,6 @@ MPI_Datatype element_type(DType dtype) { return dtype == DType::kF32 ? MPI_FLOAT
 int to_count(int64_t count, const char* collective) {
   DI_CHECK(count >= 0 && count <= INT_MAX, "mpi ", collective, ": count ", count, " does not fit an MPI int count");
   return static_cast<int>(count);
-}
-
-// Elements per row: the product of the dimensions after the first.
-int64_t row_elements(const Shape& shape) {
-  int64_t elements = 1;
-  for (int d = 1; d < shape.ndim(); ++d) elements *= shape[d];
-  return elements;
-}
-
-bool same_row_shape(const Shape& a, const Shape& b) {
-  if (a.ndim() != b.ndim()) return false;
-  for (int d = 1; d < a.ndim(); ++d) {
-    if (a[d] != b[d]) return false;
-  }
-  return true;
-}
-
-void check_device_view(const ConstTensorView& view, const char* collective, const char* name) {
-  DI_CHECK(view.device == Device::kCpu, "mpi ", collective, ": ", name, " is a ", device_name(view.device),
-           " tensor; the MPI communicator moves host (CPU backend) tensors");
-  DI_CHECK(view.dtype == DType::kF32 || view.dtype == DType::kBF16, "mpi ", collective, ": ", name, " is ",
-           dtype_name(view.dtype), "; only float32 and bfloat16 are supported");
-  DI_CHECK(view.shape.ndim() >= 1, "mpi ", collective, ": ", name, " has no dimension");
-}
-
-// The rank-order sum (rank_order_sum.h) of `num_blocks` blocks of `count` elements laid one after another.
-void sum_blocks_in_rank_order(const std::byte* blocks, int32_t num_blocks, int64_t count, DType dtype, void* out) {
-  std::vector<const void*> parts(static_cast<size_t>(num_blocks));
-  for (int32_t p = 0; p < num_blocks; ++p) {
-    parts[static_cast<size_t>(p)] = blocks + static_cast<size_t>(p * count) * dtype_size(dtype);
-  }
-  sum_in_rank_order(parts, count, dtype, out);
 }
 
 // A committed contiguous datatype of one row, so that counts and displacements are in rows (they stay within int).
@@ -258,7 +226,7 @@ void MpiCommunicator::all_reduce(TensorView inout) {
   constexpr const char* kName = "all_reduce";
   std::lock_guard lock(mutex_);
   check_usable(kName);
-  check_device_view(inout, kName, "inout");
+  check_host_view(inout, "mpi", kName, "inout");
   const int64_t count = inout.numel();
   if (count == 0) return;
   const auto until = deadline();
@@ -295,8 +263,8 @@ void MpiCommunicator::all_gather(ConstTensorView in, TensorView out) {
   constexpr const char* kName = "all_gather";
   std::lock_guard lock(mutex_);
   check_usable(kName);
-  check_device_view(in, kName, "in");
-  check_device_view(out, kName, "out");
+  check_host_view(in, "mpi", kName, "in");
+  check_host_view(out, "mpi", kName, "out");
   DI_CHECK(in.dtype == out.dtype, "mpi all_gather: in is ", dtype_name(in.dtype), ", out ", dtype_name(out.dtype));
   DI_CHECK(same_row_shape(in.shape, out.shape) && out.shape[0] == size_ * in.shape[0], "mpi all_gather: in ",
            in.shape.str(), " and out ", out.shape.str(), " on ", size_, " ranks (out needs ranks x in's rows)");
@@ -314,8 +282,8 @@ void MpiCommunicator::reduce_scatter(ConstTensorView in, TensorView out) {
   constexpr const char* kName = "reduce_scatter";
   std::lock_guard lock(mutex_);
   check_usable(kName);
-  check_device_view(in, kName, "in");
-  check_device_view(out, kName, "out");
+  check_host_view(in, "mpi", kName, "in");
+  check_host_view(out, "mpi", kName, "out");
   DI_CHECK(in.dtype == out.dtype, "mpi reduce_scatter: in is ", dtype_name(in.dtype), ", out ",
            dtype_name(out.dtype));
   DI_CHECK(same_row_shape(in.shape, out.shape) && in.shape[0] == size_ * out.shape[0], "mpi reduce_scatter: in ",
@@ -338,8 +306,8 @@ void MpiCommunicator::all_to_all(ConstTensorView in, std::span<const int64_t> se
   constexpr const char* kName = "all_to_all";
   std::lock_guard lock(mutex_);
   check_usable(kName);
-  check_device_view(in, kName, "in");
-  check_device_view(out, kName, "out");
+  check_host_view(in, "mpi", kName, "in");
+  check_host_view(out, "mpi", kName, "out");
   DI_CHECK(in.dtype == out.dtype, "mpi all_to_all: in is ", dtype_name(in.dtype), ", out ", dtype_name(out.dtype));
   DI_CHECK(same_row_shape(in.shape, out.shape), "mpi all_to_all: rows of in ", in.shape.str(), " and out ",
            out.shape.str(), " differ");

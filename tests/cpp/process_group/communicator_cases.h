@@ -1,14 +1,14 @@
-// The MPI communicator on several ranks (run_mpi_test.sh starts this program under mpirun on 2 and on 4): every
-// collective with rank-dependent inputs, each rank checking its result exactly against the rank-order sum or the
-// rows it must hold. Every rank computes every rank's inputs, so it knows the exact expected values.
-//
-// With --timeout-case, rank 1 skips a collective the others wait in: they must throw CollectiveError within the
-// timeout, and rank 0 then ends the job with abort(), which ends rank 1 too.
+// The collectives' cases for a communicator whose ranks are processes (MPI, gloo): every collective with
+// rank-dependent inputs, each rank checking its result exactly against the rank-order sum or the rows it must hold.
+// Every rank computes every rank's inputs, so it knows the exact expected values. Included by one program a
+// communicator (mpi_main.cpp, gloo_main.cpp), whose main makes the communicator and sets g_comm.
+#pragma once
+
 #include <gtest/gtest.h>
 
 #include <array>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -19,12 +19,12 @@
 
 #include "core/half.h"
 #include "core/tensor.h"
-#include "parallel/mpi_communicator.h"
+#include "parallel/communicator.h"
 
 namespace deepinfer {
 namespace {
 
-Communicator* g_comm = nullptr;  // the process's communicator, made in main
+Communicator* g_comm = nullptr;  // the process's communicator, made by the program's main
 
 Communicator& comm() { return *g_comm; }
 
@@ -87,15 +87,7 @@ void expect_same_bits_on_every_rank(const Tensor& t) {
   EXPECT_EQ(low[0], high[0]) << "the ranks hold different bits";
 }
 
-TEST(MpiCommunicator, RankAndSize) {
-  EXPECT_EQ(comm().name(), "mpi");
-  EXPECT_GE(comm().size(), 2);
-  EXPECT_GE(comm().rank(), 0);
-  EXPECT_LT(comm().rank(), comm().size());
-  EXPECT_TRUE(mpi_launched());
-}
-
-TEST(MpiCommunicator, AllReduceHostSumMinMax) {
+TEST(ProcessGroup, AllReduceHostSumMinMax) {
   const int64_t r = comm().rank();
   const int64_t n = comm().size();
   std::array<int64_t, 4> sum{1, r, r * r, (r - 1) * (int64_t{1} << 40)};
@@ -115,7 +107,7 @@ TEST(MpiCommunicator, AllReduceHostSumMinMax) {
   comm().all_reduce_host(std::span<int64_t>(), HostReduce::kSum);
 }
 
-TEST(MpiCommunicator, AllReduceF32IsTheRankOrderSum) {
+TEST(ProcessGroup, AllReduceF32IsTheRankOrderSum) {
   // Fewer elements than ranks, uneven blocks, several dimensions, and empty tensors.
   for (const Shape& shape : {Shape{1}, Shape{3}, Shape{1001}, Shape{7, 13}, Shape{2, 3, 50}, Shape{0}, Shape{3, 0}}) {
     const uint32_t salt = static_cast<uint32_t>(shape.numel()) * 31u + 1u;
@@ -129,7 +121,7 @@ TEST(MpiCommunicator, AllReduceF32IsTheRankOrderSum) {
   }
 }
 
-TEST(MpiCommunicator, AllReduceBf16SumsInF32AndRoundsOnce) {
+TEST(ProcessGroup, AllReduceBf16SumsInF32AndRoundsOnce) {
   for (const Shape& shape : {Shape{5}, Shape{4096}, Shape{9, 33}}) {
     const uint32_t salt = static_cast<uint32_t>(shape.numel()) * 17u + 3u;
     Tensor x = bf16_input(shape, comm().rank(), salt);
@@ -142,7 +134,7 @@ TEST(MpiCommunicator, AllReduceBf16SumsInF32AndRoundsOnce) {
   }
 }
 
-TEST(MpiCommunicator, AllGatherStacksTheRanksInOrder) {
+TEST(ProcessGroup, AllGatherStacksTheRanksInOrder) {
   for (const DType dtype : {DType::kF32, DType::kBF16}) {
     for (const int64_t rows : {int64_t{0}, int64_t{1}, int64_t{3}}) {
       const uint32_t salt = static_cast<uint32_t>(rows) + 100u;
@@ -161,7 +153,7 @@ TEST(MpiCommunicator, AllGatherStacksTheRanksInOrder) {
   }
 }
 
-TEST(MpiCommunicator, ReduceScatterGivesEachRankItsRowsOfTheSum) {
+TEST(ProcessGroup, ReduceScatterGivesEachRankItsRowsOfTheSum) {
   for (const DType dtype : {DType::kF32, DType::kBF16}) {
     for (const int64_t rows : {int64_t{0}, int64_t{1}, int64_t{4}}) {
       const uint32_t salt = static_cast<uint32_t>(rows) + 200u;
@@ -192,7 +184,7 @@ float sent_value(int32_t from, int32_t to, int64_t j, int64_t col) {
   return static_cast<float>(from * 1000 + to * 100 + j * 10 + col);
 }
 
-TEST(MpiCommunicator, AllToAllWithUnevenAndZeroCounts) {
+TEST(ProcessGroup, AllToAllWithUnevenAndZeroCounts) {
   const int32_t me = comm().rank();
   const int64_t cols = 4;
   for (const DType dtype : {DType::kF32, DType::kBF16}) {
@@ -246,7 +238,7 @@ TEST(MpiCommunicator, AllToAllWithUnevenAndZeroCounts) {
   comm().all_to_all(empty_in.cview(), none, empty_out.view(), none);
 }
 
-TEST(MpiCommunicator, BroadcastEmptySmallAndLarge) {
+TEST(ProcessGroup, BroadcastEmptySmallAndLarge) {
   const int32_t me = comm().rank();
   // Empty from the root: the others' words are cleared.
   std::vector<int32_t> words(me == 0 ? 0 : 7, 5);
@@ -269,7 +261,7 @@ TEST(MpiCommunicator, BroadcastEmptySmallAndLarge) {
   }
 }
 
-TEST(MpiCommunicator, BarrierReturnsOnEveryRank) {
+TEST(ProcessGroup, BarrierReturnsOnEveryRank) {
   for (int i = 0; i < 10; ++i) comm().barrier();
   // The slowest rank arrives last; nobody leaves before it has arrived.
   const auto arrived = std::chrono::steady_clock::now();
@@ -279,7 +271,7 @@ TEST(MpiCommunicator, BarrierReturnsOnEveryRank) {
   EXPECT_GE(waited, std::chrono::milliseconds(190)) << "rank " << comm().rank() << " left the barrier early";
 }
 
-TEST(MpiCommunicator, RejectsWhatItCannotMove) {
+TEST(ProcessGroup, RejectsWhatItCannotMove) {
   // Checked before any message, on every rank alike, so the group stays in step.
   Tensor ints = Tensor::zeros({4}, DType::kI32);
   EXPECT_THROW(comm().all_reduce(ints.view()), Error);
@@ -292,18 +284,6 @@ TEST(MpiCommunicator, RejectsWhatItCannotMove) {
   std::vector<int32_t> words;
   EXPECT_THROW(comm().broadcast(words, comm().size()), Error);
   comm().barrier();  // still usable
-}
-
-TEST(MpiCommunicator, ASecondCommunicatorIsItsOwnGroup) {
-  // MPI is initialized once per process; a second communicator duplicates the world again.
-  std::unique_ptr<Communicator> other = make_mpi_communicator(std::chrono::seconds(30));
-  EXPECT_EQ(other->rank(), comm().rank());
-  EXPECT_EQ(other->size(), comm().size());
-  std::array<int64_t, 1> one{1};
-  other->all_reduce_host(one, HostReduce::kSum);
-  EXPECT_EQ(one[0], comm().size());
-  other.reset();
-  comm().barrier();
 }
 
 // Prints a failed check with its rank; ranks other than 0 print nothing else, so the output stays readable.
@@ -320,76 +300,22 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
   int32_t rank_;
 };
 
-int run_timeout_case(Communicator& group) {
-  constexpr auto kTimeout = std::chrono::milliseconds(1000);
-  const int32_t me = group.rank();
-  group.barrier();  // every rank is up before the clock starts
-  const auto wait_for_the_end = [me] {
-    std::this_thread::sleep_for(std::chrono::seconds(60));
-    std::fprintf(stderr, "rank %d: no abort arrived\n", me);
-    return 1;
-  };
-  if (me == 1) return wait_for_the_end();  // never joins the all_reduce below
-  Tensor x = Tensor::zeros({64});
-  const auto start = std::chrono::steady_clock::now();
-  try {
-    group.all_reduce(x.view());
-    std::fprintf(stderr, "rank %d: the timeout case FAILED: all_reduce completed without rank 1\n", me);
-    return 1;
-  } catch (const CollectiveError& e) {
-    const auto waited = std::chrono::steady_clock::now() - start;
-    const std::string message = e.what();
-    const bool names_it = message.find(str_cat("rank ", me, " of ", group.size())) != std::string::npos &&
-                          message.find("all_reduce") != std::string::npos &&
-                          message.find("1000 ms") != std::string::npos;
-    const bool in_time = waited >= kTimeout && waited < kTimeout + std::chrono::seconds(5);
-    bool later_fails_at_once = false;
-    try {
-      group.barrier();
-    } catch (const CollectiveError& later) {
-      later_fails_at_once = std::string_view(later.what()).find("earlier failure") != std::string_view::npos;
-    }
-    const auto waited_ms = std::chrono::duration_cast<std::chrono::milliseconds>(waited).count();
-    if (!names_it || !in_time || !later_fails_at_once) {
-      std::fprintf(stderr, "rank %d: the timeout case FAILED after %lld ms (names it %d, later call fails %d): %s\n",
-                   me, static_cast<long long>(waited_ms), names_it, later_fails_at_once, message.c_str());
-      return 1;
-    }
-    std::fprintf(stderr, "rank %d: the timeout case passed after %lld ms: %s\n", me,
-                 static_cast<long long>(waited_ms), message.c_str());
+// Runs the cases on `group` (rank 0 prints GoogleTest's report, the others only their failures); returns the exit
+// status of the program: non-zero when any rank failed.
+int run_cases_on_every_rank(Communicator& group) {
+  g_comm = &group;
+  if (group.rank() != 0) {
+    // GoogleTest owns its listeners: Release hands the default printer back to be deleted, Append takes the new one.
+    ::testing::TestEventListeners& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new RankFailurePrinter(group.rank()));
   }
-  // One rank ends the job (the others would race it to print); MPI_Abort ends rank 1 too.
-  if (me == 0) group.abort("the timeout case is done");
-  return wait_for_the_end();
+  const int result = RUN_ALL_TESTS();
+  std::array<int64_t, 1> failed{result != 0 ? 1 : 0};
+  group.all_reduce_host(failed, HostReduce::kMax);
+  g_comm = nullptr;
+  return failed[0] != 0 ? 1 : 0;
 }
 
 }  // namespace
 }  // namespace deepinfer
-
-int main(int argc, char** argv) {
-  using namespace deepinfer;
-  ::testing::InitGoogleTest(&argc, argv);
-  const bool timeout_case = argc > 1 && std::string_view(argv[1]) == "--timeout-case";
-  std::unique_ptr<Communicator> group =
-      make_mpi_communicator(timeout_case ? std::chrono::milliseconds(1000) : std::chrono::milliseconds(60000));
-  if (group->size() < 2) {
-    std::fprintf(stderr, "run under mpirun with 2 ranks or more (tests/cpp/mpi/run_mpi_test.sh)\n");
-    return 1;
-  }
-  if (timeout_case) return run_timeout_case(*group);
-
-  g_comm = group.get();
-  if (group->rank() != 0) {
-    // GoogleTest owns its listeners: Release hands the default printer back to be deleted, Append takes the new one.
-    ::testing::TestEventListeners& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new RankFailurePrinter(group->rank()));
-  }
-  const int result = RUN_ALL_TESTS();
-  // The job fails when any rank failed.
-  std::array<int64_t, 1> failed{result != 0 ? 1 : 0};
-  group->all_reduce_host(failed, HostReduce::kMax);
-  g_comm = nullptr;
-  group.reset();
-  return failed[0] != 0 ? 1 : 0;
-}

@@ -1,0 +1,25 @@
+// The checks and row arithmetic shared by the communicators that move host (CPU backend) tensors between processes
+// (MPI, gloo), and their rank-order sum of received blocks.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace deepinfer {
+
+// Elements per row: the product of the dimensions after the first.
+int64_t row_elements(const Shape& shape);
+
+// Whether a and b have the same dimensions after the first (the same rows, any number of them).
+bool same_row_shape(const Shape& a, const Shape& b);
+
+// Throws unless `view` is a float32 or bfloat16 host tensor with at least one dimension; the message starts with the
+// transport ("mpi", "gloo") and names the collective and the argument.
+void check_host_view(const ConstTensorView& view, const char* transport, const char* collective, const char* name);
+
+// The rank-order sum (rank_order_sum.h) of `num_blocks` blocks of `count` elements laid one after another.
+void sum_blocks_in_rank_order(const std::byte* blocks, int32_t num_blocks, int64_t count, DType dtype, void* out);
+
+}  // namespace deepinfer

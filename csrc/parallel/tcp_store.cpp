@@ -1,0 +1,311 @@
+// The bootstrap store (tcp_store.h). A request is one byte (S: set, G: get), the key's length (uint32, network
+// order) and key, and for a set the value's length and value; a set is answered with one byte, a get with a found
+// byte and, when found, the value's length and value. A get of a key not set yet answers "not found" at once, and
+// the client asks again: the server never holds a request open.
+#include "parallel/tcp_store.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/error.h"
+#include "parallel/communicator.h"
+
+namespace deepinfer {
+namespace {
+
+constexpr uint32_t kMaxKeyBytes = 4096;
+constexpr uint32_t kMaxValueBytes = 64u << 20;
+constexpr auto kRetry = std::chrono::milliseconds(10);
+
+std::string errno_text() { return std::strerror(errno); }
+
+// Writes all of `bytes`; false when the peer is gone.
+bool write_all(int fd, const void* bytes, size_t size) {
+  const auto* p = static_cast<const char*>(bytes);
+  while (size > 0) {
+    const ssize_t n = ::send(fd, p, size, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// Reads exactly `size` bytes; false when the peer closed or failed first.
+bool read_all(int fd, void* bytes, size_t size) {
+  auto* p = static_cast<char*>(bytes);
+  while (size > 0) {
+    const ssize_t n = ::recv(fd, p, size, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+bool write_u32(int fd, uint32_t value) {
+  const uint32_t wire = htonl(value);
+  return write_all(fd, &wire, sizeof wire);
+}
+
+bool read_u32(int fd, uint32_t& value) {
+  uint32_t wire = 0;
+  if (!read_all(fd, &wire, sizeof wire)) return false;
+  value = ntohl(wire);
+  return true;
+}
+
+// The addresses `at` resolves to (for a listener: of this machine).
+struct AddressList {
+  addrinfo* head = nullptr;
+  AddressList(const HostPort& at, bool passive) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = passive ? AI_PASSIVE : 0;
+    const std::string port = std::to_string(at.port);
+    const int rc = ::getaddrinfo(at.host.c_str(), port.c_str(), &hints, &head);
+    if (rc != 0) {
+      throw InvalidArgument(str_cat("tcp store: cannot resolve ", at.str(), ": ", ::gai_strerror(rc)));
+    }
+  }
+  AddressList(const AddressList&) = delete;
+  AddressList& operator=(const AddressList&) = delete;
+  ~AddressList() { ::freeaddrinfo(head); }
+};
+
+}  // namespace
+
+std::string HostPort::str() const {
+  return host.find(':') != std::string::npos ? str_cat("[", host, "]:", port) : str_cat(host, ":", port);
+}
+
+HostPort parse_host_port(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  const auto bad = [&] {
+    return InvalidArgument(str_cat("the address must be HOST:PORT or [IPv6]:PORT with a port in [1, 65535], not \"",
+                                   address, "\""));
+  };
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) throw bad();
+  const std::string port = address.substr(colon + 1);
+  if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos) throw bad();
+  const int value = std::stoi(port);
+  if (value < 1 || value > 65535) throw bad();
+  std::string host = address.substr(0, colon);
+  if (host.front() == '[') {
+    if (host.size() < 3 || host.back() != ']') throw bad();
+    host = host.substr(1, host.size() - 2);
+  } else if (host.find(':') != std::string::npos) {
+    throw bad();  // an IPv6 address needs its brackets
+  }
+  return {.host = std::move(host), .port = static_cast<uint16_t>(value)};
+}
+
+FileDescriptor& FileDescriptor::operator=(FileDescriptor&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.release();
+  }
+  return *this;
+}
+
+FileDescriptor::~FileDescriptor() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+int FileDescriptor::release() noexcept {
+  const int fd = fd_;
+  fd_ = -1;
+  return fd;
+}
+
+TcpStoreServer::TcpStoreServer(const HostPort& at) {
+  const AddressList addresses(at, /*passive=*/true);
+  std::string failures;
+  for (const addrinfo* a = addresses.head; a != nullptr && listener_.get() < 0; a = a->ai_next) {
+    FileDescriptor fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+    if (fd.get() < 0) continue;
+    const int one = 1;
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd.get(), a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd.get(), 1024) == 0) {
+      listener_ = std::move(fd);
+    } else {
+      failures = errno_text();
+    }
+  }
+  if (listener_.get() < 0) {
+    throw InvalidArgument(str_cat("tcp store: cannot listen at ", at.str(), " (", failures,
+                                  "): rank 0 must run on that host, with the port free"));
+  }
+  int pipe_fds[2];
+  DI_CHECK(::pipe2(pipe_fds, O_CLOEXEC) == 0, "tcp store: pipe: ", errno_text());
+  stop_read_ = FileDescriptor(pipe_fds[0]);
+  stop_write_ = FileDescriptor(pipe_fds[1]);
+  acceptor_ = std::thread([this] { accept_loop(); });
+}
+
+TcpStoreServer::~TcpStoreServer() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+    for (int fd : clients_) ::shutdown(fd, SHUT_RDWR);  // their threads' reads return
+  }
+  stop_write_ = FileDescriptor();  // the accept loop's poll sees the pipe closed
+  acceptor_.join();
+  for (std::thread& t : handlers_) t.join();
+}
+
+void TcpStoreServer::accept_loop() {
+  while (true) {
+    pollfd fds[2] = {{.fd = listener_.get(), .events = POLLIN, .revents = 0},
+                     {.fd = stop_read_.get(), .events = POLLIN, .revents = 0}};
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (fds[1].revents != 0) return;
+    if ((fds[0].revents & POLLIN) == 0) continue;
+    const int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    std::lock_guard lock(mutex_);
+    if (stopping_) {
+      ::close(fd);
+      return;
+    }
+    clients_.push_back(fd);
+    handlers_.emplace_back([this, fd] { serve(fd); });
+  }
+}
+
+// One connection's requests until it closes, or a request breaks the protocol (it is then dropped).
+void TcpStoreServer::serve(int fd) {
+  const FileDescriptor owned(fd);
+  while (true) {
+    char op = 0;
+    uint32_t key_size = 0;
+    if (!read_all(fd, &op, 1) || !read_u32(fd, key_size) || key_size > kMaxKeyBytes) break;
+    std::string key(key_size, '\0');
+    if (!read_all(fd, key.data(), key.size())) break;
+    if (op == 'S') {
+      uint32_t value_size = 0;
+      if (!read_u32(fd, value_size) || value_size > kMaxValueBytes) break;
+      std::vector<char> value(value_size);
+      if (!read_all(fd, value.data(), value.size())) break;
+      {
+        std::lock_guard lock(mutex_);
+        values_[std::move(key)] = std::move(value);
+      }
+      const char done = 1;
+      if (!write_all(fd, &done, 1)) break;
+    } else if (op == 'G') {
+      std::vector<char> value;
+      char found = 0;
+      {
+        std::lock_guard lock(mutex_);
+        if (const auto it = values_.find(key); it != values_.end()) {
+          value = it->second;
+          found = 1;
+        }
+      }
+      if (!write_all(fd, &found, 1)) break;
+      if (found && (!write_u32(fd, static_cast<uint32_t>(value.size())) ||
+                    !write_all(fd, value.data(), value.size()))) {
+        break;
+      }
+    } else {
+      break;
+    }
+  }
+  std::lock_guard lock(mutex_);
+  std::erase(clients_, fd);  // `owned` closes it after this
+}
+
+TcpStoreClient::TcpStoreClient(const HostPort& at, Clock::time_point deadline) : at_(at) {
+  std::string last_error;
+  while (true) {
+    const AddressList addresses(at, /*passive=*/false);
+    for (const addrinfo* a = addresses.head; a != nullptr; a = a->ai_next) {
+      FileDescriptor fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+      if (fd.get() < 0) continue;
+      if (::connect(fd.get(), a->ai_addr, a->ai_addrlen) == 0) {
+        const int one = 1;
+        ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        socket_ = std::move(fd);
+        return;
+      }
+      last_error = errno_text();
+    }
+    if (Clock::now() >= deadline) {
+      throw CollectiveError(str_cat("tcp store: no rank 0 answered at ", at.str(), " within the timeout (", last_error,
+                                    "): is rank 0 started, on that host, with the same address?"));
+    }
+    std::this_thread::sleep_for(kRetry * 10);
+  }
+}
+
+void TcpStoreClient::set(std::string_view key, std::span<const char> value) {
+  DI_CHECK_ARG(key.size() <= kMaxKeyBytes && value.size() <= kMaxValueBytes, "tcp store: key of ", key.size(),
+               " bytes or value of ", value.size(), " bytes is too long");
+  const int fd = socket_.get();
+  const char op = 'S';
+  char done = 0;
+  if (!write_all(fd, &op, 1) || !write_u32(fd, static_cast<uint32_t>(key.size())) ||
+      !write_all(fd, key.data(), key.size()) || !write_u32(fd, static_cast<uint32_t>(value.size())) ||
+      !write_all(fd, value.data(), value.size()) || !read_all(fd, &done, 1)) {
+    throw CollectiveError(str_cat("tcp store at ", at_.str(), ": the connection closed while setting ", key,
+                                  " (rank 0 ended?)"));
+  }
+}
+
+std::vector<char> TcpStoreClient::get(std::string_view key, Clock::time_point deadline) {
+  DI_CHECK_ARG(key.size() <= kMaxKeyBytes, "tcp store: key of ", key.size(), " bytes is too long");
+  const int fd = socket_.get();
+  while (true) {
+    const char op = 'G';
+    char found = 0;
+    if (!write_all(fd, &op, 1) || !write_u32(fd, static_cast<uint32_t>(key.size())) ||
+        !write_all(fd, key.data(), key.size()) || !read_all(fd, &found, 1)) {
+      throw CollectiveError(str_cat("tcp store at ", at_.str(), ": the connection closed while reading ", key,
+                                    " (rank 0 ended?)"));
+    }
+    if (found) {
+      uint32_t size = 0;
+      std::vector<char> value;
+      if (read_u32(fd, size) && size <= kMaxValueBytes) {
+        value.resize(size);
+        if (read_all(fd, value.data(), value.size())) return value;
+      }
+      throw CollectiveError(str_cat("tcp store at ", at_.str(), ": a broken answer for ", key));
+    }
+    if (Clock::now() >= deadline) {
+      throw CollectiveError(str_cat("tcp store at ", at_.str(), ": ", key, " was not set within the timeout (the ",
+                                    "rank that writes it did not start, or started with another address or size)"));
+    }
+    std::this_thread::sleep_for(kRetry);
+  }
+}
+
+std::string TcpStoreClient::local_address() const {
+  sockaddr_storage address{};
+  socklen_t size = sizeof address;
+  DI_CHECK(::getsockname(socket_.get(), reinterpret_cast<sockaddr*>(&address), &size) == 0,
+           "tcp store: getsockname: ", errno_text());
+  char host[NI_MAXHOST] = {};
+  const int rc = ::getnameinfo(reinterpret_cast<sockaddr*>(&address), size, host, sizeof host, nullptr, 0,
+                               NI_NUMERICHOST);
+  DI_CHECK(rc == 0, "tcp store: getnameinfo: ", ::gai_strerror(rc));
+  return host;
+}
+
+}  // namespace deepinfer
