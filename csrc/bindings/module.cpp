@@ -88,7 +88,8 @@ NB_MODULE(_deepinfer, m) {
       .value("fp8", KvCacheDtype::kFp8);
   nb::enum_<RankLaunch>(m, "RankLaunch")
       .value("in_process", RankLaunch::kInProcess)
-      .value("mpi", RankLaunch::kMpi);
+      .value("mpi", RankLaunch::kMpi)
+      .value("address", RankLaunch::kAddress);
 
   nb::enum_<GrammarKind>(m, "GrammarKind")
       .value("none", GrammarKind::kNone)
@@ -147,6 +148,9 @@ NB_MODULE(_deepinfer, m) {
       .def_rw("num_speculative_tokens", &EngineOptions::num_speculative_tokens)
       .def_rw("speculative_forced_acceptance", &EngineOptions::speculative_forced_acceptance)
       .def_rw("rank_launch", &EngineOptions::rank_launch)
+      .def_rw("dist_init_addr", &EngineOptions::dist_init_addr)
+      .def_rw("rank", &EngineOptions::rank)
+      .def_rw("local_rank", &EngineOptions::local_rank)
       .def_rw("grammar_library", &EngineOptions::grammar_library)
       .def_rw("tokenizer_json", &EngineOptions::tokenizer_json)
       .def("validate", &EngineOptions::validate);
@@ -155,10 +159,11 @@ NB_MODULE(_deepinfer, m) {
     const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
     return rank != nullptr ? std::atoi(rank) : 0;
   }, "This process's rank under mpirun (0 otherwise).");
-  // A worker rank's process under mpirun: runs rank 0's steps until rank 0 stops, then returns. A failure aborts the
-  // whole job (MPI ends every rank of it), after printing why with the rank.
+  // A worker rank's process (mpirun's, or one meeting the others at an address): runs rank 0's steps until rank 0
+  // stops, then returns. A failure aborts the group (under MPI the whole job ends; at an address the others'
+  // collectives fail), after printing why with the rank.
   m.def("run_worker_rank", [](const EngineOptions& options) {
-    const std::unique_ptr<Communicator> comm = make_mpi_communicator(options.collective_timeout());
+    const std::unique_ptr<Communicator> comm = make_process_communicator(options);
     try {
       run_worker_rank(options, *comm);
     } catch (const std::exception& e) {

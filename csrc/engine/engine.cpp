@@ -9,6 +9,7 @@
 #include "engine/host_parallel.h"
 #include "core/counter_rng.h"
 #include "engine/model_runner.h"
+#include "parallel/gloo_communicator.h"
 #include "parallel/mpi_communicator.h"
 #include "model/int4_source.h"
 #include "model/sharded_source.h"
@@ -36,6 +37,11 @@ void EngineOptions::validate() const {
   DI_CHECK_ARG(!enable_dp_attention || (tensor_parallel_size > 1 && enable_expert_parallel),
                "enable_dp_attention needs tensor_parallel_size > 1 ranks and enable_expert_parallel (the experts are "
                "what the data-parallel ranks share)");
+  DI_CHECK_ARG(rank_launch != RankLaunch::kAddress || tensor_parallel_size == 1 || !dist_init_addr.empty(),
+               "ranks meeting at an address need dist_init_addr (HOST:PORT of rank 0's machine)");
+  DI_CHECK_ARG(rank >= 0 && rank < tensor_parallel_size, "rank ", rank, " is not a rank of tensor_parallel_size ",
+               tensor_parallel_size);
+  DI_CHECK_ARG(local_rank >= 0, "local_rank must be >= 0, got ", local_rank);
   DI_CHECK_ARG(collective_timeout_s > 0.0, "collective_timeout_s must be > 0, got ", collective_timeout_s);
   DI_CHECK_ARG(num_speculative_tokens >= 0 && num_speculative_tokens <= kMaxSpeculativeTokens,
                "num_speculative_tokens must be in [0, ", kMaxSpeculativeTokens, "], got ", num_speculative_tokens);
@@ -115,10 +121,26 @@ LoadedModel load_model(const EngineOptions& options, const LoadProgress& progres
 }
 
 int local_device(const EngineOptions& options, int32_t rank) {
-  // Ranks in one process take GPUs 0 .. n - 1; a process mpirun started takes the GPU of its rank on its node.
-  if (options.rank_launch == RankLaunch::kInProcess) return rank;
+  // Ranks in one process take GPUs 0 .. n - 1; a process a rank takes the GPU of its rank on its machine.
+  switch (options.rank_launch) {
+    case RankLaunch::kInProcess: return rank;
+    case RankLaunch::kAddress: return options.local_rank;
+    case RankLaunch::kMpi: break;
+  }
   const char* local_rank = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
   return local_rank != nullptr ? std::atoi(local_rank) : rank;
+}
+
+std::unique_ptr<Communicator> make_process_communicator(const EngineOptions& options) {
+  DI_CHECK_ARG(options.rank_launch != RankLaunch::kInProcess, "ranks in one process have no process communicator");
+  const auto timeout = options.collective_timeout();
+  std::unique_ptr<Communicator> comm =
+      options.rank_launch == RankLaunch::kMpi
+          ? make_mpi_communicator(timeout)
+          : make_gloo_communicator(options.rank, options.tensor_parallel_size, options.dist_init_addr, timeout);
+  DI_CHECK_ARG(comm->size() == options.tensor_parallel_size, comm->name(), ": ", comm->size(),
+               " processes for tensor_parallel_size ", options.tensor_parallel_size, ": start one a rank");
+  return comm;
 }
 
 LatentCacheShape engine_cache_shape(const EngineOptions& options, const ModelConfig& config) {
@@ -172,11 +194,9 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& options, const LoadP
   check_int4(options, model_config);
   std::unique_ptr<Ranks> ranks;
   const auto timeout = options.collective_timeout();
-  if (options.tensor_parallel_size > 1 && options.rank_launch == RankLaunch::kMpi) {
+  if (options.tensor_parallel_size > 1 && options.rank_launch != RankLaunch::kInProcess) {
     ranks = std::make_unique<Ranks>();
-    ranks->comm = make_mpi_communicator(timeout);
-    DI_CHECK_ARG(ranks->comm->size() == options.tensor_parallel_size, "mpirun started ", ranks->comm->size(),
-                 " processes for tensor_parallel_size ", options.tensor_parallel_size, ": start one a rank");
+    ranks->comm = make_process_communicator(options);
     DI_CHECK_ARG(ranks->comm->rank() == 0, "rank ", ranks->comm->rank(), " runs run_worker_rank, not the engine");
   } else if (options.tensor_parallel_size > 1) {
     ranks = std::make_unique<Ranks>();

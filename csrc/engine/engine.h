@@ -30,9 +30,10 @@
 namespace deepinfer {
 
 enum class LoadFormat : uint8_t { kSafetensors, kDummy };
-// Who starts the ranks of a parallel model: this process (ranks 1.. as threads, one a GPU), or a launcher that
-// started one process a rank (mpirun: rank 0's process runs the engine, the others run_worker_rank).
-enum class RankLaunch : uint8_t { kInProcess, kMpi };
+// Who starts the ranks of a parallel model: this process (ranks 1.. as threads, one a GPU), or one process a rank
+// started by mpirun (kMpi) or by anything else, the processes meeting at EngineOptions::dist_init_addr (kAddress: one
+// command a machine, torchrun, a LeaderWorkerSet). Rank 0's process runs the engine, the others run_worker_rank.
+enum class RankLaunch : uint8_t { kInProcess, kMpi, kAddress };
 
 enum class KvCacheDtype : uint8_t { kAuto, kFp8 };
 
@@ -80,6 +81,11 @@ struct EngineOptions {
   // can be measured at a chosen acceptance rate on random weights. The output is not the model's. -1 = off.
   double speculative_forced_acceptance = -1.0;
   RankLaunch rank_launch = RankLaunch::kInProcess;
+  // kAddress: where the ranks meet ("HOST:PORT", served by rank 0, so HOST is rank 0's machine), this process's rank
+  // in [0, tensor_parallel_size), and the GPU it takes on its machine.
+  std::string dist_init_addr;
+  int32_t rank = 0;
+  int32_t local_rank = 0;
   // Structured outputs (engine/grammar): the llguidance wheel's shared library and the text of the checkpoint's
   // tokenizer.json, taken at the first constrained request. No library: constrained requests are refused, saying why.
   std::string grammar_library;
@@ -149,6 +155,10 @@ LoadedModel load_model(const EngineOptions& options, const LoadProgress& progres
 LatentCacheShape engine_cache_shape(const EngineOptions& options, const ModelConfig& config);
 // The GPU of `rank` on its machine.
 int local_device(const EngineOptions& options, int32_t rank);
+
+// The communicator of ranks that are processes (rank_launch kMpi or kAddress), every rank of the group calling it at
+// once; throws when the launch started another number of processes than tensor_parallel_size.
+std::unique_ptr<Communicator> make_process_communicator(const EngineOptions& options);
 int64_t local_cache_pages(const EngineOptions& options, const LatentCacheShape& shape, DeepseekModel& model);
 struct EngineCachePlan {
   LatentCacheShape shape;  // num_pages includes the scratch page

@@ -201,7 +201,14 @@ ENGINE_FIELD_HELP: dict[str, str] = {
                            "expert-parallel over all ranks (needs enable_expert_parallel)",
     "collective_timeout_s": "seconds a rank may wait for the others in a collective before the engine fails",
     "distributed_executor_backend": "who starts the ranks: 'mp' (this process, one thread a rank), 'mpi' (mpirun, "
-                                    "one process a rank); none: 'mpi' when mpirun started this process",
+                                    "one process a rank), 'external_launcher' (torchrun, one process a rank); none: "
+                                    "from the environment (mpirun's, torchrun's) and nnodes / dist_init_addr",
+    "nnodes": "machines the ranks run on, one command each, tensor_parallel_size / nnodes ranks a machine (as SGLang's "
+              "--nnodes); a LeaderWorkerSet's LWS_GROUP_SIZE when left at 1",
+    "node_rank": "this machine's index in [0, nnodes): node 0 runs the engine and serves (a LeaderWorkerSet's "
+                 "LWS_WORKER_INDEX when nnodes is taken from it)",
+    "dist_init_addr": "HOST:PORT of node 0 where the ranks meet (rank 0 listens there); with nnodes 1, the ranks "
+                      "become processes of this machine; none: LWS_LEADER_ADDRESS:29500 under a LeaderWorkerSet",
     "max_model_len": "longest prompt + output, in tokens; none: min(max_position_embeddings, what the cache holds)",
     "gpu_memory_utilization": "fraction of GPU memory for weights + latent cache, in (0, 1] (CUDA backend)",
     "enforce_eager": "CUDA backend: run without CUDA graphs",
@@ -245,6 +252,9 @@ class EngineConfig:
     enable_dp_attention: bool = False
     collective_timeout_s: float = 600.0
     distributed_executor_backend: str | None = None
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None
     max_model_len: int | None = None
     gpu_memory_utilization: float = 0.90
     enforce_eager: bool = False
@@ -306,8 +316,24 @@ class EngineConfig:
                 "equal to tensor_parallel_size)")
         require(is_finite_number(self.collective_timeout_s) and self.collective_timeout_s > 0,
                 f"collective_timeout_s must be a finite number > 0, got {self.collective_timeout_s!r}")
-        require(self.distributed_executor_backend in (None, "mp", "mpi"),
-                f"distributed_executor_backend must be None, 'mp' or 'mpi', got {self.distributed_executor_backend!r}")
+        require(self.distributed_executor_backend in (None, "mp", "mpi", "external_launcher"),
+                "distributed_executor_backend must be None, 'mp', 'mpi' or 'external_launcher', got "
+                f"{self.distributed_executor_backend!r}")
+        require(isinstance(self.nnodes, int) and not isinstance(self.nnodes, bool) and self.nnodes >= 1,
+                f"nnodes must be an integer >= 1, got {self.nnodes!r}")
+        require(isinstance(self.node_rank, int) and not isinstance(self.node_rank, bool)
+                and 0 <= self.node_rank < self.nnodes,
+                f"node_rank must be an integer in [0, nnodes={self.nnodes}), got {self.node_rank!r}")
+        require(self.tensor_parallel_size % self.nnodes == 0,
+                f"tensor_parallel_size {self.tensor_parallel_size} is not a multiple of nnodes {self.nnodes}: every "
+                "machine runs as many ranks")
+        require(self.nnodes == 1 or self.dist_init_addr is not None,
+                f"nnodes={self.nnodes} needs dist_init_addr (HOST:PORT of node 0, where the ranks meet)")
+        if self.dist_init_addr is not None:
+            from deepinfer.launch import check_init_addr
+
+            require(isinstance(self.dist_init_addr, str), f"dist_init_addr must be a string, got {self.dist_init_addr!r}")
+            check_init_addr(self.dist_init_addr)
         require(self.max_model_len is None or (isinstance(self.max_model_len, int) and self.max_model_len >= 2),
                 f"max_model_len must be None or an integer >= 2, got {self.max_model_len!r}")
         require(is_finite_number(self.gpu_memory_utilization) and 0.0 < self.gpu_memory_utilization <= 1.0,

@@ -25,6 +25,7 @@ from deepinfer import _deepinfer
 from deepinfer.config import EngineConfig, WeightFormat, resolve_weight_format
 from deepinfer.default_model import default_model
 from deepinfer.generation_defaults import load_generation_defaults
+from deepinfer.launch import configure_options, join_local_ranks, rank_placement, start_local_ranks
 from deepinfer.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput, TokenLogprobs
 from deepinfer.sampling_params import SamplingParams
 from deepinfer.structured_outputs import grammar_library
@@ -299,14 +300,29 @@ class DeepInferenceEngine:
             options.num_speculative_tokens = config.speculative_config.num_speculative_tokens
             forced = config.speculative_config.forced_acceptance
             options.speculative_forced_acceptance = -1.0 if forced is None else float(forced)
-        if self._ranks_from_mpirun(config):
-            options.rank_launch = _deepinfer.RankLaunch.mpi
-            if _deepinfer.mpi_rank() > 0:
+        self._local_ranks: list[Any] = []  # this machine's other ranks' processes, when this one started them
+        placement = rank_placement(config)
+        if placement is not None:
+            configure_options(options, placement)
+            if placement.starts_local_ranks:
+                self._local_ranks = start_local_ranks(config, placement)
+            if not placement.is_leader:
                 # Only rank 0 serves: the other processes run its steps, then the program ends with rank 0's stop.
-                _deepinfer.run_worker_rank(options)
+                logger.info("rank %s of %d (%s): running rank 0's steps", placement.rank, placement.world_size,
+                            placement.launcher)
+                try:
+                    _deepinfer.run_worker_rank(options)
+                finally:
+                    join_local_ranks(self._local_ranks)
                 raise SystemExit(0)
         self.num_speculative_tokens = config.num_speculative_tokens
-        self._core = _deepinfer.Engine.create(options, self._load_progress(self.model_config.num_hidden_layers))
+        try:
+            self._core = _deepinfer.Engine.create(options, self._load_progress(self.model_config.num_hidden_layers))
+        except BaseException:
+            for child in self._local_ranks:  # they would wait for rank 0 until their timeout
+                child.kill()
+            join_local_ranks(self._local_ranks)
+            raise
         self.weight_bytes: dict[str, int] = dict(self._core.weight_bytes)
         logger.info("resident weights: %s", ", ".join(f"{dtype} {n / (1 << 30):.2f} GiB"
                                                       for dtype, n in self.weight_bytes.items()))
@@ -352,18 +368,6 @@ class DeepInferenceEngine:
                              f"{allowed[1]}; use dtype='auto' or {allowed[1]!r}")
         return device
 
-    @staticmethod
-    def _ranks_from_mpirun(config: EngineConfig) -> bool:
-        """Whether the ranks are processes mpirun started (one a rank) rather than threads this process starts."""
-        if config.distributed_executor_backend == "mp" or config.tensor_parallel_size == 1:
-            return False
-        if config.distributed_executor_backend == "mpi":
-            if not _deepinfer.mpi_launched():
-                raise ValueError("distributed_executor_backend='mpi': this process was not started by mpirun; run "
-                                 f"`mpirun -np {config.tensor_parallel_size} deepinfer ...`")
-            return True
-        return _deepinfer.mpi_launched()
-
     def _check_max_model_len(self, config: EngineConfig, model_dir: Path) -> None:
         """A max_model_len past the checkpoint's max_position_embeddings is refused here, from config.json alone,
         before any weight is read (as vLLM refuses it): positions the model was not trained or scaled for give
@@ -383,8 +387,9 @@ class DeepInferenceEngine:
         ask = getattr(_deepinfer, "cuda_device_memory", None)
         if ask is None:
             return
-        if DeepInferenceEngine._ranks_from_mpirun(config):
-            devices = [int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"))]  # this process's rank's GPU
+        placement = rank_placement(config)
+        if placement is not None:
+            devices = [placement.local_rank]  # this process's rank's GPU
         else:  # the ranks take GPUs 0 .. n - 1 (too few visible: the engine says so when it starts them)
             devices = list(range(min(config.tensor_parallel_size, _deepinfer.cuda_device_count())))
         if not devices:
@@ -790,6 +795,7 @@ class DeepInferenceEngine:
         if not self._dispatcher.is_alive():
             self._final_stats = self._core.stats()
             self._core = None  # the last reference: the C++ engine, its backend and device memory go now
+        join_local_ranks(self._local_ranks)  # the core's shutdown stopped them
 
     def __enter__(self) -> "DeepInferenceEngine":
         return self

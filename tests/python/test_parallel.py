@@ -221,3 +221,179 @@ def test_one_command_serves_a_tensor_parallel_model_through_the_openai_client(ch
         assert srv.stop() == 0
     assert got.usage.completion_tokens == 10
     assert got.choices[0].text == reference["v3"][0][3].outputs[0].text
+
+
+# ------------------------------------------- ranks as processes meeting at an address (--nnodes, LWS, torchrun)
+
+_NODE_PROGRAM = """
+import json, os, sys, threading
+from deepinfer import DeepInferenceEngine, EngineConfig, SamplingParams
+path, prompts, extra, die_after = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), float(sys.argv[4])
+if die_after > 0:
+    threading.Timer(die_after, lambda: os.kill(os.getpid(), 9)).start()  # this process is killed mid-run
+rounds = 1000 if extra.pop("rounds", False) else 1
+engine = DeepInferenceEngine(EngineConfig(model_name_or_path=path, page_size=4, num_cache_pages=24, max_model_len=64,
+                                          max_num_batched_tokens=16, seed=5, collective_timeout_s=20, **extra))
+params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+for _ in range(rounds):
+    outs = engine.generate([{"prompt_token_ids": p} for p in prompts], params)
+print("TOKENS " + json.dumps([o.outputs[0].token_ids for o in outs]), flush=True)
+engine.shutdown()
+"""
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_nodes(path, nodes: list[tuple[dict, dict]], timeout: float = 240, die_after: dict | None = None):
+    """Starts one process a machine (its EngineConfig overrides, its environment additions) on this machine and
+    returns their (returncode, stdout, stderr) in order, all ended within `timeout`."""
+    import os
+    import subprocess
+    import sys
+
+    procs = []
+    for i, (extra, env) in enumerate(nodes):
+        environment = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "LWS_"))}
+        environment.update(env)
+        procs.append(subprocess.Popen(
+            [sys.executable, "-c", _NODE_PROGRAM, str(path), json.dumps(PROMPTS), json.dumps(extra),
+             str((die_after or {}).get(i, 0))], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=environment))
+    results = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=timeout)
+            results.append((p.returncode, out, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return results
+
+
+def tokens_of(stdout: str):
+    lines = [line for line in stdout.splitlines() if line.startswith("TOKENS ")]
+    return json.loads(lines[0][len("TOKENS "):]) if len(lines) == 1 else None
+
+
+@pytest.mark.parametrize("ranks", [2, 4], ids=["one-rank-a-machine", "two-ranks-a-machine"])
+def test_two_machines_through_the_multi_node_flags_give_the_same_tokens(checkpoints, reference, ranks):
+    """`--nnodes 2 --node-rank R --dist-init-addr HOST:PORT`, two commands on localhost: node 0 runs the engine, node 1
+    its steps; with 4 ranks each command also starts its machine's second rank as a child process."""
+    address = f"127.0.0.1:{free_port()}"
+    nodes = [(dict(tensor_parallel_size=ranks, nnodes=2, node_rank=r, dist_init_addr=address), {}) for r in (1, 0)]
+    (rc1, out1, err1), (rc0, out0, err0) = run_nodes(checkpoints["v3"], nodes)
+    assert rc0 == 0 and rc1 == 0, (err0[-3000:], err1[-3000:])
+    assert tokens_of(out0) == [o.token_ids for o in reference["v3"][0]]
+    assert "TOKENS" not in out1  # only rank 0 generates; node 1 ends with its stop
+    if ranks == 4:
+        # Each machine's second rank is a child process its command started (it logs to the command's stderr).
+        assert "rank 1 of 4 (flags): running rank 0's steps" in err0
+        assert "rank 3 of 4 (flags): running rank 0's steps" in err1
+
+
+def test_a_leader_worker_set_and_torchrun_give_the_same_tokens(checkpoints, reference):
+    """The rank variables of a Kubernetes LeaderWorkerSet (two pods) and of torchrun (one process a rank) instead of
+    flags: the same tokens."""
+    expected = [o.token_ids for o in reference["v3"][0]]
+    address = f"127.0.0.1:{free_port()}"
+    lws = [(dict(tensor_parallel_size=2, dist_init_addr=address),
+            {"LWS_LEADER_ADDRESS": "127.0.0.1", "LWS_GROUP_SIZE": "2", "LWS_WORKER_INDEX": str(r)}) for r in (0, 1)]
+    (rc0, out0, err0), (rc1, out1, err1) = run_nodes(checkpoints["v3"], lws)
+    assert rc0 == 0 and rc1 == 0, (err0[-3000:], err1[-3000:])
+    assert tokens_of(out0) == expected and "TOKENS" not in out1
+
+    port = free_port() - 1  # the engine meets at MASTER_PORT + 1, the port after torch's own store
+    torchrun = [(dict(tensor_parallel_size=2), {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
+                                                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}) for r in (0, 1)]
+    (rc0, out0, err0), (rc1, out1, err1) = run_nodes(checkpoints["v3"], torchrun)
+    assert rc0 == 0 and rc1 == 0, (err0[-3000:], err1[-3000:])
+    assert tokens_of(out0) == expected and "TOKENS" not in out1
+
+
+def test_a_killed_machine_ends_the_leader_with_an_error(checkpoints):
+    """Node 1's process is killed mid-run: node 0's next collective fails at once (its connection closed), well before
+    the 20 s timeout, and the leader's program fails naming its rank instead of hanging."""
+    address = f"127.0.0.1:{free_port()}"
+    nodes = [(dict(tensor_parallel_size=2, nnodes=2, node_rank=r, dist_init_addr=address, rounds=True), {})
+             for r in (0, 1)]
+    started = time.monotonic()
+    (rc0, out0, err0), (rc1, _, _) = run_nodes(checkpoints["v3"], nodes, die_after={1: 4.0})
+    assert rc1 == -9 and rc0 != 0
+    assert "TOKENS" not in out0
+    assert time.monotonic() - started < 90
+    assert "rank 0 of 2" in err0 and "Connection closed by peer" in err0, err0[-3000:]
+
+
+def test_the_multi_node_launch_is_checked_before_anything_starts(checkpoints):
+    from deepinfer.launch import rank_placement
+
+    base = dict(model_name_or_path=str(checkpoints["v3"]))
+    with pytest.raises(ValueError, match="nnodes=2 needs dist_init_addr"):
+        EngineConfig(**base, tensor_parallel_size=2, nnodes=2)
+    with pytest.raises(ValueError, match="not a multiple of nnodes 2"):
+        EngineConfig(**base, tensor_parallel_size=3, nnodes=2, dist_init_addr="h:1")
+    with pytest.raises(ValueError, match=r"node_rank must be an integer in \[0, nnodes=2\)"):
+        EngineConfig(**base, tensor_parallel_size=2, nnodes=2, node_rank=2, dist_init_addr="h:1")
+    for bad in ("host", "host:0", "host:70000", "::1:5", ":5"):
+        with pytest.raises(ValueError, match="dist_init_addr must be HOST:PORT"):
+            EngineConfig(**base, tensor_parallel_size=2, nnodes=2, dist_init_addr=bad)
+    assert EngineConfig(**base, tensor_parallel_size=2, nnodes=2, dist_init_addr="[::1]:5").dist_init_addr == "[::1]:5"
+    with pytest.raises(ValueError, match="'mp' runs the ranks as threads"):
+        rank_placement(EngineConfig(**base, tensor_parallel_size=2, nnodes=2, dist_init_addr="h:1",
+                                    distributed_executor_backend="mp"), {})
+    with pytest.raises(ValueError, match="torchrun started 4 processes"):
+        rank_placement(EngineConfig(**base, tensor_parallel_size=2),
+                       {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "1"})
+    with pytest.raises(ValueError, match="LWS_LEADER_ADDRESS is not"):
+        rank_placement(EngineConfig(**base, tensor_parallel_size=2), {"LWS_GROUP_SIZE": "2", "LWS_WORKER_INDEX": "1"})
+    with pytest.raises(ValueError, match=r"LWS_WORKER_INDEX=2 is not in \[0, LWS_GROUP_SIZE=2\)"):
+        rank_placement(EngineConfig(**base, tensor_parallel_size=2), {"LWS_GROUP_SIZE": "2", "LWS_WORKER_INDEX": "2",
+                                                                      "LWS_LEADER_ADDRESS": "h"})
+    # Where each rank lands: machine by machine, the first of each machine starting the rest.
+    lws = rank_placement(EngineConfig(**base, tensor_parallel_size=8),
+                         {"LWS_GROUP_SIZE": "2", "LWS_WORKER_INDEX": "1", "LWS_LEADER_ADDRESS": "leader.svc"})
+    assert (lws.launcher, lws.rank, lws.local_rank, lws.init_addr, lws.ranks_per_node) == \
+        ("LeaderWorkerSet", 4, 0, "leader.svc:29500", 4)
+    assert lws.starts_local_ranks and not lws.is_leader
+    child = rank_placement(EngineConfig(**base, tensor_parallel_size=8, nnodes=2, node_rank=1, dist_init_addr="h:7"),
+                           {"DEEPINFER_LOCAL_RANK": "3"})
+    assert (child.rank, child.local_rank, child.starts_local_ranks) == (7, 3, False)
+    assert rank_placement(EngineConfig(**base, tensor_parallel_size=2), {}) is None  # threads of this process
+
+
+def test_two_serve_commands_one_a_machine_only_the_leader_serves(checkpoints, reference):
+    """`deepinfer serve MODEL --tensor-parallel-size 2 --nnodes 2 --node-rank R --dist-init-addr ...` on two
+    "machines" (here, on the same --port: the worker must not bind it): the official client gets the one-rank greedy
+    tokens from node 0, and node 1's command ends when node 0 stops."""
+    import subprocess
+    import sys
+
+    from conftest import require_module
+    from test_server import HOST, ServerProcess, serve_env
+
+    openai = require_module("openai")
+    address = f"127.0.0.1:{free_port()}"
+    engine_flags = [str(checkpoints["v3"]), "--tensor-parallel-size", "2", "--nnodes", "2", "--dist-init-addr",
+                    address, "--page-size", "4", "--num-cache-pages", "24", "--max-model-len", "64", "--seed", "5"]
+    leader = ServerProcess(*engine_flags, "--node-rank", "0", "--shutdown-timeout", "5")
+    worker = subprocess.Popen([sys.executable, "-m", "deepinfer.cli", "serve", "--host", HOST, "--port",
+                               str(leader.port), *engine_flags, "--node-rank", "1"], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=serve_env())
+    try:
+        leader.wait_ready()
+        client = openai.OpenAI(base_url=f"{leader.base_url}/v1", api_key="none", max_retries=0, timeout=120)
+        got = client.completions.create(model=client.models.list().data[0].id, prompt=PROMPTS[3], max_tokens=10,
+                                        temperature=0.0, extra_body={"ignore_eos": True})
+    finally:
+        assert leader.stop() == 0, leader.final_output[-3000:]
+        worker_output = worker.communicate(timeout=60)[0]
+    assert worker.returncode == 0, worker_output[-3000:]
+    assert "rank 1 of 2 (flags): running rank 0's steps" in worker_output
+    assert got.choices[0].text == reference["v3"][0][3].outputs[0].text

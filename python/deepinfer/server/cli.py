@@ -440,12 +440,27 @@ def run_serve(args: argparse.Namespace) -> int:
     warn_inapplicable(args, logger)
 
     from deepinfer.engine import DeepInferenceEngine
+    from deepinfer.launch import rank_placement
 
     try:
         config = EngineConfig.from_dict(engine_values)
     except (ValueError, TypeError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
+
+    try:
+        placement = rank_placement(config)
+    except ValueError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    if placement is not None and not placement.is_leader:
+        # Only rank 0 serves HTTP: this process runs its steps (the engine ends the process when rank 0 stops).
+        try:
+            DeepInferenceEngine(config)
+        except (ValueError, RuntimeError, OSError) as e:
+            print(f"{prog}: error: rank {placement.rank} of {placement.world_size}: {e}", file=sys.stderr)
+            return 1
+        return 0
 
     try:
         sock = bind_listen_socket(server["host"], server["port"])
