@@ -9,7 +9,7 @@ Then the properties a deployment relies on: a pod asks for as many GPUs as the t
 /health with a startup budget fit for loading a large model, runs as a non-root user, gets the API key from a
 Secret (as DEEPINFER_API_KEY, never on the command line), and is started with the `deepinfer serve` flags its
 values name, each of them a flag the server's CLI really has (read from the CLI's source, so that the C++
-extension is never imported); multi-node mode fails to render without its acknowledgement.
+extension is never imported); multi-node mode starts every pod with the engine's launch flags from LWS's variables.
 
 Both tools are pinned in requirements-test.txt: in CI (DEEPINFER_CI=1) a missing one fails, elsewhere it skips.
 """
@@ -497,17 +497,6 @@ def test_service_selects_the_serving_pods(chart):
                 assert not selector.items() <= template["metadata"]["labels"].items()
 
 
-def test_multi_node_fails_without_the_acknowledgement(chart):
-    values = copy.deepcopy(values_of("multi-node-lws"))
-    assert values["multiNode"]["acknowledgeUnsupported"] is True
-    values["multiNode"]["acknowledgeUnsupported"] = False
-    with pytest.raises(helm.HelmError, match="multi-node serving is not supported yet") as failure:
-        render(chart, values)
-    assert "--nnodes" in str(failure.value) and "acknowledgeUnsupported" in str(failure.value)
-    with pytest.raises(helm.HelmError, match="not supported yet"):
-        render(chart, {"multiNode": {"enabled": True}})
-
-
 def test_multi_node_wires_the_lws_variables(chart):
     values = values_of("multi-node-lws")
     docs, notes = render(chart, values)
@@ -521,16 +510,15 @@ def test_multi_node_wires_the_lws_variables(chart):
         assert args["--nnodes"] == ["$(LWS_GROUP_SIZE)"], role
         assert args["--node-rank"] == ["$(LWS_WORKER_INDEX)"], role
         assert args["--dist-init-addr"] == [f"$(LWS_LEADER_ADDRESS):{values['multiNode']['distInitPort']}"], role
-    assert "NOT supported" in notes
+    assert "The leader pod of each group serves" in notes
     with pytest.raises(helm.HelmError, match="not a multiple of multiNode.size"):
         render(chart, {**values, "engine": {**values["engine"], "tensorParallelSize": 12}, "multiNode":
                        {**values["multiNode"], "size": 5}})
 
 
-def test_the_engine_has_no_multi_node_flags_yet():
-    """The chart's multi-node mode says the engine lacks these flags: when the CLI gains them, the chart's
-    acknowledgement and its README are to be revisited."""
-    assert not {"--nnodes", "--node-rank", "--dist-init-addr"} & CLI_FLAGS
+def test_the_multi_node_flags_are_the_engines():
+    """What the pods are started with is the serve command's own launch flags (test_parallel.py runs them)."""
+    assert {"--nnodes", "--node-rank", "--dist-init-addr"} <= CLI_FLAGS
 
 
 def test_schema_refuses_unknown_and_wrong_values(chart):

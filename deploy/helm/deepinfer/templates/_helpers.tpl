@@ -172,7 +172,7 @@ as the flag followed by its items.
 {{- end -}}
 {{- if ne .role "server" -}}
 {{/* The SGLang-style multi-node launch flags, from the variables LWS sets in every pod of a group (expanded by the
-kubelet). The engine does not implement them yet: see multiNode in values.yaml. */}}
+kubelet): node 0, the leader, serves; the others run its steps. */}}
 {{- $rendezvous := printf "$(LWS_LEADER_ADDRESS):%s" (include "deepinfer.word" $v.multiNode.distInitPort) -}}
 {{- $args = concat $args (list "--nnodes" "$(LWS_GROUP_SIZE)" "--node-rank" "$(LWS_WORKER_INDEX)" "--dist-init-addr" $rendezvous) -}}
 {{- end -}}
@@ -212,9 +212,6 @@ Checks that no template can express as a schema rule; every workload template in
 */}}
 {{- define "deepinfer.validate" -}}
 {{- $v := .Values -}}
-{{- if and $v.multiNode.enabled (not $v.multiNode.acknowledgeUnsupported) -}}
-{{- fail "multiNode.enabled: multi-node serving is not supported yet. The engine does not implement its multi-node launch flags (--nnodes, --node-rank, --dist-init-addr) yet, so the pods of a LeaderWorkerSet cannot form one server. To render the LeaderWorkerSet anyway (to review the manifests, or for an image whose engine has these flags), also set multiNode.acknowledgeUnsupported=true." -}}
-{{- end -}}
 {{- if and $v.apiKey.enabled (not $v.apiKey.existingSecret) (not $v.apiKey.value) -}}
 {{- fail "apiKey.enabled needs apiKey.existingSecret (a Secret holding the key) or apiKey.value (the chart creates the Secret)" -}}
 {{- end -}}
