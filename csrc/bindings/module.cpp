@@ -154,6 +154,16 @@ NB_MODULE(_deepinfer, m) {
       .def_rw("grammar_library", &EngineOptions::grammar_library)
       .def_rw("tokenizer_json", &EngineOptions::tokenizer_json)
       .def("validate", &EngineOptions::validate);
+  m.def("process_communicators", [] {
+    std::vector<std::string> built;
+#ifdef DEEPINFER_HAVE_MPI
+    built.emplace_back("mpi");
+#endif
+#ifdef DEEPINFER_HAVE_GLOO
+    built.emplace_back("gloo");
+#endif
+    return built;
+  }, "The communicators this build has for ranks that are processes: 'mpi' (mpirun), 'gloo' (an address).");
   m.def("mpi_launched", &mpi_launched, "Whether mpirun started this process (its rank variables are set).");
   m.def("mpi_rank", [] {
     const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");

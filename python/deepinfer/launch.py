@@ -131,10 +131,15 @@ def _node_placement(config: EngineConfig, environ: Mapping[str, str]) -> RankPla
 
 def rank_placement(config: EngineConfig, environ: Mapping[str, str] | None = None) -> RankPlacement | None:
     """This process's rank when the ranks are processes; None when they are threads of this process (or there is
-    one). Raises ValueError for a launch that cannot be (sizes that disagree, a missing address)."""
+    one). Raises ValueError for a launch that cannot be (sizes that disagree, a missing address, a build without
+    the communicator it needs)."""
+    placement = _placement(config, os.environ if environ is None else environ)
+    return None if placement is None else _check_built(placement)
+
+
+def _placement(config: EngineConfig, environ: Mapping[str, str]) -> RankPlacement | None:
     from deepinfer import _deepinfer
 
-    environ = os.environ if environ is None else environ
     backend = config.distributed_executor_backend
     multi_node = config.nnodes > 1 or config.dist_init_addr is not None
     if backend == "mp":
@@ -163,6 +168,18 @@ def rank_placement(config: EngineConfig, environ: Mapping[str, str] | None = Non
                                  "WORLD_SIZE, MASTER_ADDR and MASTER_PORT are not all set")
             return placement
     return _node_placement(config, environ)
+
+
+def _check_built(placement: RankPlacement) -> RankPlacement:
+    from deepinfer import _deepinfer
+
+    needed = "mpi" if placement.launcher == "mpirun" else "gloo"
+    if needed not in _deepinfer.process_communicators():
+        how = ("install OpenMPI (apt-get install libopenmpi-dev openmpi-bin)" if needed == "mpi"
+               else "install gloo (apt-get install libgloo-dev)")
+        raise ValueError(f"ranks started by {placement.launcher} need this build's {needed} communicator, which it "
+                         f"lacks: {how} and reinstall deepinfer")
+    return placement
 
 
 def configure_options(options: Any, placement: RankPlacement) -> None:

@@ -74,6 +74,9 @@ def test_version_names_the_backends_and_the_gpus():
     assert lines[0] == f"deepinfer {__version__}"
     assert lines[1] == ("backends: CPU, CUDA" if gpus > 0 else "backends: CPU")
     assert lines[2].startswith(f"CUDA GPUs visible: {gpus}")
+    assert lines[3].startswith("ranks as processes: ")
+    if os.environ.get("DEEPINFER_CI"):  # CI installs OpenMPI and gloo: the build has both
+        assert lines[3] == "ranks as processes: mpirun (MPI), --nnodes / torchrun / LeaderWorkerSet (gloo)"
 
 
 def _engine_options(parser) -> dict[str, str]:
