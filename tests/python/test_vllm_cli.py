@@ -162,6 +162,25 @@ def test_inapplicable_flags_change_nothing():
                  "--disable-log-stats") == parse()
 
 
+def test_vllm_keys_in_a_config_file_are_taken_as_their_flags(tmp_path):
+    """A vLLM serve YAML: the inapplicable keys are accepted and warned about as their flags are, chunked prefill
+    accepted, its opposite refused with the reason."""
+    config = tmp_path / "serve.yaml"
+    config.write_text("swap-space: 4\ndisable-custom-all-reduce: true\ntokenizer-mode: auto\ndisable_log_stats: true\n"
+                      "enable-chunked-prefill: true\nblock-size: 16\n")
+    assert parse("--config", str(config)) == parse("--page-size", "16")
+    r = serve_cli("--config", str(config), "--max-num-seqs", "0")  # refused after the warnings, before loading
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    for flag in INAPPLICABLE:
+        assert f"{flag} is ignored: {INAPPLICABLE[flag][1]}" in r.stderr, flag
+    config.write_text("enable-chunked-prefill: false\n")
+    with pytest.raises(ValueError, match="enable-chunked-prefill: false is not supported: DeepInfer always prefills"):
+        parse("--config", str(config))
+    config.write_text("no-enable-chunked-prefill: true\n")
+    with pytest.raises(ValueError, match="no-enable-chunked-prefill is not supported"):
+        parse("--config", str(config))
+
+
 def test_chat_template_file_inline_missing_and_broken(tmp_path):
     (tmp_path / "t.jinja").write_text(TEMPLATE)
     assert parse("--chat-template", str(tmp_path / "t.jinja"))[1]["chat_template"] == TEMPLATE

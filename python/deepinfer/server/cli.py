@@ -32,7 +32,7 @@ from typing import Any
 from deepinfer.config import EngineConfig, is_finite_number
 from deepinfer.engine_args import ENGINE_VALUE_NAMES, add_engine_arguments, finite_float
 from deepinfer.sampling_params import MAX_LOGPROBS
-from deepinfer.server.vllm_flags import add_vllm_arguments, apply_aliases, warn_inapplicable
+from deepinfer.server.vllm_flags import add_vllm_arguments, apply_aliases, take_vllm_file_keys, warn_inapplicable
 
 __all__ = ["add_serve_arguments", "run_serve", "resolve_serve_options", "main"]
 
@@ -183,7 +183,8 @@ def resolve_serve_options(args: argparse.Namespace) -> tuple[dict[str, Any], dic
     file_values: dict[str, Any] = {}
     config_path = getattr(args, "config", None)
     if config_path:
-        file_values = apply_aliases(load_config_file(config_path), str(config_path))
+        file_values = take_vllm_file_keys(apply_aliases(load_config_file(config_path), str(config_path)),
+                                          str(config_path), args)
         unknown = sorted(set(file_values) - engine_names - set(SERVER_DEFAULTS))
         if unknown:
             raise ValueError(f"{config_path}: unknown options {unknown}; known: "

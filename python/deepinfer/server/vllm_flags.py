@@ -15,7 +15,8 @@ import argparse
 import logging
 from typing import Any
 
-__all__ = ["ALIASES", "INAPPLICABLE", "REFUSED", "add_vllm_arguments", "apply_aliases", "warn_inapplicable"]
+__all__ = ["ALIASES", "INAPPLICABLE", "REFUSED", "add_vllm_arguments", "apply_aliases", "take_vllm_file_keys",
+           "warn_inapplicable"]
 
 # vLLM's flag -> the DeepInfer option (a dest) it names.
 ALIASES: dict[str, str] = {"block_size": "page_size"}
@@ -89,6 +90,26 @@ def apply_aliases(values: dict[str, Any], where: str) -> dict[str, Any]:
             raise ValueError(f"{where}: {flag} {value} and {other} {out[name]} differ ({flag} is vLLM's name for "
                              f"{other}); give one of them")
         out[name] = value
+    return out
+
+
+def take_vllm_file_keys(values: dict[str, Any], where: str, args: argparse.Namespace) -> dict[str, Any]:
+    """A config file's vLLM-only keys, as their flags on the command line: ``values`` without the inapplicable ones
+    (recorded in ``args`` for warn_inapplicable) and without ``enable_chunked_prefill: true``; a refused one (or
+    ``enable_chunked_prefill: false``) raises ValueError with the reason."""
+    out = dict(values)
+    if "enable_chunked_prefill" in out:
+        if out.pop("enable_chunked_prefill") is False:
+            raise ValueError(f"{where}: enable-chunked-prefill: false is not supported: "
+                             f"{REFUSED['--no-enable-chunked-prefill']}")
+    for flag in REFUSED:
+        if flag[2:].replace("-", "_") in out:
+            raise ValueError(f"{where}: {flag[2:]} is not supported: {REFUSED[flag]}")
+    seen = list(getattr(args, _INAPPLICABLE_DEST, []))
+    for flag in INAPPLICABLE:
+        if out.pop(flag[2:].replace("-", "_"), None) is not None:
+            seen.append(flag)
+    setattr(args, _INAPPLICABLE_DEST, seen)
     return out
 
 
