@@ -45,8 +45,9 @@ void EngineOptions::validate() const {
   DI_CHECK_ARG(collective_timeout_s > 0.0, "collective_timeout_s must be > 0, got ", collective_timeout_s);
   DI_CHECK_ARG(num_speculative_tokens >= 0 && num_speculative_tokens <= kMaxSpeculativeTokens,
                "num_speculative_tokens must be in [0, ", kMaxSpeculativeTokens, "], got ", num_speculative_tokens);
-  DI_CHECK_ARG(num_speculative_tokens == 0 || tensor_parallel_size == 1,
-               "MTP speculative decoding runs on one rank for now; tensor_parallel_size is ", tensor_parallel_size);
+  DI_CHECK_ARG(num_speculative_tokens == 0 || !enable_dp_attention,
+               "MTP speculative decoding does not run under data-parallel attention yet (enable_dp_attention): each "
+               "rank's drafts would need a pass of their own");
   DI_CHECK_ARG(speculative_forced_acceptance < 0.0 || speculative_forced_acceptance <= 1.0,
                "speculative_forced_acceptance must be in [0, 1] or negative (off), got ", speculative_forced_acceptance);
 }
@@ -279,7 +280,8 @@ Engine::Engine(EngineOptions options, std::unique_ptr<Ranks> ranks, LoadedModel 
   }
   forced_acceptance_ = options_.speculative_forced_acceptance;
   if (options_.num_speculative_tokens > 0) {
-    drafter_ = std::make_unique<MtpDrafter>(*model_, cache_, options_.num_speculative_tokens);
+    drafter_ = std::make_unique<MtpDrafter>(*model_, cache_, options_.num_speculative_tokens,
+                                            ranks_ ? ranks_->comm.get() : nullptr);
     stats_.spec_accepted_per_position.assign(static_cast<size_t>(options_.num_speculative_tokens), 0);
   }
   stats_.num_cache_pages = pages * lanes;
@@ -590,7 +592,16 @@ void Engine::step_once() {
     if (drafter_) {
       try {
         drafter_->propose(drafted, runner_.last_hidden(), lanes_[r]->scheduler);
+      } catch (const CollectiveError& e) {
+        fail_all(std::string("the engine stopped: ") + e.what());
+        return;
       } catch (const std::exception& e) {
+        if (ranks_) {
+          // The other ranks may be inside the pass's collectives, which rank 0 will not reach: the group cannot go on.
+          ranks_->comm->abort(std::string("rank 0's MTP drafter failed: ") + e.what());
+          fail_all(std::string("the engine stopped: rank 0's MTP drafter failed: ") + e.what());
+          return;
+        }
         // The step's tokens are out; the requests go on without drafts, as without speculation.
         for (const DraftChunk& c : drafted) lanes_[r]->scheduler.set_drafts(c.request_id, {});
         std::lock_guard lock(mutex_);

@@ -4,6 +4,7 @@
 
 #include "backend/ops/sample.h"
 #include "core/error.h"
+#include "engine/worker_ranks.h"
 
 namespace deepinfer {
 namespace {
@@ -31,8 +32,9 @@ void add_greedy_row(SamplingBatch& sampling) {
 
 }  // namespace
 
-MtpDrafter::MtpDrafter(DeepseekModel& model, const LatentCache& cache, int32_t num_speculative_tokens)
-    : model_(model), cache_(cache), k_(num_speculative_tokens) {
+MtpDrafter::MtpDrafter(DeepseekModel& model, const LatentCache& cache, int32_t num_speculative_tokens,
+                       Communicator* workers)
+    : model_(model), cache_(cache), k_(num_speculative_tokens), workers_(workers) {
   DI_CHECK_ARG(k_ >= 1 && k_ <= kMaxSpeculativeTokens, "num_speculative_tokens must be in [1, ",
                kMaxSpeculativeTokens, "], got ", k_);
   DI_CHECK(model_.has_mtp(), "drafter: the model was loaded without its MTP layer");
@@ -94,7 +96,8 @@ void MtpDrafter::propose(std::span<const DraftChunk> chunks, ConstTensorView ste
   for (size_t i = 0; i < sampling.size(); ++i) add_greedy_row(batch.sampling);
   Tensor out_hidden;
   const bool chains = k_ > 1 && std::any_of(seqs.begin(), seqs.end(), [](const auto& s) { return s.allowed > 1; });
-  std::vector<int32_t> drafted = run_pass(batch, step_hidden, hidden_rows, chains ? &out_hidden : nullptr);
+  std::vector<int32_t> drafted =
+      run_pass(batch, step_hidden, hidden_rows, /*reads_step_hidden=*/true, chains ? &out_hidden : nullptr);
   for (size_t i = 0; i < sampling.size(); ++i) sampling[i]->drafts.push_back(drafted[i]);
 
   // Drafts 2..k: the layer again at positions N, N + 1, ... of each request that may take them, where its pages
@@ -123,7 +126,8 @@ void MtpDrafter::propose(std::span<const DraftChunk> chunks, ConstTensorView ste
     ForwardBatch chain_batch = std::move(chain).take();
     for (size_t i = 0; i < next.size(); ++i) add_greedy_row(chain_batch.sampling);
     const Tensor previous = std::move(out_hidden);
-    drafted = run_pass(chain_batch, previous.cview(), hidden_rows, j < k_ ? &out_hidden : nullptr);
+    drafted = run_pass(chain_batch, previous.cview(), hidden_rows, /*reads_step_hidden=*/false,
+                       j < k_ ? &out_hidden : nullptr);
     for (size_t i = 0; i < next.size(); ++i) next[i]->drafts.push_back(drafted[i]);
     sampling = std::move(next);
   }
@@ -132,10 +136,10 @@ void MtpDrafter::propose(std::span<const DraftChunk> chunks, ConstTensorView ste
   }
 }
 
-std::vector<int32_t> MtpDrafter::run_pass(const ForwardBatch& batch, ConstTensorView hidden,
-                                          std::span<const int32_t> hidden_rows, Tensor* out_hidden) {
-  const ModelConfig& c = model_.config();
-  const LatentCacheShape& shape = cache_.shape();
+MtpLayerRun run_mtp_layer(DeepseekModel& model, const LatentCache& cache, const ForwardBatch& batch,
+                          ConstTensorView hidden, std::span<const int32_t> hidden_rows, Tensor* out_hidden) {
+  const ModelConfig& c = model.config();
+  const LatentCacheShape& shape = cache.shape();
   batch.validate(static_cast<int32_t>(c.vocab_size), shape.num_pages, shape.page_size);
   const int64_t t = batch.num_tokens(), n = static_cast<int64_t>(batch.logits_indices.size()), d = c.hidden_size;
   DI_CHECK(static_cast<int64_t>(hidden_rows.size()) == t, "drafter: ", hidden_rows.size(), " hidden rows for ", t,
@@ -151,19 +155,36 @@ std::vector<int32_t> MtpDrafter::run_pass(const ForwardBatch& batch, ConstTensor
   Tensor host = Tensor::zeros({rows_at + t}, DType::kI32);
   std::copy(packed.begin(), packed.end(), host.view().as<int32_t>());
   std::copy(hidden_rows.begin(), hidden_rows.end(), host.view().as<int32_t>() + rows_at);
-  Backend& backend = model_.backend();
-  const Tensor device = backend.upload(std::move(host), DType::kI32);
-  const StepInputs in = bind_step(device.cview(), layout, batch);
+  Backend& backend = model.backend();
+  MtpLayerRun run{.inputs = backend.upload(std::move(host), DType::kI32)};
+  run.bound = bind_step(run.inputs.cview(), layout, batch);
 
   Tensor previous = backend.empty({t, d}, backend.activation_dtype());
-  backend.gather_rows({.src = hidden, .indices = device.cview().rows(rows_at, t), .out = previous.view()});
-  Tensor logits = backend.empty({n, c.vocab_size}, DType::kF32);
+  backend.gather_rows({.src = hidden, .indices = run.inputs.cview().rows(rows_at, t), .out = previous.view()});
+  run.logits = backend.empty({n, c.vocab_size}, DType::kF32);
   if (out_hidden != nullptr) *out_hidden = backend.empty({t, d}, backend.activation_dtype());
-  model_.run_mtp_into(in.model, cache_.layers(), previous.cview(), logits.view(),
-                      out_hidden != nullptr ? out_hidden->view() : TensorView{});
+  model.run_mtp_into(run.bound.model, cache.layers(), previous.cview(), run.logits.view(),
+                     out_hidden != nullptr ? out_hidden->view() : TensorView{});
+  return run;
+}
+
+std::vector<int32_t> MtpDrafter::run_pass(const ForwardBatch& batch, ConstTensorView hidden,
+                                          std::span<const int32_t> hidden_rows, bool reads_step_hidden,
+                                          Tensor* out_hidden) {
+  if (workers_ != nullptr) {
+    std::vector<int32_t> words = encode_draft_pass({.batch = batch,
+                                                    .hidden_rows = {hidden_rows.begin(), hidden_rows.end()},
+                                                    .reads_step_hidden = reads_step_hidden,
+                                                    .keeps_hidden = out_hidden != nullptr});
+    workers_->broadcast(words, 0);
+  }
+  const MtpLayerRun run = run_mtp_layer(model_, cache_, batch, hidden, hidden_rows, out_hidden);
+  const int64_t n = run.logits.shape()[0];
   if (n == 0) return {};  // the layer's latents only (prompt chunks that do not sample yet)
+  Backend& backend = model_.backend();
+  const StepInputs& in = run.bound;
   Tensor sampled = backend.empty({n, kSampledTokenWords}, DType::kI32);
-  backend.sample({.logits = logits.cview(), .rows = in.sampling_rows, .penalty_tokens = in.penalty_tokens,
+  backend.sample({.logits = run.logits.cview(), .rows = in.sampling_rows, .penalty_tokens = in.penalty_tokens,
                   .penalty_counts = in.penalty_counts, .masked_tokens = in.masked_tokens, .out = sampled.view()});
   std::vector<SampledToken> rows(static_cast<size_t>(n));
   backend.copy_to_host(sampled.cview(), TensorView{rows.data(), DType::kI32, Shape{n, kSampledTokenWords}, Device::kCpu});

@@ -10,6 +10,10 @@
 // own output (after its head's norm, the vector its head reads, as h_p is for the main model) and its previous
 // guess; those latents are provisional and are written again once the positions are verified.
 //
+// Under tensor or expert parallelism the drafter runs on rank 0 and broadcasts each pass of the layer before running
+// it (worker_ranks.h DraftPass); every other rank runs the same pass over its shard (run_mtp_layer), so the layer's
+// collectives meet, and only rank 0 reads the logits.
+//
 // Drafts are greedy (the MTP layer's argmax): with a one-token proposal, rejection sampling reduces to sampling the
 // target distribution at each position and accepting the draft when the sample equals it, so the verification
 // samples each position as a step without drafts would, and greedy and seeded outputs match it.
@@ -24,6 +28,7 @@
 #include "engine/scheduler.h"
 #include "engine/step_batch.h"
 #include "model/deepseek.h"
+#include "parallel/communicator.h"
 
 namespace deepinfer {
 
@@ -38,11 +43,25 @@ struct DraftChunk {
   bool samples = false;   // the chunk sampled a token: the request may get drafts
 };
 
+// One run of the MTP layer over `batch` (on every rank alike), its token row i reading row hidden_rows[i] of
+// `hidden`: the logits of its sampling rows, and the device copy of its inputs they were computed from (its sampling
+// rows' views stay valid with it). With `out_hidden`, the layer's output hidden states of every row go there.
+// Queues device work; does not wait for it.
+struct MtpLayerRun {
+  Tensor inputs;
+  StepInputs bound;
+  Tensor logits;  // [sampling rows, vocab_size] float32
+};
+MtpLayerRun run_mtp_layer(DeepseekModel& model, const LatentCache& cache, const ForwardBatch& batch,
+                          ConstTensorView hidden, std::span<const int32_t> hidden_rows, Tensor* out_hidden);
+
 class MtpDrafter {
  public:
   // `model` was loaded with its MTP layer; `cache` holds the MTP layer's latents after the main layers'. Both
-  // outlive the drafter. Throws unless 1 <= num_speculative_tokens <= kMaxSpeculativeTokens.
-  MtpDrafter(DeepseekModel& model, const LatentCache& cache, int32_t num_speculative_tokens);
+  // outlive the drafter. `workers`: rank 0's communicator when other ranks hold shards of the model (they run each
+  // pass with it), else null. Throws unless 1 <= num_speculative_tokens <= kMaxSpeculativeTokens.
+  MtpDrafter(DeepseekModel& model, const LatentCache& cache, int32_t num_speculative_tokens,
+             Communicator* workers = nullptr);
 
   // After the scheduler's update of the step `chunks` ran: runs the MTP layer over the positions each request still
   // running computed (their hidden states are rows of `step_hidden`, StepRunner::last_hidden), and hands the drafts
@@ -53,14 +72,15 @@ class MtpDrafter {
   int32_t num_speculative_tokens() const { return k_; }
 
  private:
-  // Runs the MTP layer over `batch`, its token row i reading row hidden_rows[i] of `hidden`; returns the greedy token
-  // of each logits row. With `out_hidden`, the layer's output hidden states of every row go there.
+  // Runs the MTP layer over `batch` (run_mtp_layer; the workers first get the pass: `hidden` is the step's hidden
+  // states when `reads_step_hidden`, else the previous pass's output); returns the greedy token of each logits row.
   std::vector<int32_t> run_pass(const ForwardBatch& batch, ConstTensorView hidden, std::span<const int32_t> hidden_rows,
-                                Tensor* out_hidden);
+                                bool reads_step_hidden, Tensor* out_hidden);
 
   DeepseekModel& model_;
   const LatentCache& cache_;
   int32_t k_;
+  Communicator* workers_;
 };
 
 }  // namespace deepinfer

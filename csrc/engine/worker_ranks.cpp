@@ -4,8 +4,20 @@
 #include <exception>
 
 #include "engine/engine.h"
+#include "engine/mtp_drafter.h"
 
 namespace deepinfer {
+namespace {
+
+// Waits for the device work that produced `logits` (one value copied back), so that a failure shows in the pass
+// that caused it and the rank keeps pace with rank 0.
+void wait_for(Backend& backend, ConstTensorView logits) {
+  if (logits.numel() == 0) return;
+  float first = 0.0f;
+  backend.copy_to_host(logits.rows(0, 1).columns(0, 1), TensorView{&first, DType::kF32, Shape{1, 1}, Device::kCpu});
+}
+
+}  // namespace
 
 void run_worker_rank(const EngineOptions& options, Communicator& comm) {
   LoadedModel loaded = load_model(options, {}, &comm);
@@ -15,16 +27,32 @@ void run_worker_rank(const EngineOptions& options, Communicator& comm) {
   const EngineCachePlan plan = engine_cache_plan(options, shape, pages, max_len);
   LatentCache cache(plan.shape, *loaded.backend);
   StepRunner runner(*loaded.model, cache, plan.runner);
+  Tensor draft_hidden;  // the output of the drafter's last pass that kept it
   std::vector<int32_t> words;
   while (true) {
     comm.broadcast(words, 0);
     if (words.empty()) return;
+    const auto kind = static_cast<RankMessage>(words[0]);
+    const std::span<const int32_t> body = std::span<const int32_t>(words).subspan(1);
+    if (kind == RankMessage::kDraftPass) {
+      // rank 0 drafts from the logits; this rank runs the layer with it (its collectives, its cache shard).
+      const DraftPass pass = decode_draft_pass(body);
+      Tensor kept;
+      const Tensor logits = run_mtp_layer(*loaded.model, cache, pass.batch,
+                                          pass.reads_step_hidden ? runner.last_hidden() : draft_hidden.cview(),
+                                          pass.hidden_rows, pass.keeps_hidden ? &kept : nullptr)
+                                .logits;
+      wait_for(*loaded.backend, logits.cview());
+      if (pass.keeps_hidden) draft_hidden = std::move(kept);
+      continue;
+    }
+    DI_CHECK(kind == RankMessage::kStep, "rank ", comm.rank(), ": a message of unknown kind ", words[0]);
     if (!options.enable_dp_attention) {
-      runner.execute_forward(decode_forward_batch(words));  // rank 0 samples
+      runner.execute_forward(decode_forward_batch(body));  // rank 0 samples
       continue;
     }
     // Data-parallel attention: this rank's own lane, sampled here; the rows go to rank 0, each rank in turn.
-    const auto [batch, idle] = decode_lane(words, comm.rank());
+    const auto [batch, idle] = decode_lane(body, comm.rank());
     std::vector<int32_t> rows;
     if (idle) {
       runner.execute_forward(batch);
@@ -87,14 +115,16 @@ void WorkerRanks::stop() {
 }
 
 void broadcast_step(Communicator& rank0, const ForwardBatch& batch) {
-  std::vector<int32_t> words = encode_forward_batch(batch);
+  std::vector<int32_t> words{static_cast<int32_t>(RankMessage::kStep)};
+  const std::vector<int32_t> forward = encode_forward_batch(batch);
+  words.insert(words.end(), forward.begin(), forward.end());
   rank0.broadcast(words, 0);
 }
 
 void broadcast_step_words(Communicator& rank0, std::vector<int32_t>& words) { rank0.broadcast(words, 0); }
 
 std::vector<int32_t> encode_lanes(const std::vector<StepBatch>& steps, const std::vector<bool>& idle) {
-  std::vector<int32_t> words{static_cast<int32_t>(steps.size())};
+  std::vector<int32_t> words{static_cast<int32_t>(RankMessage::kStep), static_cast<int32_t>(steps.size())};
   for (size_t r = 0; r < steps.size(); ++r) {
     const std::vector<int32_t> lane = encode_forward_batch(steps[r].forward);
     words.push_back(idle[r] ? 1 : 0);
@@ -131,6 +161,25 @@ std::vector<SampledToken> decode_sampled_rows(std::span<const int32_t> words) {
   std::vector<SampledToken> rows(words.size() / kSampledTokenWords);
   std::memcpy(rows.data(), words.data(), words.size() * sizeof(int32_t));
   return rows;
+}
+
+std::vector<int32_t> encode_draft_pass(const DraftPass& pass) {
+  std::vector<int32_t> words{static_cast<int32_t>(RankMessage::kDraftPass), pass.reads_step_hidden ? 1 : 0,
+                             pass.keeps_hidden ? 1 : 0, static_cast<int32_t>(pass.hidden_rows.size())};
+  words.insert(words.end(), pass.hidden_rows.begin(), pass.hidden_rows.end());
+  const std::vector<int32_t> forward = encode_forward_batch(pass.batch);
+  words.insert(words.end(), forward.begin(), forward.end());
+  return words;
+}
+
+DraftPass decode_draft_pass(std::span<const int32_t> words) {
+  DI_CHECK(words.size() >= 3 && words[2] >= 0 && static_cast<size_t>(words[2]) <= words.size() - 3,
+           "a draft pass message of ", words.size(), " words is cut short");
+  const auto rows = static_cast<size_t>(words[2]);
+  return {.batch = decode_forward_batch(words.subspan(3 + rows)),
+          .hidden_rows = std::vector<int32_t>(words.begin() + 3, words.begin() + 3 + static_cast<std::ptrdiff_t>(rows)),
+          .reads_step_hidden = words[0] != 0,
+          .keeps_hidden = words[1] != 0};
 }
 
 void broadcast_stop(Communicator& rank0) {

@@ -2,8 +2,9 @@
 // in a thread of its own, with its own backend (GPU r on CUDA), shard of the weights, latent cache and step runner.
 //
 // Every step rank 0 broadcasts the step's batch (without its sampling inputs) and runs it; each worker runs the same
-// forward pass, so the collectives inside it meet, and only rank 0 samples. A worker that fails aborts the group with
-// its error, so rank 0's next collective throws CollectiveError naming it instead of waiting for it.
+// forward pass, so the collectives inside it meet, and only rank 0 samples. With MTP speculative decoding rank 0
+// also broadcasts each pass of its drafter's MTP layer, which every worker runs with it. A worker that fails aborts
+// the group with its error, so rank 0's next collective throws CollectiveError naming it instead of waiting for it.
 #pragma once
 
 #include <cstdint>
@@ -50,6 +51,9 @@ class WorkerRanks {
 // Throws what failed (a CollectiveError when another rank did); the caller then aborts the group with it.
 void run_worker_rank(const EngineOptions& options, Communicator& comm);
 
+// What a message from rank 0 asks of the workers: its first word (an empty message is the stop).
+enum class RankMessage : int32_t { kStep = 1, kDraftPass = 2 };
+
 // Rank 0's side of a step: the workers get its batch before it runs it.
 void broadcast_step(Communicator& rank0, const ForwardBatch& batch);
 void broadcast_step_words(Communicator& rank0, std::vector<int32_t>& words);
@@ -60,6 +64,18 @@ std::vector<int32_t> encode_lanes(const std::vector<StepBatch>& steps, const std
 std::pair<ForwardBatch, bool> decode_lane(std::span<const int32_t> words, int32_t lane);
 std::vector<int32_t> encode_sampled_rows(const std::vector<SampledToken>& rows);
 std::vector<SampledToken> decode_sampled_rows(std::span<const int32_t> words);
+// One pass of the MTP layer (engine/mtp_drafter.h run_mtp_layer): its batch, the rows of the hidden states its
+// tokens read, whether those are the last step's (or the previous pass's output), and whether the pass keeps its
+// output for the next.
+struct DraftPass {
+  ForwardBatch batch;
+  std::vector<int32_t> hidden_rows;
+  bool reads_step_hidden = true;
+  bool keeps_hidden = false;
+};
+std::vector<int32_t> encode_draft_pass(const DraftPass& pass);
+DraftPass decode_draft_pass(std::span<const int32_t> words);  // the words after the message's kind
+
 // Rank 0's stop: the workers' loops end. A group that already failed is left as it is.
 void broadcast_stop(Communicator& rank0);
 

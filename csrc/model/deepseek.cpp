@@ -109,13 +109,8 @@ void DeepseekModel::run_into(const ModelInputs& in, std::span<const TensorView> 
   const int64_t num_tokens = in.num_tokens, d = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
 
-  // Under TP each rank holds a slice of the vocabulary: its rows of the lookup, zeros elsewhere, summed.
   Tensor residual = activation({num_tokens, d});                            // [T, D]
-  const int64_t local_vocab = local_.vocab_size;
-  backend_.embedding({.token_ids = in.token_ids, .table = weights_.embed.cview(), .out = residual.view(),
-                      .first_row = parallel_.shard.splits_attention() ? parallel_.shard.rank * local_vocab : 0,
-                      .vocab_size = c.vocab_size});
-  reduce(residual);
+  embed(in, residual);
   Tensor h = activation({num_tokens, d});                                   // normalized input of each sublayer
   backend_.rms_norm(
       {.x = residual.cview(), .weight = weights_.layers[0].input_norm.cview(), .out = h.view(), .eps = eps});
@@ -172,11 +167,20 @@ void DeepseekModel::head(const Tensor& residual, const Tensor& norm, const Model
   }
 }
 
+void DeepseekModel::embed(const ModelInputs& in, Tensor& out) {
+  // Under TP each rank holds a slice of the vocabulary: its rows of the lookup, zeros elsewhere, summed.
+  const int64_t local_vocab = local_.vocab_size;
+  backend_.embedding({.token_ids = in.token_ids, .table = weights_.embed.cview(), .out = out.view(),
+                      .first_row = parallel_.shard.splits_attention() ? parallel_.shard.rank * local_vocab : 0,
+                      .vocab_size = config_.vocab_size});
+  reduce(out);
+}
+
 void DeepseekModel::run_mtp_into(const ModelInputs& in, std::span<const TensorView> cache, ConstTensorView prev_hidden,
                                  TensorView logits, TensorView hidden) {
   const ModelConfig& c = config_;
   DI_CHECK(has_mtp(), "model: loaded without its MTP layer");
-  DI_CHECK(parallel_.shard.whole(), "model: the MTP layer runs on one rank");
+  DI_CHECK(!parallel_.shard.dp_attention, "model: the MTP layer does not run under data-parallel attention yet");
   const int64_t n = c.num_hidden_layers, t = in.num_tokens, d = c.hidden_size;
   DI_CHECK(static_cast<int64_t>(cache.size()) == n + 1, "model: a latent cache of ", cache.size(), " layers for ", n,
            " and the MTP layer");
@@ -187,8 +191,7 @@ void DeepseekModel::run_mtp_into(const ModelInputs& in, std::span<const TensorVi
 
   // x = eh_proj([enorm(Emb(t_{p+1})) ; hnorm(h_p)])
   Tensor embedded = activation({t, d});
-  backend_.embedding({.token_ids = in.token_ids, .table = weights_.embed.cview(), .out = embedded.view(),
-                      .first_row = 0, .vocab_size = c.vocab_size});
+  embed(in, embedded);
   Tensor both = activation({t, 2 * d});                                     // [T, 2D]
   Tensor normed = activation({t, d});
   backend_.rms_norm({.x = embedded.cview(), .weight = mtp.enorm.cview(), .out = normed.view(), .eps = eps});

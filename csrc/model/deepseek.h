@@ -57,6 +57,9 @@ class DeepseekModel {
                     TensorView logits, TensorView hidden = {});
 
  private:
+  // Emb(in.token_ids) into `out` [T, D]; under TP each rank looks up its slice of the vocabulary (zeros elsewhere)
+  // and the ranks' rows are summed.
+  void embed(const ModelInputs& in, Tensor& out);
   // The final norm of the rows of `residual` that have logits, and the vocabulary projection into `logits`; with
   // `hidden`, the norm of every row into it first (the logits rows gathered from it).
   void head(const Tensor& residual, const Tensor& norm, const ModelInputs& in, TensorView logits, TensorView hidden);

@@ -145,7 +145,9 @@ TEST(WorkerRanks, LanesAndSampledRowsRoundTrip) {
     steps[static_cast<size_t>(r)].forward.dp_max_tokens = 3;
     steps[static_cast<size_t>(r)].forward.sampling.rows = {r, r, r};
   }
-  const std::vector<int32_t> words = encode_lanes(steps, {false, true, false});
+  const std::vector<int32_t> message = encode_lanes(steps, {false, true, false});
+  ASSERT_EQ(message.front(), static_cast<int32_t>(RankMessage::kStep));
+  const std::span<const int32_t> words = std::span<const int32_t>(message).subspan(1);
   for (int32_t r = 0; r < 3; ++r) {
     const auto [batch, idle] = decode_lane(words, r);
     EXPECT_EQ(idle, r == 1);
@@ -161,6 +163,27 @@ TEST(WorkerRanks, LanesAndSampledRowsRoundTrip) {
   const std::vector<SampledToken> back = decode_sampled_rows(encode_sampled_rows(rows));
   ASSERT_EQ(back.size(), 2u);
   EXPECT_EQ(back[1].token, 12);
+}
+
+TEST(WorkerRanks, DraftPassesRoundTrip) {
+  ForwardBatchBuilder b(4, 2);
+  const int32_t pages[] = {2, 5};
+  const int32_t tokens[] = {9, 10, 11};
+  b.add(tokens, 3, pages, true);
+  const DraftPass pass{.batch = std::move(b).take(), .hidden_rows = {4, 0, 7}, .reads_step_hidden = false,
+                       .keeps_hidden = true};
+  const std::vector<int32_t> message = encode_draft_pass(pass);
+  ASSERT_EQ(message.front(), static_cast<int32_t>(RankMessage::kDraftPass));
+  const DraftPass back = decode_draft_pass(std::span<const int32_t>(message).subspan(1));
+  EXPECT_EQ(back.hidden_rows, pass.hidden_rows);
+  EXPECT_FALSE(back.reads_step_hidden);
+  EXPECT_TRUE(back.keeps_hidden);
+  EXPECT_EQ(back.batch.token_ids, pass.batch.token_ids);
+  EXPECT_EQ(back.batch.positions, pass.batch.positions);
+  EXPECT_EQ(back.batch.page_table, pass.batch.page_table);
+  EXPECT_EQ(back.batch.logits_indices, pass.batch.logits_indices);
+  // A message cut inside its hidden rows is refused, not read past its end.
+  EXPECT_THROW(decode_draft_pass(std::span<const int32_t>(message).subspan(1, 4)), Error);
 }
 
 }  // namespace

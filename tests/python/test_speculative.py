@@ -255,9 +255,47 @@ def test_bad_speculative_configs_are_refused(spec, message):
         EngineConfig(speculative_config=spec)
 
 
-def test_speculation_is_refused_under_tensor_parallelism():
-    with pytest.raises(ValueError, match="one rank"):
-        EngineConfig(tensor_parallel_size=2, speculative_config={"method": "mtp", "num_speculative_tokens": 1})
+@pytest.mark.parametrize("layout", [dict(tensor_parallel_size=2), dict(tensor_parallel_size=2, enable_expert_parallel=True),
+                                    dict(tensor_parallel_size=4)], ids=["tp2", "tp2-ep", "tp4"])
+def test_greedy_output_holds_under_tensor_and_expert_parallelism(demo, layout):
+    """The drafter runs on rank 0 and every rank runs each pass of the MTP layer over its shard (heads, experts,
+    vocabulary): the tokens are one rank's without drafts, and the drafts accepted are one rank's."""
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    ref, _ = generate(0, PROMPTS, params)
+    one_rank, one_rank_stats = generate(2, PROMPTS, params)
+    got, stats = generate(2, PROMPTS, params, **layout)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in ref]
+    assert stats["drafter_failure"] is None and stats["num_drafts"] > 0
+    assert stats["num_accepted_tokens"] == one_rank_stats["num_accepted_tokens"]
+    assert stats["acceptance_rate_per_position"] == pytest.approx(one_rank_stats["acceptance_rate_per_position"])
+
+
+def test_ranks_as_processes_run_the_drafts_too(demo):
+    """Two commands through the multi-node flags (ranks as processes, gloo between them): the passes of the MTP layer
+    travel to the other process as the steps do."""
+    from test_parallel import free_port, run_nodes, tokens_of
+
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    prompts = [[5 + (7 * i + 3 * j) % 500 for j in range(n)] for i, n in enumerate([1, 3, 9, 17, 37, 6, 24, 12])]
+    ref = make_engine(0, page_size=4, num_cache_pages=24, max_model_len=64, max_num_batched_tokens=16)
+    try:
+        expected = [o.outputs[0].token_ids for o in ref.generate([{"prompt_token_ids": p} for p in prompts], params,
+                                                                 use_tqdm=False)]
+    finally:
+        ref.shutdown()
+    address = f"127.0.0.1:{free_port()}"
+    spec = {"method": "mtp", "num_speculative_tokens": 2}
+    nodes = [(dict(tensor_parallel_size=2, nnodes=2, node_rank=r, dist_init_addr=address, speculative_config=spec,
+                   device="cpu"), {}) for r in (0, 1)]
+    (rc0, out0, err0), (rc1, _, err1) = run_nodes(demo, nodes)
+    assert rc0 == 0 and rc1 == 0, (err0[-3000:], err1[-3000:])
+    assert tokens_of(out0) == expected
+
+
+def test_speculation_is_refused_under_data_parallel_attention():
+    with pytest.raises(ValueError, match="data-parallel attention"):
+        EngineConfig(tensor_parallel_size=2, enable_expert_parallel=True, enable_dp_attention=True,
+                     speculative_config={"method": "mtp", "num_speculative_tokens": 1})
 
 
 def test_command_line_flags():
