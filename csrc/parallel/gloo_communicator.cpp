@@ -196,11 +196,7 @@ void GlooCommunicator::all_reduce(TensorView inout) {
 void GlooCommunicator::all_gather(ConstTensorView in, TensorView out) {
   constexpr const char* kName = "all_gather";
   std::lock_guard lock(mutex_);
-  check_host_view(in, "gloo", kName, "in");
-  check_host_view(out, "gloo", kName, "out");
-  DI_CHECK(in.dtype == out.dtype, "gloo all_gather: in is ", dtype_name(in.dtype), ", out ", dtype_name(out.dtype));
-  DI_CHECK(same_row_shape(in.shape, out.shape) && out.shape[0] == size_ * in.shape[0], "gloo all_gather: in ",
-           in.shape.str(), " and out ", out.shape.str(), " on ", size_, " ranks (out needs ranks x in's rows)");
+  check_all_gather("gloo", in, out, size_);
   if (in.numel() == 0) return;
   run(kName, [&] {
     with_element_type(in.dtype, [&](auto element) {
@@ -218,12 +214,7 @@ void GlooCommunicator::all_gather(ConstTensorView in, TensorView out) {
 void GlooCommunicator::reduce_scatter(ConstTensorView in, TensorView out) {
   constexpr const char* kName = "reduce_scatter";
   std::lock_guard lock(mutex_);
-  check_host_view(in, "gloo", kName, "in");
-  check_host_view(out, "gloo", kName, "out");
-  DI_CHECK(in.dtype == out.dtype, "gloo reduce_scatter: in is ", dtype_name(in.dtype), ", out ",
-           dtype_name(out.dtype));
-  DI_CHECK(same_row_shape(in.shape, out.shape) && in.shape[0] == size_ * out.shape[0], "gloo reduce_scatter: in ",
-           in.shape.str(), " and out ", out.shape.str(), " on ", size_, " ranks (in needs ranks x out's rows)");
+  check_reduce_scatter("gloo", in, out, size_);
   const int64_t count = out.numel();
   if (count == 0) return;
   const std::vector<int64_t> blocks(static_cast<size_t>(size_), count);
@@ -238,28 +229,14 @@ void GlooCommunicator::all_to_all(ConstTensorView in, std::span<const int64_t> s
                                   std::span<const int64_t> recv_rows) {
   constexpr const char* kName = "all_to_all";
   std::lock_guard lock(mutex_);
-  check_host_view(in, "gloo", kName, "in");
-  check_host_view(out, "gloo", kName, "out");
-  DI_CHECK(in.dtype == out.dtype, "gloo all_to_all: in is ", dtype_name(in.dtype), ", out ", dtype_name(out.dtype));
-  DI_CHECK(same_row_shape(in.shape, out.shape), "gloo all_to_all: rows of in ", in.shape.str(), " and out ",
-           out.shape.str(), " differ");
-  DI_CHECK(static_cast<int64_t>(send_rows.size()) == size_ && static_cast<int64_t>(recv_rows.size()) == size_,
-           "gloo all_to_all: ", send_rows.size(), " send and ", recv_rows.size(), " receive counts for ", size_,
-           " ranks");
+  check_all_to_all("gloo", in, send_rows, out, recv_rows, size_);
   const int64_t row_elems = row_elements(in.shape);
   std::vector<int64_t> send_elements(static_cast<size_t>(size_));
   std::vector<int64_t> recv_elements(static_cast<size_t>(size_));
-  int64_t send_total = 0;
-  int64_t recv_total = 0;
   for (int32_t p = 0; p < size_; ++p) {
-    DI_CHECK(send_rows[p] >= 0 && recv_rows[p] >= 0, "gloo all_to_all: negative row count for rank ", p);
     send_elements[p] = send_rows[p] * row_elems;
     recv_elements[p] = recv_rows[p] * row_elems;
-    send_total += send_rows[p];
-    recv_total += recv_rows[p];
   }
-  DI_CHECK(send_total == in.shape[0] && recv_total == out.shape[0], "gloo all_to_all: ", send_total,
-           " rows to send from in ", in.shape.str(), ", ", recv_total, " to receive into out ", out.shape.str());
   if (row_elems == 0) return;  // rows of no elements, on every rank (the row shape is the group's)
   run(kName, [&] { alltoallv_bytes(in.data, send_elements, out.data, recv_elements, in.dtype); });
 }

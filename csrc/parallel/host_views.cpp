@@ -28,6 +28,50 @@ void check_host_view(const ConstTensorView& view, const char* transport, const c
   DI_CHECK(view.shape.ndim() >= 1, transport, " ", collective, ": ", name, " has no dimension");
 }
 
+namespace {
+
+void check_pair(const char* transport, const char* collective, const ConstTensorView& in, const ConstTensorView& out) {
+  check_host_view(in, transport, collective, "in");
+  check_host_view(out, transport, collective, "out");
+  DI_CHECK(in.dtype == out.dtype, transport, " ", collective, ": in is ", dtype_name(in.dtype), ", out ",
+           dtype_name(out.dtype));
+}
+
+}  // namespace
+
+void check_all_gather(const char* transport, const ConstTensorView& in, const ConstTensorView& out, int32_t ranks) {
+  check_pair(transport, "all_gather", in, out);
+  DI_CHECK(same_row_shape(in.shape, out.shape) && out.shape[0] == ranks * in.shape[0], transport, " all_gather: in ",
+           in.shape.str(), " and out ", out.shape.str(), " on ", ranks, " ranks (out needs ranks x in's rows)");
+}
+
+void check_reduce_scatter(const char* transport, const ConstTensorView& in, const ConstTensorView& out,
+                          int32_t ranks) {
+  check_pair(transport, "reduce_scatter", in, out);
+  DI_CHECK(same_row_shape(in.shape, out.shape) && in.shape[0] == ranks * out.shape[0], transport,
+           " reduce_scatter: in ", in.shape.str(), " and out ", out.shape.str(), " on ", ranks,
+           " ranks (in needs ranks x out's rows)");
+}
+
+void check_all_to_all(const char* transport, const ConstTensorView& in, std::span<const int64_t> send_rows,
+                      const ConstTensorView& out, std::span<const int64_t> recv_rows, int32_t ranks) {
+  check_pair(transport, "all_to_all", in, out);
+  DI_CHECK(same_row_shape(in.shape, out.shape), transport, " all_to_all: rows of in ", in.shape.str(), " and out ",
+           out.shape.str(), " differ");
+  DI_CHECK(static_cast<int64_t>(send_rows.size()) == ranks && static_cast<int64_t>(recv_rows.size()) == ranks,
+           transport, " all_to_all: ", send_rows.size(), " send and ", recv_rows.size(), " receive counts for ",
+           ranks, " ranks");
+  int64_t send_total = 0;
+  int64_t recv_total = 0;
+  for (int32_t p = 0; p < ranks; ++p) {
+    DI_CHECK(send_rows[p] >= 0 && recv_rows[p] >= 0, transport, " all_to_all: negative row count for rank ", p);
+    send_total += send_rows[p];
+    recv_total += recv_rows[p];
+  }
+  DI_CHECK(send_total == in.shape[0] && recv_total == out.shape[0], transport, " all_to_all: ", send_total,
+           " rows to send from in ", in.shape.str(), ", ", recv_total, " to receive into out ", out.shape.str());
+}
+
 void sum_blocks_in_rank_order(const std::byte* blocks, int32_t num_blocks, int64_t count, DType dtype, void* out) {
   std::vector<const void*> parts(static_cast<size_t>(num_blocks));
   for (int32_t p = 0; p < num_blocks; ++p) {

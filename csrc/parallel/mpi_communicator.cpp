@@ -263,11 +263,7 @@ void MpiCommunicator::all_gather(ConstTensorView in, TensorView out) {
   constexpr const char* kName = "all_gather";
   std::lock_guard lock(mutex_);
   check_usable(kName);
-  check_host_view(in, "mpi", kName, "in");
-  check_host_view(out, "mpi", kName, "out");
-  DI_CHECK(in.dtype == out.dtype, "mpi all_gather: in is ", dtype_name(in.dtype), ", out ", dtype_name(out.dtype));
-  DI_CHECK(same_row_shape(in.shape, out.shape) && out.shape[0] == size_ * in.shape[0], "mpi all_gather: in ",
-           in.shape.str(), " and out ", out.shape.str(), " on ", size_, " ranks (out needs ranks x in's rows)");
+  check_all_gather("mpi", in, out, size_);
   if (in.numel() == 0) return;
   const auto until = deadline();
   const RowType row(element_type(in.dtype), row_elements(in.shape), kName);
@@ -282,12 +278,7 @@ void MpiCommunicator::reduce_scatter(ConstTensorView in, TensorView out) {
   constexpr const char* kName = "reduce_scatter";
   std::lock_guard lock(mutex_);
   check_usable(kName);
-  check_host_view(in, "mpi", kName, "in");
-  check_host_view(out, "mpi", kName, "out");
-  DI_CHECK(in.dtype == out.dtype, "mpi reduce_scatter: in is ", dtype_name(in.dtype), ", out ",
-           dtype_name(out.dtype));
-  DI_CHECK(same_row_shape(in.shape, out.shape) && in.shape[0] == size_ * out.shape[0], "mpi reduce_scatter: in ",
-           in.shape.str(), " and out ", out.shape.str(), " on ", size_, " ranks (in needs ranks x out's rows)");
+  check_reduce_scatter("mpi", in, out, size_);
   const int64_t count = out.numel();
   if (count == 0) return;
   const auto until = deadline();
@@ -306,27 +297,13 @@ void MpiCommunicator::all_to_all(ConstTensorView in, std::span<const int64_t> se
   constexpr const char* kName = "all_to_all";
   std::lock_guard lock(mutex_);
   check_usable(kName);
-  check_host_view(in, "mpi", kName, "in");
-  check_host_view(out, "mpi", kName, "out");
-  DI_CHECK(in.dtype == out.dtype, "mpi all_to_all: in is ", dtype_name(in.dtype), ", out ", dtype_name(out.dtype));
-  DI_CHECK(same_row_shape(in.shape, out.shape), "mpi all_to_all: rows of in ", in.shape.str(), " and out ",
-           out.shape.str(), " differ");
-  DI_CHECK(static_cast<int64_t>(send_rows.size()) == size_ && static_cast<int64_t>(recv_rows.size()) == size_,
-           "mpi all_to_all: ", send_rows.size(), " send and ", recv_rows.size(), " receive counts for ", size_,
-           " ranks");
+  check_all_to_all("mpi", in, send_rows, out, recv_rows, size_);
   std::vector<int> send_counts(static_cast<size_t>(size_));
   std::vector<int> recv_counts(static_cast<size_t>(size_));
-  int64_t send_total = 0;
-  int64_t recv_total = 0;
   for (int32_t p = 0; p < size_; ++p) {
-    DI_CHECK(send_rows[p] >= 0 && recv_rows[p] >= 0, "mpi all_to_all: negative row count for rank ", p);
     send_counts[p] = to_count(send_rows[p], kName);
     recv_counts[p] = to_count(recv_rows[p], kName);
-    send_total += send_rows[p];
-    recv_total += recv_rows[p];
   }
-  DI_CHECK(send_total == in.shape[0] && recv_total == out.shape[0], "mpi all_to_all: ", send_total,
-           " rows to send from in ", in.shape.str(), ", ", recv_total, " to receive into out ", out.shape.str());
   const int64_t row_elems = row_elements(in.shape);
   if (row_elems == 0) return;  // rows of no elements, on every rank (the row shape is the group's)
   const auto until = deadline();
