@@ -14,7 +14,9 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <algorithm>
 #include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -85,6 +87,9 @@ class GlooCommunicator final : public Communicator {
   // throws CollectiveError naming the rank and the collective.
   template <typename Op>
   void run(const char* collective, Op&& op);
+  // What the bootstrap store knows of the ranks that failed ("; rank 1 has exited", "; rank 2 aborted: ..."), for a
+  // failure's message; "" when it knows nothing (a rank that is alive but stuck).
+  std::string who_failed();
   void alltoallv_bytes(const void* in, std::span<const int64_t> send_elements, void* out,
                        std::span<const int64_t> recv_elements, DType dtype);
 
@@ -97,15 +102,24 @@ class GlooCommunicator final : public Communicator {
   std::vector<std::byte> block_;
   std::string failure_;  // non-empty once a collective failed
   std::atomic<bool> closed_{false};
+  // The bootstrap store, kept for the group's life: rank 0 serves it; every rank's connection is owned by its rank,
+  // so that the store lists who has left, and a rank that aborts leaves its reason there.
+  std::unique_ptr<TcpStoreServer> server_;
+  std::unique_ptr<TcpStoreClient> client_;
+  std::mutex store_mutex_;  // the client's connection serves one request at a time
 };
 
 GlooCommunicator::GlooCommunicator(int32_t rank, int32_t size, const HostPort& at, std::chrono::milliseconds timeout)
     : rank_(rank), size_(size), timeout_(timeout) {
   const Clock::time_point deadline = Clock::now() + timeout;
-  // Rank 0 serves the store until every rank's pairs are connected (the barrier below), then drops it.
-  std::unique_ptr<TcpStoreServer> server = rank == 0 ? std::make_unique<TcpStoreServer>(at) : nullptr;
+  // gloo writes to its sockets without MSG_NOSIGNAL: a write to a peer that died would end this process with SIGPIPE
+  // instead of failing the collective with EPIPE. (Python ignores SIGPIPE already; a C++ program may not.)
+  std::signal(SIGPIPE, SIG_IGN);
+  if (rank == 0) server_ = std::make_unique<TcpStoreServer>(at);
   try {
-    TcpStoreClient client(at, deadline);
+    client_ = std::make_unique<TcpStoreClient>(at, deadline);
+    client_->own(str_cat("rank ", rank));
+    TcpStoreClient& client = *client_;
     gloo::transport::tcp::attr attr;
     if (const char* iface = std::getenv("GLOO_SOCKET_IFNAME"); iface != nullptr && *iface != '\0') {
       attr.iface = iface;
@@ -139,9 +153,37 @@ void GlooCommunicator::run(const char* collective, Op&& op) {
     op();
   } catch (const gloo::Exception& e) {
     failure_ = str_cat(where(), ": ", collective, " failed (a rank exited, aborted, or did not join it within ",
-                       timeout_.count(), " ms): ", e.what());
+                       timeout_.count(), " ms): ", e.what(), who_failed());
     if (!closed_.exchange(true)) context_->closeConnections();  // the others stop at once, not at their timeout
     throw CollectiveError(failure_);
+  }
+}
+
+std::string GlooCommunicator::who_failed() {
+  // A killed rank's store connection closes as its pairs do; the store may take a moment to see it.
+  const Clock::time_point until = Clock::now() + std::chrono::milliseconds(500);
+  std::lock_guard lock(store_mutex_);
+  try {
+    while (true) {
+      std::string found;
+      for (int32_t r = 0; r < size_; ++r) {
+        if (r == rank_) continue;
+        if (const auto reason = client_->try_get(str_cat("deepinfer/failure/", r))) {
+          found += str_cat("; rank ", r, " aborted: ", std::string_view(reason->data(), reason->size()));
+        }
+      }
+      if (const auto departed = client_->try_get(kDepartedKey)) {
+        std::string_view rest(departed->data(), departed->size());
+        for (size_t end = rest.find('\n'); end != std::string_view::npos; end = rest.find('\n')) {
+          found += str_cat("; ", rest.substr(0, end), " has exited");
+          rest.remove_prefix(end + 1);
+        }
+      }
+      if (!found.empty() || Clock::now() >= until) return found;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  } catch (const Error&) {
+    return "; rank 0's bootstrap store is gone too (rank 0 has exited)";
   }
 }
 
@@ -290,9 +332,16 @@ void GlooCommunicator::barrier() {
 }
 
 // No lock: abort may come while another thread waits in a collective; closing the connections ends that wait too.
+// The reason goes to the store first, where the others' failure messages read it.
 void GlooCommunicator::abort(const std::string& reason) {
   std::fputs(str_cat("deepinfer: ", where(), " aborts: ", reason, "\n").c_str(), stderr);
   std::fflush(stderr);
+  try {
+    std::lock_guard lock(store_mutex_);
+    client_->set(str_cat("deepinfer/failure/", rank_), std::span(reason.data(), std::min<size_t>(reason.size(), 4096)));
+  } catch (const Error&) {
+    // rank 0 is gone: the others learn of the failure from their connections alone
+  }
   if (!closed_.exchange(true)) context_->closeConnections();
 }
 

@@ -9,9 +9,11 @@
 //
 // Failure: every collective gives up after `timeout`, and a peer that exits or crashes closes its connections, which
 // ends the others' current or next collective at once. Either throws CollectiveError on the waiting rank naming it,
-// the collective and gloo's message; the communicator is unusable from then on, and closes its connections so that
-// the others stop too. abort(reason) prints the reason with the rank and closes the connections: the other ranks'
-// collectives then fail (with the connection's error; the reason is on the aborting rank's stderr).
+// the collective, gloo's message and what the bootstrap store knows: rank 0 serves it for the group's life, every
+// rank's connection to it is owned by its rank, so the store lists the ranks whose processes ended ("rank 1 has
+// exited"), and a rank that aborts leaves its reason there ("rank 2 aborted: ..."). The communicator is unusable
+// from then on, and closes its connections so that the others stop too. abort(reason) prints the reason with the
+// rank, leaves it in the store, and closes the connections.
 //
 // Built without gloo (CMake found none, or -DDEEPINFER_GLOO=OFF), make_gloo_communicator throws InvalidArgument.
 #pragma once

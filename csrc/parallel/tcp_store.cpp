@@ -1,7 +1,7 @@
-// The bootstrap store (tcp_store.h). A request is one byte (S: set, G: get), the key's length (uint32, network
-// order) and key, and for a set the value's length and value; a set is answered with one byte, a get with a found
-// byte and, when found, the value's length and value. A get of a key not set yet answers "not found" at once, and
-// the client asks again: the server never holds a request open.
+// The bootstrap store (tcp_store.h). A request is one byte (S: set, G: get, O: own), the key's length (uint32,
+// network order) and key, and for a set the value's length and value; a set or an own is answered with one byte, a
+// get with a found byte and, when found, the value's length and value. A get of a key not set yet answers "not
+// found" at once, and the client asks again: the server never holds a request open.
 #include "parallel/tcp_store.h"
 
 #include <arpa/inet.h>
@@ -191,6 +191,7 @@ void TcpStoreServer::accept_loop() {
 // One connection's requests until it closes, or a request breaks the protocol (it is then dropped).
 void TcpStoreServer::serve(int fd) {
   const FileDescriptor owned(fd);
+  std::string owner;
   while (true) {
     char op = 0;
     uint32_t key_size = 0;
@@ -223,12 +224,21 @@ void TcpStoreServer::serve(int fd) {
                     !write_all(fd, value.data(), value.size()))) {
         break;
       }
+    } else if (op == 'O') {
+      owner = std::move(key);
+      const char done = 1;
+      if (!write_all(fd, &done, 1)) break;
     } else {
       break;
     }
   }
   std::lock_guard lock(mutex_);
   std::erase(clients_, fd);  // `owned` closes it after this
+  if (!owner.empty() && !stopping_) {
+    std::vector<char>& departed = values_[std::string(kDepartedKey)];
+    departed.insert(departed.end(), owner.begin(), owner.end());
+    departed.push_back('\n');
+  }
 }
 
 TcpStoreClient::TcpStoreClient(const HostPort& at, Clock::time_point deadline) : at_(at) {
@@ -268,26 +278,40 @@ void TcpStoreClient::set(std::string_view key, std::span<const char> value) {
   }
 }
 
-std::vector<char> TcpStoreClient::get(std::string_view key, Clock::time_point deadline) {
+std::optional<std::vector<char>> TcpStoreClient::try_get(std::string_view key) {
   DI_CHECK_ARG(key.size() <= kMaxKeyBytes, "tcp store: key of ", key.size(), " bytes is too long");
   const int fd = socket_.get();
+  const char op = 'G';
+  char found = 0;
+  if (!write_all(fd, &op, 1) || !write_u32(fd, static_cast<uint32_t>(key.size())) ||
+      !write_all(fd, key.data(), key.size()) || !read_all(fd, &found, 1)) {
+    throw CollectiveError(str_cat("tcp store at ", at_.str(), ": the connection closed while reading ", key,
+                                  " (rank 0 ended?)"));
+  }
+  if (!found) return std::nullopt;
+  uint32_t size = 0;
+  std::vector<char> value;
+  if (read_u32(fd, size) && size <= kMaxValueBytes) {
+    value.resize(size);
+    if (read_all(fd, value.data(), value.size())) return value;
+  }
+  throw CollectiveError(str_cat("tcp store at ", at_.str(), ": a broken answer for ", key));
+}
+
+void TcpStoreClient::own(std::string_view name) {
+  DI_CHECK_ARG(!name.empty() && name.size() <= kMaxKeyBytes, "tcp store: an owner name of ", name.size(), " bytes");
+  const int fd = socket_.get();
+  const char op = 'O';
+  char done = 0;
+  if (!write_all(fd, &op, 1) || !write_u32(fd, static_cast<uint32_t>(name.size())) ||
+      !write_all(fd, name.data(), name.size()) || !read_all(fd, &done, 1)) {
+    throw CollectiveError(str_cat("tcp store at ", at_.str(), ": the connection closed while naming its owner"));
+  }
+}
+
+std::vector<char> TcpStoreClient::get(std::string_view key, Clock::time_point deadline) {
   while (true) {
-    const char op = 'G';
-    char found = 0;
-    if (!write_all(fd, &op, 1) || !write_u32(fd, static_cast<uint32_t>(key.size())) ||
-        !write_all(fd, key.data(), key.size()) || !read_all(fd, &found, 1)) {
-      throw CollectiveError(str_cat("tcp store at ", at_.str(), ": the connection closed while reading ", key,
-                                    " (rank 0 ended?)"));
-    }
-    if (found) {
-      uint32_t size = 0;
-      std::vector<char> value;
-      if (read_u32(fd, size) && size <= kMaxValueBytes) {
-        value.resize(size);
-        if (read_all(fd, value.data(), value.size())) return value;
-      }
-      throw CollectiveError(str_cat("tcp store at ", at_.str(), ": a broken answer for ", key));
-    }
+    if (std::optional<std::vector<char>> value = try_get(key)) return *std::move(value);
     if (Clock::now() >= deadline) {
       throw CollectiveError(str_cat("tcp store at ", at_.str(), ": ", key, " was not set within the timeout (the ",
                                     "rank that writes it did not start, or started with another address or size)"));

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -43,6 +44,10 @@ class FileDescriptor {
   int fd_ = -1;
 };
 
+// The key under which the store lists the owners (TcpStoreClient::own) of the connections that have closed, one a
+// line: who has left the group, even when it died without a word.
+inline constexpr std::string_view kDepartedKey = "deepinfer/departed";
+
 // The store, served at `at` (an address of this machine) from a thread of its own until it is destroyed.
 class TcpStoreServer {
  public:
@@ -76,6 +81,11 @@ class TcpStoreClient {
   void set(std::string_view key, std::span<const char> value);
   // The value under `key`, waiting for a rank to set it until `deadline`; throws CollectiveError past it.
   std::vector<char> get(std::string_view key, Clock::time_point deadline);
+  // The value under `key` now, if it is set.
+  std::optional<std::vector<char>> try_get(std::string_view key);
+  // Names this connection's owner: when it closes (its process ended, however), the store adds `name` to the lines
+  // under kDepartedKey.
+  void own(std::string_view name);
   // This end's IP address: that of the interface through which this machine reaches the store's.
   std::string local_address() const;
 

@@ -4,7 +4,8 @@
 //
 // --timeout-case: rank 1 skips a collective the others wait in; they must throw CollectiveError within the timeout,
 // and rank 1's next collective must then fail at once (the failed ranks closed their connections), not at its own
-// timeout. --killed-case: rank 1's process ends without a word before a collective; the others must throw at once.
+// timeout. --killed-case: rank 1's process ends without a word before a collective; the others must throw at once,
+// naming it. --abort-case: rank 1 aborts with a reason; the others must throw at once with it.
 #include "parallel/gloo_communicator.h"
 
 #include <cstdlib>
@@ -41,10 +42,13 @@ TEST(GlooCommunicator, RefusesABadAddressOrRank) {
 
 bool says(const std::string& message, std::string_view what) { return message.find(what) != std::string::npos; }
 
+// Prints a case's verdict; then waits a second before the process ends, so that rank 0's bootstrap store outlives
+// the other ranks' reading of it.
 int report(int32_t me, const char* name, bool passed, Clock::duration waited, const std::string& message) {
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(waited).count();
   std::fprintf(stderr, "rank %d: the %s %s after %lld ms: %s\n", me, name, passed ? "passed" : "FAILED",
                static_cast<long long>(ms), message.c_str());
+  std::this_thread::sleep_for(std::chrono::seconds(1));
   return passed ? 0 : 1;
 }
 
@@ -94,10 +98,33 @@ int run_killed_case(Communicator& group) {
     for (int i = 0; i < 1000; ++i) group.all_reduce(x.view());
     return report(me, "killed case", false, Clock::now() - start, "all_reduce completed without rank 1");
   } catch (const CollectiveError& e) {
-    // Far sooner than the 60 s timeout: the dead process's connections closed.
+    // Far sooner than the 60 s timeout: the dead process's connections closed, and the bootstrap store saw its own
+    // close, so every rank's message names it.
     const auto waited = Clock::now() - start;
-    return report(me, "killed case", says(e.what(), "all_reduce") && waited < std::chrono::seconds(10), waited,
-                  e.what());
+    const bool named = says(e.what(), "rank 1 has exited");
+    return report(me, "killed case", says(e.what(), "all_reduce") && named && waited < std::chrono::seconds(10),
+                  waited, e.what());
+  }
+}
+
+// Rank 1 aborts with a reason while the others wait in a collective: theirs fails at once, with rank 1's reason.
+int run_abort_case(Communicator& group) {
+  const int32_t me = group.rank();
+  group.barrier();
+  if (me == 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    group.abort("the abort case's reason");
+    return 0;
+  }
+  Tensor x = Tensor::zeros({64});
+  const auto start = Clock::now();
+  try {
+    group.all_reduce(x.view());
+    return report(me, "abort case", false, Clock::now() - start, "all_reduce completed without rank 1");
+  } catch (const CollectiveError& e) {
+    const auto waited = Clock::now() - start;
+    return report(me, "abort case", says(e.what(), "rank 1 aborted: the abort case's reason") &&
+                                        waited < std::chrono::seconds(10), waited, e.what());
   }
 }
 
@@ -118,6 +145,7 @@ int main(int argc, char** argv) {
       make_gloo_communicator(env_int("DEEPINFER_TEST_RANK"), env_int("DEEPINFER_TEST_SIZE"), address, timeout);
   if (mode == "--timeout-case") return run_timeout_case(*group);
   if (mode == "--killed-case") return run_killed_case(*group);
+  if (mode == "--abort-case") return run_abort_case(*group);
   const int status = run_cases_on_every_rank(*group);
   group.reset();
   return status;
