@@ -29,7 +29,7 @@ from deepinfer.launch import configure_options, join_local_ranks, rank_placement
 from deepinfer.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput, TokenLogprobs
 from deepinfer.sampling_params import SamplingParams
 from deepinfer.structured_outputs import grammar_library
-from deepinfer.tokenizer import IncrementalDetokenizer, Tokenizer, find_stop, first_completed_stop
+from deepinfer.tokenizer import IncrementalDetokenizer, StopStringMatcher, Tokenizer
 
 logger = logging.getLogger("deepinfer")
 
@@ -93,8 +93,9 @@ class _Completion:
         self.token_ids: list[int] = []
         # Everything the detokenizer produced, kept only when stop strings look at it (a string grown by += is copied
         # each token: quadratic in the output's length).
-        self.has_stops = any(params.stop or ())
-        self.decoded = ""
+        # Stop strings, over the tail of the text they can still end in (none: the text is not kept at all).
+        self.stops = (StopStringMatcher(params.stop, params.include_stop_str_in_output)
+                      if any(params.stop or ()) else None)
         self._text_parts: list[str] = []  # what was emitted to the user, as emitted
         self.logprobs: list[TokenLogprobs] | None = [] if params.logprobs is not None else None
         self.finished = False
@@ -582,10 +583,8 @@ class DeepInferenceEngine:
             text_delta = c.detokenizer.step(new_ids[i:i + 1]) if new_ids else ""
             if d.finished and last:
                 text_delta += c.detokenizer.flush()
-            if c.has_stops:
-                part, stopped = find_stop(c.decoded, text_delta, c.params.stop, c.params.include_stop_str_in_output,
-                                          final=d.finished and last)
-                c.decoded += text_delta
+            if c.stops is not None:
+                part, stopped = c.stops.feed(text_delta, final=d.finished and last)
             else:
                 part = text_delta
             emit += part
@@ -602,7 +601,7 @@ class DeepInferenceEngine:
             c.logprobs.extend(new_logprobs)
         if stopped:
             c.finished, c.finish_reason = True, "stop"
-            c.stop_reason = first_completed_stop(c.decoded, c.params.stop)
+            c.stop_reason = c.stops.stop_reason
             if not d.finished:
                 self._abort_core(c.core_id)  # the core would keep generating: free its pages now
         elif d.finished:

@@ -11,7 +11,8 @@ from conftest import SHAREGPT_PROMPTS as PROMPTS
 from conftest import V3_TOKENIZER_DIR as V3_DIR
 from conftest import default_v3_tokenizer, require_asset
 
-from deepinfer.tokenizer import IncrementalDetokenizer, Tokenizer, find_stop, held_back_length
+from deepinfer.tokenizer import (IncrementalDetokenizer, StopStringMatcher, Tokenizer, find_stop, first_completed_stop,
+                                 held_back_length)
 
 REPL = "\ufffd"
 
@@ -160,6 +161,36 @@ def test_prompt_ending_inside_a_character(tok):
     prompt = tok.encode("Say", add_special_tokens=False) + emoji[:2]
     output = emoji[2:] + tok.encode(" yes", add_special_tokens=False)
     _check(tok, prompt, output)
+
+
+def test_stop_string_matcher_is_find_stop_over_the_whole_text():
+    """The matcher keeps only a tail, yet every delta's emitted text, the stop and its stop string are find_stop's on
+    the whole text so far (and first_completed_stop's on it), for any text, stop set and chunking."""
+    rng = random.Random(1)
+    alphabet = "ab c\n中🎉"
+    stop_sets = [["ab"], ["abc", "c\n"], ["🎉🎉", "中中中"], ["a b", "b c", "\n\n"], ["zzz"], ["", "b"], ["a"]]
+    for _ in range(400):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60)))
+        stops = rng.choice(stop_sets)
+        include = rng.random() < 0.5
+        matcher = StopStringMatcher(stops, include)
+        so_far, at = "", 0
+        while at < len(text) or at == 0:
+            piece = text[at:at + rng.randint(0, 4)]
+            at += len(piece)
+            final = at >= len(text)
+            expected = find_stop(so_far, piece, stops, include, final=final)
+            assert matcher.feed(piece, final=final) == expected, (text, stops, include, at)
+            assert len(matcher._tail) <= max(len(s) for s in stops) - 1  # a bounded window, not the text
+            so_far += piece
+            if expected[1]:
+                assert matcher.stop_reason == first_completed_stop(so_far, stops)
+                break
+            if final:
+                assert matcher.stop_reason is None
+                break
+    with pytest.raises(ValueError, match="non-empty stop string"):
+        StopStringMatcher(["", ""])
 
 
 def test_cost_is_linear(tok):

@@ -7,7 +7,7 @@
 """
 
 from deepinfer.tokenizer.detokenizer import IncrementalDetokenizer
-from deepinfer.tokenizer.stop_strings import find_stop, first_completed_stop, held_back_length
+from deepinfer.tokenizer.stop_strings import StopStringMatcher, find_stop, first_completed_stop, held_back_length
 from deepinfer.tokenizer.token_text import TokenText
 from deepinfer.tokenizer.tokenizer import DEEPSEEK_V3_TOKENIZER_REQUIREMENT, Tokenizer
 
@@ -16,6 +16,7 @@ __all__ = [
     "IncrementalDetokenizer",
     "TokenText",
     "Tokenizer",
+    "StopStringMatcher",
     "find_stop",
     "first_completed_stop",
     "held_back_length",

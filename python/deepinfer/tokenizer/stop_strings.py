@@ -2,24 +2,32 @@
 
 ``find_stop`` applies stop strings to a stream of deltas: it holds back a tail that could still
 grow into a stop string and cuts the text at the first stop string found. ``first_completed_stop``
-names the stop string that rule stops at, for a response's ``stop_reason``.
+names the stop string that rule stops at, for a response's ``stop_reason``. ``StopStringMatcher`` applies the
+same rule to a whole stream while keeping only the tail of the text a stop string can still end in, so a token costs
+the same however long the output already is.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["find_stop", "first_completed_stop", "held_back_length"]
+__all__ = ["StopStringMatcher", "find_stop", "first_completed_stop", "held_back_length"]
 
 
 def _held_len(text: str, stops: Sequence[str]) -> int:
     """Length of the longest tail of ``text`` that is a proper prefix of some stop string."""
-    best = 0
+    best, n = 0, len(text)
     for s in stops:
-        for k in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:k]):
-                best = k
+        limit = min(len(s) - 1, n)
+        if limit <= best:
+            continue
+        # Such a tail starts with s[0]: only those places are tried, leftmost (the longest tail) first.
+        p = text.find(s[0], n - limit)
+        while p != -1 and n - p > best:
+            if s.startswith(text[p:]):
+                best = n - p
                 break
+            p = text.find(s[0], p + 1)
     return best
 
 
@@ -69,6 +77,44 @@ def find_stop(
     if final:
         return full[emitted:], False
     return full[emitted:len(full) - _held_len(full, stops)], False
+
+
+class StopStringMatcher:
+    """find_stop over one stream of deltas, each fed once, in order. A stop string found later ends within the last
+    (longest stop - 1) characters of the text before its delta and the delta, and the text held back lies there too,
+    so the matcher keeps only that tail: each delta gives what find_stop on the whole text gives (tested against it)."""
+
+    def __init__(self, stop_strings: Sequence[str], include_stop: bool = False) -> None:
+        self._stops = [s for s in stop_strings if s]
+        if not self._stops:
+            raise ValueError("StopStringMatcher needs a non-empty stop string")
+        self._include = include_stop
+        self._keep = max(len(s) for s in self._stops) - 1
+        self._tail = ""   # the last _keep characters of the text so far
+        self._held = 0    # how many of them are held back (may start a stop string)
+        self.stop_reason: str | None = None  # the stop string found, once one is
+
+    def feed(self, delta: str, *, final: bool = False) -> tuple[str, bool]:
+        """(the text to emit now, whether a stop string was found), as find_stop(all text so far, delta)."""
+        window = self._tail + delta
+        emitted = len(self._tail) - self._held
+        best = None  # (end, start, stop): the stop string that completes first, then the one starting first
+        for s in self._stops:
+            i = window.find(s)
+            if i != -1 and (best is None or (i + len(s), i) < best[:2]):
+                best = (i + len(s), i, s)
+        if best is not None:
+            self.stop_reason = best[2]
+            cut = best[0] if self._include else best[1]
+            return window[emitted:max(cut, emitted)], True
+        if final:
+            self._tail, self._held = "", 0
+            return window[emitted:], False
+        held = _held_len(window, self._stops)
+        out = window[emitted:len(window) - held]
+        self._tail = window[len(window) - self._keep:] if len(window) > self._keep else window
+        self._held = held
+        return out, False
 
 
 def first_completed_stop(text: str, stops: Sequence[str]) -> str | None:
