@@ -14,6 +14,7 @@ import logging
 import os
 import queue
 import random
+import signal
 import threading
 import time
 import weakref
@@ -311,6 +312,10 @@ class DeepInferenceEngine:
                 # Only rank 0 serves: the other processes run its steps, then the program ends with rank 0's stop.
                 logger.info("rank %s of %d (%s): running rank 0's steps", placement.rank, placement.world_size,
                             placement.launcher)
+                if threading.current_thread() is threading.main_thread():
+                    # The steps run in C++ without the GIL, where Python's KeyboardInterrupt would never arrive: Ctrl-C
+                    # ends the process at once instead, and rank 0 reports the rank as gone.
+                    signal.signal(signal.SIGINT, signal.SIG_DFL)
                 try:
                     _deepinfer.run_worker_rank(options)
                 finally:

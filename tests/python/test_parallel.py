@@ -229,9 +229,10 @@ def test_one_command_serves_a_tensor_parallel_model_through_the_openai_client(ch
 _NODE_PROGRAM = """
 import json, os, sys, threading
 from deepinfer import DeepInferenceEngine, EngineConfig, SamplingParams
-path, prompts, extra, die_after = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), float(sys.argv[4])
+path, prompts, extra = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+die_after, die_by = (float(v) for v in sys.argv[4].split(":"))
 if die_after > 0:
-    threading.Timer(die_after, lambda: os.kill(os.getpid(), 9)).start()  # this process is killed mid-run
+    threading.Timer(die_after, lambda: os.kill(os.getpid(), int(die_by))).start()  # the signal comes mid-run
 rounds = 1000 if extra.pop("rounds", False) else 1
 engine = DeepInferenceEngine(EngineConfig(model_name_or_path=path, page_size=4, num_cache_pages=24, max_model_len=64,
                                           max_num_batched_tokens=16, seed=5, collective_timeout_s=20, **extra))
@@ -261,7 +262,8 @@ def require_gloo() -> None:
 
 def run_nodes(path, nodes: list[tuple[dict, dict]], timeout: float = 240, die_after: dict | None = None):
     """Starts one process a machine (its EngineConfig overrides, its environment additions) on this machine and
-    returns their (returncode, stdout, stderr) in order, all ended within `timeout`."""
+    returns their (returncode, stdout, stderr) in order, all ended within `timeout`. `die_after`: node index ->
+    (seconds, signal) sent to that node's process mid-run."""
     import os
     import subprocess
     import sys
@@ -273,7 +275,7 @@ def run_nodes(path, nodes: list[tuple[dict, dict]], timeout: float = 240, die_af
         environment.update(env)
         procs.append(subprocess.Popen(
             [sys.executable, "-c", _NODE_PROGRAM, str(path), json.dumps(PROMPTS), json.dumps(extra),
-             str((die_after or {}).get(i, 0))], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+             "{}:{}".format(*(die_after or {}).get(i, (0, 0)))], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=environment))
     results = []
     try:
@@ -327,15 +329,17 @@ def test_a_leader_worker_set_and_torchrun_give_the_same_tokens(checkpoints, refe
     assert tokens_of(out0) == expected and "TOKENS" not in out1
 
 
-def test_a_killed_machine_ends_the_leader_with_an_error(checkpoints):
-    """Node 1's process is killed mid-run: node 0's next collective fails at once (its connection closed), well before
-    the 20 s timeout, and the leader's program fails naming its rank instead of hanging."""
+@pytest.mark.parametrize("signal_number", [9, 2], ids=["SIGKILL", "Ctrl-C"])
+def test_a_killed_machine_ends_the_leader_with_an_error(checkpoints, signal_number):
+    """Node 1's process is killed mid-run, or gets Ctrl-C (which ends a worker at once: its steps run in C++, where
+    Python's KeyboardInterrupt would never arrive): node 0's next collective fails at once (its connection closed),
+    well before the 20 s timeout, and the leader's program fails naming the rank instead of hanging."""
     address = f"127.0.0.1:{free_port()}"
     nodes = [(dict(tensor_parallel_size=2, nnodes=2, node_rank=r, dist_init_addr=address, rounds=True), {})
              for r in (0, 1)]
     started = time.monotonic()
-    (rc0, out0, err0), (rc1, _, _) = run_nodes(checkpoints["v3"], nodes, die_after={1: 4.0})
-    assert rc1 == -9 and rc0 != 0
+    (rc0, out0, err0), (rc1, _, _) = run_nodes(checkpoints["v3"], nodes, die_after={1: (4.0, signal_number)})
+    assert rc1 == -signal_number and rc0 != 0
     assert "TOKENS" not in out0
     assert time.monotonic() - started < 90
     # gloo says "closed" or "reset" by peer, as the kill met the connection; the bootstrap store names the rank.
