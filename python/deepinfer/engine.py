@@ -151,7 +151,7 @@ class RequestStream:
     """
 
     def __init__(self, engine: "DeepInferenceEngine", request_id: str, prompt: str | None, prompt_ids: list[int],
-                 params: SamplingParams, loop: asyncio.AbstractEventLoop | None) -> None:
+                 params: SamplingParams, loop: asyncio.AbstractEventLoop | None, iterated: bool = True) -> None:
         self.engine = engine
         self.request_id = request_id
         self.prompt = prompt
@@ -164,7 +164,10 @@ class RequestStream:
         self.prompt_logprobs: list[dict[int, Logprob] | None] | None = (
             [None] if params.prompt_logprobs is not None else None)
         self._loop = loop
-        self._sync_queue: queue.Queue[RequestOutput | None] = queue.Queue()
+        # A synchronous stream's deltas for its iteration (SimpleQueue: C, no task accounting). None for a stream
+        # only waited on (generate's: result() reads the completions, never the deltas).
+        self._sync_queue: queue.SimpleQueue[RequestOutput | None] | None = (
+            queue.SimpleQueue() if iterated and loop is None else None)
         self._async_queue: asyncio.Queue[RequestOutput | None] | None = asyncio.Queue() if loop else None
         self._forward: tuple[asyncio.Queue, Any] | None = None  # forward_to's queue and tag
         self._done = threading.Event()
@@ -177,8 +180,8 @@ class RequestStream:
                 batch.add(self._loop, self, delta)
             else:
                 _hand_to_loop(self._loop, [(self, delta)])
-        else:
-            self._sync_queue.put(delta)
+        elif self._sync_queue is not None:
+            self._sync_queue.put(delta)  # (set once, in the constructor)
         if delta is None:
             self._done.set()
 
@@ -209,6 +212,8 @@ class RequestStream:
     def __iter__(self) -> Iterator[RequestOutput]:
         if self._loop is not None:
             raise TypeError("this stream was submitted for asyncio; use `async for`")
+        if self._sync_queue is None:
+            raise TypeError("this stream is only waited on (result()); it keeps no deltas to iterate")
         while True:
             item = self._sync_queue.get()
             if item is None:
@@ -503,8 +508,8 @@ class DeepInferenceEngine:
         return self._enqueue_all([(text, prompt_ids, params, loop, request_id)])[0]
 
     def _enqueue_all(self, prompts: Sequence[tuple[str | None, list[int], SamplingParams,
-                                                   asyncio.AbstractEventLoop | None, str | None]]
-                     ) -> list[RequestStream]:
+                                                   asyncio.AbstractEventLoop | None, str | None]],
+                     iterated: bool = True) -> list[RequestStream]:
         """Queues checked prompts (text, ids, params, loop, request id) with all their completions in one call of
         the core: every one or none, and admitted by the same step (an offline batch is scheduled the same way
         however this thread and the step thread interleave)."""
@@ -514,7 +519,8 @@ class DeepInferenceEngine:
         core_requests: list[tuple[int, list[int], Any]] = []
         with self._lock:
             for text, prompt_ids, params, loop, request_id in prompts:
-                stream = RequestStream(self, request_id or f"req-{next(self._ids)}", text, prompt_ids, params, loop)
+                stream = RequestStream(self, request_id or f"req-{next(self._ids)}", text, prompt_ids, params, loop,
+                                       iterated)
                 for index in range(params.n):
                     seed = params.seed + index if params.seed is not None else self._seed_rng.getrandbits(63)
                     core_id = next(self._ids)
@@ -673,8 +679,9 @@ class DeepInferenceEngine:
             per_prompt = [params] * len(batch)
         # Every prompt tokenized and checked once, all before any is queued.
         checked = [self._checked_prompt(prompt) for prompt in batch]
+        # Waited on with result(), never iterated: their deltas need no queue.
         streams = self._enqueue_all([(text, ids, params, None, None)
-                                     for (text, ids), params in zip(checked, per_prompt)])
+                                     for (text, ids), params in zip(checked, per_prompt)], iterated=False)
         return self._collect(streams, use_tqdm)
 
     def _collect(self, streams: list[RequestStream], use_tqdm: bool | None) -> list[RequestOutput]:
