@@ -4,7 +4,8 @@ consumer can move, on this machine's CPU.
 
 The C++ core is replaced by synthetic step outputs (one new token for each of --streams requests a step, tokens of
 ShareGPT text under DeepSeek-V3's tokenizer), handed to the engine's dispatcher as the core's are. `--path sync`:
-the streams are iterated synchronously (generate's path); `--path asyncio`: the dispatcher runs in its thread and an
+the streams are iterated synchronously (a `submit()` consumer); `--path generate`: generate()'s streams, only waited
+on (no delta is made or queued); `--path asyncio`: the dispatcher runs in its thread and an
 event loop in another consumes every stream as the server does (RequestStream.forward_to into a queue a request),
 the server's path up to its HTTP layer, both on one GIL as in `deepinfer serve`. Reports microseconds of Python per token: what bounds a server's output tok/s.
 
@@ -42,13 +43,13 @@ def token_texts(streams: int) -> list[list[int]]:
     return [tok.encode(texts[i % len(texts)], add_special_tokens=False)[:512] or [100] for i in range(streams)]
 
 
-def register(engine: DeepInferenceEngine, n: int, params: SamplingParams, loop) -> list:
+def register(engine: DeepInferenceEngine, n: int, params: SamplingParams, loop, iterated: bool = True) -> list:
     """n requests registered with the dispatcher as _enqueue registers them, with no request in the core."""
     from deepinfer.engine import RequestStream, _Completion
 
     streams = []
     for i in range(n):
-        stream = RequestStream(engine, f"bench-{i}", None, [1, 2, 3], params, loop)
+        stream = RequestStream(engine, f"bench-{i}", None, [1, 2, 3], params, loop, iterated)
         core_id = 10_000_000 + i
         completion = _Completion(0, core_id, engine.tokenizer, [1, 2, 3], params)
         stream.completions.append(completion)
@@ -61,7 +62,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--streams", type=int, default=1000)
     ap.add_argument("--tokens", type=int, default=64, help="tokens a stream (steps)")
-    ap.add_argument("--path", choices=["sync", "asyncio"], default="asyncio")
+    ap.add_argument("--path", choices=["sync", "generate", "asyncio"], default="asyncio")
     ap.add_argument("--stop", action="store_true", help="give every request two stop strings")
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
@@ -73,8 +74,8 @@ def main() -> int:
                             stop=["\n\nUser:", "<|stop|>"] if args.stop else None)
     runs = []
     for _ in range(args.repeat):
-        runs.append(run_sync(engine, params, texts, args) if args.path == "sync" else run_asyncio(engine, params,
-                                                                                                texts, args))
+        runs.append(run_asyncio(engine, params, texts, args) if args.path == "asyncio" else run_sync(engine, params,
+                                                                                                    texts, args))
     best = min(runs)
     total = args.streams * args.tokens
     print(json.dumps({"path": args.path, "streams": args.streams, "tokens": args.tokens, "stop_strings": args.stop,
@@ -85,15 +86,20 @@ def main() -> int:
 
 
 def run_sync(engine, params, texts, args) -> float:
-    streams = register(engine, args.streams, params, None)
+    """`sync`: a consumer iterates every stream (takes out each step's deltas); `generate`: generate()'s streams,
+    which are only waited on and keep no deltas."""
+    iterated = args.path == "sync"
+    streams = register(engine, args.streams, params, None, iterated)
     core_ids = [s.completions[0].core_id for s in streams]
     start = time.perf_counter()
     for step in range(args.tokens):
         engine._dispatch(step_outputs(core_ids, texts, step, step == args.tokens - 1))
-        for s in streams:  # what a synchronous consumer takes out each step
+        for s in streams if iterated else ():
             while not s._sync_queue.empty():
                 s._sync_queue.get_nowait()
-    return time.perf_counter() - start
+    elapsed = time.perf_counter() - start
+    assert all(s.result(timeout=0).outputs[0].token_ids for s in streams)
+    return elapsed
 
 
 def run_asyncio(engine, params, texts, args) -> float:

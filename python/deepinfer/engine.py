@@ -168,6 +168,7 @@ class RequestStream:
         # only waited on (generate's: result() reads the completions, never the deltas).
         self._sync_queue: queue.SimpleQueue[RequestOutput | None] | None = (
             queue.SimpleQueue() if iterated and loop is None else None)
+        self._wants_deltas = loop is not None or self._sync_queue is not None  # else no delta is even made
         self._async_queue: asyncio.Queue[RequestOutput | None] | None = asyncio.Queue() if loop else None
         self._forward: tuple[asyncio.Queue, Any] | None = None  # forward_to's queue and tag
         self._done = threading.Event()
@@ -626,7 +627,7 @@ class DeepInferenceEngine:
         all_done = stream.finished
         if all_done:
             stream.metrics.finish_time = now
-        if emit or new_ids or c.finished:
+        if stream._wants_deltas and (emit or new_ids or c.finished):
             delta = RequestOutput(request_id=stream.request_id, prompt=stream.prompt,
                                   prompt_token_ids=stream.prompt_token_ids,
                                   outputs=[c.output(emit, new_ids, new_logprobs)], finished=all_done,
