@@ -324,3 +324,30 @@ def test_int4_on_cuda_is_refused_as_not_built_yet(base, ct_checkpoint, tmp_path)
         engine_logits(path, device="cuda")
     with pytest.raises(ValueError, match="INT4 GPU kernels are not built yet"):
         engine_logits(base["v3"], device="cuda", int4_weights=True, int4_group_size=32)
+
+
+# ---------------------------------------------------------------------------------------------- parallel layouts
+
+def greedy_with_logprobs(path: Path, **layout):
+    """Greedy tokens and their logprobs of a few prompts, on the CPU at `layout`."""
+    prompts = [{"prompt_token_ids": TOKENS}, {"prompt_token_ids": TOKENS[:4]}, {"prompt_token_ids": [7, 8, 9]}]
+    with DeepInferenceEngine(EngineConfig(model_name_or_path=str(path), device="cpu", page_size=4,
+                                          num_cache_pages=32, max_model_len=64, seed=3, **layout)) as e:
+        outs = e.generate(prompts, temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=0)
+    return ([o.outputs[0].token_ids for o in outs],
+            np.array([t.logprob for o in outs for t in o.outputs[0].logprobs]))
+
+
+@pytest.mark.parametrize("layout", [dict(tensor_parallel_size=2), dict(tensor_parallel_size=2,
+                                                                          enable_expert_parallel=True)],
+                         ids=["tp2", "tp2-ep"])
+def test_int4_checkpoints_and_rounding_under_tensor_parallelism_are_one_ranks(base, ct_checkpoint, tmp_path, layout):
+    """A compressed-tensors checkpoint (its packed words and groups split along K and N across ranks) and rounding at
+    load (done before the split, so a group covers the same inputs) give one rank's tokens and logprobs."""
+    packed, quantization = ct_checkpoint
+    checkpoint = write_like(base["v3"], tmp_path / "ct", packed, quantization)
+    for path, extra in ((checkpoint, {}), (base["v3"], dict(quantization={"method": "int4", "group_size": 32}))):
+        ref_tokens, ref_logprobs = greedy_with_logprobs(path, **extra)
+        tokens, logprobs = greedy_with_logprobs(path, **extra, **layout)
+        assert tokens == ref_tokens
+        assert np.abs(logprobs - ref_logprobs).max() <= 1e-4 * max(1.0, np.abs(ref_logprobs).max())
