@@ -45,9 +45,6 @@ void EngineOptions::validate() const {
   DI_CHECK_ARG(collective_timeout_s > 0.0, "collective_timeout_s must be > 0, got ", collective_timeout_s);
   DI_CHECK_ARG(num_speculative_tokens >= 0 && num_speculative_tokens <= kMaxSpeculativeTokens,
                "num_speculative_tokens must be in [0, ", kMaxSpeculativeTokens, "], got ", num_speculative_tokens);
-  DI_CHECK_ARG(num_speculative_tokens == 0 || !enable_dp_attention,
-               "MTP speculative decoding does not run under data-parallel attention yet (enable_dp_attention): each "
-               "rank's drafts would need a pass of their own");
   DI_CHECK_ARG(speculative_forced_acceptance < 0.0 || speculative_forced_acceptance <= 1.0,
                "speculative_forced_acceptance must be in [0, 1] or negative (off), got ", speculative_forced_acceptance);
 }
@@ -281,7 +278,8 @@ Engine::Engine(EngineOptions options, std::unique_ptr<Ranks> ranks, LoadedModel 
   forced_acceptance_ = options_.speculative_forced_acceptance;
   if (options_.num_speculative_tokens > 0) {
     drafter_ = std::make_unique<MtpDrafter>(*model_, cache_, options_.num_speculative_tokens,
-                                            ranks_ ? ranks_->comm.get() : nullptr);
+                                            ranks_ ? ranks_->comm.get() : nullptr, options_.enable_dp_attention,
+                                            scratch_page_);
     stats_.spec_accepted_per_position.assign(static_cast<size_t>(options_.num_speculative_tokens), 0);
   }
   stats_.num_cache_pages = pages * lanes;
@@ -576,38 +574,42 @@ void Engine::step_once() {
     return;
   }
   uint64_t prompt_tokens = 0, generated = 0;
+  std::vector<std::vector<DraftChunk>> drafted(n);  // each lane's chunks, read before update() may destroy them
   for (size_t r = 0; r < n; ++r) {
     if (idle[r]) continue;
     prompt_tokens += num_prompt_tokens(plans[r]);  // before update() destroys the requests that finish
-    std::vector<DraftChunk> drafted;
     if (drafter_) {
       for (size_t i = 0; i < plans[r].chunks.size(); ++i) {
         const ScheduledChunk& chunk = plans[r].chunks[i];
-        drafted.push_back({.request_id = chunk.request->id, .start = chunk.start,
-                           .first_row = steps[r].first_token_row[i], .samples = chunk.samples});
+        drafted[r].push_back({.request_id = chunk.request->id, .start = chunk.start,
+                              .first_row = steps[r].first_token_row[i], .samples = chunk.samples});
       }
     }
     emit_prompt_logprobs(plans[r], steps[r].scored, results[r].scored);
     generated += emit_updates(*lanes_[r], plans[r], steps[r], results[r].sampled);
-    if (drafter_) {
-      try {
-        drafter_->propose(drafted, runner_.last_hidden(), lanes_[r]->scheduler);
-      } catch (const CollectiveError& e) {
-        fail_all(std::string("the engine stopped: ") + e.what());
+  }
+  if (drafter_) {
+    std::vector<DraftLane> draft_lanes;
+    for (size_t r = 0; r < n; ++r) draft_lanes.push_back({.chunks = drafted[r], .scheduler = &lanes_[r]->scheduler});
+    try {
+      drafter_->propose(draft_lanes, runner_.last_hidden());
+    } catch (const CollectiveError& e) {
+      fail_all(std::string("the engine stopped: ") + e.what());
+      return;
+    } catch (const std::exception& e) {
+      if (ranks_) {
+        // The other ranks may be inside the pass's collectives, which rank 0 will not reach: the group cannot go on.
+        ranks_->comm->abort(std::string("rank 0's MTP drafter failed: ") + e.what());
+        fail_all(std::string("the engine stopped: rank 0's MTP drafter failed: ") + e.what());
         return;
-      } catch (const std::exception& e) {
-        if (ranks_) {
-          // The other ranks may be inside the pass's collectives, which rank 0 will not reach: the group cannot go on.
-          ranks_->comm->abort(std::string("rank 0's MTP drafter failed: ") + e.what());
-          fail_all(std::string("the engine stopped: rank 0's MTP drafter failed: ") + e.what());
-          return;
-        }
-        // The step's tokens are out; the requests go on without drafts, as without speculation.
-        for (const DraftChunk& c : drafted) lanes_[r]->scheduler.set_drafts(c.request_id, {});
-        std::lock_guard lock(mutex_);
-        stats_.spec_drafter_failure = std::string("the MTP drafter stopped: ") + e.what();
-        drafter_.reset();
       }
+      // The step's tokens are out; the requests go on without drafts, as without speculation.
+      for (size_t r = 0; r < n; ++r) {
+        for (const DraftChunk& c : drafted[r]) lanes_[r]->scheduler.set_drafts(c.request_id, {});
+      }
+      std::lock_guard lock(mutex_);
+      stats_.spec_drafter_failure = std::string("the MTP drafter stopped: ") + e.what();
+      drafter_.reset();
     }
   }
   record_step(std::chrono::steady_clock::now() - started, pure_decode, prompt_tokens, generated);

@@ -12,7 +12,10 @@
 //
 // Under tensor or expert parallelism the drafter runs on rank 0 and broadcasts each pass of the layer before running
 // it (worker_ranks.h DraftPass); every other rank runs the same pass over its shard (run_mtp_layer), so the layer's
-// collectives meet, and only rank 0 reads the logits.
+// collectives meet, and only rank 0 reads the logits. Under data-parallel attention each rank holds its own lane's
+// requests and hidden states: rank 0 plans every lane's pass and broadcasts them together, each rank runs its own
+// lane's (a one-token padding pass where its lane has none, so that the MoE layer's collectives meet), samples its
+// drafts and sends them to rank 0.
 //
 // Drafts are greedy (the MTP layer's argmax): with a one-token proposal, rejection sampling reduces to sampling the
 // target distribution at each position and accepting the draft when the sample equals it, so the verification
@@ -27,6 +30,7 @@
 #include "engine/latent_cache.h"
 #include "engine/scheduler.h"
 #include "engine/step_batch.h"
+#include "engine/worker_ranks.h"
 #include "model/deepseek.h"
 #include "parallel/communicator.h"
 
@@ -36,6 +40,7 @@ namespace deepinfer {
 inline constexpr int32_t kMaxSpeculativeTokens = 8;
 
 // One chunk of the step that just ran, read before the scheduler's update (which may destroy its request).
+// first_row refers to the step batch of the chunk's lane.
 struct DraftChunk {
   uint64_t request_id = 0;
   int32_t start = 0;      // the chunk's first position
@@ -55,32 +60,47 @@ struct MtpLayerRun {
 MtpLayerRun run_mtp_layer(DeepseekModel& model, const LatentCache& cache, const ForwardBatch& batch,
                           ConstTensorView hidden, std::span<const int32_t> hidden_rows, Tensor* out_hidden);
 
+// One lane's step for the drafter: its chunks (DraftChunk) and its scheduler, which gets the lane's drafts.
+struct DraftLane {
+  std::span<const DraftChunk> chunks;
+  Scheduler* scheduler = nullptr;
+};
+
+// The greedy token of each logits row of a pass (its sampling rows are greedy): waits for the device.
+std::vector<int32_t> sample_drafts(Backend& backend, const MtpLayerRun& run);
+
 class MtpDrafter {
  public:
   // `model` was loaded with its MTP layer; `cache` holds the MTP layer's latents after the main layers'. Both
   // outlive the drafter. `workers`: rank 0's communicator when other ranks hold shards of the model (they run each
-  // pass with it), else null. Throws unless 1 <= num_speculative_tokens <= kMaxSpeculativeTokens.
+  // pass with it), else null. `data_parallel`: the ranks are lanes of data-parallel attention (workers set), whose
+  // padding passes write `scratch_page`. Throws unless 1 <= num_speculative_tokens <= kMaxSpeculativeTokens.
   MtpDrafter(DeepseekModel& model, const LatentCache& cache, int32_t num_speculative_tokens,
-             Communicator* workers = nullptr);
+             Communicator* workers = nullptr, bool data_parallel = false, int32_t scratch_page = -1);
 
-  // After the scheduler's update of the step `chunks` ran: runs the MTP layer over the positions each request still
-  // running computed (their hidden states are rows of `step_hidden`, StepRunner::last_hidden), and hands the drafts
-  // of each that sampled to the scheduler: at most k, fewer near its max_tokens or max_model_len or where its pages
-  // end. Waits for the device.
-  void propose(std::span<const DraftChunk> chunks, ConstTensorView step_hidden, Scheduler& scheduler);
+  // After the schedulers' update of the step that ran: runs the MTP layer over the positions each request still
+  // running computed (their hidden states are rows of the step's hidden states on their lane's rank; lane 0's are
+  // `step_hidden`, StepRunner::last_hidden), and hands the drafts of each that sampled to its scheduler: at most k,
+  // fewer near its max_tokens or max_model_len or where its pages end. One lane a rank under data-parallel
+  // attention, else one. Waits for the device.
+  void propose(std::span<const DraftLane> lanes, ConstTensorView step_hidden);
 
   int32_t num_speculative_tokens() const { return k_; }
 
  private:
-  // Runs the MTP layer over `batch` (run_mtp_layer; the workers first get the pass: `hidden` is the step's hidden
-  // states when `reads_step_hidden`, else the previous pass's output); returns the greedy token of each logits row.
-  std::vector<int32_t> run_pass(const ForwardBatch& batch, ConstTensorView hidden, std::span<const int32_t> hidden_rows,
-                                bool reads_step_hidden, Tensor* out_hidden);
+  struct Lane;
+  // Runs one pass for every lane (a padding pass for a lane without one under data-parallel attention), the workers
+  // first getting them; returns each lane's greedy tokens (lane 0's run here, the others' from their ranks).
+  // `hidden` is lane 0's input: the step's hidden states, or the previous pass's output (`previous`).
+  std::vector<std::vector<int32_t>> run_passes(std::vector<DraftPass>& passes, ConstTensorView step_hidden,
+                                               Tensor& previous);
 
   DeepseekModel& model_;
   const LatentCache& cache_;
   int32_t k_;
   Communicator* workers_;
+  bool data_parallel_;
+  int32_t scratch_page_;
 };
 
 }  // namespace deepinfer

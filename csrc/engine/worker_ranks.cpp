@@ -34,16 +34,26 @@ void run_worker_rank(const EngineOptions& options, Communicator& comm) {
     if (words.empty()) return;
     const auto kind = static_cast<RankMessage>(words[0]);
     const std::span<const int32_t> body = std::span<const int32_t>(words).subspan(1);
-    if (kind == RankMessage::kDraftPass) {
-      // rank 0 drafts from the logits; this rank runs the layer with it (its collectives, its cache shard).
-      const DraftPass pass = decode_draft_pass(body);
+    if (kind == RankMessage::kDraftPass || kind == RankMessage::kLaneDraftPasses) {
+      // A pass of rank 0's drafter: this rank runs the layer with it (its collectives, its cache); under data-parallel
+      // attention over its own lane, whose drafts it samples and sends to rank 0.
+      const bool own_lane = kind == RankMessage::kLaneDraftPasses;
+      const DraftPass pass = own_lane ? decode_lane_draft_pass(body, comm.rank()) : decode_draft_pass(body);
       Tensor kept;
-      const Tensor logits = run_mtp_layer(*loaded.model, cache, pass.batch,
-                                          pass.reads_step_hidden ? runner.last_hidden() : draft_hidden.cview(),
-                                          pass.hidden_rows, pass.keeps_hidden ? &kept : nullptr)
-                                .logits;
-      wait_for(*loaded.backend, logits.cview());
+      const MtpLayerRun run = run_mtp_layer(*loaded.model, cache, pass.batch,
+                                            pass.reads_step_hidden ? runner.last_hidden() : draft_hidden.cview(),
+                                            pass.hidden_rows, pass.keeps_hidden ? &kept : nullptr);
+      std::vector<int32_t> drafts;
+      if (own_lane) {
+        drafts = sample_drafts(*loaded.backend, run);
+      } else {
+        wait_for(*loaded.backend, run.logits.cview());
+      }
       if (pass.keeps_hidden) draft_hidden = std::move(kept);
+      for (int32_t r = 1; own_lane && r < comm.size(); ++r) {
+        std::vector<int32_t> sent = r == comm.rank() ? drafts : std::vector<int32_t>{};
+        comm.broadcast(sent, r);
+      }
       continue;
     }
     DI_CHECK(kind == RankMessage::kStep, "rank ", comm.rank(), ": a message of unknown kind ", words[0]);
@@ -180,6 +190,29 @@ DraftPass decode_draft_pass(std::span<const int32_t> words) {
           .hidden_rows = std::vector<int32_t>(words.begin() + 3, words.begin() + 3 + static_cast<std::ptrdiff_t>(rows)),
           .reads_step_hidden = words[0] != 0,
           .keeps_hidden = words[1] != 0};
+}
+
+std::vector<int32_t> encode_lane_draft_passes(std::span<const DraftPass> passes) {
+  std::vector<int32_t> words{static_cast<int32_t>(RankMessage::kLaneDraftPasses), static_cast<int32_t>(passes.size())};
+  for (const DraftPass& pass : passes) {
+    const std::vector<int32_t> one = encode_draft_pass(pass);  // its kind word first, left out here
+    words.push_back(static_cast<int32_t>(one.size() - 1));
+    words.insert(words.end(), one.begin() + 1, one.end());
+  }
+  return words;
+}
+
+DraftPass decode_lane_draft_pass(std::span<const int32_t> words, int32_t lane) {
+  DI_CHECK(!words.empty() && lane >= 0 && lane < words[0], "lane ", lane, " of draft passes of ",
+           words.empty() ? 0 : words[0], " lanes");
+  size_t at = 1;
+  for (int32_t r = 0;; ++r) {
+    DI_CHECK(at < words.size() && words[at] >= 0 && static_cast<size_t>(words[at]) <= words.size() - at - 1,
+             "draft passes cut short at lane ", r);
+    const auto n = static_cast<size_t>(words[at]);
+    if (r == lane) return decode_draft_pass(words.subspan(at + 1, n));
+    at += 1 + n;
+  }
 }
 
 void broadcast_stop(Communicator& rank0) {

@@ -52,7 +52,7 @@ class WorkerRanks {
 void run_worker_rank(const EngineOptions& options, Communicator& comm);
 
 // What a message from rank 0 asks of the workers: its first word (an empty message is the stop).
-enum class RankMessage : int32_t { kStep = 1, kDraftPass = 2 };
+enum class RankMessage : int32_t { kStep = 1, kDraftPass = 2, kLaneDraftPasses = 3 };
 
 // Rank 0's side of a step: the workers get its batch before it runs it.
 void broadcast_step(Communicator& rank0, const ForwardBatch& batch);
@@ -75,6 +75,9 @@ struct DraftPass {
 };
 std::vector<int32_t> encode_draft_pass(const DraftPass& pass);
 DraftPass decode_draft_pass(std::span<const int32_t> words);  // the words after the message's kind
+// Data-parallel attention: one pass a lane (rank) in one message; each rank decodes its own.
+std::vector<int32_t> encode_lane_draft_passes(std::span<const DraftPass> passes);
+DraftPass decode_lane_draft_pass(std::span<const int32_t> words, int32_t lane);  // the words after the kind
 
 // Rank 0's stop: the workers' loops end. A group that already failed is left as it is.
 void broadcast_stop(Communicator& rank0);

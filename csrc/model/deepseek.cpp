@@ -180,7 +180,6 @@ void DeepseekModel::run_mtp_into(const ModelInputs& in, std::span<const TensorVi
                                  TensorView logits, TensorView hidden) {
   const ModelConfig& c = config_;
   DI_CHECK(has_mtp(), "model: loaded without its MTP layer");
-  DI_CHECK(!parallel_.shard.dp_attention, "model: the MTP layer does not run under data-parallel attention yet");
   const int64_t n = c.num_hidden_layers, t = in.num_tokens, d = c.hidden_size;
   DI_CHECK(static_cast<int64_t>(cache.size()) == n + 1, "model: a latent cache of ", cache.size(), " layers for ", n,
            " and the MTP layer");
@@ -206,7 +205,7 @@ void DeepseekModel::run_mtp_into(const ModelInputs& in, std::span<const TensorVi
   const LayerWeights& block = mtp.block;
   Tensor h = activation({t, d});
   backend_.rms_norm({.x = residual.cview(), .weight = block.input_norm.cview(), .out = h.view(), .eps = eps});
-  dp_max_tokens_ = 0;
+  dp_max_tokens_ = in.dp_max_tokens;
   Tensor attn_out = attention(block, n, h, in, cache);
   backend_.add_rms_norm({.residual = residual.view(), .x = attn_out.cview(), .weight = block.post_attention_norm.cview(),
                          .out = h.view(), .eps = eps});

@@ -492,8 +492,6 @@ ModelWeights load_weights(const ModelConfig& c, const WeightSource& source, Weig
   DI_CHECK_ARG(!with_mtp || c.num_nextn_predict_layers > 0,
                "the checkpoint has no MTP layer (num_nextn_predict_layers is 0 in its config.json): MTP speculative "
                "decoding needs one");
-  DI_CHECK_ARG(!with_mtp || !shard.dp_attention,
-               "MTP speculative decoding does not run under data-parallel attention yet (enable_dp_attention)");
   Loader loader(source, sink, progress, c.num_hidden_layers + 2 + (with_mtp ? 1 : 0));
   ModelWeights w;
   const int64_t d = c.hidden_size;

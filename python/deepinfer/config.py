@@ -364,9 +364,6 @@ class EngineConfig:
             self.quantization.validate()
         if self.speculative_config is not None:
             self.speculative_config.validate()
-            require(not self.enable_dp_attention,
-                    "speculative_config: MTP speculative decoding does not run under data-parallel attention yet "
-                    "(enable_dp_attention)")
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> "EngineConfig":

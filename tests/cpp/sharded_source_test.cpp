@@ -184,6 +184,18 @@ TEST(WorkerRanks, DraftPassesRoundTrip) {
   EXPECT_EQ(back.batch.logits_indices, pass.batch.logits_indices);
   // A message cut inside its hidden rows is refused, not read past its end.
   EXPECT_THROW(decode_draft_pass(std::span<const int32_t>(message).subspan(1, 4)), Error);
+
+  // Data-parallel lanes: one pass each in one message, each rank decoding its own.
+  const DraftPass other{.batch = pass.batch, .hidden_rows = {1, 2, 3}, .reads_step_hidden = true};
+  const std::vector<DraftPass> lanes{pass, other};
+  const std::vector<int32_t> both = encode_lane_draft_passes(lanes);
+  ASSERT_EQ(both.front(), static_cast<int32_t>(RankMessage::kLaneDraftPasses));
+  const std::span<const int32_t> body = std::span<const int32_t>(both).subspan(1);
+  EXPECT_EQ(decode_lane_draft_pass(body, 0).hidden_rows, pass.hidden_rows);
+  EXPECT_EQ(decode_lane_draft_pass(body, 1).hidden_rows, other.hidden_rows);
+  EXPECT_TRUE(decode_lane_draft_pass(body, 1).reads_step_hidden);
+  EXPECT_THROW(decode_lane_draft_pass(body, 2), Error);
+  EXPECT_THROW(decode_lane_draft_pass(body.subspan(0, 5), 1), Error);
 }
 
 }  // namespace

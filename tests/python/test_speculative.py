@@ -256,10 +256,15 @@ def test_bad_speculative_configs_are_refused(spec, message):
 
 
 @pytest.mark.parametrize("layout", [dict(tensor_parallel_size=2), dict(tensor_parallel_size=2, enable_expert_parallel=True),
-                                    dict(tensor_parallel_size=4)], ids=["tp2", "tp2-ep", "tp4"])
+                                    dict(tensor_parallel_size=4),
+                                    dict(tensor_parallel_size=2, enable_expert_parallel=True, enable_dp_attention=True),
+                                    dict(tensor_parallel_size=4, enable_expert_parallel=True, enable_dp_attention=True)],
+                         ids=["tp2", "tp2-ep", "tp4", "dp2", "dp4"])
 def test_greedy_output_holds_under_tensor_and_expert_parallelism(demo, layout):
     """The drafter runs on rank 0 and every rank runs each pass of the MTP layer over its shard (heads, experts,
-    vocabulary): the tokens are one rank's without drafts, and the drafts accepted are one rank's."""
+    vocabulary); under data-parallel attention each rank runs its own lane's passes (padding ones where it has
+    none: 4 prompts on 4 ranks finish at different times) and sends rank 0 its drafts. The tokens are one rank's
+    without drafts, and the drafts accepted are one rank's."""
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     ref, _ = generate(0, PROMPTS, params)
     one_rank, one_rank_stats = generate(2, PROMPTS, params)
@@ -270,9 +275,10 @@ def test_greedy_output_holds_under_tensor_and_expert_parallelism(demo, layout):
     assert stats["acceptance_rate_per_position"] == pytest.approx(one_rank_stats["acceptance_rate_per_position"])
 
 
-def test_ranks_as_processes_run_the_drafts_too(demo):
+@pytest.mark.parametrize("layout", [{}, dict(enable_expert_parallel=True, enable_dp_attention=True)], ids=["tp", "dp"])
+def test_ranks_as_processes_run_the_drafts_too(demo, layout):
     """Two commands through the multi-node flags (ranks as processes, gloo between them): the passes of the MTP layer
-    travel to the other process as the steps do."""
+    travel to the other process as the steps do (and its lane's drafts back, under data-parallel attention)."""
     from test_parallel import free_port, run_nodes, tokens_of
 
     params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
@@ -286,16 +292,12 @@ def test_ranks_as_processes_run_the_drafts_too(demo):
     address = f"127.0.0.1:{free_port()}"
     spec = {"method": "mtp", "num_speculative_tokens": 2}
     nodes = [(dict(tensor_parallel_size=2, nnodes=2, node_rank=r, dist_init_addr=address, speculative_config=spec,
-                   device="cpu"), {}) for r in (0, 1)]
+                   device="cpu", **layout), {}) for r in (0, 1)]
     (rc0, out0, err0), (rc1, _, err1) = run_nodes(demo, nodes)
     assert rc0 == 0 and rc1 == 0, (err0[-3000:], err1[-3000:])
     assert tokens_of(out0) == expected
 
 
-def test_speculation_is_refused_under_data_parallel_attention():
-    with pytest.raises(ValueError, match="data-parallel attention"):
-        EngineConfig(tensor_parallel_size=2, enable_expert_parallel=True, enable_dp_attention=True,
-                     speculative_config={"method": "mtp", "num_speculative_tokens": 1})
 
 
 def test_command_line_flags():
