@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 
 #include "engine/device_backend.h"
 #include "engine/grammar/llguidance_compiler.h"
@@ -83,9 +84,61 @@ void check_int4(const EngineOptions& options, const ModelConfig& config) {
 
 }  // namespace
 
+namespace {
+
+// What every rank of a group must agree on, as "name=value" entries: the options that decide the shapes and the order
+// of the collectives, and the model's dimensions (not its path: each machine mounts the model where it likes).
+std::vector<std::string> group_terms(const EngineOptions& o, const ModelConfig& c) {
+  const auto term = [](std::string_view name, const auto& value) { return str_cat(name, "=", value); };
+  return {term("architecture", c.architecture), term("hidden_size", c.hidden_size),
+          term("num_hidden_layers", c.num_hidden_layers), term("num_attention_heads", c.num_attention_heads),
+          term("vocab_size", c.vocab_size), term("n_routed_experts", c.n_routed_experts),
+          term("kv_lora_rank", c.kv_lora_rank), term("intermediate_size", c.intermediate_size),
+          term("moe_intermediate_size", c.moe_intermediate_size), term("device", o.device),
+          term("load_format", static_cast<int>(o.load_format)), term("seed", o.seed), term("page_size", o.page_size),
+          term("tensor_parallel_size", o.tensor_parallel_size), term("enable_expert_parallel", o.enable_expert_parallel),
+          term("enable_dp_attention", o.enable_dp_attention), term("max_num_seqs", o.max_num_seqs),
+          term("max_num_batched_tokens", o.max_num_batched_tokens), term("enforce_eager", o.enforce_eager),
+          term("fp8_weights", o.fp8_weights), term("fp8_activations", o.fp8_activations),
+          term("int4_weights", o.int4_weights), term("int4_group_size", o.int4_group_size),
+          term("int4_symmetric", o.int4_symmetric), term("kv_cache_dtype", static_cast<int>(o.kv_cache_dtype)),
+          term("num_speculative_tokens", o.num_speculative_tokens)};
+}
+
+// Ranks that are processes each read their own options (one command a machine, mpirun's ranks): a machine started
+// with another page size, split, quantization or model would run collectives of other shapes than the rest, which
+// hangs or computes garbage. Rank 0 broadcasts its terms; a rank whose differ throws, naming each difference.
+void check_same_terms(const EngineOptions& options, const ModelConfig& config, Communicator& comm) {
+  const std::vector<std::string> mine = group_terms(options, config);
+  std::string joined;
+  for (const std::string& t : mine) joined += t + "\n";
+  std::vector<int32_t> words((joined.size() + 3) / 4 + 1, 0);
+  words[0] = static_cast<int32_t>(joined.size());
+  std::memcpy(words.data() + 1, joined.data(), joined.size());
+  comm.broadcast(words, 0);
+  if (comm.rank() == 0) return;
+  DI_CHECK(!words.empty() && words[0] >= 0 && static_cast<size_t>(words[0]) <= (words.size() - 1) * 4,
+           "rank 0's configuration message is malformed");
+  const std::string_view theirs(reinterpret_cast<const char*>(words.data() + 1), static_cast<size_t>(words[0]));
+  std::string differences;
+  size_t at = 0;
+  for (const std::string& t : mine) {
+    const size_t end = theirs.find('\n', at);
+    const std::string_view other = theirs.substr(at, end == std::string_view::npos ? std::string_view::npos : end - at);
+    at = end == std::string_view::npos ? theirs.size() : end + 1;
+    if (other != t) differences += str_cat(differences.empty() ? "" : ", ", t, " (rank 0: ", other, ")");
+  }
+  DI_CHECK_ARG(differences.empty(), "rank ", comm.rank(), " was started with another configuration than rank 0: ",
+               differences, "; start every machine with the same model and engine options");
+}
+
+}  // namespace
+
 LoadedModel load_model(const EngineOptions& options, const LoadProgress& progress, Communicator* comm) {
   options.validate();
   ModelConfig config = load_model_config(options.model_path);
+  // Threads of one process share their options; processes each have their own.
+  if (comm != nullptr && options.rank_launch != RankLaunch::kInProcess) check_same_terms(options, config, *comm);
   const ModelParallel parallel{.shard = {.rank = comm ? comm->rank() : 0, .size = options.tensor_parallel_size,
                                          .expert_parallel = options.enable_expert_parallel,
                                          .dp_attention = options.enable_dp_attention},

@@ -234,8 +234,10 @@ die_after, die_by = (float(v) for v in sys.argv[4].split(":"))
 if die_after > 0:
     threading.Timer(die_after, lambda: os.kill(os.getpid(), int(die_by))).start()  # the signal comes mid-run
 rounds = 1000 if extra.pop("rounds", False) else 1
-engine = DeepInferenceEngine(EngineConfig(model_name_or_path=path, page_size=4, num_cache_pages=24, max_model_len=64,
-                                          max_num_batched_tokens=16, seed=5, collective_timeout_s=20, **extra))
+config = dict(model_name_or_path=path, page_size=4, num_cache_pages=24, max_model_len=64, max_num_batched_tokens=16,
+              seed=5, collective_timeout_s=20)
+config.update(extra)
+engine = DeepInferenceEngine(EngineConfig(**config))
 params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 for _ in range(rounds):
     outs = engine.generate([{"prompt_token_ids": p} for p in prompts], params)
@@ -414,3 +416,20 @@ def test_two_serve_commands_one_a_machine_only_the_leader_serves(checkpoints, re
     assert worker.returncode == 0, worker_output[-3000:]
     assert "rank 1 of 2 (flags): running rank 0's steps" in worker_output
     assert got.choices[0].text == reference["v3"][0][3].outputs[0].text
+
+
+def test_a_machine_started_with_other_options_is_refused_naming_them(checkpoints):
+    """Node 1 started with another page size and split: its collectives would have other shapes than node 0's. Both
+    commands fail at once, naming each difference, instead of hanging or computing garbage."""
+    address = f"127.0.0.1:{free_port()}"
+    common = dict(tensor_parallel_size=2, nnodes=2, dist_init_addr=address)
+    nodes = [(dict(common, node_rank=0), {}),
+             (dict(common, node_rank=1, page_size=8, enable_expert_parallel=True), {})]
+    started = time.monotonic()
+    (rc0, out0, err0), (rc1, _, err1) = run_nodes(checkpoints["v3"], nodes, timeout=120)
+    assert rc0 != 0 and rc1 != 0 and "TOKENS" not in out0
+    assert time.monotonic() - started < 60
+    expected = ("rank 1 was started with another configuration than rank 0: page_size=8 (rank 0: page_size=4), "
+                "enable_expert_parallel=1 (rank 0: enable_expert_parallel=0)")
+    assert expected in err1, err1[-3000:]
+    assert f"rank 1 aborted: {expected}" in err0, err0[-3000:]
