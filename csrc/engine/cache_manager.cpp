@@ -1,6 +1,7 @@
 #include "engine/cache_manager.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "core/error.h"
 
@@ -68,7 +69,7 @@ void CacheManager::register_page(int32_t page_id, uint64_t key, uint64_t parent,
   by_key_.emplace(key, page_id);
 }
 
-CacheManager::Match CacheManager::match(std::span<const int32_t> tokens, int32_t max_pages) {
+CacheManager::Match CacheManager::find(std::span<const int32_t> tokens, int32_t max_pages) const {
   Match m;
   if (!prefix_caching_) return m;
   uint64_t parent = kNoParent;
@@ -83,6 +84,15 @@ CacheManager::Match CacheManager::match(std::span<const int32_t> tokens, int32_t
     m.keys.push_back(key);
     parent = key;
   }
+  return m;
+}
+
+int32_t CacheManager::num_cached_prefix_pages(std::span<const int32_t> tokens) const {
+  return static_cast<int32_t>(find(tokens, std::numeric_limits<int32_t>::max()).page_ids.size());
+}
+
+CacheManager::Match CacheManager::match(std::span<const int32_t> tokens, int32_t max_pages) {
+  Match m = find(tokens, max_pages);
   for (int32_t page_id : m.page_ids) {
     int32_t& count = ref_counts_[static_cast<size_t>(page_id)];
     if (count == 0) evictable_.erase(cached_[static_cast<size_t>(page_id)]->in_evictable);

@@ -52,6 +52,9 @@ class CacheManager {
     std::vector<uint64_t> keys;
   };
   Match match(std::span<const int32_t> tokens, int32_t max_pages);
+  // How many pages of `tokens`' prefix match would find now, taking no reference: where a new request would find the
+  // most of its prompt cached (data-parallel lanes choose by it).
+  int32_t num_cached_prefix_pages(std::span<const int32_t> tokens) const;
 
   int32_t num_pages() const { return static_cast<int32_t>(ref_counts_.size()); }
   int32_t page_size() const { return page_size_; }
@@ -80,6 +83,7 @@ class CacheManager {
   };
 
   void check_page_id(int32_t page_id) const;
+  Match find(std::span<const int32_t> tokens, int32_t max_pages) const;  // match's walk, taking no reference
   // Takes page_id (free or evictable) for a new holder: unregistered when it was evictable.
   void evict(int32_t page_id);
 

@@ -508,12 +508,7 @@ void Engine::admit_pending() {
     request->grammar = std::move(p.grammar);
     request->eos_token_ids = model_->config().eos_token_ids;
     request->seed = request->params.seed ? *request->params.seed : seed_rng_();
-    // A new request goes to the data-parallel rank with the fewest requests (the only lane without DP).
-    Lane* lane = lanes_.front().get();
-    for (auto& l : lanes_) {
-      const auto load = [](const Lane& x) { return x.scheduler.num_running() + x.scheduler.num_waiting(); };
-      if (load(*l) < load(*lane)) lane = l.get();
-    }
+    Lane* lane = choose_lane(request->prompt_token_ids);
     try {
       lane->scheduler.add(std::move(request));
     } catch (const std::exception& e) {
@@ -527,6 +522,29 @@ void Engine::admit_pending() {
   }
   std::lock_guard lock(mutex_);
   update_lane_stats();
+}
+
+Engine::Lane* Engine::choose_lane(std::span<const int32_t> prompt) {
+  // Data-parallel ranks each hold their own cache: a new request goes where the most of its prompt is cached (a
+  // shared system prompt, an earlier turn of its conversation), unless that rank has more than twice the requests
+  // of the least loaded one (plus one); otherwise, and without a cached prefix, to the least loaded. One lane
+  // without DP.
+  const auto load = [](const Lane& x) { return x.scheduler.num_running() + x.scheduler.num_waiting(); };
+  Lane* least = lanes_.front().get();
+  for (auto& l : lanes_) {
+    if (load(*l) < load(*least)) least = l.get();
+  }
+  if (lanes_.size() == 1 || !options_.enable_prefix_caching) return least;
+  Lane* best = least;
+  int32_t best_pages = least->cache_manager.num_cached_prefix_pages(prompt);
+  for (auto& l : lanes_) {
+    const int32_t pages = l->cache_manager.num_cached_prefix_pages(prompt);
+    if (pages > best_pages && load(*l) <= 2 * load(*least) + 1) {
+      best = l.get();
+      best_pages = pages;
+    }
+  }
+  return best;
 }
 
 void Engine::update_lane_stats() {

@@ -261,6 +261,8 @@ class Engine {
     Scheduler scheduler;
   };
   std::vector<std::unique_ptr<Lane>> lanes_;
+  // The lane (data-parallel rank) a new request with `prompt` joins.
+  Lane* choose_lane(std::span<const int32_t> prompt);
   int32_t scratch_page_ = -1;                        // a page no request owns (graphs' padding, idle DP steps)
   StepRunner runner_;                                // touched only by the step thread
   std::unique_ptr<MtpDrafter> drafter_;              // speculative decoding; touched only by the step thread

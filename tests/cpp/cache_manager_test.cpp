@@ -199,6 +199,22 @@ TEST(PrefixCache, ReleasedPagesStayCachedUntilEvictedLeastRecentFirst) {
   c.check_invariants();
 }
 
+TEST(PrefixCache, CountingTheCachedPrefixTakesNoReference) {
+  CacheManager c(4, 2, /*prefix_caching=*/true);
+  const std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 6};
+  const std::vector<int32_t> a = *c.allocate(2);
+  register_chain(c, a, tokens);
+  c.free(a);  // cached, held by nobody: evictable
+  EXPECT_EQ(c.num_cached_prefix_pages(tokens), 2);
+  EXPECT_EQ(c.num_cached_prefix_pages(std::vector<int32_t>{1, 2, 9, 9}), 1);
+  EXPECT_EQ(c.num_cached_prefix_pages(std::vector<int32_t>{9}), 0);
+  EXPECT_EQ(c.ref_count(a[0]), 0);
+  EXPECT_EQ(c.num_free_pages(), 4);  // still evictable: nothing was taken
+  c.check_invariants();
+  CacheManager off(4, 2, /*prefix_caching=*/false);
+  EXPECT_EQ(off.num_cached_prefix_pages(tokens), 0);
+}
+
 TEST(PrefixCache, AKeyRegisteredTwiceKeepsTheFirstPage) {
   CacheManager c(4, 2, /*prefix_caching=*/true);
   const std::vector<int32_t> tokens = page_tokens(7, 2);

@@ -433,3 +433,26 @@ def test_a_machine_started_with_other_options_is_refused_naming_them(checkpoints
                 "enable_expert_parallel=1 (rank 0: enable_expert_parallel=0)")
     assert expected in err1, err1[-3000:]
     assert f"rank 1 aborted: {expected}" in err0, err0[-3000:]
+
+
+def test_data_parallel_ranks_take_the_requests_whose_prefix_they_cached(checkpoints):
+    """Each data-parallel rank has its own cache: a request goes to the rank holding most of its prompt (unless that
+    rank has more than twice the least loaded one's requests, plus one). After a first request cached a 24-token
+    prefix on rank 0, three of four concurrent requests sharing it land there and find it (routing by load alone
+    would send two of them to rank 1, which has none of it); the tokens are one rank's."""
+    prefix = [11 + (5 * j) % 400 for j in range(24)]
+    batch = [prefix + [300 + i, 7] for i in range(4)]
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+
+    def run_all(**layout):
+        with DeepInferenceEngine(EngineConfig(model_name_or_path=str(checkpoints["v3"]), page_size=4,
+                                              num_cache_pages=48, max_model_len=64, seed=5, **layout)) as e:
+            first = e.generate({"prompt_token_ids": prefix + [299, 7]}, params)
+            before = e.stats().prefix_cache_hits
+            outs = e.generate([{"prompt_token_ids": p} for p in batch], params)
+            return [o.outputs[0].token_ids for o in first + outs], e.stats().prefix_cache_hits - before
+
+    ref_tokens, _ = run_all()
+    tokens, hits = run_all(tensor_parallel_size=2, enable_expert_parallel=True, enable_dp_attention=True)
+    assert tokens == ref_tokens
+    assert hits == 3 * len(prefix)
