@@ -55,9 +55,8 @@ void append_sampling_inputs(const Request& r, int32_t vocab_size, SamplingBatch&
 
   // Structured outputs: the grammar's mask, filled while the device runs the forward pass.
   if (r.grammar) {
-    DI_CHECK(pending.empty(), "request ", r.id, ": a grammar-constrained request has no drafts to verify");
     row.allowed_row = static_cast<int32_t>(out.grammars.size());
-    out.grammars.push_back(r.grammar.get());
+    out.grammars.push_back({.matcher = r.grammar.get(), .after = pending});
   }
 
   int32_t words[kSamplingRowWords];

@@ -209,32 +209,47 @@ std::vector<RequestUpdate> Scheduler::update(const SchedulePlan& plan, std::span
   DI_CHECK(total == tokens.size(), "the plan of step ", plan.step, " got ", tokens.size(), " sampled tokens for counts "
            "summing to ", total);
 
-  // Structured outputs: each constrained request's grammar takes its new token first, all of them at once (a consume
-  // is about ten microseconds; a batch of them one after another would sit on the step's critical path). A token that
-  // ends the request (EOS, a stop id) never reaches the grammar; before min_tokens the sampler masks those.
+  // Structured outputs: each constrained request's grammar takes its new tokens first (the drafts accepted and the
+  // token after them), all requests at once (a consume is about ten microseconds; a batch of them one after another
+  // would sit on the step's critical path). A token that ends the request (EOS, a stop id) never reaches the grammar;
+  // before min_tokens the sampler masks those. Tokens after the one that completes the grammar are not consumed.
   struct GrammarStep {
     size_t chunk = 0;
-    int32_t token = 0;
-    bool consumed = false;
-    bool failed = false;
+    bool error_before = false;  // its mask failed: the request ends with that error
+    int32_t consumed = 0;       // tokens the grammar took
+    int32_t failed_at = -1;     // the token it rejected
+    bool terminated = false;    // complete after its last consumed token
   };
   std::vector<GrammarStep> grammar_steps;
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const ScheduledChunk& chunk = plan.chunks[i];
     if (spans[i].count == 0 || was_aborted_in_flight(chunk.request) || !chunk.request->grammar) continue;
     const Request& r = *chunk.request;
-    DI_CHECK(spans[i].count == 1, "request ", r.id, ": a grammar-constrained request got ", spans[i].count,
-             " tokens (it has no drafts)");
-    const int32_t token = tokens[spans[i].first];
-    if (r.params.max_tokens == 0 || r.is_eos(token) || r.is_stop_token(token)) continue;
-    grammar_steps.push_back({.chunk = i, .token = token});
+    const int32_t first = tokens[spans[i].first];
+    if (r.params.max_tokens == 0 || r.is_eos(first) || r.is_stop_token(first)) continue;
+    grammar_steps.push_back({.chunk = i});
   }
   const auto advance = [&](size_t k) {
     GrammarStep& g = grammar_steps[k];
-    GrammarMatcher& grammar = *plan.chunks[g.chunk].request->grammar;
-    if (!grammar.error().empty()) return;  // its mask failed: the request ends with that error
-    g.consumed = true;
-    g.failed = !grammar.consume(g.token);
+    const Request& r = *plan.chunks[g.chunk].request;
+    GrammarMatcher& grammar = *r.grammar;
+    if (!grammar.error().empty()) {
+      g.error_before = true;
+      return;
+    }
+    for (int32_t i = 0; i < spans[g.chunk].count; ++i) {
+      const int32_t token = tokens[spans[g.chunk].first + static_cast<size_t>(i)];
+      if (r.is_eos(token) || r.is_stop_token(token)) return;
+      if (!grammar.consume(token)) {
+        g.failed_at = i;
+        return;
+      }
+      g.consumed = i + 1;
+      if (grammar.is_terminated()) {
+        g.terminated = true;
+        return;
+      }
+    }
   };
   if (parallel_for_ && grammar_steps.size() > 1) {
     parallel_for_(grammar_steps.size(), advance);
@@ -270,16 +285,16 @@ std::vector<RequestUpdate> Scheduler::update(const SchedulePlan& plan, std::span
       u.new_tokens.push_back(token);
       // EOS and stop ids count only from output index min_tokens on (the sampler masks them before).
       const bool may_stop = r.num_output_tokens() > r.params.min_tokens;
-      const GrammarStep* g = i == 0 ? grammar_step_of[c] : nullptr;  // a constrained chunk has one token
-      if (r.grammar && !r.grammar->error().empty() && (g == nullptr || !g->failed)) {
+      const GrammarStep* g = grammar_step_of[c];
+      if (r.grammar && !r.grammar->error().empty() && (g == nullptr || g->error_before)) {
         reason = FinishReason::kError;
         u.error = "structured outputs: " + r.grammar->error();
       } else if (may_stop && (r.is_eos(token) || r.is_stop_token(token))) {
         reason = FinishReason::kStop;
-      } else if (g != nullptr && g->failed) {
+      } else if (g != nullptr && g->failed_at == i) {
         reason = FinishReason::kError;
         u.error = str_cat("structured outputs: the grammar rejected token ", token, ": ", r.grammar->error());
-      } else if (g != nullptr && g->consumed && r.grammar->is_terminated()) {
+      } else if (g != nullptr && g->terminated && i + 1 == g->consumed) {
         reason = FinishReason::kStop;  // the grammar is complete: nothing but the end of sequence could follow
       } else if (r.num_output_tokens() >= r.params.max_tokens || r.num_tokens() >= config_.max_model_len) {
         reason = FinishReason::kLength;
@@ -307,10 +322,12 @@ std::vector<RequestUpdate> Scheduler::update(const SchedulePlan& plan, std::span
 
 void Scheduler::set_drafts(uint64_t id, std::vector<int32_t> drafts) {
   auto it = requests_.find(id);
-  // A grammar-constrained request is not speculated on: its verification rows would each need the mask after drafts
-  // the matcher has not consumed.
-  if (it == requests_.end() || it->second->status != RequestStatus::kRunning || it->second->grammar) return;
-  it->second->draft_token_ids = std::move(drafts);
+  if (it == requests_.end() || it->second->status != RequestStatus::kRunning) return;
+  Request& r = *it->second;
+  // A constrained request keeps the drafts its grammar allows from where it is: the verification fills each row's
+  // mask after the drafts before it, and a draft the grammar rejects could not be accepted anyway.
+  if (r.grammar) drafts.resize(static_cast<size_t>(r.grammar->num_valid(drafts)));
+  r.draft_token_ids = std::move(drafts);
 }
 
 void Scheduler::cancel(const SchedulePlan& plan) {

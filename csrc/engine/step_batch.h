@@ -22,8 +22,14 @@ struct SamplingBatch {
   std::vector<int32_t> penalty_counts;  // [P]
   std::vector<int32_t> masked_tokens;   // [M]
   // Structured outputs: the matchers whose masks are the rows of the sampler's allowed_tokens (SamplingRow::
-  // allowed_row indexes this). Host-side only: the step fills their masks, rank 0 samples.
-  std::vector<GrammarMatcher*> grammars;
+  // allowed_row indexes this), each after the draft tokens its row follows (a verification row samples as if the
+  // drafts before it were accepted). A request's rows come together, fewest drafts first. Host-side only: the step
+  // fills their masks, rank 0 samples.
+  struct GrammarRow {
+    GrammarMatcher* matcher = nullptr;
+    std::span<const int32_t> after;  // drafts the grammar allows (the scheduler kept only those)
+  };
+  std::vector<GrammarRow> grammars;
 };
 
 // The tokens of all scheduled sequences concatenated, no padding. Decode sequences (one query token each) come

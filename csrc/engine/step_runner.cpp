@@ -123,7 +123,7 @@ void StepRunner::upload(const std::vector<int32_t>& packed, TensorView dst) {
   backend_.copy_to_device(staging_.cview().rows(0, n), dst.rows(0, n));
 }
 
-ConstTensorView StepRunner::grammar_masks(std::span<GrammarMatcher* const> grammars) {
+ConstTensorView StepRunner::grammar_masks(std::span<const SamplingBatch::GrammarRow> grammars) {
   const int64_t words = allowed_token_words(model_.config().vocab_size);
   const auto rows = static_cast<int64_t>(grammars.size());
   if (mask_staging_.numel() < rows * words) {
@@ -132,8 +132,24 @@ ConstTensorView StepRunner::grammar_masks(std::span<GrammarMatcher* const> gramm
   }
   auto* host = reinterpret_cast<uint32_t*>(mask_staging_.view().as<int32_t>());
   const auto started = std::chrono::steady_clock::now();
-  parallel_for_on_host_threads(grammars.size(), [&](size_t g) {
-    grammars[g]->fill_allowed({host + static_cast<int64_t>(g) * words, static_cast<size_t>(words)});
+  // One task a request (its rows come together): row j's mask after its first j drafts, consumed one by one and
+  // taken back at the end, so the matcher is where the scheduler left it.
+  std::vector<size_t> first_rows;
+  for (size_t g = 0; g < grammars.size(); ++g) {
+    if (g == 0 || grammars[g].matcher != grammars[g - 1].matcher) first_rows.push_back(g);
+  }
+  parallel_for_on_host_threads(first_rows.size(), [&](size_t task) {
+    const size_t end = task + 1 < first_rows.size() ? first_rows[task + 1] : grammars.size();
+    GrammarMatcher& matcher = *grammars[first_rows[task]].matcher;
+    int32_t consumed = 0;
+    for (size_t g = first_rows[task]; g < end; ++g) {
+      const std::span<const int32_t> after = grammars[g].after;
+      while (consumed < static_cast<int32_t>(after.size()) && matcher.consume(after[static_cast<size_t>(consumed)])) {
+        ++consumed;
+      }
+      matcher.fill_allowed({host + static_cast<int64_t>(g) * words, static_cast<size_t>(words)});
+    }
+    matcher.rollback(consumed);
   });
   num_grammar_masks_ += rows;
   grammar_mask_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();

@@ -94,7 +94,7 @@ class StepRunner {
   void upload(const std::vector<int32_t>& packed, TensorView dst);
   // Structured outputs: the allowed-token bitmaps of the step's constrained rows, [G, ceil(V / 32)] on the device.
   // Filled on the host (several matchers at once) after the forward pass was launched, so they overlap it.
-  ConstTensorView grammar_masks(std::span<GrammarMatcher* const> grammars);
+  ConstTensorView grammar_masks(std::span<const SamplingBatch::GrammarRow> grammars);
   ConstTensorView replay_graph(const ForwardBatch& padded, const StepLayout& layout);
 
   DeepseekModel& model_;

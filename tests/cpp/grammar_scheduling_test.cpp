@@ -39,6 +39,19 @@ class ScriptedMatcher final : public GrammarMatcher {
     ++next_;
     return true;
   }
+  int32_t num_valid(std::span<const int32_t> tokens) override {
+    int32_t n = 0;
+    while (static_cast<size_t>(n) < tokens.size() && next_ + n < expected_.size() &&
+           expected_[next_ + n] == tokens[static_cast<size_t>(n)]) {
+      ++n;
+    }
+    return n;
+  }
+  void rollback(int32_t num_tokens) override {
+    ASSERT_LE(static_cast<size_t>(num_tokens), next_);
+    next_ -= static_cast<size_t>(num_tokens);
+    consumed_.resize(consumed_.size() - static_cast<size_t>(num_tokens));
+  }
   bool is_terminated() const override { return next_ == expected_.size(); }
   std::string error() const override { return error_; }
 
@@ -117,18 +130,50 @@ TEST(GrammarScheduling, MaxTokensStillEndsAnIncompleteGrammar) {
   EXPECT_EQ(u.reason, FinishReason::kLength);
 }
 
-TEST(GrammarScheduling, AConstrainedRequestGetsNoDrafts) {
+TEST(GrammarScheduling, AConstrainedRequestKeepsTheDraftsItsGrammarAllowsAndConsumesWhatItAccepts) {
+  CacheManager cache(16, 4);
+  Scheduler s({.max_num_batched_tokens = 64, .max_model_len = 64, .num_lookahead_tokens = 2}, cache);
+  std::vector<int32_t> consumed;
+  s.add(constrained_request(1, {40, 41, 42, 43, 44}, consumed));
+  step_with(s, 40);
+  s.set_drafts(1, {41, 99, 43});  // the grammar allows 41 next, then not 99: the drafts are cut there
+  EXPECT_EQ(s.find(1)->draft_token_ids, (std::vector<int32_t>{41}));
+  EXPECT_EQ(consumed, (std::vector<int32_t>{40}));  // checking them consumed nothing
+  SchedulePlan plan = s.schedule();
+  ASSERT_EQ(plan.chunks.size(), 1u);
+  EXPECT_EQ(plan.chunks[0].num_draft_tokens, 1);
+  // The draft is accepted and the row after it samples 42: the grammar takes both.
+  auto updates = s.update(plan, std::vector<int32_t>{41, 42}, std::vector<int32_t>{2});
+  ASSERT_EQ(updates.size(), 1u);
+  EXPECT_EQ(updates[0].new_tokens, (std::vector<int32_t>{41, 42}));
+  EXPECT_FALSE(updates[0].finished);
+  EXPECT_EQ(consumed, (std::vector<int32_t>{40, 41, 42}));
+  // Drafts through the grammar's end: the token completing it ends the request; what follows is not consumed.
+  s.set_drafts(1, {43, 44});
+  plan = s.schedule();
+  EXPECT_EQ(plan.chunks[0].num_draft_tokens, 2);
+  updates = s.update(plan, std::vector<int32_t>{43, 44, 7}, std::vector<int32_t>{3});
+  ASSERT_EQ(updates.size(), 1u);
+  EXPECT_EQ(updates[0].reason, FinishReason::kStop);
+  EXPECT_EQ(updates[0].new_tokens, (std::vector<int32_t>{43, 44}));
+  EXPECT_EQ(consumed, (std::vector<int32_t>{40, 41, 42, 43, 44}));
+  s.check_invariants();
+}
+
+TEST(GrammarScheduling, ARejectedCorrectionAfterAcceptedDraftsEndsTheRequestThere) {
   CacheManager cache(16, 4);
   Scheduler s({.max_num_batched_tokens = 64, .max_model_len = 64, .num_lookahead_tokens = 1}, cache);
   std::vector<int32_t> consumed;
   s.add(constrained_request(1, {40, 41, 42}, consumed));
   step_with(s, 40);
-  s.set_drafts(1, {41, 42});
-  EXPECT_TRUE(s.find(1)->draft_token_ids.empty());
+  s.set_drafts(1, {41});
   const SchedulePlan plan = s.schedule();
-  ASSERT_EQ(plan.chunks.size(), 1u);
-  EXPECT_EQ(plan.chunks[0].num_draft_tokens, 0);
-  s.cancel(plan);
+  // 98 would never pass its mask; say it did.
+  const auto updates = s.update(plan, std::vector<int32_t>{41, 98}, std::vector<int32_t>{2});
+  ASSERT_EQ(updates.size(), 1u);
+  EXPECT_EQ(updates[0].reason, FinishReason::kError);
+  EXPECT_EQ(updates[0].new_tokens, (std::vector<int32_t>{41, 98}));
+  EXPECT_NE(updates[0].error.find("the grammar rejected token 98"), std::string::npos) << updates[0].error;
 }
 
 TEST(GrammarScheduling, TheGrammarsAdvanceThroughTheInjectedParallelFor) {
@@ -178,7 +223,8 @@ TEST(GrammarScheduling, TheSamplingRowPointsAtItsGrammarsMask) {
   append_sampling_inputs(*constrained, 128, batch);
   append_sampling_inputs(*free, 128, batch);
   ASSERT_EQ(batch.grammars.size(), 1u);
-  EXPECT_EQ(batch.grammars[0], constrained->grammar.get());
+  EXPECT_EQ(batch.grammars[0].matcher, constrained->grammar.get());
+  EXPECT_TRUE(batch.grammars[0].after.empty());
   std::vector<int32_t> allowed_rows;
   for (size_t r = 0; r < 3; ++r) {
     SamplingRow row;
@@ -186,9 +232,13 @@ TEST(GrammarScheduling, TheSamplingRowPointsAtItsGrammarsMask) {
     allowed_rows.push_back(row.allowed_row);
   }
   EXPECT_EQ(allowed_rows, (std::vector<int32_t>{-1, 0, -1}));
-  // Drafts of a constrained request cannot be verified: each row would need the mask after the drafts.
+  // A verification row after a draft: its mask is the grammar's after the draft.
   const int32_t pending[] = {40};
-  EXPECT_THROW(append_sampling_inputs(*constrained, 128, batch, pending), Error);
+  append_sampling_inputs(*constrained, 128, batch, pending);
+  ASSERT_EQ(batch.grammars.size(), 2u);
+  EXPECT_EQ(batch.grammars[1].matcher, constrained->grammar.get());
+  EXPECT_EQ(std::vector<int32_t>(batch.grammars[1].after.begin(), batch.grammars[1].after.end()),
+            (std::vector<int32_t>{40}));
 }
 
 }  // namespace

@@ -333,3 +333,24 @@ def test_metrics_report_the_drafts(demo):
         assert 'deepinfer_spec_decode_num_accepted_tokens_per_pos_total{model_name="demo",position="1"}' in text
     finally:
         engine.shutdown()
+
+
+def test_constrained_requests_are_speculated_on_and_keep_their_output(demo):
+    """A constrained request keeps the drafts its grammar allows, and each verification row samples under the mask
+    after the drafts before it: the output is the one without drafts, and drafts are accepted."""
+    from deepinfer.structured_outputs import grammar_library
+
+    if not grammar_library():
+        skip_or_fail("llguidance is not installed")
+    constraints = [{"regex": r"(ROMEO|JULIET): [a-z ,]{20,60}\."},
+                   {"json": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 30}},
+                             "required": ["name"]}},
+                   {"choice": ["To be, or not to be", "that is the question"]}]
+    params = [SamplingParams(temperature=0.0, max_tokens=48, structured_outputs=c) for c in constraints]
+    prompts = PROMPTS[:len(constraints)]
+    ref, _ = generate(0, prompts, params)
+    for k in (1, 3):
+        got, stats = generate(k, prompts, params)
+        assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in ref], k
+        assert [o.outputs[0].finish_reason for o in got] == [o.outputs[0].finish_reason for o in ref]
+        assert stats["num_drafts"] > 0 and stats["num_accepted_tokens"] > 0, stats

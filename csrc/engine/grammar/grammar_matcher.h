@@ -38,6 +38,11 @@ class GrammarMatcher {
   virtual void fill_allowed(std::span<uint32_t> allowed) = 0;
   // Advances over a generated token. False when the grammar rejects it (error() says why).
   virtual bool consume(int32_t token) = 0;
+  // How many of `tokens`, from the first, the grammar would accept in order from here; changes nothing. (Speculative
+  // decoding keeps the drafts the grammar allows.)
+  virtual int32_t num_valid(std::span<const int32_t> tokens) = 0;
+  // Takes back the last `num_tokens` consumed (the masks of a verification's rows are filled after its drafts).
+  virtual void rollback(int32_t num_tokens) = 0;
   // The grammar is complete and allows nothing but the end of sequence.
   virtual bool is_terminated() const = 0;
   virtual std::string error() const = 0;

@@ -63,6 +63,8 @@ struct LlgApi {
   size_t (*matcher_get_mask_byte_size)(const Matcher*);
   int32_t (*matcher_compute_mask_into)(Matcher*, uint32_t*, size_t);
   int32_t (*matcher_consume_token)(Matcher*, uint32_t);
+  int32_t (*matcher_validate_tokens)(Matcher*, const uint32_t*, size_t);
+  int32_t (*matcher_rollback)(Matcher*, size_t);
   bool (*matcher_is_stopped)(const Matcher*);
 
   explicit LlgApi(const std::string& path) {
@@ -83,6 +85,8 @@ struct LlgApi {
     resolve(matcher_get_mask_byte_size, "llg_matcher_get_mask_byte_size");
     resolve(matcher_compute_mask_into, "llg_matcher_compute_mask_into");
     resolve(matcher_consume_token, "llg_matcher_consume_token");
+    resolve(matcher_validate_tokens, "llg_matcher_validate_tokens");
+    resolve(matcher_rollback, "llg_matcher_rollback");
     resolve(matcher_is_stopped, "llg_matcher_is_stopped");
   }
 };
@@ -140,6 +144,21 @@ class LlguidanceMatcher final : public GrammarMatcher {
 
   bool consume(int32_t token) override {
     return token >= 0 && api().matcher_consume_token(matcher_, static_cast<uint32_t>(token)) == 0;
+  }
+
+  int32_t num_valid(std::span<const int32_t> tokens) override {
+    for (int32_t t : tokens) {
+      if (t < 0) return 0;  // never a token id: the library takes unsigned ones
+    }
+    static_assert(sizeof(int32_t) == sizeof(uint32_t));
+    const int32_t n = api().matcher_validate_tokens(matcher_, reinterpret_cast<const uint32_t*>(tokens.data()),
+                                                    tokens.size());
+    return std::max(n, 0);  // an error: none
+  }
+
+  void rollback(int32_t num_tokens) override {
+    DI_CHECK(num_tokens >= 0 && api().matcher_rollback(matcher_, static_cast<size_t>(num_tokens)) == 0,
+             "structured outputs: the grammar cannot take back ", num_tokens, " tokens: ", error());
   }
 
   bool is_terminated() const override { return api().matcher_is_stopped(matcher_); }
