@@ -396,8 +396,6 @@ void Engine::add_requests(std::vector<NewRequest> requests) {
 }
 
 std::unique_ptr<GrammarMatcher> Engine::compile_grammar(uint64_t id, const GrammarSpec& spec) {
-  DI_CHECK_ARG(!options_.enable_dp_attention, "request ", id, ": structured outputs are not available with "
-               "data-parallel attention yet (every rank samples its own lane; the grammars live on rank 0)");
   DI_CHECK_ARG(!options_.grammar_library.empty(), "request ", id, ": structured outputs need the llguidance "
                "package (pip install llguidance), which this engine did not find");
   return grammar_compiler().compile(spec);
@@ -704,7 +702,15 @@ std::vector<StepResult> Engine::execute_lanes(std::vector<StepBatch>& steps, con
     return results;
   }
   // Data-parallel attention: every rank gets every lane's batch and runs its own; then each other rank sends its
-  // sampled rows to rank 0 in turn.
+  // sampled rows to rank 0 in turn. The grammars live here, with the schedulers: the other lanes' constrained rows
+  // get their masks with the batch.
+  const int64_t mask_words = allowed_token_words(model_->config().vocab_size);
+  for (size_t r = 1; r < steps.size(); ++r) {
+    SamplingBatch& sb = steps[r].forward.sampling;
+    if (idle[r] || sb.grammars.empty()) continue;
+    sb.given_masks.assign(sb.grammars.size() * static_cast<size_t>(mask_words), 0);
+    fill_grammar_masks(sb.grammars, mask_words, reinterpret_cast<uint32_t*>(sb.given_masks.data()));
+  }
   std::vector<int32_t> words = encode_lanes(steps, idle);
   broadcast_step_words(*ranks_->comm, words);
   if (idle[0]) {

@@ -167,7 +167,8 @@ template <typename Batch>
 auto encoded_arrays(Batch& b) {
   return std::array{&b.token_ids,           &b.positions,         &b.slot_mapping,           &b.query_start,
                     &b.context_lens,        &b.page_table,        &b.logits_indices,         &b.sampling.rows,
-                    &b.sampling.penalty_tokens, &b.sampling.penalty_counts, &b.sampling.masked_tokens};
+                    &b.sampling.penalty_tokens, &b.sampling.penalty_counts, &b.sampling.masked_tokens,
+                    &b.sampling.given_masks};
 }
 }  // namespace
 

@@ -30,6 +30,9 @@ struct SamplingBatch {
     std::span<const int32_t> after;  // drafts the grammar allows (the scheduler kept only those)
   };
   std::vector<GrammarRow> grammars;
+  // Or the masks themselves, filled elsewhere: a data-parallel rank's lane's, which rank 0 (holding the matchers)
+  // fills and sends with the step. Rows of allowed_token_words(vocab) words.
+  std::vector<int32_t> given_masks;
 };
 
 // The tokens of all scheduled sequences concatenated, no padding. Decode sequences (one query token each) come

@@ -123,34 +123,43 @@ void StepRunner::upload(const std::vector<int32_t>& packed, TensorView dst) {
   backend_.copy_to_device(staging_.cview().rows(0, n), dst.rows(0, n));
 }
 
-ConstTensorView StepRunner::grammar_masks(std::span<const SamplingBatch::GrammarRow> grammars) {
+void fill_grammar_masks(std::span<const SamplingBatch::GrammarRow> rows, int64_t words, uint32_t* out) {
+  // One task a request (its rows come together): row j's mask after its first j drafts, consumed one by one and
+  // taken back at the end, so the matcher is where the scheduler left it.
+  std::vector<size_t> first_rows;
+  for (size_t g = 0; g < rows.size(); ++g) {
+    if (g == 0 || rows[g].matcher != rows[g - 1].matcher) first_rows.push_back(g);
+  }
+  parallel_for_on_host_threads(first_rows.size(), [&](size_t task) {
+    const size_t end = task + 1 < first_rows.size() ? first_rows[task + 1] : rows.size();
+    GrammarMatcher& matcher = *rows[first_rows[task]].matcher;
+    int32_t consumed = 0;
+    for (size_t g = first_rows[task]; g < end; ++g) {
+      const std::span<const int32_t> after = rows[g].after;
+      while (consumed < static_cast<int32_t>(after.size()) && matcher.consume(after[static_cast<size_t>(consumed)])) {
+        ++consumed;
+      }
+      matcher.fill_allowed({out + static_cast<int64_t>(g) * words, static_cast<size_t>(words)});
+    }
+    matcher.rollback(consumed);
+  });
+}
+
+ConstTensorView StepRunner::grammar_masks(const SamplingBatch& sb) {
   const int64_t words = allowed_token_words(model_.config().vocab_size);
-  const auto rows = static_cast<int64_t>(grammars.size());
+  const auto rows = sb.grammars.empty() ? static_cast<int64_t>(sb.given_masks.size()) / words
+                                        : static_cast<int64_t>(sb.grammars.size());
   if (mask_staging_.numel() < rows * words) {
     mask_staging_ = backend_.staging({std::max(rows * words, 2 * mask_staging_.numel())}, DType::kI32);
     masks_ = backend_.empty({mask_staging_.numel()}, DType::kI32);
   }
   auto* host = reinterpret_cast<uint32_t*>(mask_staging_.view().as<int32_t>());
   const auto started = std::chrono::steady_clock::now();
-  // One task a request (its rows come together): row j's mask after its first j drafts, consumed one by one and
-  // taken back at the end, so the matcher is where the scheduler left it.
-  std::vector<size_t> first_rows;
-  for (size_t g = 0; g < grammars.size(); ++g) {
-    if (g == 0 || grammars[g].matcher != grammars[g - 1].matcher) first_rows.push_back(g);
+  if (sb.grammars.empty()) {
+    std::copy(sb.given_masks.begin(), sb.given_masks.end(), mask_staging_.view().as<int32_t>());
+  } else {
+    fill_grammar_masks(sb.grammars, words, host);
   }
-  parallel_for_on_host_threads(first_rows.size(), [&](size_t task) {
-    const size_t end = task + 1 < first_rows.size() ? first_rows[task + 1] : grammars.size();
-    GrammarMatcher& matcher = *grammars[first_rows[task]].matcher;
-    int32_t consumed = 0;
-    for (size_t g = first_rows[task]; g < end; ++g) {
-      const std::span<const int32_t> after = grammars[g].after;
-      while (consumed < static_cast<int32_t>(after.size()) && matcher.consume(after[static_cast<size_t>(consumed)])) {
-        ++consumed;
-      }
-      matcher.fill_allowed({host + static_cast<int64_t>(g) * words, static_cast<size_t>(words)});
-    }
-    matcher.rollback(consumed);
-  });
   num_grammar_masks_ += rows;
   grammar_mask_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   const TensorView device = masks_.view().rows(0, rows * words);
@@ -192,6 +201,12 @@ std::vector<SampledToken> StepRunner::execute(const ForwardBatch& batch) {
   const auto host_view = [](const std::vector<int32_t>& v) {
     return ConstTensorView(v.data(), DType::kI32, {static_cast<int64_t>(v.size())}, Device::kCpu);
   };
+  const int64_t mask_words = allowed_token_words(c.vocab_size);
+  DI_CHECK(sb.grammars.empty() || sb.given_masks.empty(), "step: grammars and given masks at once");
+  DI_CHECK(sb.given_masks.size() % static_cast<size_t>(mask_words) == 0, "step: given masks of ",
+           sb.given_masks.size(), " words are not rows of ", mask_words);
+  const auto num_mask_rows = sb.grammars.empty() ? static_cast<int64_t>(sb.given_masks.size()) / mask_words
+                                                 : static_cast<int64_t>(sb.grammars.size());
   // The sampling inputs are checked here, on the host: the device op trusts them.
   SampleArgs{.logits = ConstTensorView(nullptr, DType::kF32, Shape{n, c.vocab_size}, Device::kCpu),
              .rows = host_view(sb.rows).reshaped({static_cast<int64_t>(sb.rows.size()) / kSamplingRowWords,
@@ -199,14 +214,12 @@ std::vector<SampledToken> StepRunner::execute(const ForwardBatch& batch) {
              .penalty_tokens = host_view(sb.penalty_tokens),
              .penalty_counts = host_view(sb.penalty_counts),
              .masked_tokens = host_view(sb.masked_tokens),
-             .allowed_tokens = ConstTensorView(
-                 nullptr, DType::kI32,
-                 Shape{static_cast<int64_t>(sb.grammars.size()), allowed_token_words(c.vocab_size)}, Device::kCpu),
+             .allowed_tokens = ConstTensorView(nullptr, DType::kI32, Shape{num_mask_rows, mask_words}, Device::kCpu),
              .out = TensorView{nullptr, DType::kI32, Shape{n, kSampledTokenWords}, Device::kCpu}}
       .validate();
 
   Forward f = forward(batch);
-  const ConstTensorView allowed = sb.grammars.empty() ? ConstTensorView{} : grammar_masks(sb.grammars);
+  const ConstTensorView allowed = num_mask_rows == 0 ? ConstTensorView{} : grammar_masks(sb);
   Tensor out = backend_.empty({n, kSampledTokenWords}, DType::kI32);
   backend_.sample({.logits = f.logits.rows(0, n), .rows = f.in.sampling_rows, .penalty_tokens = f.in.penalty_tokens,
                    .penalty_counts = f.in.penalty_counts, .masked_tokens = f.in.masked_tokens,

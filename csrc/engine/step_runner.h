@@ -45,6 +45,10 @@ Tensor run_forward(DeepseekModel& model, const LatentCache& cache, const Forward
 // in plan order, and each ScoredRows entry's tokens.
 StepResult collect_step_result(const StepBatch& step, std::span<const SampledToken> rows);
 
+// Structured outputs: the mask of each row of `rows` into out[row * words, (row + 1) * words), one task a request on
+// the host's threads (a request's rows come together: row j after its first j drafts, consumed and taken back).
+void fill_grammar_masks(std::span<const SamplingBatch::GrammarRow> rows, int64_t words, uint32_t* out);
+
 class StepRunner {
  public:
   StepRunner(DeepseekModel& model, const LatentCache& cache, StepRunnerOptions options);
@@ -94,7 +98,8 @@ class StepRunner {
   void upload(const std::vector<int32_t>& packed, TensorView dst);
   // Structured outputs: the allowed-token bitmaps of the step's constrained rows, [G, ceil(V / 32)] on the device.
   // Filled on the host (several matchers at once) after the forward pass was launched, so they overlap it.
-  ConstTensorView grammar_masks(std::span<const SamplingBatch::GrammarRow> grammars);
+  // The sampler's allowed_tokens rows on the device: `sb`'s grammars' masks filled here, or its given masks.
+  ConstTensorView grammar_masks(const SamplingBatch& sb);
   ConstTensorView replay_graph(const ForwardBatch& padded, const StepLayout& layout);
 
   DeepseekModel& model_;

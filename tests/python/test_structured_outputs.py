@@ -284,16 +284,26 @@ def test_tensor_parallel_ranks_sample_the_same_constrained_tokens(engine):
         tp.shutdown()
 
 
-def test_data_parallel_attention_refuses_constrained_requests():
-    if not has_trained_model():
-        skip_or_fail("the embedded demo model is missing")
-    dp = DeepInferenceEngine(EngineConfig(device="cpu", tensor_parallel_size=2, enable_expert_parallel=True,
-                                          enable_dp_attention=True))
+@pytest.mark.parametrize("ranks, k", [(2, 0), (4, 0), (2, 2)], ids=["dp2", "dp4", "dp2-mtp"])
+def test_data_parallel_ranks_sample_their_constrained_rows_under_rank_0s_masks(engine, ranks, k):
+    """Under data-parallel attention each rank samples its own requests, but the grammars live on rank 0 with the
+    schedulers: rank 0 fills the other ranks' masks and sends them with the step (and, with MTP, the masks after
+    their drafts). The output is one rank's, constrained and free requests mixed across the ranks."""
+    params = [SamplingParams(temperature=0.0, max_tokens=100, structured_outputs=constrained(json=PERSON)),
+              SamplingParams(temperature=0.0, max_tokens=24),
+              SamplingParams(temperature=0.0, max_tokens=60, structured_outputs={"regex": r"[A-Z][a-z]+(, [a-z]+)+\."})]
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(6)]
+    per_prompt = [params[i % 3] for i in range(6)]
+    extra = {"speculative_config": {"method": "mtp", "num_speculative_tokens": k}} if k else {}
+    dp = DeepInferenceEngine(EngineConfig(device="cpu", seed=3, tensor_parallel_size=ranks, enable_expert_parallel=True,
+                                          enable_dp_attention=True, **extra))
     try:
-        with pytest.raises(ValueError, match="not available with data-parallel attention"):
-            dp.generate(["x"], SamplingParams(max_tokens=2, structured_outputs={"regex": "a+"}), use_tqdm=False)
+        got = dp.generate(prompts, per_prompt, use_tqdm=False)
     finally:
         dp.shutdown()
+    ref = engine.generate(prompts, per_prompt, use_tqdm=False)
+    assert [g.outputs[0].token_ids for g in got] == [r.outputs[0].token_ids for r in ref]
+    assert [g.outputs[0].finish_reason for g in got] == [r.outputs[0].finish_reason for r in ref]
 
 
 def test_masks_are_counted_in_stats_and_metrics(engine):
