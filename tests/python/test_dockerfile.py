@@ -175,7 +175,7 @@ def check_user(stages: list[Stage]) -> None:
 
 def check_entrypoint(stages: list[Stage]) -> None:
     entrypoint = exec_form(stages[-1].last("ENTRYPOINT") or "null")
-    assert entrypoint == ["deepinfer", "serve"], f"ENTRYPOINT is {entrypoint}"
+    assert entrypoint and entrypoint[:2] == ["deepinfer", "serve"], f"ENTRYPOINT is {entrypoint}"
     assert "deepinfer" in PYPROJECT["project"]["scripts"]
 
 
@@ -183,11 +183,13 @@ def check_serve_command(stages: list[Stage]) -> None:
     argv = exec_form(stages[-1].last("CMD") or "null")
     model = argv[0] if argv and not argv[0].startswith("-") else flag_value(argv, "--model")
     assert model and model.startswith("/models/"), f"the default command serves a mounted model: {argv}"
-    # The server's default host is loopback, which nothing outside the container reaches.
-    host = flag_value(argv, "--host") or server_defaults()["host"]
+    # The server's default host is loopback, which nothing outside the container reaches: the entrypoint's flags
+    # (which a command of the user's own keeps) must say another.
+    entry_flags = (exec_form(stages[-1].last("ENTRYPOINT") or "null") or [])[2:]
+    host = flag_value(entry_flags, "--host") or server_defaults()["host"]
     assert host not in ("127.0.0.1", "localhost", "::1"), f"the server listens on {host} only"
     cli = (REPO / "python" / "deepinfer" / "server" / "cli.py").read_text()
-    for flag in (w for w in argv if w.startswith("--")):
+    for flag in (w for w in entry_flags + argv if w.startswith("--")):
         assert f'"{flag}"' in cli, f"{flag} is no flag of deepinfer serve"
 
 
@@ -296,9 +298,9 @@ MISTAKES = [
     (check_user, "USER 10001:10001", "USER 0"),
     (check_user, "USER 10001:10001", ""),
     (check_user, "--uid 10001", "--uid 1000"),
-    (check_entrypoint, 'ENTRYPOINT ["deepinfer", "serve"]', "ENTRYPOINT deepinfer serve"),
-    (check_entrypoint, 'ENTRYPOINT ["deepinfer", "serve"]', 'ENTRYPOINT ["deepinfer"]'),
-    (check_serve_command, '"--host", "0.0.0.0", ', ""),
+    (check_entrypoint, 'ENTRYPOINT ["deepinfer", "serve", "--host", "0.0.0.0"]', "ENTRYPOINT deepinfer serve"),
+    (check_entrypoint, 'ENTRYPOINT ["deepinfer", "serve", "--host", "0.0.0.0"]', 'ENTRYPOINT ["deepinfer"]'),
+    (check_serve_command, ', "--host", "0.0.0.0"]', "]"),
     (check_serve_command, 'CMD ["/models/DeepSeek-V2-Lite", ', "CMD ["),
     (check_serve_command, '"--port", "8000"]', '"--listen-port", "8000"]'),
     (check_healthcheck, "8000/health'", "8000/healthz'"),
