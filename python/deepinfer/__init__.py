@@ -3,6 +3,7 @@
 from deepinfer._nccl import configure_nccl_library
 from deepinfer.config import EngineConfig, QuantizationConfig
 from deepinfer.engine import DeepInferenceEngine, RequestStream
+from deepinfer.llm import LLM
 from deepinfer.outputs import CompletionOutput, RequestOutput
 from deepinfer.sampling_params import SamplingParams
 from deepinfer.structured_outputs import StructuredOutputsParams
@@ -15,6 +16,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DeepInferenceEngine",
+    "LLM",
     "EngineConfig",
     "QuantizationConfig",
     "SamplingParams",

@@ -344,3 +344,27 @@ def test_prompt_logprobs_match_transformers(checkpoints):
         SamplingParams(max_tokens=0)
     with pytest.raises(ValueError, match="prompt_logprobs"):
         SamplingParams(prompt_logprobs=21)
+
+
+def test_vllm_style_llm_runs_as_written(caplog):
+    """Code written against vllm.LLM: LLM(model=..., engine arguments under vLLM's names), generate with a
+    SamplingParams, get_tokenizer; vLLM-only arguments warn with the reason, unknown ones fail naming them."""
+    from deepinfer import LLM, DeepInferenceEngine, EngineConfig, SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    with caplog.at_level("WARNING", logger="deepinfer"):
+        llm = LLM(model=None, device="cpu", block_size=16, seed=2, swap_space=4, max_model_len=256)
+    try:
+        assert "LLM(swap_space=...) is ignored: DeepInfer never swaps cache pages" in caplog.text
+        assert llm.config.page_size == 16
+        outputs = llm.generate(["To be, or not to be"], params)
+        assert llm.get_tokenizer() is llm.tokenizer
+    finally:
+        llm.shutdown()
+    with DeepInferenceEngine(EngineConfig(device="cpu", page_size=16, seed=2, max_model_len=256)) as engine:
+        expected = engine.generate(["To be, or not to be"], params)
+    assert outputs[0].outputs[0].token_ids == expected[0].outputs[0].token_ids
+    with pytest.raises(TypeError, match="unexpected keyword argument 'pipeline_parallel_sizes'"):
+        LLM(pipeline_parallel_sizes=2)
+    with pytest.raises(ValueError, match="block_size=16 and page_size=32 differ"):
+        LLM(block_size=16, page_size=32)
