@@ -15,6 +15,7 @@
 #include "engine/engine.h"
 #include "engine/worker_ranks.h"
 #include "parallel/mpi_communicator.h"
+#include "parallel/tcp_store.h"
 #ifdef DEEPINFER_HAVE_CUDA
 #include "backend/cuda/runtime/device_info.h"
 #endif
@@ -164,6 +165,9 @@ NB_MODULE(_deepinfer, m) {
 #endif
     return built;
   }, "The communicators this build has for ranks that are processes: 'mpi' (mpirun), 'gloo' (an address).");
+  m.def("cancel_bootstrap_waits", &cancel_bootstrap_waits, "reason"_a,
+        "Ends this process's waits for the other ranks to meet (a local rank's process died first) with the reason.");
+  m.def("clear_bootstrap_cancel", &clear_bootstrap_cancel, "Lets the next launch's ranks wait for each other again.");
   m.def("mpi_launched", &mpi_launched, "Whether mpirun started this process (its rank variables are set).");
   m.def("mpi_rank", [] {
     const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");

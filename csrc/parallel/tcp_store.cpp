@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -27,6 +28,17 @@ constexpr uint32_t kMaxValueBytes = 64u << 20;
 constexpr auto kRetry = std::chrono::milliseconds(10);
 
 std::string errno_text() { return std::strerror(errno); }
+
+// cancel_bootstrap_waits' reason, once given.
+std::mutex cancel_mutex;
+std::string cancel_reason;
+std::atomic<bool> cancelled{false};
+
+void throw_if_cancelled() {
+  if (!cancelled.load()) return;
+  std::lock_guard lock(cancel_mutex);
+  throw CollectiveError(str_cat("the ranks' bootstrap was cancelled: ", cancel_reason));
+}
 
 // Writes all of `bytes`; false when the peer is gone.
 bool write_all(int fd, const void* bytes, size_t size) {
@@ -86,6 +98,18 @@ struct AddressList {
 };
 
 }  // namespace
+
+void cancel_bootstrap_waits(const std::string& reason) {
+  std::lock_guard lock(cancel_mutex);
+  cancel_reason = reason;
+  cancelled.store(true);
+}
+
+void clear_bootstrap_cancel() {
+  std::lock_guard lock(cancel_mutex);
+  cancelled.store(false);
+  cancel_reason.clear();
+}
 
 std::string HostPort::str() const {
   return host.find(':') != std::string::npos ? str_cat("[", host, "]:", port) : str_cat(host, ":", port);
@@ -256,6 +280,7 @@ TcpStoreClient::TcpStoreClient(const HostPort& at, Clock::time_point deadline) :
       }
       last_error = errno_text();
     }
+    throw_if_cancelled();
     if (Clock::now() >= deadline) {
       throw CollectiveError(str_cat("tcp store: no rank 0 answered at ", at.str(), " within the timeout (", last_error,
                                     "): is rank 0 started, on that host, with the same address?"));
@@ -312,6 +337,7 @@ void TcpStoreClient::own(std::string_view name) {
 std::vector<char> TcpStoreClient::get(std::string_view key, Clock::time_point deadline) {
   while (true) {
     if (std::optional<std::vector<char>> value = try_get(key)) return *std::move(value);
+    throw_if_cancelled();
     if (Clock::now() >= deadline) {
       throw CollectiveError(str_cat("tcp store at ", at_.str(), ": ", key, " was not set within the timeout (the ",
                                     "rank that writes it did not start, or started with another address or size)"));

@@ -70,6 +70,13 @@ class TcpStoreServer {
   std::thread acceptor_;
 };
 
+// Ends every wait of this process's store clients (connecting, or for a key) with CollectiveError carrying `reason`,
+// from any thread: a launcher that sees a rank's process die before the ranks met stops the others' wait for it,
+// which would last the whole timeout. Waits that start afterwards end the same way, until clear_bootstrap_cancel()
+// (a new launch in the same process).
+void cancel_bootstrap_waits(const std::string& reason);
+void clear_bootstrap_cancel();
+
 // One rank's connection to the store.
 class TcpStoreClient {
  public:

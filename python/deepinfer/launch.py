@@ -24,6 +24,7 @@ import os
 import pickle
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -197,7 +198,11 @@ def configure_options(options: Any, placement: RankPlacement) -> None:
 
 def start_local_ranks(config: EngineConfig, placement: RankPlacement) -> list[subprocess.Popen]:
     """Starts this machine's other ranks (local ranks 1 ..), each a `python -m deepinfer.local_rank` child that reads
-    its configuration from its stdin and runs rank 0's steps."""
+    its configuration from its stdin and runs rank 0's steps. A child that dies before the ranks have met cancels
+    this process's wait for them (which would otherwise last collective_timeout_s), naming it."""
+    from deepinfer import _deepinfer
+
+    _deepinfer.clear_bootstrap_cancel()
     children = []
     for local in range(1, placement.ranks_per_node):
         env = dict(os.environ, **{LOCAL_RANK_VARIABLE: str(local)})
@@ -208,7 +213,20 @@ def start_local_ranks(config: EngineConfig, placement: RankPlacement) -> list[su
         children.append(child)
     logger.info("rank %d started this machine's ranks %d..%d (processes %s)", placement.rank, placement.rank + 1,
                 placement.rank + len(children), ", ".join(str(c.pid) for c in children))
+    for local, child in enumerate(children, start=1):
+        threading.Thread(target=_watch_local_rank, args=(child, placement.rank + local), daemon=True,
+                         name=f"deepinfer-rank-{placement.rank + local}").start()
     return children
+
+
+def _watch_local_rank(child: subprocess.Popen, rank: int) -> None:
+    """A child that fails ends this process's bootstrap wait (a no-op once the ranks have met: a failure then shows
+    in the collectives, naming the rank)."""
+    from deepinfer import _deepinfer
+
+    code = child.wait()
+    if code != 0:
+        _deepinfer.cancel_bootstrap_waits(f"rank {rank}'s process {child.pid} exited with {code}")
 
 
 def join_local_ranks(children: list[subprocess.Popen], timeout_s: float = 30.0) -> None:

@@ -234,6 +234,8 @@ die_after, die_by = (float(v) for v in sys.argv[4].split(":"))
 if die_after > 0:
     threading.Timer(die_after, lambda: os.kill(os.getpid(), int(die_by))).start()  # the signal comes mid-run
 rounds = 1000 if extra.pop("rounds", False) else 1
+if extra.pop("children_fail", False):
+    sys.executable = "/bin/false"  # the machine's other ranks' processes exit at once, with 1
 config = dict(model_name_or_path=path, page_size=4, num_cache_pages=24, max_model_len=64, max_num_batched_tokens=16,
               seed=5, collective_timeout_s=20)
 config.update(extra)
@@ -456,3 +458,15 @@ def test_data_parallel_ranks_take_the_requests_whose_prefix_they_cached(checkpoi
     tokens, hits = run_all(tensor_parallel_size=2, enable_expert_parallel=True, enable_dp_attention=True)
     assert tokens == ref_tokens
     assert hits == 3 * len(prefix)
+
+
+def test_a_local_rank_that_dies_before_the_ranks_meet_ends_the_start_at_once(checkpoints):
+    """One command starting its machine's second rank as a process, which exits at once: the first rank stops waiting
+    for it (its wait would last the 120 s timeout) and the start fails naming it."""
+    nodes = [(dict(tensor_parallel_size=2, dist_init_addr=f"127.0.0.1:{free_port()}", collective_timeout_s=120,
+                   children_fail=True), {})]
+    started = time.monotonic()
+    [(rc, out, err)] = run_nodes(checkpoints["v3"], nodes, timeout=100)
+    assert rc != 0 and "TOKENS" not in out
+    assert time.monotonic() - started < 60
+    assert re.search(r"the ranks' bootstrap was cancelled: rank 1's process \d+ exited with 1", err), err[-3000:]
