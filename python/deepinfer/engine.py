@@ -528,10 +528,17 @@ class DeepInferenceEngine:
                     stream.completions.append(_Completion(index, core_id, self.tokenizer, prompt_ids, params))
                     core_requests.append((core_id, prompt_ids, params.to_core(seed, score_prompt=index == 0)))
                 streams.append(stream)
-            self._core.add_requests(core_requests)  # raises ValueError having queued nothing
-            for stream in streams:
-                for c in stream.completions:
+                for c in stream.completions:  # before the core has them: their outputs find them
                     self._by_core_id[c.core_id] = (stream, c)
+        # Without the lock: the core compiles the batch's grammars here, while the dispatcher goes on delivering.
+        try:
+            self._core.add_requests(core_requests)  # raises ValueError having queued nothing
+        except BaseException:
+            with self._lock:
+                for stream in streams:
+                    for c in stream.completions:
+                        self._by_core_id.pop(c.core_id, None)
+            raise
         return streams
 
     def _abort_stream(self, stream: RequestStream) -> None:

@@ -358,3 +358,4 @@ def test_a_grammar_the_core_refuses_queues_none_of_its_batch(engine):
     after = engine.stats()
     assert (after.num_waiting, after.num_running, after.num_steps) == (before.num_waiting, before.num_running,
                                                                        before.num_steps)
+    assert not engine._by_core_id  # the batch's streams, registered before the core took it, are gone again
