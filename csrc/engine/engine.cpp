@@ -584,6 +584,19 @@ void Engine::fail_all(const std::string& message) {
   pending_.clear();
 }
 
+bool Engine::ended_group(const std::exception& e, std::string_view what) {
+  if (dynamic_cast<const CollectiveError*>(&e) != nullptr) {
+    // A rank failed or stopped answering: the group cannot step again. Everything ends with the error.
+    fail_all(str_cat("the engine stopped: ", e.what()));
+    return true;
+  }
+  if (!ranks_) return false;
+  // The other ranks may be inside collectives rank 0 will not reach now: the group cannot go on.
+  ranks_->comm->abort(str_cat(what, " failed: ", e.what()));
+  fail_all(str_cat("the engine stopped: ", what, " failed: ", e.what()));
+  return true;
+}
+
 void Engine::fail_plan(Lane& lane, const SchedulePlan& plan, const std::string& message) {
   lane.scheduler.cancel(plan);
   for (const auto& chunk : plan.chunks) {
@@ -626,17 +639,8 @@ void Engine::step_once() {
       for (StepBatch& step : steps) step.forward.dp_max_tokens = most_tokens;
     }
     results = execute_lanes(steps, idle);
-  } catch (const CollectiveError& e) {
-    // A rank failed or stopped answering: the group cannot step again. Everything ends with the error.
-    fail_all(std::string("the engine stopped: ") + e.what());
-    return;
   } catch (const std::exception& e) {
-    if (ranks_) {
-      // The other ranks may be inside this step's collectives, which rank 0 will not reach: the group cannot go on.
-      ranks_->comm->abort(std::string("rank 0's step failed: ") + e.what());
-      fail_all(std::string("the engine stopped: rank 0's step failed: ") + e.what());
-      return;
-    }
+    if (ended_group(e, "rank 0's step")) return;
     for (size_t r = 0; r < n; ++r) {
       if (!idle[r]) fail_plan(*lanes_[r], plans[r], std::string("the step failed: ") + e.what());
     }
@@ -662,16 +666,8 @@ void Engine::step_once() {
     for (size_t r = 0; r < n; ++r) draft_lanes.push_back({.chunks = drafted[r], .scheduler = &lanes_[r]->scheduler});
     try {
       drafter_->propose(draft_lanes, runner_.last_hidden());
-    } catch (const CollectiveError& e) {
-      fail_all(std::string("the engine stopped: ") + e.what());
-      return;
     } catch (const std::exception& e) {
-      if (ranks_) {
-        // The other ranks may be inside the pass's collectives, which rank 0 will not reach: the group cannot go on.
-        ranks_->comm->abort(std::string("rank 0's MTP drafter failed: ") + e.what());
-        fail_all(std::string("the engine stopped: rank 0's MTP drafter failed: ") + e.what());
-        return;
-      }
+      if (ended_group(e, "rank 0's MTP drafter")) return;
       // The step's tokens are out; the requests go on without drafts, as without speculation.
       for (size_t r = 0; r < n; ++r) {
         for (const DraftChunk& c : drafted[r]) lanes_[r]->scheduler.set_drafts(c.request_id, {});
@@ -718,10 +714,9 @@ std::vector<StepResult> Engine::execute_lanes(std::vector<StepBatch>& steps, con
   } else {
     results[0] = runner_.execute(steps[0]);
   }
+  const std::vector<std::vector<int32_t>> rows = send_lanes_to_rank0(*ranks_->comm, {});
   for (size_t r = 1; r < steps.size(); ++r) {
-    std::vector<int32_t> rows;
-    ranks_->comm->broadcast(rows, static_cast<int32_t>(r));
-    if (!idle[r]) results[r] = collect_step_result(steps[r], decode_sampled_rows(rows));
+    if (!idle[r]) results[r] = collect_step_result(steps[r], decode_sampled_rows(rows[r]));
   }
   return results;
 }

@@ -234,7 +234,11 @@ class Engine {
   void admit_pending();
   void fail_plan(Lane& lane, const SchedulePlan& plan, const std::string& message);
   bool has_unfinished() const;
-  void update_lane_stats();  // the lanes' sums into stats_; the caller holds mutex_
+  void update_lane_stats();
+  // A failure of rank 0's part of a step (`what`: "rank 0's step", ...): a collective's, or any while other ranks
+  // may be inside the step's collectives, ends the group and every request (true); with one rank, the caller
+  // recovers (false).
+  bool ended_group(const std::exception& e, std::string_view what);  // the lanes' sums into stats_; the caller holds mutex_
   // Ends every request with `message` and refuses new ones: the ranks of a parallel model can no longer step.
   void fail_all(const std::string& message);
   void emit(RequestOutputDelta delta);

@@ -202,11 +202,8 @@ std::vector<std::vector<int32_t>> MtpDrafter::run_passes(std::vector<DraftPass>&
   drafted[0] = sample_drafts(model_.backend(), run);
   if (own.keeps_hidden) previous = std::move(kept);
   if (data_parallel_) {
-    for (int32_t r = 1; r < static_cast<int32_t>(passes.size()); ++r) {
-      std::vector<int32_t> tokens;
-      workers_->broadcast(tokens, r);
-      drafted[static_cast<size_t>(r)] = std::move(tokens);
-    }
+    std::vector<std::vector<int32_t>> lanes = send_lanes_to_rank0(*workers_, {});
+    for (size_t r = 1; r < passes.size(); ++r) drafted[r] = std::move(lanes[r]);
   }
   return drafted;
 }

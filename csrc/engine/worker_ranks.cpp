@@ -50,10 +50,7 @@ void run_worker_rank(const EngineOptions& options, Communicator& comm) {
         wait_for(*loaded.backend, run.logits.cview());
       }
       if (pass.keeps_hidden) draft_hidden = std::move(kept);
-      for (int32_t r = 1; own_lane && r < comm.size(); ++r) {
-        std::vector<int32_t> sent = r == comm.rank() ? drafts : std::vector<int32_t>{};
-        comm.broadcast(sent, r);
-      }
+      if (own_lane) send_lanes_to_rank0(comm, drafts);
       continue;
     }
     DI_CHECK(kind == RankMessage::kStep, "rank ", comm.rank(), ": a message of unknown kind ", words[0]);
@@ -69,10 +66,7 @@ void run_worker_rank(const EngineOptions& options, Communicator& comm) {
     } else {
       rows = encode_sampled_rows(runner.execute(batch));
     }
-    for (int32_t r = 1; r < comm.size(); ++r) {
-      std::vector<int32_t> sent = r == comm.rank() ? rows : std::vector<int32_t>{};
-      comm.broadcast(sent, r);
-    }
+    send_lanes_to_rank0(comm, rows);
   }
 }
 
@@ -164,6 +158,16 @@ std::vector<int32_t> encode_sampled_rows(const std::vector<SampledToken>& rows) 
   std::vector<int32_t> words(rows.size() * kSampledTokenWords);
   std::memcpy(words.data(), rows.data(), words.size() * sizeof(int32_t));
   return words;
+}
+
+std::vector<std::vector<int32_t>> send_lanes_to_rank0(Communicator& comm, const std::vector<int32_t>& mine) {
+  std::vector<std::vector<int32_t>> lanes(comm.rank() == 0 ? static_cast<size_t>(comm.size()) : 0);
+  for (int32_t r = 1; r < comm.size(); ++r) {
+    std::vector<int32_t> sent = r == comm.rank() ? mine : std::vector<int32_t>{};
+    comm.broadcast(sent, r);
+    if (comm.rank() == 0) lanes[static_cast<size_t>(r)] = std::move(sent);
+  }
+  return lanes;
 }
 
 std::vector<SampledToken> decode_sampled_rows(std::span<const int32_t> words) {

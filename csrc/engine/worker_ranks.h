@@ -63,6 +63,10 @@ void broadcast_step_words(Communicator& rank0, std::vector<int32_t>& words);
 std::vector<int32_t> encode_lanes(const std::vector<StepBatch>& steps, const std::vector<bool>& idle);
 std::pair<ForwardBatch, bool> decode_lane(std::span<const int32_t> words, int32_t lane);
 std::vector<int32_t> encode_sampled_rows(const std::vector<SampledToken>& rows);
+// Data-parallel attention: what each rank r >= 1 made for its lane (`mine`: sampled rows, drafts) goes to rank 0,
+// each rank in turn; every rank calls it. On rank 0 element r holds rank r's words (element 0 is empty); elsewhere
+// the result is empty.
+std::vector<std::vector<int32_t>> send_lanes_to_rank0(Communicator& comm, const std::vector<int32_t>& mine);
 std::vector<SampledToken> decode_sampled_rows(std::span<const int32_t> words);
 // One pass of the MTP layer (engine/mtp_drafter.h run_mtp_layer): its batch, the rows of the hidden states its
 // tokens read, whether those are the last step's (or the previous pass's output), and whether the pass keeps its

@@ -26,7 +26,7 @@ from deepinfer import _deepinfer
 from deepinfer.config import EngineConfig, WeightFormat, resolve_weight_format
 from deepinfer.default_model import default_model
 from deepinfer.generation_defaults import load_generation_defaults
-from deepinfer.launch import configure_options, join_local_ranks, rank_placement, start_local_ranks
+from deepinfer.launch import RankPlacement, configure_options, join_local_ranks, rank_placement, start_local_ranks
 from deepinfer.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput, TokenLogprobs
 from deepinfer.sampling_params import SamplingParams
 from deepinfer.structured_outputs import grammar_library
@@ -263,8 +263,9 @@ class DeepInferenceEngine:
         self.model_config = _deepinfer.load_model_config(str(model_dir))
         self._check_max_model_len(config, model_dir)
         weight_format = self._weight_format(config, device)
+        placement = rank_placement(config)  # None: the ranks (if several) are threads of this process
         if device == "cuda":
-            self._check_fits_before_load(config, model_dir)
+            self._check_fits_before_load(config, model_dir, placement)
         self.tokenizer = self._load_tokenizer(config, model_dir)
         # What the checkpoint recommends for values a request leaves unset (generation_config.json).
         self.generation_defaults = load_generation_defaults(model_dir, config.generation_config)
@@ -309,7 +310,6 @@ class DeepInferenceEngine:
             forced = config.speculative_config.forced_acceptance
             options.speculative_forced_acceptance = -1.0 if forced is None else float(forced)
         self._local_ranks: list[Any] = []  # this machine's other ranks' processes, when this one started them
-        placement = rank_placement(config)
         if placement is not None:
             configure_options(options, placement)
             if placement.starts_local_ranks:
@@ -391,7 +391,7 @@ class DeepInferenceEngine:
                              f"(--max-model-len) {limit} or less, or leave it unset")
 
     @staticmethod
-    def _check_fits_before_load(config: EngineConfig, model_dir: Path) -> None:
+    def _check_fits_before_load(config: EngineConfig, model_dir: Path, placement: RankPlacement | None) -> None:
         """Refuses, before a weight is read, a deployment whose weights cannot fit the GPUs (deepinfer.plan, the
         arithmetic of `deepinfer plan`, in its words): without this the failure comes after minutes of loading. An
         extension without cuda_device_memory (built before it) skips the check; the engine's own after loading
@@ -399,7 +399,6 @@ class DeepInferenceEngine:
         ask = getattr(_deepinfer, "cuda_device_memory", None)
         if ask is None:
             return
-        placement = rank_placement(config)
         if placement is not None:
             devices = [placement.local_rank]  # this process's rank's GPU
         else:  # the ranks take GPUs 0 .. n - 1 (too few visible: the engine says so when it starts them)
