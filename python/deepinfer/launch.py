@@ -19,6 +19,7 @@ engine (and serves HTTP); every other rank runs rank 0's steps until rank 0 stop
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -208,8 +209,13 @@ def start_local_ranks(config: EngineConfig, placement: RankPlacement) -> list[su
         env = dict(os.environ, **{LOCAL_RANK_VARIABLE: str(local)})
         child = subprocess.Popen([sys.executable, "-m", "deepinfer.local_rank"], stdin=subprocess.PIPE, env=env)
         assert child.stdin is not None
-        child.stdin.write(pickle.dumps(config))
-        child.stdin.close()
+        try:
+            child.stdin.write(pickle.dumps(config))
+            child.stdin.close()
+        except BrokenPipeError:
+            # The child exited before reading its configuration; its watcher below reports the exit.
+            with contextlib.suppress(OSError):
+                child.stdin.close()
         children.append(child)
     logger.info("rank %d started this machine's ranks %d..%d (processes %s)", placement.rank, placement.rank + 1,
                 placement.rank + len(children), ", ".join(str(c.pid) for c in children))

@@ -470,3 +470,32 @@ def test_a_local_rank_that_dies_before_the_ranks_meet_ends_the_start_at_once(che
     assert rc != 0 and "TOKENS" not in out
     assert time.monotonic() - started < 60
     assert re.search(r"the ranks' bootstrap was cancelled: rank 1's process \d+ exited with 1", err), err[-3000:]
+
+
+def test_a_local_rank_gone_before_it_reads_its_configuration_is_reported_not_raised(monkeypatch):
+    """The child may exit before its parent writes its configuration (a broken pipe): the start goes on to report
+    the exit through the child's watcher instead of failing on the write."""
+    import subprocess
+    import sys
+
+    from deepinfer import _deepinfer, launch
+
+    started = subprocess.Popen
+
+    def exited_popen(*args, **kwargs):
+        child = started(*args, **kwargs)
+        child.wait()  # the child is gone before anything is written to it
+        return child
+
+    reasons = []
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    monkeypatch.setattr(launch.subprocess, "Popen", exited_popen)
+    monkeypatch.setattr(_deepinfer, "cancel_bootstrap_waits", reasons.append)
+    config = EngineConfig(model_name_or_path="unused", tensor_parallel_size=2)
+    placement = launch.RankPlacement("flags", rank=0, local_rank=0, world_size=2, init_addr="127.0.0.1:1",
+                                     ranks_per_node=2)
+    [child] = launch.start_local_ranks(config, placement)
+    deadline = time.monotonic() + 10
+    while not reasons and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert reasons == [f"rank 1's process {child.pid} exited with 1"]
