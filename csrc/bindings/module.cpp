@@ -223,7 +223,19 @@ NB_MODULE(_deepinfer, m) {
                    },
                    "The checkpoint's 4-bit weight format: '', 'compressed-tensors' or 'awq'.")
       .def_prop_ro("int4_group_size", [](const ModelConfig& c) { return c.int4.group_size; })
-      .def_prop_ro("int4_symmetric", [](const ModelConfig& c) { return c.int4.symmetric; });
+      .def_prop_ro("int4_symmetric", [](const ModelConfig& c) { return c.int4.symmetric; })
+      .def_prop_ro("fp4_format",
+                   [](const ModelConfig& c) -> std::string {
+                     switch (c.fp4.format) {
+                       case Fp4Format::kNone: return "";
+                       case Fp4Format::kNvfp4CompressedTensors: return "nvfp4";
+                       case Fp4Format::kMxfp4CompressedTensors: return "mxfp4";
+                       case Fp4Format::kNvfp4ModelOpt: return "modelopt-nvfp4";
+                     }
+                     return "";
+                   },
+                   "The checkpoint's FP4 weight format: '', 'nvfp4' / 'mxfp4' (compressed-tensors) or "
+                   "'modelopt-nvfp4'.");
   m.def("cuda_device_count", &visible_cuda_devices,
         "CUDA devices this build can use: 0 without the CUDA backend or without a GPU.");
   m.def("cuda_device_memory", &cuda_device_memory, "index"_a,

@@ -82,6 +82,16 @@ void check_int4(const EngineOptions& options, const ModelConfig& config) {
   }
 }
 
+// FP4 checkpoints (NVFP4, MXFP4), weight-only: the CPU backend only for now; nothing is requantized.
+void check_fp4(const EngineOptions& options, const ModelConfig& config) {
+  if (!config.fp4.enabled()) return;
+  DI_CHECK_ARG(options.device == "cpu", "FP4 weights on device='cuda': the FP4 GPU kernels are not built yet; ",
+               "NVFP4 / MXFP4 checkpoints load on the CPU backend (device='cpu'), which computes with the ",
+               "dequantized weights");
+  DI_CHECK_ARG(!options.fp8_weights && !options.int4_weights, "quantization ", options.fp8_weights ? "fp8" : "int4",
+               " on a checkpoint of FP4 weights: it is already quantized; run it as stored");
+}
+
 }  // namespace
 
 namespace {
@@ -147,6 +157,7 @@ LoadedModel load_model(const EngineOptions& options, const LoadProgress& progres
                options.tensor_parallel_size, " needs a group of as many ranks");
   const ModelConfig local = local_config(config, parallel.shard);  // refuses a split the model does not divide into
   check_int4(options, config);
+  check_fp4(options, config);
   std::unique_ptr<WeightSource> source = options.load_format == LoadFormat::kDummy
                                              ? make_dummy_source(options.seed)
                                              : open_checkpoint_source(options.model_path, config);
@@ -243,6 +254,7 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& options, const LoadP
   local_config(model_config, {.size = options.tensor_parallel_size, .expert_parallel = options.enable_expert_parallel,
                               .dp_attention = options.enable_dp_attention});
   check_int4(options, model_config);
+  check_fp4(options, model_config);
   std::unique_ptr<Ranks> ranks;
   const auto timeout = options.collective_timeout();
   if (options.tensor_parallel_size > 1 && options.rank_launch != RankLaunch::kInProcess) {

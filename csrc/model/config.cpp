@@ -88,29 +88,67 @@ void parse_fp8(const json& q, ModelConfig& c) {
   c.fp8.scale_fmt = get_or<std::string>(q, "scale_fmt", "");
 }
 
-// compressed-tensors' pack-quantized W4A16 (what llm-compressor writes): every config group must quantize weights to
-// 4-bit ints per group or per channel, without activation quantization or activation ordering, and all groups alike
-// (the loader reads one group size and one symmetry from here; the tensors say which layers are quantized).
+// The FP4 layouts compressed-tensors writes (model/fp4.h), by their format name; kNone for others.
+Fp4Format compressed_tensors_fp4(std::string_view format) {
+  if (format == "nvfp4-pack-quantized") return Fp4Format::kNvfp4CompressedTensors;
+  if (format == "mxfp4-pack-quantized") return Fp4Format::kMxfp4CompressedTensors;
+  return Fp4Format::kNone;
+}
+
+// One config group's 4-bit FP weights: NVFP4 (tensor_group, group 16) or MXFP4 (group, group 32), symmetric. A
+// group that also quantizes activations (NVFP4 W4A4, MXFP4) is loaded weight-only: Hopper has no FP4 tensor cores.
+void check_fp4_group(const json& w, Fp4Format format, const std::string& at) {
+  const int64_t bits = get_or<int64_t>(w, "num_bits", 0);
+  const std::string type = get_or<std::string>(w, "type", "");
+  DI_CHECK_ARG(bits == 4 && type == "float", at, ".weights is ", bits, "-bit '", type, "': the FP4 formats hold ",
+               "4-bit 'float' weights");
+  const bool nv = format == Fp4Format::kNvfp4CompressedTensors;
+  const std::string strategy = get_or<std::string>(w, "strategy", "");
+  const std::string want_strategy = nv ? "tensor_group" : "group";
+  DI_CHECK_ARG(strategy == want_strategy, at, ".weights.strategy '", strategy, "' is not ", nv ? "NVFP4" : "MXFP4",
+               "'s ('", want_strategy, "')");
+  const int64_t group_size = get_or<int64_t>(w, "group_size", 0);
+  DI_CHECK_ARG(group_size == (nv ? 16 : 32), at, ".weights.group_size is ", group_size, "; ", nv ? "NVFP4" : "MXFP4",
+               " scales groups of ", nv ? 16 : 32);
+  DI_CHECK_ARG(get_or<bool>(w, "symmetric", true), at, ".weights.symmetric is false: FP4 weights are symmetric");
+}
+
+// compressed-tensors checkpoints (what llm-compressor writes): pack-quantized W4A16 integer weights, or NVFP4 /
+// MXFP4 float weights. Every config group must use one format and one scheme (the loader reads one group size and
+// one symmetry from here; the tensors say which layers are quantized).
 void parse_compressed_tensors(const json& q, ModelConfig& c) {
   const std::string where = "config.json: quantization_config";
   const std::string format = get_or<std::string>(q, "format", "");
-  DI_CHECK_ARG(format == "pack-quantized" || format == "mixed-precision", where, ".format '", format,
-               "' is not supported: DeepInfer reads compressed-tensors' 'pack-quantized' 4-bit weights (W4A16)");
+  DI_CHECK_ARG(format == "pack-quantized" || format == "mixed-precision" || compressed_tensors_fp4(format) !=
+               Fp4Format::kNone, where, ".format '", format, "' is not supported: DeepInfer reads compressed-tensors' ",
+               "'pack-quantized' 4-bit integer weights (W4A16) and 'nvfp4-pack-quantized' / 'mxfp4-pack-quantized' ",
+               "FP4 weights");
   auto groups = q.find("config_groups");
   DI_CHECK_ARG(groups != q.end() && groups->is_object() && !groups->empty(), where,
                ".config_groups is missing or empty");
+  std::optional<std::string> common_format;  // every group's
   std::optional<std::pair<int64_t, bool>> scheme;  // (group size, symmetric) shared by every group
   for (const auto& [name, group] : groups->items()) {
     const std::string at = str_cat(where, ".config_groups.", name);
     DI_CHECK_ARG(group.is_object(), at, " is not an object");
     const std::string group_format = get_or<std::string>(group, "format", format);
-    DI_CHECK_ARG(group_format == "pack-quantized", at, ".format '", group_format,
-                 "' is not supported (only 'pack-quantized' 4-bit integer weights are)");
+    const Fp4Format fp4 = compressed_tensors_fp4(group_format);
+    DI_CHECK_ARG(group_format == "pack-quantized" || fp4 != Fp4Format::kNone, at, ".format '", group_format,
+                 "' is not supported (4-bit weights are: 'pack-quantized', 'nvfp4-pack-quantized', "
+                 "'mxfp4-pack-quantized')");
+    DI_CHECK_ARG(!common_format || *common_format == group_format, at, ".format '", group_format, "' differs from ",
+                 "another group's '", *common_format, "'; one 4-bit format for every layer is supported");
+    common_format = group_format;
+    auto w = group.find("weights");
+    DI_CHECK_ARG(w != group.end() && w->is_object(), at, ".weights is missing: the group quantizes no weights");
+    if (fp4 != Fp4Format::kNone) {
+      check_fp4_group(*w, fp4, at);
+      c.fp4 = {.format = fp4, .group_size = fp4 == Fp4Format::kNvfp4CompressedTensors ? 16 : 32};
+      continue;
+    }
     auto in = group.find("input_activations");
     DI_CHECK_ARG(in == group.end() || in->is_null(), at, ".input_activations: quantized activations are not "
                  "supported; DeepInfer loads weight-only 4-bit checkpoints (W4A16)");
-    auto w = group.find("weights");
-    DI_CHECK_ARG(w != group.end() && w->is_object(), at, ".weights is missing: the group quantizes no weights");
     const int64_t bits = get_or<int64_t>(*w, "num_bits", 0);
     DI_CHECK_ARG(bits == 4, at, ".weights.num_bits is ", bits, ": only 4-bit weights are supported");
     const std::string type = get_or<std::string>(*w, "type", "");
@@ -133,7 +171,20 @@ void parse_compressed_tensors(const json& q, ModelConfig& c) {
                  this_scheme.second, ") differ from another group's; one scheme for every layer is supported");
     scheme = this_scheme;
   }
-  c.int4 = {.format = Int4Format::kCompressedTensors, .group_size = scheme->first, .symmetric = scheme->second};
+  if (scheme) c.int4 = {.format = Int4Format::kCompressedTensors, .group_size = scheme->first, .symmetric = scheme->second};
+}
+
+// NVIDIA ModelOpt's export: config.json's quantization_config {quant_method: "modelopt", quant_algo, group_size}, or
+// hf_quant_config.json's {"quantization": {quant_algo, group_size, exclude_modules}}. Its NVFP4 weights load
+// weight-only (NVFP4 also quantizes activations, for Blackwell's FP4 tensor cores; Hopper has none).
+void parse_modelopt(const json& q, std::string_view where, ModelConfig& c) {
+  std::string algo = get_or<std::string>(q, "quant_algo", "");
+  std::transform(algo.begin(), algo.end(), algo.begin(), [](unsigned char ch) { return std::toupper(ch); });
+  DI_CHECK_ARG(algo == "NVFP4" || algo == "W4A16_NVFP4", where, ".quant_algo '", algo, "' is not supported: ",
+               "DeepInfer loads ModelOpt's NVFP4 checkpoints ('NVFP4', 'W4A16_NVFP4'); its FP8 ones are not read");
+  const int64_t group_size = get_or<int64_t>(q, "group_size", 16);
+  DI_CHECK_ARG(group_size == 16, where, ".group_size is ", group_size, "; NVFP4 scales groups of 16");
+  c.fp4 = {.format = Fp4Format::kNvfp4ModelOpt, .group_size = 16};
 }
 
 // AutoAWQ's GEMM layout with zero points (transformers' AwqConfig writes `bits`; AutoAWQ's own files `w_bit`).
@@ -156,9 +207,16 @@ void parse_quantization(const json& q, ModelConfig& c) {
   if (method == "fp8") return parse_fp8(q, c);
   if (method == "compressed-tensors") return parse_compressed_tensors(q, c);
   if (method == "awq") return parse_awq(q, c);
+  if (method == "modelopt") {
+    // Older exports nest the settings under "quantization", as hf_quant_config.json does.
+    const auto nested = q.find("quantization");
+    return parse_modelopt(nested != q.end() && nested->is_object() ? *nested : q, "config.json: quantization_config",
+                          c);
+  }
   throw InvalidArgument(str_cat("config.json: quantization_config.quant_method '", method, "' is not supported: "
                                 "DeepInfer loads 'fp8' (DeepSeek's block-scaled FP8), 'compressed-tensors' "
-                                "(pack-quantized 4-bit weights) and 'awq' (AutoAWQ GEMM) checkpoints"));
+                                "(pack-quantized 4-bit integer or NVFP4 / MXFP4 weights), 'awq' (AutoAWQ GEMM) and "
+                                "'modelopt' (NVFP4) checkpoints"));
 }
 
 }  // namespace
@@ -304,6 +362,15 @@ ModelConfig load_model_config(const std::filesystem::path& model_dir) {
     throw InvalidArgument(str_cat("'", path.string(), "' is not valid JSON: ", e.what()));
   }
   ModelConfig c = parse_model_config(j);
+  // ModelOpt's exports before config.json carried their quantization_config describe it in hf_quant_config.json.
+  const auto modelopt_path = model_dir / "hf_quant_config.json";
+  if (std::ifstream mo(modelopt_path); mo.good() && !j.contains("quantization_config")) {
+    const json m = json::parse(mo, nullptr, /*allow_exceptions=*/false);
+    const auto q = m.is_object() ? m.find("quantization") : m.end();
+    DI_CHECK_ARG(m.is_object() && q != m.end() && q->is_object(), "'", modelopt_path.string(), "' is not ModelOpt's ",
+                 "quantization record (an object with a \"quantization\" object)");
+    parse_modelopt(*q, "hf_quant_config.json: quantization", c);
+  }
   const auto gen_path = model_dir / "generation_config.json";
   if (std::ifstream gen(gen_path); gen.good()) {
     json g = json::parse(gen, nullptr, /*allow_exceptions=*/false);

@@ -53,6 +53,21 @@ struct Int4Config {
   bool enabled() const { return format != Int4Format::kNone; }
 };
 
+// A checkpoint whose linear layers are stored as 4-bit floats (model/fp4.h has the layouts), loaded weight-only.
+// Which layers are quantized is read from the tensors, as for INT4.
+enum class Fp4Format : uint8_t {
+  kNone,
+  kNvfp4CompressedTensors,  // quant_method "compressed-tensors", format "nvfp4-pack-quantized"
+  kMxfp4CompressedTensors,  // quant_method "compressed-tensors", format "mxfp4-pack-quantized"
+  kNvfp4ModelOpt,           // quant_method "modelopt" (or hf_quant_config.json), quant_algo NVFP4 / W4A16_NVFP4
+};
+
+struct Fp4Config {
+  Fp4Format format = Fp4Format::kNone;
+  int64_t group_size = 16;  // 16 (NVFP4) or 32 (MXFP4)
+  bool enabled() const { return format != Fp4Format::kNone; }
+};
+
 struct ModelConfig {
   ModelVersion version = ModelVersion::kV3;
   std::string architecture;
@@ -84,6 +99,7 @@ struct ModelConfig {
   RopeConfig rope;
   Fp8Config fp8;
   Int4Config int4;
+  Fp4Config fp4;
   int64_t num_nextn_predict_layers = 0;  // MTP layers stored after the main layers
   std::vector<int32_t> eos_token_ids;
   std::optional<int32_t> bos_token_id;

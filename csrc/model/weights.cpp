@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/fp8.h"
 #include "model/checkpoint.h"
+#include "model/fp4_source.h"
 #include "model/int4_source.h"
 
 namespace deepinfer {
@@ -482,6 +483,7 @@ void WeightSource::read_fp8_rows(const std::string& name, std::span<const int64_
 
 std::unique_ptr<WeightSource> open_checkpoint_source(const std::filesystem::path& dir, const ModelConfig& config) {
   if (config.int4.enabled()) return open_int4_checkpoint_source(Checkpoint::open(dir), config);
+  if (config.fp4.enabled()) return open_fp4_checkpoint_source(Checkpoint::open(dir), config);
   return std::make_unique<CheckpointSource>(Checkpoint::open(dir), config);
 }
 

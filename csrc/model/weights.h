@@ -111,7 +111,8 @@ class WeightSource {
   }
 };
 
-// A checkpoint with 4-bit linear layers (config.int4) reads them dequantized to float32 (model/int4_source.h).
+// A checkpoint with 4-bit linear layers (config.int4, config.fp4) reads them dequantized to float32
+// (model/int4_source.h, model/fp4_source.h).
 std::unique_ptr<WeightSource> open_checkpoint_source(const std::filesystem::path& dir, const ModelConfig& config);
 // Deterministic random weights: value i of matrix `name` is 0.02 * a standard normal made from a 64-bit hash of
 // (seed, FNV-1a of the name, i), in plain float arithmetic (no std::hash, no libm); norm weights are 1, biases 0.

@@ -98,6 +98,7 @@ class WeightFormat:
     int4: str = ""               # "": none; "compressed-tensors" / "awq": stored 4-bit weights; "rtn": rounded at load
     int4_group_size: int = 128   # "rtn" only
     int4_symmetric: bool = False
+    fp4: str = ""                # "": none; "nvfp4" / "mxfp4" / "modelopt-nvfp4": stored FP4 weights (weight-only)
 
 
 INT4_GPU_NOT_BUILT = ("the INT4 GPU kernels are not built yet; 4-bit checkpoints (compressed-tensors, AWQ) and "
@@ -105,11 +106,23 @@ INT4_GPU_NOT_BUILT = ("the INT4 GPU kernels are not built yet; 4-bit checkpoints
                       "weights")
 
 
+FP4_GPU_NOT_BUILT = ("the FP4 GPU kernels are not built yet; NVFP4 / MXFP4 checkpoints load on the CPU backend "
+                     "(device='cpu'), which computes with the dequantized weights")
+
+
 def resolve_weight_format(q: "QuantizationConfig | None", fp8_checkpoint: bool, int4_checkpoint: str,
-                          device: str) -> WeightFormat:
+                          device: str, fp4_checkpoint: str = "") -> WeightFormat:
     """The engine's (and the plan's) reading of `quantization` against the checkpoint (config.json's
-    quantization_config: FP8, or the 4-bit `int4_checkpoint` format). An FP8 or 4-bit checkpoint stays as stored
-    unless asked otherwise, as vLLM runs it. Raises ValueError for what cannot be, before a weight is read."""
+    quantization_config: FP8, the 4-bit integer `int4_checkpoint` format or the FP4 `fp4_checkpoint` one). A quantized
+    checkpoint stays as stored unless asked otherwise, as vLLM runs it. Raises ValueError for what cannot be, before a
+    weight is read."""
+    if fp4_checkpoint:
+        if q is not None:
+            raise ValueError(f"quantization={q.method!r} on a checkpoint of FP4 weights ({fp4_checkpoint}): it is "
+                             "already quantized; leave quantization unset to run it as stored")
+        if device == "cuda":
+            raise ValueError(f"FP4 weights on device='cuda': {FP4_GPU_NOT_BUILT}")
+        return WeightFormat(fp4=fp4_checkpoint)
     if q is None:
         stored = WeightFormat(fp8_weights=fp8_checkpoint, int4=int4_checkpoint)
     elif q.method == "fp8":

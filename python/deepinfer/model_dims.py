@@ -39,6 +39,7 @@ class ModelDims:
     fp8_checkpoint: bool  # quantization_config says block-scaled FP8 (what the engine keeps FP8 on a GPU)
     num_nextn_predict_layers: int
     int4_checkpoint: str = ""  # quantization_config's 4-bit weights: "compressed-tensors", "awq" or "" (none)
+    fp4_checkpoint: str = ""   # its FP4 weights: "nvfp4", "mxfp4", "modelopt-nvfp4" or "" (none)
 
     @property
     def qk_head_dim(self) -> int:
@@ -69,7 +70,8 @@ class ModelDims:
                    moe_layer_freq=c.moe_layer_freq, max_position_embeddings=c.max_position_embeddings,
                    tie_word_embeddings=c.tie_word_embeddings, fp8_checkpoint=c.fp8,
                    num_nextn_predict_layers=c.num_nextn_predict_layers,
-                   int4_checkpoint=getattr(c, "int4_format", ""))
+                   int4_checkpoint=getattr(c, "int4_format", ""),
+                   fp4_checkpoint=getattr(c, "fp4_format", ""))
 
 
 def config_json_path(model: str | Path) -> Path:

@@ -46,6 +46,7 @@ class MemoryPlan:
     enable_expert_parallel: bool
     enable_dp_attention: bool
     weight_format: str                # "fp8 (W8A8)", "fp8 (W8A16)", "bfloat16", "float32", "int4 (float32 on the CPU)",
+                                      # "fp4 (float32 on the CPU)",
                                       # "int4 (GPU kernels not built yet)"
     weight_bytes: dict[str, int]      # a GPU, by dtype: what Engine.weight_bytes reports
     cache_dtype: str
@@ -165,9 +166,11 @@ def _weight_format(config: EngineConfig, d: ModelDims, device: str, int4: bool) 
     `int4` plans what INT4 weights would need on GPUs, whose kernels are not built yet."""
     if int4:
         return "int4", "int4 (GPU kernels not built yet)"
-    f = resolve_weight_format(config.quantization, d.fp8_checkpoint, d.int4_checkpoint, device)
+    f = resolve_weight_format(config.quantization, d.fp8_checkpoint, d.int4_checkpoint, device, d.fp4_checkpoint)
     if f.int4:
         return "plain", "int4 (float32 on the CPU)"
+    if f.fp4:
+        return "plain", "fp4 (float32 on the CPU)"
     if not f.fp8_weights:
         return "plain", BF16 if device == "cuda" else F32
     if device == "cpu":

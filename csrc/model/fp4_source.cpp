@@ -1,0 +1,189 @@
+#include "model/fp4_source.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "core/fp8.h"
+#include "model/fp4.h"
+
+namespace deepinfer {
+namespace {
+
+bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+bool is_u8(const TensorInfo& t) { return t.dtype_tag == "U8"; }
+
+// Where one FP4 weight's tensors are, and what its scales are.
+struct Fp4Entry {
+  std::string codes, scales;
+  float tensor_scale = 1.0f;  // NVFP4's per-tensor factor, already inverted where the layout stores a divisor
+  int64_t rows = 0, cols = 0;
+};
+
+class Fp4CheckpointSource final : public WeightSource {
+ public:
+  Fp4CheckpointSource(Checkpoint checkpoint, const ModelConfig& config)
+      : checkpoint_(std::move(checkpoint)), format_(config.fp4.format), group_size_(config.fp4.group_size) {
+    DI_CHECK(config.fp4.enabled(), "internal: an FP4 source for a checkpoint without FP4 weights");
+    for (const std::string& name : checkpoint_.names()) {
+      if (format_ == Fp4Format::kNvfp4ModelOpt) {
+        // ModelOpt keeps the name X.weight for the packed codes: an FP4 layer is one whose X.weight is U8.
+        if (!ends_with(name, ".weight") || !is_u8(checkpoint_.get(name))) continue;
+        const std::string module = name.substr(0, name.size() - std::string_view(".weight").size());
+        packed_.emplace(name, index(module, name));
+      } else {
+        constexpr std::string_view kSuffix = ".weight_packed";
+        if (!ends_with(name, kSuffix)) continue;
+        const std::string module = name.substr(0, name.size() - kSuffix.size());
+        const std::string logical = module + ".weight";
+        DI_CHECK_ARG(!checkpoint_.contains(logical), "checkpoint ", checkpoint_.dir(), " stores both ", logical,
+                     " and its FP4 form ", name);
+        packed_.emplace(logical, index(module, name));
+      }
+    }
+    DI_CHECK_ARG(!packed_.empty(), "checkpoint ", checkpoint_.dir(), ": its quantization config says ", format_name(),
+                 " weights, but no tensor is stored in that layout (",
+                 format_ == Fp4Format::kNvfp4ModelOpt ? "U8 *.weight" : "*.weight_packed", ")");
+  }
+
+  bool contains(const std::string& name) const override {
+    return checkpoint_.contains(name) || packed_.contains(name);
+  }
+
+  std::optional<std::vector<int64_t>> stored_shape(const std::string& name) const override {
+    if (const auto it = packed_.find(name); it != packed_.end()) return std::vector{it->second.rows, it->second.cols};
+    return checkpoint_.get(name).shape;
+  }
+
+  void read_rows(const std::string& name, std::span<const int64_t> shape, int64_t first_row, int64_t num_rows,
+                 std::span<float> out) const override {
+    const auto it = packed_.find(name);
+    if (it == packed_.end()) {
+      checkpoint_.read_rows_f32(name, shape, first_row, num_rows, out);
+      return;
+    }
+    const Fp4Entry& e = it->second;
+    const std::vector<int64_t> stored{e.rows, e.cols};
+    DI_CHECK(std::equal(stored.begin(), stored.end(), shape.begin(), shape.end()), "tensor ", name,
+             " (stored in FP4 as ", e.codes, ") has shape ", shape_str(stored), ", expected ", shape_str(shape));
+    const std::vector<float> scales = decode_scales(e);
+    const PackedFp4 w{.rows = e.rows, .cols = e.cols, .group_size = group_size_,
+                      .codes = checkpoint_.get(e.codes).bytes, .scales = scales};
+    dequantize_fp4_rows(w, first_row, num_rows, out);
+  }
+
+ private:
+  const char* format_name() const {
+    switch (format_) {
+      case Fp4Format::kNvfp4CompressedTensors: return "compressed-tensors NVFP4";
+      case Fp4Format::kMxfp4CompressedTensors: return "compressed-tensors MXFP4";
+      case Fp4Format::kNvfp4ModelOpt: return "ModelOpt NVFP4";
+      case Fp4Format::kNone: break;
+    }
+    return "no FP4";
+  }
+
+  const TensorInfo& require(const std::string& name, const std::string& of) const {
+    DI_CHECK_ARG(checkpoint_.contains(name), "FP4 weight ", of, " has no ", name, " in checkpoint ",
+                 checkpoint_.dir());
+    return checkpoint_.get(name);
+  }
+
+  // The one float32 value of a per-tensor scale (shape [], [1] or, for a fused projection, all equal).
+  float tensor_scale(const std::string& name, const std::string& of) const {
+    const TensorInfo& t = require(name, of);
+    DI_CHECK_ARG(t.supported && t.dtype == DType::kF32 && t.numel() >= 1, "tensor ", name, " is ", t.dtype_tag, " ",
+                 shape_str(t.shape), "; the per-tensor scale of ", of, " is one F32 value");
+    std::vector<float> values(static_cast<size_t>(t.numel()));
+    checkpoint_.read_f32(name, t.shape, values);
+    DI_CHECK_ARG(std::all_of(values.begin(), values.end(), [&](float v) { return v == values[0]; }), "tensor ", name,
+                 " holds ", values.size(), " different per-tensor scales; one is supported");
+    DI_CHECK_ARG(std::isfinite(values[0]) && values[0] > 0.0f, "tensor ", name, " is ", values[0],
+                 "; a per-tensor scale must be finite and > 0");
+    return values[0];
+  }
+
+  Fp4Entry index(const std::string& module, const std::string& codes_name) const {
+    Fp4Entry e{.codes = codes_name, .scales = module + ".weight_scale"};
+    const TensorInfo& codes = checkpoint_.get(codes_name);
+    DI_CHECK_ARG(is_u8(codes) && codes.shape.size() == 2 && codes.shape[0] > 0 && codes.shape[1] > 0, "tensor ",
+                 codes_name, " is ", codes.dtype_tag, " ", shape_str(codes.shape), "; FP4 weights are U8 [N, K / 2], ",
+                 "two e2m1 values a byte");
+    e.rows = codes.shape[0];
+    e.cols = 2 * codes.shape[1];
+    if (format_ == Fp4Format::kNvfp4CompressedTensors) {
+      const TensorInfo& shape_t = require(module + ".weight_shape", codes_name);
+      check_weight_shape(shape_t, e);
+    }
+    DI_CHECK_ARG(e.cols % group_size_ == 0, "FP4 weight ", codes_name, " [", e.rows, ", ", e.cols, "]: K = ", e.cols,
+                 " is not a multiple of the group size ", group_size_);
+    const std::vector<int64_t> scale_shape{e.rows, e.cols / group_size_};
+    const TensorInfo& scales = require(e.scales, codes_name);
+    const bool mx = format_ == Fp4Format::kMxfp4CompressedTensors;
+    const bool scale_dtype_ok = mx ? (is_u8(scales) || scales.dtype_tag == "F8_E8M0")
+                                   : (scales.supported && scales.dtype == DType::kF8E4M3);
+    DI_CHECK_ARG(scale_dtype_ok, "tensor ", e.scales, " is ", scales.dtype_tag, "; ",
+                 mx ? "MXFP4 group scales are E8M0 exponents (U8 or F8_E8M0)" : "NVFP4 group scales are F8_E4M3");
+    DI_CHECK_ARG(std::equal(scales.shape.begin(), scales.shape.end(), scale_shape.begin(), scale_shape.end()),
+                 "tensor ", e.scales, " has shape ", shape_str(scales.shape), ", expected ", shape_str(scale_shape),
+                 " (one scale per ", group_size_, " inputs of each row of ", codes_name, ")");
+    if (format_ == Fp4Format::kNvfp4CompressedTensors) {
+      e.tensor_scale = 1.0f / tensor_scale(module + ".weight_global_scale", codes_name);  // stored as a divisor
+    } else if (format_ == Fp4Format::kNvfp4ModelOpt) {
+      e.tensor_scale = tensor_scale(module + ".weight_scale_2", codes_name);
+    }
+    return e;
+  }
+
+  // compressed-tensors records the unpacked shape {N, K}: it must be what the packed codes hold.
+  static void check_weight_shape(const TensorInfo& shape_t, const Fp4Entry& e) {
+    DI_CHECK_ARG(shape_t.supported && (shape_t.dtype == DType::kI64 || shape_t.dtype == DType::kI32) &&
+                     shape_t.numel() == 2,
+                 "tensor ", shape_t.name, " (", shape_t.dtype_tag, " ", shape_str(shape_t.shape),
+                 ") is not the 2 integers {N, K} of a linear weight's shape");
+    int64_t dims[2];
+    for (int i = 0; i < 2; ++i) {
+      if (shape_t.dtype == DType::kI64) {
+        std::memcpy(&dims[i], shape_t.bytes.data() + 8 * i, 8);
+      } else {
+        int32_t d;
+        std::memcpy(&d, shape_t.bytes.data() + 4 * i, 4);
+        dims[i] = d;
+      }
+    }
+    DI_CHECK_ARG(dims[0] == e.rows && dims[1] == e.cols, "tensor ", shape_t.name, " says [", dims[0], ", ", dims[1],
+                 "], but ", e.codes, " holds [", e.rows, ", ", e.cols, "] (two values a byte along K)");
+  }
+
+  std::vector<float> decode_scales(const Fp4Entry& e) const {
+    const TensorInfo& t = checkpoint_.get(e.scales);
+    const auto* bytes = reinterpret_cast<const uint8_t*>(t.bytes.data());
+    std::vector<float> scales(static_cast<size_t>(t.numel()));
+    const bool mx = format_ == Fp4Format::kMxfp4CompressedTensors;
+    for (size_t i = 0; i < scales.size(); ++i) {
+      scales[i] = mx ? e8m0_to_float(bytes[i]) : e4m3_to_float(bytes[i]) * e.tensor_scale;
+    }
+    return scales;
+  }
+
+  Checkpoint checkpoint_;
+  Fp4Format format_;
+  int64_t group_size_;
+  std::map<std::string, Fp4Entry, std::less<>> packed_;  // by the plain name the loader asks for (X.weight)
+};
+
+}  // namespace
+
+std::unique_ptr<WeightSource> open_fp4_checkpoint_source(Checkpoint checkpoint, const ModelConfig& config) {
+  return std::make_unique<Fp4CheckpointSource>(std::move(checkpoint), config);
+}
+
+}  // namespace deepinfer

@@ -1,0 +1,19 @@
+// The WeightSource of a checkpoint that stores linear layers as 4-bit floats (NVFP4 or MXFP4, model/fp4.h), for the
+// CPU backend, which computes with their dequantized values in float32. It answers for the plain names the loader
+// asks for ("...q_b_proj.weight", [N, K]) with float32 rows, as the INT4 source does (model/int4_source.h).
+#pragma once
+
+#include <memory>
+
+#include "model/checkpoint.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace deepinfer {
+
+// Indexes and checks every FP4 tensor of `checkpoint` (config.fp4 says the layout) before a weight is read: the
+// packed codes' dtype and shape, the group scales' dtype and shape, the tensor scale. Throws naming the tensor.
+// Tensors not stored in FP4 (embeddings, norms, the router, lm_head, the excluded layers) are read as stored.
+std::unique_ptr<WeightSource> open_fp4_checkpoint_source(Checkpoint checkpoint, const ModelConfig& config);
+
+}  // namespace deepinfer
