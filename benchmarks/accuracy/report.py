@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-WEIGHTS = {None: "own (bf16 file, fp32 compute)", "fp8": "FP8 (block-scaled e4m3, 128x128)"}
 CACHES = {"auto": "fp32 (the compute dtype)", "fp8": "FP8 (e4m3 c_kv, 2^k scale per 128; bf16 k_pe)"}
 SOURCES = (("engine", "engine prompt_logprobs"), ("lm_eval", "lm-eval via deepinfer serve"))
 
@@ -14,7 +13,7 @@ def _verdict(ok: bool) -> str:
 def _labels(r: dict, key: str) -> tuple[str, str]:
     """A configuration's weights and latent cache, in words."""
     c = r["configurations"][key]
-    return WEIGHTS.get(c["quantization"], str(c["quantization"])), CACHES.get(c["kv_cache_dtype"], c["kv_cache_dtype"])
+    return c["weights"], CACHES.get(c["kv_cache_dtype"], c["kv_cache_dtype"])
 
 
 def _cells(r: dict, key: str) -> str:
@@ -23,9 +22,8 @@ def _cells(r: dict, key: str) -> str:
 
 
 def _named(r: dict, key: str) -> str:
-    """A configuration in short: "FP8 weights, fp32 cache" (each label's first word)."""
-    weights, cache = (label.split(" ")[0] for label in _labels(r, key))
-    return f"{weights} weights, {cache} cache"
+    """A configuration in short: "FP8 weights, fp32 cache"."""
+    return r["configurations"][key]["short"]
 
 
 def render_markdown(r: dict) -> str:
@@ -34,7 +32,7 @@ def render_markdown(r: dict) -> str:
     pages = {CACHES.get(run["kv_cache_dtype"], run["kv_cache_dtype"]).split(" ")[0]: run["cache_pages"]
              for run in engine.values()}
     lines = [
-        "# FP8 weights and FP8 latent cache: perplexity of the embedded demo model on its held-out text",
+        "# Quantized weights and the FP8 latent cache: perplexity of the embedded demo model on its held-out text",
         "",
         f"- Date (UTC): {r['date_utc']}; commit {r['commit']}; machine: {r['machine']} ({r['platform']})",
         f"- Command: `{r['command']}`",
@@ -46,12 +44,16 @@ def render_markdown(r: dict) -> str:
         f"{r['window'] - 1} tokens; each later one starts with the token before it (conditioning only) and predicts "
         f"the next {r['window'] - 1}; the last is right-aligned to the end of the text, its earlier tokens context only.",
         "- Engine: `SamplingParams(prompt_logprobs=0, max_tokens=0)`, the scored tokens' own logprobs summed.",
-        "- Configurations: the weights (`quantization`: the file's own, or `fp8`) and the latent cache "
+        "- Configurations: the weights (the file's own; `quantization` `fp8` or `int4` applied at load; or a "
+        "checkpoint made from the demo model: GPTQ by llm-compressor's oneshot, benchmarks/accuracy/calibrate_gptq.py; "
+        "NVFP4 and MXFP4 by compressed-tensors, benchmarks/accuracy/quantized_checkpoints.py) and the latent cache "
         "(`kv_cache_dtype`: `auto`, on the CPU fp32, or `fp8`: c_kv in e4m3 with a power-of-two float32 scale per 128 "
         "values, k_pe in bf16, widened to fp32 as attention reads them). The prefill attends over the cached latents "
         "too, so every scored token sees the cache's values. The engine's cache at its default memory: "
         + ", ".join(f"{n:,} pages ({cache})" for cache, n in pages.items()) + ".",
     ]
+    if r.get("left_out"):
+        lines.append(f"- Not measured in this run: {', '.join(r['left_out'])} (see perplexity.py's options).")
     if lm_eval:
         one = next(iter(lm_eval.values()))
         lines += [

@@ -156,10 +156,14 @@ void parse_compressed_tensors(const json& q, ModelConfig& c) {
     const std::string strategy = get_or<std::string>(*w, "strategy", "");
     DI_CHECK_ARG(strategy == "group" || strategy == "channel", at, ".weights.strategy '", strategy,
                  "' is not supported ('group' or 'channel')");
+    // GPTQ's "weight" (alias "static") activation order permutes columns during calibration only: the groups stay
+    // contiguous. "group" (alias "dynamic") stores permuted groups (weight_g_idx), which is not read.
     auto actorder = w->find("actorder");
-    DI_CHECK_ARG(actorder == w->end() || actorder->is_null() || (actorder->is_boolean() && !actorder->get<bool>()),
-                 at, ".weights.actorder ", actorder == w->end() ? "" : actorder->dump(),
-                 ": activation-ordered groups (weight_g_idx) are not supported");
+    const bool contiguous_groups =
+        actorder == w->end() || actorder->is_null() || (actorder->is_boolean() && !actorder->get<bool>()) ||
+        (actorder->is_string() && (*actorder == "weight" || *actorder == "static"));
+    DI_CHECK_ARG(contiguous_groups, at, ".weights.actorder ", actorder == w->end() ? "" : actorder->dump(),
+                 ": activation-ordered groups (weight_g_idx) are not supported ('weight' / 'static' order is)");
     DI_CHECK_ARG(!get_or<bool>(*w, "dynamic", false), at, ".weights.dynamic: dynamic weight scales are not supported");
     int64_t group_size = -1;
     if (strategy == "group") {

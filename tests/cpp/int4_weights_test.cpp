@@ -318,6 +318,10 @@ TEST(Int4Config, RefusesWhatItCannotLoad) {
   q = ct_quantization(true, 32);
   q["config_groups"]["group_0"]["weights"]["actorder"] = "group";
   expect_error([&] { parse(q); }, {"actorder"});
+  for (const char* order : {"weight", "static"}) {  // GPTQ's calibration-time order: the groups stay contiguous
+    q["config_groups"]["group_0"]["weights"]["actorder"] = order;
+    EXPECT_EQ(parse(q).int4.group_size, 32) << order;
+  }
   q = ct_quantization(true, 32);
   q["config_groups"]["group_0"]["weights"]["strategy"] = "channel";
   EXPECT_EQ(parse(q).int4.group_size, -1);

@@ -1,0 +1,71 @@
+"""A GPTQ-calibrated INT4 checkpoint of the demo model, made by llm-compressor's oneshot (GPTQModifier, W4A16,
+groups of 128, symmetric: its "W4A16" preset), for perplexity.py's calibrated row. The calibration text is the demo
+model's training split (the corpus before its validation and test splits, as tools/train_demo_model.py cuts it), in
+windows of 512 tokens after BOS, never the held-out text the perplexity is measured on. llm-compressor writes the
+checkpoint in compressed-tensors' pack-quantized format, which the engine loads as stored.
+
+llm-compressor pins its own transformers and compressed-tensors, so it runs in an environment of its own:
+
+    python -m venv --system-site-packages .venv-gptq
+    .venv-gptq/bin/pip install -r benchmarks/accuracy/requirements-gptq.txt
+    .venv-gptq/bin/python benchmarks/accuracy/calibrate_gptq.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import heldout  # noqa: E402
+
+VAL_FRACTION = 0.025  # tools/train_demo_model.py --val-fraction (the shipped run's value)
+
+
+def calibration_windows(corpus_text: str, model_dir: Path, window: int, count: int) -> list[list[int]]:
+    """`count` windows of BOS + `window` - 1 tokens, evenly spread over the training split."""
+    cut = int(len(corpus_text) * (1.0 - heldout.TEST_FRACTION - VAL_FRACTION))
+    train = corpus_text[:corpus_text.find("\n", cut) + 1]
+    ids = heldout.tokenize(train, model_dir)
+    step = (len(ids) - window) // max(1, count - 1)
+    return [[heldout.BOS_TOKEN_ID] + ids[i * step:i * step + window - 1] for i in range(count)]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--model", type=Path, default=None, help="the source checkpoint (default: the demo model)")
+    ap.add_argument("--corpus", type=Path, default=None, help="tinyshakespeare.txt (as perplexity.py finds it)")
+    ap.add_argument("--samples", type=int, default=128, help="calibration windows")
+    ap.add_argument("--window", type=int, default=512)
+    args = ap.parse_args(argv)
+
+    import torch
+    from datasets import Dataset
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import GPTQModifier
+    from transformers import AutoModelForCausalLM
+
+    if args.model is None:
+        from deepinfer.default_model import TRAINED_MODEL_DIR
+        args.model = Path(TRAINED_MODEL_DIR)
+    corpus = args.corpus or heldout.default_corpus()
+    windows = calibration_windows(corpus.read_text(encoding="utf-8"), args.model, args.window, args.samples)
+    data = Dataset.from_dict({"input_ids": windows, "attention_mask": [[1] * len(w) for w in windows]})
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    # Every attention and MLP projection (experts included), as the engine's INT4 rounding at load; the router
+    # (mlp.gate), embeddings and lm_head stay.
+    recipe = GPTQModifier(targets="Linear", scheme="W4A16", ignore=["lm_head", "re:.*mlp\\.gate$"])
+    oneshot(model=model, dataset=data, recipe=recipe, max_seq_length=args.window, num_calibration_samples=len(windows),
+            output_dir=str(args.out), save_compressed=True)
+    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        if (args.model / f).exists() and not (args.out / f).exists():
+            (args.out / f).write_bytes((args.model / f).read_bytes())
+    print(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
