@@ -239,8 +239,9 @@ def main(argv=None) -> int:
                                        TRAINED_MODEL_DIR, work, args.lm_eval_python, args.lm_eval_timeout)
             r.update(quantization=c.quantization, kv_cache_dtype=c.kv_cache_dtype)
             if c.checkpoint:  # the checkpoint's place on this machine, by name
-                r["server_command"] = r["server_command"].replace(str(model_dirs[c.checkpoint]),
-                                                                  f"{c.checkpoint.upper()}_CHECKPOINT_DIR")
+                for command in ("server_command", "lm_eval_command"):
+                    r[command] = r[command].replace(str(model_dirs[c.checkpoint]),
+                                                    f"{c.checkpoint.upper()}_CHECKPOINT_DIR")
             result["lm_eval"][c.key] = r
             print(f"lm-eval  {c.key:>13}: perplexity {r['perplexity']:.4f} ({r['seconds']} s)", flush=True)
         result["lm_eval_version"] = subprocess.run(

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <map>
 #include <string>
 #include <utility>
@@ -11,6 +10,7 @@
 #include "core/error.h"
 #include "core/fp8.h"
 #include "model/fp4.h"
+#include "model/packed_source.h"
 
 namespace deepinfer {
 namespace {
@@ -28,56 +28,25 @@ struct Fp4Entry {
   int64_t rows = 0, cols = 0;
 };
 
-class Fp4CheckpointSource final : public WeightSource {
+class Fp4CheckpointSource final : public PackedWeightSource {
  public:
   Fp4CheckpointSource(Checkpoint checkpoint, const ModelConfig& config)
-      : checkpoint_(std::move(checkpoint)), format_(config.fp4.format), group_size_(config.fp4.group_size) {
+      : PackedWeightSource(std::move(checkpoint)), format_(config.fp4.format), group_size_(config.fp4.group_size) {
     DI_CHECK(config.fp4.enabled(), "internal: an FP4 source for a checkpoint without FP4 weights");
+    const bool modelopt = format_ == Fp4Format::kNvfp4ModelOpt;
+    // ModelOpt keeps the name X.weight for the packed codes (an FP4 layer is one whose X.weight is U8);
+    // compressed-tensors stores them as X.weight_packed.
+    const std::string_view suffix = modelopt ? ".weight" : ".weight_packed";
     for (const std::string& name : checkpoint_.names()) {
-      if (format_ == Fp4Format::kNvfp4ModelOpt) {
-        // ModelOpt keeps the name X.weight for the packed codes: an FP4 layer is one whose X.weight is U8.
-        if (!ends_with(name, ".weight") || !is_u8(checkpoint_.get(name))) continue;
-        const std::string module = name.substr(0, name.size() - std::string_view(".weight").size());
-        packed_.emplace(name, index(module, name));
-      } else {
-        constexpr std::string_view kSuffix = ".weight_packed";
-        if (!ends_with(name, kSuffix)) continue;
-        const std::string module = name.substr(0, name.size() - kSuffix.size());
-        const std::string logical = module + ".weight";
-        DI_CHECK_ARG(!checkpoint_.contains(logical), "checkpoint ", checkpoint_.dir(), " stores both ", logical,
-                     " and its FP4 form ", name);
-        packed_.emplace(logical, index(module, name));
-      }
+      if (!ends_with(name, suffix) || (modelopt && !is_u8(checkpoint_.get(name)))) continue;
+      const std::string module = name.substr(0, name.size() - suffix.size());
+      Fp4Entry e = index(module, name);
+      add_packed(module + ".weight", name, e.rows, e.cols);
+      entries_.emplace(module + ".weight", std::move(e));
     }
-    DI_CHECK_ARG(!packed_.empty(), "checkpoint ", checkpoint_.dir(), ": its quantization config says ", format_name(),
-                 " weights, but no tensor is stored in that layout (",
-                 format_ == Fp4Format::kNvfp4ModelOpt ? "U8 *.weight" : "*.weight_packed", ")");
-  }
-
-  bool contains(const std::string& name) const override {
-    return checkpoint_.contains(name) || packed_.contains(name);
-  }
-
-  std::optional<std::vector<int64_t>> stored_shape(const std::string& name) const override {
-    if (const auto it = packed_.find(name); it != packed_.end()) return std::vector{it->second.rows, it->second.cols};
-    return checkpoint_.get(name).shape;
-  }
-
-  void read_rows(const std::string& name, std::span<const int64_t> shape, int64_t first_row, int64_t num_rows,
-                 std::span<float> out) const override {
-    const auto it = packed_.find(name);
-    if (it == packed_.end()) {
-      checkpoint_.read_rows_f32(name, shape, first_row, num_rows, out);
-      return;
-    }
-    const Fp4Entry& e = it->second;
-    const std::vector<int64_t> stored{e.rows, e.cols};
-    DI_CHECK(std::equal(stored.begin(), stored.end(), shape.begin(), shape.end()), "tensor ", name,
-             " (stored in FP4 as ", e.codes, ") has shape ", shape_str(stored), ", expected ", shape_str(shape));
-    const std::vector<float> scales = decode_scales(e);
-    const PackedFp4 w{.rows = e.rows, .cols = e.cols, .group_size = group_size_,
-                      .codes = checkpoint_.get(e.codes).bytes, .scales = scales};
-    dequantize_fp4_rows(w, first_row, num_rows, out);
+    DI_CHECK_ARG(has_packed(), "checkpoint ", checkpoint_.dir(), ": its quantization config says ", format_name(),
+                 " weights, but no tensor is stored in that layout (", modelopt ? "U8 *.weight" : "*.weight_packed",
+                 ")");
   }
 
  private:
@@ -91,10 +60,13 @@ class Fp4CheckpointSource final : public WeightSource {
     return "no FP4";
   }
 
-  const TensorInfo& require(const std::string& name, const std::string& of) const {
-    DI_CHECK_ARG(checkpoint_.contains(name), "FP4 weight ", of, " has no ", name, " in checkpoint ",
-                 checkpoint_.dir());
-    return checkpoint_.get(name);
+  void read_packed_rows(const std::string& name, int64_t first_row, int64_t num_rows,
+                        std::span<float> out) const override {
+    const Fp4Entry& e = entries_.at(name);
+    const std::vector<float> scales = decode_scales(e);
+    const PackedFp4 w{.rows = e.rows, .cols = e.cols, .group_size = group_size_,
+                      .codes = checkpoint_.get(e.codes).bytes, .scales = scales};
+    dequantize_fp4_rows(w, first_row, num_rows, out);
   }
 
   // The one float32 value of a per-tensor scale (shape [], [1] or, for a fused projection, all equal).
@@ -145,22 +117,9 @@ class Fp4CheckpointSource final : public WeightSource {
 
   // compressed-tensors records the unpacked shape {N, K}: it must be what the packed codes hold.
   static void check_weight_shape(const TensorInfo& shape_t, const Fp4Entry& e) {
-    DI_CHECK_ARG(shape_t.supported && (shape_t.dtype == DType::kI64 || shape_t.dtype == DType::kI32) &&
-                     shape_t.numel() == 2,
-                 "tensor ", shape_t.name, " (", shape_t.dtype_tag, " ", shape_str(shape_t.shape),
-                 ") is not the 2 integers {N, K} of a linear weight's shape");
-    int64_t dims[2];
-    for (int i = 0; i < 2; ++i) {
-      if (shape_t.dtype == DType::kI64) {
-        std::memcpy(&dims[i], shape_t.bytes.data() + 8 * i, 8);
-      } else {
-        int32_t d;
-        std::memcpy(&d, shape_t.bytes.data() + 4 * i, 4);
-        dims[i] = d;
-      }
-    }
-    DI_CHECK_ARG(dims[0] == e.rows && dims[1] == e.cols, "tensor ", shape_t.name, " says [", dims[0], ", ", dims[1],
-                 "], but ", e.codes, " holds [", e.rows, ", ", e.cols, "] (two values a byte along K)");
+    const auto [rows, cols] = read_weight_shape(shape_t);
+    DI_CHECK_ARG(rows == e.rows && cols == e.cols, "tensor ", shape_t.name, " says [", rows, ", ", cols, "], but ",
+                 e.codes, " holds [", e.rows, ", ", e.cols, "] (two values a byte along K)");
   }
 
   std::vector<float> decode_scales(const Fp4Entry& e) const {
@@ -174,10 +133,9 @@ class Fp4CheckpointSource final : public WeightSource {
     return scales;
   }
 
-  Checkpoint checkpoint_;
   Fp4Format format_;
   int64_t group_size_;
-  std::map<std::string, Fp4Entry, std::less<>> packed_;  // by the plain name the loader asks for (X.weight)
+  std::map<std::string, Fp4Entry, std::less<>> entries_;  // by the plain name the loader asks for (X.weight)
 };
 
 }  // namespace

@@ -1,13 +1,13 @@
 #include "model/int4_source.h"
 
 #include <algorithm>
-#include <cstring>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/error.h"
+#include "model/packed_source.h"
 
 namespace deepinfer {
 namespace {
@@ -28,10 +28,10 @@ struct PackedEntry {
   int64_t rows = 0, cols = 0, group_size = 0;
 };
 
-class Int4CheckpointSource final : public WeightSource {
+class Int4CheckpointSource final : public PackedWeightSource {
  public:
   Int4CheckpointSource(Checkpoint checkpoint, const ModelConfig& config)
-      : checkpoint_(std::move(checkpoint)),
+      : PackedWeightSource(std::move(checkpoint)),
         layout_(config.int4.format == Int4Format::kAwq ? Int4Layout::kAwq : Int4Layout::kCompressedTensors) {
     DI_CHECK(config.int4.enabled(), "internal: an INT4 source for a checkpoint without 4-bit weights");
     const std::string_view suffix = layout_ == Int4Layout::kAwq ? ".qweight" : ".weight_packed";
@@ -39,36 +39,20 @@ class Int4CheckpointSource final : public WeightSource {
       if (!ends_with(name, suffix)) continue;
       const std::string module = name.substr(0, name.size() - suffix.size());
       const std::string logical = module + std::string(kWeight);
-      DI_CHECK_ARG(!checkpoint_.contains(logical), "checkpoint ", checkpoint_.dir(), " stores both ", logical,
-                   " and its 4-bit form ", name);
-      packed_.emplace(logical, layout_ == Int4Layout::kAwq ? index_awq(module, config.int4)
-                                                           : index_compressed_tensors(module, config.int4));
+      PackedEntry e = layout_ == Int4Layout::kAwq ? index_awq(module, config.int4)
+                                                  : index_compressed_tensors(module, config.int4);
+      add_packed(logical, name, e.rows, e.cols);
+      entries_.emplace(logical, std::move(e));
     }
-    DI_CHECK_ARG(!packed_.empty(), "checkpoint ", checkpoint_.dir(), ": config.json's quantization_config says ",
+    DI_CHECK_ARG(has_packed(), "checkpoint ", checkpoint_.dir(), ": config.json's quantization_config says ",
                  layout_ == Int4Layout::kAwq ? "AWQ" : "compressed-tensors", " 4-bit weights, but no tensor is stored ",
                  "as *", suffix);
   }
 
-  bool contains(const std::string& name) const override {
-    return checkpoint_.contains(name) || packed_.contains(name);
-  }
-
-  std::optional<std::vector<int64_t>> stored_shape(const std::string& name) const override {
-    if (const auto it = packed_.find(name); it != packed_.end()) return std::vector{it->second.rows, it->second.cols};
-    return checkpoint_.get(name).shape;
-  }
-
-  void read_rows(const std::string& name, std::span<const int64_t> shape, int64_t first_row, int64_t num_rows,
-                 std::span<float> out) const override {
-    const auto it = packed_.find(name);
-    if (it == packed_.end()) {
-      checkpoint_.read_rows_f32(name, shape, first_row, num_rows, out);
-      return;
-    }
-    const PackedEntry& e = it->second;
-    const std::vector<int64_t> stored{e.rows, e.cols};
-    DI_CHECK(same_shape(stored, shape), "tensor ", name, " (stored in 4 bits as ", e.qweight, ") has shape ",
-             shape_str(stored), ", expected ", shape_str(shape));
+ private:
+  void read_packed_rows(const std::string& name, int64_t first_row, int64_t num_rows,
+                        std::span<float> out) const override {
+    const PackedEntry& e = entries_.at(name);
     const int64_t groups = e.cols / e.group_size;
     const std::vector<int64_t> scale_shape = layout_ == Int4Layout::kAwq ? std::vector{groups, e.rows}
                                                                          : std::vector{e.rows, groups};
@@ -82,13 +66,6 @@ class Int4CheckpointSource final : public WeightSource {
                        .zeros = e.zeros.empty() ? std::span<const std::byte>() : checkpoint_.get(e.zeros).bytes,
                        .scales = scales};
     dequantize_int4_rows(w, first_row, num_rows, out);
-  }
-
- private:
-  const TensorInfo& require(const std::string& name, const std::string& of) const {
-    DI_CHECK_ARG(checkpoint_.contains(name), "4-bit weight ", of, " has no ", name, " in checkpoint ",
-                 checkpoint_.dir());
-    return checkpoint_.get(name);
   }
 
   void check_int32(const TensorInfo& t, std::span<const int64_t> shape, std::string_view what) const {
@@ -117,22 +94,9 @@ class Int4CheckpointSource final : public WeightSource {
   PackedEntry index_compressed_tensors(const std::string& module, const Int4Config& c) const {
     PackedEntry e{.qweight = module + ".weight_packed", .scales = module + ".weight_scale"};
     const TensorInfo& shape_t = require(module + ".weight_shape", e.qweight);
-    DI_CHECK_ARG(shape_t.supported && (shape_t.dtype == DType::kI64 || shape_t.dtype == DType::kI32) &&
-                     shape_t.numel() == 2,
-                 "tensor ", shape_t.name, " (", shape_t.dtype_tag, " ", shape_str(shape_t.shape),
-                 ") is not the 2 integers {N, K} of a linear weight's shape");
-    int64_t dims[2];
-    for (int i = 0; i < 2; ++i) {
-      if (shape_t.dtype == DType::kI64) {
-        std::memcpy(&dims[i], shape_t.bytes.data() + 8 * i, 8);
-      } else {
-        int32_t d;
-        std::memcpy(&d, shape_t.bytes.data() + 4 * i, 4);
-        dims[i] = d;
-      }
-    }
-    e.rows = dims[0];
-    e.cols = dims[1];
+    const auto [rows, cols] = read_weight_shape(shape_t);
+    e.rows = rows;
+    e.cols = cols;
     DI_CHECK_ARG(e.rows > 0 && e.cols > 0, "tensor ", shape_t.name, " says shape [", e.rows, ", ", e.cols, "]");
     const TensorInfo& packed = checkpoint_.get(e.qweight);
     DI_CHECK_ARG(packed.supported && packed.dtype == DType::kI32, "tensor ", e.qweight, " is ", packed.dtype_tag,
@@ -169,9 +133,8 @@ class Int4CheckpointSource final : public WeightSource {
     return e;
   }
 
-  Checkpoint checkpoint_;
   Int4Layout layout_;
-  std::map<std::string, PackedEntry, std::less<>> packed_;  // by the plain name the loader asks for (X.weight)
+  std::map<std::string, PackedEntry, std::less<>> entries_;  // by the plain name the loader asks for (X.weight)
 };
 
 class Int4RoundingSource final : public WeightSource {
