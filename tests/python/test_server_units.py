@@ -573,3 +573,54 @@ def test_chunks_ready_together_leave_in_one_write():
     assert events[-1] == "[DONE]"
     assert "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1]) == "abcdef"
     assert len(writes) < len(events)  # several events a write
+
+
+# ----------------------------------------------------------------------------------------------- server-sent events
+
+def test_a_chunk_is_the_bytes_json_dumps_makes_of_it():
+    """The encoder splices a choice between fields encoded once: the bytes must be json.dumps' own for every kind of
+    value a chunk carries (escapes, non-ASCII, nested deltas and logprobs, integer stop reasons)."""
+    import json
+
+    from deepinfer.server.sse import ChunkEncoder
+
+    contents = ["", "plain", 'quote " and \\ backslash', "tab\tnew\nline\x00\x1f", "ünïcödé 日本語 🙂 \u2028",
+                {"role": "assistant", "content": "hi"}, {"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]},
+                None]
+    logprobs = [None, {"tokens": ["a"], "token_logprobs": [-0.5], "top_logprobs": [{"a": -0.5}], "text_offset": [0]}]
+    for usage in (False, True):
+        for key in ("text", "delta"):
+            encoder = ChunkEncoder('cmpl-"x"', "text_completion", 1700000000, "deepseek/ü", key, usage)
+            for i, (content, lp, reason, stop) in enumerate(
+                    [(c, lp, r, s) for c in contents for lp in logprobs for r in (None, "stop")
+                     for s in (None, 128, "\n\nUser:")]):
+                want = {"id": 'cmpl-"x"', "object": "text_completion", "created": 1700000000, "model": "deepseek/ü",
+                        "choices": [{"index": i, key: content, "logprobs": lp, "finish_reason": reason,
+                                     "stop_reason": stop}]}
+                if usage:
+                    want["usage"] = None
+                expected = f"data: {json.dumps(want, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
+                assert encoder.chunk(i, content, lp, reason, stop) == expected
+
+
+def test_the_inbox_hands_its_items_over_in_order_and_wakes_its_reader():
+    import asyncio
+
+    from deepinfer.server.sse import Inbox
+
+    async def main():
+        inbox = Inbox()
+        inbox.put_nowait(1)
+        assert inbox.qsize() == 1 and await inbox.get() == 1
+        reader = asyncio.ensure_future(inbox.get())
+        await asyncio.sleep(0)  # the reader waits on an empty inbox
+        for item in (2, 3, 4):
+            inbox.put_nowait(item)
+        assert await reader == 2
+        assert [await inbox.get(), await inbox.get()] == [3, 4] and inbox.qsize() == 0
+        late = asyncio.ensure_future(inbox.get())
+        await asyncio.sleep(0)
+        asyncio.get_running_loop().call_soon(inbox.put_nowait, 5)  # from a callback, as the engine delivers
+        assert await asyncio.wait_for(late, 1) == 5
+
+    asyncio.run(main())

@@ -35,6 +35,7 @@ from deepinfer.server.metrics import ServerMetrics
 from deepinfer.server.protocol import (APIError, ChatCompletionRequest, CompletionRequest, check_text,
                                        check_unsupported, check_values, forced_tool_name, validation_error)
 from deepinfer.server.reasoning import ReasoningParser
+from deepinfer.server.sse import ChunkEncoder, Inbox, sse as _sse
 from deepinfer.server.structured import Constraint, request_constraint, tool_call_grammar, tool_call_token_ids
 from deepinfer.server.tool_calls import DeepSeekToolCallParser
 from deepinfer.structured_outputs import StructuredOutputsParams
@@ -129,7 +130,7 @@ class _Run:
         self._pending = [True] * self.num_choices
         self.finished = [False] * self.num_choices
         self._closed = False
-        self._queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        self._queue = Inbox()  # (prompt, delta), (prompt, None) at a stream's end
         self._pumps: list[asyncio.Task] = []
         state.pending_seqs += self.num_choices
         state.inflight += 1
@@ -255,21 +256,6 @@ async def _watch_disconnect(request: Request, run: _Run) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- helpers
-
-
-def _sse(payload: Mapping[str, Any] | str) -> bytes:
-    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    return f"data: {data}\n\n".encode("utf-8")
-
-
-def _stream_chunk(request_id: str, object_name: str, created: int, model: str, include_usage: bool,
-                  choice: dict[str, Any]) -> bytes:
-    """One server-sent chunk carrying one choice; `usage` is null on every chunk but the last when asked for."""
-    payload: dict[str, Any] = {"id": request_id, "object": object_name, "created": created, "model": model,
-                               "choices": [choice]}
-    if include_usage:
-        payload["usage"] = None
-    return _sse(payload)
 
 
 def _json_response(payload: Mapping[str, Any], status: int = 200) -> Response:
@@ -534,11 +520,8 @@ class OpenAIServing:
 
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
-        def chunk(index: int, content: Any, logprobs: Any = None, finish_reason: str | None = None,
-                  stop_reason: Any = None) -> bytes:
-            return _stream_chunk(request_id, fmt.chunk_object, created, model, include_usage,
-                                 {"index": index, fmt.delta_key: content, "logprobs": logprobs,
-                                  "finish_reason": finish_reason, "stop_reason": stop_reason})
+        # `usage` is null on every chunk but the last when asked for.
+        chunk = ChunkEncoder(request_id, fmt.chunk_object, created, model, fmt.delta_key, include_usage).chunk
 
         async def stream() -> AsyncIterator[bytes]:
             watcher = asyncio.create_task(_watch_disconnect(request, run))
