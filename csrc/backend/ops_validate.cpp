@@ -92,6 +92,32 @@ void expect_latent_cache(const ConstTensorView& cache, const ConstTensorView& ac
 }
 
 void expect_weight(const WeightView& w, const ConstTensorView& x, const char* op, const char* name) {
+  if (w.is_int4()) {
+    const int64_t k = w.shape[w.shape.ndim() - 1], groups = w.scale_inv.shape[w.scale_inv.shape.ndim() - 1];
+    DI_CHECK(k % 8 == 0 && groups > 0 && k % groups == 0 && (k / groups) % 8 == 0, op, ": INT4 ", name, " ",
+             w.shape.str(), " needs K a multiple of 8 and groups of a multiple of 8 inputs; it has ", groups,
+             " groups a row");
+    Shape scales = w.shape;
+    std::array<int64_t, kMaxDims> d{};
+    for (int i = 0; i < w.shape.ndim(); ++i) d[static_cast<size_t>(i)] = w.shape[i];
+    d[static_cast<size_t>(w.shape.ndim() - 1)] = groups;
+    scales = Shape(std::span<const int64_t>(d.data(), static_cast<size_t>(w.shape.ndim())));
+    DI_CHECK(w.scale_inv.dtype == DType::kF32 && w.scale_inv.shape == scales, op, ": INT4 ", name, " ",
+             w.shape.str(), " needs float32 group scales ", scales.str(), ", got ", dtype_name(w.scale_inv.dtype),
+             " ", w.scale_inv.shape.str());
+    if (!w.symmetric()) {
+      d[static_cast<size_t>(w.shape.ndim() - 1)] = int4_zero_words(groups);
+      const Shape zeros(std::span<const int64_t>(d.data(), static_cast<size_t>(w.shape.ndim())));
+      DI_CHECK(w.zeros.dtype == DType::kI32 && w.zeros.shape == zeros, op, ": INT4 ", name, " ", w.shape.str(),
+               " needs int32 packed zero points ", zeros.str(), ", got ", dtype_name(w.zeros.dtype), " ",
+               w.zeros.shape.str());
+    }
+    DI_CHECK(w.scale_inv.device == w.device && (w.symmetric() || w.zeros.device == w.device), op, ": ", name,
+             " and its scales are on different devices");
+    DI_CHECK(x.dtype == DType::kBF16 || x.dtype == DType::kF32, op, ": with an INT4 ", name,
+             " x must be bfloat16 or float32, got ", dtype_name(x.dtype));
+    return;
+  }
   if (!w.is_fp8()) {
     expect_same_dtype(x, w, op, "x", name);
     return;

@@ -16,6 +16,9 @@ enum class DType : uint8_t {
   kF8E4M3,  // float8_e4m3fn (no infinities; 0x7f / 0xff are NaN)
   kI32,
   kI64,
+  // 4-bit integer weights (core/weight.h): only the logical view of a packed INT4 weight has it. Its elements have no
+  // byte size of their own (dtype_size is 0), so no tensor is allocated, sliced or copied as kU4.
+  kU4,
 };
 
 constexpr size_t dtype_size(DType t) {
@@ -26,6 +29,7 @@ constexpr size_t dtype_size(DType t) {
     case DType::kF8E4M3: return 1;
     case DType::kI32: return 4;
     case DType::kI64: return 8;
+    case DType::kU4: return 0;
   }
   return 0;
 }
@@ -38,6 +42,7 @@ constexpr std::string_view dtype_name(DType t) {
     case DType::kF8E4M3: return "float8_e4m3fn";
     case DType::kI32: return "int32";
     case DType::kI64: return "int64";
+    case DType::kU4: return "int4";
   }
   return "unknown";
 }

@@ -95,10 +95,16 @@ static Shape with_rows(const Shape& s, int64_t count) {
   return Shape(std::span<const int64_t>(d.data(), static_cast<size_t>(s.ndim())));
 }
 
+// The bytes an element of `dtype` takes; packed 4-bit values (only a weight's logical view holds them) have none.
+static int64_t element_bytes(DType dtype) {
+  DI_CHECK(dtype != DType::kU4, "a packed int4 weight's view is not sliced as a tensor (core/weight.h)");
+  return static_cast<int64_t>(dtype_size(dtype));
+}
+
 TensorView TensorView::rows(int64_t begin, int64_t count) const {
   DI_CHECK(shape.ndim() >= 1 && begin >= 0 && count >= 0 && begin + count <= shape[0], "rows [", begin, ", ",
            begin + count, ") out of range for shape ", shape.str());
-  auto* base = static_cast<std::byte*>(data) + begin * row_elems(shape) * static_cast<int64_t>(dtype_size(dtype));
+  auto* base = static_cast<std::byte*>(data) + begin * row_elems(shape) * element_bytes(dtype);
   return {base, dtype, with_rows(shape, count), device};
 }
 
@@ -119,7 +125,7 @@ static Shape with_last(const Shape& s, int64_t begin, int64_t count) {
 
 TensorView TensorView::columns(int64_t begin, int64_t count) const {
   const Shape s = with_last(shape, begin, count);
-  return {static_cast<std::byte*>(data) + begin * static_cast<int64_t>(dtype_size(dtype)), dtype, s, device};
+  return {static_cast<std::byte*>(data) + begin * element_bytes(dtype), dtype, s, device};
 }
 
 const float* ConstTensorView::f32() const {
@@ -131,7 +137,7 @@ ConstTensorView ConstTensorView::rows(int64_t begin, int64_t count) const {
   DI_CHECK(shape.ndim() >= 1 && begin >= 0 && count >= 0 && begin + count <= shape[0], "rows [", begin, ", ",
            begin + count, ") out of range for shape ", shape.str());
   auto* base =
-      static_cast<const std::byte*>(data) + begin * row_elems(shape) * static_cast<int64_t>(dtype_size(dtype));
+      static_cast<const std::byte*>(data) + begin * row_elems(shape) * element_bytes(dtype);
   return {base, dtype, with_rows(shape, count), device};
 }
 
@@ -142,10 +148,11 @@ ConstTensorView ConstTensorView::reshaped(Shape new_shape) const {
 
 ConstTensorView ConstTensorView::columns(int64_t begin, int64_t count) const {
   const Shape s = with_last(shape, begin, count);
-  return {static_cast<const std::byte*>(data) + begin * static_cast<int64_t>(dtype_size(dtype)), dtype, s, device};
+  return {static_cast<const std::byte*>(data) + begin * element_bytes(dtype), dtype, s, device};
 }
 
 Tensor::Tensor(Buffer buffer, Shape shape, DType dtype) : buffer_(std::move(buffer)), shape_(shape), dtype_(dtype) {
+  DI_CHECK(dtype != DType::kU4, "no tensor holds int4 elements: a packed INT4 weight stores int32 words (core/weight.h)");
   DI_CHECK(buffer_.bytes() >= static_cast<size_t>(shape.numel()) * dtype_size(dtype), "a buffer of ",
            buffer_.bytes(), " bytes cannot hold ", shape.str(), " ", dtype_name(dtype));
 }

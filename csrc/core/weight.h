@@ -1,11 +1,25 @@
-// A linear layer's weight as the ops read it: a bf16/fp32 matrix, or DeepSeek's block-scaled FP8 (e4m3 codes and one
-// float32 scale_inv per kFp8Block x kFp8Block block). `Weight` owns one; `WeightView` borrows it.
+// A linear layer's weight as the ops read it: a bf16/fp32 matrix, DeepSeek's block-scaled FP8 (e4m3 codes and one
+// float32 scale_inv per kFp8Block x kFp8Block block), or 4-bit integers with a scale (and a zero point) per group of
+// G consecutive inputs (W4A16). `Weight` owns one; `WeightView` borrows it.
 //
 // Dequantized, element [.., r, c] of an FP8 weight is e4m3(codes[.., r, c]) * scale_inv[.., r / 128, c / 128]. A 3-D
 // weight (the stacked experts, [E, R, C]) has one block grid per matrix: scale_inv [E, ceil(R / 128), ceil(C / 128)].
+//
+// An INT4 weight of logical shape [.., N, K] (K a multiple of 8, G a multiple of 8 dividing K) is, in memory,
+//   codes      int32 [.., N, K / 8]        word w of row n holds inputs 8w .. 8w + 7, unsigned q in [0, 15], input
+//                                          8w + kInt4InputOfNibble[j] in nibble j (bits 4j .. 4j + 3): AutoAWQ's
+//                                          interleaved order, in which the kernels' shift-and-mask unpacking yields
+//                                          consecutive pairs of inputs (backend/cuda/gemm/int4_unpack.cuh)
+//   scale_inv  float32 [.., N, K / G]      the group's scale (a multiplier, as FP8's scale_inv)
+//   zeros      int32 [.., N, ceil(K / G / 8)]  group g's zero point z in nibble g % 8 of word g / 8 (plain order);
+//                                          none: symmetric, z = 8
+// and element [.., n, k] is (q[.., n, k] - z[.., n, k / G]) * scale_inv[.., n, k / G]. Its view has the logical shape
+// and dtype kU4, so the ops check an INT4 weight's shape as any other's.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <span>
 #include <utility>
 
 #include "core/tensor.h"
@@ -17,6 +31,12 @@ inline constexpr int64_t kFp8Block = 128;
 
 constexpr int64_t fp8_blocks(int64_t n) { return (n + kFp8Block - 1) / kFp8Block; }
 
+// INT4 packing (above): nibble j of a word holds input kInt4InputOfNibble[j] of its 8; the inverse beside it.
+inline constexpr int kInt4InputOfNibble[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+inline constexpr int kInt4NibbleOfInput[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+inline constexpr int kInt4SymmetricZero = 8;
+constexpr int64_t int4_zero_words(int64_t groups) { return (groups + 7) / 8; }
+
 // The scale grid of an FP8 weight of `shape` (2-D or 3-D).
 inline Shape fp8_scale_shape(const Shape& shape) {
   DI_CHECK(shape.ndim() == 2 || shape.ndim() == 3, "an FP8 weight is 2-D or 3-D, got shape ", shape.str());
@@ -27,7 +47,8 @@ inline Shape fp8_scale_shape(const Shape& shape) {
 // The codes (or values) of the weight, with its scales beside them. A plain tensor view converts to a WeightView
 // without scales, so the ops take bf16 and FP8 weights through one argument.
 struct WeightView : ConstTensorView {
-  ConstTensorView scale_inv;  // float32 fp8_scale_shape(shape) when dtype is kF8E4M3; empty otherwise
+  ConstTensorView scale_inv;  // float32 fp8_scale_shape(shape) when dtype is kF8E4M3; INT4: the group scales
+  ConstTensorView zeros;      // INT4 only: the packed zero points; empty: symmetric
   // FP8 only: W8A8, the activations quantized per token per 128 channels before a tensor-core FP8 product (what
   // DeepSeek's inference does); false: W8A16, the weight dequantized against bf16 activations.
   bool fp8_activations = false;
@@ -37,41 +58,86 @@ struct WeightView : ConstTensorView {
   WeightView(const TensorView& values) : ConstTensorView(values) {}       // NOLINT: a plain weight
   WeightView(const ConstTensorView& codes, const ConstTensorView& scales, bool w8a8 = false)
       : ConstTensorView(codes), scale_inv(scales), fp8_activations(w8a8) {}
+  // INT4: `codes` is the logical kU4 view over the packed words.
+  WeightView(const ConstTensorView& codes, const ConstTensorView& scales, const ConstTensorView& zero_points)
+      : ConstTensorView(codes), scale_inv(scales), zeros(zero_points) {}
 
   bool is_fp8() const { return dtype == DType::kF8E4M3; }
-  // Matrix `e` of a 3-D weight, with its scales.
+  bool is_int4() const { return dtype == DType::kU4; }
+  bool symmetric() const { return zeros.data == nullptr; }
+  // INT4: the inputs a scale covers.
+  int64_t group_size() const {
+    const int64_t groups = scale_inv.shape[scale_inv.shape.ndim() - 1];
+    return groups > 0 ? shape[shape.ndim() - 1] / groups : 0;
+  }
+  // Matrix `e` of a 3-D weight, with its scales (and zero points).
   WeightView matrix(int64_t e) const {
+    if (is_int4()) {
+      const int64_t n = shape[1], k = shape[2];
+      const ConstTensorView codes(static_cast<const int32_t*>(data) + e * n * (k / 8), DType::kU4, {n, k}, device);
+      const ConstTensorView z = symmetric() ? ConstTensorView() : zeros.rows(e, 1).reshaped({zeros.shape[1], zeros.shape[2]});
+      return {codes, scale_inv.rows(e, 1).reshaped({scale_inv.shape[1], scale_inv.shape[2]}), z};
+    }
     const ConstTensorView values = rows(e, 1).reshaped({shape[1], shape[2]});
     if (!is_fp8()) return values;
     return {values, scale_inv.rows(e, 1).reshaped({scale_inv.shape[1], scale_inv.shape[2]}), fp8_activations};
   }
-  // The bytes the weight occupies, scales included.
+  // The bytes the weight occupies, scales (and zero points) included.
   int64_t bytes() const {
-    return numel() * static_cast<int64_t>(dtype_size(dtype)) + scale_inv.numel() * static_cast<int64_t>(sizeof(float));
+    const int64_t values = is_int4() ? numel() / 2 : numel() * static_cast<int64_t>(dtype_size(dtype));
+    return values + scale_inv.numel() * static_cast<int64_t>(sizeof(float)) +
+           zeros.numel() * static_cast<int64_t>(sizeof(int32_t));
   }
 };
 
-// An owned weight: values (or codes) and, for FP8, the scales.
+// An owned weight: values (or codes) and, for FP8 and INT4, the scales (INT4: and the zero points).
 struct Weight {
-  Tensor values;
-  Tensor scale_inv;  // empty unless values are kF8E4M3
+  Tensor values;     // INT4: the packed int32 words [.., N, K / 8]
+  Tensor scale_inv;  // empty unless the weight is FP8 or INT4
+  Tensor zeros;      // INT4 with zero points only
   bool fp8_activations = false;  // WeightView::fp8_activations
+  bool int4 = false;
 
   Weight() = default;
   Weight(Tensor v) : values(std::move(v)) {}  // NOLINT: a plain weight is a tensor
   Weight(Tensor codes, Tensor scales, bool w8a8)
       : values(std::move(codes)), scale_inv(std::move(scales)), fp8_activations(w8a8) {}
+  // INT4: `words` int32 [.., N, K / 8], `scales` float32 [.., N, K / G], `zero_points` empty or int32
+  // [.., N, int4_zero_words(K / G)].
+  static Weight int4_packed(Tensor words, Tensor scales, Tensor zero_points) {
+    Weight w;
+    w.values = std::move(words);
+    w.scale_inv = std::move(scales);
+    w.zeros = std::move(zero_points);
+    w.int4 = true;
+    return w;
+  }
 
   WeightView cview() const {
+    if (int4) {
+      const ConstTensorView codes(values.cview().data, DType::kU4, shape(), values.device());
+      return {codes, scale_inv.cview(), has_zeros() ? zeros.cview() : ConstTensorView()};
+    }
     if (values.dtype() != DType::kF8E4M3) return WeightView(values.cview());
     return {values.cview(), scale_inv.cview(), fp8_activations};
   }
-  const Shape& shape() const { return values.shape(); }
-  DType dtype() const { return values.dtype(); }
+  // The logical shape ([.., N, K] for INT4 too).
+  Shape shape() const {
+    if (!int4) return values.shape();
+    const Shape& s = values.shape();
+    std::array<int64_t, kMaxDims> d{};
+    for (int i = 0; i < s.ndim(); ++i) d[static_cast<size_t>(i)] = s[i];
+    d[static_cast<size_t>(s.ndim() - 1)] *= 8;
+    return Shape(std::span<const int64_t>(d.data(), static_cast<size_t>(s.ndim())));
+  }
+  DType dtype() const { return int4 ? DType::kU4 : values.dtype(); }
   Device device() const { return values.device(); }
-  int64_t numel() const { return values.numel(); }
+  int64_t numel() const { return int4 ? values.numel() * 8 : values.numel(); }
   bool defined() const { return values.defined(); }
   bool is_fp8() const { return values.dtype() == DType::kF8E4M3; }
+  bool is_int4() const { return int4; }
+  // INT4 with zero points (asymmetric); a symmetric weight's zeros tensor is empty.
+  bool has_zeros() const { return int4 && zeros.numel() > 0; }
 };
 
 }  // namespace deepinfer

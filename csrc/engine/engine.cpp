@@ -56,6 +56,11 @@ namespace {
 // the CPU (exact), and a bf16 checkpoint's FP8 quantization emulated in float32 on the CPU.
 std::unique_ptr<WeightSink> make_weight_sink(const EngineOptions& options, const ModelConfig& config,
                                              Backend& backend) {
+  // 4-bit weights stay packed on a GPU (its kernels unpack them in registers); the CPU computes with their
+  // dequantized values in float32.
+  if ((options.int4_weights || config.int4.enabled()) && backend.device() != Device::kCpu) {
+    return make_backend_sink(backend, {.int4 = true});
+  }
   if (!options.fp8_weights) return make_backend_sink(backend);
   const std::string reason = backend.fp8_unsupported_reason();
   DI_CHECK_ARG(reason.empty(), "quantization fp8: ", reason);
@@ -66,13 +71,10 @@ std::unique_ptr<WeightSink> make_weight_sink(const EngineOptions& options, const
   return make_backend_sink(backend, {.fp8 = true, .fp8_activations = options.fp8_activations, .scale_format = scales});
 }
 
-// INT4 weights, stored or rounded at load, before any weight is read: the CPU backend only for now, and a group size
-// that divides every layer's K.
+// INT4 weights, stored or rounded at load, before any weight is read: a group size that divides every layer's K, and
+// nothing quantized twice.
 void check_int4(const EngineOptions& options, const ModelConfig& config) {
   if (!options.int4_weights && !config.int4.enabled()) return;
-  DI_CHECK_ARG(options.device == "cpu", "INT4 weights on device='cuda': the INT4 GPU kernels are not built yet; ",
-               "4-bit checkpoints (compressed-tensors, AWQ) and quantization='int4' load on the CPU backend ",
-               "(device='cpu'), which computes with the dequantized weights");
   DI_CHECK_ARG(!options.fp8_weights, "quantization fp8 on a checkpoint of 4-bit weights: it is already quantized; ",
                "run it as stored");
   DI_CHECK_ARG(!options.int4_weights || !config.fp8.enabled, "quantization int4 on an FP8 checkpoint: it is already ",

@@ -57,8 +57,8 @@ struct EngineOptions {
   bool fp8_activations = true;               // W8A8 (prefill GEMMs quantize activations); false: weight-only FP8
   // A bf16/fp32 checkpoint's linear layers rounded to INT4 at load (model/int4.h round_int4: groups of
   // int4_group_size inputs, -1 per output channel; zero points unless int4_symmetric). A checkpoint that stores
-  // 4-bit weights (compressed-tensors, AWQ) is read as stored without it. INT4 runs on the CPU backend only for now
-  // (the CPU computes with the dequantized values in float32); the INT4 GPU kernels are not built yet.
+  // 4-bit weights (compressed-tensors, AWQ) is read as stored without it. On a GPU the weights stay packed (W4A16
+  // kernels); the CPU computes with the dequantized values in float32.
   bool int4_weights = false;
   int64_t int4_group_size = 128;
   bool int4_symmetric = false;

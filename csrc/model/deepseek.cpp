@@ -18,8 +18,14 @@ void upload_weights(ModelWeights& w, Backend& backend) {
   };
   const auto matrix = [&](Tensor& t) { place(t, act); };
   const auto vector = [&](Tensor& t) { place(t, DType::kF32); };
-  // An FP8 weight keeps its codes and scales as they are.
+  // An FP8 or INT4 weight keeps its codes, scales (and zero points) as they are.
   const auto linear = [&](Weight& w) {
+    if (w.is_int4()) {
+      place(w.values, DType::kI32);
+      place(w.scale_inv, DType::kF32);
+      if (w.has_zeros()) place(w.zeros, DType::kI32);
+      return;
+    }
     if (!w.is_fp8()) return matrix(w.values);
     place(w.values, DType::kF8E4M3);
     place(w.scale_inv, DType::kF32);

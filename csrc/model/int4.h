@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 namespace deepinfer {
 
@@ -70,5 +71,45 @@ struct Int4Rounding {
 };
 // `values` holds rows of `cols` values (cols divisible by the group size); rounds them in place.
 void round_int4(std::span<float> values, int64_t cols, const Int4Rounding& rounding);
+
+// Whole rows of a 4-bit weight in the engine's terms (core/weight.h), a code a byte: what a source hands the loader
+// for a device that keeps the weight packed. element [r, k] = (q[r, k] - z[r, k / G]) * scales[r, k / G].
+struct Int4Rows {
+  std::vector<uint8_t> q;      // [rows, cols] unsigned codes in [0, 15]
+  std::vector<float> scales;   // [rows, cols / group_size]
+  std::vector<uint8_t> zeros;  // [rows, cols / group_size] in [0, 15]; empty: symmetric (z = 8)
+  int64_t rows = 0, cols = 0, group_size = 0;
+
+  int64_t groups() const { return cols / group_size; }
+  bool symmetric() const { return zeros.empty(); }
+  void resize(int64_t num_rows, int64_t num_cols, int64_t group, bool is_symmetric);
+  // Columns [first, first + count) of every row (on group edges), as rows of their own.
+  Int4Rows columns(int64_t first, int64_t count) const;
+  void dequantize(std::span<float> out) const;  // rows * cols floats
+};
+
+// What a 4-bit weight's rows look like: its group size and whether it has zero points.
+struct Int4Form {
+  int64_t group_size = 0;
+  bool symmetric = false;
+  bool operator==(const Int4Form&) const = default;
+};
+
+// Rows [first_row, first_row + num_rows) of a stored weight as Int4Rows: compressed-tensors' signed codes shifted to
+// unsigned (q + 8, z + 8; symmetric z = 8), AWQ's transposed words gathered.
+void unpack_int4_rows(const PackedInt4& w, int64_t first_row, int64_t num_rows, Int4Rows& out);
+
+// round_int4's quantization of rows of `cols` values, as codes and scales: dequantized, they are round_int4's values
+// bit for bit (a group of zeros gets scale 0).
+void quantize_int4_rows(std::span<const float> values, int64_t cols, const Int4Rounding& rounding, Int4Rows& out);
+
+// The engine's packed words of `rows` (core/weight.h): codes [rows, cols / 8] (cols a multiple of 8), zero points
+// [rows, int4_zero_words(groups)] (asymmetric rows only).
+void pack_int4_codes(const Int4Rows& rows, std::span<int32_t> words);
+void pack_int4_zeros(const Int4Rows& rows, std::span<int32_t> words);
+// The dequantized [rows, cols] float32 matrix of packed words, scales and (null: symmetric) zero points.
+void dequantize_packed_int4(std::span<const int32_t> words, std::span<const float> scales,
+                            std::span<const int32_t> zeros, int64_t rows, int64_t cols, int64_t group_size,
+                            std::span<float> out);
 
 }  // namespace deepinfer

@@ -50,22 +50,48 @@ class Int4CheckpointSource final : public PackedWeightSource {
   }
 
  private:
+  std::optional<Int4Form> int4_form(const std::string& name) const override {
+    const auto it = entries_.find(name);
+    if (it == entries_.end()) return std::nullopt;
+    return Int4Form{.group_size = it->second.group_size,
+                    .symmetric = layout_ == Int4Layout::kCompressedTensors && it->second.zeros.empty()};
+  }
+
+  void read_int4_rows(const std::string& name, std::span<const int64_t> shape, int64_t first_row, int64_t num_rows,
+                      Int4Rows& out) const override {
+    const PackedEntry& e = entry(name, shape);
+    std::vector<float> scales;
+    unpack_int4_rows(packed(e, scales), first_row, num_rows, out);
+  }
+
   void read_packed_rows(const std::string& name, int64_t first_row, int64_t num_rows,
                         std::span<float> out) const override {
-    const PackedEntry& e = entries_.at(name);
+    std::vector<float> scales;
+    dequantize_int4_rows(packed(entries_.at(name), scales), first_row, num_rows, out);
+  }
+
+  const PackedEntry& entry(const std::string& name, std::span<const int64_t> shape) const {
+    const auto it = entries_.find(name);
+    DI_CHECK(it != entries_.end(), "tensor ", name, " is not stored in 4 bits");
+    DI_CHECK(shape.size() == 2 && shape[0] == it->second.rows && shape[1] == it->second.cols, "tensor ", name,
+             " is a 4-bit weight [", it->second.rows, ", ", it->second.cols, "], asked for as ", shape_str(shape));
+    return it->second;
+  }
+
+  // The stored tensors of `e` (its scales widened to float32 into `scales`).
+  PackedInt4 packed(const PackedEntry& e, std::vector<float>& scales) const {
     const int64_t groups = e.cols / e.group_size;
     const std::vector<int64_t> scale_shape = layout_ == Int4Layout::kAwq ? std::vector{groups, e.rows}
                                                                          : std::vector{e.rows, groups};
-    std::vector<float> scales(static_cast<size_t>(e.rows * groups));
+    scales.resize(static_cast<size_t>(e.rows * groups));
     checkpoint_.read_f32(e.scales, scale_shape, scales);
-    const PackedInt4 w{.layout = layout_,
-                       .rows = e.rows,
-                       .cols = e.cols,
-                       .group_size = e.group_size,
-                       .qweight = checkpoint_.get(e.qweight).bytes,
-                       .zeros = e.zeros.empty() ? std::span<const std::byte>() : checkpoint_.get(e.zeros).bytes,
-                       .scales = scales};
-    dequantize_int4_rows(w, first_row, num_rows, out);
+    return {.layout = layout_,
+            .rows = e.rows,
+            .cols = e.cols,
+            .group_size = e.group_size,
+            .qweight = checkpoint_.get(e.qweight).bytes,
+            .zeros = e.zeros.empty() ? std::span<const std::byte>() : checkpoint_.get(e.zeros).bytes,
+            .scales = scales};
   }
 
   void check_int32(const TensorInfo& t, std::span<const int64_t> shape, std::string_view what) const {
@@ -151,6 +177,23 @@ class Int4RoundingSource final : public WeightSource {
                  std::span<float> out) const override {
     inner_->read_rows(name, shape, first_row, num_rows, out);
     if (is_int4_linear(name) && shape.size() >= 2) round_int4(out, shape.back(), rounding_);
+  }
+  // The 2-D linear weights (transformers 5's fused [E, ..] experts are read as float32 rows and rounded there).
+  std::optional<Int4Form> int4_form(const std::string& name) const override {
+    if (!is_int4_linear(name) || !ends_with(name, kWeight)) return std::nullopt;
+    const std::optional<std::vector<int64_t>> shape = inner_->stored_shape(name);
+    if (shape && shape->size() != 2) return std::nullopt;
+    const int64_t group = rounding_.group_size;
+    if (shape && group != -1 && (*shape)[1] % group != 0) return std::nullopt;
+    // -1 (a group per row) has no fixed size; the loader asks read_int4_rows with the row's K.
+    return Int4Form{.group_size = group, .symmetric = rounding_.symmetric};
+  }
+  void read_int4_rows(const std::string& name, std::span<const int64_t> shape, int64_t first_row, int64_t num_rows,
+                      Int4Rows& out) const override {
+    DI_CHECK(shape.size() == 2, "tensor ", name, ": INT4 rows are read from 2-D weights, not ", shape_str(shape));
+    std::vector<float> values(static_cast<size_t>(num_rows * shape[1]));
+    inner_->read_rows(name, shape, first_row, num_rows, values);
+    quantize_int4_rows(values, shape[1], rounding_, out);
   }
 
  private:

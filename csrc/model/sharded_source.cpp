@@ -92,6 +92,37 @@ class ShardedSource final : public WeightSource {
     }
   }
 
+  // A 4-bit weight stays packed when this rank's columns fall on whole groups (rows always do).
+  std::optional<Int4Form> int4_form(const std::string& name) const override {
+    std::optional<Int4Form> form = inner_.int4_form(name);
+    if (!form || tensor_split(name, shard_.expert_parallel) != TensorSplit::kColumns) return form;
+    // A group per row (group_size -1) spans every rank's columns: such a weight is read as float32 values. A source
+    // that makes any shape (dummy weights) is taken at its word; read_int4_rows checks the group edges.
+    if (form->group_size <= 0) return std::nullopt;
+    const std::optional<std::vector<int64_t>> local = stored_shape(name);
+    if (local && (local->size() != 2 || (*local)[1] % form->group_size != 0)) return std::nullopt;
+    return form;
+  }
+
+  void read_int4_rows(const std::string& name, std::span<const int64_t> shape, int64_t first_row, int64_t num_rows,
+                      Int4Rows& out) const override {
+    const TensorSplit split = tensor_split(name, shard_.expert_parallel);
+    if (split == TensorSplit::kReplicated) {
+      inner_.read_int4_rows(name, shape, first_row, num_rows, out);
+      return;
+    }
+    DI_CHECK(shape.size() == 2, "tensor ", name, ": sharded INT4 reads take 2-D shapes");
+    const std::vector<int64_t> global = global_shape(name, shape);
+    if (split == TensorSplit::kRows) {
+      inner_.read_int4_rows(name, global, shard_.rank * shape[0] + first_row, num_rows, out);
+      return;
+    }
+    // Columns: whole stored rows, then this rank's groups.
+    Int4Rows whole;
+    inner_.read_int4_rows(name, global, first_row, num_rows, whole);
+    out = whole.columns(shard_.rank * shape[1], shape[1]);
+  }
+
   void read_rows(const std::string& name, std::span<const int64_t> shape, int64_t first_row, int64_t num_rows,
                  std::span<float> out) const override {
     const TensorSplit split = tensor_split(name, shard_.expert_parallel);

@@ -1,6 +1,7 @@
 #include "model/weight_sink.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <map>
 #include <utility>
@@ -106,6 +107,8 @@ class Sink final : public WeightSink {
   }
 
   void write(Weight& dst, int64_t offset, std::span<const float> values) override {
+    DI_CHECK(!dst.is_int4(), "weight sink: float32 values cannot be written into a packed INT4 weight ",
+             dst.shape().str(), " (its rows come from the source in 4 bits)");
     if (!format_.fp8) {
       write(dst.values, offset, values);
       return;
@@ -167,6 +170,52 @@ class Sink final : public WeightSink {
                     flat_range(dst.scale_inv, scale_at, scales));
   }
 
+  bool takes_int4() const override { return format_.int4; }
+
+  Weight allocate_int4(Shape shape, const Int4Form& form) override {
+    DI_CHECK(takes_int4(), "weight sink: this sink keeps no INT4 weight");
+    const int nd = shape.ndim();
+    DI_CHECK(nd == 2 || nd == 3, "an INT4 weight is 2-D or 3-D (stacked experts), got ", shape.str());
+    const int64_t k = shape[nd - 1];
+    DI_CHECK(k % 8 == 0 && form.group_size > 0 && k % form.group_size == 0 && form.group_size % 8 == 0,
+             "INT4 weight ", shape.str(), " with groups of ", form.group_size, ": K must be a multiple of 8 and of a ",
+             "group size that is itself a multiple of 8");
+    const auto last = [&](int64_t n) {
+      std::array<int64_t, kMaxDims> d{};
+      for (int i = 0; i < nd; ++i) d[static_cast<size_t>(i)] = shape[i];
+      d[static_cast<size_t>(nd - 1)] = n;
+      return Shape(std::span<const int64_t>(d.data(), static_cast<size_t>(nd)));
+    };
+    const int64_t groups = k / form.group_size;
+    return Weight::int4_packed(placement_->empty(last(k / 8), DType::kI32), placement_->empty(last(groups), DType::kF32),
+                               form.symmetric ? Tensor() : placement_->empty(last(int4_zero_words(groups)), DType::kI32));
+  }
+
+  void write_int4(Weight& dst, int64_t matrix, int64_t first_row, const Int4Rows& piece) override {
+    DI_CHECK(takes_int4() && dst.is_int4(), "weight sink: INT4 rows go only into an INT4 weight");
+    const Shape shape = dst.shape();
+    const int nd = shape.ndim();
+    const int64_t rows = shape[nd - 2], cols = shape[nd - 1], matrices = nd == 3 ? shape[0] : 1;
+    const int64_t groups = dst.scale_inv.shape()[nd - 1];
+    DI_CHECK(matrix >= 0 && matrix < matrices && first_row >= 0 && first_row + piece.rows <= rows &&
+                 piece.cols == cols && piece.groups() == groups && piece.symmetric() == !dst.has_zeros(),
+             "INT4 weight ", shape.str(), " (", groups, " groups a row, ", dst.has_zeros() ? "zero points" :
+             "symmetric", "): ", piece.rows, " rows of ", piece.cols, " (", piece.groups(), " groups, ",
+             piece.symmetric() ? "symmetric" : "zero points", ") at row ", first_row, " of matrix ", matrix,
+             " do not fit");
+    const int64_t row = matrix * rows + first_row;
+    words_.resize(static_cast<size_t>(piece.rows * cols / 8));
+    pack_int4_codes(piece, words_);
+    put_words(words_, dst.values, row * cols / 8);
+    placement_->put(ConstTensorView(piece.scales.data(), DType::kF32, {piece.rows * groups}, Device::kCpu),
+                    flat_range(dst.scale_inv, row * groups, piece.rows * groups));
+    if (piece.symmetric()) return;
+    const int64_t zero_words = int4_zero_words(groups);
+    words_.resize(static_cast<size_t>(piece.rows * zero_words));
+    pack_int4_zeros(piece, words_);
+    put_words(words_, dst.zeros, row * zero_words);
+  }
+
   void finish() override {
     DI_CHECK(pending_.empty(), "weight sink: ", pending_.size(), " FP8 block rows were written only in part");
   }
@@ -190,6 +239,11 @@ class Sink final : public WeightSink {
     write_fp8(dst, matrix, first_row, {.codes = codes_, .scale_inv = scales_, .rows = num_rows});
   }
 
+  void put_words(std::span<const int32_t> words, Tensor& dst, int64_t offset) {
+    const auto n = static_cast<int64_t>(words.size());
+    placement_->put(ConstTensorView(words.data(), DType::kI32, {n}, Device::kCpu), flat_range(dst, offset, n));
+  }
+
   std::unique_ptr<Placement> placement_;
   DType matrix_dtype_;
   WeightFormat format_;
@@ -198,12 +252,21 @@ class Sink final : public WeightSink {
   std::map<std::pair<const void*, int64_t>, PendingBlockRow> pending_;  // (weight, block row over its matrices)
   std::vector<uint8_t> codes_;
   std::vector<float> scales_, dequantized_;
+  std::vector<int32_t> words_;  // an INT4 piece's packed codes or zero points on their way
 };
 
 }  // namespace
 
 void WeightSink::write_fp8(Weight&, int64_t, int64_t, const Fp8Rows&) {
   throw Error("this weight sink does not take stored FP8 weights (takes_fp8() is false)");
+}
+
+Weight WeightSink::allocate_int4(Shape, const Int4Form&) {
+  throw Error("this weight sink keeps no INT4 weight (takes_int4() is false)");
+}
+
+void WeightSink::write_int4(Weight&, int64_t, int64_t, const Int4Rows&) {
+  throw Error("this weight sink keeps no INT4 weight (takes_int4() is false)");
 }
 
 std::unique_ptr<WeightSink> make_host_sink(WeightFormat format) {

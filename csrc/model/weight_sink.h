@@ -14,6 +14,7 @@
 #include "core/fp8.h"
 #include "core/tensor.h"
 #include "core/weight.h"
+#include "model/int4.h"
 
 namespace deepinfer {
 
@@ -28,6 +29,9 @@ enum class WeightRole : uint8_t { kMatrix, kVector, kLinear };
 // How linear weights are stored.
 struct WeightFormat {
   bool fp8 = false;                                 // block-scaled FP8; otherwise the matrix dtype
+  // 4-bit weights stay packed (core/weight.h) where the source has them in 4 bits (WeightSource::int4_form): the
+  // device computes with them. Otherwise a source's 4-bit weights arrive dequantized, as float32 values.
+  bool int4 = false;
   bool fp8_activations = true;                      // W8A8 (prefill GEMMs quantize activations); false: W8A16
   Fp8ScaleFormat scale_format = Fp8ScaleFormat::kFloat;  // for values the sink quantizes itself
 };
@@ -62,6 +66,12 @@ class WeightSink {
   // Stored FP8 block rows into matrix `matrix` (0 for a 2-D weight) of `dst` from row `first_row` on (a multiple of
   // 128), codes and scales as they are. Only where takes_fp8().
   virtual void write_fp8(Weight& dst, int64_t matrix, int64_t first_row, const Fp8Rows& rows);
+  // Whether linear weights the source holds in 4 bits are kept packed (allocate_int4, write_int4).
+  virtual bool takes_int4() const { return false; }
+  // A packed INT4 weight of logical `shape` ([N, K] or [E, N, K]) in `form` (core/weight.h); only where takes_int4().
+  virtual Weight allocate_int4(Shape shape, const Int4Form& form);
+  // Whole rows of matrix `matrix` of an INT4 weight from row `first_row` on, packed as they are written.
+  virtual void write_int4(Weight& dst, int64_t matrix, int64_t first_row, const Int4Rows& rows);
   // Checks that every FP8 weight was written whole (no block row left waiting for rows); the loader calls it last.
   virtual void finish() {}
 };

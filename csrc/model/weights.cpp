@@ -179,14 +179,27 @@ class Loader {
       : source_(source), sink_(sink), progress_(progress), total_(total) {}
 
   Tensor allocate(Shape shape, WeightRole role) { return sink_.allocate(shape, role); }
+  // A linear weight in the sink's format, never packed INT4 (allocate_linear_for decides that by the source).
   Weight allocate_linear(Shape shape) { return sink_.allocate_linear(shape); }
   template <typename Dst>
   void write(Dst& dst, int64_t offset, std::span<const float> values) { sink_.write(dst, offset, values); }
   void finish() { sink_.finish(); }
 
+  // A linear weight of `shape` for source tensor `name` (the first of those it will hold): packed INT4 where the sink
+  // keeps 4-bit weights and the source has `name` in 4 bits, the sink's format otherwise.
+  Weight allocate_linear_for(const std::string& name, Shape shape) {
+    if (sink_.takes_int4()) {
+      if (std::optional<Int4Form> form = source_.int4_form(name)) {
+        if (form->group_size == -1) form->group_size = shape[shape.ndim() - 1];  // a group per row
+        return sink_.allocate_int4(shape, *form);
+      }
+    }
+    return allocate_linear(shape);
+  }
+
   // A linear layer's weight `name` of `shape`, placed in the sink's format.
   Weight read_linear(const std::string& name, Shape shape) {
-    Weight w = allocate_linear(shape);
+    Weight w = allocate_linear_for(name, shape);
     copy_linear(name, shape, 0, num_rows(shape), w, 0);
     return w;
   }
@@ -198,6 +211,10 @@ class Loader {
     const Shape& ds = dst.shape();
     const int64_t rows = ds[ds.ndim() - 2], cols = ds[ds.ndim() - 1];
     const int64_t dst_row = offset / cols, matrix = dst_row / rows, row = dst_row % rows;
+    if (dst.is_int4()) {
+      copy_int4_rows(name, shape, first_row, count, dst, matrix, row, offset % cols == 0);
+      return;
+    }
     const bool whole_blocks = count % kFp8Block == 0 || (first_row + count == shape[0] && row + count == rows);
     if (!(sink_.takes_fp8() && dst.is_fp8() && shape.ndim() == 2 && source_.stores_fp8(name) &&
           offset % cols == 0 && first_row % kFp8Block == 0 && row % kFp8Block == 0 && whole_blocks)) {
@@ -211,6 +228,20 @@ class Loader {
       scales_.resize(static_cast<size_t>(fp8_blocks(n) * fp8_blocks(cols)));
       source_.read_fp8_rows(name, shape.dims(), first_row + done, n, codes_, scales_);
       sink_.write_fp8(dst, matrix, row + done, {.codes = codes_, .scale_inv = scales_, .rows = n});
+    }
+  }
+
+  // Rows of 4-bit weight `name` into matrix `matrix` of INT4 weight `dst` from row `row` on, as the source holds them.
+  void copy_int4_rows(const std::string& name, Shape shape, int64_t first_row, int64_t count, Weight& dst,
+                      int64_t matrix, int64_t row, bool whole_rows) {
+    DI_CHECK(source_.int4_form(name).has_value() && shape.ndim() == 2 && whole_rows, "tensor ", name, " of shape ",
+             shape.str(), " goes into a packed INT4 weight ", dst.shape().str(), " but is not a 2-D 4-bit weight of ",
+             "the checkpoint (a stacked weight mixes 4-bit and unquantized tensors?)");
+    const int64_t rows_per_chunk = chunk_rows(shape[1]);
+    for (int64_t done = 0; done < count; done += rows_per_chunk) {
+      const int64_t n = std::min(rows_per_chunk, count - done);
+      source_.read_int4_rows(name, shape.dims(), first_row + done, n, int4_rows_);
+      sink_.write_int4(dst, matrix, row + done, int4_rows_);
     }
   }
 
@@ -251,6 +282,10 @@ class Loader {
   void copy_column_blocks(const std::string& name, Shape shape, int64_t width, Dst& dst, int64_t offset) {
     const int64_t rows = shape[0], cols = shape[1], blocks = cols / width;
     if constexpr (std::is_same_v<Dst, Weight>) {
+      if (dst.is_int4()) {
+        copy_int4_column_blocks(name, shape, width, dst, offset / (rows * width));
+        return;
+      }
       if (sink_.takes_fp8() && dst.is_fp8() && source_.stores_fp8(name) && width % kFp8Block == 0 &&
           offset % (rows * width) == 0) {
         copy_fp8_column_blocks(name, shape, width, dst, offset / (rows * width));
@@ -271,6 +306,20 @@ class Loader {
       }
     }
   }
+  // copy_column_blocks of a 4-bit tensor into matrices first_matrix, first_matrix + 1, ... of an INT4 weight.
+  void copy_int4_column_blocks(const std::string& name, Shape shape, int64_t width, Weight& dst, int64_t first_matrix) {
+    DI_CHECK(source_.int4_form(name).has_value(), "tensor ", name, " goes into a packed INT4 weight but is not a ",
+             "4-bit weight of the checkpoint");
+    const int64_t rows = shape[0], blocks = shape[1] / width, rows_per_chunk = chunk_rows(shape[1]);
+    for (int64_t first = 0; first < rows; first += rows_per_chunk) {
+      const int64_t n = std::min(rows_per_chunk, rows - first);
+      source_.read_int4_rows(name, shape.dims(), first, n, int4_rows_);
+      for (int64_t j = 0; j < blocks; ++j) {
+        sink_.write_int4(dst, first_matrix + j, first, int4_rows_.columns(j * width, width));
+      }
+    }
+  }
+
   // copy_column_blocks of a stored FP8 tensor into matrices first_matrix, first_matrix + 1, ... of an FP8 weight: the
   // codes and the scales of each block of columns as they are.
   void copy_fp8_column_blocks(const std::string& name, Shape shape, int64_t width, Weight& dst, int64_t first_matrix) {
@@ -329,12 +378,13 @@ class Loader {
   std::vector<float> gathered_;  // copy_column_blocks: one chunk's columns of one block
   std::vector<uint8_t> codes_;   // stored FP8 codes on their way to an FP8 sink
   std::vector<float> scales_;    // and their scales
+  Int4Rows int4_rows_;           // 4-bit rows on their way to an INT4 sink
 };
 
 // gate_proj and up_proj [inter, dim] stacked into gate_up [2 * inter, dim].
 MlpWeights load_mlp(Loader& loader, const std::string& prefix, int64_t dim, int64_t inter) {
   MlpWeights w;
-  w.gate_up = loader.allocate_linear({2 * inter, dim});
+  w.gate_up = loader.allocate_linear_for(prefix + "gate_proj.weight", {2 * inter, dim});
   loader.copy_linear(prefix + "gate_proj.weight", {inter, dim}, 0, inter, w.gate_up, 0);
   loader.copy_linear(prefix + "up_proj.weight", {inter, dim}, 0, inter, w.gate_up, inter * dim);
   w.down = loader.read_linear(prefix + "down_proj.weight", {dim, inter});
@@ -429,12 +479,17 @@ MoeWeights load_moe(Loader& loader, const ModelConfig& c, const std::string& p, 
     w.correction_bias = loader.read(p + "gate.e_score_correction_bias", {e}, WeightRole::kVector);
   }
   // One expert at a time, into its slice of the stacked tensors; the shared experts after the routed ones.
-  w.experts_gate_up = loader.allocate_linear({local + stacked_shared, 2 * inter, d});
-  w.experts_down = loader.allocate_linear({local + stacked_shared, d, inter});
+  // Packed INT4 when the first expert's tensors are 4-bit (every expert's must then be).
+  const bool fused = loader.contains(p + "experts.gate_up_proj") && !loader.contains(p + "experts.0.gate_proj.weight");
+  const std::string first_expert = p + "experts." + std::to_string(first) + ".";
+  w.experts_gate_up = loader.allocate_linear_for(fused ? p + "experts.gate_up_proj" : first_expert + "gate_proj.weight",
+                                                 {local + stacked_shared, 2 * inter, d});
+  w.experts_down = loader.allocate_linear_for(fused ? p + "experts.down_proj" : first_expert + "down_proj.weight",
+                                              {local + stacked_shared, d, inter});
   w.num_shared_experts = stacked_shared;
   w.first_expert = first;
   w.num_routed_experts = e;
-  if (loader.contains(p + "experts.gate_up_proj") && !loader.contains(p + "experts.0.gate_proj.weight")) {
+  if (fused) {
     // transformers 5 may store the experts fused: gate_up_proj [E, 2I, D], down_proj [E, D, I]; row x is expert x.
     for (int64_t x = 0; x < local; ++x) {
       loader.copy_rows(p + "experts.gate_up_proj", {e, 2 * inter, d}, first + x, 1, w.experts_gate_up,
@@ -479,6 +534,11 @@ LayerWeights load_layer(Loader& loader, const ModelConfig& c, int64_t i, const M
 void WeightSource::read_fp8_rows(const std::string& name, std::span<const int64_t>, int64_t, int64_t,
                                  std::span<uint8_t>, std::span<float>) const {
   throw Error(str_cat("tensor ", name, " is not stored as FP8 by this source"));
+}
+
+void WeightSource::read_int4_rows(const std::string& name, std::span<const int64_t>, int64_t, int64_t,
+                                  Int4Rows&) const {
+  throw Error(str_cat("tensor ", name, " is not a 4-bit weight of this source"));
 }
 
 std::unique_ptr<WeightSource> open_checkpoint_source(const std::filesystem::path& dir, const ModelConfig& config) {
@@ -533,8 +593,13 @@ std::vector<std::pair<DType, int64_t>> weight_bytes_by_dtype(const ModelWeights&
   const auto add = [&](const Tensor& t) {
     if (t.numel() > 0) bytes[t.dtype()] += t.numel() * static_cast<int64_t>(dtype_size(t.dtype()));
   };
+  // A packed INT4 weight's words and zero points count as int4 bytes, its scales as float32.
   const auto add_weight = [&](const Weight& w) {
-    add(w.values);
+    if (w.is_int4()) {
+      for (const Tensor* t : {&w.values, &w.zeros}) bytes[DType::kU4] += static_cast<int64_t>(t->view().bytes());
+    } else {
+      add(w.values);
+    }
     add(w.scale_inv);
   };
   add(weights.embed);

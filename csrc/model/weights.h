@@ -15,6 +15,7 @@
 #include "core/tensor.h"
 #include "core/weight.h"
 #include "model/config.h"
+#include "model/int4.h"
 #include "model/model_shard.h"
 #include "model/weight_sink.h"
 
@@ -99,6 +100,12 @@ class WeightSource {
   // 128) and the scales of their block rows; only where stores_fp8(name). Throws like read_rows.
   virtual void read_fp8_rows(const std::string& name, std::span<const int64_t> shape, int64_t first_row,
                              int64_t num_rows, std::span<uint8_t> codes, std::span<float> scale_inv) const;
+  // Whether 2-D tensor `name` is a 4-bit weight (stored in 4 bits, or rounded to them by the source), and its form;
+  // read_int4_rows then reads its codes and scales as they are (read_rows reads the same weight dequantized).
+  virtual std::optional<Int4Form> int4_form(const std::string& /*name*/) const { return std::nullopt; }
+  // Rows [first_row, first_row + num_rows) of 4-bit weight `name` of `shape` ([N, K]); only where int4_form(name).
+  virtual void read_int4_rows(const std::string& name, std::span<const int64_t> shape, int64_t first_row,
+                              int64_t num_rows, Int4Rows& out) const;
   // Fills `out` (fp32) with rows [first_row, first_row + num_rows) of dimension 0 of tensor `name`, whose whole
   // shape is `shape` (a 0-D tensor is one row): num_rows * product(shape[1:]) values, row-major. They equal the
   // same rows of a whole read bit for bit, so a large tensor can be read piece by piece (one expert at a time).

@@ -17,7 +17,12 @@
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/int4.h"
+#include "backend/cpu/weight_values.h"
 #include "model/int4_source.h"
+#include "model/model_shard.h"
+#include "model/sharded_source.h"
+#include "model/weight_sink.h"
+#include "model/weights.h"
 #include "safetensors_writer.h"
 
 namespace deepinfer {
@@ -340,6 +345,209 @@ TEST(Int4Config, RoundingGroupsMustDivideEveryInputSize) {
   EXPECT_NO_THROW(check_int4_rounding(c, {.group_size = -1}));
   expect_error([&] { check_int4_rounding(c, {.group_size = 16}); }, {"group_size 16 does not divide K = 8 of kv_b_proj"});
   expect_error([&] { check_int4_rounding(c, {.group_size = 0}); }, {"group_size must be > 0 or -1"});
+}
+
+// ---------------------------------------------------------------------------------------------- packed rows
+
+// Random Int4Rows: codes, positive scales, zero points (asymmetric).
+Int4Rows random_rows(std::mt19937& rng, int64_t rows, int64_t cols, int64_t group, bool symmetric) {
+  std::uniform_int_distribution<int> code(0, 15);
+  std::uniform_real_distribution<float> scale(0.01f, 1.0f);
+  Int4Rows r;
+  r.resize(rows, cols, group, symmetric);
+  for (uint8_t& q : r.q) q = static_cast<uint8_t>(code(rng));
+  for (float& s : r.scales) s = scale(rng);
+  for (uint8_t& z : r.zeros) z = static_cast<uint8_t>(code(rng));
+  return r;
+}
+
+TEST(Int4Packing, TheEnginesWordsHoldTheInterleavedNibbleOrder) {
+  // Inputs 0..7 holding codes 0..7: nibble j holds input {0, 2, 4, 6, 1, 3, 5, 7}[j], so the word reads 0x75316420
+  // (AutoAWQ's order, which the kernels' unpacking turns into consecutive pairs).
+  Int4Rows r;
+  r.resize(1, 8, 8, true);
+  for (int k = 0; k < 8; ++k) r.q[static_cast<size_t>(k)] = static_cast<uint8_t>(k);
+  std::vector<int32_t> word(1);
+  pack_int4_codes(r, word);
+  EXPECT_EQ(static_cast<uint32_t>(word[0]), 0x75316420u);
+  // Zero points in plain order: group g in nibble g % 8.
+  r.resize(1, 80, 8, false);
+  for (int g = 0; g < 10; ++g) r.zeros[static_cast<size_t>(g)] = static_cast<uint8_t>(g + 1);
+  std::vector<int32_t> zeros(2);
+  pack_int4_zeros(r, zeros);
+  EXPECT_EQ(static_cast<uint32_t>(zeros[0]), 0x87654321u);
+  EXPECT_EQ(static_cast<uint32_t>(zeros[1]), 0x000000a9u);
+}
+
+TEST(Int4Packing, PackedWeightsDequantizeToTheirRows) {
+  std::mt19937 rng(11);
+  for (const bool symmetric : {false, true}) {
+    for (const int64_t group : {8, 32, 128}) {
+      const int64_t rows = 5, cols = 256;
+      const Int4Rows r = random_rows(rng, rows, cols, group, symmetric);
+      std::vector<int32_t> words(static_cast<size_t>(rows * cols / 8));
+      std::vector<int32_t> zeros(symmetric ? 0 : static_cast<size_t>(rows * int4_zero_words(cols / group)));
+      pack_int4_codes(r, words);
+      if (!symmetric) pack_int4_zeros(r, zeros);
+      std::vector<float> expected(static_cast<size_t>(rows * cols)), got(expected.size());
+      r.dequantize(expected);
+      dequantize_packed_int4(words, r.scales, zeros, rows, cols, group, got);
+      EXPECT_EQ(got, expected) << "group " << group << (symmetric ? " symmetric" : "");
+      // The same weight as a host WeightView, as the CPU ops read it.
+      const ConstTensorView codes(words.data(), DType::kU4, {rows, cols}, Device::kCpu);
+      const ConstTensorView scales(r.scales.data(), DType::kF32, {rows, cols / group}, Device::kCpu);
+      const ConstTensorView zero_view = symmetric ? ConstTensorView()
+          : ConstTensorView(zeros.data(), DType::kI32, {rows, int4_zero_words(cols / group)}, Device::kCpu);
+      std::vector<float> scratch;
+      const float* values = cpu::weight_values(WeightView(codes, scales, zero_view), scratch);
+      EXPECT_TRUE(std::equal(expected.begin(), expected.end(), values));
+      // A column slice on group edges is the same weight's columns.
+      const int64_t half = cols / 2;
+      const Int4Rows part = r.columns(half, half);
+      std::vector<float> part_values(static_cast<size_t>(rows * half));
+      part.dequantize(part_values);
+      for (int64_t row = 0; row < rows; ++row) {
+        EXPECT_TRUE(std::equal(part_values.begin() + row * half, part_values.begin() + (row + 1) * half,
+                               expected.begin() + row * cols + half));
+      }
+    }
+  }
+  const Int4Rows r = random_rows(rng, 2, 64, 16, false);
+  expect_error([&] { (void)r.columns(8, 16); }, {"columns [8, 24)", "groups of 16"});
+}
+
+TEST(Int4Packing, StoredWeightsUnpackToWhatTheyDequantizeTo) {
+  // compressed-tensors (signed codes, zero points packed along N; and symmetric) and AWQ (transposed words), rows
+  // read in a range: unpacked rows dequantize to exactly dequantize_int4_rows' values.
+  std::mt19937 rng(13);
+  std::uniform_int_distribution<int> value(-8, 7), unsigned_value(0, 15);
+  const int64_t n = 16, k = 32, g = 8, groups = k / g;
+  std::vector<int> q(static_cast<size_t>(n * k));
+  for (int& v : q) v = value(rng);
+  const std::vector<int32_t> words = pack_ct_rows(q, n, k);
+  std::vector<int> z(static_cast<size_t>(groups * n));  // [groups, N]: packed along N
+  for (int& v : z) v = value(rng);
+  const std::vector<int32_t> zt = pack_ct_rows(z, groups, n);  // [groups, N / 8]
+  std::vector<int32_t> z_words(static_cast<size_t>(n / 8 * groups));  // [N / 8, groups]
+  for (int64_t c = 0; c < groups; ++c) {
+    for (int64_t w = 0; w < n / 8; ++w) z_words[static_cast<size_t>(w * groups + c)] = zt[static_cast<size_t>(c * (n / 8) + w)];
+  }
+  std::vector<float> scales(static_cast<size_t>(n * groups));
+  for (size_t i = 0; i < scales.size(); ++i) scales[i] = 0.03f * static_cast<float>(i + 1);
+  std::vector<int> awq_q(static_cast<size_t>(k * n)), awq_z(static_cast<size_t>(groups * n));
+  for (int& v : awq_q) v = unsigned_value(rng);
+  for (int& v : awq_z) v = unsigned_value(rng);
+  const std::vector<int32_t> awq_words = pack_awq_rows(awq_q, k, n), awq_zeros = pack_awq_rows(awq_z, groups, n);
+  const std::vector<PackedInt4> weights{
+      {.layout = Int4Layout::kCompressedTensors, .rows = n, .cols = k, .group_size = g, .qweight = as_bytes(words),
+       .zeros = as_bytes(z_words), .scales = scales},
+      {.layout = Int4Layout::kCompressedTensors, .rows = n, .cols = k, .group_size = g, .qweight = as_bytes(words),
+       .scales = scales},
+      {.layout = Int4Layout::kAwq, .rows = n, .cols = k, .group_size = g, .qweight = as_bytes(awq_words),
+       .zeros = as_bytes(awq_zeros), .scales = scales}};
+  for (size_t i = 0; i < weights.size(); ++i) {
+    std::vector<float> expected(static_cast<size_t>(5 * k)), got(expected.size());
+    dequantize_int4_rows(weights[i], 9, 5, expected);
+    Int4Rows rows;
+    unpack_int4_rows(weights[i], 9, 5, rows);
+    EXPECT_EQ(rows.symmetric(), i == 1);
+    rows.dequantize(got);
+    EXPECT_EQ(got, expected) << "weight " << i;
+  }
+}
+
+TEST(Int4Packing, QuantizedRowsAreRoundInt4sValues) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal;
+  std::vector<float> x(static_cast<size_t>(4 * 64));
+  for (float& v : x) v = normal(rng);
+  std::fill_n(x.begin(), 16, 0.0f);  // a group of zeros
+  for (const Int4Rounding r : {Int4Rounding{.group_size = 16}, Int4Rounding{.group_size = -1},
+                               Int4Rounding{.group_size = 32, .symmetric = true}}) {
+    std::vector<float> rounded = x;
+    round_int4(rounded, 64, r);
+    Int4Rows rows;
+    quantize_int4_rows(x, 64, r, rows);
+    std::vector<float> got(x.size());
+    rows.dequantize(got);
+    EXPECT_EQ(got, rounded);
+    EXPECT_EQ(rows.symmetric(), r.symmetric);
+  }
+}
+
+// A V3 model of one dense and one MoE layer (4 routed experts, 2 shared): every projection's K a multiple of 8.
+ModelConfig tiny_moe_config() {
+  return parse_model_config(nlohmann::json{
+      {"architectures", {"DeepseekV3ForCausalLM"}}, {"vocab_size", 64}, {"hidden_size", 32},
+      {"intermediate_size", 48}, {"moe_intermediate_size", 16}, {"num_hidden_layers", 2},
+      {"first_k_dense_replace", 1}, {"n_routed_experts", 4}, {"n_shared_experts", 2}, {"num_experts_per_tok", 2},
+      {"n_group", 1}, {"topk_group", 1}, {"num_attention_heads", 2}, {"q_lora_rank", 16}, {"kv_lora_rank", 16},
+      {"qk_nope_head_dim", 8}, {"qk_rope_head_dim", 8}, {"v_head_dim", 8}});
+}
+
+// Every linear weight of `w` (packed INT4 or float32) as float32 values, by a name of its own.
+std::vector<std::pair<std::string, std::vector<float>>> linear_values(const ModelWeights& w) {
+  std::vector<std::pair<std::string, std::vector<float>>> out;
+  const auto add = [&](const std::string& name, const Weight& weight) {
+    const WeightView v = weight.cview();
+    const int64_t matrices = v.shape.ndim() == 3 ? v.shape[0] : 1;
+    for (int64_t e = 0; e < matrices; ++e) {
+      const WeightView m = v.shape.ndim() == 3 ? v.matrix(e) : v;
+      std::vector<float> scratch;
+      const float* values = cpu::weight_values(m, scratch);
+      out.emplace_back(str_cat(name, "[", e, "]"), std::vector<float>(values, values + m.numel()));
+    }
+  };
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    const LayerWeights& l = w.layers[i];
+    const std::string p = str_cat("layer", i, ".");
+    add(p + "q_a", l.attn.q_a_proj);
+    add(p + "q_b", l.attn.q_b_proj);
+    add(p + "kv_a", l.attn.kv_a_proj);
+    add(p + "o", l.attn.o_proj);
+    if (l.mlp) {
+      add(p + "gate_up", l.mlp->gate_up);
+      add(p + "down", l.mlp->down);
+    }
+    if (l.moe) {
+      add(p + "experts_gate_up", l.moe->experts_gate_up);
+      add(p + "experts_down", l.moe->experts_down);
+    }
+  }
+  return out;
+}
+
+// The loader keeps 4-bit weights packed in a sink that takes them (a GPU's, here a host one) and they hold exactly
+// the values the CPU path loads dequantized: rounded at load, whole and split across two tensor-parallel ranks (rows,
+// columns on group edges, the shared experts' down_proj split into experts by columns).
+TEST(Int4Loader, PackedWeightsHoldTheDequantizedPathsValues) {
+  const ModelConfig config = tiny_moe_config();
+  for (const Int4Rounding rounding : {Int4Rounding{.group_size = 8}, Int4Rounding{.group_size = 8, .symmetric = true}}) {
+    const std::unique_ptr<WeightSource> source = make_int4_rounding_source(make_dummy_source(5), rounding);
+    for (const int32_t ranks : {1, 2}) {
+      for (int32_t rank = 0; rank < ranks; ++rank) {
+        const ModelShard shard{.rank = rank, .size = ranks};
+        const ModelConfig local = local_config(config, shard);
+        const std::unique_ptr<WeightSource> sharded = make_sharded_source(*source, shard);
+        const std::unique_ptr<WeightSink> float_sink = make_host_sink();
+        const std::unique_ptr<WeightSink> packed_sink = make_host_sink({.int4 = true});
+        const ModelWeights plain = load_weights(local, *sharded, *float_sink, {}, shard);
+        const ModelWeights packed = load_weights(local, *sharded, *packed_sink, {}, shard);
+        EXPECT_TRUE(packed.layers[1].moe->experts_down.is_int4());
+        EXPECT_TRUE(packed.layers[0].attn.o_proj.is_int4());
+        EXPECT_FALSE(plain.layers[0].attn.o_proj.is_int4());
+        const auto expected = linear_values(plain), got = linear_values(packed);
+        ASSERT_EQ(got.size(), expected.size());
+        for (size_t i = 0; i < got.size(); ++i) {
+          EXPECT_EQ(got[i].second, expected[i].second) << got[i].first << " rank " << rank << " of " << ranks;
+        }
+        // Resident bytes: the packed words count as int4 (half a byte a weight).
+        bool has_int4 = false;
+        for (const auto& [dtype, bytes] : weight_bytes_by_dtype(packed)) has_int4 = has_int4 || (dtype == DType::kU4 && bytes > 0);
+        EXPECT_TRUE(has_int4);
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -4,10 +4,22 @@
 
 #include "core/error.h"
 #include "core/fp8.h"
+#include "model/int4.h"
 
 namespace deepinfer::cpu {
 
 const float* weight_values(const WeightView& w, std::vector<float>& scratch) {
+  if (w.is_int4()) {
+    DI_CHECK(w.shape.ndim() == 2 && w.device == Device::kCpu, "cpu: an INT4 weight is read as a 2-D host matrix, got ",
+             w.shape.str(), " on ", device_name(w.device));
+    const int64_t rows = w.shape[0], cols = w.shape[1];
+    scratch.resize(static_cast<size_t>(rows * cols));
+    dequantize_packed_int4({w.as<int32_t>(), static_cast<size_t>(rows * cols / 8)},
+                           {w.scale_inv.as<float>(), static_cast<size_t>(w.scale_inv.numel())},
+                           {w.zeros.as<int32_t>(), static_cast<size_t>(w.zeros.numel())}, rows, cols, w.group_size(),
+                           scratch);
+    return scratch.data();
+  }
   if (!w.is_fp8()) return w.f32();
   DI_CHECK(w.shape.ndim() == 2 && w.device == Device::kCpu, "cpu: an FP8 weight is read as a 2-D host matrix, got ",
            w.shape.str(), " on ", device_name(w.device));

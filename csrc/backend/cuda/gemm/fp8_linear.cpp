@@ -9,6 +9,7 @@
 #include <optional>
 #include <type_traits>
 
+#include "backend/cuda/gemm/dequantized_linear.h"
 #include "backend/cuda/gemm/fp8_convert.cuh"
 #include "backend/cuda/gemm/gemm_operands.h"
 #include "backend/cuda/runtime/context.h"
@@ -22,9 +23,6 @@
 namespace deepinfer::cuda {
 namespace {
 
-// Weight rows dequantized at a time: 64 MB of bf16 is 4.5k rows of K = 7168, wide enough for cuBLAS's best tiles,
-// and small beside a weight of a few hundred MB.
-constexpr int64_t kDequantChunkBytes = int64_t{64} << 20;
 // cuBLASLt's workspace for the block-scaled kernels (what CublasHandle gives the dense ones).
 constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
 constexpr size_t kAlign = 256;
@@ -33,42 +31,17 @@ constexpr size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign;
 
 #ifdef DEEPINFER_HAVE_CUBLAS
 
-// Row-major out[M, n] (rows ldc apart) (+)= x[M, K] · w[n, K]^T, one cuBLAS GEMM (the column-major view: out^T =
-// w^T · x^T, as linear_op.cpp does it).
-void dense_gemm(CudaContext& ctx, const void* w, int64_t n, const ConstTensorView& x, void* out, DType out_dtype,
-                int64_t ldc, float beta) {
-  constexpr const char* kOp = "cuda linear (FP8 weight, dequantized)";
-  const int64_t m = x.shape[0], k = x.shape[1];
-  const float alpha = 1.0f;
-  const cudaDataType_t type = cuda_type(x.dtype);
-  CUDA_TRY(cublasGemmEx(ctx.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, gemm_int(n, kOp, "N"), gemm_int(m, kOp, "M"),
-                        gemm_int(k, kOp, "K"), &alpha, w, type, gemm_int(k, kOp, "K"), x.data, type,
-                        gemm_int(k, kOp, "K"), &beta, out, cuda_type(out_dtype), gemm_int(ldc, kOp, "N"),
-                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  ctx.ledger().library_work(OpAccesses::any());
-}
-
-// The weight widened into x's dtype, a chunk of rows at a time, each chunk's GEMM writing its columns of out. The
-// chunks share one workspace: each dequantization waits for the GEMM before it (stream order; the kernel's wait
-// covers cuBLAS, which never triggers early).
+// The weight widened into x's dtype, a chunk of block rows at a time (dequantized_linear.h).
 void dequantized_gemm(CudaContext& ctx, const ConstTensorView& x, const WeightView& w, const TensorView& out,
                       bool accumulate) {
-  const int64_t n = w.shape[0], k = w.shape[1];
-  const bool f32 = x.dtype == DType::kF32;
-  const int64_t elem = f32 ? 4 : 2;
-  const int64_t chunk = std::min(n, std::max(kFp8Block, kDequantChunkBytes / (k * elem) / kFp8Block * kFp8Block));
-  void* const rows_buffer =
-      ctx.workspace(WorkspaceUse::kFp8Dequant, {.bytes = static_cast<size_t>(chunk * k * elem), .alignment = kAlign})
-          .data;
-  const int64_t out_elem = static_cast<int64_t>(dtype_size(out.dtype));
-  for (int64_t first = 0; first < n; first += chunk) {
-    const int64_t rows = std::min(chunk, n - first);
-    dequantize_fp8_rows(static_cast<const uint8_t*>(w.data), static_cast<const float*>(w.scale_inv.data), first,
-                        rows, k, rows_buffer, f32, ctx.launch());
-    ctx.ledger().launched(Trigger::kAfterWait, OpAccesses::any());
-    dense_gemm(ctx, rows_buffer, rows, x, static_cast<std::byte*>(out.data) + first * out_elem, out.dtype, n,
-               accumulate ? 1.0f : 0.0f);
-  }
+  const int64_t k = w.shape[1];
+  const auto* codes = static_cast<const uint8_t*>(w.data);
+  const auto* scales = static_cast<const float*>(w.scale_inv.data);
+  dequantized_linear(ctx, x, w.shape[0], out, accumulate, kFp8Block,
+                     [&](int64_t first_row, int64_t rows, void* buffer, bool f32) {
+                       dequantize_fp8_rows(codes, scales, first_row, rows, k, buffer, f32, ctx.launch());
+                       ctx.ledger().launched(Trigger::kAfterWait, OpAccesses::any());
+                     });
 }
 
 #if CUBLAS_VERSION >= 120900

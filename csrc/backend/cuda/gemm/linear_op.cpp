@@ -1,6 +1,6 @@
 // linear, linear_silu_mul and multi_linear: the skinny GEMM where its rule allows, cuBLAS (or the composed ops)
 // otherwise. FP8 weights: the FP8 skinny GEMM up to kFp8SkinnyMaxTokens bf16 tokens, the prefill path (fp8_linear.h)
-// otherwise.
+// otherwise; INT4 weights the same with their own kernels (int4_skinny_gemm.cuh, int4_linear.h).
 #include <algorithm>
 #include <array>
 #include <cstddef>
@@ -16,6 +16,8 @@
 #include "backend/cuda/gemm/fp8_skinny_gemm.cuh"
 #include "backend/cuda/gemm/gemm_operands.h"
 #include "backend/cuda/gemm/gemm_ops.h"
+#include "backend/cuda/gemm/int4_linear.h"
+#include "backend/cuda/gemm/int4_skinny_gemm.cuh"
 #include "backend/cuda/gemm/skinny_gemm.cuh"
 #include "backend/cuda/runtime/context.h"
 #include "backend/cuda/runtime/cuda_check.h"
@@ -99,6 +101,41 @@ void launch_fp8_skinny(CudaContext& ctx, const Fp8SkinnyGemmParams& p) {
   ctx.ledger().launched(Trigger::kAfterWait, OpAccesses::any());
 }
 
+// One product of an INT4 skinny GEMM launch.
+struct Int4SkinnyTarget {
+  WeightView w;
+  TensorView out;
+  SkinnyEpilogue epilogue;
+};
+
+Int4SkinnyGemmParams int4_skinny_params(const CudaContext& ctx, const ConstTensorView& x,
+                                        std::span<const Int4SkinnyTarget> targets) {
+  Int4SkinnyGemmParams p{.x = static_cast<const uint16_t*>(x.data), .tokens = x.shape[0], .k_dim = x.shape[1],
+                         .x_row_stride = x.shape[1], .num_problems = static_cast<int>(targets.size()),
+                         .num_sms = ctx.num_sms()};
+  for (size_t i = 0; i < targets.size() && i < std::size(p.problems); ++i) {
+    const Int4SkinnyTarget& t = targets[i];
+    p.problems[i] = {.w = static_cast<const uint32_t*>(t.w.data),
+                     .scales = static_cast<const float*>(t.w.scale_inv.data),
+                     .zeros = static_cast<const int32_t*>(t.w.zeros.data), .out = t.out.data,
+                     .n_out = t.out.shape[1], .out_row_stride = t.out.shape[1], .group_size = t.w.group_size(),
+                     .epilogue = t.epilogue, .out_f32 = t.out.dtype == DType::kF32};
+  }
+  return p;
+}
+
+// INT4 weights at decode sizes go to the INT4 skinny kernel where it takes the operands, as FP8 ones do.
+bool use_int4_skinny(const CudaContext& ctx, DType x_dtype, const Int4SkinnyGemmParams& p) {
+  return ctx.tuning().skinny_gemm && x_dtype == DType::kBF16 && int4_skinny_gemm_fits(p);
+}
+
+void launch_int4_skinny(CudaContext& ctx, const Int4SkinnyGemmParams& p) {
+  int4_skinny_gemm(p, ctx.launch());
+  ctx.ledger().launched(Trigger::kAfterWait, OpAccesses::any());
+}
+
+bool is_quantized(const WeightView& w) { return w.is_fp8() || w.is_int4(); }
+
 }  // namespace
 
 void linear(CudaContext& ctx, const LinearArgs& a) {
@@ -117,6 +154,16 @@ void linear(CudaContext& ctx, const LinearArgs& a) {
     return;
   }
   const SkinnyEpilogue epilogue = a.accumulate ? SkinnyEpilogue::kAccumulate : SkinnyEpilogue::kStore;
+  if (a.w.is_int4()) {
+    const Int4SkinnyTarget target{a.w, a.out, epilogue};
+    const Int4SkinnyGemmParams int4 = int4_skinny_params(ctx, a.x, {&target, 1});
+    if (use_int4_skinny(ctx, a.x.dtype, int4)) {
+      launch_int4_skinny(ctx, int4);
+    } else {
+      int4_linear_prefill(ctx, a.x, a.w, a.out, a.accumulate);
+    }
+    return;
+  }
   if (a.w.is_fp8()) {
     const Fp8SkinnyTarget target{a.w, a.out, epilogue};
     const Fp8SkinnyGemmParams fp8 = fp8_skinny_params(ctx, a.x, {&target, 1});
@@ -162,8 +209,19 @@ void linear_silu_mul(CudaContext& ctx, const LinearSiluMulArgs& a) {
       return;
     }
   }
+  if (a.w.is_int4() && a.out.numel() > 0) {
+    const Int4SkinnyTarget target{a.w, a.out, SkinnyEpilogue::kSiluMul};
+    const Int4SkinnyGemmParams int4 = int4_skinny_params(ctx, a.x, {&target, 1});
+    if (use_int4_skinny(ctx, a.x.dtype, int4)) {
+      const auto timing = ctx.timed([&] {
+        return str_cat("linear_silu_mul int4 [", a.w.shape[0], " x ", a.w.shape[1], "] M=", a.x.shape[0]);
+      });
+      launch_int4_skinny(ctx, int4);
+      return;
+    }
+  }
   const SkinnyGemmParams skinny = skinny_params(ctx, a.x, {{a.w, a.out, SkinnyEpilogue::kSiluMul}});
-  if (a.out.numel() == 0 || a.w.is_fp8() || !use_skinny(ctx, a.x.dtype, skinny)) {
+  if (a.out.numel() == 0 || is_quantized(a.w) || !use_skinny(ctx, a.x.dtype, skinny)) {
     // The composition Backend::linear_silu_mul runs (dense_composed.cpp): cuBLAS, then the silu_mul kernel.
     Tensor gate_up = ctx.empty({a.x.shape[0], a.w.shape[0]}, a.out.dtype);  // [M, 2I]
     linear(ctx, {.x = a.x, .w = a.w, .out = gate_up.view()});
@@ -178,7 +236,8 @@ void linear_silu_mul(CudaContext& ctx, const LinearSiluMulArgs& a) {
 
 void multi_linear(CudaContext& ctx, const MultiLinearArgs& a) {
   a.validate();
-  static_assert(kSkinnyMaxProblems >= kMultiLinearMaxTargets && kFp8SkinnyMaxProblems >= kMultiLinearMaxTargets,
+  static_assert(kSkinnyMaxProblems >= kMultiLinearMaxTargets && kFp8SkinnyMaxProblems >= kMultiLinearMaxTargets &&
+                    kInt4SkinnyMaxProblems >= kMultiLinearMaxTargets,
                 "one launch takes every target");
   std::array<SkinnyTarget, kMultiLinearMaxTargets> targets{};  // no allocation per step
   for (size_t i = 0; i < a.targets.size(); ++i) {
@@ -186,9 +245,24 @@ void multi_linear(CudaContext& ctx, const MultiLinearArgs& a) {
     check_gemm_operands(a.x, t.w, t.out, "cuda multi_linear");
     targets[i] = {t.w, t.out, t.silu_mul ? SkinnyEpilogue::kSiluMul : SkinnyEpilogue::kStore};
   }
-  // FP8 targets share a launch only with FP8 targets: all of them in the FP8 skinny kernel, or op by op.
-  const bool all_fp8 = std::all_of(a.targets.begin(), a.targets.end(), [](const LinearTarget& t) { return t.w.is_fp8(); });
-  const bool any_fp8 = std::any_of(a.targets.begin(), a.targets.end(), [](const LinearTarget& t) { return t.w.is_fp8(); });
+  // FP8 (INT4) targets share a launch only with FP8 (INT4) targets: all of them in the FP8 (INT4) skinny kernel, or op
+  // by op.
+  const auto all = [&](auto pred) { return std::all_of(a.targets.begin(), a.targets.end(), pred); };
+  const bool all_fp8 = all([](const LinearTarget& t) { return t.w.is_fp8(); });
+  const bool all_int4 = all([](const LinearTarget& t) { return t.w.is_int4(); });
+  const bool any_quantized =
+      std::any_of(a.targets.begin(), a.targets.end(), [](const LinearTarget& t) { return is_quantized(t.w); });
+  if (all_int4 && a.x.shape[0] > 0) {
+    std::array<Int4SkinnyTarget, kMultiLinearMaxTargets> int4_targets{};
+    for (size_t i = 0; i < a.targets.size(); ++i) int4_targets[i] = {a.targets[i].w, a.targets[i].out, targets[i].epilogue};
+    const Int4SkinnyGemmParams int4 =
+        int4_skinny_params(ctx, a.x, std::span<const Int4SkinnyTarget>(int4_targets.data(), a.targets.size()));
+    if (use_int4_skinny(ctx, a.x.dtype, int4)) {
+      const auto timing = ctx.timed([&] { return str_cat("multi_linear int4 M=", a.x.shape[0]); });
+      launch_int4_skinny(ctx, int4);
+      return;
+    }
+  }
   if (all_fp8 && a.x.shape[0] > 0) {
     std::array<Fp8SkinnyTarget, kMultiLinearMaxTargets> fp8_targets{};
     for (size_t i = 0; i < a.targets.size(); ++i) fp8_targets[i] = {a.targets[i].w, a.targets[i].out, targets[i].epilogue};
@@ -202,7 +276,7 @@ void multi_linear(CudaContext& ctx, const MultiLinearArgs& a) {
   }
   const SkinnyGemmParams skinny =
       skinny_params(ctx, a.x, std::span<const SkinnyTarget>(targets.data(), a.targets.size()));
-  if (a.x.shape[0] == 0 || any_fp8 || !use_skinny(ctx, a.x.dtype, skinny)) {
+  if (a.x.shape[0] == 0 || any_quantized || !use_skinny(ctx, a.x.dtype, skinny)) {
     // The composition Backend::multi_linear runs: one op per target, each with its own choice of kernel.
     for (const LinearTarget& t : a.targets) {
       if (t.silu_mul) {

@@ -20,10 +20,10 @@ enum class WorkspaceUse : uint8_t {
   kMoeRoute,    // moe_route's routing and alignment (the alignment unused)
   kMoeExperts,  // alignment, activations and per-pair outputs of moe_experts and moe (moe/moe_op.cpp)
   kFp8Activations,  // W8A8 prefill: quantized activations, their scales and cuBLASLt's workspace (gemm/fp8_linear.cpp)
-  kFp8Dequant,      // FP8 prefill: a chunk of weight rows dequantized for the dense GEMM (gemm/fp8_linear.cpp)
+  kWeightDequant,   // FP8 and INT4 prefill: a chunk of weight rows widened for the dense GEMM (gemm/dequantized_linear.h)
 };
 inline constexpr size_t kWorkspaceUses = 6;
-static_assert(static_cast<size_t>(WorkspaceUse::kFp8Dequant) + 1 == kWorkspaceUses, "one workspace per use");
+static_assert(static_cast<size_t>(WorkspaceUse::kWeightDequant) + 1 == kWorkspaceUses, "one workspace per use");
 
 struct WorkspaceRequest {
   size_t bytes = 0;
