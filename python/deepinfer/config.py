@@ -30,8 +30,8 @@ class QuantizationConfig:
     (compressed-tensors ``pack-quantized``, AutoAWQ ``gemm``) is read as stored, with its own group size; a bf16/fp32
     checkpoint's linear layers are rounded to nearest at load, in groups of ``group_size`` inputs (-1: one group per
     output channel), asymmetric with a zero point per group unless ``symmetric``. ``awq`` asks for an AWQ checkpoint's
-    weights as stored (anything else is an error). INT4 runs on the CPU backend only for now, which computes with the
-    dequantized weights in float32: the INT4 GPU kernels are not built yet. ``weight_bits`` / ``activation_bits``
+    weights as stored (anything else is an error). On a GPU the weights stay packed and W4A16 kernels unpack them in
+    registers; the CPU backend computes with the dequantized weights in float32. ``weight_bits`` / ``activation_bits``
     default to the method's (8 / 8 for fp8, 4 / 16 for int4 and awq); ``fuse_quant_dequant`` is accepted and unused.
     """
 
@@ -101,11 +101,6 @@ class WeightFormat:
     fp4: str = ""                # "": none; "nvfp4" / "mxfp4" / "modelopt-nvfp4": stored FP4 weights (weight-only)
 
 
-INT4_GPU_NOT_BUILT = ("the INT4 GPU kernels are not built yet; 4-bit checkpoints (compressed-tensors, AWQ) and "
-                      "quantization='int4' load on the CPU backend (device='cpu'), which computes with the dequantized "
-                      "weights")
-
-
 FP4_GPU_NOT_BUILT = ("the FP4 GPU kernels are not built yet; NVFP4 / MXFP4 checkpoints load on the CPU backend "
                      "(device='cpu'), which computes with the dequantized weights")
 
@@ -145,8 +140,6 @@ def resolve_weight_format(q: "QuantizationConfig | None", fp8_checkpoint: bool, 
                          "unset to run it as stored")
     else:
         stored = WeightFormat(int4="rtn", int4_group_size=q.group_size, int4_symmetric=q.symmetric)
-    if stored.int4 and device == "cuda":
-        raise ValueError(f"INT4 weights on device='cuda': {INT4_GPU_NOT_BUILT}")
     return stored
 
 

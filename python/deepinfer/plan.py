@@ -45,9 +45,9 @@ class MemoryPlan:
     tensor_parallel_size: int
     enable_expert_parallel: bool
     enable_dp_attention: bool
-    weight_format: str                # "fp8 (W8A8)", "fp8 (W8A16)", "bfloat16", "float32", "int4 (float32 on the CPU)",
+    weight_format: str                # "fp8 (W8A8)", "fp8 (W8A16)", "bfloat16", "float32", "int4 (W4A16)",
+                                      # "int4 (float32 on the CPU)",
                                       # "fp4 (float32 on the CPU)",
-                                      # "int4 (GPU kernels not built yet)"
     weight_bytes: dict[str, int]      # a GPU, by dtype: what Engine.weight_bytes reports
     cache_dtype: str
     cache_bytes_per_token: int        # all layers: Engine.cache_info["bytes_per_token"]
@@ -159,16 +159,13 @@ def plan_device(config: EngineConfig) -> str:
     return "cpu" if config.device == "cpu" else "cuda"
 
 
-def _weight_format(config: EngineConfig, d: ModelDims, device: str, int4: bool) -> tuple[str, str]:
+def _weight_format(config: EngineConfig, d: ModelDims, device: str) -> tuple[str, str]:
     """(the linear layers' format, its name), as the engine's _weight_format decides (config.resolve_weight_format):
     an FP8 or 4-bit checkpoint stays as stored unless asked otherwise, quantization='fp8' makes a bf16 one FP8 and
-    'int4' rounds it to INT4. INT4 runs on the CPU only, where the engine holds the dequantized weights in float32;
-    `int4` plans what INT4 weights would need on GPUs, whose kernels are not built yet."""
-    if int4:
-        return "int4", "int4 (GPU kernels not built yet)"
+    'int4' rounds it to INT4. INT4 stays packed on GPUs; the CPU holds the dequantized weights in float32."""
     f = resolve_weight_format(config.quantization, d.fp8_checkpoint, d.int4_checkpoint, device, d.fp4_checkpoint)
     if f.int4:
-        return "plain", "int4 (float32 on the CPU)"
+        return ("int4", "int4 (W4A16)") if device == "cuda" else ("plain", "int4 (float32 on the CPU)")
     if f.fp4:
         return "plain", "fp4 (float32 on the CPU)"
     if not f.fp8_weights:
@@ -179,10 +176,10 @@ def _weight_format(config: EngineConfig, d: ModelDims, device: str, int4: bool) 
 
 
 def plan_memory(d: ModelDims, config: EngineConfig, *, gpus: int | None = None, gpu_memory_bytes: int | None = None,
-                in_use_bytes: int | None = None, model: str = "", int4_weights: bool = False) -> MemoryPlan:
+                in_use_bytes: int | None = None, model: str = "") -> MemoryPlan:
     """The memory plan of `config` for the model of `d`: on CUDA for GPUs of `gpu_memory_bytes` each, of which
     `in_use_bytes` are already taken when known (the engine's check measures it; a plan uses an allowance).
-    `int4_weights` plans INT4 linear layers on GPUs, whose kernels are not built yet (INT4 runs on the CPU). Raises ValueError, in the engine's
+    Raises ValueError, in the engine's
     words, for a split the model does not divide into or a max_model_len past its positions."""
     device = plan_device(config)
     layout = Layout(config.tensor_parallel_size, config.enable_expert_parallel, config.enable_dp_attention)
@@ -194,7 +191,7 @@ def plan_memory(d: ModelDims, config: EngineConfig, *, gpus: int | None = None, 
     if device == "cuda" and gpu_memory_bytes is None:
         raise ValueError("a plan for GPUs needs the memory of one: give --gpu-memory-gb, in GiB (80 for an H100, "
                          "141 for an H200), or --device cpu for the CPU backend")
-    linear_format, format_name = _weight_format(config, d, device, int4_weights)
+    linear_format, format_name = _weight_format(config, d, device)
     mtp_layers = 1 if config.speculative_config is not None else 0
     if mtp_layers and d.num_nextn_predict_layers < 1:
         raise ValueError("speculative_config: the model has no MTP layer (num_nextn_predict_layers is 0 in its "
@@ -206,7 +203,7 @@ def plan_memory(d: ModelDims, config: EngineConfig, *, gpus: int | None = None, 
     tokens = min(config.max_num_batched_tokens, d.max_position_embeddings - 1)
     working = context = reserve = 0
     if device == "cuda":
-        working = step_working_bytes(d, layout, tokens, page_bytes, config.page_size, linear_format == "fp8")
+        working = step_working_bytes(d, layout, tokens, page_bytes, config.page_size, linear_format)
         context = CUDA_CONTEXT_ALLOWANCE + (NCCL_ALLOWANCE if layout.ranks > 1 else 0)
         context = max(context, in_use_bytes or 0)
         reserve = ENGINE_RESERVE
@@ -263,7 +260,7 @@ class Option:
 
 def plan_options(d: ModelDims, config: EngineConfig, base: MemoryPlan) -> list[Option]:
     """What else would fit, or give more room (CUDA plans): the smallest tensor_parallel_size that fits, FP8
-    weights, the FP8 cache, and INT4 weights (GPU kernels not built yet: what they would need)."""
+    weights, the FP8 cache, and INT4 weights (rounded at load, groups of 128)."""
     if base.device != "cuda":
         return []
     same = dict(gpus=base.gpus, gpu_memory_bytes=base.gpu_memory_bytes, in_use_bytes=base.in_use_bytes,
@@ -288,8 +285,13 @@ def plan_options(d: ModelDims, config: EngineConfig, base: MemoryPlan) -> list[O
     if config.kv_cache_dtype == "auto":
         options.append(Option("--kv-cache-dtype fp8", plan_memory(d, dataclasses.replace(config, kv_cache_dtype="fp8"),
                                                                   **same)))
-    options.append(Option("INT4 weights", plan_memory(d, config, int4_weights=True, **same), available=False,
-                          note="GPU kernels not built yet"))
+    if not base.weight_format.startswith("int4"):
+        # A quantized checkpoint is not quantized again: its INT4 row is what a 4-bit checkpoint of the model needs.
+        quantized = bool(d.fp8_checkpoint or d.int4_checkpoint or d.fp4_checkpoint)
+        int4_dims = dataclasses.replace(d, fp8_checkpoint=False, int4_checkpoint="", fp4_checkpoint="")
+        options.append(Option("INT4 weights" if quantized else "--quantization int4",
+                              plan_memory(int4_dims, dataclasses.replace(config, quantization="int4"), **same),
+                              note="from a 4-bit checkpoint: AWQ, GPTQ" if quantized else ""))
     return options
 
 

@@ -17,7 +17,7 @@ DESCRIPTION = """\
 Plans a deployment from a checkpoint directory or a bare config.json, without a GPU and without reading a weight:
 the weight bytes a GPU by dtype, the working memory and reserves, the latent cache's tokens a GPU and in all, how
 many sequences of --max-model-len fit at once, whether it fits, and what would (the smallest tensor_parallel_size,
-FP8 weights, the FP8 cache; INT4, GPU kernels not built yet). Exit status: 0 it fits, 1 it does not, 2 bad input."""
+FP8 weights, the FP8 cache, INT4 weights). Exit status: 0 it fits, 1 it does not, 2 bad input."""
 
 
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:

@@ -23,7 +23,7 @@ __all__ = ["Layout", "resident_weight_bytes", "parameter_count", "cache_bytes_pe
 GIB = 1 << 30
 MIB = 1 << 20
 FP8_BLOCK = 128          # core/weight.h kFp8Block
-INT4_GROUP = 128         # a hypothetical INT4 format: 4-bit codes, one bfloat16 scale per 128 values
+INT4_GROUP = 128         # INT4 weights (core/weight.h): 4-bit codes, a float32 scale and a 4-bit zero point per 128
 CUBLAS_WORKSPACE = 32 * MIB          # runtime/cublas_handle.h kDefaultWorkspaceBytes
 FP8_LT_WORKSPACE = 32 * MIB          # gemm/fp8_linear.cpp kLtWorkspaceBytes
 FP8_DEQUANT_CHUNK = 64 * MIB         # gemm/fp8_linear.cpp kDequantChunkBytes
@@ -95,8 +95,9 @@ class _Tally:
             self._add(FP8, n)
             self._add(F32, 4 * matrices * math.ceil(rows / FP8_BLOCK) * math.ceil(cols / FP8_BLOCK))
         elif self.linear_format == "int4":
-            self._add(INT4, n // 2)
-            self._add(BF16, 2 * matrices * rows * math.ceil(cols / INT4_GROUP))
+            groups = math.ceil(cols / INT4_GROUP)
+            self._add(INT4, n // 2 + 4 * matrices * rows * math.ceil(groups / 8))  # codes, zero points (int32 words)
+            self._add(F32, 4 * matrices * rows * groups)
         else:
             self.matrix(n)
 
@@ -104,7 +105,7 @@ class _Tally:
 def resident_weight_bytes(d: ModelDims, layout: Layout, linear_format: str, device: str,
                           mtp_layers: int = 0) -> dict[str, int]:
     """Bytes by dtype of the weights one rank holds (rank 0; under expert parallelism every rank holds as many):
-    what Engine.weight_bytes reports. `linear_format` is "fp8", "int4" (hypothetical) or "plain" (the compute
+    what Engine.weight_bytes reports. `linear_format` is "fp8", "int4" or "plain" (the compute
     dtype); `device` "cuda" or "cpu". `mtp_layers` (0 or 1): the MTP layer loaded for speculative decoding, stored
     after the main layers (its embedding and head are the model's)."""
     t = _Tally(device, linear_format)
@@ -196,7 +197,7 @@ def _align(n: int, to: int = 256) -> int:
 
 
 def step_working_bytes(d: ModelDims, layout: Layout, tokens: int, page_bytes: int, page_size: int,
-                       fp8_weights: bool) -> int:
+                       linear_format: str) -> int:
     """An estimate of the device memory the engine's profiling step leaves in its pool: one prefill of `tokens`
     tokens (latent_cache.cpp profile_largest_step). The CUDA backend's workspaces (runtime/workspace.h) persist
     at the largest size asked for; the transient activations are those live at the step's peak. Under data-parallel
@@ -214,9 +215,11 @@ def step_working_bytes(d: ModelDims, layout: Layout, tokens: int, page_bytes: in
     workspaces = _align(t * d.latent_dim * act) + _align(t * heads * (d.qk_nope_head_dim + d.v_head_dim) * act)
     if d.n_routed_experts:
         workspaces += _align(moe_tokens * pairs * moe_inter * act) + _align(moe_tokens * pairs * dim * act)
-    if fp8_weights:
+    if linear_format == "fp8":
         k = max(dim, d.q_lora_rank or 0, heads * d.v_head_dim)
         workspaces += t * k + 4 * t * (k // FP8_BLOCK) + FP8_LT_WORKSPACE + FP8_DEQUANT_CHUNK
+    elif linear_format == "int4":
+        workspaces += FP8_DEQUANT_CHUNK  # the prefill path's widened weight rows (the same workspace)
     workspaces += CUBLAS_WORKSPACE
     # Transients: the residual stream and the normalized input throughout; then the largest sublayer's tensors.
     hidden = 2 * t * dim * act

@@ -311,19 +311,13 @@ def test_a_rounding_group_that_does_not_divide_k_is_refused(base):
         EngineConfig(quantization={"method": "fp8", "symmetric": True})
 
 
-def test_int4_on_cuda_is_refused_as_not_built_yet(base, ct_checkpoint, tmp_path):
-    # The Python engine's decision (before the tokenizer, the GPU memory check and any weight) ...
-    for q, int4_checkpoint in ((DiQuantization(method="int4"), ""), (None, "awq"), (None, "compressed-tensors")):
-        with pytest.raises(ValueError, match="INT4 GPU kernels are not built yet"):
-            resolve_weight_format(q, False, int4_checkpoint, "cuda")
+def test_int4_is_planned_for_the_gpu_as_stored_or_rounded():
+    # The Python engine's decision, before the tokenizer, the GPU memory check and any weight: 4-bit weights on a GPU
+    # stay packed (tests/python/test_int4_cuda.py runs them there).
+    assert resolve_weight_format(DiQuantization(method="int4"), False, "", "cuda").int4 == "rtn"
+    for stored in ("awq", "compressed-tensors"):
+        assert resolve_weight_format(None, False, stored, "cuda").int4 == stored
     assert resolve_weight_format(None, False, "", "cuda").int4 == ""
-    # ... and the C++ engine's, from config.json, before the backend or a weight.
-    packed, quantization = ct_checkpoint
-    path = bad_checkpoint(base, tmp_path, packed, quantization)
-    with pytest.raises(ValueError, match="INT4 GPU kernels are not built yet"):
-        engine_logits(path, device="cuda")
-    with pytest.raises(ValueError, match="INT4 GPU kernels are not built yet"):
-        engine_logits(base["v3"], device="cuda", int4_weights=True, int4_group_size=32)
 
 
 # ---------------------------------------------------------------------------------------------- parallel layouts

@@ -138,7 +138,19 @@ def test_v3_in_bf16_does_not_fit_and_fp8_would(v3_config):
     assert options["--quantization fp8"].plan.fits
     assert options["--tensor-parallel-size 16"].plan.fits  # the smallest split that fits: more GPUs than 8
     assert not options["--kv-cache-dtype fp8"].plan.fits   # the cache is not what is too big
-    assert not options["INT4 weights"].available and options["INT4 weights"].note == "GPU kernels not built yet"
+    assert options["--quantization int4"].plan.fits and options["--quantization int4"].plan.weight_format == "int4 (W4A16)"
+
+
+def test_v3_in_int4_fits_eight_h100s_where_fp8_does_not(v3_config):
+    # The INT4 row: 4-bit codes, a float32 scale and a 4-bit zero point per 128 inputs of every projection; the
+    # embedding, lm_head, the router, kv_b_proj's absorbed halves and the norms as in bf16.
+    dims = load_model_dims(v3_config)
+    for quantization, fits in (("fp8", False), ("int4", True)):
+        config = EngineConfig(model_name_or_path=str(v3_config), tensor_parallel_size=8, quantization=quantization)
+        plan = plan_memory(dims, config, gpu_memory_bytes=80 * GIB)
+        assert plan.fits is fits, (quantization, plan.verdict())
+    assert plan.weight_format == "int4 (W4A16)" and 40 * GIB < plan.weights_per_gpu < 44 * GIB
+    assert plan.weight_bytes["int4"] > 10 * plan.weight_bytes["float32"]
 
 
 def test_an_fp8_checkpoint_plans_fp8_by_default(tmp_path):
@@ -155,7 +167,7 @@ def test_the_command_prints_the_plan_in_under_a_second(v3_config):
                                "--quantization", "fp8", "--max-model-len", "32768")
     assert r.returncode == 0, r.stderr
     assert cpu_seconds < 1.0
-    for words in ("weights", "latent cache", "verdict   fits", "--kv-cache-dtype fp8", "not built yet"):
+    for words in ("weights", "latent cache", "verdict   fits", "--kv-cache-dtype fp8", "--quantization int4"):
         assert words in r.stdout
     r, _ = deepinfer("plan", str(v3_config), "--gpus", "8", "--gpu-memory-gb", str(H200_GIB), "--json")
     assert r.returncode == 1  # bf16 does not fit: scripts can gate `deepinfer serve` on the status
@@ -175,7 +187,6 @@ def test_the_command_plans_the_cpu_backend(checkpoints):
 @pytest.mark.parametrize("args, code, message", [
     (("plan", "/nonexistent/model", "--gpu-memory-gb", "80"), 2, "no such checkpoint directory or config.json"),
     (("plan", "--kv-cache-dtype", "fp4", "--gpu-memory-gb", "80"), 2, "kv_cache_dtype must be"),
-    (("plan", "--quantization", "int4", "--gpu-memory-gb", "80"), 2, "the INT4 GPU kernels are not built yet"),
     (("plan", "--gpus", "2", "--tensor-parallel-size", "4", "--gpu-memory-gb", "80"), 2, "needs as many GPUs"),
     (("plan", "--gpu-memory-gb", "lots"), 2, "expected a number, got 'lots'"),
     (("plan", "--gpus", "3", "--gpu-memory-gb", "80"), 2, "tensor_parallel_size 3 does not divide"),

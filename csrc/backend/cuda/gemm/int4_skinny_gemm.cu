@@ -122,8 +122,14 @@ __global__ void __launch_bounds__(kThreads, (kTokenTiles <= 2 && kUnroll <= 4) ?
 
   const int64_t steps = p.k_dim / kStepK;
   const int64_t step_begin = steps * slice / warps_per_tile, step_end = steps * (slice + 1) / warps_per_tile;
-  // The group of the lane's first input of step s (all 32 of its inputs share it).
-  const auto group_of = [&](int64_t s) { return (s * kStepK + lane_k * 32) / q.group_size; };
+  // The group of the lane's 32 inputs of step s: their 32-wide chunk's index over the chunks a group holds, a shift
+  // when that is a power of two (a 64-bit division a step cost more than the step's arithmetic).
+  const int chunks_per_group = static_cast<int>(q.group_size / 32);
+  const int group_shift = (chunks_per_group & (chunks_per_group - 1)) == 0 ? __ffs(chunks_per_group) - 1 : -1;
+  const auto group_of = [&](int64_t s) {
+    const int chunk = static_cast<int>(s) * (kStepK / 32) + lane_k;
+    return group_shift >= 0 ? chunk >> group_shift : chunk / chunks_per_group;
+  };
 
   // Weights are never written by a kernel: the first group goes out before the wait on the previous kernel
   // (programmatic dependent launch); x, its output, is read only after it. Steps past the warp's range load zero codes
@@ -157,6 +163,7 @@ __global__ void __launch_bounds__(kThreads, (kTokenTiles <= 2 && kUnroll <= 4) ?
   }
 
   float acc[kTokenTiles][4] = {};
+  float acc_odd[kScaleAfter ? 1 : kTokenTiles][4] = {};  // the odd MMAs' chain (scales in registers)
   for (int64_t s = step_begin; s < step_end; s += kUnroll) {
     RowStep cur_a[kUnroll], cur_b[kUnroll];
 #pragma unroll
@@ -185,28 +192,38 @@ __global__ void __launch_bounds__(kThreads, (kTokenTiles <= 2 && kUnroll <= 4) ?
           xw[4 * v + 3] = x4.w;
         }
         // MMA j = 2w + h takes word w's pairs 2h (slots 2q, 2q+1) and 2h + 1 (slots 2q+8, 2q+9): inputs 4j .. 4j + 3.
+        // Independent accumulators (four here, two across steps below) keep several MMAs in flight: one chain of
+        // eight dependent MMAs a step left the kernel waiting on their latency.
         if constexpr (kScaleAfter) {
-          float step_acc[4] = {};
+          float step_acc[4][4] = {};
 #pragma unroll
           for (int j = 0; j < 8; ++j) {
             const int w = j / 2, h = j % 2;
-            mma_bf16_16816(step_acc, pa[w][2 * h], pb[w][2 * h], pa[w][2 * h + 1], pb[w][2 * h + 1], xw[2 * j],
-                           xw[2 * j + 1]);
+            mma_bf16_16816(step_acc[j % 4], pa[w][2 * h], pb[w][2 * h], pa[w][2 * h + 1], pb[w][2 * h + 1],
+                           xw[2 * j], xw[2 * j + 1]);
           }
           // Accumulator registers 0, 1 are row r, registers 2, 3 row r + 8.
-          acc[t][0] = fmaf(step_acc[0], cur_a[u].scale, acc[t][0]);
-          acc[t][1] = fmaf(step_acc[1], cur_a[u].scale, acc[t][1]);
-          acc[t][2] = fmaf(step_acc[2], cur_b[u].scale, acc[t][2]);
-          acc[t][3] = fmaf(step_acc[3], cur_b[u].scale, acc[t][3]);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const float sum = (step_acc[0][i] + step_acc[1][i]) + (step_acc[2][i] + step_acc[3][i]);
+            acc[t][i] = fmaf(sum, i < 2 ? cur_a[u].scale : cur_b[u].scale, acc[t][i]);
+          }
         } else {
 #pragma unroll
           for (int j = 0; j < 8; ++j) {
             const int w = j / 2, h = j % 2;
-            mma_bf16_16816(acc[t], pa[w][2 * h], pb[w][2 * h], pa[w][2 * h + 1], pb[w][2 * h + 1], xw[2 * j],
-                           xw[2 * j + 1]);
+            mma_bf16_16816(j % 2 == 0 ? acc[t] : acc_odd[t], pa[w][2 * h], pb[w][2 * h], pa[w][2 * h + 1],
+                           pb[w][2 * h + 1], xw[2 * j], xw[2 * j + 1]);
           }
         }
       }
+    }
+  }
+  if constexpr (!kScaleAfter) {
+#pragma unroll
+    for (int t = 0; t < kTokenTiles; ++t) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[t][i] += acc_odd[t][i];
     }
   }
 

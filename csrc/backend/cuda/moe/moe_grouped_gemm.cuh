@@ -27,11 +27,18 @@
 // B rows in two 128-row blocks (gate/up: the gate block and the up block; down: two consecutive ones), so a thread's
 // chunks need two scales a step. The stores are ordered before the MMAs that read them by the fence.proxy.async and
 // the barrier that start every step, as the cp.async copies are.
+//
+// INT4 weights (kInt4, W4A16) take the FP8 B tiles' route: each thread loads 16 bytes of packed words (32 inputs of a
+// row) of two B rows a step, one step ahead, with each one's group scale and zero point (the group size is a multiple
+// of 32, so 32 aligned inputs lie in one group), and after the step's MMAs forms (q - z) exactly (unpack8,
+// gemm/int4_unpack.cuh), times the scale in fp32, rounded to bf16 once, into the stage's swizzled B block.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
+#include "backend/cuda/gemm/int4_unpack.cuh"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/launch.h"
 #include "backend/cuda/moe/moe_grouped_tiles.cuh"
@@ -40,11 +47,16 @@
 
 namespace deepinfer::cuda::moe_detail {
 
-template <GemmKind kKindValue, bool kFp8Value = false>
+template <GemmKind kKindValue, MoeWeightFormat kFormatValue = MoeWeightFormat::kBf16>
 struct GroupedTraits {
   static constexpr GemmKind kKind = kKindValue;
   static constexpr bool kGateUp = kKindValue == GemmKind::kGateUp;
-  static constexpr bool kFp8 = kFp8Value;  // e4m3 weights with block scales, widened in registers (FP8 B tiles)
+  static constexpr MoeWeightFormat kFormat = kFormatValue;
+  // e4m3 weights with block scales, widened in registers (FP8 B tiles)
+  static constexpr bool kFp8 = kFormat == MoeWeightFormat::kFp8;
+  // packed INT4 weights with group scales, dequantized in registers (INT4 B tiles)
+  static constexpr bool kInt4 = kFormat == MoeWeightFormat::kInt4;
+  static constexpr bool kConvertB = kFp8 || kInt4;  // the B tile is stored by the threads, not copied by cp.async
   static constexpr int kBlockM = 128;
   static constexpr int kBlockN = 256;                 // B rows of a tile (gate/up: 128 gate + 128 up)
   static constexpr int kBlockK = 64;                  // one 128-byte swizzle row
@@ -71,13 +83,17 @@ struct GroupedTraits {
   // 128-row block, q >= 2 in its second.
   static constexpr int kFp8Rows = kBlockN * kBlockK / 16 / kThreads;
   static_assert(kFp8Rows == 4 && kThreads / 4 == 64 && kBlockK == 64, "FP8 B: 4 chunks of 16 codes a row");
+  // INT4 B tile: 16 bytes (4 words, 32 inputs) t % 2 of rows t / 2 + 128 q, q < kInt4Rows: row q = 0 in the tile's
+  // first 128-row block, q = 1 in its second.
+  static constexpr int kInt4Rows = kBlockN * kBlockK / 32 / kThreads;
+  static_assert(kInt4Rows == 2 && kThreads / 2 == 128 && kBlockK == 64, "INT4 B: 2 x 4 words a row");
 };
 
 template <typename T>
 struct TileSources {
   int tile_index = -1;  // CTA-local index of the tile these belong to
   const uint16_t* a[T::kARows];  // null: padding row, zero-filled
-  const uint16_t* b[T::kFp8 ? 1 : T::kBRows];  // FP8: unused (Fp8BTile)
+  const uint16_t* b[T::kConvertB ? 1 : T::kBRows];  // FP8, INT4: unused (Fp8BTile, Int4BTile)
 };
 
 template <typename T>
@@ -101,7 +117,7 @@ __device__ __forceinline__ void set_sources(const MoeKernelParams& kp, const Til
       src.a[q] = kp.act + static_cast<int64_t>(pair) * p.inter + chunk * 8;
     }
   }
-  if constexpr (!T::kFp8) {
+  if constexpr (!T::kConvertB) {
 #pragma unroll
     for (int q = 0; q < T::kBRows; ++q) {
       const int r = row + 32 * q;
@@ -177,6 +193,82 @@ struct Fp8BTile {
   }
 };
 
+// INT4 B tiles: where one thread's words, scales and zero points of a tile come from, and those of one step in
+// flight.
+template <typename T>
+struct Int4BTile {
+  int tile_index = -1;                  // CTA-local tile the pointers belong to
+  const int32_t* rows[T::kInt4Rows];    // this thread's 4 words of K block 0 in each of its rows
+  const float* scales[T::kInt4Rows];    // the rows' group scales
+  const int32_t* zeros[T::kInt4Rows];   // the rows' packed zero points; null: symmetric
+  uint4 codes[T::kInt4Rows];            // the step's words, loaded one step before they are stored
+  float scale[T::kInt4Rows];
+  uint32_t zero[T::kInt4Rows];
+
+  __device__ __forceinline__ void set_tile(const MoeKernelParams& kp, const TileMeta& meta, int index, int n_tiles) {
+    const MoeParams& p = kp.p;
+    const TileInfo ti = tile_info<T>(kp, meta, blockIdx.x + index * gridDim.x, n_tiles);
+    const int k_dim = T::kGateUp ? p.hidden : p.inter;
+    const int64_t m_rows = T::kGateUp ? 2 * static_cast<int64_t>(p.inter) : p.hidden;  // rows of a matrix
+    const int64_t words = k_dim / 8, groups = k_dim / (T::kGateUp ? p.group_size : p.down_group_size), zero_words = (groups + 7) / 8;
+    const int64_t expert_row = static_cast<int64_t>(ti.expert) * m_rows;  // the expert's first row of the stack
+    const int32_t* const base = static_cast<const int32_t*>(T::kGateUp ? p.w_gate_up : p.w_down);
+    const float* const scale_base = T::kGateUp ? p.w_gate_up_scale : p.w_down_scale;
+    const int32_t* const zero_base = T::kGateUp ? p.w_gate_up_zeros : p.w_down_zeros;
+    // Matrix rows of the tile's two 128-row halves: gate/up, gate columns col0.. then the up ones; down, col0.. on.
+    const int64_t half_row[2] = {ti.col0, T::kGateUp ? p.inter + ti.col0 : ti.col0 + 128};
+    const int row = threadIdx.x >> 1, half = threadIdx.x & 1;
+#pragma unroll
+    for (int q = 0; q < T::kInt4Rows; ++q) {
+      const int64_t r = expert_row + half_row[q] + row;
+      rows[q] = base + r * words + 4 * half;
+      scales[q] = scale_base + r * groups;
+      zeros[q] = zero_base != nullptr ? zero_base + r * zero_words : nullptr;
+    }
+    tile_index = index;
+  }
+
+  // Issues the loads of CTA-local step `step`'s words, scales and zero points.
+  __device__ __forceinline__ void load(const MoeKernelParams& kp, const TileMeta& meta, int step, int kb_per_tile,
+                                       int n_tiles) {
+    const int index = step / kb_per_tile, kb = step - index * kb_per_tile;
+    if (index != tile_index) set_tile(kp, meta, index, n_tiles);
+    const int group = (kb * T::kBlockK + 32 * (threadIdx.x & 1)) / (T::kGateUp ? kp.p.group_size : kp.p.down_group_size);
+#pragma unroll
+    for (int q = 0; q < T::kInt4Rows; ++q) {
+      codes[q] = __ldg(reinterpret_cast<const uint4*>(rows[q] + kb * (T::kBlockK / 8)));
+      scale[q] = __ldg(scales[q] + group);
+      zero[q] = int4::zero_of_group(zeros[q], group);
+    }
+  }
+
+  // Dequantizes the loaded words into the B block of stage `b_stage` (shared address): word j of row r's 4, inputs
+  // 32 h + 8 j .. + 7 of the K block (h = thread % 2), becomes bf16 chunk 4 h + j of the row.
+  __device__ __forceinline__ void store(uint32_t b_stage) const {
+    const int row = threadIdx.x >> 1, half = threadIdx.x & 1;
+#pragma unroll
+    for (int q = 0; q < T::kInt4Rows; ++q) {
+      const int r = row + 128 * q;
+      const float s = scale[q];
+      const uint32_t zp = int4::zero_pair(zero[q]);
+      const uint32_t words[4] = {codes[q].x, codes[q].y, codes[q].z, codes[q].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        uint32_t pairs[4];
+        int4::unpack8(words[j], zp, pairs);  // q - z, exact
+        uint32_t v[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) v[i] = pack_bf16x2(bf16_lo(pairs[i]) * s, bf16_hi(pairs[i]) * s);
+        st_shared_16(b_stage + swizzle_offset(r, 4 * half + j), make_uint4(v[0], v[1], v[2], v[3]));
+      }
+    }
+  }
+};
+
+// The B tile a kConvertB kernel stores itself (bf16 kernels declare an unused Fp8BTile, as before).
+template <typename T>
+using ConvertedBTile = std::conditional_t<T::kInt4, Int4BTile<T>, Fp8BTile<T>>;
+
 // Queues the copies of CTA-local step `step` (tile step / kb_per_tile, K block step % kb_per_tile). The first K block
 // of tile i also brings tile i + 1's pairs: they land (step's wait and barrier) at least kb_per_tile - 2 >= 0 steps
 // before set_sources reads them for tile i + 1's first K block. Their ring slot held tile i - 2's pairs, last read by
@@ -198,7 +290,7 @@ __device__ __forceinline__ void load_step(const MoeKernelParams& kp, const TileM
     cp_async_16(a_stage + swizzle_offset(row + 32 * q, chunk), a != nullptr ? a + kb * T::kBlockK : kp.p.x,
                 a != nullptr ? 16u : 0u);
   }
-  if constexpr (!T::kFp8) {  // FP8: Fp8BTile
+  if constexpr (!T::kConvertB) {  // FP8, INT4: ConvertedBTile
 #pragma unroll
     for (int q = 0; q < T::kBRows; ++q) {
       cp_async_16(b_stage + swizzle_offset(row + 32 * q, chunk), src.b[q] + kb * T::kBlockK, 16u);
@@ -236,20 +328,20 @@ __global__ void __launch_bounds__(T::kThreads, 1) moe_grouped_gemm_kernel(const 
   __syncthreads();
 
   TileSources<T> src;
-  Fp8BTile<T> fp8_b;  // FP8 only
+  ConvertedBTile<T> conv_b;  // FP8 and INT4 only
 #pragma unroll
   for (int s = 0; s < T::kStages - 2; ++s) {
     if (s < total_steps) {
       load_step<T>(kp, meta, src, s, kb_per_tile, n_tiles, my_tiles, smem_base);
-      if constexpr (T::kFp8) {
-        fp8_b.load(kp, meta, s, kb_per_tile, n_tiles);
-        fp8_b.store(smem_base + (s % T::kStages) * T::kStageBytes + T::kABytes);
+      if constexpr (T::kConvertB) {
+        conv_b.load(kp, meta, s, kb_per_tile, n_tiles);
+        conv_b.store(smem_base + (s % T::kStages) * T::kStageBytes + T::kABytes);
       }
     }
     cp_async_commit();
   }
-  if constexpr (T::kFp8) {  // the first step the loop stores: in registers one step ahead
-    if (T::kStages - 2 < total_steps) fp8_b.load(kp, meta, T::kStages - 2, kb_per_tile, n_tiles);
+  if constexpr (T::kConvertB) {  // the first step the loop stores: in registers one step ahead
+    if (T::kStages - 2 < total_steps) conv_b.load(kp, meta, T::kStages - 2, kb_per_tile, n_tiles);
   }
 
   float acc[128];
@@ -280,13 +372,13 @@ __global__ void __launch_bounds__(T::kThreads, 1) moe_grouped_gemm_kernel(const 
       // Refill the stage of step - 2: every warpgroup waited for its MMAs before this step's barrier.
       if (step + T::kStages - 2 < total_steps) {
         load_step<T>(kp, meta, src, step + T::kStages - 2, kb_per_tile, n_tiles, my_tiles, smem_base);
-        if constexpr (T::kFp8) {  // its B codes came last step; the next step's go out now
-          fp8_b.store(smem_base + ((step + T::kStages - 2) % T::kStages) * T::kStageBytes + T::kABytes);
+        if constexpr (T::kConvertB) {  // its B codes came last step; the next step's go out now
+          conv_b.store(smem_base + ((step + T::kStages - 2) % T::kStages) * T::kStageBytes + T::kABytes);
         }
       }
       cp_async_commit();
-      if constexpr (T::kFp8) {
-        if (step + T::kStages - 1 < total_steps) fp8_b.load(kp, meta, step + T::kStages - 1, kb_per_tile, n_tiles);
+      if constexpr (T::kConvertB) {
+        if (step + T::kStages - 1 < total_steps) conv_b.load(kp, meta, step + T::kStages - 1, kb_per_tile, n_tiles);
       }
       wgmma_wait<1>();
     }
@@ -312,13 +404,13 @@ void launch_grouped_gemm_of(const MoeKernelParams& kp, LaunchStream stream) {
                         stream, kp);
 }
 
-// bf16 or FP8 weights (p.weight_format).
+// bf16 or FP8 weights (p.weight_format); INT4 ones have instantiations of their own (launch_grouped_int4_*).
 template <GemmKind kKind>
 void launch_grouped_gemm(const MoeKernelParams& kp, LaunchStream stream) {
   if (kp.p.weight_format == MoeWeightFormat::kFp8) {
-    launch_grouped_gemm_of<GroupedTraits<kKind, true>>(kp, stream);
+    launch_grouped_gemm_of<GroupedTraits<kKind, MoeWeightFormat::kFp8>>(kp, stream);
   } else {
-    launch_grouped_gemm_of<GroupedTraits<kKind, false>>(kp, stream);
+    launch_grouped_gemm_of<GroupedTraits<kKind, MoeWeightFormat::kBf16>>(kp, stream);
   }
 }
 

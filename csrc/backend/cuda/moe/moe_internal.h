@@ -41,6 +41,9 @@ constexpr int kFusedFfnMinHidden = 4096;
 // least that many K blocks long (K >= 512). Smaller problems run the W8A16 grouped kernels.
 constexpr int kW8A8BlockK = 128;
 constexpr int kW8A8MinKBlocks = 4;
+// INT4 weights (MoeWeightFormat::kInt4): the group size is a multiple of this, so a 32-wide K chunk (one packed word
+// a lane in the small-M kernels, half a 64-wide K block in the grouped ones) lies inside one group.
+constexpr int kInt4GroupMultiple = kMoeInt4GroupMultiple;
 
 static_assert(kMaxRoutedExperts % 32 == 0 && kMaxRoutedExperts <= 32 * 32, "routing: a lane's experts in 32 bits");
 static_assert(kMaxRoutedExperts <= kMaxExperts, "the routed experts come first");
@@ -84,7 +87,7 @@ struct MoeKernelParams {
   // [max_active]: per small-M grid slot, {expert, its rows, its first row, active experts} for the active experts in
   // order, then expert -1: what a small-M CTA needs to start, in one load (instead of the count and the expert, then
   // the expert's rows).
-  int4* slot_info = nullptr;
+  ::int4* slot_info = nullptr;  // (::int4, the CUDA vector type: gemm/int4_unpack.cuh has a namespace int4)
   int32_t* row_pair = nullptr;        // [max_rows]: pair t * top_k + j of each row; padding rows undefined
   uint16_t* act = nullptr;            // [num_tokens * top_k, inter] bf16, by pair
   uint16_t* y = nullptr;              // [num_tokens * top_k, hidden] bf16, by pair
@@ -154,11 +157,18 @@ void launch_small_down(const MoeKernelParams& kp, LaunchStream stream);
 // Gate/up, down and the combine of the small-M path in one persistent launch (up to 8 tokens: one token tile; the
 // auto choice is narrower, see kFusedFfnMaxTokens).
 void launch_small_ffn(const MoeKernelParams& kp, LaunchStream stream);
+// The INT4 instantiations the two launchers above hand INT4 weights to (instantiations/moe_small_int4_*.cu).
+void launch_small_int4_gate_up(const MoeKernelParams& kp, LaunchStream stream);
+void launch_small_int4_down(const MoeKernelParams& kp, LaunchStream stream);
 // The grouped kernels: bf16, W8A16 or (moe_grouped_w8a8_supported) W8A8, which quantizes its input first.
 void launch_grouped_gate_up(const MoeKernelParams& kp, LaunchStream stream);
 void launch_grouped_down(const MoeKernelParams& kp, LaunchStream stream);
 void launch_grouped_w8a8_gate_up(const MoeKernelParams& kp, LaunchStream stream);  // the kernel alone
 void launch_grouped_w8a8_down(const MoeKernelParams& kp, LaunchStream stream);
+// W4A16 (INT4 weights), what the two grouped launchers above hand INT4 weights to (instantiations/
+// moe_grouped_int4_*.cu).
+void launch_grouped_int4_gate_up(const MoeKernelParams& kp, LaunchStream stream);
+void launch_grouped_int4_down(const MoeKernelParams& kp, LaunchStream stream);
 void launch_combine(const MoeKernelParams& kp, LaunchStream stream);
 
 }  // namespace deepinfer::cuda::moe_detail

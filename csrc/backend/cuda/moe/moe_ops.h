@@ -1,5 +1,7 @@
 // DeepSeekMoE on CUDA (ops/moe.h): routing (moe_route), the experts on given ids (moe_experts), and both with one
-// alignment (moe), bfloat16 experts with hidden and intermediate sizes in multiples of 32.
+// alignment (moe), bfloat16 experts with hidden and intermediate sizes in multiples of 32; FP8 experts (128 x 128
+// block scales) and INT4 experts (W4A16, core/weight.h: one group size for both weights, a multiple of 32 dividing
+// both sizes) against bfloat16 x.
 //
 // How they run (moe.cuh has the kernels in stream order). The route kernel scores each token's experts, picks its
 // top-k (greedy, group-limited or V3's noaux_tc), appends the shared experts with weight 1, and groups the (token,

@@ -24,6 +24,7 @@ namespace deepinfer::cuda {
 constexpr int32_t kMoeMaxRoutedExperts = 256;  // E: routing holds a token's scores in a warp, 8 a lane
 constexpr int32_t kMoeMaxExperts = 264;        // E + S: V3's 256 + 1, V2's 160 + 2, with room for 8 shared
 constexpr int32_t kMoeMaxPairs = 10;           // k + S pairs a token: V3's 8 + 1, V2's 6 + 2
+constexpr int32_t kMoeInt4GroupMultiple = 32;  // INT4 weights: the group size is a multiple of this (group_size)
 
 enum class MoeScoring : uint8_t { kSoftmax, kSigmoid };
 enum class MoeTopkMethod : uint8_t { kGreedy, kGroupLimitedGreedy, kNoauxTc };
@@ -41,7 +42,12 @@ enum class MoeExpertsPath : uint8_t {
 // The small-M kernels widen the codes to bf16 against bf16 activations (W8A16) exactly, the scale applied to each
 // 128-wide K block's fp32 partial sums. The grouped kernels either round e4m3 * scale to bf16 once, in shared memory
 // (W8A16), or, with MoeParams::fp8_activations, multiply e4m3 activations by e4m3 codes on FP8 tensor cores (W8A8).
-enum class MoeWeightFormat : uint8_t { kBf16, kFp8 };
+// kInt4 (W4A16): core/weight.h's packed INT4 weights, unsigned 4-bit codes q, eight inputs a 32-bit word in AutoAWQ's
+// interleaved nibble order, with a float32 scale s and a zero point z per group of group_size inputs of a row;
+// dequantized w[e][r][c] = (q - z) * s[e][r][c / G]. The small-M kernels form (q - z) in bf16 registers exactly and
+// apply each row's group scale to each 32-wide K chunk's fp32 partial sums (no rounding of the weight); the grouped
+// kernels round (q - z) * s to bf16 once, in shared memory, as the FP8 W8A16 ones.
+enum class MoeWeightFormat : uint8_t { kBf16, kFp8, kInt4 };
 
 // Whether the small-M gate/up kernel also pulls the active experts' down weights into L2 for the next kernel.
 enum class MoeDownPrefetch : uint8_t { kAuto, kOff, kOn };
@@ -71,13 +77,24 @@ struct MoeParams {
   float* topk_weights = nullptr;           // [num_tokens, top_k]: written by routing
   // Experts.
   const uint16_t* x = nullptr;          // [num_tokens, hidden] bf16
-  // bf16 values, or e4m3 codes (weight_format kFp8)
+  // bf16 values, e4m3 codes (weight_format kFp8), or packed INT4 words (kInt4: int32 [.., K / 8], eight inputs a word)
   const void* w_gate_up = nullptr;  // [num_experts, 2 * inter, hidden]: gate rows, then up rows
   const void* w_down = nullptr;     // [num_experts, hidden, inter]
-  // kFp8 only: the block scales, [num_experts, 2 * inter / 128, hidden / 128] and [num_experts, hidden / 128,
-  // inter / 128] fp32 (hidden and inter multiples of 128).
+  // kFp8: the block scales, [num_experts, 2 * inter / 128, hidden / 128] and [num_experts, hidden / 128,
+  // inter / 128] fp32 (hidden and inter multiples of 128). kInt4: the group scales, [num_experts, 2 * inter,
+  // hidden / group_size] and [num_experts, hidden, inter / group_size] fp32.
   const float* w_gate_up_scale = nullptr;
   const float* w_down_scale = nullptr;
+  // kInt4 only: the packed zero points (group g of a row in nibble g % 8 of word g / 8), [num_experts, 2 * inter,
+  // ceil(hidden / group_size / 8)] and [num_experts, hidden, ceil(inter / group_size / 8)] int32; null: symmetric
+  // (z = 8), each weight on its own.
+  const int32_t* w_gate_up_zeros = nullptr;
+  const int32_t* w_down_zeros = nullptr;
+  // kInt4 only: G, the inputs a scale covers, of each weight. The kernels take G a multiple of 32 that
+  // divides hidden and inter (a 32-wide K chunk, one packed word a lane, lies inside one group): the common 32, 64, 128
+  // and G = K (one group a row).
+  int32_t group_size = 0;       // w_gate_up's G (its K is hidden)
+  int32_t down_group_size = 0;  // w_down's G (its K is inter): a group per row differs between the two
   MoeWeightFormat weight_format = MoeWeightFormat::kBf16;
   // kFp8 only. 1: W8A8 on the grouped (prefill) path where the sizes allow it (moe_grouped_w8a8_supported): x and the
   // SwiGLU output are quantized per row per 128 channels (scale amax / 448, as the dense W8A8 GEMMs) and multiplied

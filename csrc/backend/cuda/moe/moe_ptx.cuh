@@ -38,6 +38,15 @@ __device__ __forceinline__ uint2 ld_stream_8(const void* ptr) {
   return v;
 }
 
+// 4-byte streaming load (INT4 weights: one packed word of 8 codes), evict-first in L2, as ld_stream_16.
+__device__ __forceinline__ uint32_t ld_stream_4(const void* ptr) {
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  uint32_t v;
+  asm("ld.global.nc.L1::no_allocate.L2::cache_hint.u32 %0, [%1], %2;\n" : "=r"(v) : "l"(ptr), "l"(policy));
+  return v;
+}
+
 // A counter other CTAs of the grid raise after a fence: the acquiring side of that handoff.
 __device__ __forceinline__ int ld_acquire_gpu(const int* ptr) {
   int v;

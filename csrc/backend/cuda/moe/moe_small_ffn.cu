@@ -12,19 +12,24 @@
 namespace deepinfer::cuda::moe_detail {
 namespace {
 
-// The item shapes; kFp8: e4m3 weights (moe_small_gemm.cuh), the same CTA and shared memory.
-template <bool kFp8>
-using FfnGateUpOf = SmallTraits<GemmKind::kGateUp, 1, 4, kFp8>;
-template <bool kFp8>
-using FfnDownOf = SmallTraits<GemmKind::kDown, 1, 4, kFp8>;
-using FfnGateUp = FfnGateUpOf<false>;
-using FfnDown = FfnDownOf<false>;
+// The item shapes; kFormat: bf16, e4m3 or INT4 weights (moe_small_gemm.cuh), the same CTA and shared memory.
+template <MoeWeightFormat kFormat>
+using FfnGateUpOf = SmallTraits<GemmKind::kGateUp, 1, 4, kFormat>;
+template <MoeWeightFormat kFormat>
+using FfnDownOf = SmallTraits<GemmKind::kDown, 1, 4, kFormat>;
+using FfnGateUp = FfnGateUpOf<MoeWeightFormat::kBf16>;
+using FfnDown = FfnDownOf<MoeWeightFormat::kBf16>;
 static_assert(FfnGateUp::kThreads == FfnDown::kThreads && FfnGateUp::kMinBlocks == FfnDown::kMinBlocks,
               "one CTA shape for both kinds of item");
 static_assert(std::is_same_v<SmallSharedOf<FfnGateUp>, SmallSharedOf<FfnDown>>, "one shared-memory layout");
-static_assert(std::is_same_v<SmallSharedOf<FfnGateUpOf<true>>, SmallSharedOf<FfnGateUp>> &&
-                  FfnGateUpOf<true>::kThreads == FfnGateUp::kThreads && FfnDownOf<true>::kOutCols == FfnDown::kOutCols,
+static_assert(std::is_same_v<SmallSharedOf<FfnGateUpOf<MoeWeightFormat::kFp8>>, SmallSharedOf<FfnGateUp>> &&
+                  FfnGateUpOf<MoeWeightFormat::kFp8>::kThreads == FfnGateUp::kThreads &&
+                  FfnDownOf<MoeWeightFormat::kFp8>::kOutCols == FfnDown::kOutCols,
               "FP8 items: the same CTA, shared memory and tickets");
+static_assert(std::is_same_v<SmallSharedOf<FfnGateUpOf<MoeWeightFormat::kInt4>>, SmallSharedOf<FfnGateUp>> &&
+                  FfnGateUpOf<MoeWeightFormat::kInt4>::kThreads == FfnGateUp::kThreads &&
+                  FfnDownOf<MoeWeightFormat::kInt4>::kOutCols == FfnDown::kOutCols,
+              "INT4 items: the same CTA, shared memory and tickets");
 
 // The tickets in the order they are drawn: gate/up items of the early slots (the shared experts, known before the
 // routing when kp.shared_prewait), gate/up items of the other slots, then the down items of the early slots and of
@@ -63,7 +68,7 @@ __device__ __forceinline__ Item item_of(const Tickets& tk, int ticket) {
 // act and y rows: the exception of the gate/up kernel's shared slots (moe_small_gemm.cuh), extended to their down
 // items, which read only act rows written by this grid. Everything that reads the routing's output (slot records,
 // the combine's ids and weights) comes after the wait.
-template <bool kFp8>
+template <MoeWeightFormat kFormat>
 __global__ void __launch_bounds__(FfnGateUp::kThreads, FfnGateUp::kMinBlocks)
     moe_small_ffn_kernel(const __grid_constant__ MoeKernelParams kp) {
   __shared__ SmallSharedOf<FfnGateUp> sm;
@@ -91,7 +96,7 @@ __global__ void __launch_bounds__(FfnGateUp::kThreads, FfnGateUp::kMinBlocks)
     const SlotWork work = slot_work(kp, it.slot, it.early);
     const auto col_block = [c = it.col_block] { return c; };
     if (work.expert >= 0 && it.gate_up) {
-      SmallItem<FfnGateUpOf<kFp8>> item;
+      SmallItem<FfnGateUpOf<kFormat>> item;
       item.load_first(kp, work.expert, col_block);
       item.load_pairs(kp, sm, work, 0);
       item.compute(kp, sm, work, col_block);
@@ -99,7 +104,7 @@ __global__ void __launch_bounds__(FfnGateUp::kThreads, FfnGateUp::kMinBlocks)
       __syncthreads();
       if (threadIdx.x == 0) atomicAdd(&gate_up_done[it.slot], 1);
     } else if (work.expert >= 0) {
-      SmallItem<FfnDownOf<kFp8>> item;
+      SmallItem<FfnDownOf<kFormat>> item;
       item.load_first(kp, work.expert, col_block);  // weights only: in flight while the slot's act completes
       if (threadIdx.x == 0) {
         // Polled every few hundred nanoseconds: hundreds of CTAs polling a few lines back to back slowed the loads
@@ -138,28 +143,28 @@ __global__ void __launch_bounds__(FfnGateUp::kThreads, FfnGateUp::kMinBlocks)
 
 namespace {
 
-template <bool kFp8>
+template <MoeWeightFormat kFormat>
 void launch_small_ffn_for(const MoeKernelParams& kp, LaunchStream stream) {
   // As many CTAs as can be resident (more would only draw the end ticket), fewer when there are fewer items.
   static const int per_sm = [] {
     int n = 0;
-    CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, moe_small_ffn_kernel<kFp8>, FfnGateUp::kThreads, 0));
+    CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, moe_small_ffn_kernel<kFormat>, FfnGateUp::kThreads, 0));
     return n;
   }();
   const int64_t items =
       int64_t{kp.max_active} * (kp.p.inter / FfnGateUp::kOutCols + kp.p.hidden / FfnDown::kOutCols);
   const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(items, int64_t{per_sm} * kp.p.num_sms));
-  launch_pdl(moe_small_ffn_kernel<kFp8>,
+  launch_pdl(moe_small_ffn_kernel<kFormat>,
              {.grid = dim3(static_cast<unsigned>(grid)), .block = dim3(FfnGateUp::kThreads)}, stream, kp);
 }
 
 }  // namespace
 
 void launch_small_ffn(const MoeKernelParams& kp, LaunchStream stream) {
-  if (kp.p.weight_format == MoeWeightFormat::kFp8) {
-    launch_small_ffn_for<true>(kp, stream);
-  } else {
-    launch_small_ffn_for<false>(kp, stream);
+  switch (kp.p.weight_format) {
+    case MoeWeightFormat::kFp8: launch_small_ffn_for<MoeWeightFormat::kFp8>(kp, stream); break;
+    case MoeWeightFormat::kInt4: launch_small_ffn_for<MoeWeightFormat::kInt4>(kp, stream); break;
+    case MoeWeightFormat::kBf16: launch_small_ffn_for<MoeWeightFormat::kBf16>(kp, stream); break;
   }
 }
 

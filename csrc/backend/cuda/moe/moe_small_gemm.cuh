@@ -21,24 +21,39 @@
 // to the bf16 words of the 16-byte layout in registers, exactly. A 32-wide chunk lies inside one 128-wide K block and
 // a row tile's 16 rows inside one 128-row block, so each chunk's two MMAs go into a zeroed fp32 partial sum that is
 // added to the accumulator times the block's scale: the dequantized product, with no rounding of the weight.
+//
+// INT4 weights (kInt4, W4A16): a lane's 8 weights of a 32-wide chunk, k = 8t .. 8t+7 of a row, are exactly one packed
+// word (4 bytes, streamed as the other formats' chunks), which unpack8 (gemm/int4_unpack.cuh) turns into the four bf16
+// words of the 16-byte layout holding q - z, exactly. The group size is a multiple of 32, so a chunk lies inside one
+// group of every row; but rows g and g + 8 have scales (and zero points) of their own. Each chunk's two MMAs go into a
+// zeroed fp32 partial sum whose row-g registers (0, 1) are added to the accumulator times row g's group scale and
+// whose row-(g + 8) registers (2, 3) times row g + 8's: again the dequantized product, no rounding of the weight.
 #pragma once
 
 #include <cstdint>
 #include <type_traits>
 
+#include "backend/cuda/gemm/int4_unpack.cuh"
 #include "backend/cuda/runtime/launch.h"
 #include "backend/cuda/moe/moe_internal.h"
 #include "backend/cuda/moe/moe_ptx.cuh"
 
 namespace deepinfer::cuda::moe_detail {
 
-template <GemmKind kKindValue, int kTokenTilesValue, int kKSplitValue = 4, bool kFp8Value = false>
+template <GemmKind kKindValue, int kTokenTilesValue, int kKSplitValue = 4,
+          MoeWeightFormat kFormatValue = MoeWeightFormat::kBf16>
 struct SmallTraits {
   static constexpr GemmKind kKind = kKindValue;
   static constexpr bool kGateUp = kKindValue == GemmKind::kGateUp;
-  static constexpr bool kFp8 = kFp8Value;                // e4m3 weights with block scales
-  static constexpr int kWeightBytes = kFp8 ? 1 : 2;      // bytes a weight element
-  using WeightChunk = std::conditional_t<kFp8, uint2, uint4>;  // a lane's 8 weights of a 32-wide K chunk
+  static constexpr MoeWeightFormat kFormat = kFormatValue;
+  static constexpr bool kFp8 = kFormat == MoeWeightFormat::kFp8;    // e4m3 weights with block scales
+  static constexpr bool kInt4 = kFormat == MoeWeightFormat::kInt4;  // packed INT4 words with group scales
+  // A lane's 8 weights of a 32-wide K chunk: 16 bytes of bf16, 8 bytes of e4m3 codes, or one packed INT4 word.
+  using WeightChunk = std::conditional_t<kFp8, uint2, std::conditional_t<kInt4, uint32_t, uint4>>;
+  // Bytes of `elems` consecutive weights of a row (INT4: a multiple of 8, whole words).
+  static constexpr __host__ __device__ int64_t bytes_of(int64_t elems) {
+    return kInt4 ? elems / 2 : elems * (kFp8 ? 1 : 2);
+  }
   static constexpr int kTokenTiles = kTokenTilesValue;   // n8 tiles of expert rows per pass
   static constexpr int kRowsPerPass = 8 * kTokenTiles;
   static constexpr int kKSplit = kKSplitValue;           // warps along K
@@ -93,7 +108,7 @@ struct SlotWork {
 // before it, from the parameters alone.
 __device__ __forceinline__ SlotWork slot_work(const MoeKernelParams& kp, int slot, bool shared_early) {
   if (shared_early) return {kp.p.num_experts - kp.shared_slots + slot, kp.p.num_tokens, 0, 0, slot};
-  const int4 info = __ldcg(&kp.slot_info[slot]);  // expert -1: no expert in this slot
+  const ::int4 info = __ldcg(&kp.slot_info[slot]);  // expert -1: no expert in this slot
   return {info.x, info.y, info.z, info.w, -1};
 }
 
@@ -117,9 +132,17 @@ struct SmallItem {
   const char* w_lo = nullptr;  // this lane's weights (bytes) of rows g and g + 8 of its row tile, chunk 0
   const char* w_hi = nullptr;
   const float* scale_row = nullptr;  // FP8: the scales of the row tile's 128-row block, one a 128-wide K block
+  // INT4: the group scales and packed zero points (null: symmetric) of rows g and g + 8, and the chunks a group.
+  const float* scale_lo = nullptr;
+  const float* scale_hi = nullptr;
+  const int32_t* zeros_lo = nullptr;
+  const int32_t* zeros_hi = nullptr;
+  int chunks_per_group = 1;
   int num_chunks = 0;
   typename T::WeightChunk a_lo[T::kUnroll], a_hi[T::kUnroll];
-  float a_scale[T::kUnroll];  // FP8: each chunk's block scale (unused otherwise)
+  float a_scale[T::kUnroll];     // FP8: each chunk's block scale; INT4: row g's group scale (unused otherwise)
+  float a_scale_hi[T::kUnroll];  // INT4: row g + 8's group scale (unused otherwise)
+  uint32_t a_zero[T::kUnroll];   // INT4: the zero points of rows g (low half) and g + 8 (high half)
 
   // This warp's chunks c, c + kKSplit, ... of one group, whose loads are in flight together; chunks past the end
   // load zeros (their MMAs add nothing), so the tail costs one round trip, not one a chunk.
@@ -128,11 +151,19 @@ struct SmallItem {
     for (int u = 0; u < T::kUnroll; ++u) {
       const int chunk = c + u * T::kKSplit;
       const bool in = chunk < num_chunks;
-      const int64_t at = static_cast<int64_t>(chunk) * 32 * T::kWeightBytes;
+      const int64_t at = T::bytes_of(static_cast<int64_t>(chunk) * 32);
       if constexpr (T::kFp8) {
         a_lo[u] = in ? ld_stream_8(w_lo + at) : make_uint2(0u, 0u);
         a_hi[u] = in ? ld_stream_8(w_hi + at) : make_uint2(0u, 0u);
         a_scale[u] = in ? __ldg(scale_row + chunk / 4) : 0.0f;  // 4 chunks a 128-wide block
+      } else if constexpr (T::kInt4) {
+        // Past the end: zero scales (and zero activations) make the chunk's products vanish.
+        const int group = in ? chunk / chunks_per_group : 0;
+        a_lo[u] = in ? ld_stream_4(w_lo + at) : 0u;
+        a_hi[u] = in ? ld_stream_4(w_hi + at) : 0u;
+        a_scale[u] = in ? __ldg(scale_lo + group) : 0.0f;
+        a_scale_hi[u] = in ? __ldg(scale_hi + group) : 0.0f;
+        a_zero[u] = int4::zero_of_group(zeros_lo, group) | (int4::zero_of_group(zeros_hi, group) << 16);
       } else {
         a_lo[u] = in ? ld_stream_16(w_lo + at) : make_uint4(0u, 0u, 0u, 0u);
         a_hi[u] = in ? ld_stream_16(w_hi + at) : make_uint4(0u, 0u, 0u, 0u);
@@ -140,13 +171,19 @@ struct SmallItem {
     }
   }
 
-  // Chunk u's weights as the bf16 words of the 16-byte layout (FP8: widened, exact).
+  // Chunk u's weights as the bf16 words of the 16-byte layout (FP8: widened, exact; INT4: q - z, exact).
   __device__ __forceinline__ void weight_words(int u, uint4& lo, uint4& hi) const {
     if constexpr (T::kFp8) {
       e4m3x4_to_bf16x2(a_lo[u].x, lo.x, lo.y);
       e4m3x4_to_bf16x2(a_lo[u].y, lo.z, lo.w);
       e4m3x4_to_bf16x2(a_hi[u].x, hi.x, hi.y);
       e4m3x4_to_bf16x2(a_hi[u].y, hi.z, hi.w);
+    } else if constexpr (T::kInt4) {
+      uint32_t pl[4], ph[4];
+      int4::unpack8(a_lo[u], int4::zero_pair(a_zero[u] & 0xffffu), pl);
+      int4::unpack8(a_hi[u], int4::zero_pair(a_zero[u] >> 16), ph);
+      lo = make_uint4(pl[0], pl[1], pl[2], pl[3]);
+      hi = make_uint4(ph[0], ph[1], ph[2], ph[3]);
     } else {
       lo = a_lo[u];
       hi = a_hi[u];
@@ -164,11 +201,21 @@ struct SmallItem {
     const int64_t m_rows = T::kGateUp ? 2 * static_cast<int64_t>(p.inter) : p.hidden;
     const int64_t w_row = static_cast<int64_t>(e) * m_rows + tile_row;
     const char* const base = static_cast<const char*>(T::kGateUp ? p.w_gate_up : p.w_down);
-    w_lo = base + ((w_row + g) * k_dim + 8 * t) * T::kWeightBytes;
-    w_hi = w_lo + 8 * static_cast<int64_t>(k_dim) * T::kWeightBytes;
+    w_lo = base + T::bytes_of((w_row + g) * k_dim + 8 * t);
+    w_hi = w_lo + T::bytes_of(8 * static_cast<int64_t>(k_dim));
     if constexpr (T::kFp8) {
       const int64_t k_blocks = k_dim / 128, row_blocks = m_rows / 128;
       scale_row = (T::kGateUp ? p.w_gate_up_scale : p.w_down_scale) + (e * row_blocks + tile_row / 128) * k_blocks;
+    }
+    if constexpr (T::kInt4) {
+      const int64_t group_size = T::kGateUp ? p.group_size : p.down_group_size;
+      const int64_t groups = k_dim / group_size, zero_words = (groups + 7) / 8;
+      scale_lo = (T::kGateUp ? p.w_gate_up_scale : p.w_down_scale) + (w_row + g) * groups;
+      scale_hi = scale_lo + 8 * groups;
+      const int32_t* const zeros = T::kGateUp ? p.w_gate_up_zeros : p.w_down_zeros;
+      zeros_lo = zeros != nullptr ? zeros + (w_row + g) * zero_words : nullptr;
+      zeros_hi = zeros != nullptr ? zeros_lo + 8 * zero_words : nullptr;
+      chunks_per_group = static_cast<int>(group_size / 32);
     }
     num_chunks = k_dim / 32;
     load_weights(ks);
@@ -239,6 +286,14 @@ struct SmallItem {
               mma_bf16_16816(part, lo.z, hi.z, lo.w, hi.w, b[u][nt].z, b[u][nt].w);
 #pragma unroll
               for (int i = 0; i < 4; ++i) acc[nt][i] = fmaf(a_scale[u], part[i], acc[nt][i]);
+            } else if constexpr (T::kInt4) {  // the partial sum, then each row times its own group scale
+              float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+              mma_bf16_16816(part, lo.x, hi.x, lo.y, hi.y, b[u][nt].x, b[u][nt].y);
+              mma_bf16_16816(part, lo.z, hi.z, lo.w, hi.w, b[u][nt].z, b[u][nt].w);
+              acc[nt][0] = fmaf(a_scale[u], part[0], acc[nt][0]);  // row g
+              acc[nt][1] = fmaf(a_scale[u], part[1], acc[nt][1]);
+              acc[nt][2] = fmaf(a_scale_hi[u], part[2], acc[nt][2]);  // row g + 8
+              acc[nt][3] = fmaf(a_scale_hi[u], part[3], acc[nt][3]);
             } else {
               mma_bf16_16816(acc[nt], lo.x, hi.x, lo.y, hi.y, b[u][nt].x, b[u][nt].y);
               mma_bf16_16816(acc[nt], lo.z, hi.z, lo.w, hi.w, b[u][nt].z, b[u][nt].w);
@@ -351,7 +406,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
   }
   if constexpr (T::kGateUp) {
     if (kp.down_prefetch) {  // this CTA's share of W_down[e] into L2, for the down kernel that follows
-      const int64_t bytes = static_cast<int64_t>(p.hidden) * p.inter * T::kWeightBytes;
+      const int64_t bytes = T::bytes_of(static_cast<int64_t>(p.hidden) * p.inter);
       const char* base = static_cast<const char*>(p.w_down) + static_cast<int64_t>(e) * bytes;
       const int64_t per_cta = (bytes / gridDim.x + 127) / 128 * 128;
       const int64_t begin = blockIdx.x * per_cta, end = min(bytes, begin + per_cta);
@@ -390,10 +445,10 @@ void launch_small_gemm(const MoeKernelParams& kp, LaunchStream stream) {
 // grid that runs them before the wait (kp.shared_prewait) do not count: they stream while the routing runs and have
 // left their SMs by the time the other CTAs may start (V2-Lite at batch 1: 6 x 88 routed CTAs, one wave of 8-warp
 // CTAs, twice the loads in flight of the 4-warp ones).
-template <GemmKind kKind, int kTokenTiles, bool kFp8>
+template <GemmKind kKind, int kTokenTiles, MoeWeightFormat kFormat>
 void launch_small_gemm_in_fewest_waves(const MoeKernelParams& kp, LaunchStream stream) {
-  using Wide = SmallTraits<kKind, kTokenTiles, 4, kFp8>;
-  using Narrow = SmallTraits<kKind, kTokenTiles, 2, kFp8>;
+  using Wide = SmallTraits<kKind, kTokenTiles, 4, kFormat>;
+  using Narrow = SmallTraits<kKind, kTokenTiles, 2, kFormat>;
   const dim3 grid = small_gemm_grid<Wide>(kp);
   const bool shared_early = kKind == GemmKind::kGateUp && kp.shared_prewait != 0;
   const int64_t late_slots = int64_t{grid.y} - (shared_early ? kp.shared_slots : 0);
@@ -406,21 +461,22 @@ void launch_small_gemm_in_fewest_waves(const MoeKernelParams& kp, LaunchStream s
 }
 
 // Up to 8 tokens no expert has more than 8 rows (one pass of one token tile); beyond, 32 rows a pass.
-template <GemmKind kKind, bool kFp8>
+template <GemmKind kKind, MoeWeightFormat kFormat>
 void launch_small_gemm_for_tokens(const MoeKernelParams& kp, LaunchStream stream) {
   if (kp.p.num_tokens <= 8) {
-    launch_small_gemm_in_fewest_waves<kKind, 1, kFp8>(kp, stream);
+    launch_small_gemm_in_fewest_waves<kKind, 1, kFormat>(kp, stream);
   } else {
-    launch_small_gemm<SmallTraits<kKind, 4, 4, kFp8>>(kp, stream);
+    launch_small_gemm<SmallTraits<kKind, 4, 4, kFormat>>(kp, stream);
   }
 }
 
+// bf16 or FP8 weights; INT4 ones have instantiations of their own (launch_small_int4_*).
 template <GemmKind kKind>
 void launch_small_gemm_for_format(const MoeKernelParams& kp, LaunchStream stream) {
   if (kp.p.weight_format == MoeWeightFormat::kFp8) {
-    launch_small_gemm_for_tokens<kKind, true>(kp, stream);
+    launch_small_gemm_for_tokens<kKind, MoeWeightFormat::kFp8>(kp, stream);
   } else {
-    launch_small_gemm_for_tokens<kKind, false>(kp, stream);
+    launch_small_gemm_for_tokens<kKind, MoeWeightFormat::kBf16>(kp, stream);
   }
 }
 

@@ -6,6 +6,10 @@
 namespace deepinfer::cuda::moe_detail {
 
 void launch_grouped_down(const MoeKernelParams& kp, LaunchStream stream) {
+  if (kp.p.weight_format == MoeWeightFormat::kInt4) {
+    launch_grouped_int4_down(kp, stream);  // instantiations/moe_grouped_int4_down.cu
+    return;
+  }
   if (moe_grouped_w8a8_supported(kp.p)) {
     // Every pair's row, also those of pairs without one (held elsewhere under a shard): the kernel reads only rows
     // the gate/up kernel wrote.
