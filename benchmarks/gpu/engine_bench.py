@@ -83,8 +83,9 @@ def parse_args(argv=None):
     ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.90)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    ap.add_argument("--quantization", default="none", choices=["none", "fp8"],
-                    help="fp8: linear layers quantized to block-scaled FP8 at load (the roofline counts their bytes)")
+    ap.add_argument("--quantization", default="none", choices=["none", "fp8", "int4"],
+                    help="fp8: linear layers quantized to block-scaled FP8 at load; int4: rounded to INT4 (groups of "
+                         "128, zero points) at load (the roofline counts their bytes)")
     ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
                     help="fp8: the FP8 latent cache (the roofline counts its bytes)")
     ap.add_argument("--budget-s", type=float, default=0.0, help="start no case after this many seconds (0: no limit)")
@@ -215,9 +216,9 @@ def decode_case(engine, c: dict, args, batch: int, context: int, rng, deadline: 
     if res["status"] == "ok":
         mid = context + max_tokens // 2
         copy_gbps = args.copy_gbps_used
-        fp8, fp8_cache = args.quantization == "fp8", args.kv_cache_dtype == "fp8"
-        wb, cb = step_bytes(c, batch, mid, fp8, fp8_cache)
-        we, _ = step_bytes_expected(c, batch, mid, fp8, fp8_cache)
+        fp8, fp8_cache, int4 = args.quantization == "fp8", args.kv_cache_dtype == "fp8", args.quantization == "int4"
+        wb, cb = step_bytes(c, batch, mid, fp8, fp8_cache, int4)
+        we, _ = step_bytes_expected(c, batch, mid, fp8, fp8_cache, int4)
         row.update({"floor_ms_per_step": (wb + cb) / (copy_gbps * 1e9) * 1e3,
                     "floor_ms_per_step_expected_experts": (we + cb) / (copy_gbps * 1e9) * 1e3,
                     "weight_bytes_per_step": wb, "weight_bytes_per_step_expected_experts": we,

@@ -624,3 +624,38 @@ def test_the_inbox_hands_its_items_over_in_order_and_wakes_its_reader():
         assert await asyncio.wait_for(late, 1) == 5
 
     asyncio.run(main())
+
+
+# ---------------------------------------------------------------------------------------------- per-token metrics
+
+def _samples(text: str, name: str) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples if s.name.startswith(name)}
+
+
+def test_the_loop_metrics_expose_what_prometheus_client_would():
+    # The same observations through prometheus_client's Histogram and Counter and through the loop's lock-free ones:
+    # the same samples on /metrics (bucket counts, count, sum, the counter's total), bounds included (le is <=).
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+    from deepinfer.server.loop_metrics import LoopCounter, LoopHistogram, LoopMetricsCollector
+    buckets = (0.001, 0.005, 0.01, 0.5)
+    values = [0.0005, 0.001, 0.003, 0.003, 0.02, 0.5, 7.0] + [random.Random(3).random() for _ in range(50)]
+    ref_registry, loop_registry = CollectorRegistry(), CollectorRegistry()
+    ref = Histogram("x_seconds", "doc", ["model_name"], buckets=buckets, registry=ref_registry).labels("m")
+    ref_tokens = Counter("x_tokens", "doc", ["model_name"], registry=ref_registry).labels("m")
+    loop, loop_tokens = LoopHistogram("x_seconds", "doc", buckets), LoopCounter("x_tokens", "doc")
+    loop_registry.register(LoopMetricsCollector([loop, loop_tokens], "m"))
+    for i, v in enumerate(values):
+        k = 1 + i % 3  # k tokens in one delta: k gaps of the same value
+        for _ in range(k):
+            ref.observe(v)
+        loop.observe(v, k)
+        ref_tokens.inc(k)
+        loop_tokens.inc(k)
+    want = _samples(generate_latest(ref_registry).decode(), "x_")
+    got = _samples(generate_latest(loop_registry).decode(), "x_")
+    want = {k: v for k, v in want.items() if not k[0].endswith("_created")}
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value, rel=1e-12), key

@@ -1,7 +1,8 @@
 """Prometheus metrics of one server (its own CollectorRegistry, so several apps in a process never collide).
 
 Engine gauges (running / waiting sequences, cache pages, preemptions, steps) are read from ``engine.stats()`` at
-scrape time; latencies and token counts are observed by the request handlers as outputs arrive.
+scrape time; latencies and token counts are observed by the request handlers as outputs arrive (the per-token ones
+through loop_metrics.py, without prometheus_client's lock).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.process_collector import ProcessCollector
+
+from deepinfer.server.loop_metrics import LoopCounter, LoopHistogram, LoopMetricsCollector
 
 __all__ = ["CONTENT_TYPE_LATEST", "ServerMetrics"]
 
@@ -110,16 +113,16 @@ class ServerMetrics:
         self.time_to_first_token = Histogram(
             "deepinfer_time_to_first_token_seconds", "Time from the request's arrival to its first token.",
             labels, buckets=_LATENCY_BUCKETS, registry=r).labels(model_name)
-        self.inter_token_latency = Histogram(
+        self.inter_token_latency = LoopHistogram(
             "deepinfer_inter_token_latency_seconds", "Time between successive tokens of a completion.",
-            labels, buckets=_LATENCY_BUCKETS, registry=r).labels(model_name)
+            _LATENCY_BUCKETS)
         self.e2e_latency = Histogram(
             "deepinfer_e2e_request_latency_seconds", "Time from the request's arrival to its last token.",
             labels, buckets=_E2E_BUCKETS, registry=r).labels(model_name)
         self.prompt_tokens = Counter(
             "deepinfer_prompt_tokens", "Prompt tokens of accepted requests.", labels, registry=r).labels(model_name)
-        self.generation_tokens = Counter(
-            "deepinfer_generation_tokens", "Tokens generated for requests.", labels, registry=r).labels(model_name)
+        self.generation_tokens = LoopCounter("deepinfer_generation_tokens", "Tokens generated for requests.")
+        r.register(LoopMetricsCollector([self.inter_token_latency, self.generation_tokens], model_name))
         self._finished = Counter(
             "deepinfer_request_finished", "Completions (choices) finished, by finish reason.",
             labels + ["finish_reason"], registry=r)

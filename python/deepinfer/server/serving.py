@@ -206,9 +206,8 @@ class _Run:
                             self._first_token = True
                             metrics.time_to_first_token.observe(now - self.arrival)
                         last = self._last_token_time[ci]
-                        if last is not None:
-                            for _ in range(k):
-                                metrics.inter_token_latency.observe((now - last) / k)
+                        if last is not None:  # k tokens at once: k gaps of (now - last) / k
+                            metrics.inter_token_latency.observe((now - last) / k, k)
                         self._last_token_time[ci] = now
                         metrics.generation_tokens.inc(k)
                     if k or out.finish_reason:
