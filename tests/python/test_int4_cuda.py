@@ -1,10 +1,10 @@
 """INT4 weights on a GPU: the checkpoint's 4-bit words stay packed and the W4A16 kernels unpack them in registers
 (the INT4 skinny GEMM at decode sizes, the widening path at prefill sizes, the MoE experts). The CUDA engine's
 logits on a 4-bit checkpoint against the same engine on the dequantized weights stored in bf16 (compressed-tensors'
-own decompression; for rounding at load, round-to-nearest written here in torch), and against the CPU engine on the
-4-bit checkpoint (which computes with the dequantized weights in float32, itself checked against transformers in
-test_int4.py): compressed-tensors checkpoints written by compressed-tensors, an AWQ one in AutoAWQ's layout, and
-rounding at load.
+own decompression, compressed-tensors' AutoAWQ converter; for rounding at load, round-to-nearest written here in
+torch, equal to the engine's on the CPU): compressed-tensors checkpoints written by compressed-tensors, an AWQ one in
+AutoAWQ's layout, and rounding at load. The kernels themselves are checked against the CPU reference op by op
+(tests/cpp/cuda_int4_gemm_test.cpp, cuda_moe_int4_test.cpp).
 
 Needs a CUDA device and a build with the CUDA backend; skipped otherwise. The models have DeepSeek's real MLA
 dimensions and 16 heads (what the CUDA attention kernels take), random weights, and K a multiple of 128 in every projection."""
@@ -23,11 +23,10 @@ from test_int4 import (KEEP, TOKENS, awq_reference, compress_ct, engine_logits, 
 
 pytestmark = pytest.mark.skipif(_deepinfer.cuda_device_count() == 0, reason="needs a CUDA device")
 
-# The GPU computes with bf16 activations, the CPU in float32; through three layers of random weights that alone moves
-# the logits by a few percent (routing amplifies it). The 4-bit kernels multiply the exact dequantized weights (or
-# round them to bf16 once, as a bf16 weight is), so an INT4 model may differ from its CPU run by at most twice what the
-# same model in bf16 does (BF16_FACTOR), or by TOLERANCE, whichever is larger; a kernel that misreads a nibble, a
-# scale or a zero point moves the logits by far more.
+# The 4-bit kernels multiply the exact dequantized weights (or round them to bf16 once, as the bf16 reference holds
+# them), so the two GPU runs differ by rounding alone: at most twice what the unquantized model's GPU and CPU runs
+# differ by (BF16_FACTOR), or TOLERANCE, whichever is larger. A kernel that misreads a nibble, a scale or a zero point
+# moves the logits by far more.
 TOLERANCE = 3e-2
 BF16_FACTOR = 2.0
 MLA = dict(hidden_size=512, intermediate_size=1024, moe_intermediate_size=256, num_attention_heads=16,
@@ -57,12 +56,12 @@ def assert_close(got, want, baseline: float, what: str) -> None:
 
 
 def check_against_dequantized(checkpoint, dequantized_checkpoint, baseline: float, **options) -> None:
-    """The 4-bit checkpoint on the GPU against its dequantized weights in bf16 on the GPU (same activations: what
-    differs is the kernels), and against the CPU on the 4-bit checkpoint."""
-    gpu, cpu = cuda_and_cpu(checkpoint, **options)
+    """The 4-bit checkpoint on the GPU against its dequantized weights in bf16 on the GPU: the same activations and
+    routing arithmetic, so what differs is the kernels (the CPU against transformers is test_int4.py's; a GPU run
+    against the CPU one also moves with every routing near-tie of these random weights, so it is not the measure)."""
+    gpu = engine_logits(checkpoint, device="cuda", **options)
     reference = engine_logits(dequantized_checkpoint, device="cuda")
     assert_close(gpu, reference, baseline, "INT4 GPU vs its dequantized weights in bf16 on the GPU")
-    assert_close(gpu, cpu, 3 * baseline, "INT4 GPU vs CPU")
 
 
 def round_to_nearest(w: torch.Tensor, group_size: int, symmetric: bool) -> torch.Tensor:
