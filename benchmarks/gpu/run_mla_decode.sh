@@ -25,6 +25,7 @@ SOURCES=(
   csrc/backend/ops_validate.cpp
   csrc/backend/latent_fp8.cpp
   csrc/core/fp8.cpp
+  csrc/core/int4.cpp
   csrc/core/tensor.cpp
 )
 

@@ -15,13 +15,8 @@ SOURCES=(
   benchmarks/kernels/moe_bench.cu
   csrc/backend/cuda/moe/moe_route.cu
   csrc/backend/cuda/moe/moe_experts.cu
-  csrc/backend/cuda/moe/instantiations/moe_small_gate_up.cu
-  csrc/backend/cuda/moe/instantiations/moe_small_down.cu
   csrc/backend/cuda/moe/moe_small_ffn.cu
-  csrc/backend/cuda/moe/instantiations/moe_grouped_gate_up.cu
-  csrc/backend/cuda/moe/instantiations/moe_grouped_down.cu
-  csrc/backend/cuda/moe/instantiations/moe_grouped_w8a8_gate_up.cu
-  csrc/backend/cuda/moe/instantiations/moe_grouped_w8a8_down.cu
+  csrc/backend/cuda/moe/instantiations/*.cu  # every kernel instantiation: bf16, FP8 (W8A16, W8A8) and INT4
   csrc/backend/cuda/gemm/fp8_convert.cu
   csrc/backend/cuda/runtime/cuda_stream.cpp
   csrc/backend/cuda/runtime/device_buffer.cpp

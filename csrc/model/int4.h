@@ -103,13 +103,9 @@ void unpack_int4_rows(const PackedInt4& w, int64_t first_row, int64_t num_rows, 
 // bit for bit (a group of zeros gets scale 0).
 void quantize_int4_rows(std::span<const float> values, int64_t cols, const Int4Rounding& rounding, Int4Rows& out);
 
-// The engine's packed words of `rows` (core/weight.h): codes [rows, cols / 8] (cols a multiple of 8), zero points
+// The engine's packed words of `rows` (core/weight.h; core/int4.h dequantizes them): codes [rows, cols / 8] (cols a multiple of 8), zero points
 // [rows, int4_zero_words(groups)] (asymmetric rows only).
 void pack_int4_codes(const Int4Rows& rows, std::span<int32_t> words);
 void pack_int4_zeros(const Int4Rows& rows, std::span<int32_t> words);
-// The dequantized [rows, cols] float32 matrix of packed words, scales and (null: symmetric) zero points.
-void dequantize_packed_int4(std::span<const int32_t> words, std::span<const float> scales,
-                            std::span<const int32_t> zeros, int64_t rows, int64_t cols, int64_t group_size,
-                            std::span<float> out);
 
 }  // namespace deepinfer

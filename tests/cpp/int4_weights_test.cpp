@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/int4.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/int4.h"

@@ -4,7 +4,7 @@
 
 #include "core/error.h"
 #include "core/fp8.h"
-#include "model/int4.h"
+#include "core/int4.h"
 
 namespace deepinfer::cpu {
 
