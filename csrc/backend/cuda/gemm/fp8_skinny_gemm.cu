@@ -19,6 +19,7 @@
 // one bf16x2 multiply by 2^120 rebiases the exponent (7 -> 127). Every e4m3 value is a bf16 value, so the product
 // is exact; the NaN codes (0x7f, 0xff) come out as +-480, which no checkpoint holds.
 #include "backend/cuda/gemm/fp8_skinny_gemm.cuh"
+#include "backend/cuda/gemm/skinny_epilogue.cuh"
 #include "backend/cuda/gemm/skinny_tile_layout.h"
 
 #include <cuda_bf16.h>
@@ -37,7 +38,6 @@ namespace {
 
 using ptx::ld_stream_16;
 using ptx::mma_bf16_16816;
-using ptx::silu;
 
 constexpr int kWarps = kSkinnyWarps;
 constexpr int kThreads = kWarps * 32;
@@ -60,23 +60,6 @@ __device__ __forceinline__ void e4m3x4_to_bf16x4(uint32_t codes, uint32_t& lo, u
   const uint32_t b_hi = (p_hi & 0x80008000u) | ((p_hi >> 4) & 0x07f007f0u);
   asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(lo) : "r"(b_lo), "r"(kRebias));
   asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(hi) : "r"(b_hi), "r"(kRebias));
-}
-
-__device__ __forceinline__ uint4 load_x(const uint16_t* ptr, bool valid) {
-  return valid ? __ldg(reinterpret_cast<const uint4*>(ptr)) : make_uint4(0u, 0u, 0u, 0u);
-}
-
-__device__ __forceinline__ float load_out(const Fp8SkinnyProblem& q, int64_t i) {
-  return q.out_f32 ? static_cast<const float*>(q.out)[i]
-                   : __bfloat162float(static_cast<const __nv_bfloat16*>(q.out)[i]);
-}
-
-__device__ __forceinline__ void store_out(const Fp8SkinnyProblem& q, int64_t i, float v) {
-  if (q.out_f32) {
-    static_cast<float*>(q.out)[i] = v;
-  } else {
-    static_cast<__nv_bfloat16*>(q.out)[i] = __float2bfloat16_rn(v);
-  }
 }
 
 // kTokenTiles 8-token MMA column tiles; kUnroll K steps of weight loads in flight per warp (the next group loads
@@ -169,8 +152,8 @@ __global__ void __launch_bounds__(kThreads, (kTokenTiles <= 2 && kUnroll <= 4) ?
       }
 #pragma unroll
       for (int t = 0; t < kTokenTiles; ++t) {
-        const uint4 x0 = load_x(x_rows[t] + k, in_range && valid_x[t]);
-        const uint4 x1 = load_x(x_rows[t] + k + 8, in_range && valid_x[t]);
+        const uint4 x0 = skinny::load_x(x_rows[t] + k, in_range && valid_x[t]);
+        const uint4 x1 = skinny::load_x(x_rows[t] + k + 8, in_range && valid_x[t]);
         const uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
         float step_acc[4] = {};
 #pragma unroll
@@ -186,36 +169,8 @@ __global__ void __launch_bounds__(kThreads, (kTokenTiles <= 2 && kUnroll <= 4) ?
     }
   }
 
-#pragma unroll
-  for (int t = 0; t < kTokenTiles; ++t) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) partial[warp][t][lane][i] = acc[t][i];
-  }
-  __syncthreads();
-
-  // Output element (group, token tile, fragment lane, register): register i of lane l holds row l / 4 + 8 * (i / 2)
-  // and token 2 * (l % 4) + i % 2 of the tile's 16 x 8 accumulator. The warps of a tile add in a fixed order.
-  const int outputs = groups * kTokenTiles * 128;
-  for (int idx = threadIdx.x; idx < outputs; idx += kThreads) {
-    const int group = idx / (kTokenTiles * 128), t = (idx / 128) % kTokenTiles, l = (idx / 4) % 32, i = idx % 4;
-    const int row = l / 4 + 8 * (i / 2), token = 8 * t + 2 * (l % 4) + i % 2;
-    const int64_t col = (static_cast<int64_t>(block) * groups + group) * 16 + row;
-    if (token >= p.tokens || col >= q.n_out) continue;
-    const auto tile_sum = [&](int tl) {
-      float sum = 0.0f;
-      for (int w = 0; w < warps_per_tile; ++w) sum += partial[tl * warps_per_tile + w][t][l][i];
-      return sum;
-    };
-    const int64_t o = token * q.out_row_stride + col;
-    switch (q.epilogue) {
-      case SkinnyEpilogue::kSiluMul: store_out(q, o, silu(tile_sum(group)) * tile_sum(group + groups)); break;
-      case SkinnyEpilogue::kAccumulate: store_out(q, o, load_out(q, o) + tile_sum(group)); break;
-      case SkinnyEpilogue::kStore: store_out(q, o, tile_sum(group)); break;
-    }
-  }
+  skinny::write_outputs<kWarps, kTokenTiles>(partial, acc, q, p.tokens, block, groups, warps_per_tile);
 }
-
-bool aligned(const void* ptr, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
 struct TileLayout {
   Fp8SkinnyKernelArgs args;
@@ -229,19 +184,8 @@ TileLayout tile_layout(const Fp8SkinnyGemmParams& p) {
   return layout;
 }
 
-int token_tiles(int64_t tokens) {
-  if (tokens <= 8) return 1;
-  if (tokens <= 16) return 2;
-  if (tokens <= 32) return 4;
-  return 8;
-}
-
-// Loads in flight per warp. One or two token tiles: four steps (4 KB a warp, two CTAs an SM), or eight when the grid
-// is a single wave anyway (one CTA an SM: q_a_proj with kv_a_proj) so the SM still has 64 KB in flight. Wider token
-// tiles need the registers for activations and accumulators: two steps.
 int unroll_for(const TileLayout& layout, int tiles) {
-  if (tiles > 2) return 2;
-  return layout.blocks <= layout.args.p.num_sms ? 8 : 4;
+  return skinny::loads_in_flight(layout.blocks, layout.args.p.num_sms, tiles);
 }
 
 template <int kTokenTiles, int kUnroll>
@@ -265,19 +209,22 @@ void launch_tiles(const TileLayout& layout, LaunchStream stream) {
 
 bool fp8_skinny_gemm_fits(const Fp8SkinnyGemmParams& p) {
   if (p.tokens < 1 || p.tokens > kFp8SkinnyMaxTokens || p.k_dim <= 0 || p.k_dim % kScaleBlock != 0 ||
-      !aligned(p.x, 16) || p.x_row_stride % 8 != 0 || p.num_problems < 1 || p.num_problems > kFp8SkinnyMaxProblems) {
+      !skinny::aligned(p.x, 16) || p.x_row_stride % 8 != 0 || p.num_problems < 1 ||
+      p.num_problems > kFp8SkinnyMaxProblems) {
     return false;
   }
   for (int i = 0; i < p.num_problems; ++i) {
     const Fp8SkinnyProblem& q = p.problems[i];
-    if (q.n_out < 1 || !aligned(q.w, 16) || q.scale_inv == nullptr || !aligned(q.scale_inv, 4)) return false;
+    if (q.n_out < 1 || !skinny::aligned(q.w, 16) || q.scale_inv == nullptr || !skinny::aligned(q.scale_inv, 4)) {
+      return false;
+    }
   }
   return true;
 }
 
 int fp8_skinny_gemm_loads_in_flight(const Fp8SkinnyGemmParams& p) {
   DI_CHECK(fp8_skinny_gemm_fits(p), "fp8_skinny_gemm_loads_in_flight: the kernel does not take these operands");
-  return unroll_for(tile_layout(p), token_tiles(p.tokens));
+  return unroll_for(tile_layout(p), skinny::token_tiles(p.tokens));
 }
 
 void fp8_skinny_gemm(const Fp8SkinnyGemmParams& p, LaunchStream stream) {
@@ -285,7 +232,7 @@ void fp8_skinny_gemm(const Fp8SkinnyGemmParams& p, LaunchStream stream) {
            " problems: needs 1..", kFp8SkinnyMaxTokens, " tokens, K a multiple of ", kScaleBlock, ", 1..",
            kFp8SkinnyMaxProblems, " problems and 16-byte aligned rows");
   const TileLayout layout = tile_layout(p);
-  switch (token_tiles(p.tokens)) {
+  switch (skinny::token_tiles(p.tokens)) {
     case 1: launch_tiles<1>(layout, stream); break;
     case 2: launch_tiles<2>(layout, stream); break;
     case 4: launch_tiles<4>(layout, stream); break;

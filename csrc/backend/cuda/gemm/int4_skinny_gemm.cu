@@ -18,6 +18,7 @@
 //   it, so each lane multiplies its unpacked pairs by its group's scale in registers (rounded to bf16) first.
 // The scales and zero points are weights as well: loaded with the codes, before the wait on the previous kernel.
 #include "backend/cuda/gemm/int4_skinny_gemm.cuh"
+#include "backend/cuda/gemm/skinny_epilogue.cuh"
 #include "backend/cuda/gemm/skinny_tile_layout.h"
 
 #include <cuda_bf16.h>
@@ -35,7 +36,6 @@ namespace {
 
 using ptx::ld_stream_16;
 using ptx::mma_bf16_16816;
-using ptx::silu;
 
 constexpr int kWarps = kSkinnyWarps;
 constexpr int kThreads = kWarps * 32;
@@ -46,23 +46,6 @@ struct Int4SkinnyKernelArgs {
   int tiles[kInt4SkinnyMaxProblems] = {};
   int block_begin[kInt4SkinnyMaxProblems + 1] = {};
 };
-
-__device__ __forceinline__ uint4 load_x(const uint16_t* ptr, bool valid) {
-  return valid ? __ldg(reinterpret_cast<const uint4*>(ptr)) : make_uint4(0u, 0u, 0u, 0u);
-}
-
-__device__ __forceinline__ float load_out(const Int4SkinnyProblem& q, int64_t i) {
-  return q.out_f32 ? static_cast<const float*>(q.out)[i]
-                   : __bfloat162float(static_cast<const __nv_bfloat16*>(q.out)[i]);
-}
-
-__device__ __forceinline__ void store_out(const Int4SkinnyProblem& q, int64_t i, float v) {
-  if (q.out_f32) {
-    static_cast<float*>(q.out)[i] = v;
-  } else {
-    static_cast<__nv_bfloat16*>(q.out)[i] = __float2bfloat16_rn(v);
-  }
-}
 
 // One row's operands of a step, as loaded: four packed words, the group's scale and its zero-point word.
 struct RowStep {
@@ -185,7 +168,7 @@ __global__ void __launch_bounds__(kThreads, (kTokenTiles <= 2 && kUnroll <= 4) ?
         uint32_t xw[16];
 #pragma unroll
         for (int v = 0; v < 4; ++v) {
-          const uint4 x4 = load_x(x_rows[t] + k + 8 * v, in_range && valid_x[t]);
+          const uint4 x4 = skinny::load_x(x_rows[t] + k + 8 * v, in_range && valid_x[t]);
           xw[4 * v] = x4.x;
           xw[4 * v + 1] = x4.y;
           xw[4 * v + 2] = x4.z;
@@ -227,36 +210,8 @@ __global__ void __launch_bounds__(kThreads, (kTokenTiles <= 2 && kUnroll <= 4) ?
     }
   }
 
-#pragma unroll
-  for (int t = 0; t < kTokenTiles; ++t) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) partial[warp][t][lane][i] = acc[t][i];
-  }
-  __syncthreads();
-
-  // Output element (group, token tile, fragment lane, register): register i of lane l holds row l / 4 + 8 * (i / 2)
-  // and token 2 * (l % 4) + i % 2 of the tile's 16 x 8 accumulator. The warps of a tile add in a fixed order.
-  const int outputs = groups_per_cta * kTokenTiles * 128;
-  for (int idx = threadIdx.x; idx < outputs; idx += kThreads) {
-    const int group = idx / (kTokenTiles * 128), t = (idx / 128) % kTokenTiles, l = (idx / 4) % 32, i = idx % 4;
-    const int row = l / 4 + 8 * (i / 2), token = 8 * t + 2 * (l % 4) + i % 2;
-    const int64_t col = (static_cast<int64_t>(block) * groups_per_cta + group) * 16 + row;
-    if (token >= p.tokens || col >= q.n_out) continue;
-    const auto tile_sum = [&](int tl) {
-      float sum = 0.0f;
-      for (int w = 0; w < warps_per_tile; ++w) sum += partial[tl * warps_per_tile + w][t][l][i];
-      return sum;
-    };
-    const int64_t o = token * q.out_row_stride + col;
-    switch (q.epilogue) {
-      case SkinnyEpilogue::kSiluMul: store_out(q, o, silu(tile_sum(group)) * tile_sum(group + groups_per_cta)); break;
-      case SkinnyEpilogue::kAccumulate: store_out(q, o, load_out(q, o) + tile_sum(group)); break;
-      case SkinnyEpilogue::kStore: store_out(q, o, tile_sum(group)); break;
-    }
-  }
+  skinny::write_outputs<kWarps, kTokenTiles>(partial, acc, q, p.tokens, block, groups_per_cta, warps_per_tile);
 }
-
-bool aligned(const void* ptr, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
 struct TileLayout {
   Int4SkinnyKernelArgs args;
@@ -270,18 +225,8 @@ TileLayout tile_layout(const Int4SkinnyGemmParams& p) {
   return layout;
 }
 
-int token_tiles(int64_t tokens) {
-  if (tokens <= 8) return 1;
-  if (tokens <= 16) return 2;
-  if (tokens <= 32) return 4;
-  return 8;
-}
-
-// Loads in flight per warp, as in the FP8 kernel (a step is 32 bytes a lane there too): four steps, eight when the
-// grid is a single wave anyway; wider token tiles need the registers for activations and accumulators: two steps.
 int unroll_for(const TileLayout& layout, int tiles) {
-  if (tiles > 2) return 2;
-  return layout.blocks <= layout.args.p.num_sms ? 8 : 4;
+  return skinny::loads_in_flight(layout.blocks, layout.args.p.num_sms, tiles);
 }
 
 template <int kTokenTiles, int kUnroll, bool kScaleAfter>
@@ -303,7 +248,7 @@ void launch_tiles(const TileLayout& layout, LaunchStream stream) {
 
 template <bool kScaleAfter>
 void launch_scaled(const TileLayout& layout, int64_t tokens, LaunchStream stream) {
-  switch (token_tiles(tokens)) {
+  switch (skinny::token_tiles(tokens)) {
     case 1: launch_tiles<1, kScaleAfter>(layout, stream); break;
     case 2: launch_tiles<2, kScaleAfter>(layout, stream); break;
     case 4: launch_tiles<4, kScaleAfter>(layout, stream); break;
@@ -314,14 +259,15 @@ void launch_scaled(const TileLayout& layout, int64_t tokens, LaunchStream stream
 }  // namespace
 
 bool int4_skinny_gemm_fits(const Int4SkinnyGemmParams& p) {
-  if (p.tokens < 1 || p.tokens > kInt4SkinnyMaxTokens || p.k_dim <= 0 || p.k_dim % kStepK != 0 || !aligned(p.x, 16) ||
-      p.x_row_stride % 8 != 0 || p.num_problems < 1 || p.num_problems > kInt4SkinnyMaxProblems) {
+  if (p.tokens < 1 || p.tokens > kInt4SkinnyMaxTokens || p.k_dim <= 0 || p.k_dim % kStepK != 0 ||
+      !skinny::aligned(p.x, 16) || p.x_row_stride % 8 != 0 || p.num_problems < 1 ||
+      p.num_problems > kInt4SkinnyMaxProblems) {
     return false;
   }
   for (int i = 0; i < p.num_problems; ++i) {
     const Int4SkinnyProblem& q = p.problems[i];
-    if (q.n_out < 1 || !aligned(q.w, 16) || q.scales == nullptr || !aligned(q.scales, 4) ||
-        (q.zeros != nullptr && !aligned(q.zeros, 4)) || q.group_size <= 0 || q.group_size % 32 != 0 ||
+    if (q.n_out < 1 || !skinny::aligned(q.w, 16) || q.scales == nullptr || !skinny::aligned(q.scales, 4) ||
+        (q.zeros != nullptr && !skinny::aligned(q.zeros, 4)) || q.group_size <= 0 || q.group_size % 32 != 0 ||
         p.k_dim % q.group_size != 0) {
       return false;
     }
