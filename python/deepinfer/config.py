@@ -223,8 +223,8 @@ ENGINE_FIELD_HELP: dict[str, str] = {
                       "in e4m3 with a power-of-two scale per 128 values and k_pe in bf16: 656 bytes a token a layer "
                       "at DeepSeek's dims instead of 1,152",
     "quantization": "'fp8': FP8 weights (an FP8 checkpoint as stored, a bf16 one quantized at load); 'int4': "
-                    "4-bit weights (a compressed-tensors or AWQ checkpoint as stored, a bf16 one rounded at load; CPU "
-                    "backend only); 'awq': an AWQ checkpoint as stored; none: the checkpoint's own format",
+                    "4-bit weights (a compressed-tensors or AWQ checkpoint as stored, a bf16 one rounded at load; kept "
+                    "packed on a GPU); 'awq': an AWQ checkpoint as stored; none: the checkpoint's own format",
     "speculative_config": 'MTP speculative decoding, e.g. {"method": "mtp", "num_speculative_tokens": 1}: the '
                           "checkpoint's MTP layer drafts that many tokens a step and the model verifies them; none: off",
     "device": "'auto' (CUDA when a GPU is visible), 'cpu' or 'cuda'",
