@@ -97,17 +97,12 @@ void expect_weight(const WeightView& w, const ConstTensorView& x, const char* op
     DI_CHECK(k % 8 == 0 && groups > 0 && k % groups == 0 && (k / groups) % 8 == 0, op, ": INT4 ", name, " ",
              w.shape.str(), " needs K a multiple of 8 and groups of a multiple of 8 inputs; it has ", groups,
              " groups a row");
-    Shape scales = w.shape;
-    std::array<int64_t, kMaxDims> d{};
-    for (int i = 0; i < w.shape.ndim(); ++i) d[static_cast<size_t>(i)] = w.shape[i];
-    d[static_cast<size_t>(w.shape.ndim() - 1)] = groups;
-    scales = Shape(std::span<const int64_t>(d.data(), static_cast<size_t>(w.shape.ndim())));
+    const Shape scales = w.shape.with_dim(-1, groups);
     DI_CHECK(w.scale_inv.dtype == DType::kF32 && w.scale_inv.shape == scales, op, ": INT4 ", name, " ",
              w.shape.str(), " needs float32 group scales ", scales.str(), ", got ", dtype_name(w.scale_inv.dtype),
              " ", w.scale_inv.shape.str());
     if (!w.symmetric()) {
-      d[static_cast<size_t>(w.shape.ndim() - 1)] = int4_zero_words(groups);
-      const Shape zeros(std::span<const int64_t>(d.data(), static_cast<size_t>(w.shape.ndim())));
+      const Shape zeros = w.shape.with_dim(-1, int4_zero_words(groups));
       DI_CHECK(w.zeros.dtype == DType::kI32 && w.zeros.shape == zeros, op, ": INT4 ", name, " ", w.shape.str(),
                " needs int32 packed zero points ", zeros.str(), ", got ", dtype_name(w.zeros.dtype), " ",
                w.zeros.shape.str());

@@ -88,12 +88,15 @@ float* TensorView::f32() const {
 
 static int64_t row_elems(const Shape& s) { return s.ndim() == 0 ? 1 : s.numel() / std::max<int64_t>(s[0], 1); }
 
-static Shape with_rows(const Shape& s, int64_t count) {
-  std::array<int64_t, kMaxDims> d{};
-  for (int i = 0; i < s.ndim(); ++i) d[static_cast<size_t>(i)] = s[i];
-  d[0] = count;
-  return Shape(std::span<const int64_t>(d.data(), static_cast<size_t>(s.ndim())));
+Shape Shape::with_dim(int i, int64_t n) const {
+  const int dim = i < 0 ? ndim_ + i : i;
+  DI_CHECK(dim >= 0 && dim < ndim_, "dimension ", i, " out of range for shape ", str());
+  Shape s = *this;
+  s.dims_[static_cast<size_t>(dim)] = n;
+  return s;
 }
+
+static Shape with_rows(const Shape& s, int64_t count) { return s.with_dim(0, count); }
 
 // The bytes an element of `dtype` takes; packed 4-bit values (only a weight's logical view holds them) have none.
 static int64_t element_bytes(DType dtype) {
@@ -117,10 +120,7 @@ TensorView TensorView::reshaped(Shape new_shape) const {
 static Shape with_last(const Shape& s, int64_t begin, int64_t count) {
   DI_CHECK(s.ndim() >= 1 && begin >= 0 && count >= 0 && begin + count <= s[s.ndim() - 1], "columns [", begin, ", ",
            begin + count, ") out of range for shape ", s.str());
-  std::array<int64_t, kMaxDims> d{};
-  for (int i = 0; i < s.ndim(); ++i) d[static_cast<size_t>(i)] = s[i];
-  d[static_cast<size_t>(s.ndim() - 1)] = count;
-  return Shape(std::span<const int64_t>(d.data(), static_cast<size_t>(s.ndim())));
+  return s.with_dim(-1, count);
 }
 
 TensorView TensorView::columns(int64_t begin, int64_t count) const {

@@ -32,6 +32,8 @@ class Shape {
   int64_t operator[](int i) const { return dims_[static_cast<size_t>(i)]; }
   int64_t numel() const;
   std::span<const int64_t> dims() const { return {dims_.data(), static_cast<size_t>(ndim_)}; }
+  // The same shape with dimension `i` (negative: from the end) set to `n`.
+  Shape with_dim(int i, int64_t n) const;
   bool operator==(const Shape& other) const;
   std::string str() const;  // "[2, 3, 576]"
 

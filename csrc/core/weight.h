@@ -17,9 +17,7 @@
 // and dtype kU4, so the ops check an INT4 weight's shape as any other's.
 #pragma once
 
-#include <array>
 #include <cstdint>
-#include <span>
 #include <utility>
 
 #include "core/tensor.h"
@@ -123,12 +121,8 @@ struct Weight {
   }
   // The logical shape ([.., N, K] for INT4 too).
   Shape shape() const {
-    if (!int4) return values.shape();
     const Shape& s = values.shape();
-    std::array<int64_t, kMaxDims> d{};
-    for (int i = 0; i < s.ndim(); ++i) d[static_cast<size_t>(i)] = s[i];
-    d[static_cast<size_t>(s.ndim() - 1)] *= 8;
-    return Shape(std::span<const int64_t>(d.data(), static_cast<size_t>(s.ndim())));
+    return int4 ? s.with_dim(-1, s[s.ndim() - 1] * 8) : s;
   }
   DType dtype() const { return int4 ? DType::kU4 : values.dtype(); }
   Device device() const { return values.device(); }

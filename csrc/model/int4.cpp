@@ -46,41 +46,11 @@ void PackedInt4::validate() const {
 }
 
 void dequantize_int4_rows(const PackedInt4& w, int64_t first_row, int64_t num_rows, std::span<float> out) {
-  w.validate();
-  DI_CHECK(first_row >= 0 && num_rows >= 0 && first_row + num_rows <= w.rows, "rows [", first_row, ", ",
-           first_row + num_rows, ") out of range for an INT4 weight of ", w.rows, " rows");
   DI_CHECK(static_cast<int64_t>(out.size()) == num_rows * w.cols, "output holds ", out.size(), " floats for ",
            num_rows, " rows of ", w.cols);
-  const int64_t k_dim = w.cols, groups = k_dim / w.group_size;
-  if (w.layout == Int4Layout::kCompressedTensors) {
-    const int64_t row_words = ceil_div(k_dim, 8);
-#pragma omp parallel for schedule(static) if (num_rows * k_dim >= (int64_t{1} << 18))
-    for (int64_t r = 0; r < num_rows; ++r) {
-      const int64_t n = first_row + r;
-      float* dst = out.data() + r * k_dim;
-      for (int64_t g = 0; g < groups; ++g) {
-        const float s = w.scales[static_cast<size_t>(n * groups + g)];
-        const int z = w.zeros.empty() ? 0 : nibble(word_at(w.zeros, (n / 8) * groups + g), n % 8) - 8;
-        for (int64_t k = g * w.group_size; k < (g + 1) * w.group_size; ++k) {
-          const int q = nibble(word_at(w.qweight, n * row_words + k / 8), k % 8) - 8;
-          dst[k] = static_cast<float>(q - z) * s;
-        }
-      }
-    }
-    return;
-  }
-  // AWQ stores W transposed ([K, N] words packed along N): walk k outside so each row of words is read in order.
-  const int64_t row_words = w.rows / 8;
-  for (int64_t k = 0; k < k_dim; ++k) {
-    const int64_t g = k / w.group_size;
-    for (int64_t r = 0; r < num_rows; ++r) {
-      const int64_t n = first_row + r, word = n / 8;
-      const int j = kAwqNibbleOfColumn[static_cast<size_t>(n % 8)];
-      const int q = nibble(word_at(w.qweight, k * row_words + word), j);
-      const int z = nibble(word_at(w.zeros, g * row_words + word), j);
-      out[static_cast<size_t>(r * k_dim + k)] = static_cast<float>(q - z) * w.scales[static_cast<size_t>(g * w.rows + n)];
-    }
-  }
+  Int4Rows rows;
+  unpack_int4_rows(w, first_row, num_rows, rows);  // (q - z) is the same unsigned as in the stored signed form
+  rows.dequantize(out);
 }
 
 namespace {
@@ -214,7 +184,8 @@ void unpack_int4_rows(const PackedInt4& w, int64_t first_row, int64_t num_rows, 
     for (int64_t r = 0; r < num_rows; ++r) {
       const int64_t n = first_row + r, word = n / 8;
       const int j = kAwqNibbleOfColumn[static_cast<size_t>(n % 8)];
-      out.q[static_cast<size_t>(r * k_dim + k)] = static_cast<uint8_t>(nibble(word_at(w.qweight, k * row_words + word), j));
+      out.q[static_cast<size_t>(r * k_dim + k)] =
+          static_cast<uint8_t>(nibble(word_at(w.qweight, k * row_words + word), j));
       if (k % w.group_size == 0) {
         out.zeros[static_cast<size_t>(r * groups + g)] =
             static_cast<uint8_t>(nibble(word_at(w.zeros, g * row_words + word), j));

@@ -1,7 +1,6 @@
 #include "model/weight_sink.h"
 
 #include <algorithm>
-#include <array>
 #include <cstring>
 #include <map>
 #include <utility>
@@ -180,15 +179,11 @@ class Sink final : public WeightSink {
     DI_CHECK(k % 8 == 0 && form.group_size > 0 && k % form.group_size == 0 && form.group_size % 8 == 0,
              "INT4 weight ", shape.str(), " with groups of ", form.group_size, ": K must be a multiple of 8 and of a ",
              "group size that is itself a multiple of 8");
-    const auto last = [&](int64_t n) {
-      std::array<int64_t, kMaxDims> d{};
-      for (int i = 0; i < nd; ++i) d[static_cast<size_t>(i)] = shape[i];
-      d[static_cast<size_t>(nd - 1)] = n;
-      return Shape(std::span<const int64_t>(d.data(), static_cast<size_t>(nd)));
-    };
     const int64_t groups = k / form.group_size;
-    return Weight::int4_packed(placement_->empty(last(k / 8), DType::kI32), placement_->empty(last(groups), DType::kF32),
-                               form.symmetric ? Tensor() : placement_->empty(last(int4_zero_words(groups)), DType::kI32));
+    return Weight::int4_packed(
+        placement_->empty(shape.with_dim(-1, k / 8), DType::kI32),
+        placement_->empty(shape.with_dim(-1, groups), DType::kF32),
+        form.symmetric ? Tensor() : placement_->empty(shape.with_dim(-1, int4_zero_words(groups)), DType::kI32));
   }
 
   void write_int4(Weight& dst, int64_t matrix, int64_t first_row, const Int4Rows& piece) override {
