@@ -15,8 +15,16 @@ of 256; every width a multiple of 32. Two architectures:
   v2  DeepseekV2ForCausalLM: no q_lora, softmax routing with group_limited_greedy (4 groups / top-2), routed
       scaling 2.0, YaRN with mscale 0.707 (as V2-Lite)
 No MTP layer. Training: AdamW, bf16 autocast on a GPU, batch x context random windows of the training split, a
-cosine schedule over whichever ends first of --steps and --max-train-s. A JSON report (loss curve, held-out loss)
-is written beside the checkpoint as train_report.json.
+cosine schedule over --steps; the validation split's loss every --eval-every steps, and the weights of the best one
+are kept (training stops after --patience evaluations without a better one): a model that has memorized the
+training text is confidently wrong on held-out text, where a parity run then meets near-ties it did not need to.
+
+Reproducible: the same arguments, torch version and GPU model train the same weights bit for bit (deterministic
+algorithms, eager attention, a seeded sampler and dropout, a schedule by steps, never by time), so a failed parity
+run can be re-run on the very checkpoint that failed; model.safetensors' sha256 is in the report. --max-train-s
+(off by default) bounds the time instead, and the report then says the run is not reproducible.
+A JSON report (loss curve, validation and held-out loss, the weights' sha256) is written beside the checkpoint as
+train_report.json.
 
     python tools/train_parity_model.py --arch v3 --output-dir /tmp/parity/v3 --device cuda
     python tools/train_parity_model.py --arch v2 --output-dir /tmp/parity/v2 --device cpu --smoke
@@ -82,7 +90,11 @@ def parse_args(argv=None):
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--steps", type=int, default=1500, help="optimizer steps at most (the schedule's length)")
-    p.add_argument("--max-train-s", type=float, default=60.0, help="training seconds at most (0: no limit)")
+    p.add_argument("--eval-every", type=int, default=50, help="steps between validation losses")
+    p.add_argument("--patience", type=int, default=4, help="validation losses without a better one before stopping")
+    p.add_argument("--val-tokens", type=int, default=16384, help="validation tokens per evaluation")
+    p.add_argument("--max-train-s", type=float, default=0.0,
+                   help="training seconds at most (0: no limit; a limit makes the weights depend on the machine)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--context", type=int, default=256, help="training context (YaRN's original length)")
     p.add_argument("--lr", type=float, default=1e-3)
@@ -96,6 +108,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.smoke:
         args.steps, args.batch_size, args.context, args.warmup, args.eval_tokens = 30, 4, 64, 3, 2048
+        args.eval_every, args.val_tokens = 10, 1024
     return args
 
 
@@ -116,9 +129,18 @@ def held_out_loss(model, ids: torch.Tensor, context: int, device, bf16: bool) ->
     return total / max(1, count)
 
 
+def make_deterministic() -> None:
+    """Bit-reproducible training on one GPU model: cuBLAS with a fixed workspace (set before its first handle) and
+    torch's deterministic kernels; an op without one raises instead of training different weights."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     t_start = time.time()
+    make_deterministic()
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.threads:
@@ -135,16 +157,20 @@ def main(argv=None) -> int:
     transformers.logging.set_verbosity_error()
     with open(args.data, encoding="utf-8") as f:
         text = f.read()
-    train_text, _, test_text = split_corpus(text, 0.025, 0.05)
+    train_text, val_text, test_text = split_corpus(text, 0.025, 0.05)
     tok = train_tokenizer(train_text, COMMON["vocab_size"])
-    train_ids = torch.tensor(tok.encode(train_text, add_special_tokens=False).ids, dtype=torch.long)
-    test_ids = torch.tensor(tok.encode(test_text, add_special_tokens=False).ids, dtype=torch.long)[: args.eval_tokens]
 
+    def ids_of(t: str, limit: int | None = None) -> torch.Tensor:
+        return torch.tensor(tok.encode(t, add_special_tokens=False).ids, dtype=torch.long)[:limit]
+
+    train_ids, val_ids, test_ids = ids_of(train_text), ids_of(val_text, args.val_tokens), ids_of(test_text,
+                                                                                               args.eval_tokens)
     cfg = config_dict(args.arch, args.context)
     config_cls, model_cls = ((DeepseekV3Config, DeepseekV3ForCausalLM) if args.arch == "v3"
                              else (DeepseekV2Config, DeepseekV2ForCausalLM))
     config = config_cls(**json.loads(json.dumps(cfg)))  # a copy: transformers edits rope_scaling in place
     config._experts_implementation = "eager"
+    config._attn_implementation = "eager"  # SDPA's fused backward kernels are not deterministic
     model = model_cls(config).to(device)
     moes = [layer.mlp for layer in model.model.layers if hasattr(layer.mlp, "gate")]
     n_params = sum(p.numel() for p in model.parameters())
@@ -161,16 +187,17 @@ def main(argv=None) -> int:
     bos = torch.zeros(args.batch_size, 1, dtype=torch.long, device=device)
     hooks = add_dropout_hooks(model, None, args.dropout)
     set_dense_moe(moes, True)
-    curve, step = [], 0
+    curve, evals, step, timed_out = [], [], 0, False
+    best = {"val_loss": math.inf, "step": 0, "state": None}
     if use_cuda:
         torch.cuda.synchronize()
     t_train = time.time()
     for step in range(1, args.steps + 1):
         elapsed = time.time() - t_train
         if args.max_train_s > 0 and elapsed >= args.max_train_s and step > 1:
-            step -= 1
+            step, timed_out = step - 1, True
             break
-        progress = max((step - 1) / args.steps, elapsed / args.max_train_s if args.max_train_s > 0 else 0.0)
+        progress = (step - 1) / args.steps
         lr = (args.lr * step / args.warmup if step <= args.warmup
               else args.min_lr + 0.5 * (args.lr - args.min_lr) * (1 + math.cos(math.pi * min(1.0, progress))))
         for group in opt.param_groups:
@@ -195,11 +222,23 @@ def main(argv=None) -> int:
                           "lr": lr})
             print(f"{args.arch} step {step:5d} loss {loss.item():.4f} lr {lr:.2e} {time.time() - t_train:6.1f}s",
                   flush=True)
+        if step % args.eval_every == 0 or step == args.steps:
+            val = held_out_loss(model, val_ids, args.context, device, use_cuda)
+            evals.append({"step": step, "val_loss": round(val, 4)})
+            if val < best["val_loss"]:
+                best = {"val_loss": val, "step": step,
+                        "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+            elif step - best["step"] >= args.patience * args.eval_every:
+                print(f"{args.arch} step {step:5d}: validation loss {val:.4f}, best {best['val_loss']:.4f} at step "
+                      f"{best['step']}: stopping", flush=True)
+                break
     if use_cuda:
         torch.cuda.synchronize()
     train_s = time.time() - t_train
     for h in hooks:
         h.remove()
+    if best["state"] is not None:
+        model.load_state_dict(best["state"])
     with torch.no_grad():  # the stored weights are bf16: evaluate those
         for p in model.parameters():
             p.copy_(p.to(torch.bfloat16).float())
@@ -216,16 +255,21 @@ def main(argv=None) -> int:
     report = {
         "arch": args.arch, "architecture": cfg["architectures"][0], "parameters": n_params,
         "data": {"path_name": os.path.basename(args.data), "sha256": sha256_file(args.data),
-                 "train_tokens": len(train_ids), "held_out_tokens": len(test_ids)},
-        "device": str(device), "steps": step, "batch_size": args.batch_size, "context": args.context,
+                 "train_tokens": len(train_ids), "val_tokens": len(val_ids), "held_out_tokens": len(test_ids)},
+        "device": str(device), "device_name": torch.cuda.get_device_name(device) if use_cuda else "cpu",
+        "torch": torch.__version__, "transformers": transformers.__version__, "seed": args.seed,
+        "steps": step, "best_step": best["step"], "val_loss": round(best["val_loss"], 4),
+        "batch_size": args.batch_size, "context": args.context, "reproducible": not timed_out,
         "train_seconds": round(train_s, 1), "held_out_loss": round(test_loss, 4),
-        "held_out_perplexity": round(math.exp(test_loss), 2), "curve": curve,
+        "held_out_perplexity": round(math.exp(test_loss), 2), "curve": curve, "evals": evals,
+        "weights_sha256": sha256_file(os.path.join(out, "model.safetensors")),
         "wall_seconds": round(time.time() - t_start, 1), "smoke": args.smoke,
     }
     with open(os.path.join(out, "train_report.json"), "w") as f:
         json.dump(report, f, indent=2)
-    print(f"{args.arch}: {step} steps in {train_s:.1f}s, held-out loss {test_loss:.3f} "
-          f"(perplexity {math.exp(test_loss):.1f}); saved {out}", flush=True)
+    print(f"{args.arch}: {step} steps in {train_s:.1f}s, best at step {best['step']} (validation loss "
+          f"{best['val_loss']:.3f}), held-out loss {test_loss:.3f} (perplexity {math.exp(test_loss):.1f}); weights "
+          f"sha256 {report['weights_sha256'][:16]}; saved {out}", flush=True)
     return 0
 
 
