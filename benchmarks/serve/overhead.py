@@ -3,7 +3,9 @@
 Runs the sampled ShareGPT prompts offline (DeepInferenceEngine.generate, everything submitted at once), then starts
 `deepinfer serve` with the same engine settings and sends the same prompts with `deepinfer bench serve` at an
 infinite request rate (streaming, one HTTP connection per request). Both runs generate exactly --max-tokens tokens
-per request (ignore_eos), so the durations compare directly.
+per request (ignore_eos), so the durations compare directly. --client-workers 1 4 sends them once with one
+load-generating process and once with four, against the same server: at tens of thousands of tokens a second one
+Python client's parsing of the event stream is itself a limit, and the two runs tell its share from the server's.
 
     python benchmarks/serve/overhead.py --num-prompts 200 --max-tokens 128 --repeat 3 --save-result overhead.json
 
@@ -64,7 +66,9 @@ def offline(prompts: list[str], max_tokens: int, settings: dict) -> dict:
             "median_ttft_ms": 1000 * ttfts[len(ttfts) // 2]}
 
 
-def served(prompts_file: str, num: int, max_tokens: int, settings: dict, max_chars: int) -> dict:
+def served(prompts_file: str, num: int, max_tokens: int, settings: dict, max_chars: int,
+           client_workers: list[int]) -> list[dict]:
+    """One server start, then the same requests once per load-generator process count in `client_workers`."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -81,17 +85,21 @@ def served(prompts_file: str, num: int, max_tokens: int, settings: dict, max_cha
                     break
             except httpx.HTTPError:
                 time.sleep(0.1)
-        fd, out = tempfile.mkstemp(suffix=".json")
-        os.close(fd)
-        code = bench_main(["--base-url", base, "--dataset", prompts_file, "--num-prompts", str(num), "--max-tokens",
-                           str(max_tokens), "--ignore-eos", "--max-prompt-chars", str(max_chars), "--disable-tqdm",
-                           "--save-result", out])
-        if code != 0:
-            raise RuntimeError("the served run failed")
-        with open(out) as f:
-            result = json.load(f)
-        os.unlink(out)
-        return {k: result[k] for k in ("duration", "output_throughput", "median_ttft_ms", "completed", "failed")}
+        runs = []
+        for workers in client_workers:
+            fd, out = tempfile.mkstemp(suffix=".json")
+            os.close(fd)
+            code = bench_main(["--base-url", base, "--dataset", prompts_file, "--num-prompts", str(num),
+                               "--max-tokens", str(max_tokens), "--ignore-eos", "--max-prompt-chars", str(max_chars),
+                               "--disable-tqdm", "--num-workers", str(workers), "--save-result", out])
+            if code != 0:
+                raise RuntimeError("the served run failed")
+            with open(out) as f:
+                result = json.load(f)
+            os.unlink(out)
+            runs.append({k: result[k] for k in ("num_workers", "duration", "output_throughput", "median_ttft_ms",
+                                                 "median_tpot_ms", "median_itl_ms", "completed", "failed")})
+        return runs
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(60)
@@ -110,6 +118,8 @@ def main() -> int:
                    help="a benchmark shape with random weights instead of the demo model")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--client-workers", type=int, nargs="+", default=[1],
+                   help="load-generator processes (deepinfer bench serve --num-workers), one served run each")
     args = p.parse_args()
     dataset = args.dataset or str(default_dataset())
     prompts = sample_prompts(load_prompts(dataset), args.num_prompts, 0, args.max_prompt_chars)
@@ -127,10 +137,13 @@ def main() -> int:
         settings = engine_settings(args, model_dir)
         pairs = []
         for _ in range(args.repeat):  # alternate, so drifting machine load hits both sides alike
-            pairs.append({"offline": offline(prompts, args.max_tokens, settings),
-                          "served": served(dataset, args.num_prompts, args.max_tokens, settings,
-                                           args.max_prompt_chars)})
-            pairs[-1]["ratio"] = pairs[-1]["served"]["duration"] / pairs[-1]["offline"]["duration"]
+            pair = {"offline": offline(prompts, args.max_tokens, settings),
+                    "served": served(dataset, args.num_prompts, args.max_tokens, settings, args.max_prompt_chars,
+                                     args.client_workers)}
+            for run in pair["served"]:
+                run["served_over_offline_tok_s"] = run["output_throughput"] / pair["offline"]["output_throughput"]
+            pair["ratio"] = pair["served"][0]["duration"] / pair["offline"]["duration"]
+            pairs.append(pair)
             print(json.dumps(pairs[-1]), flush=True)
     ratios = sorted(p["ratio"] for p in pairs)
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), **run_provenance(),

@@ -148,3 +148,34 @@ def test_bench_serve_random_dataset_needs_no_file(server, tmp_path, capsys):
     # A prompt file with --dataset-name random is a mistake, said as one.
     assert main(["--dataset-name", "random", "--dataset", str(out), "--disable-tqdm"]) == 2
     assert "--dataset-name sharegpt" in capsys.readouterr().err
+
+
+def test_arrival_schedule():
+    from deepinfer.bench.serve import arrival_offsets
+
+    assert arrival_offsets(4, math.inf, 1.0, 0) == [0.0] * 4
+    poisson = arrival_offsets(2000, 50.0, 1.0, 7)
+    assert poisson[0] == 0.0 and all(b >= a for a, b in zip(poisson, poisson[1:]))
+    assert poisson == arrival_offsets(2000, 50.0, 1.0, 7)  # the seed decides
+    assert abs(poisson[-1] / 1999 - 1 / 50.0) < 0.1 / 50.0  # mean gap 1 / rate
+
+
+def test_bench_serve_with_several_load_generators(server, tmp_path):
+    """The requests dealt to two processes: each sent once (the same prompts' lengths, in order), all counted."""
+    dataset = tmp_path / "prompts.json"
+    dataset.write_text(json.dumps(["To be or not to be", "My lord,", "ROMEO:\n", "Once upon a time", "Hark!", "O"]))
+    results = {}
+    for workers in (1, 2):
+        out = tmp_path / f"result_{workers}.json"
+        code = main(["--base-url", server.base_url, "--api-key", "bench-key", "--dataset", str(dataset),
+                     "--num-prompts", "6", "--request-rate", "30", "--max-tokens", "5", "--ignore-eos",
+                     "--num-workers", str(workers), "--save-result", str(out), "--disable-tqdm"])
+        assert code == 0
+        results[workers] = json.loads(out.read_text())
+    one, two = results[1], results[2]
+    assert two["num_workers"] == 2 and one["num_workers"] == 1
+    assert two["completed"] == 6 and two["failed"] == 0 and two["total_output_tokens"] == 30
+    assert two["input_lens"] == one["input_lens"] and len(set(two["input_lens"])) > 1
+    assert two["duration"] > 0 and two["mean_ttft_ms"] > 0 and two["p50_itl_ms"] > 0
+    assert main(["--base-url", server.base_url, "--dataset", str(dataset), "--num-workers", "0",
+                 "--disable-tqdm"]) == 2

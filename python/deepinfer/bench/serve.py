@@ -261,14 +261,17 @@ def _stats(name: str, values_s: list[float], percentiles: list[float]) -> dict[s
     return out
 
 
-async def _arrivals(n: int, rate: float, burstiness: float, rng: random.Random):
-    """Yields request indices at Poisson (burstiness 1) or gamma-distributed arrival times."""
-    for i in range(n):
-        yield i
-        if math.isinf(rate) or i == n - 1:
-            continue
-        theta = 1.0 / (rate * burstiness)
-        await asyncio.sleep(rng.gammavariate(burstiness, theta))
+def arrival_offsets(n: int, rate: float, burstiness: float, seed: int) -> list[float]:
+    """Seconds from the start at which each request is sent: Poisson (burstiness 1) or gamma-distributed gaps, all
+    at 0 with an infinite rate. One schedule for any number of workers, so splitting the load changes nothing else."""
+    if math.isinf(rate):
+        return [0.0] * n
+    rng, t, out = random.Random(seed), 0.0, []
+    theta = 1.0 / (rate * burstiness)
+    for _ in range(n):
+        out.append(t)
+        t += rng.gammavariate(burstiness, theta)
+    return out
 
 
 async def _discover_model(client: httpx.AsyncClient, base_url: str, headers: dict[str, str]) -> str:
@@ -280,43 +283,147 @@ async def _discover_model(client: httpx.AsyncClient, base_url: str, headers: dic
     return models[0]["id"]
 
 
+@dataclass
+class _Target:
+    """Where and how every worker sends: the endpoint's URL, the model, the request body's fixed fields."""
+    url: str
+    endpoint: str
+    model: str
+    headers: dict[str, str]
+    timeout: float
+    temperature: float
+    top_p: float | None
+    ignore_eos: bool
+
+    def payload(self, request: BenchRequest, max_tokens: int | None = None) -> dict[str, Any]:
+        tokens = request.max_tokens if max_tokens is None else max_tokens
+        body: dict[str, Any] = {"model": self.model, "stream": True, "stream_options": {"include_usage": True},
+                                "temperature": self.temperature}
+        if self.endpoint == "chat":
+            body["messages"] = [{"role": "user", "content": request.prompt}]
+            body["max_completion_tokens"] = tokens
+        else:
+            body["prompt"] = request.prompt
+            body["max_tokens"] = tokens
+        if self.ignore_eos:
+            body["ignore_eos"] = True
+        if self.top_p is not None:
+            body["top_p"] = self.top_p
+        return body
+
+
+def _client(timeout: float) -> httpx.AsyncClient:
+    return httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+                             timeout=httpx.Timeout(timeout, connect=min(timeout, 30.0)))
+
+
+async def _send_scheduled(target: _Target, items: list[tuple[int, BenchRequest, float]], start_at: float,
+                          max_concurrency: int | None, bar: Any = None) -> tuple[list[tuple[int, RequestResult]], float]:
+    """Sends each (index, request, offset) at start_at + offset (time.perf_counter: the system's monotonic clock, the
+    same in every process); returns the results by index and when the last one ended."""
+    semaphore = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    async with _client(target.timeout) as client:
+
+        async def one(index: int, request: BenchRequest) -> tuple[int, RequestResult]:
+            if semaphore is None:
+                r = await send_request(client, target.url, target.payload(request), target.endpoint, target.headers)
+            else:
+                async with semaphore:
+                    r = await send_request(client, target.url, target.payload(request), target.endpoint,
+                                           target.headers)
+            if bar is not None:
+                bar.update(1)
+            return index, r
+
+        tasks = []
+        for index, request, offset in items:
+            delay = start_at + offset - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(index, request)))
+        results = await asyncio.gather(*tasks)
+    return list(results), time.perf_counter()
+
+
+def _worker_main(conn: Any, target: _Target, items: list[tuple[int, BenchRequest, float]],
+                 max_concurrency: int | None) -> None:
+    """One load-generating process: says it is ready (its imports done), takes the common start time, sends its share
+    of the schedule on its own event loop (and its own GIL), and sends back its results, or the error that ended it."""
+    try:
+        conn.send("ready")
+        start_at = conn.recv()
+        conn.send(("ok", asyncio.run(_send_scheduled(target, items, start_at, max_concurrency))))
+    except BaseException as e:  # reported to the parent, which raises it
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+    finally:
+        conn.close()
+
+
+async def _run_workers(target: _Target, schedule: list[tuple[int, BenchRequest, float]], workers: int,
+                       max_concurrency: int | None) -> tuple[list[tuple[int, RequestResult]], float, float]:
+    """The schedule dealt round-robin to `workers` processes; every one is ready before the common start time is
+    chosen. Returns the results, the start and when the last request ended."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    cap = -(-max_concurrency // workers) if max_concurrency else None  # the cap, split evenly
+    loop = asyncio.get_running_loop()
+    procs, conns = [], []
+    try:
+        for w in range(workers):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_worker_main, args=(child, target, schedule[w::workers], cap), daemon=True)
+            proc.start()
+            child.close()
+            procs.append(proc)
+            conns.append(parent)
+        for conn in conns:
+            if await loop.run_in_executor(None, conn.recv) != "ready":
+                raise RuntimeError("a load-generating worker did not start")
+        start = time.perf_counter() + 0.05
+        for conn in conns:
+            conn.send(start)
+        replies = await asyncio.gather(*(loop.run_in_executor(None, conn.recv) for conn in conns))
+    except EOFError as e:
+        raise RuntimeError("a load-generating worker exited without its results") from e
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+    errors = [detail for status, detail in replies if status != "ok"]
+    if errors:
+        raise RuntimeError(f"a load-generating worker failed: {errors[0]}")
+    results = [pair for _, (share, _) in replies for pair in share]
+    return results, start, max(end for _, (_, end) in replies)
+
+
 async def benchmark(args: argparse.Namespace, requests: list[BenchRequest] | list[str]) -> dict[str, Any]:
-    """Runs the load test. ``requests``: BenchRequests, or prompts that each ask for ``args.max_tokens``."""
+    """Runs the load test. ``requests``: BenchRequests, or prompts that each ask for ``args.max_tokens``.
+
+    With ``args.num_workers`` > 1 the requests are dealt round-robin to that many processes, each with its own event
+    loop and HTTP client, on the one arrival schedule: at high token rates a single Python client spends more time
+    parsing server-sent events than the server takes to send them, and then measures itself."""
     requests = [r if isinstance(r, BenchRequest) else BenchRequest(prompt=r, max_tokens=args.max_tokens)
                 for r in requests]
     base_url = args.base_url.rstrip("/")
     if base_url.endswith("/v1"):
         base_url = base_url[:-3]
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    timeout = httpx.Timeout(args.timeout, connect=min(args.timeout, 30.0))
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+    async with _client(args.timeout) as client:
         model = args.model or await _discover_model(client, base_url, headers)
         url = f"{base_url}/v1/chat/completions" if args.endpoint == "chat" else f"{base_url}/v1/completions"
-
-        def payload(request: BenchRequest) -> dict[str, Any]:
-            body: dict[str, Any] = {"model": model, "stream": True, "stream_options": {"include_usage": True},
-                                    "temperature": args.temperature}
-            if args.endpoint == "chat":
-                body["messages"] = [{"role": "user", "content": request.prompt}]
-                body["max_completion_tokens"] = request.max_tokens
-            else:
-                body["prompt"] = request.prompt
-                body["max_tokens"] = request.max_tokens
-            if args.ignore_eos:
-                body["ignore_eos"] = True
-            if args.top_p is not None:
-                body["top_p"] = args.top_p
-            return body
-
+        target = _Target(url, args.endpoint, model, headers, args.timeout, args.temperature, args.top_p,
+                         args.ignore_eos)
         if args.warmup:
-            warm_body = payload(requests[0])
-            warm_body["max_completion_tokens" if args.endpoint == "chat" else "max_tokens"] = 1
-            warm = await send_request(client, url, warm_body, args.endpoint, headers)
+            warm = await send_request(client, url, target.payload(requests[0], max_tokens=1), args.endpoint, headers)
             if not warm.success:
                 raise RuntimeError(f"the warm-up request failed: {warm.error}")
 
-        semaphore = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
+    offsets = arrival_offsets(len(requests), args.request_rate, args.burstiness, args.seed)
+    schedule = [(i, r, t) for i, (r, t) in enumerate(zip(requests, offsets))]
+    workers = max(1, min(getattr(args, "num_workers", 1), len(schedule)))
+    if workers == 1:
         bar = None
         if not args.disable_tqdm:
             try:
@@ -325,27 +432,16 @@ async def benchmark(args: argparse.Namespace, requests: list[BenchRequest] | lis
                 bar = tqdm(total=len(requests), desc="requests", unit="req", file=sys.stderr)
             except ImportError:  # pragma: no cover
                 bar = None
-
-        async def one(request: BenchRequest) -> RequestResult:
-            if semaphore is None:
-                r = await send_request(client, url, payload(request), args.endpoint, headers)
-            else:
-                async with semaphore:
-                    r = await send_request(client, url, payload(request), args.endpoint, headers)
-            if bar is not None:
-                bar.update(1)
-            return r
-
-        rng = random.Random(args.seed)
         start = time.perf_counter()
-        tasks = []
-        async for i in _arrivals(len(requests), args.request_rate, args.burstiness, rng):
-            tasks.append(asyncio.create_task(one(requests[i])))
-        results = await asyncio.gather(*tasks)
-        duration = time.perf_counter() - start
+        results, end = await _send_scheduled(target, schedule, start, args.max_concurrency, bar)
         if bar is not None:
             bar.close()
-    return summarize(args, model, results, duration)
+    else:
+        results, start, end = await _run_workers(target, schedule, workers, args.max_concurrency)
+    results.sort(key=lambda pair: pair[0])
+    out = summarize(args, model, [r for _, r in results], end - start)
+    out["num_workers"] = workers
+    return out
 
 
 def summarize(args: argparse.Namespace, model: str, results: list[RequestResult], duration: float) -> dict[str, Any]:
@@ -460,6 +556,10 @@ def add_bench_serve_arguments(parser: argparse.ArgumentParser) -> argparse.Argum
     parser.add_argument("--burstiness", type=finite_float, default=1.0,
                         help="gamma shape of the inter-arrival times: 1 = Poisson, <1 burstier (default 1)")
     parser.add_argument("--max-concurrency", type=int, default=None, help="cap on requests in flight")
+    parser.add_argument("--num-workers", type=int, default=1,
+                        help="load-generating processes, the requests dealt among them on one arrival schedule: a "
+                             "single Python client tops out at some tens of thousands of streamed tokens a second "
+                             "(default %(default)s; no progress bar above 1)")
     parser.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (default %(default)s)")
     parser.add_argument("--ignore-eos", action="store_true",
                         help="send ignore_eos (a vLLM/SGLang/DeepInfer extension) so every output is --max-tokens long")
@@ -482,8 +582,8 @@ def add_bench_serve_arguments(parser: argparse.ArgumentParser) -> argparse.Argum
 
 def run_bench_serve(args: argparse.Namespace) -> int:
     prog = "deepinfer bench serve"
-    if args.num_prompts < 1 or args.max_tokens < 1:
-        print(f"{prog}: error: --num-prompts and --max-tokens must be >= 1", file=sys.stderr)
+    if args.num_prompts < 1 or args.max_tokens < 1 or args.num_workers < 1:
+        print(f"{prog}: error: --num-prompts, --max-tokens and --num-workers must be >= 1", file=sys.stderr)
         return 2
     try:
         requests, source = _bench_requests(args)
