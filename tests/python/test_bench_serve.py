@@ -9,7 +9,7 @@ import pytest
 
 from conftest import default_v3_tokenizer, require_module, skip_or_fail
 
-require_module("httpx")
+require_module("aiohttp")
 require_module("openai")
 require_module("fastapi")
 
