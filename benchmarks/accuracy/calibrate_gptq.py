@@ -4,6 +4,10 @@ model's training split (the corpus before its validation and test splits, as too
 windows of 512 tokens after BOS, never the held-out text the perplexity is measured on. llm-compressor writes the
 checkpoint in compressed-tensors' pack-quantized format, which the engine loads as stored.
 
+transformers does not keep DeepSeek's MTP layer (model.layers.{num_hidden_layers}.*: it is no part of its model), so
+llm-compressor's output has none; graft_mtp_layer copies it over from the source checkpoint as stored (unquantized,
+listed in the quantization config's `ignore`), so the calibrated checkpoint still speculates with MTP.
+
 llm-compressor pins its own transformers and compressed-tensors, so it runs in an environment of its own:
 
     python -m venv --system-site-packages .venv-gptq
@@ -31,6 +35,54 @@ def calibration_windows(corpus_text: str, model_dir: Path, window: int, count: i
     ids = heldout.tokenize(train, model_dir)
     step = (len(ids) - window) // max(1, count - 1)
     return [[heldout.BOS_TOKEN_ID] + ids[i * step:i * step + window - 1] for i in range(count)]
+
+
+def graft_mtp_layer(source: Path, out: Path) -> int:
+    """Copies the source checkpoint's MTP layers (model.layers.{n}.*, n >= num_hidden_layers) into `out` as a shard
+    of their own (`mtp.safetensors`, the tensors as stored), indexes every shard in model.safetensors.index.json, sets
+    `num_nextn_predict_layers`, and lists the layers in quantization_config's `ignore` (a reader that goes by it, as
+    vLLM's does, then expects them unquantized). Returns how many tensors were copied (0: the source has none)."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    src_config = json.loads((source / "config.json").read_text())
+    layers, mtp_layers = int(src_config["num_hidden_layers"]), int(src_config.get("num_nextn_predict_layers") or 0)
+    if mtp_layers == 0:
+        return 0
+    prefixes = tuple(f"model.layers.{layers + i}." for i in range(mtp_layers))
+    index_path = source / "model.safetensors.index.json"
+    files = (sorted(set(json.loads(index_path.read_text())["weight_map"].values())) if index_path.exists()
+             else ["model.safetensors"])
+    tensors = {}
+    for name in files:
+        with safe_open(str(source / name), framework="pt") as f:
+            tensors.update({k: f.get_tensor(k) for k in f.keys() if k.startswith(prefixes)})
+    if not tensors:
+        raise ValueError(f"{source}: num_nextn_predict_layers is {mtp_layers} but no model.layers.{layers}.* tensor "
+                         "is stored")
+    out_index = out / "model.safetensors.index.json"
+    if out_index.exists():
+        weight_map = json.loads(out_index.read_text())["weight_map"]
+    else:
+        with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+            weight_map = {k: "model.safetensors" for k in f.keys()}
+    clash = sorted(k for k in tensors if k in weight_map)
+    if clash:
+        raise ValueError(f"{out} already stores MTP tensors ({clash[0]}, ...): nothing to graft")
+    save_file(tensors, str(out / "mtp.safetensors"), metadata={"format": "pt"})
+    weight_map.update({k: "mtp.safetensors" for k in tensors})
+    out_index.write_text(json.dumps({"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}, indent=2))
+    config = json.loads((out / "config.json").read_text())
+    config["num_nextn_predict_layers"] = mtp_layers
+    quant = config.get("quantization_config") or {}
+    ignore = list(quant.get("ignore") or [])
+    ignore += [f"re:^model\\.layers\\.{layers + i}\\." for i in range(mtp_layers)]
+    quant["ignore"] = ignore
+    config["quantization_config"] = quant
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return len(tensors)
 
 
 def main(argv=None) -> int:
@@ -63,7 +115,8 @@ def main(argv=None) -> int:
     for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         if (args.model / f).exists() and not (args.out / f).exists():
             (args.out / f).write_bytes((args.model / f).read_bytes())
-    print(args.out)
+    grafted = graft_mtp_layer(args.model, args.out)
+    print(f"{args.out}" + (f" (the MTP layer's {grafted} tensors copied over unquantized)" if grafted else ""))
     return 0
 
 
