@@ -177,5 +177,13 @@ def test_bench_serve_with_several_load_generators(server, tmp_path):
     assert two["completed"] == 6 and two["failed"] == 0 and two["total_output_tokens"] == 30
     assert two["input_lens"] == one["input_lens"] and len(set(two["input_lens"])) > 1
     assert two["duration"] > 0 and two["mean_ttft_ms"] > 0 and two["p50_itl_ms"] > 0
+    # A concurrency cap is shared among the workers: never more workers than it allows.
+    for cap, expected in ((3, 2), (1, 1)):
+        out = tmp_path / f"capped_{cap}.json"
+        assert main(["--base-url", server.base_url, "--api-key", "bench-key", "--dataset", str(dataset),
+                     "--num-prompts", "4", "--max-tokens", "3", "--ignore-eos", "--num-workers", "2",
+                     "--max-concurrency", str(cap), "--save-result", str(out), "--disable-tqdm", "--no-warmup"]) == 0
+        capped = json.loads(out.read_text())
+        assert capped["num_workers"] == expected and capped["completed"] == 4 and capped["max_concurrency"] == cap
     assert main(["--base-url", server.base_url, "--dataset", str(dataset), "--num-workers", "0",
                  "--disable-tqdm"]) == 2

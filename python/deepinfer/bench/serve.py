@@ -376,19 +376,24 @@ def _worker_main(conn: Any, target: _Target, items: list[tuple[int, BenchRequest
 
 
 async def _run_workers(target: _Target, schedule: list[tuple[int, BenchRequest, float]], workers: int,
-                       max_concurrency: int | None) -> tuple[list[tuple[int, RequestResult]], float, float]:
-    """The schedule dealt round-robin to `workers` processes; every one is ready before the common start time is
-    chosen. Returns the results, the start and when the last request ended."""
+                       max_concurrency: int | None) -> tuple[list[tuple[int, RequestResult]], float, float, int]:
+    """The schedule dealt round-robin to `workers` processes (at most --max-concurrency of them, which then share
+    the cap); every one is ready before the common start time is chosen. Returns the results, the start, when the
+    last request ended and the number of workers."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
-    cap = -(-max_concurrency // workers) if max_concurrency else None  # the cap, split evenly
+    if max_concurrency:  # the cap, dealt out exactly: no more workers than it allows, their shares summing to it
+        workers = min(workers, max_concurrency)
+        caps = [max_concurrency // workers + (w < max_concurrency % workers) for w in range(workers)]
+    else:
+        caps = [None] * workers
     loop = asyncio.get_running_loop()
     procs, conns = [], []
     try:
         for w in range(workers):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker_main, args=(child, target, schedule[w::workers], cap), daemon=True)
+            proc = ctx.Process(target=_worker_main, args=(child, target, schedule[w::workers], caps[w]), daemon=True)
             proc.start()
             child.close()
             procs.append(proc)
@@ -411,7 +416,7 @@ async def _run_workers(target: _Target, schedule: list[tuple[int, BenchRequest, 
     if errors:
         raise RuntimeError(f"a load-generating worker failed: {errors[0]}")
     results = [pair for _, (share, _) in replies for pair in share]
-    return results, start, max(end for _, (_, end) in replies)
+    return results, start, max(end for _, (_, end) in replies), workers
 
 
 async def benchmark(args: argparse.Namespace, requests: list[BenchRequest] | list[str]) -> dict[str, Any]:
@@ -438,7 +443,7 @@ async def benchmark(args: argparse.Namespace, requests: list[BenchRequest] | lis
 
     offsets = arrival_offsets(len(requests), args.request_rate, args.burstiness, args.seed)
     schedule = [(i, r, t) for i, (r, t) in enumerate(zip(requests, offsets))]
-    workers = max(1, min(getattr(args, "num_workers", 1), len(schedule)))
+    workers = max(1, min(getattr(args, "num_workers", 1), len(schedule), args.max_concurrency or len(schedule)))
     if workers == 1:
         bar = None
         if not args.disable_tqdm:
@@ -453,7 +458,7 @@ async def benchmark(args: argparse.Namespace, requests: list[BenchRequest] | lis
         if bar is not None:
             bar.close()
     else:
-        results, start, end = await _run_workers(target, schedule, workers, args.max_concurrency)
+        results, start, end, workers = await _run_workers(target, schedule, workers, args.max_concurrency)
     results.sort(key=lambda pair: pair[0])
     out = summarize(args, model, [r for _, r in results], end - start)
     out["num_workers"] = workers
@@ -575,7 +580,7 @@ def add_bench_serve_arguments(parser: argparse.ArgumentParser) -> argparse.Argum
     parser.add_argument("--num-workers", type=int, default=1,
                         help="load-generating processes, the requests dealt among them on one arrival schedule: a "
                              "single Python client tops out at some tens of thousands of streamed tokens a second "
-                             "(default %(default)s; no progress bar above 1)")
+                             "(default %(default)s; no progress bar above 1); --max-concurrency is shared among them")
     parser.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (default %(default)s)")
     parser.add_argument("--ignore-eos", action="store_true",
                         help="send ignore_eos (a vLLM/SGLang/DeepInfer extension) so every output is --max-tokens long")
