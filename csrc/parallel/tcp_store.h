@@ -16,16 +16,10 @@
 #include <thread>
 #include <vector>
 
+#include "core/host_port.h"
+
 namespace deepinfer {
 
-struct HostPort {
-  std::string host;  // a name or an IPv4 / IPv6 address (without its brackets)
-  uint16_t port = 0;
-  std::string str() const;
-};
-
-// "HOST:PORT" or "[IPv6]:PORT" with a port in [1, 65535]; throws InvalidArgument naming the text otherwise.
-HostPort parse_host_port(const std::string& address);
 
 // An open file descriptor, closed with it: move-only.
 class FileDescriptor {

@@ -13,6 +13,7 @@
 #include "backend/cuda/runtime/context.h"
 #include "backend/cuda/runtime/cuda_check.h"
 #include "backend/cuda/runtime/launch_ledger.h"
+#include "core/host_port.h"
 
 namespace deepinfer {
 namespace cuda {
@@ -388,16 +389,6 @@ class NcclCommunicator final : public Communicator {
   cuda::NcclComm comm_;  // declared last, destroyed first: nothing of NCCL's may still use the buffers above
 };
 
-// "HOST:PORT" or "[IPv6]:PORT" with a port in [1, 65535].
-bool is_host_port(const std::string& addr) {
-  const size_t colon = addr.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == addr.size()) return false;
-  const std::string port = addr.substr(colon + 1);
-  if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos) return false;
-  const int value = std::atoi(port.c_str());
-  return value >= 1 && value <= 65535;
-}
-
 }  // namespace
 
 std::unique_ptr<Communicator> make_nccl_communicator(Backend& cuda_backend, Communicator& host,
@@ -429,7 +420,11 @@ std::unique_ptr<Communicator> make_nccl_communicator(Backend& cuda_backend, Comm
 std::unique_ptr<Communicator> make_nccl_communicator(Backend& cuda_backend, int32_t rank, int32_t size,
                                                      const std::string& init_addr, std::chrono::seconds timeout) {
   DI_CHECK_ARG(size >= 1 && rank >= 0 && rank < size, "nccl: rank ", rank, " of ", size, " ranks");
-  DI_CHECK_ARG(is_host_port(init_addr), "nccl: the init address must be HOST:PORT, not \"", init_addr, "\"");
+  try {
+    (void)parse_host_port(init_addr);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(str_cat("nccl: the init address: ", e.what()));
+  }
   cuda::CudaContext& ctx = cuda_context_of(cuda_backend);
   const cuda::NcclLibrary& lib = cuda::nccl_library();
   // With NCCL_COMM_ID set, ncclGetUniqueId encodes that address instead of starting a listener, so every rank gets
