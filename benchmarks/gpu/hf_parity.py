@@ -239,7 +239,8 @@ def deepinfer_runs(path: Path, device: str, prompt_ids: list[list[int]], fp32_to
     prompt + fp32 tokens, top 5): per step its top token and its own gap between the fp32 top-2 tokens."""
     from deepinfer import DeepInferenceEngine, EngineConfig, SamplingParams
 
-    cfg = EngineConfig(model_name_or_path=str(path), device=device, max_model_len=512, max_num_seqs=16, seed=0,
+    # max_model_len left to the checkpoint's (1,024 for the trained models, 256 for --smoke's): prompts + tokens fit.
+    cfg = EngineConfig(model_name_or_path=str(path), device=device, max_num_seqs=16, seed=0,
                        gpu_memory_utilization=0.3)
     greedy = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
     scoring = SamplingParams(temperature=0.0, max_tokens=0, prompt_logprobs=5)
