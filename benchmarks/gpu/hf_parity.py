@@ -51,7 +51,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 from bench_common import run_metadata, write_json  # noqa: E402
-from parity_criterion import MARGIN_ULPS, judge_free_running, judge_teacher_forced  # noqa: E402
+from parity_criterion import MARGIN_ULPS, judge_free_running, judge_teacher_forced, top2  # noqa: E402
 
 ARCHS = ("v3", "v2")
 PROMPT_CHARS = (40, 200, 80, 400, 20, 120, 300, 60, 160, 240)  # target lengths, cycled
@@ -203,9 +203,7 @@ def hf_references(args, arch: str, prompts: list[str]) -> None:
     # implementation, so it checks the margin (and its logit error is reported beside DeepInfer's).
     ref["hf_bf16_teacher_forced"], logit_err = [], []
     for l32, l16 in zip(fp32_logits, teacher_bf16):
-        top2 = np.argsort(-l32, axis=1)[:, :2]
-        rows = np.arange(len(l32))
-        gap16 = (l16[rows, top2[:, 0]] - l16[rows, top2[:, 1]]).tolist()
+        gap16 = [float(row16[a] - row16[b]) for row16, (a, b) in zip(l16, map(top2, l32))]
         ref["hf_bf16_teacher_forced"].append(
             judge_teacher_forced(l32, np.argmax(l16, axis=1).tolist(), gap16, args.margin_ulps))
         logit_err.append(float(np.abs(l16 - l32).max()))
@@ -261,11 +259,7 @@ def deepinfer_runs(path: Path, device: str, prompt_ids: list[list[int]], fp32_to
 
 def gaps_between(logits: np.ndarray, logprobs: list[dict[int, float]]) -> list[float | None]:
     """The engine's gap between the fp32 top-2 tokens of each step (None where it did not report the runner-up)."""
-    out = []
-    for row, lp in zip(logits, logprobs):
-        a, b = (int(t) for t in np.argsort(-row, kind="stable")[:2])
-        out.append(lp[a] - lp[b] if a in lp and b in lp else None)
-    return out
+    return [lp[a] - lp[b] if a in lp and b in lp else None for lp, (a, b) in zip(logprobs, map(top2, logits))]
 
 
 def compare_model(args, arch: str, cuda: bool) -> dict:
@@ -283,17 +277,12 @@ def compare_model(args, arch: str, cuda: bool) -> dict:
                      "hf_bf16_vs_fp32": judge_free_running(f32, b16, logits[i], args.margin_ulps),
                      "hf_bf16_teacher_forced": ref["hf_bf16_teacher_forced"][i]}
         for dev, run in runs.items():
-            # The CPU computes in fp32: exact agreement, unless --cpu-tie-margin names a tie.
-            ulps = args.margin_ulps if dev == "cuda" else 0.0
+            # The CPU computes in fp32: exact agreement, unless --cpu-tie-margin names a tie (in nats).
+            fixed = args.cpu_tie_margin if dev == "cpu" else None
             got, chosen = run["greedy"][i], run["teacher_chosen"][i]
-            free = judge_free_running(f32, got, logits[i], ulps)
+            free = judge_free_running(f32, got, logits[i], args.margin_ulps, fixed)
             forced = judge_teacher_forced(logits[i], chosen, gaps_between(logits[i], run["teacher_logprobs"][i]),
-                                          ulps)
-            if dev == "cpu" and args.cpu_tie_margin > 0:
-                tie = lambda v: v.get("fp32_top2_gap", 1e9) < args.cpu_tie_margin and v.get("rank_in_fp32") == 1
-                free["ok"] = free["ok"] or tie(free)
-                forced["failures"] = [v for v in forced["failures"] if not tie(v)]
-                forced["ok"] = not forced["failures"] and len(chosen) == n
+                                          args.margin_ulps, fixed)
             row[f"deepinfer_{dev}"] = got
             row[f"{dev}_free_running"] = free
             row[f"{dev}_teacher_forced"] = forced

@@ -35,9 +35,16 @@ def bf16_ulp(x: float) -> float:
     return 2.0 ** (math.floor(math.log2(ax)) - (BF16_SIGNIFICAND_BITS - 1))
 
 
-def step_margin(logits: np.ndarray, ulps: float = MARGIN_ULPS) -> float:
-    """The near-tie margin of one step's fp32 logits (nats): `ulps` bf16 ulps at their largest magnitude."""
-    return ulps * bf16_ulp(float(np.abs(logits).max()))
+def step_margin(logits: np.ndarray, ulps: float = MARGIN_ULPS, fixed: float | None = None) -> float:
+    """The near-tie margin of one step's fp32 logits (nats): `ulps` bf16 ulps at their largest magnitude, or a
+    `fixed` number of nats (an fp32 engine's: 0 by default, exact agreement)."""
+    return fixed if fixed is not None else ulps * bf16_ulp(float(np.abs(logits).max()))
+
+
+def top2(logits: np.ndarray) -> tuple[int, int]:
+    """The fp32 choice and its runner-up of one step (the lower token id first at an exact tie)."""
+    first, second = np.argsort(-logits, kind="stable")[:2]
+    return int(first), int(second)
 
 
 @dataclass
@@ -52,18 +59,19 @@ class StepVerdict:
     ok: bool
 
 
-def judge_step(step: int, logits: np.ndarray, chosen: int, ulps: float = MARGIN_ULPS) -> StepVerdict:
+def judge_step(step: int, logits: np.ndarray, chosen: int, ulps: float = MARGIN_ULPS,
+               fixed_margin: float | None = None) -> StepVerdict:
     """One step: `chosen` against the fp32 logits of that step."""
-    top = np.argsort(-logits, kind="stable")[:2]
+    top = top2(logits)
     gap = float(logits[top[0]] - logits[top[1]])
-    margin = step_margin(logits, ulps)
+    margin = step_margin(logits, ulps, fixed_margin)
     rank = int((logits > logits[chosen]).sum())
     near_tie = gap < margin
-    return StepVerdict(step, (int(top[0]), int(top[1])), gap, margin, int(chosen), rank, near_tie,
-                       rank == 0 or (near_tie and rank == 1))
+    return StepVerdict(step, top, gap, margin, int(chosen), rank, near_tie, rank == 0 or (near_tie and rank == 1))
 
 
-def judge_free_running(reference: list[int], got: list[int], logits: np.ndarray, ulps: float = MARGIN_ULPS) -> dict:
+def judge_free_running(reference: list[int], got: list[int], logits: np.ndarray, ulps: float = MARGIN_ULPS,
+                       fixed_margin: float | None = None) -> dict:
     """`got` (the engine's greedy tokens) against `reference` (the fp32 greedy tokens, `logits[i]` the fp32 logits of
     step i on the reference's trajectory). Every step up to the first divergence agrees by construction; the
     divergence itself must be a near-tie choosing the runner-up. A shorter `got` is a failure."""
@@ -72,19 +80,19 @@ def judge_free_running(reference: list[int], got: list[int], logits: np.ndarray,
     d = next((i for i, (a, b) in enumerate(zip(reference, got)) if a != b), None)
     if d is None:
         return {"identical": True, "first_divergence": None, "ok": True}
-    v = judge_step(d, logits[d], got[d], ulps)
+    v = judge_step(d, logits[d], got[d], ulps, fixed_margin)
     return {"identical": False, "first_divergence": d, **_public(v), "ok": v.ok}
 
 
 def judge_teacher_forced(logits: np.ndarray, chosen: list[int], gap_got: list[float | None] | None = None,
-                         ulps: float = MARGIN_ULPS) -> dict:
+                         ulps: float = MARGIN_ULPS, fixed_margin: float | None = None) -> dict:
     """Every step of the reference's trajectory: `chosen[i]` is the engine's top token at step i given the
     reference's tokens before it, `gap_got[i]` (optional) the engine's own logit gap between the fp32 top-2 tokens
     there (None when the runner-up is outside what the engine reported). Reports the failing steps, the near-ties
     and the engine's error on the gap in ulps."""
     failures, near_ties, gap_err_ulps = [], 0, []
     for i, (row, c) in enumerate(zip(logits, chosen)):
-        v = judge_step(i, row, c, ulps)
+        v = judge_step(i, row, c, ulps, fixed_margin)
         near_ties += v.near_tie
         if not v.ok:
             failures.append(_public(v) | {"step": i})

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -337,16 +338,12 @@ async def _send_scheduled(target: _Target, items: list[tuple[int, BenchRequest, 
                           max_concurrency: int | None, bar: Any = None) -> tuple[list[tuple[int, RequestResult]], float]:
     """Sends each (index, request, offset) at start_at + offset (time.perf_counter: the system's monotonic clock, the
     same in every process); returns the results by index and when the last one ended."""
-    semaphore = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    slots = asyncio.Semaphore(max_concurrency) if max_concurrency else contextlib.nullcontext()
     async with _client(target.timeout) as client:
 
         async def one(index: int, request: BenchRequest) -> tuple[int, RequestResult]:
-            if semaphore is None:
+            async with slots:
                 r = await send_request(client, target.url, target.payload(request), target.endpoint, target.headers)
-            else:
-                async with semaphore:
-                    r = await send_request(client, target.url, target.payload(request), target.endpoint,
-                                           target.headers)
             if bar is not None:
                 bar.update(1)
             return index, r
@@ -376,18 +373,15 @@ def _worker_main(conn: Any, target: _Target, items: list[tuple[int, BenchRequest
 
 
 async def _run_workers(target: _Target, schedule: list[tuple[int, BenchRequest, float]], workers: int,
-                       max_concurrency: int | None) -> tuple[list[tuple[int, RequestResult]], float, float, int]:
-    """The schedule dealt round-robin to `workers` processes (at most --max-concurrency of them, which then share
-    the cap); every one is ready before the common start time is chosen. Returns the results, the start, when the
-    last request ended and the number of workers."""
+                       max_concurrency: int | None) -> tuple[list[tuple[int, RequestResult]], float, float]:
+    """The schedule dealt round-robin to `workers` processes (no more than --max-concurrency: benchmark() sees to
+    it), which share the cap exactly; every one is ready before the common start time is chosen. Returns the results,
+    the start and when the last request ended."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
-    if max_concurrency:  # the cap, dealt out exactly: no more workers than it allows, their shares summing to it
-        workers = min(workers, max_concurrency)
-        caps = [max_concurrency // workers + (w < max_concurrency % workers) for w in range(workers)]
-    else:
-        caps = [None] * workers
+    caps = ([max_concurrency // workers + (w < max_concurrency % workers) for w in range(workers)] if max_concurrency
+            else [None] * workers)
     loop = asyncio.get_running_loop()
     procs, conns = [], []
     try:
@@ -416,7 +410,7 @@ async def _run_workers(target: _Target, schedule: list[tuple[int, BenchRequest, 
     if errors:
         raise RuntimeError(f"a load-generating worker failed: {errors[0]}")
     results = [pair for _, (share, _) in replies for pair in share]
-    return results, start, max(end for _, (_, end) in replies), workers
+    return results, start, max(end for _, (_, end) in replies)
 
 
 async def benchmark(args: argparse.Namespace, requests: list[BenchRequest] | list[str]) -> dict[str, Any]:
@@ -443,6 +437,7 @@ async def benchmark(args: argparse.Namespace, requests: list[BenchRequest] | lis
 
     offsets = arrival_offsets(len(requests), args.request_rate, args.burstiness, args.seed)
     schedule = [(i, r, t) for i, (r, t) in enumerate(zip(requests, offsets))]
+    # No more workers than requests, nor than the concurrency cap allows (each needs one slot of it).
     workers = max(1, min(getattr(args, "num_workers", 1), len(schedule), args.max_concurrency or len(schedule)))
     if workers == 1:
         bar = None
@@ -458,7 +453,7 @@ async def benchmark(args: argparse.Namespace, requests: list[BenchRequest] | lis
         if bar is not None:
             bar.close()
     else:
-        results, start, end, workers = await _run_workers(target, schedule, workers, args.max_concurrency)
+        results, start, end = await _run_workers(target, schedule, workers, args.max_concurrency)
     results.sort(key=lambda pair: pair[0])
     out = summarize(args, model, [r for _, r in results], end - start)
     out["num_workers"] = workers
