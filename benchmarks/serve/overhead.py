@@ -66,9 +66,24 @@ def offline(prompts: list[str], max_tokens: int, settings: dict) -> dict:
             "median_ttft_ms": 1000 * ttfts[len(ttfts) // 2]}
 
 
+def engine_counters(base: str) -> dict[str, float]:
+    """The engine's step counters from the server's /metrics."""
+    text = httpx.get(f"{base}/metrics", timeout=30).text
+    out = {}
+    for line in text.splitlines():
+        for name in ("deepinfer_engine_steps_total", "deepinfer_engine_step_seconds_total",
+                     "deepinfer_engine_decode_steps_total", "deepinfer_engine_decode_step_seconds_total"):
+            if line.startswith(name + "{"):
+                out[name] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
 def served(prompts_file: str, num: int, max_tokens: int, settings: dict, max_chars: int,
-           client_workers: list[int]) -> list[dict]:
-    """One server start, then the same requests once per load-generator process count in `client_workers`."""
+           client_workers: list[int], api_servers: int, concurrencies: list[int], prompts_per_stream: int) -> list[dict]:
+    """One server start (with `api_servers` HTTP processes), then the same requests once per load-generator process
+    count in `client_workers` and concurrency cap in `concurrencies` (0: none; a cap c sends min(num, c *
+    prompts_per_stream) requests). Each run also reports the engine's mean step and mean decode-step time over it
+    (from /metrics): the decode step is the gap a client would see between tokens without bursts."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -76,6 +91,7 @@ def served(prompts_file: str, num: int, max_tokens: int, settings: dict, max_cha
     # The queue takes the whole burst: every request waits for its first token at once.
     server = subprocess.Popen([sys.executable, "-m", "deepinfer.cli", "serve", "--port", str(port),
                                *serve_flags(settings), "--max-queue-size", str(max(1024, 2 * num)),
+                               "--api-server-count", str(api_servers),
                                "--no-access-log", "--log-level", "warning"], env=env)
     try:
         base = f"http://127.0.0.1:{port}"
@@ -87,18 +103,37 @@ def served(prompts_file: str, num: int, max_tokens: int, settings: dict, max_cha
                 time.sleep(0.1)
         runs = []
         for workers in client_workers:
-            fd, out = tempfile.mkstemp(suffix=".json")
-            os.close(fd)
-            code = bench_main(["--base-url", base, "--dataset", prompts_file, "--num-prompts", str(num),
-                               "--max-tokens", str(max_tokens), "--ignore-eos", "--max-prompt-chars", str(max_chars),
-                               "--disable-tqdm", "--num-workers", str(workers), "--save-result", out])
-            if code != 0:
-                raise RuntimeError("the served run failed")
-            with open(out) as f:
-                result = json.load(f)
-            os.unlink(out)
-            runs.append({k: result[k] for k in ("num_workers", "duration", "output_throughput", "median_ttft_ms",
-                                                 "median_tpot_ms", "median_itl_ms", "completed", "failed")})
+            for cap in concurrencies:
+                fd, out = tempfile.mkstemp(suffix=".json")
+                os.close(fd)
+                count = num if cap == 0 else min(num, cap * prompts_per_stream)
+                before = engine_counters(base)
+                code = bench_main(["--base-url", base, "--dataset", prompts_file, "--num-prompts", str(count),
+                                   "--max-tokens", str(max_tokens), "--ignore-eos", "--max-prompt-chars",
+                                   str(max_chars), "--disable-tqdm", "--num-workers", str(workers),
+                                   *(["--max-concurrency", str(cap)] if cap else []), "--save-result", out])
+                after = engine_counters(base)
+                if code != 0:
+                    raise RuntimeError("the served run failed")
+                with open(out) as f:
+                    result = json.load(f)
+                os.unlink(out)
+                run = {k: result[k] for k in ("num_workers", "duration", "output_throughput", "median_ttft_ms",
+                                              "median_tpot_ms", "median_itl_ms", "p90_itl_ms", "completed",
+                                              "failed") if k in result}
+                steps = after["deepinfer_engine_steps_total"] - before["deepinfer_engine_steps_total"]
+                seconds = (after["deepinfer_engine_step_seconds_total"]
+                           - before["deepinfer_engine_step_seconds_total"])
+                decode_steps = (after["deepinfer_engine_decode_steps_total"]
+                                - before["deepinfer_engine_decode_steps_total"])
+                decode_seconds = (after["deepinfer_engine_decode_step_seconds_total"]
+                                  - before["deepinfer_engine_decode_step_seconds_total"])
+                run.update(api_server_count=api_servers, max_concurrency=cap or None, num_prompts=count,
+                           engine_steps=steps, engine_mean_step_ms=1000 * seconds / steps if steps else None,
+                           engine_mean_decode_step_ms=1000 * decode_seconds / decode_steps if decode_steps else None)
+                if run["engine_mean_decode_step_ms"]:  # the gap a client sees between tokens, without bursts
+                    run["median_itl_over_decode_step"] = run["median_itl_ms"] / run["engine_mean_decode_step_ms"]
+                runs.append(run)
         return runs
     finally:
         server.send_signal(signal.SIGTERM)
@@ -120,6 +155,12 @@ def main() -> int:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--client-workers", type=int, nargs="+", default=[1],
                    help="load-generator processes (deepinfer bench serve --num-workers), one served run each")
+    p.add_argument("--api-server-counts", type=int, nargs="+", default=[1],
+                   help="deepinfer serve --api-server-count values, one server start each (default 1)")
+    p.add_argument("--concurrencies", type=int, nargs="+", default=[0],
+                   help="streams at once (bench serve --max-concurrency; 0: all at once), one served run each")
+    p.add_argument("--prompts-per-stream", type=int, default=4,
+                   help="with a concurrency cap c, min(--num-prompts, c * this) requests (default 4)")
     args = p.parse_args()
     dataset = args.dataset or str(default_dataset())
     prompts = sample_prompts(load_prompts(dataset), args.num_prompts, 0, args.max_prompt_chars)
@@ -138,8 +179,10 @@ def main() -> int:
         pairs = []
         for _ in range(args.repeat):  # alternate, so drifting machine load hits both sides alike
             pair = {"offline": offline(prompts, args.max_tokens, settings),
-                    "served": served(dataset, args.num_prompts, args.max_tokens, settings, args.max_prompt_chars,
-                                     args.client_workers)}
+                    "served": [run for count in args.api_server_counts
+                               for run in served(dataset, args.num_prompts, args.max_tokens, settings,
+                                                 args.max_prompt_chars, args.client_workers, count,
+                                                 args.concurrencies, args.prompts_per_stream)]}
             for run in pair["served"]:
                 run["served_over_offline_tok_s"] = run["output_throughput"] / pair["offline"]["output_throughput"]
             pair["ratio"] = pair["served"][0]["duration"] / pair["offline"]["duration"]

@@ -20,7 +20,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Union
+from typing import Any, Callable, Protocol, Union
 
 from deepinfer import _deepinfer
 from deepinfer.config import EngineConfig, WeightFormat, resolve_weight_format
@@ -128,18 +128,35 @@ def _hand_to_loop(loop: asyncio.AbstractEventLoop, items: list[tuple["RequestStr
         pass
 
 
+class DeltaSink(Protocol):
+    """Where a stream submitted with ``sink=`` sends its deltas instead of to an iteration: the dispatcher thread
+    calls ``deliver`` once a dispatch with all of that sink's (stream, delta) pairs, in order, None ending a
+    stream. It must return quickly and never raise (it runs on the thread that feeds every request)."""
+
+    def deliver(self, items: list[tuple["RequestStream", RequestOutput | None]]) -> None: ...
+
+
+def _hand_to(receiver: "asyncio.AbstractEventLoop | DeltaSink",
+             items: list[tuple["RequestStream", RequestOutput | None]]) -> None:
+    if isinstance(receiver, asyncio.AbstractEventLoop):
+        _hand_to_loop(receiver, items)
+    else:
+        receiver.deliver(items)
+
+
 class _LoopBatches:
-    """The asyncio streams' deltas of one dispatch, by event loop: each loop gets them in one callback, in order."""
+    """The deltas of one dispatch, by receiver (an asyncio stream's event loop, or a stream's DeltaSink): each
+    receiver gets its streams' deltas in one call, in order."""
 
     def __init__(self) -> None:
-        self._items: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, RequestOutput | None]]] = {}
+        self._items: dict[Any, list[tuple[RequestStream, RequestOutput | None]]] = {}
 
-    def add(self, loop: asyncio.AbstractEventLoop, stream: "RequestStream", delta: RequestOutput | None) -> None:
-        self._items.setdefault(loop, []).append((stream, delta))
+    def add(self, receiver: Any, stream: "RequestStream", delta: RequestOutput | None) -> None:
+        self._items.setdefault(receiver, []).append((stream, delta))
 
     def flush(self) -> None:
-        for loop, items in self._items.items():
-            _hand_to_loop(loop, items)
+        for receiver, items in self._items.items():
+            _hand_to(receiver, items)
         self._items.clear()
 
 
@@ -151,7 +168,8 @@ class RequestStream:
     """
 
     def __init__(self, engine: "DeepInferenceEngine", request_id: str, prompt: str | None, prompt_ids: list[int],
-                 params: SamplingParams, loop: asyncio.AbstractEventLoop | None, iterated: bool = True) -> None:
+                 params: SamplingParams, loop: asyncio.AbstractEventLoop | None, iterated: bool = True,
+                 sink: DeltaSink | None = None) -> None:
         self.engine = engine
         self.request_id = request_id
         self.prompt = prompt
@@ -163,24 +181,29 @@ class RequestStream:
         # The prompt tokens' logprobs as they arrive (completion 0 scores the prompt); None when not asked for.
         self.prompt_logprobs: list[dict[int, Logprob] | None] | None = (
             [None] if params.prompt_logprobs is not None else None)
+        if loop is not None and sink is not None:
+            raise TypeError("a stream goes to an event loop or to a sink, not both")
         self._loop = loop
+        self._sink = sink
         # A synchronous stream's deltas for its iteration (SimpleQueue: C, no task accounting). None for a stream
         # only waited on (generate's: result() reads the completions, never the deltas).
         self._sync_queue: queue.SimpleQueue[RequestOutput | None] | None = (
-            queue.SimpleQueue() if iterated and loop is None else None)
-        self._wants_deltas = loop is not None or self._sync_queue is not None  # else no delta is even made
+            queue.SimpleQueue() if iterated and loop is None and sink is None else None)
+        self._wants_deltas = (loop is not None or sink is not None
+                              or self._sync_queue is not None)  # else no delta is even made
         self._async_queue: asyncio.Queue[RequestOutput | None] | None = asyncio.Queue() if loop else None
         self._forward: tuple[asyncio.Queue, Any] | None = None  # forward_to's queue and tag
         self._done = threading.Event()
 
-    # Called by the dispatcher thread: a synchronous stream's delta now; an asyncio stream's into `batch`, which the
-    # dispatcher hands to each event loop once per engine step (one wake-up of the loop for all its streams).
+    # Called by the dispatcher thread: a synchronous stream's delta now; an asyncio or sink stream's into `batch`,
+    # which the dispatcher hands to each event loop (or sink) once per engine step (one wake-up for all its streams).
     def _deliver(self, delta: RequestOutput | None, batch: "_LoopBatches | None" = None) -> None:
-        if self._loop is not None:
+        receiver = self._loop if self._loop is not None else self._sink
+        if receiver is not None:
             if batch is not None:
-                batch.add(self._loop, self, delta)
+                batch.add(receiver, self, delta)
             else:
-                _hand_to_loop(self._loop, [(self, delta)])
+                _hand_to(receiver, [(self, delta)])
         elif self._sync_queue is not None:
             self._sync_queue.put(delta)  # (set once, in the constructor)
         if delta is None:
@@ -494,22 +517,20 @@ class DeepInferenceEngine:
         return text, prompt_ids
 
     def submit(self, prompt: PromptType, params: SamplingParams | None = None, *,
-               loop: asyncio.AbstractEventLoop | None = None, request_id: str | None = None) -> RequestStream:
+               loop: asyncio.AbstractEventLoop | None = None, request_id: str | None = None,
+               sink: DeltaSink | None = None) -> RequestStream:
         """Queues one request (n completions) and returns its stream. Raises ValueError, queuing nothing, when the
-        request cannot be served. With `loop`, the stream is iterated with `async for` on that event loop."""
+        request cannot be served. With `loop`, the stream is iterated with `async for` on that event loop; with
+        `sink`, its deltas go to the sink (see DeltaSink) and the stream is not iterated."""
         if self._closed:  # before the prompt is even looked at
             raise RuntimeError("the engine is shut down")
         text, prompt_ids = self._checked_prompt(prompt)
-        return self._enqueue(text, prompt_ids, params or self._default_params, loop, request_id)
-
-    def _enqueue(self, text: str | None, prompt_ids: list[int], params: SamplingParams,
-                 loop: asyncio.AbstractEventLoop | None, request_id: str | None) -> RequestStream:
-        """Queues a checked prompt (see _checked_prompt): all of its n completions, or none."""
-        return self._enqueue_all([(text, prompt_ids, params, loop, request_id)])[0]
+        return self._enqueue_all([(text, prompt_ids, params or self._default_params, loop, request_id)],
+                                 sink=sink)[0]
 
     def _enqueue_all(self, prompts: Sequence[tuple[str | None, list[int], SamplingParams,
                                                    asyncio.AbstractEventLoop | None, str | None]],
-                     iterated: bool = True) -> list[RequestStream]:
+                     iterated: bool = True, sink: DeltaSink | None = None) -> list[RequestStream]:
         """Queues checked prompts (text, ids, params, loop, request id) with all their completions in one call of
         the core: every one or none, and admitted by the same step (an offline batch is scheduled the same way
         however this thread and the step thread interleave)."""
@@ -520,7 +541,7 @@ class DeepInferenceEngine:
         with self._lock:
             for text, prompt_ids, params, loop, request_id in prompts:
                 stream = RequestStream(self, request_id or f"req-{next(self._ids)}", text, prompt_ids, params, loop,
-                                       iterated)
+                                       iterated, sink)
                 for index in range(params.n):
                     seed = params.seed + index if params.seed is not None else self._seed_rng.getrandbits(63)
                     core_id = next(self._ids)
@@ -730,18 +751,9 @@ class DeepInferenceEngine:
         """Token ids of a conversation rendered with the checkpoint's chat template, or with ``chat_template`` (a
         Jinja source, or the name of one of the checkpoint's named templates) when given. ``continue_final_message``:
         the rendering ends inside the final message (no end of turn), for a reply that continues it."""
-        if not isinstance(messages, Sequence) or not messages:
-            raise ValueError("messages must be a non-empty list of {'role', 'content'} mappings")
-        for m in messages:
-            if not isinstance(m, Mapping) or "role" not in m:
-                raise ValueError(f"every message needs a 'role'; got {m!r}")
-        kwargs = dict(chat_template_kwargs or {})
-        if chat_template is not None:
-            kwargs["chat_template"] = chat_template
-        text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt,
-                                                  tokenize=False, continue_final_message=continue_final_message,
-                                                  **kwargs)
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.tokenizer.chat_prompt_ids(messages, add_generation_prompt=add_generation_prompt,
+                                              chat_template_kwargs=chat_template_kwargs, chat_template=chat_template,
+                                              continue_final_message=continue_final_message)
 
     def chat(self, messages: Messages | Sequence[Messages], sampling_params: SamplingParams | None = None, *,
              use_tqdm: bool | None = None, chat_template_kwargs: Mapping[str, Any] | None = None,

@@ -142,10 +142,16 @@ def finished(m: dict[str, float], reason: str) -> float:
     return m.get(f"deepinfer_request_finished_total{{finish_reason={reason}}}", 0.0)
 
 
-@pytest.fixture(scope="module")
-def server():
+# Every test of a running server runs against one process serving both HTTP and the engine, and against the engine in
+# its own process behind two HTTP server processes (--api-server-count 2: engine_host.py / engine_proxy.py).
+API_SERVER_COUNTS = pytest.mark.parametrize("api_servers", [1, 2], ids=["one-process", "api-servers-2"])
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-process", "api-servers-2"])
+def server(request):
     srv = ServerProcess("--max-model-len", str(MAX_MODEL_LEN), "--api-key", API_KEY,
-                        "--reasoning-parser", "deepseek-r1", "--max-num-seqs", "64", "--shutdown-timeout", "5")
+                        "--reasoning-parser", "deepseek-r1", "--max-num-seqs", "64", "--shutdown-timeout", "5",
+                        "--api-server-count", str(request.param))
     try:
         srv.wait_ready()
         yield srv
@@ -845,8 +851,10 @@ def _read_first_chunk(response: httpx.Response):
     raise AssertionError("the stream ended without text")
 
 
-def test_overload_answers_503():
-    srv = ServerProcess("--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "1", "--max-queue-size", "1")
+@API_SERVER_COUNTS
+def test_overload_answers_503(api_servers):
+    srv = ServerProcess("--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "1", "--max-queue-size", "1",
+                        "--api-server-count", str(api_servers))
     try:
         srv.wait_ready()
         model = httpx.get(f"{srv.base_url}/v1/models").json()["data"][0]["id"]
@@ -876,8 +884,10 @@ def test_overload_answers_503():
         assert srv.stop() == 0
 
 
-def test_sigterm_shuts_down_cleanly():
-    srv = ServerProcess("--max-model-len", str(MAX_MODEL_LEN), "--shutdown-timeout", "0.5")
+@API_SERVER_COUNTS
+def test_sigterm_shuts_down_cleanly(api_servers):
+    srv = ServerProcess("--max-model-len", str(MAX_MODEL_LEN), "--shutdown-timeout", "0.5",
+                        "--api-server-count", str(api_servers))
     try:
         srv.wait_ready()
         model = httpx.get(f"{srv.base_url}/v1/models").json()["data"][0]["id"]

@@ -462,7 +462,7 @@ def test_an_engine_that_stops_ends_the_server_with_its_reason(caplog):
     import time
 
     from deepinfer.server.app import create_app
-    from deepinfer.server.cli import _serve, bind_listen_socket
+    from deepinfer.server.cli import bind_listen_socket, serve_app
 
     class DyingEngine(FakeEngine):
         def __init__(self):
@@ -486,7 +486,7 @@ def test_an_engine_that_stops_ends_the_server_with_its_reason(caplog):
               "shutdown_timeout": 2}
     started = time.monotonic()
     with caplog.at_level(logging.CRITICAL):
-        assert _serve(app, engine, server, sock) == 1
+        assert serve_app(app, engine, server, sock) == 1
     assert time.monotonic() - started < 20
     assert engine.shut
     assert any("rank 1 of 2 failed" in r.getMessage() and "the server stops" in r.getMessage() for r in caplog.records)

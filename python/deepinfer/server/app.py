@@ -197,6 +197,9 @@ def create_app(engine: Any, *, api_key: str | None = None, max_queue: int = DEFA
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        # Under --api-server-count the other server processes' request metrics are added to this one's.
+        peers = getattr(engine, "peer_metrics", None)
+        families = await peers() if peers is not None else []
+        return Response(state.metrics.render(families), media_type=CONTENT_TYPE_LATEST)
 
     return app

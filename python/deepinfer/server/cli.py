@@ -25,7 +25,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,7 @@ SERVER_DEFAULTS: dict[str, Any] = {
     "ssl_certfile": None,
     "ssl_ca_certs": None,
     "ssl_cert_reqs": 0,
+    "api_server_count": 1,
 }
 API_KEY_ENV = "DEEPINFER_API_KEY"
 _REASONING_PARSERS = ("deepseek-r1",)
@@ -97,6 +98,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     server.add_argument("--max-queue-size", type=int, default=S,
                         help="sequences that may wait for their first token before new requests get 503 "
                              f"(default {SERVER_DEFAULTS['max_queue_size']})")
+    server.add_argument("--api-server-count", "-asc", type=int, metavar="N", default=S,
+                        help="HTTP server processes in front of the engine's process (default "
+                             f"{SERVER_DEFAULTS['api_server_count']}: one process serves both); more keep the event "
+                             "loop from falling behind the engine at hundreds of streams")
     server.add_argument("--shutdown-timeout", type=finite_float, default=S,
                         help="on SIGTERM/SIGINT, seconds to let in-flight requests finish before aborting them "
                              f"(default {SERVER_DEFAULTS['shutdown_timeout']:g})")
@@ -207,6 +212,9 @@ def resolve_serve_options(args: argparse.Namespace) -> tuple[dict[str, Any], dic
         raise ValueError(f"port must be an integer in [0, 65535], got {server['port']!r}")
     if not isinstance(server["max_queue_size"], int) or server["max_queue_size"] < 1:
         raise ValueError(f"max_queue_size must be an integer >= 1, got {server['max_queue_size']!r}")
+    count = server["api_server_count"]
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise ValueError(f"api_server_count must be an integer >= 1, got {count!r}")
     if not is_finite_number(server["shutdown_timeout"]) or server["shutdown_timeout"] < 0:
         raise ValueError(f"shutdown_timeout must be a finite number >= 0, got {server['shutdown_timeout']!r}")
     origins = server["allowed_origins"]
@@ -293,8 +301,10 @@ def _make_server_class():
         """uvicorn, with our own signal handling: drain, then abort, then exit 0 (uvicorn would re-raise the
         signal after shutting down, which ends the process with the signal's status instead)."""
 
-        def __init__(self, config: Any, state: Any, engine: Any, grace_s: float) -> None:
+        def __init__(self, config: Any, state: Any, engine: Any, grace_s: float,
+                     startup: Callable[[], Awaitable[None]] | None = None) -> None:
             super().__init__(config)
+            self._startup = startup
             self._state = state
             self._engine = engine
             self._grace_s = grace_s
@@ -305,6 +315,8 @@ def _make_server_class():
 
         async def serve(self, sockets: Any = None) -> None:
             self._loop = asyncio.get_running_loop()
+            if self._startup is not None:
+                await self._startup()
             watch = asyncio.ensure_future(self._watch_engine())
             try:
                 await super().serve(sockets)
@@ -396,7 +408,10 @@ def bind_listen_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _serve(app: Any, engine: Any, server: dict[str, Any], sock: socket.socket) -> int:
+def serve_app(app: Any, engine: Any, server: dict[str, Any], sock: socket.socket,
+              startup: Callable[[], Awaitable[None]] | None = None) -> int:
+    """Serves ``app`` (over ``engine``) on ``sock`` until a signal or the engine's failure; the exit status.
+    ``startup`` is awaited on the server's event loop before it serves."""
     import uvicorn
 
     server = {**SERVER_DEFAULTS, **server}  # options left out take their defaults
@@ -407,7 +422,7 @@ def _serve(app: Any, engine: Any, server: dict[str, Any], sock: socket.socket) -
                             ssl_ca_certs=server["ssl_ca_certs"], ssl_cert_reqs=server["ssl_cert_reqs"],
                             timeout_graceful_shutdown=float(server["shutdown_timeout"]) + 10.0)
     Server = _make_server_class()
-    srv = Server(config, app.state.server, engine, float(server["shutdown_timeout"]))
+    srv = Server(config, app.state.server, engine, float(server["shutdown_timeout"]), startup)
     try:
         asyncio.run(srv.serve(sockets=[sock]))
     except SystemExit as e:  # uvicorn exits on startup failures (address in use, ...)
@@ -491,20 +506,25 @@ def run_serve(args: argparse.Namespace) -> int:
         # with a response_format.
         threading.Thread(target=_prepare_structured_outputs, args=(engine,), daemon=True,
                          name="deepinfer-grammar").start()
-        app = create_app(engine, api_key=server["api_key"], max_queue=server["max_queue_size"],
-                         reasoning_parser=server["reasoning_parser"], tool_call_parser=server["tool_call_parser"],
-                         allowed_origins=server["allowed_origins"],
-                         allow_credentials=server["allow_credentials"], chat_template=server["chat_template"],
-                         response_role=server["response_role"], max_logprobs=server["max_logprobs"],
-                         root_path=server["root_path"], log_requests=server["enable_log_requests"])
+        app_options = dict(api_key=server["api_key"], max_queue=server["max_queue_size"],
+                           reasoning_parser=server["reasoning_parser"], tool_call_parser=server["tool_call_parser"],
+                           allowed_origins=server["allowed_origins"], allow_credentials=server["allow_credentials"],
+                           chat_template=server["chat_template"], response_role=server["response_role"],
+                           max_logprobs=server["max_logprobs"], root_path=server["root_path"],
+                           log_requests=server["enable_log_requests"])
+        app = create_app(engine, **app_options)  # also checks the options before any server process starts
         if on_main:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             previous = {}
+        if server["api_server_count"] > 1:
+            from deepinfer.server.api_servers import serve_with_api_servers
+
+            return serve_with_api_servers(engine, server, sock, app_options, server["api_server_count"])
         scheme = "https" if server["ssl_certfile"] else "http"
         logger.info("serving %s (max_model_len %d) at %s://%s:%d%s/v1", engine.served_model_name,
                     app.state.server.max_model_len, scheme, server["host"], server["port"], server["root_path"])
-        return _serve(app, engine, server, sock)
+        return serve_app(app, engine, server, sock)
     except _Interrupted as e:
         logger.info("%s while starting: stopping", e)
         return 0

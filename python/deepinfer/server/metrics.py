@@ -7,10 +7,12 @@ through loop_metrics.py, without prometheus_client's lock).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.samples import Sample
 from prometheus_client.process_collector import ProcessCollector
 
 from deepinfer.server.loop_metrics import LoopCounter, LoopHistogram, LoopMetricsCollector
@@ -133,8 +135,14 @@ class ServerMetrics:
             "deepinfer_requests_rejected", "Requests refused before reaching the engine, by reason.",
             labels + ["reason"], registry=r)
         self._model_name = model_name
-        r.register(_EngineCollector(engine, model_name))
-        ProcessCollector(registry=r)
+        # The engine's counters and this process's, beside the request metrics above (which are this server
+        # process's own, and are summed over every server process under --api-server-count).
+        self._engine_collector = _EngineCollector(engine, model_name)
+        self._process_collector = ProcessCollector(registry=None)
+
+    def request_families(self) -> list[Metric]:
+        """This process's request metrics as metric families (what another server process adds to its own)."""
+        return list(self.registry.collect())
 
     def finished(self, finish_reason: str | None) -> None:
         self._finished.labels(self._model_name, finish_reason or "unknown").inc()
@@ -145,5 +153,44 @@ class ServerMetrics:
     def rejected(self, reason: str) -> None:
         self._rejected.labels(self._model_name, reason).inc()
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, peer_families: Sequence[Sequence[Metric]] = ()) -> bytes:
+        """The exposition: request metrics (this process's, plus ``peer_families`` of other server processes,
+        summed), the engine's counters, this process's resources."""
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Families(sum_families([self.request_families(), *peer_families])))
+        registry.register(self._engine_collector)
+        registry.register(self._process_collector)
+        return generate_latest(registry)
+
+
+class _Families:
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> list[Metric]:
+        return self._families
+
+
+def sum_families(groups: Sequence[Sequence[Metric]]) -> list[Metric]:
+    """Metric families of several processes as one: a sample's values with the same name and labels summed
+    (counts, sums and buckets add up), a ``_created`` timestamp the earliest."""
+    merged: dict[str, Metric] = {}
+    values: dict[str, dict[tuple, float]] = {}
+    for families in groups:
+        for family in families:
+            if family.name not in merged:
+                merged[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
+                values[family.name] = {}
+            into = values[family.name]
+            for sample in family.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                if key not in into:
+                    into[key] = sample.value
+                elif sample.name.endswith("_created"):
+                    into[key] = min(into[key], sample.value)
+                else:
+                    into[key] += sample.value
+    for name, family in merged.items():
+        family.samples = [Sample(sample_name, dict(labels), value)
+                          for (sample_name, labels), value in values[name].items()]
+    return list(merged.values())

@@ -421,15 +421,21 @@ class OpenAIServing:
             raise APIError(503, f"The server is overloaded: {waiting} sequences are waiting and the queue holds "
                                 f"{limit}. Retry later.", type="server_error", code="server_overloaded")
 
-    def _submit(self, prompts: list[list[int]], params: list[SamplingParams], request_id: str, n: int,
-                arrival: float, constraint: Constraint | None = None) -> _Run:
+    async def _submit(self, prompts: list[list[int]], params: list[SamplingParams], request_id: str, n: int,
+                      arrival: float, constraint: Constraint | None = None) -> _Run:
         self._admit(len(prompts) * n)
         loop = asyncio.get_running_loop()
+        # An engine in another process (server/engine_proxy.py) answers a submission asynchronously: its refusal
+        # (a ValueError, as the engine's own) still comes before any response is started.
+        submit_async = getattr(self.engine, "submit_async", None)
         streams = []
         try:
             for i, (ids, p) in enumerate(zip(prompts, params)):
                 rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-                streams.append(self.engine.submit({"prompt_token_ids": ids}, p, loop=loop, request_id=rid))
+                if submit_async is not None:
+                    streams.append(await submit_async(ids, p, request_id=rid))
+                else:
+                    streams.append(self.engine.submit({"prompt_token_ids": ids}, p, loop=loop, request_id=rid))
         except ValueError as e:
             for s in streams:
                 s.abort()
@@ -485,7 +491,7 @@ class OpenAIServing:
         request_id = f"{id_prefix}-{uuid.uuid4().hex}"
         created = int(time.time())
         model = req.model or self.state.model_name
-        run = self._submit(prompts, params, request_id, n, arrival, constraint)
+        run = await self._submit(prompts, params, request_id, n, arrival, constraint)
         if self.state.options.log_requests:
             logger.info("request %s: %d prompt(s) of %s tokens, %s", request_id, len(prompts),
                         "/".join(str(len(ids)) for ids in prompts), params[0])

@@ -502,5 +502,21 @@ class Tokenizer:
             return self.encode(prompt, add_special_tokens=False)
         return prompt
 
+    def chat_prompt_ids(self, messages: Any, *, add_generation_prompt: bool = True,
+                        chat_template_kwargs: Mapping[str, Any] | None = None, chat_template: str | None = None,
+                        continue_final_message: bool = False) -> list[int]:
+        """A conversation's prompt token ids, its messages checked first (ValueError naming what is wrong):
+        what the engine and the server feed the model for a chat request."""
+        if not isinstance(messages, Sequence) or not messages:
+            raise ValueError("messages must be a non-empty list of {'role', 'content'} mappings")
+        for m in messages:
+            if not isinstance(m, Mapping) or "role" not in m:
+                raise ValueError(f"every message needs a 'role'; got {m!r}")
+        kwargs = dict(chat_template_kwargs or {})
+        if chat_template is not None:
+            kwargs["chat_template"] = chat_template
+        return self.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt, tokenize=True,
+                                        continue_final_message=continue_final_message, **kwargs)
+
 
 _DEFAULT_V3: Tokenizer | None = None

@@ -1,0 +1,128 @@
+"""The wire between `deepinfer serve`'s engine process and its API server processes (``--api-server-count``).
+
+One Unix socket a server process, in a folder only this user can enter; both ends are this program, so a message
+is a pickle behind a 4-byte length. What crosses it:
+
+- server -> engine: ``("hello",)`` once, then ``("submit", seq, request_id, prompt_ids, params)`` and
+  ``("abort", request_id)``;
+- engine -> server: ``("hello", EngineFacts)``; ``("ok", seq)`` or ``("error", seq, kind, message)`` for a
+  submission; ``("out", [(request_id, packed delta or None at its end), ...])``, one message an engine step with
+  every delta of that server's streams; ``("stats", {name: value})`` every STATS_INTERVAL_S.
+
+A delta crosses as a tuple of its completion's fields (pack_delta / unpack_delta), not as a pickled RequestOutput:
+that would carry the prompt's token ids with every token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import socket
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+from deepinfer.outputs import CompletionOutput, RequestOutput
+
+_HEADER = struct.Struct("!I")
+STATS_INTERVAL_S = 0.1  # how stale the servers' view of the engine's queue (admission, /metrics) may be
+
+# The engine's counters a server reads (its stats() object's fields).
+STATS_FIELDS = ("alive", "failure", "num_running", "num_waiting", "num_cache_pages", "num_free_cache_pages",
+                "num_preemptions", "num_steps", "step_seconds", "num_decode_steps", "decode_step_seconds",
+                "num_prompt_tokens_computed", "num_generated_tokens", "num_graphs", "num_graph_replays",
+                "prefix_cache_queries", "prefix_cache_hits", "num_grammar_masks", "grammar_mask_seconds",
+                "spec_num_drafts", "spec_num_draft_tokens", "spec_num_accepted_tokens", "spec_accepted_per_position",
+                "spec_drafter_failure")
+
+
+@dataclass
+class EngineFacts:
+    """What a server process needs to know of the engine to serve it (sent once, in the hello)."""
+
+    tokenizer: Any
+    model_config: dict[str, Any]
+    max_model_len: int
+    served_model_name: str
+    config: Any
+    generation_defaults: dict[str, Any]
+    weight_bytes: dict[str, int]
+    cache_info: dict[str, Any]
+    num_speculative_tokens: int
+    has_structured_outputs: bool
+    app_options: dict[str, Any] = field(default_factory=dict)  # create_app's keyword arguments
+    server: dict[str, Any] = field(default_factory=dict)  # the HTTP server's settings (serve's resolved options)
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def encode(message: Any) -> bytes:
+    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(body)) + body
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
+    parts, left = [], n
+    while left:
+        part = sock.recv(min(left, 1 << 20))
+        if not part:
+            return None
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
+
+
+def recv_message(sock: socket.socket) -> Any | None:
+    """The next message (blocking); None when the other end has closed the connection."""
+    header = _recv_exactly(sock, _HEADER.size)
+    if header is None:
+        return None
+    body = _recv_exactly(sock, _HEADER.unpack(header)[0])
+    return None if body is None else pickle.loads(body)
+
+
+async def read_message(reader: asyncio.StreamReader) -> Any | None:
+    """The next message on an event loop; None when the other end has closed the connection."""
+    try:
+        header = await reader.readexactly(_HEADER.size)
+        return pickle.loads(await reader.readexactly(_HEADER.unpack(header)[0]))
+    except asyncio.IncompleteReadError:
+        return None
+
+
+def stats_snapshot(stats: Any) -> dict[str, Any]:
+    out = {name: getattr(stats, name) for name in STATS_FIELDS if hasattr(stats, name)}
+    if "spec_accepted_per_position" in out:
+        out["spec_accepted_per_position"] = list(out["spec_accepted_per_position"])
+    return out
+
+
+def model_config_fields(model_config: Any) -> dict[str, Any]:
+    """The C++ ModelConfig's fields as plain values (it does not pickle)."""
+    out = {}
+    for name in dir(model_config):
+        if name.startswith("_"):
+            continue
+        value = getattr(model_config, name)
+        if callable(value):
+            continue
+        if isinstance(value, (list, tuple)):
+            value = list(value)
+        elif not isinstance(value, (bool, int, float, str, type(None))):
+            value = str(value)  # an enum of the extension: its name is what a server could show
+        out[name] = value
+    return out
+
+
+def pack_delta(delta: RequestOutput) -> tuple:
+    """A delta of one completion (the dispatcher makes one a completion) as plain fields."""
+    (out,) = delta.outputs
+    return (out.index, out.text, out.token_ids, out.finish_reason, out.stop_reason, out.logprobs, out.error,
+            delta.finished, delta.prompt_logprobs, delta.num_cached_tokens)
+
+
+def unpack_delta(request_id: str, packed: tuple) -> RequestOutput:
+    index, text, token_ids, finish_reason, stop_reason, logprobs, error, finished, prompt_logprobs, cached = packed
+    out = CompletionOutput(index=index, text=text, token_ids=token_ids, finish_reason=finish_reason,
+                           stop_reason=stop_reason, logprobs=logprobs, error=error)
+    return RequestOutput(request_id=request_id, prompt=None, prompt_token_ids=[], outputs=[out], finished=finished,
+                         prompt_logprobs=prompt_logprobs, num_cached_tokens=cached)
