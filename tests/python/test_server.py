@@ -157,7 +157,7 @@ def server(request):
         yield srv
     finally:
         code = srv.stop()
-        assert code == 0, f"the server exited with {code}"
+        assert code == 0, f"the server exited with {code}:\n{srv.final_output[-3000:]}"
 
 
 @pytest.fixture(scope="module")

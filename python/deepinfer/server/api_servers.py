@@ -105,6 +105,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--index", type=int, default=0)
     args = parser.parse_args(argv)
 
+    def stop_before_serving(sig: int, frame: Any) -> None:
+        raise SystemExit(0)  # nothing is in flight here yet; once serving, the server's own handlers drain
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop_before_serving)
+
     from deepinfer.server.app import create_app
     from deepinfer.server.cli import serve_app
     from deepinfer.server.engine_proxy import EngineProxy

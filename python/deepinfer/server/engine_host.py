@@ -77,7 +77,13 @@ class _Connection:
         kind = message[0]
         engine = self._host.engine
         if kind == "submit":
-            _, seq, request_id, prompt_ids, params = message
+            _, seq, request_id, prompt_ids, params, max_waiting = message
+            # The queue is checked here, against the engine's count of now: the servers' counters may be a
+            # STATS_INTERVAL_S old, and several servers feed the one queue.
+            waiting = int(engine.stats().num_waiting)
+            if waiting + params.n > max_waiting:
+                self._outbox.put(("full", seq, waiting))
+                return
             try:
                 stream = engine.submit({"prompt_token_ids": prompt_ids}, params, request_id=request_id, sink=self)
             except ValueError as e:
@@ -98,8 +104,8 @@ class _Connection:
                 stream.abort()
         elif kind == "peer_metrics":  # the other server processes' request metrics, for this one's scrape
             seq = message[1]
-            threading.Thread(target=lambda: self._outbox.put(("ok", seq, self._host.gather_metrics(self))),
-                             name="deepinfer-link-metrics", daemon=True).start()
+            threading.Thread(target=self._answer_scrape, args=(seq,), name="deepinfer-link-metrics",
+                             daemon=True).start()
         elif kind == "metrics":  # a server process's answer to "collect"
             self._host.metrics_arrived(message[1], message[2])
         elif kind == "hello":
@@ -146,6 +152,12 @@ class _Connection:
                 for request_id in ended:
                     self._streams.pop(request_id, None)
         return encode(("out", out))
+
+    def _answer_scrape(self, seq: int) -> None:
+        """A scrape's reply: the other server processes' request metrics and the engine's counters of now (the
+        periodic ones may be STATS_INTERVAL_S old)."""
+        peers = self._host.gather_metrics(self)
+        self._outbox.put(("ok", seq, peers, stats_snapshot(self._host.engine.stats())))
 
     def ask_for_metrics(self, token: int) -> None:
         self._outbox.put(("collect", token))

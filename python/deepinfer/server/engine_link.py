@@ -3,10 +3,12 @@
 One Unix socket a server process, in a folder only this user can enter; both ends are this program, so a message
 is a pickle behind a 4-byte length. What crosses it:
 
-- server -> engine: ``("hello",)`` once, then ``("submit", seq, request_id, prompt_ids, params)`` and
-  ``("abort", request_id)``;
-- engine -> server: ``("hello", EngineFacts)``; ``("ok", seq)`` or ``("error", seq, kind, message)`` for a
-  submission; ``("out", [(request_id, packed delta or None at its end), ...])``, one message an engine step with
+- server -> engine: ``("hello",)`` once, then ``("submit", seq, request_id, prompt_ids, params, max_waiting)``
+  and ``("abort", request_id)``; at a scrape ``("peer_metrics", seq)``, and ``("metrics", token, families)`` when
+  asked with ``("collect", token)``;
+- engine -> server: ``("hello", EngineFacts)``; ``("ok", seq)``, ``("full", seq, waiting)`` (more than
+  max_waiting sequences would wait: nothing queued) or ``("error", seq, kind, message)`` for a submission;
+  ``("ok", seq, [families of each other server], stats)`` for a scrape; ``("out", [(request_id, packed delta or None at its end), ...])``, one message an engine step with
   every delta of that server's streams; ``("stats", {name: value})`` every STATS_INTERVAL_S.
 
 A delta crosses as a tuple of its completion's fields (pack_delta / unpack_delta), not as a pickled RequestOutput:
@@ -34,6 +36,13 @@ STATS_FIELDS = ("alive", "failure", "num_running", "num_waiting", "num_cache_pag
                 "prefix_cache_queries", "prefix_cache_hits", "num_grammar_masks", "grammar_mask_seconds",
                 "spec_num_drafts", "spec_num_draft_tokens", "spec_num_accepted_tokens", "spec_accepted_per_position",
                 "spec_drafter_failure")
+
+
+@dataclass
+class EngineQueueFull:
+    """A submission refused because the engine's queue is full: ``waiting`` sequences wait already."""
+
+    waiting: int
 
 
 @dataclass

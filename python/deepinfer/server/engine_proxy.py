@@ -18,7 +18,7 @@ from typing import Any
 
 from deepinfer.outputs import CompletionOutput, RequestOutput
 from deepinfer.sampling_params import SamplingParams
-from deepinfer.server.engine_link import EngineFacts, encode, read_message, recv_message, unpack_delta
+from deepinfer.server.engine_link import EngineFacts, EngineQueueFull, encode, read_message, recv_message, unpack_delta
 
 
 class ProxyStream:
@@ -89,6 +89,7 @@ class EngineProxy:
         self._seq = itertools.count()
         self._stats = SimpleNamespace(alive=True, failure="")
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._closing = False
         self.request_metrics: Callable[[], list[Any]] | None = None  # this process's, for the others' scrapes
         self.facts: EngineFacts | None = None
 
@@ -150,7 +151,7 @@ class EngineProxy:
                 elif kind == "collect":  # another server process's scrape wants this one's request metrics
                     source = self.request_metrics
                     self._send(("metrics", message[1], source() if source is not None else []))
-                elif kind in ("ok", "error"):
+                elif kind in ("ok", "error", "full"):
                     future = self._replies.pop(message[1], None)
                     if future is not None and not future.done():
                         future.set_result(message)
@@ -160,8 +161,9 @@ class EngineProxy:
             self._lost()
 
     def _lost(self) -> None:
-        self._stats = SimpleNamespace(**{**vars(self._stats), "alive": False,
-                                         "failure": "the engine process is gone"})
+        if not self._closing:  # the link broke: the engine process is gone (a server then stops)
+            self._stats = SimpleNamespace(**{**vars(self._stats), "alive": False,
+                                             "failure": "the engine process is gone"})
         for future in self._replies.values():
             if not future.done():
                 future.set_result(("error", -1, "runtime", "the engine process is gone"))
@@ -178,7 +180,12 @@ class EngineProxy:
 
     # ------------------------------------------------------------------ what the app calls
 
-    async def submit_async(self, prompt_ids: list[int], params: SamplingParams, *, request_id: str) -> ProxyStream:
+    admits_in_engine = True  # submit_async checks the engine's queue (the counters here may be stale)
+
+    async def submit_async(self, prompt_ids: list[int], params: SamplingParams, *, request_id: str,
+                           max_waiting: int) -> ProxyStream | EngineQueueFull:
+        """Queues the request in the engine, or refuses it: ValueError / RuntimeError as the engine's submit, or
+        EngineQueueFull when more than ``max_waiting`` sequences would wait."""
         if not self._stats.alive or self._writer is None:
             raise RuntimeError("the engine process is gone")
         if request_id in self._streams:
@@ -188,8 +195,11 @@ class EngineProxy:
         seq = next(self._seq)
         future = asyncio.get_running_loop().create_future()
         self._replies[seq] = future
-        self._send(("submit", seq, request_id, list(prompt_ids), params))
+        self._send(("submit", seq, request_id, list(prompt_ids), params, max_waiting))
         reply = await future
+        if reply[0] == "full":
+            self._streams.pop(request_id, None)
+            return EngineQueueFull(reply[2])
         if reply[0] == "error":
             self._streams.pop(request_id, None)
             raise (ValueError if reply[2] == "value" else RuntimeError)(reply[3])
@@ -199,7 +209,8 @@ class EngineProxy:
         return self._stats
 
     async def peer_metrics(self) -> list[Any]:
-        """The other server processes' request metrics (metric families, one list a process), for /metrics."""
+        """The other server processes' request metrics (metric families, one list a process), for /metrics; the
+        engine's counters are refreshed with them."""
         if not self._stats.alive or self._writer is None:
             return []
         seq = next(self._seq)
@@ -207,7 +218,10 @@ class EngineProxy:
         self._replies[seq] = future
         self._send(("peer_metrics", seq))
         reply = await future
-        return reply[2] if reply[0] == "ok" else []
+        if reply[0] != "ok":
+            return []
+        self._stats = SimpleNamespace(**reply[3])  # the engine's counters as of this scrape
+        return reply[2]
 
     def render_chat(self, messages: Any, **kwargs: Any) -> list[int]:
         return self.tokenizer.chat_prompt_ids(messages, **kwargs)
@@ -218,6 +232,7 @@ class EngineProxy:
     def shutdown(self) -> None:
         """Closes this process's link (the engine process aborts what it still runs for it); the engine itself
         belongs to the engine process. Safe from any thread."""
+        self._closing = True
         if self._writer is None:
             if self._sock is not None:
                 self._sock.close()

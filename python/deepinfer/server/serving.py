@@ -35,6 +35,7 @@ from deepinfer.server.metrics import ServerMetrics
 from deepinfer.server.protocol import (APIError, ChatCompletionRequest, CompletionRequest, check_text,
                                        check_unsupported, check_values, forced_tool_name, validation_error)
 from deepinfer.server.reasoning import ReasoningParser
+from deepinfer.server.engine_link import EngineQueueFull
 from deepinfer.server.sse import ChunkEncoder, Inbox, sse as _sse
 from deepinfer.server.structured import Constraint, request_constraint, tool_call_grammar, tool_call_token_ids
 from deepinfer.server.tool_calls import DeepSeekToolCallParser
@@ -410,14 +411,18 @@ class OpenAIServing:
             state.metrics.rejected("shutting_down")
             raise APIError(503, "The server is shutting down and accepts no new requests.", type="server_error",
                            code="server_shutting_down")
-        try:
-            engine_waiting = int(self.engine.stats().num_waiting)
-        except Exception:
-            engine_waiting = 0
-        waiting = max(engine_waiting, state.pending_seqs)
-        limit = state.options.max_queue_size
+        engine_waiting = 0
+        if not getattr(self.engine, "admits_in_engine", False):  # else its submission checks the engine's queue
+            try:
+                engine_waiting = int(self.engine.stats().num_waiting)
+            except Exception:
+                pass
+        self._check_queue(max(engine_waiting, state.pending_seqs), num_seqs)
+
+    def _check_queue(self, waiting: int, num_seqs: int) -> None:
+        limit = self.state.options.max_queue_size
         if waiting + num_seqs > limit:
-            state.metrics.rejected("queue_full")
+            self.state.metrics.rejected("queue_full")
             raise APIError(503, f"The server is overloaded: {waiting} sequences are waiting and the queue holds "
                                 f"{limit}. Retry later.", type="server_error", code="server_overloaded")
 
@@ -433,7 +438,11 @@ class OpenAIServing:
             for i, (ids, p) in enumerate(zip(prompts, params)):
                 rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
                 if submit_async is not None:
-                    streams.append(await submit_async(ids, p, request_id=rid))
+                    stream = await submit_async(ids, p, request_id=rid,
+                                                max_waiting=self.state.options.max_queue_size)
+                    if isinstance(stream, EngineQueueFull):
+                        self._check_queue(stream.waiting, p.n)  # raises the 503
+                    streams.append(stream)
                 else:
                     streams.append(self.engine.submit({"prompt_token_ids": ids}, p, loop=loop, request_id=rid))
         except ValueError as e:
@@ -445,6 +454,10 @@ class OpenAIServing:
                 raise APIError(400, f"Invalid value for '{constraint.param}': {e}", param=constraint.param,
                                code="invalid_value") from None
             raise APIError(400, str(e), code="invalid_value") from None
+        except APIError:
+            for s in streams:
+                s.abort()
+            raise
         except RuntimeError as e:  # the engine is shut down
             for s in streams:
                 s.abort()
