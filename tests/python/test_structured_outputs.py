@@ -307,8 +307,6 @@ def test_data_parallel_ranks_sample_their_constrained_rows_under_rank_0s_masks(e
 
 
 def test_masks_are_counted_in_stats_and_metrics(engine):
-    from prometheus_client import generate_latest
-
     from deepinfer.server.metrics import ServerMetrics
 
     before = engine.stats()
@@ -317,7 +315,7 @@ def test_masks_are_counted_in_stats_and_metrics(engine):
     after = engine.stats()
     assert after.num_grammar_masks - before.num_grammar_masks == len(out.outputs[0].token_ids) > 0
     assert after.grammar_mask_seconds > before.grammar_mask_seconds
-    text = generate_latest(ServerMetrics(engine, "demo").registry).decode()
+    text = ServerMetrics(engine, "demo").render().decode()
     assert f'deepinfer_grammar_masks_total{{model_name="demo"}} {float(after.num_grammar_masks)}' in text
 
 
