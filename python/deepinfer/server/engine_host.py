@@ -21,8 +21,7 @@ import threading
 import time
 from typing import Any
 
-from deepinfer.server.engine_link import (STATS_INTERVAL_S, EngineFacts, encode, model_config_fields, pack_delta,
-                                          recv_message, stats_snapshot)
+from deepinfer.server.engine_link import STATS_INTERVAL_S, EngineFacts, encode, pack_delta, plain_fields, recv_message
 
 logger = logging.getLogger("deepinfer.server")
 
@@ -30,13 +29,13 @@ _METRICS_TIMEOUT_S = 2.0  # for the other server processes' request metrics, at 
 
 
 def engine_facts(engine: Any, app_options: dict[str, Any], server: dict[str, Any]) -> EngineFacts:
-    return EngineFacts(tokenizer=engine.tokenizer, model_config=model_config_fields(engine.model_config),
+    return EngineFacts(tokenizer=engine.tokenizer, model_config=plain_fields(engine.model_config),
                        max_model_len=int(engine.max_model_len), served_model_name=engine.served_model_name,
                        config=engine.config, generation_defaults=dict(engine.generation_defaults),
                        weight_bytes=dict(engine.weight_bytes), cache_info=dict(engine.cache_info),
                        num_speculative_tokens=int(engine.num_speculative_tokens),
                        has_structured_outputs=bool(engine.has_structured_outputs), app_options=dict(app_options),
-                       server=dict(server), stats=stats_snapshot(engine.stats()))
+                       server=dict(server), stats=plain_fields(engine.stats()))
 
 
 class _Connection:
@@ -129,7 +128,7 @@ class _Connection:
                 frames = [self._frame(item) for item in items]
                 now = time.monotonic()
                 if now - last_stats >= STATS_INTERVAL_S:
-                    frames.append(encode(("stats", stats_snapshot(self._host.engine.stats()))))
+                    frames.append(encode(("stats", plain_fields(self._host.engine.stats()))))
                     last_stats = now
                 if frames:
                     self._sock.sendall(b"".join(frames))
@@ -157,7 +156,7 @@ class _Connection:
         """A scrape's reply: the other server processes' request metrics and the engine's counters of now (the
         periodic ones may be STATS_INTERVAL_S old)."""
         peers = self._host.gather_metrics(self)
-        self._outbox.put(("ok", seq, peers, stats_snapshot(self._host.engine.stats())))
+        self._outbox.put(("ok", seq, peers, plain_fields(self._host.engine.stats())))
 
     def ask_for_metrics(self, token: int) -> None:
         self._outbox.put(("collect", token))
@@ -177,11 +176,6 @@ class _Connection:
             pass
         self._sock.close()
         self._host._forget(self)
-
-    @property
-    def num_streams(self) -> int:
-        with self._lock:
-            return len(self._streams)
 
 
 class EngineHost:

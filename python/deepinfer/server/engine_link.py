@@ -29,15 +29,6 @@ from deepinfer.outputs import CompletionOutput, RequestOutput
 _HEADER = struct.Struct("!I")
 STATS_INTERVAL_S = 0.1  # how stale the servers' view of the engine's queue (admission, /metrics) may be
 
-# The engine's counters a server reads (its stats() object's fields).
-STATS_FIELDS = ("alive", "failure", "num_running", "num_waiting", "num_cache_pages", "num_free_cache_pages",
-                "num_preemptions", "num_steps", "step_seconds", "num_decode_steps", "decode_step_seconds",
-                "num_prompt_tokens_computed", "num_generated_tokens", "num_graphs", "num_graph_replays",
-                "prefix_cache_queries", "prefix_cache_hits", "num_grammar_masks", "grammar_mask_seconds",
-                "spec_num_drafts", "spec_num_draft_tokens", "spec_num_accepted_tokens", "spec_accepted_per_position",
-                "spec_drafter_failure")
-
-
 @dataclass
 class EngineQueueFull:
     """A submission refused because the engine's queue is full: ``waiting`` sequences wait already."""
@@ -98,20 +89,13 @@ async def read_message(reader: asyncio.StreamReader) -> Any | None:
         return None
 
 
-def stats_snapshot(stats: Any) -> dict[str, Any]:
-    out = {name: getattr(stats, name) for name in STATS_FIELDS if hasattr(stats, name)}
-    if "spec_accepted_per_position" in out:
-        out["spec_accepted_per_position"] = list(out["spec_accepted_per_position"])
-    return out
-
-
-def model_config_fields(model_config: Any) -> dict[str, Any]:
-    """The C++ ModelConfig's fields as plain values (it does not pickle)."""
+def plain_fields(obj: Any) -> dict[str, Any]:
+    """An extension object's public fields as plain values (the C++ ModelConfig and engine stats do not pickle)."""
     out = {}
-    for name in dir(model_config):
+    for name in dir(obj):
         if name.startswith("_"):
             continue
-        value = getattr(model_config, name)
+        value = getattr(obj, name)
         if callable(value):
             continue
         if isinstance(value, (list, tuple)):

@@ -59,10 +59,6 @@ class ProxyStream:
             q.put_nowait((tag, self._queue.get_nowait()))
         self._forward = (q, tag)
 
-    @property
-    def finished(self) -> bool:
-        return not self._open
-
     def abort(self) -> None:
         if not self.ended:
             self._proxy._send(("abort", self.request_id))
