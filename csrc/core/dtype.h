@@ -19,6 +19,9 @@ enum class DType : uint8_t {
   // 4-bit integer weights (core/weight.h): only the logical view of a packed INT4 weight has it. Its elements have no
   // byte size of their own (dtype_size is 0), so no tensor is allocated, sliced or copied as kU4.
   kU4,
+  // 4-bit float weights (e2m1: a sign, 2 exponent and 1 mantissa bit), packed as kU4 is: only the logical view of a
+  // packed FP4 weight has it.
+  kE2M1,
 };
 
 constexpr size_t dtype_size(DType t) {
@@ -30,6 +33,7 @@ constexpr size_t dtype_size(DType t) {
     case DType::kI32: return 4;
     case DType::kI64: return 8;
     case DType::kU4: return 0;
+    case DType::kE2M1: return 0;
   }
   return 0;
 }
@@ -43,6 +47,7 @@ constexpr std::string_view dtype_name(DType t) {
     case DType::kI32: return "int32";
     case DType::kI64: return "int64";
     case DType::kU4: return "int4";
+    case DType::kE2M1: return "fp4_e2m1";
   }
   return "unknown";
 }

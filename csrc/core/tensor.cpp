@@ -100,7 +100,8 @@ static Shape with_rows(const Shape& s, int64_t count) { return s.with_dim(0, cou
 
 // The bytes an element of `dtype` takes; packed 4-bit values (only a weight's logical view holds them) have none.
 static int64_t element_bytes(DType dtype) {
-  DI_CHECK(dtype != DType::kU4, "a packed int4 weight's view is not sliced as a tensor (core/weight.h)");
+  DI_CHECK(dtype != DType::kU4 && dtype != DType::kE2M1, "a packed 4-bit weight's view is not sliced as a tensor ",
+           "(core/weight.h)");
   return static_cast<int64_t>(dtype_size(dtype));
 }
 
@@ -152,7 +153,8 @@ ConstTensorView ConstTensorView::columns(int64_t begin, int64_t count) const {
 }
 
 Tensor::Tensor(Buffer buffer, Shape shape, DType dtype) : buffer_(std::move(buffer)), shape_(shape), dtype_(dtype) {
-  DI_CHECK(dtype != DType::kU4, "no tensor holds int4 elements: a packed INT4 weight stores int32 words (core/weight.h)");
+  DI_CHECK(dtype != DType::kU4 && dtype != DType::kE2M1, "no tensor holds 4-bit elements: a packed 4-bit weight ",
+           "stores int32 words (core/weight.h)");
   DI_CHECK(buffer_.bytes() >= static_cast<size_t>(shape.numel()) * dtype_size(dtype), "a buffer of ",
            buffer_.bytes(), " bytes cannot hold ", shape.str(), " ", dtype_name(dtype));
 }

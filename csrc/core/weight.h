@@ -15,6 +15,12 @@
 //                                          none: symmetric, z = 8
 // and element [.., n, k] is (q[.., n, k] - z[.., n, k / G]) * scale_inv[.., n, k / G]. Its view has the logical shape
 // and dtype kU4, so the ops check an INT4 weight's shape as any other's.
+//
+// An FP4 weight (NVFP4, MXFP4: weight-only, Hopper has no FP4 tensor cores) is packed as an INT4 one, its nibbles
+// e2m1 codes (a sign bit 3 and a magnitude index 0..7 into {0, 0.5, 1, 1.5, 2, 3, 4, 6}) in the same interleaved
+// order, with a float32 scale per group (NVFP4: its e4m3 group scale times the tensor's factor, G = 16; MXFP4: its
+// power of two, G = 32) and no zero points: element [.., n, k] is e2m1(q[.., n, k]) * scale_inv[.., n, k / G]. Its
+// view has dtype kE2M1. The two share everything but the meaning of a nibble: "packed 4-bit" below is either.
 #pragma once
 
 #include <cstdint>
@@ -56,23 +62,25 @@ struct WeightView : ConstTensorView {
   WeightView(const TensorView& values) : ConstTensorView(values) {}       // NOLINT: a plain weight
   WeightView(const ConstTensorView& codes, const ConstTensorView& scales, bool w8a8 = false)
       : ConstTensorView(codes), scale_inv(scales), fp8_activations(w8a8) {}
-  // INT4: `codes` is the logical kU4 view over the packed words.
+  // Packed 4-bit: `codes` is the logical kU4 (INT4) or kE2M1 (FP4) view over the packed words.
   WeightView(const ConstTensorView& codes, const ConstTensorView& scales, const ConstTensorView& zero_points)
       : ConstTensorView(codes), scale_inv(scales), zeros(zero_points) {}
 
   bool is_fp8() const { return dtype == DType::kF8E4M3; }
   bool is_int4() const { return dtype == DType::kU4; }
+  bool is_fp4() const { return dtype == DType::kE2M1; }
+  bool is_packed4() const { return is_int4() || is_fp4(); }
   bool symmetric() const { return zeros.data == nullptr; }
-  // INT4: the inputs a scale covers.
+  // Packed 4-bit: the inputs a scale covers.
   int64_t group_size() const {
     const int64_t groups = scale_inv.shape[scale_inv.shape.ndim() - 1];
     return groups > 0 ? shape[shape.ndim() - 1] / groups : 0;
   }
   // Matrix `e` of a 3-D weight, with its scales (and zero points).
   WeightView matrix(int64_t e) const {
-    if (is_int4()) {
+    if (is_packed4()) {
       const int64_t n = shape[1], k = shape[2];
-      const ConstTensorView codes(static_cast<const int32_t*>(data) + e * n * (k / 8), DType::kU4, {n, k}, device);
+      const ConstTensorView codes(static_cast<const int32_t*>(data) + e * n * (k / 8), dtype, {n, k}, device);
       const ConstTensorView z = symmetric() ? ConstTensorView() : zeros.rows(e, 1).reshaped({zeros.shape[1], zeros.shape[2]});
       return {codes, scale_inv.rows(e, 1).reshaped({scale_inv.shape[1], scale_inv.shape[2]}), z};
     }
@@ -82,19 +90,20 @@ struct WeightView : ConstTensorView {
   }
   // The bytes the weight occupies, scales (and zero points) included.
   int64_t bytes() const {
-    const int64_t values = is_int4() ? numel() / 2 : numel() * static_cast<int64_t>(dtype_size(dtype));
+    const int64_t values = is_packed4() ? numel() / 2 : numel() * static_cast<int64_t>(dtype_size(dtype));
     return values + scale_inv.numel() * static_cast<int64_t>(sizeof(float)) +
            zeros.numel() * static_cast<int64_t>(sizeof(int32_t));
   }
 };
 
-// An owned weight: values (or codes) and, for FP8 and INT4, the scales (INT4: and the zero points).
+// An owned weight: values (or codes) and, for FP8 and packed 4-bit, the scales (INT4: and the zero points).
 struct Weight {
-  Tensor values;     // INT4: the packed int32 words [.., N, K / 8]
-  Tensor scale_inv;  // empty unless the weight is FP8 or INT4
+  Tensor values;     // packed 4-bit: the int32 words [.., N, K / 8]
+  Tensor scale_inv;  // empty unless the weight is FP8 or packed 4-bit
   Tensor zeros;      // INT4 with zero points only
   bool fp8_activations = false;  // WeightView::fp8_activations
-  bool int4 = false;
+  bool int4 = false;  // packed 4-bit words: INT4 codes, or e2m1 ones when fp4
+  bool fp4 = false;
 
   Weight() = default;
   Weight(Tensor v) : values(std::move(v)) {}  // NOLINT: a plain weight is a tensor
@@ -110,10 +119,16 @@ struct Weight {
     w.int4 = true;
     return w;
   }
+  // FP4: `words` int32 [.., N, K / 8] of e2m1 codes, `scales` float32 [.., N, K / G]; no zero points.
+  static Weight fp4_packed(Tensor words, Tensor scales) {
+    Weight w = int4_packed(std::move(words), std::move(scales), Tensor());
+    w.fp4 = true;
+    return w;
+  }
 
   WeightView cview() const {
     if (int4) {
-      const ConstTensorView codes(values.cview().data, DType::kU4, shape(), values.device());
+      const ConstTensorView codes(values.cview().data, dtype(), shape(), values.device());
       return {codes, scale_inv.cview(), has_zeros() ? zeros.cview() : ConstTensorView()};
     }
     if (values.dtype() != DType::kF8E4M3) return WeightView(values.cview());
@@ -124,12 +139,14 @@ struct Weight {
     const Shape& s = values.shape();
     return int4 ? s.with_dim(-1, s[s.ndim() - 1] * 8) : s;
   }
-  DType dtype() const { return int4 ? DType::kU4 : values.dtype(); }
+  DType dtype() const { return fp4 ? DType::kE2M1 : int4 ? DType::kU4 : values.dtype(); }
   Device device() const { return values.device(); }
   int64_t numel() const { return int4 ? values.numel() * 8 : values.numel(); }
   bool defined() const { return values.defined(); }
   bool is_fp8() const { return values.dtype() == DType::kF8E4M3; }
-  bool is_int4() const { return int4; }
+  bool is_int4() const { return int4 && !fp4; }
+  bool is_fp4() const { return fp4; }
+  bool is_packed4() const { return int4; }
   // INT4 with zero points (asymmetric); a symmetric weight's zeros tensor is empty.
   bool has_zeros() const { return int4 && zeros.numel() > 0; }
 };

@@ -56,9 +56,9 @@ namespace {
 // the CPU (exact), and a bf16 checkpoint's FP8 quantization emulated in float32 on the CPU.
 std::unique_ptr<WeightSink> make_weight_sink(const EngineOptions& options, const ModelConfig& config,
                                              Backend& backend) {
-  // 4-bit weights stay packed on a GPU (its kernels unpack them in registers); the CPU computes with their
-  // dequantized values in float32.
-  if ((options.int4_weights || config.int4.enabled()) && backend.device() != Device::kCpu) {
+  // 4-bit weights (INT4, FP4) stay packed on a GPU (its kernels unpack them in registers); the CPU computes with
+  // their dequantized values in float32.
+  if ((options.int4_weights || config.int4.enabled() || config.fp4.enabled()) && backend.device() != Device::kCpu) {
     return make_backend_sink(backend, {.int4 = true});
   }
   if (!options.fp8_weights) return make_backend_sink(backend);
@@ -84,12 +84,9 @@ void check_int4(const EngineOptions& options, const ModelConfig& config) {
   }
 }
 
-// FP4 checkpoints (NVFP4, MXFP4), weight-only: the CPU backend only for now; nothing is requantized.
+// FP4 checkpoints (NVFP4, MXFP4), weight-only (16-bit activations): run as stored, nothing is requantized.
 void check_fp4(const EngineOptions& options, const ModelConfig& config) {
   if (!config.fp4.enabled()) return;
-  DI_CHECK_ARG(options.device == "cpu", "FP4 weights on device='cuda': the FP4 GPU kernels are not built yet; ",
-               "NVFP4 / MXFP4 checkpoints load on the CPU backend (device='cpu'), which computes with the ",
-               "dequantized weights");
   DI_CHECK_ARG(!options.fp8_weights && !options.int4_weights, "quantization ", options.fp8_weights ? "fp8" : "int4",
                " on a checkpoint of FP4 weights: it is already quantized; run it as stored");
 }

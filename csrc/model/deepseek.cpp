@@ -18,9 +18,9 @@ void upload_weights(ModelWeights& w, Backend& backend) {
   };
   const auto matrix = [&](Tensor& t) { place(t, act); };
   const auto vector = [&](Tensor& t) { place(t, DType::kF32); };
-  // An FP8 or INT4 weight keeps its codes, scales (and zero points) as they are.
+  // An FP8 or packed 4-bit weight keeps its codes, scales (and zero points) as they are.
   const auto linear = [&](Weight& w) {
-    if (w.is_int4()) {
+    if (w.is_packed4()) {
       place(w.values, DType::kI32);
       place(w.scale_inv, DType::kF32);
       if (w.has_zeros()) place(w.zeros, DType::kI32);

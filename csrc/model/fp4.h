@@ -21,11 +21,9 @@
 #include <cstdint>
 #include <span>
 
-namespace deepinfer {
+#include "core/e2m1.h"
 
-// The value of each e2m1 code 0..15.
-inline constexpr std::array<float, 16> kE2m1ToFloat = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                                                       -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+namespace deepinfer {
 
 // The scale an E8M0 byte encodes: 2^(code - 127); code 255 is NaN in the OCP format.
 float e8m0_to_float(uint8_t code);

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/fp8.h"
 #include "model/fp4.h"
+#include "model/int4.h"
 #include "model/packed_source.h"
 
 namespace deepinfer {
@@ -60,10 +61,37 @@ class Fp4CheckpointSource final : public PackedWeightSource {
     return "no FP4";
   }
 
+  // A device that keeps 4-bit weights packed (core/weight.h) gets the codes as stored and the scales decoded.
+  std::optional<Int4Form> int4_form(const std::string& name) const override {
+    if (!entries_.contains(name)) return std::nullopt;
+    return Int4Form{.group_size = group_size_, .symmetric = true, .e2m1 = true};
+  }
+
+  void read_int4_rows(const std::string& name, std::span<const int64_t> shape, int64_t first_row, int64_t num_rows,
+                      Int4Rows& out) const override {
+    const auto it = entries_.find(name);
+    DI_CHECK(it != entries_.end(), "tensor ", name, " is not stored in FP4");
+    const Fp4Entry& e = it->second;
+    DI_CHECK(shape.size() == 2 && shape[0] == e.rows && shape[1] == e.cols, "tensor ", name, " is read as ",
+             shape_str(shape), " but is stored as FP4 [", e.rows, ", ", e.cols, "]");
+    DI_CHECK(first_row >= 0 && num_rows >= 0 && first_row + num_rows <= e.rows, "rows [", first_row, ", ",
+             first_row + num_rows, ") out of range for FP4 weight ", name, " of ", e.rows, " rows");
+    out.resize(num_rows, e.cols, group_size_, /*is_symmetric=*/true);
+    out.e2m1 = true;
+    const auto* codes = reinterpret_cast<const uint8_t*>(checkpoint_.get(e.codes).bytes.data()) + first_row * e.cols / 2;
+    for (int64_t i = 0; i < num_rows * e.cols / 2; ++i) {
+      out.q[static_cast<size_t>(2 * i)] = codes[i] & 0xfu;  // element k even: the low nibble
+      out.q[static_cast<size_t>(2 * i + 1)] = codes[i] >> 4;
+    }
+    const int64_t groups = e.cols / group_size_;
+    decode_scales(e, first_row * groups, num_rows * groups, out.scales);
+  }
+
   void read_packed_rows(const std::string& name, int64_t first_row, int64_t num_rows,
                         std::span<float> out) const override {
     const Fp4Entry& e = entries_.at(name);
-    const std::vector<float> scales = decode_scales(e);
+    std::vector<float> scales(static_cast<size_t>(checkpoint_.get(e.scales).numel()));
+    decode_scales(e, 0, static_cast<int64_t>(scales.size()), scales);
     const PackedFp4 w{.rows = e.rows, .cols = e.cols, .group_size = group_size_,
                       .codes = checkpoint_.get(e.codes).bytes, .scales = scales};
     dequantize_fp4_rows(w, first_row, num_rows, out);
@@ -122,15 +150,16 @@ class Fp4CheckpointSource final : public PackedWeightSource {
                  e.codes, " holds [", e.rows, ", ", e.cols, "] (two values a byte along K)");
   }
 
-  std::vector<float> decode_scales(const Fp4Entry& e) const {
+  // Scales [first, first + out.size()) of `e` in row-major order, as float32 (NVFP4's tensor factor applied).
+  void decode_scales(const Fp4Entry& e, int64_t first, int64_t count, std::span<float> out) const {
     const TensorInfo& t = checkpoint_.get(e.scales);
-    const auto* bytes = reinterpret_cast<const uint8_t*>(t.bytes.data());
-    std::vector<float> scales(static_cast<size_t>(t.numel()));
+    DI_CHECK(first >= 0 && first + count <= t.numel() && static_cast<int64_t>(out.size()) == count, "scales [", first,
+             ", ", first + count, ") of ", e.scales, " (", t.numel(), " values)");
+    const auto* bytes = reinterpret_cast<const uint8_t*>(t.bytes.data()) + first;
     const bool mx = format_ == Fp4Format::kMxfp4CompressedTensors;
-    for (size_t i = 0; i < scales.size(); ++i) {
-      scales[i] = mx ? e8m0_to_float(bytes[i]) : e4m3_to_float(bytes[i]) * e.tensor_scale;
+    for (int64_t i = 0; i < count; ++i) {
+      out[static_cast<size_t>(i)] = mx ? e8m0_to_float(bytes[i]) : e4m3_to_float(bytes[i]) * e.tensor_scale;
     }
-    return scales;
   }
 
   Fp4Format format_;

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/e2m1.h"
 #include "core/error.h"
 #include "core/weight.h"
 
@@ -98,6 +99,7 @@ void Int4Rows::resize(int64_t num_rows, int64_t num_cols, int64_t group, bool is
   rows = num_rows;
   cols = num_cols;
   group_size = group;
+  e2m1 = false;  // the FP4 reader sets it after sizing
   q.resize(static_cast<size_t>(rows * cols));
   scales.resize(static_cast<size_t>(rows * groups()));
   zeros.resize(is_symmetric ? 0 : static_cast<size_t>(rows * groups()));
@@ -109,6 +111,7 @@ Int4Rows Int4Rows::columns(int64_t first, int64_t count) const {
            group_size);
   Int4Rows out;
   out.resize(rows, count, group_size, symmetric());
+  out.e2m1 = e2m1;
   const int64_t g0 = first / group_size, ng = count / group_size;
   for (int64_t r = 0; r < rows; ++r) {
     std::copy_n(q.data() + r * cols + first, count, out.q.data() + r * count);
@@ -128,7 +131,9 @@ void Int4Rows::dequantize(std::span<float> out) const {
       const float s = scales[static_cast<size_t>(r * ng + g)];
       const int z = symmetric() ? kInt4SymmetricZero : zeros[static_cast<size_t>(r * ng + g)];
       for (int64_t k = g * group_size; k < (g + 1) * group_size; ++k) {
-        out[static_cast<size_t>(r * cols + k)] = static_cast<float>(q[static_cast<size_t>(r * cols + k)] - z) * s;
+        const uint8_t code = q[static_cast<size_t>(r * cols + k)];
+        out[static_cast<size_t>(r * cols + k)] =
+            (e2m1 ? kE2m1ToFloat[code & 0xfu] : static_cast<float>(code - z)) * s;
       }
     }
   }

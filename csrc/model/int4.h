@@ -74,24 +74,27 @@ void round_int4(std::span<float> values, int64_t cols, const Int4Rounding& round
 
 // Whole rows of a 4-bit weight in the engine's terms (core/weight.h), a code a byte: what a source hands the loader
 // for a device that keeps the weight packed. element [r, k] = (q[r, k] - z[r, k / G]) * scales[r, k / G].
+// FP4 rows (e2m1) are the same with e2m1 codes in q, no zero points: element [r, k] = e2m1(q[r, k]) * scales[r, k / G].
 struct Int4Rows {
-  std::vector<uint8_t> q;      // [rows, cols] unsigned codes in [0, 15]
+  std::vector<uint8_t> q;      // [rows, cols] unsigned codes in [0, 15] (e2m1: e2m1 codes)
   std::vector<float> scales;   // [rows, cols / group_size]
   std::vector<uint8_t> zeros;  // [rows, cols / group_size] in [0, 15]; empty: symmetric (z = 8)
   int64_t rows = 0, cols = 0, group_size = 0;
+  bool e2m1 = false;           // FP4 codes (always symmetric)
 
   int64_t groups() const { return cols / group_size; }
   bool symmetric() const { return zeros.empty(); }
-  void resize(int64_t num_rows, int64_t num_cols, int64_t group, bool is_symmetric);
+  void resize(int64_t num_rows, int64_t num_cols, int64_t group, bool is_symmetric);  // INT4 codes (e2m1 false)
   // Columns [first, first + count) of every row (on group edges), as rows of their own.
   Int4Rows columns(int64_t first, int64_t count) const;
   void dequantize(std::span<float> out) const;  // rows * cols floats
 };
 
-// What a 4-bit weight's rows look like: its group size and whether it has zero points.
+// What a 4-bit weight's rows look like: its group size, whether it has zero points, whether its codes are e2m1 (FP4).
 struct Int4Form {
   int64_t group_size = 0;
   bool symmetric = false;
+  bool e2m1 = false;
   bool operator==(const Int4Form&) const = default;
 };
 

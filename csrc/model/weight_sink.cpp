@@ -106,7 +106,7 @@ class Sink final : public WeightSink {
   }
 
   void write(Weight& dst, int64_t offset, std::span<const float> values) override {
-    DI_CHECK(!dst.is_int4(), "weight sink: float32 values cannot be written into a packed INT4 weight ",
+    DI_CHECK(!dst.is_packed4(), "weight sink: float32 values cannot be written into a packed 4-bit weight ",
              dst.shape().str(), " (its rows come from the source in 4 bits)");
     if (!format_.fp8) {
       write(dst.values, offset, values);
@@ -180,6 +180,11 @@ class Sink final : public WeightSink {
              "INT4 weight ", shape.str(), " with groups of ", form.group_size, ": K must be a multiple of 8 and of a ",
              "group size that is itself a multiple of 8");
     const int64_t groups = k / form.group_size;
+    if (form.e2m1) {
+      DI_CHECK(form.symmetric, "FP4 weight ", shape.str(), ": e2m1 codes have no zero points");
+      return Weight::fp4_packed(placement_->empty(shape.with_dim(-1, k / 8), DType::kI32),
+                                placement_->empty(shape.with_dim(-1, groups), DType::kF32));
+    }
     return Weight::int4_packed(
         placement_->empty(shape.with_dim(-1, k / 8), DType::kI32),
         placement_->empty(shape.with_dim(-1, groups), DType::kF32),
@@ -187,7 +192,9 @@ class Sink final : public WeightSink {
   }
 
   void write_int4(Weight& dst, int64_t matrix, int64_t first_row, const Int4Rows& piece) override {
-    DI_CHECK(takes_int4() && dst.is_int4(), "weight sink: INT4 rows go only into an INT4 weight");
+    DI_CHECK(takes_int4() && dst.is_packed4() && piece.e2m1 == dst.is_fp4(), "weight sink: ",
+             piece.e2m1 ? "FP4" : "INT4", " rows go only into an ", piece.e2m1 ? "FP4" : "INT4", " weight, not into ",
+             dst.is_packed4() ? (dst.is_fp4() ? "an FP4" : "an INT4") : "an unpacked", " one");
     const Shape shape = dst.shape();
     const int nd = shape.ndim();
     const int64_t rows = shape[nd - 2], cols = shape[nd - 1], matrices = nd == 3 ? shape[0] : 1;

@@ -211,7 +211,7 @@ class Loader {
     const Shape& ds = dst.shape();
     const int64_t rows = ds[ds.ndim() - 2], cols = ds[ds.ndim() - 1];
     const int64_t dst_row = offset / cols, matrix = dst_row / rows, row = dst_row % rows;
-    if (dst.is_int4()) {
+    if (dst.is_packed4()) {
       copy_int4_rows(name, shape, first_row, count, dst, matrix, row, offset % cols == 0);
       return;
     }
@@ -282,7 +282,7 @@ class Loader {
   void copy_column_blocks(const std::string& name, Shape shape, int64_t width, Dst& dst, int64_t offset) {
     const int64_t rows = shape[0], cols = shape[1], blocks = cols / width;
     if constexpr (std::is_same_v<Dst, Weight>) {
-      if (dst.is_int4()) {
+      if (dst.is_packed4()) {
         copy_int4_column_blocks(name, shape, width, dst, offset / (rows * width));
         return;
       }
@@ -593,10 +593,10 @@ std::vector<std::pair<DType, int64_t>> weight_bytes_by_dtype(const ModelWeights&
   const auto add = [&](const Tensor& t) {
     if (t.numel() > 0) bytes[t.dtype()] += t.numel() * static_cast<int64_t>(dtype_size(t.dtype()));
   };
-  // A packed INT4 weight's words and zero points count as int4 bytes, its scales as float32.
+  // A packed 4-bit weight's words and zero points count as int4 (or fp4) bytes, its scales as float32.
   const auto add_weight = [&](const Weight& w) {
-    if (w.is_int4()) {
-      for (const Tensor* t : {&w.values, &w.zeros}) bytes[DType::kU4] += static_cast<int64_t>(t->view().bytes());
+    if (w.is_packed4()) {
+      for (const Tensor* t : {&w.values, &w.zeros}) bytes[w.dtype()] += static_cast<int64_t>(t->view().bytes());
     } else {
       add(w.values);
     }

@@ -7,6 +7,9 @@
 // words. The activations are rounded to bf16 first. Groups of 128 inputs or more multiply the exact integers q - z
 // and scale the fp32 sums, so they compare like the bf16 GEMMs (1e-2 of the largest reference value: the GPU's bf16
 // output rounding and summation order); narrower groups round (q - z) * scale to bf16 in registers, 2e-2.
+//
+// FP4 weights (e2m1 codes in the same packing, groups of 16 (NVFP4) and 32 (MXFP4), no zero points) run through the
+// same kernels and compare the same way: their scales always apply in registers (2e-2).
 #ifdef DEEPINFER_HAVE_CUDA
 
 #include <gtest/gtest.h>
@@ -30,15 +33,17 @@ namespace {
 
 using deepinfer::test::cuda_device_available;
 
-// Random 4-bit rows packed as the engine keeps them.
+// Random 4-bit rows packed as the engine keeps them (fp4: e2m1 codes, symmetric).
 struct HostInt4Weight {
   int64_t rows = 0, cols = 0, group = 0;
+  bool fp4 = false;
   std::vector<int32_t> words, zeros;
   std::vector<float> scales;
 
-  static HostInt4Weight random(Rng& rng, int64_t rows, int64_t cols, int64_t group, bool symmetric) {
+  static HostInt4Weight random(Rng& rng, int64_t rows, int64_t cols, int64_t group, bool symmetric, bool fp4 = false) {
     Int4Rows r;
-    r.resize(rows, cols, group, symmetric);
+    r.resize(rows, cols, group, symmetric || fp4);
+    r.e2m1 = fp4;
     const std::vector<float> q = rng.uniform(rows * cols, 0.0f, 16.0f);
     for (size_t i = 0; i < r.q.size(); ++i) r.q[i] = static_cast<uint8_t>(std::min(15.0f, q[i]));
     // Scales of a unit-variance weight's size: |q - z| <= 15.
@@ -46,10 +51,10 @@ struct HostInt4Weight {
     r.scales.assign(s.begin(), s.end());
     const std::vector<float> z = rng.uniform(static_cast<int64_t>(r.zeros.size()), 0.0f, 16.0f);
     for (size_t i = 0; i < r.zeros.size(); ++i) r.zeros[i] = static_cast<uint8_t>(std::min(15.0f, z[i]));
-    HostInt4Weight w{.rows = rows, .cols = cols, .group = group};
+    HostInt4Weight w{.rows = rows, .cols = cols, .group = group, .fp4 = fp4};
     w.words.resize(static_cast<size_t>(rows * cols / 8));
     pack_int4_codes(r, w.words);
-    if (!symmetric) {
+    if (!r.symmetric()) {
       w.zeros.resize(static_cast<size_t>(rows * int4_zero_words(r.groups())));
       pack_int4_zeros(r, w.zeros);
     }
@@ -63,7 +68,8 @@ struct HostInt4Weight {
         zeros.empty() ? ConstTensorView()
                       : ConstTensorView(run.upload(HostTensor::from_raw({rows, int4_zero_words(cols / group)},
                                                                         DType::kI32, zeros.data())));
-    return {ConstTensorView(codes.data, DType::kU4, {rows, cols}, codes.device), scale_view, zero_view};
+    return {ConstTensorView(codes.data, fp4 ? DType::kE2M1 : DType::kU4, {rows, cols}, codes.device), scale_view,
+            zero_view};
   }
 };
 
@@ -81,19 +87,27 @@ struct Int4Mode {
   int64_t group = 128;  // -1: a group per row
   bool symmetric = false;
   bool x_f32 = false;
+  bool fp4 = false;  // e2m1 codes (symmetric by nature)
   int64_t group_for(int64_t k) const { return group == -1 ? k : group; }
   std::string tag() const {
+    if (fp4) return str_cat("fp4_g", group, x_f32 ? "_xf32" : "");
     return str_cat(group == -1 ? std::string("gK") : str_cat("g", group), symmetric ? "_sym" : "_asym",
                    x_f32 ? "_xf32" : "");
   }
-  double tolerance() const { return x_f32 ? 1e-5 : group == -1 || group % 128 == 0 ? 1e-2 : 2e-2; }
+  double tolerance() const {
+    if (x_f32) return 1e-5;
+    return !fp4 && (group == -1 || group % 128 == 0) ? 1e-2 : 2e-2;
+  }
+  HostInt4Weight weight(Rng& rng, int64_t rows, int64_t k) const {
+    return HostInt4Weight::random(rng, rows, k, group_for(k), symmetric, fp4);
+  }
 };
 
 void add_int4_linear(CaseRegistry& r, Int4Mode mode, int64_t m, int64_t n, int64_t k, uint64_t seed,
                      bool out_f32 = false, bool accumulate = false) {
   Rng rng(seed);
   const std::vector<float> x = bf16_values(rng, m * k);
-  const HostInt4Weight w = HostInt4Weight::random(rng, n, k, mode.group_for(k), mode.symmetric);
+  const HostInt4Weight w = mode.weight(rng, n, k);
   const bool out32 = out_f32 || mode.x_f32;
   std::vector<float> prior = out32 ? rng.uniform(m * n, -4.0f, 4.0f) : bf16_values(rng, m * n, -4.0f, 4.0f);
   r.add({.op = OpKind::kLinear,
@@ -113,7 +127,7 @@ void add_int4_linear(CaseRegistry& r, Int4Mode mode, int64_t m, int64_t n, int64
 void add_int4_linear_silu_mul(CaseRegistry& r, Int4Mode mode, int64_t m, int64_t inter, int64_t k, uint64_t seed) {
   Rng rng(seed);
   const std::vector<float> x = bf16_values(rng, m * k);
-  const HostInt4Weight w = HostInt4Weight::random(rng, 2 * inter, k, mode.group_for(k), mode.symmetric);
+  const HostInt4Weight w = mode.weight(rng, 2 * inter, k);
   r.add({.op = OpKind::kLinearSiluMul,
          .name = str_cat("int4_linear_silu_mul_", mode.tag(), "_", m, "x", inter, "x", k),
          .run = [=](OpRunner& run) -> Outputs {
@@ -132,7 +146,7 @@ void add_int4_multi_linear(CaseRegistry& r, Int4Mode mode, int64_t m, int64_t k,
   const auto gated = [n = widths.size()](size_t i) { return n == 3 && i == 1; };
   std::vector<HostInt4Weight> ws;
   for (size_t i = 0; i < widths.size(); ++i) {
-    ws.push_back(HostInt4Weight::random(rng, gated(i) ? 2 * widths[i] : widths[i], k, mode.group_for(k), mode.symmetric));
+    ws.push_back(mode.weight(rng, gated(i) ? 2 * widths[i] : widths[i], k));
   }
   r.add({.op = OpKind::kMultiLinear,
          .name = str_cat("int4_multi_linear_", mode.tag(), "_", m, "x", k, "_", widths.size(), "_targets",
@@ -177,6 +191,17 @@ CaseRegistry build_int4_registry() {
     add_int4_multi_linear(r, g128, m, 7168, {1536, 576}, false, ++seed);         // q_a with kv_a
     add_int4_multi_linear(r, g128_sym, m, 1536, {256, 576, 128}, m == 1, ++seed);  // plain, gated, plain
   }
+  // FP4: NVFP4's groups of 16 and MXFP4's of 32 at decode sizes (the skinny kernel, both halves of a lane's inputs
+  // with their own scale) and past them (the widening path), every epilogue, and float32 activations.
+  const Int4Mode nvfp4{.group = 16, .fp4 = true}, mxfp4{.group = 32, .fp4 = true};
+  for (const Int4Mode mode : {nvfp4, mxfp4}) {
+    for (const int64_t m : {1, 3, 8, 16, 33, 64, 65, 300}) add_int4_linear(r, mode, m, 576, 7168, ++seed);
+    add_int4_linear(r, mode, 5, 640, 1536, ++seed, true, true);
+    add_int4_linear(r, mode, 3, 48, 200, ++seed);  // K not a multiple of 128: widened
+    for (const int64_t m : {1, 40, 300}) add_int4_linear_silu_mul(r, mode, m, 576, 1536, ++seed);
+    for (const int64_t m : {1, 64, 65}) add_int4_multi_linear(r, mode, m, 1536, {256, 576, 128}, m == 1, ++seed);
+  }
+  add_int4_linear(r, Int4Mode{.group = 16, .x_f32 = true, .fp4 = true}, 4, 576, 1536, ++seed);
   return r;
 }
 
@@ -251,6 +276,68 @@ TEST(CudaInt4Gemm, SkinnyKernelDecodesEveryCodeExactly) {
     }
   }
   for (const std::string& e : run.memory_errors()) ADD_FAILURE() << e;
+}
+
+// Every e2m1 code through the skinny kernel and the widening path, bit for bit: one-hot activations pick single
+// weight columns, so out[t][n] = e2m1(q[n][t]) * scale exactly with power-of-two scales (groups of 16: each half of a
+// lane's inputs has its own scale).
+TEST(CudaInt4Gemm, Fp4DecodesEveryCodeExactly) {
+  DEEPINFER_REQUIRE_CUDA_DEVICE();
+  const std::unique_ptr<Backend> cuda = make_cuda_backend(0, cuda::CudaTuning::from_env());
+  constexpr int64_t kRows = 48, kK = 256, kGroup = 16;
+  Int4Rows rows;
+  rows.resize(kRows, kK, kGroup, true);
+  rows.e2m1 = true;
+  for (int64_t n = 0; n < kRows; ++n) {
+    for (int64_t k = 0; k < kK; ++k) rows.q[static_cast<size_t>(n * kK + k)] = static_cast<uint8_t>((n + 5 * k) % 16);
+    for (int64_t g = 0; g < kK / kGroup; ++g) {
+      rows.scales[static_cast<size_t>(n * (kK / kGroup) + g)] = (n + g) % 3 == 0 ? 0.125f : (g % 2 == 0 ? 2.0f : 1.0f);
+    }
+  }
+  std::vector<int32_t> words(static_cast<size_t>(kRows * kK / 8));
+  pack_int4_codes(rows, words);
+  std::vector<float> expected(static_cast<size_t>(kRows * kK));
+  rows.dequantize(expected);
+  for (const int64_t tokens : {int64_t{64}, int64_t{200}}) {  // the skinny kernel, then the widening path
+    std::vector<float> x(static_cast<size_t>(tokens * kK), 0.0f);
+    for (int64_t t = 0; t < tokens; ++t) x[static_cast<size_t>(t * kK + (t * 3) % kK)] = 1.0f;
+    DeviceMemory memory;
+    OpRunner run(*cuda, memory);
+    const TensorView codes = run.upload(HostTensor::from_raw({kRows, kK / 8}, DType::kI32, words.data()));
+    const WeightView w(ConstTensorView(codes.data, DType::kE2M1, {kRows, kK}, codes.device),
+                       run.upload(HostTensor::f32({kRows, kK / kGroup}, rows.scales)), ConstTensorView());
+    const TensorView out = run.output({tokens, kRows}, DType::kF32);
+    cuda->linear({.x = run.upload(HostTensor::bf16({tokens, kK}, x)), .w = w, .out = out});
+    const std::vector<double> got = run.fetch(out);
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t n = 0; n < kRows; ++n) {
+        const int64_t k = (t * 3) % kK;
+        ASSERT_EQ(got[static_cast<size_t>(t * kRows + n)], expected[static_cast<size_t>(n * kK + k)])
+            << tokens << " tokens, token " << t << " row " << n << " code "
+            << int{rows.q[static_cast<size_t>(n * kK + k)]};
+      }
+    }
+    for (const std::string& e : run.memory_errors()) ADD_FAILURE() << e;
+  }
+}
+
+// Host-only: the FP4 skinny kernel takes groups of a power of two of at least 16 inputs and no zero points.
+TEST(Int4SkinnyGemm, Fp4TakesPowerOfTwoGroupsOfSixteenOrMore) {
+  alignas(16) static uint16_t x[8 * 256];
+  alignas(16) static uint32_t w[64 * 32];
+  alignas(16) static float s[64 * 16];
+  alignas(16) static int32_t z[64 * 2];
+  cuda::Int4SkinnyGemmParams p{.x = x, .tokens = 8, .k_dim = 256, .x_row_stride = 256, .num_problems = 1,
+                               .e2m1 = true};
+  p.problems[0] = {.w = w, .scales = s, .out = x, .n_out = 64, .out_row_stride = 64, .group_size = 16};
+  EXPECT_TRUE(cuda::int4_skinny_gemm_fits(p));
+  p.problems[0].group_size = 32;
+  EXPECT_TRUE(cuda::int4_skinny_gemm_fits(p));
+  p.problems[0].group_size = 8;  // narrower than half a lane's inputs
+  EXPECT_FALSE(cuda::int4_skinny_gemm_fits(p));
+  p.problems[0].group_size = 16;
+  p.problems[0].zeros = z;  // e2m1 codes have no zero points
+  EXPECT_FALSE(cuda::int4_skinny_gemm_fits(p));
 }
 
 // Host-only: which operands the INT4 skinny kernel takes (no "Cuda" in the name: runs without a device).

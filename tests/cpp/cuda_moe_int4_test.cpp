@@ -9,6 +9,9 @@
 // partial sums; the grouped ones round (q - z) * s to bf16 once, as the FP8 W8A16 ones round e4m3 * s: the bf16 cases'
 // tolerance, as the FP8 W8A16 cases (cuda_backend_test.cpp). Group sizes the kernels do not take are declined
 // (UnsupportedOp). Every test here needs a GPU, hence "Cuda" in its name (cuda_device_required.h).
+//
+// FP4 experts (e2m1 codes in the same packing, groups of 16 and 32, no zero points) run the same cases: every kernel
+// rounds e2m1 * s to bf16 (registers or shared memory), the W8A16 cases' tolerance again.
 #ifdef DEEPINFER_HAVE_CUDA
 
 #include <gtest/gtest.h>
@@ -49,18 +52,21 @@ std::vector<float> round_bf16(std::vector<float> v) {
   return v;
 }
 
-// Stacked INT4 expert weights of logical shape [experts, rows, cols] as core/weight.h stores them.
+// Stacked INT4 (or FP4) expert weights of logical shape [experts, rows, cols] as core/weight.h stores them.
 struct Int4Experts {
   Shape shape;                 // [experts, rows, cols]
   int64_t group = 0;           // G
+  bool fp4 = false;            // e2m1 codes (no zero points)
   std::vector<int32_t> words;  // [experts, rows, cols / 8]
   std::vector<float> scales;   // [experts, rows, cols / G]
   std::vector<int32_t> zeros;  // [experts, rows, int4_zero_words(cols / G)]; empty: symmetric
 
   // Codes uniform in [0, 15], zero points uniform in [0, 15] (symmetric: none, z = 8), scales uniform in
   // [0.5, 1.5] * scale (positive).
-  static Int4Experts random(Rng& rng, const Shape& shape, int64_t group, bool symmetric, float scale) {
-    Int4Experts w{.shape = shape, .group = group, .words = {}, .scales = {}, .zeros = {}};
+  // fp4: codes are e2m1 (uniform over all 16), no zero points.
+  static Int4Experts random(Rng& rng, const Shape& shape, int64_t group, bool symmetric, float scale, bool fp4 = false) {
+    Int4Experts w{.shape = shape, .group = group, .fp4 = fp4, .words = {}, .scales = {}, .zeros = {}};
+    symmetric = symmetric || fp4;
     const int64_t experts = shape[0], rows = shape[1], cols = shape[2];
     const int64_t matrix_rows = experts * rows, groups = cols / group, zero_words = int4_zero_words(groups);
     w.words.assign(static_cast<size_t>(matrix_rows * cols / 8), 0);
@@ -90,7 +96,7 @@ struct Int4Experts {
   WeightView upload(OpRunner& run) const {
     const int64_t experts = shape[0], rows = shape[1], cols = shape[2], groups = cols / group;
     const TensorView packed = run.upload(HostTensor::i32({experts, rows, cols / 8}, words));
-    const ConstTensorView codes(packed.data, DType::kU4, shape, packed.device);
+    const ConstTensorView codes(packed.data, fp4 ? DType::kE2M1 : DType::kU4, shape, packed.device);
     const ConstTensorView s = run.upload(HostTensor::f32({experts, rows, groups}, scales));
     const ConstTensorView z = zeros.empty() ? ConstTensorView()
                                             : ConstTensorView(run.upload(HostTensor::i32(
@@ -104,10 +110,12 @@ struct Int4Experts {
 struct Int4Format {
   int64_t gate_up_group = 128, down_group = 128;
   bool symmetric = false;
+  bool fp4 = false;  // e2m1 codes, no zero points
 
   std::string str() const {
     const std::string g = gate_up_group == down_group ? str_cat("g", gate_up_group)
                                                       : str_cat("g", gate_up_group, "_", down_group);
+    if (fp4) return str_cat("fp4_", g);
     return str_cat(g, symmetric ? "_sym" : "_asym");
   }
 };
@@ -121,12 +129,15 @@ struct Int4ExpertsInputs {
 
   static Int4ExpertsInputs make(const ExpertsShape& s, const Int4Format& f, uint64_t seed) {
     Rng rng(seed);
-    const float gate_up_scale = static_cast<float>(std::sqrt(3.0 / double(s.dim)) / 8.0);
-    const float down_scale = static_cast<float>(std::sqrt(3.0 / double(s.inter)) / 8.0);
+    // e2m1 values spread up to 6 either way, INT4's q - z about 8.
+    const double spread = f.fp4 ? 6.0 : 8.0;
+    const float gate_up_scale = static_cast<float>(std::sqrt(3.0 / double(s.dim)) / spread);
+    const float down_scale = static_cast<float>(std::sqrt(3.0 / double(s.inter)) / spread);
     std::vector<float> x = round_bf16(rng.uniform(s.tokens * s.dim, -1.0f, 1.0f));
-    Int4Experts gate_up =
-        Int4Experts::random(rng, {s.experts(), 2 * s.inter, s.dim}, f.gate_up_group, f.symmetric, gate_up_scale);
-    Int4Experts down = Int4Experts::random(rng, {s.experts(), s.dim, s.inter}, f.down_group, f.symmetric, down_scale);
+    Int4Experts gate_up = Int4Experts::random(rng, {s.experts(), 2 * s.inter, s.dim}, f.gate_up_group, f.symmetric,
+                                              gate_up_scale, f.fp4);
+    Int4Experts down =
+        Int4Experts::random(rng, {s.experts(), s.dim, s.inter}, f.down_group, f.symmetric, down_scale, f.fp4);
     ExpertPairs routing = random_expert_pairs(rng, s);
     return {std::move(x), std::move(gate_up), std::move(down), std::move(routing)};
   }
@@ -153,7 +164,7 @@ void run_cuda_experts_on_path(OpRunner& run, const MoeExpertsArgs& a, MoeExperts
                     .w_down_zeros = dn.symmetric() ? nullptr : dn.zeros.as<int32_t>(),
                     .group_size = i32(gu.group_size()),
                     .down_group_size = i32(dn.group_size()),
-                    .weight_format = cuda::MoeWeightFormat::kInt4,
+                    .weight_format = gu.is_fp4() ? cuda::MoeWeightFormat::kFp4 : cuda::MoeWeightFormat::kInt4,
                     .out = a.out.as<uint16_t>(),
                     .num_tokens = i32(a.x.shape[0]),
                     .hidden = i32(a.x.shape[1]),
@@ -318,6 +329,28 @@ CaseRegistry build_registry() {
                        {.gate_up_group = 32, .down_group = 32, .symmetric = false}, path, ++seed);
     }
   }
+  // FP4: NVFP4's groups of 16 and MXFP4's of 32 on every path, V2-Lite's widths, the persistent small-M FFN (hidden
+  // 4096 at 1 and 3 tokens).
+  for (const int64_t group : {int64_t{16}, int64_t{32}}) {
+    const Int4Format fp4{.gate_up_group = group, .down_group = group, .fp4 = true};
+    for (const MoeExpertsPath path : kPaths) {
+      for (const int64_t tokens : kTokens) {
+        ExpertsShape s = v3_small;
+        s.tokens = tokens;
+        add_int4_experts(r, s, fp4, path, ++seed);
+      }
+      for (const int64_t tokens : {int64_t{1}, int64_t{80}}) {
+        ExpertsShape s = v2_lite;
+        s.tokens = tokens;
+        add_int4_experts(r, s, fp4, path, ++seed);
+      }
+    }
+    for (const int64_t tokens : {int64_t{1}, int64_t{3}}) {
+      ExpertsShape s = wide;
+      s.tokens = tokens;
+      add_int4_experts(r, s, fp4, MoeExpertsPath::kAuto, ++seed);
+    }
+  }
   const RouteConfig v3_route{.scoring = ExpertScoring::kSigmoid, .method = TopkMethod::kNoauxTc, .experts = 32,
                              .n_group = 4, .topk_group = 2, .top_k = 8, .norm_topk_prob = true,
                              .routed_scaling_factor = 2.5f, .num_shared = 1};
@@ -334,6 +367,12 @@ CaseRegistry build_registry() {
                  {.tag = "v2_like", .route = v2_route, .tokens = tokens, .dim = 2048, .inter = 1408,
                   .format = {.gate_up_group = 64, .down_group = 64, .symmetric = true},
                   .logits = tokens == 1 ? Logits::kRouter : Logits::kGiven},
+                 ++seed);
+  }
+  for (const int64_t tokens : {int64_t{1}, int64_t{300}}) {
+    add_int4_moe(r,
+                 {.tag = "v3_like", .route = v3_route, .tokens = tokens, .dim = 1024, .inter = 256,
+                  .format = {.gate_up_group = 16, .down_group = 16, .fp4 = true}, .bias = true},
                  ++seed);
   }
   return r;

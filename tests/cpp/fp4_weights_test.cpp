@@ -6,10 +6,15 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
+#include "core/e2m1.h"
 #include "core/error.h"
+#include "core/int4.h"
+#include "core/weight.h"
 #include "model/fp4.h"
+#include "model/int4.h"
 
 namespace deepinfer {
 namespace {
@@ -49,6 +54,73 @@ TEST(Fp4Weights, EachGroupTakesItsScaleAndRowRangesEqualTheWhole) {
   std::vector<float> middle(static_cast<size_t>(cols));
   dequantize_fp4_rows(w, 1, 1, middle);
   EXPECT_TRUE(std::equal(middle.begin(), middle.end(), whole.begin() + cols));
+}
+
+// The bf16 a GPU kernel builds from a code (core/e2m1.h), as a float.
+float scaled_bf16(uint32_t bits16) {
+  const uint32_t f32_bits = bits16 << 16;
+  float f = 0.0f;
+  std::memcpy(&f, &f32_bits, sizeof(f));
+  return f;
+}
+
+// Every code in both halves of a word, beside every code in the other half: the placed bits are a bf16 of exactly the
+// code's value times 2^-126 (one multiplication by 2^126, exact, gives the value), and nothing of the neighbouring
+// nibbles leaks in.
+TEST(Fp4Weights, KernelBitPlacementIsTheCodesValueTimesTwoToTheMinus126) {
+  EXPECT_EQ(scaled_bf16(kBf16x2Of2Pow126 & 0xffffu), std::ldexp(1.0f, 126));
+  EXPECT_EQ(scaled_bf16(kBf16x2Of2Pow126 >> 16), std::ldexp(1.0f, 126));
+  for (uint32_t lo = 0; lo < 16; ++lo) {
+    for (uint32_t hi = 0; hi < 16; ++hi) {
+      // Codes in bits 0..3 and 16..19, other nibbles filled with ones (ignored).
+      const uint32_t word = lo | (hi << 16) | 0xfff0fff0u;
+      const uint32_t bits = e2m1_pair_scaled_bits(word);
+      const float lo_value = scaled_bf16(bits & 0xffffu) * std::ldexp(1.0f, 126);
+      const float hi_value = scaled_bf16(bits >> 16) * std::ldexp(1.0f, 126);
+      EXPECT_EQ(lo_value, kE2m1ToFloat[lo]) << "code " << lo;
+      EXPECT_EQ(hi_value, kE2m1ToFloat[hi]) << "code " << hi;
+      EXPECT_EQ(std::signbit(lo_value), lo >= 8) << "code " << lo;
+    }
+  }
+}
+
+// FP4 rows packed as the engine keeps them (INT4's interleaved words, e2m1 codes) dequantize to what the rows hold,
+// and to what the checkpoint layout (two codes a byte) dequantizes to.
+TEST(Fp4Weights, PackedWordsDequantizeToTheirRowsAndTheCheckpointsValues) {
+  const int64_t rows = 4, cols = 64, group = 16;
+  std::vector<uint8_t> bytes(static_cast<size_t>(rows * cols / 2));
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 73 + 5);
+  std::vector<float> scales;
+  for (int64_t g = 0; g < rows * cols / group; ++g) scales.push_back(0.25f * static_cast<float>(g + 1));
+  std::vector<float> from_checkpoint(static_cast<size_t>(rows * cols));
+  dequantize_fp4_rows({.rows = rows, .cols = cols, .group_size = group, .codes = as_bytes(bytes), .scales = scales}, 0,
+                      rows, from_checkpoint);
+  Int4Rows r;
+  r.resize(rows, cols, group, true);
+  r.e2m1 = true;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    r.q[2 * i] = bytes[i] & 0xfu;
+    r.q[2 * i + 1] = bytes[i] >> 4;
+  }
+  r.scales = scales;
+  std::vector<float> from_rows(static_cast<size_t>(rows * cols));
+  r.dequantize(from_rows);
+  EXPECT_EQ(from_rows, from_checkpoint);
+  std::vector<int32_t> words(static_cast<size_t>(rows * cols / 8));
+  pack_int4_codes(r, words);
+  std::vector<float> from_words(static_cast<size_t>(rows * cols));
+  dequantize_packed_fp4(words, scales, rows, cols, group, from_words);
+  EXPECT_EQ(from_words, from_checkpoint);
+  // A column range on group edges keeps the codes' kind.
+  const Int4Rows right = r.columns(32, 32);
+  EXPECT_TRUE(right.e2m1);
+  std::vector<float> right_values(static_cast<size_t>(rows * 32));
+  right.dequantize(right_values);
+  for (int64_t n = 0; n < rows; ++n) {
+    for (int64_t k = 0; k < 32; ++k) {
+      EXPECT_EQ(right_values[static_cast<size_t>(n * 32 + k)], from_checkpoint[static_cast<size_t>(n * cols + 32 + k)]);
+    }
+  }
 }
 
 TEST(Fp4Weights, E8m0IsABiasedPowerOfTwo) {

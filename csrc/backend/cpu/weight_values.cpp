@@ -20,6 +20,16 @@ const float* weight_values(const WeightView& w, std::vector<float>& scratch) {
                            scratch);
     return scratch.data();
   }
+  if (w.is_fp4()) {
+    DI_CHECK(w.shape.ndim() == 2 && w.device == Device::kCpu, "cpu: an FP4 weight is read as a 2-D host matrix, got ",
+             w.shape.str(), " on ", device_name(w.device));
+    const int64_t rows = w.shape[0], cols = w.shape[1];
+    scratch.resize(static_cast<size_t>(rows * cols));
+    dequantize_packed_fp4({w.as<int32_t>(), static_cast<size_t>(rows * cols / 8)},
+                          {w.scale_inv.as<float>(), static_cast<size_t>(w.scale_inv.numel())}, rows, cols,
+                          w.group_size(), scratch);
+    return scratch.data();
+  }
   if (!w.is_fp8()) return w.f32();
   DI_CHECK(w.shape.ndim() == 2 && w.device == Device::kCpu, "cpu: an FP8 weight is read as a 2-D host matrix, got ",
            w.shape.str(), " on ", device_name(w.device));

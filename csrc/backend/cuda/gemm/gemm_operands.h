@@ -29,10 +29,10 @@ inline void check_gemm_operands(const ConstTensorView& x, const ConstTensorView&
 // bf16 or float32 activations, its scales float32 in device memory.
 inline void check_gemm_operands(const ConstTensorView& x, const WeightView& w, const ConstTensorView& out,
                                 const char* op) {
-  if (w.is_int4()) {
+  if (w.is_packed4()) {
     // The scales' and zero points' shapes are the op's validate() (ops_validate.cpp).
     DI_CHECK((x.dtype == DType::kBF16 || x.dtype == DType::kF32) && (out.dtype == x.dtype || out.dtype == DType::kF32),
-             op, ": with an INT4 weight x must be bfloat16 or float32 and out x's dtype or float32, got ",
+             op, ": with a packed 4-bit weight x must be bfloat16 or float32 and out x's dtype or float32, got ",
              dtype_name(x.dtype), " and ", dtype_name(out.dtype));
     DI_CHECK(x.device == Device::kCuda && w.device == Device::kCuda && w.scale_inv.device == Device::kCuda &&
                  (w.symmetric() || w.zeros.device == Device::kCuda) && out.device == Device::kCuda,

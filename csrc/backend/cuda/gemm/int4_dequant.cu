@@ -1,5 +1,5 @@
-// A thread widens one packed word (eight inputs of one row) with int4_unpack.cuh's exact (q - z), times the scale in
-// fp32, rounded once to the output's dtype.
+// A thread widens one packed word (eight inputs of one row) with int4_unpack.cuh's exact (q - z) or e2m1 value, times
+// the scale in fp32, rounded once to the output's dtype.
 #include "backend/cuda/gemm/int4_dequant.cuh"
 
 #include <cuda_bf16.h>
@@ -26,6 +26,7 @@ struct DequantArgs {
   bool out_f32;
 };
 
+template <bool kE2m1>
 __global__ void __launch_bounds__(kThreads) dequantize_int4_kernel(const __grid_constant__ DequantArgs a) {
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
@@ -34,9 +35,9 @@ __global__ void __launch_bounds__(kThreads) dequantize_int4_kernel(const __grid_
   for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * kThreads) {
     const int64_t r = i / row_words, w = i % row_words, row = a.first_row + r, g = w * 8 / a.group_size;
-    const uint32_t z = int4::zero_of_group(a.zeros == nullptr ? nullptr : a.zeros + row * zero_words, g);
+    const uint32_t z = kE2m1 ? 0u : int4::zero_of_group(a.zeros == nullptr ? nullptr : a.zeros + row * zero_words, g);
     uint32_t pairs[4];
-    int4::unpack8(__ldg(a.words + row * row_words + w), int4::zero_pair(z), pairs);
+    int4::unpack8_codes<kE2m1>(__ldg(a.words + row * row_words + w), int4::zero_pair(z), pairs);
     const float s = __ldg(a.scales + row * groups + g);
     float v[8];
 #pragma unroll
@@ -67,15 +68,20 @@ __global__ void __launch_bounds__(kThreads) dequantize_int4_kernel(const __grid_
 
 void dequantize_int4_rows(const uint32_t* words, const float* scales, const int32_t* zeros, int64_t first_row,
                           int64_t rows, int64_t k_dim, int64_t group_size, void* out, bool out_f32,
-                          LaunchStream stream) {
+                          LaunchStream stream, bool e2m1) {
   DI_CHECK(k_dim > 0 && k_dim % 8 == 0 && group_size > 0 && group_size % 8 == 0 && k_dim % group_size == 0,
            "dequantize_int4_rows: K ", k_dim, " and group size ", group_size, " must be multiples of 8, the group ",
            "dividing K");
   if (rows <= 0) return;
   const int64_t total = rows * (k_dim / 8);
   const int64_t blocks = std::min<int64_t>((total + kThreads - 1) / kThreads, int64_t{132} * 16);
-  launch_pdl(dequantize_int4_kernel, {.grid = dim3(static_cast<unsigned>(blocks)), .block = dim3(kThreads)}, stream,
-             DequantArgs{words, scales, zeros, first_row, rows, k_dim, group_size, out, out_f32});
+  const DequantArgs args{words, scales, zeros, first_row, rows, k_dim, group_size, out, out_f32};
+  const LaunchShape shape{.grid = dim3(static_cast<unsigned>(blocks)), .block = dim3(kThreads)};
+  if (e2m1) {
+    launch_pdl(dequantize_int4_kernel<true>, shape, stream, args);
+  } else {
+    launch_pdl(dequantize_int4_kernel<false>, shape, stream, args);
+  }
 }
 
 }  // namespace deepinfer::cuda

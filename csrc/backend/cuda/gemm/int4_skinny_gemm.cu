@@ -17,6 +17,10 @@
 //   G = 32, 64, 96, ...: a lane's 32 inputs still lie in one group (32-aligned), but the lanes of an MMA do not share
 //   it, so each lane multiplies its unpacked pairs by its group's scale in registers (rounded to bf16) first.
 // The scales and zero points are weights as well: loaded with the codes, before the wait on the previous kernel.
+//
+// FP4 weights (kE2m1: e2m1 codes in the same words, no zero points) unpack to their exact values and always take the
+// second way, their groups (16 or 32 inputs, NVFP4 / MXFP4) narrower than a step: a lane's 32 inputs are two halves
+// of 16, each inside one group, so it loads the scale of each half (the same one for groups of 32).
 #include "backend/cuda/gemm/int4_skinny_gemm.cuh"
 #include "backend/cuda/gemm/skinny_epilogue.cuh"
 #include "backend/cuda/gemm/skinny_tile_layout.h"
@@ -47,33 +51,36 @@ struct Int4SkinnyKernelArgs {
   int block_begin[kInt4SkinnyMaxProblems + 1] = {};
 };
 
-// One row's operands of a step, as loaded: four packed words, the group's scale and its zero-point word.
+// One row's operands of a step, as loaded: four packed words, the group's scale and its zero-point word (FP4: the
+// scales of the two halves, no zero points).
 struct RowStep {
   uint4 words;
   float scale;
+  float scale_hi;  // FP4: the scale of words 2 and 3 (scale is words 0 and 1's)
   uint32_t zero_word;
 };
 
 // The row's 32 inputs of the step as sixteen bf16x2 pairs: pairs[w][j] holds inputs 8w + 2j, 8w + 2j + 1 of the lane's
-// 32, (q - z), times the scale in registers unless kScaleAfter.
-template <bool kScaleAfter>
+// 32, (q - z) or e2m1(q), times the scale in registers unless kScaleAfter.
+template <bool kScaleAfter, bool kE2m1>
 __device__ __forceinline__ void unpack_row(const RowStep& s, uint32_t zero_nibble_shift, uint32_t (&pairs)[4][4]) {
   const uint32_t z = (s.zero_word >> zero_nibble_shift) & 0xfu;
   const uint32_t zero = int4::zero_pair(z);
   const uint32_t words[4] = {s.words.x, s.words.y, s.words.z, s.words.w};
 #pragma unroll
   for (int w = 0; w < 4; ++w) {
-    int4::unpack8(words[w], zero, pairs[w]);
-    if constexpr (!kScaleAfter) int4::scale4(pairs[w], int4::scale_pair(s.scale));
+    int4::unpack8_codes<kE2m1>(words[w], zero, pairs[w]);
+    if constexpr (!kScaleAfter) int4::scale4(pairs[w], int4::scale_pair(kE2m1 && w >= 2 ? s.scale_hi : s.scale));
   }
 }
 
 // kTokenTiles 8-token MMA column tiles; kUnroll K steps of weight loads in flight per warp (the next group loads while
 // the current one multiplies). Up to two token tiles and four steps the kernel is held to 128 registers, two CTAs an
 // SM; the deeper and wider variants run one CTA an SM.
-template <int kTokenTiles, int kUnroll, bool kScaleAfter>
+template <int kTokenTiles, int kUnroll, bool kScaleAfter, bool kE2m1>
 __global__ void __launch_bounds__(kThreads, (kTokenTiles <= 2 && kUnroll <= 4) ? 2 : 1)
     int4_skinny_gemm_kernel(const __grid_constant__ Int4SkinnyKernelArgs args) {
+  static_assert(!(kE2m1 && kScaleAfter), "FP4 groups are narrower than a step: scales in registers");
   const Int4SkinnyGemmParams& p = args.p;
   __shared__ float partial[kWarps][kTokenTiles][32][4];
   const int block_id = static_cast<int>(blockIdx.x);
@@ -113,6 +120,11 @@ __global__ void __launch_bounds__(kThreads, (kTokenTiles <= 2 && kUnroll <= 4) ?
     const int chunk = static_cast<int>(s) * (kStepK / 32) + lane_k;
     return group_shift >= 0 ? chunk >> group_shift : chunk / chunks_per_group;
   };
+  // FP4: the group of the lane's first 16 inputs of step s (G a power of two; the second half's is (.. + 16) >> ..).
+  const int fp4_shift = __ffs(static_cast<int>(q.group_size)) - 1;
+  const auto fp4_group_of = [&](int64_t s, int half) {
+    return (static_cast<int>(s) * kStepK + lane_k * 32 + 16 * half) >> fp4_shift;
+  };
 
   // Weights are never written by a kernel: the first group goes out before the wait on the previous kernel
   // (programmatic dependent launch); x, its output, is read only after it. Steps past the warp's range load zero codes
@@ -123,13 +135,25 @@ __global__ void __launch_bounds__(kThreads, (kTokenTiles <= 2 && kUnroll <= 4) ?
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t s = first + u;
       const bool in_range = s < step_end;
-      const int64_t g = in_range ? group_of(s) : 0;
       a[u].words = in_range && valid_a ? ld_stream_16(w_a + s * (kStepK / 8)) : make_uint4(0u, 0u, 0u, 0u);
       b[u].words = in_range && valid_b ? ld_stream_16(w_b + s * (kStepK / 8)) : make_uint4(0u, 0u, 0u, 0u);
-      a[u].scale = in_range && valid_a ? __ldg(s_a + g) : 0.0f;
-      b[u].scale = in_range && valid_b ? __ldg(s_b + g) : 0.0f;
-      a[u].zero_word = z_a != nullptr && in_range && valid_a ? static_cast<uint32_t>(__ldg(z_a + g / 8)) : 0x88888888u;
-      b[u].zero_word = z_b != nullptr && in_range && valid_b ? static_cast<uint32_t>(__ldg(z_b + g / 8)) : 0x88888888u;
+      if constexpr (kE2m1) {
+        const int64_t g_lo = in_range ? fp4_group_of(s, 0) : 0, g_hi = in_range ? fp4_group_of(s, 1) : 0;
+        a[u].scale = in_range && valid_a ? __ldg(s_a + g_lo) : 0.0f;
+        a[u].scale_hi = in_range && valid_a ? __ldg(s_a + g_hi) : 0.0f;
+        b[u].scale = in_range && valid_b ? __ldg(s_b + g_lo) : 0.0f;
+        b[u].scale_hi = in_range && valid_b ? __ldg(s_b + g_hi) : 0.0f;
+        a[u].zero_word = b[u].zero_word = 0u;
+      } else {
+        const int64_t g = in_range ? group_of(s) : 0;
+        a[u].scale = in_range && valid_a ? __ldg(s_a + g) : 0.0f;
+        b[u].scale = in_range && valid_b ? __ldg(s_b + g) : 0.0f;
+        a[u].scale_hi = b[u].scale_hi = 0.0f;
+        a[u].zero_word =
+            z_a != nullptr && in_range && valid_a ? static_cast<uint32_t>(__ldg(z_a + g / 8)) : 0x88888888u;
+        b[u].zero_word =
+            z_b != nullptr && in_range && valid_b ? static_cast<uint32_t>(__ldg(z_b + g / 8)) : 0x88888888u;
+      }
     }
   };
   load_weights(step_begin);
@@ -159,10 +183,10 @@ __global__ void __launch_bounds__(kThreads, (kTokenTiles <= 2 && kUnroll <= 4) ?
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t k = (s + u) * kStepK;
       const bool in_range = s + u < step_end;
-      const uint32_t shift = static_cast<uint32_t>(4 * ((in_range ? group_of(s + u) : 0) % 8));
+      const uint32_t shift = kE2m1 ? 0u : static_cast<uint32_t>(4 * ((in_range ? group_of(s + u) : 0) % 8));
       uint32_t pa[4][4], pb[4][4];
-      unpack_row<kScaleAfter>(cur_a[u], shift, pa);
-      unpack_row<kScaleAfter>(cur_b[u], shift, pb);
+      unpack_row<kScaleAfter, kE2m1>(cur_a[u], shift, pa);
+      unpack_row<kScaleAfter, kE2m1>(cur_b[u], shift, pb);
 #pragma unroll
       for (int t = 0; t < kTokenTiles; ++t) {
         uint32_t xw[16];
@@ -229,32 +253,35 @@ int unroll_for(const TileLayout& layout, int tiles) {
   return skinny::loads_in_flight(layout.blocks, layout.args.p.num_sms, tiles);
 }
 
-template <int kTokenTiles, int kUnroll, bool kScaleAfter>
+template <int kTokenTiles, int kUnroll, bool kScaleAfter, bool kE2m1>
 void launch(const TileLayout& layout, LaunchStream stream) {
-  launch_pdl(int4_skinny_gemm_kernel<kTokenTiles, kUnroll, kScaleAfter>,
+  launch_pdl(int4_skinny_gemm_kernel<kTokenTiles, kUnroll, kScaleAfter, kE2m1>,
              {.grid = dim3(static_cast<unsigned>(layout.blocks)), .block = dim3(kThreads)}, stream, layout.args);
 }
 
-template <int kTokenTiles, bool kScaleAfter>
+template <int kTokenTiles, bool kScaleAfter, bool kE2m1>
 void launch_tiles(const TileLayout& layout, LaunchStream stream) {
   if constexpr (kTokenTiles > 2) {
-    launch<kTokenTiles, 2, kScaleAfter>(layout, stream);
+    launch<kTokenTiles, 2, kScaleAfter, kE2m1>(layout, stream);
   } else if (unroll_for(layout, kTokenTiles) == 8) {
-    launch<kTokenTiles, 8, kScaleAfter>(layout, stream);
+    launch<kTokenTiles, 8, kScaleAfter, kE2m1>(layout, stream);
   } else {
-    launch<kTokenTiles, 4, kScaleAfter>(layout, stream);
+    launch<kTokenTiles, 4, kScaleAfter, kE2m1>(layout, stream);
   }
 }
 
-template <bool kScaleAfter>
+template <bool kScaleAfter, bool kE2m1 = false>
 void launch_scaled(const TileLayout& layout, int64_t tokens, LaunchStream stream) {
   switch (skinny::token_tiles(tokens)) {
-    case 1: launch_tiles<1, kScaleAfter>(layout, stream); break;
-    case 2: launch_tiles<2, kScaleAfter>(layout, stream); break;
-    case 4: launch_tiles<4, kScaleAfter>(layout, stream); break;
-    default: launch_tiles<8, kScaleAfter>(layout, stream); break;
+    case 1: launch_tiles<1, kScaleAfter, kE2m1>(layout, stream); break;
+    case 2: launch_tiles<2, kScaleAfter, kE2m1>(layout, stream); break;
+    case 4: launch_tiles<4, kScaleAfter, kE2m1>(layout, stream); break;
+    default: launch_tiles<8, kScaleAfter, kE2m1>(layout, stream); break;
   }
 }
+
+// FP4 groups: a power of two of at least 16 inputs (a half of a lane's 32 lies in one group).
+bool fp4_group_fits(int64_t group_size) { return group_size >= 16 && (group_size & (group_size - 1)) == 0; }
 
 }  // namespace
 
@@ -266,9 +293,10 @@ bool int4_skinny_gemm_fits(const Int4SkinnyGemmParams& p) {
   }
   for (int i = 0; i < p.num_problems; ++i) {
     const Int4SkinnyProblem& q = p.problems[i];
+    const bool group_ok = p.e2m1 ? fp4_group_fits(q.group_size) && q.zeros == nullptr
+                                 : q.group_size > 0 && q.group_size % 32 == 0;
     if (q.n_out < 1 || !skinny::aligned(q.w, 16) || q.scales == nullptr || !skinny::aligned(q.scales, 4) ||
-        (q.zeros != nullptr && !skinny::aligned(q.zeros, 4)) || q.group_size <= 0 || q.group_size % 32 != 0 ||
-        p.k_dim % q.group_size != 0) {
+        (q.zeros != nullptr && !skinny::aligned(q.zeros, 4)) || !group_ok || p.k_dim % q.group_size != 0) {
       return false;
     }
   }
@@ -278,9 +306,13 @@ bool int4_skinny_gemm_fits(const Int4SkinnyGemmParams& p) {
 void int4_skinny_gemm(const Int4SkinnyGemmParams& p, LaunchStream stream) {
   DI_CHECK(int4_skinny_gemm_fits(p), "int4_skinny_gemm: ", p.tokens, " tokens, K ", p.k_dim, ", ", p.num_problems,
            " problems: needs 1..", kInt4SkinnyMaxTokens, " tokens, K a multiple of ", kStepK,
-           ", groups of a multiple of 32 inputs dividing K, 1..", kInt4SkinnyMaxProblems,
-           " problems and 16-byte aligned rows");
+           ", groups dividing K (INT4: a multiple of 32 inputs; FP4: a power of two >= 16, no zero points), 1..",
+           kInt4SkinnyMaxProblems, " problems and 16-byte aligned rows");
   const TileLayout layout = tile_layout(p);
+  if (p.e2m1) {
+    launch_scaled<false, true>(layout, p.tokens, stream);
+    return;
+  }
   bool scale_after = true;
   for (int i = 0; i < p.num_problems; ++i) scale_after = scale_after && p.problems[i].group_size % kStepK == 0;
   if (scale_after) {

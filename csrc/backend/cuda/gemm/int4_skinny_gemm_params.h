@@ -2,6 +2,7 @@
 // group scales and the zero points are core/weight.h's), up to kInt4SkinnyMaxProblems products of the same activations
 // in one launch:
 //   acc[t, n] = sum_k x[t, k] * (q[n, k] - z[n, k / G]) * scale[n, k / G]     (fp32 accumulation)
+// or, for FP4 weights (e2m1, the same packing, no zero points), x[t, k] * e2m1(q[n, k]) * scale[n, k / G].
 // with the skinny GEMM's epilogues (skinny_gemm_params.h): kStore, kAccumulate, kSiluMul (w = [gate; up], the groups
 // those of the 2 * n_out rows). x is bf16, row-major with K contiguous; out bf16 or fp32.
 #pragma once
@@ -21,7 +22,7 @@ struct Int4SkinnyProblem {
   void* out = nullptr;               // bf16 or fp32 (out_f32)
   int64_t n_out = 0;                 // output columns
   int64_t out_row_stride = 0;        // elements
-  int64_t group_size = 0;            // a multiple of 32 dividing k_dim
+  int64_t group_size = 0;            // INT4: a multiple of 32 dividing k_dim; FP4: a power of two >= 16 dividing it
   SkinnyEpilogue epilogue = SkinnyEpilogue::kStore;
   bool out_f32 = false;
 };
@@ -32,6 +33,7 @@ struct Int4SkinnyGemmParams {
   int64_t k_dim = 0;            // a multiple of 128
   int64_t x_row_stride = 0;
   int num_problems = 0;
+  bool e2m1 = false;            // every problem's weight is FP4 (else every one is INT4)
   Int4SkinnyProblem problems[kInt4SkinnyMaxProblems];
   int32_t num_sms = 132;
 };

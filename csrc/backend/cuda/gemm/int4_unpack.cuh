@@ -7,9 +7,15 @@
 // bf16x2 subtraction of 128 + z leaves the small integer q - z, also exact. The group's scale is applied by the caller:
 // to the fp32 partial sums where a K step lies inside one group, or in registers (int4_scale) where groups are
 // narrower than a step.
+//
+// FP4 words (e2m1 codes in the same nibble order, core/weight.h) unpack the same way into the pairs' exact e2m1
+// values (unpack8_e2m1, core/e2m1.h's placement and one multiplication by 2^126); their group scales (16 or 32
+// inputs) are always applied in registers, a word's eight inputs lying inside one group.
 #pragma once
 
 #include <cstdint>
+
+#include "core/e2m1.h"
 
 namespace deepinfer::cuda::int4 {
 
@@ -45,6 +51,22 @@ __device__ __forceinline__ void unpack8(uint32_t word, uint32_t zero, uint32_t (
         : "=r"(biased)
         : "r"(word >> (4 * j)), "r"(0x000f000fu), "r"(kBf16x2Of128));
     pairs[j] = sub_bf16x2(biased, zero);
+  }
+}
+
+// The eight e2m1 codes of `word` as their exact bf16 values, in unpack8's pairs.
+__device__ __forceinline__ void unpack8_e2m1(uint32_t word, uint32_t (&pairs)[4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) pairs[j] = mul_bf16x2(e2m1_pair_scaled_bits(word >> (4 * j)), kBf16x2Of2Pow126);
+}
+
+// The codes of a word as dequantized pairs: INT4 (q - z, exact) or FP4 (e2m1, exact); `zero` is unused for FP4.
+template <bool kE2m1>
+__device__ __forceinline__ void unpack8_codes(uint32_t word, uint32_t zero, uint32_t (&pairs)[4]) {
+  if constexpr (kE2m1) {
+    unpack8_e2m1(word, pairs);
+  } else {
+    unpack8(word, zero, pairs);
   }
 }
 

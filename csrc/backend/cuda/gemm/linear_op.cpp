@@ -1,6 +1,6 @@
 // linear, linear_silu_mul and multi_linear: the skinny GEMM where its rule allows, cuBLAS (or the composed ops)
 // otherwise. FP8 weights: the FP8 skinny GEMM up to kFp8SkinnyMaxTokens bf16 tokens, the prefill path (fp8_linear.h)
-// otherwise; INT4 weights the same with their own kernels (int4_skinny_gemm.cuh, int4_linear.h).
+// otherwise; packed 4-bit weights (INT4, FP4) the same with their own kernels (int4_skinny_gemm.cuh, int4_linear.h).
 #include <algorithm>
 #include <array>
 #include <cstddef>
@@ -101,7 +101,7 @@ void launch_fp8_skinny(CudaContext& ctx, const Fp8SkinnyGemmParams& p) {
   ctx.ledger().launched(Trigger::kAfterWait, OpAccesses::any());
 }
 
-// One product of an INT4 skinny GEMM launch.
+// One product of a packed 4-bit (INT4 or FP4) skinny GEMM launch.
 struct Int4SkinnyTarget {
   WeightView w;
   TensorView out;
@@ -112,7 +112,7 @@ Int4SkinnyGemmParams int4_skinny_params(const CudaContext& ctx, const ConstTenso
                                         std::span<const Int4SkinnyTarget> targets) {
   Int4SkinnyGemmParams p{.x = static_cast<const uint16_t*>(x.data), .tokens = x.shape[0], .k_dim = x.shape[1],
                          .x_row_stride = x.shape[1], .num_problems = static_cast<int>(targets.size()),
-                         .num_sms = ctx.num_sms()};
+                         .e2m1 = !targets.empty() && targets[0].w.is_fp4(), .num_sms = ctx.num_sms()};
   for (size_t i = 0; i < targets.size() && i < std::size(p.problems); ++i) {
     const Int4SkinnyTarget& t = targets[i];
     p.problems[i] = {.w = static_cast<const uint32_t*>(t.w.data),
@@ -124,7 +124,8 @@ Int4SkinnyGemmParams int4_skinny_params(const CudaContext& ctx, const ConstTenso
   return p;
 }
 
-// INT4 weights at decode sizes go to the INT4 skinny kernel where it takes the operands, as FP8 ones do.
+// Packed 4-bit weights at decode sizes go to the INT4 skinny kernel where it takes the operands, as FP8 ones do (one
+// launch holds INT4 or FP4 weights, never both: multi_linear's callers check).
 bool use_int4_skinny(const CudaContext& ctx, DType x_dtype, const Int4SkinnyGemmParams& p) {
   return ctx.tuning().skinny_gemm && x_dtype == DType::kBF16 && int4_skinny_gemm_fits(p);
 }
@@ -134,7 +135,7 @@ void launch_int4_skinny(CudaContext& ctx, const Int4SkinnyGemmParams& p) {
   ctx.ledger().launched(Trigger::kAfterWait, OpAccesses::any());
 }
 
-bool is_quantized(const WeightView& w) { return w.is_fp8() || w.is_int4(); }
+bool is_quantized(const WeightView& w) { return w.is_fp8() || w.is_packed4(); }
 
 }  // namespace
 
@@ -154,7 +155,7 @@ void linear(CudaContext& ctx, const LinearArgs& a) {
     return;
   }
   const SkinnyEpilogue epilogue = a.accumulate ? SkinnyEpilogue::kAccumulate : SkinnyEpilogue::kStore;
-  if (a.w.is_int4()) {
+  if (a.w.is_packed4()) {
     const Int4SkinnyTarget target{a.w, a.out, epilogue};
     const Int4SkinnyGemmParams int4 = int4_skinny_params(ctx, a.x, {&target, 1});
     if (use_int4_skinny(ctx, a.x.dtype, int4)) {
@@ -209,12 +210,13 @@ void linear_silu_mul(CudaContext& ctx, const LinearSiluMulArgs& a) {
       return;
     }
   }
-  if (a.w.is_int4() && a.out.numel() > 0) {
+  if (a.w.is_packed4() && a.out.numel() > 0) {
     const Int4SkinnyTarget target{a.w, a.out, SkinnyEpilogue::kSiluMul};
     const Int4SkinnyGemmParams int4 = int4_skinny_params(ctx, a.x, {&target, 1});
     if (use_int4_skinny(ctx, a.x.dtype, int4)) {
       const auto timing = ctx.timed([&] {
-        return str_cat("linear_silu_mul int4 [", a.w.shape[0], " x ", a.w.shape[1], "] M=", a.x.shape[0]);
+        return str_cat("linear_silu_mul ", dtype_name(a.w.dtype), " [", a.w.shape[0], " x ", a.w.shape[1], "] M=",
+                       a.x.shape[0]);
       });
       launch_int4_skinny(ctx, int4);
       return;
@@ -245,11 +247,12 @@ void multi_linear(CudaContext& ctx, const MultiLinearArgs& a) {
     check_gemm_operands(a.x, t.w, t.out, "cuda multi_linear");
     targets[i] = {t.w, t.out, t.silu_mul ? SkinnyEpilogue::kSiluMul : SkinnyEpilogue::kStore};
   }
-  // FP8 (INT4) targets share a launch only with FP8 (INT4) targets: all of them in the FP8 (INT4) skinny kernel, or op
-  // by op.
+  // FP8 (INT4, FP4) targets share a launch only with FP8 (INT4, FP4) targets: all of them in the FP8 (INT4) skinny
+  // kernel, or op by op.
   const auto all = [&](auto pred) { return std::all_of(a.targets.begin(), a.targets.end(), pred); };
   const bool all_fp8 = all([](const LinearTarget& t) { return t.w.is_fp8(); });
-  const bool all_int4 = all([](const LinearTarget& t) { return t.w.is_int4(); });
+  const bool all_int4 = all([](const LinearTarget& t) { return t.w.is_int4(); }) ||
+                        all([](const LinearTarget& t) { return t.w.is_fp4(); });
   const bool any_quantized =
       std::any_of(a.targets.begin(), a.targets.end(), [](const LinearTarget& t) { return is_quantized(t.w); });
   if (all_int4 && a.x.shape[0] > 0) {
@@ -258,7 +261,8 @@ void multi_linear(CudaContext& ctx, const MultiLinearArgs& a) {
     const Int4SkinnyGemmParams int4 =
         int4_skinny_params(ctx, a.x, std::span<const Int4SkinnyTarget>(int4_targets.data(), a.targets.size()));
     if (use_int4_skinny(ctx, a.x.dtype, int4)) {
-      const auto timing = ctx.timed([&] { return str_cat("multi_linear int4 M=", a.x.shape[0]); });
+      const auto timing =
+          ctx.timed([&] { return str_cat("multi_linear ", dtype_name(a.targets[0].w.dtype), " M=", a.x.shape[0]); });
       launch_int4_skinny(ctx, int4);
       return;
     }

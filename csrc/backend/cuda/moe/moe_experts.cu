@@ -79,8 +79,8 @@ void launch_combine(const MoeKernelParams& kp, LaunchStream stream) {
 }
 
 bool use_down_prefetch(const MoeParams& p, int32_t max_active) {
-  // Bytes of weights (INT4: half a byte a weight, the scales aside).
-  const int64_t half_bytes = p.weight_format == MoeWeightFormat::kInt4  ? 1
+  // Bytes of weights (INT4, FP4: half a byte a weight, the scales aside).
+  const int64_t half_bytes = p.weight_format == MoeWeightFormat::kInt4 || p.weight_format == MoeWeightFormat::kFp4 ? 1
                              : p.weight_format == MoeWeightFormat::kFp8 ? 2
                                                                         : 4;
   const int64_t down_bytes = static_cast<int64_t>(max_active) * p.hidden * p.inter * half_bytes / 2;

@@ -32,6 +32,8 @@
 // row) of two B rows a step, one step ahead, with each one's group scale and zero point (the group size is a multiple
 // of 32, so 32 aligned inputs lie in one group), and after the step's MMAs forms (q - z) exactly (unpack8,
 // gemm/int4_unpack.cuh), times the scale in fp32, rounded to bf16 once, into the stage's swizzled B block.
+// FP4 weights (kFp4) take the same tiles: e2m1 values instead of (q - z), and two scales a row and step, one for each
+// half of the 32 inputs (groups of 16 or 32: a half lies in one group).
 #pragma once
 
 #include <algorithm>
@@ -56,7 +58,10 @@ struct GroupedTraits {
   static constexpr bool kFp8 = kFormat == MoeWeightFormat::kFp8;
   // packed INT4 weights with group scales, dequantized in registers (INT4 B tiles)
   static constexpr bool kInt4 = kFormat == MoeWeightFormat::kInt4;
-  static constexpr bool kConvertB = kFp8 || kInt4;  // the B tile is stored by the threads, not copied by cp.async
+  // packed FP4 (e2m1) weights: INT4's B tiles with e2m1 codes and no zero points
+  static constexpr bool kFp4 = kFormat == MoeWeightFormat::kFp4;
+  static constexpr bool kPacked4 = kInt4 || kFp4;
+  static constexpr bool kConvertB = kFp8 || kPacked4;  // the B tile is stored by the threads, not copied by cp.async
   static constexpr int kBlockM = 128;
   static constexpr int kBlockN = 256;                 // B rows of a tile (gate/up: 128 gate + 128 up)
   static constexpr int kBlockK = 64;                  // one 128-byte swizzle row
@@ -203,6 +208,7 @@ struct Int4BTile {
   const int32_t* zeros[T::kInt4Rows];   // the rows' packed zero points; null: symmetric
   uint4 codes[T::kInt4Rows];            // the step's words, loaded one step before they are stored
   float scale[T::kInt4Rows];
+  float scale_hi[T::kInt4Rows];         // FP4: the scale of words 2 and 3 (scale: words 0 and 1)
   uint32_t zero[T::kInt4Rows];
 
   __device__ __forceinline__ void set_tile(const MoeKernelParams& kp, const TileMeta& meta, int index, int n_tiles) {
@@ -233,12 +239,20 @@ struct Int4BTile {
                                        int n_tiles) {
     const int index = step / kb_per_tile, kb = step - index * kb_per_tile;
     if (index != tile_index) set_tile(kp, meta, index, n_tiles);
-    const int group = (kb * T::kBlockK + 32 * (threadIdx.x & 1)) / (T::kGateUp ? kp.p.group_size : kp.p.down_group_size);
+    const int group_size = T::kGateUp ? kp.p.group_size : kp.p.down_group_size;
+    const int first = kb * T::kBlockK + 32 * (threadIdx.x & 1);  // the thread's first input of the step
+    const int group = first / group_size;
+    const int group_hi = T::kFp4 ? (first + 16) / group_size : group;
 #pragma unroll
     for (int q = 0; q < T::kInt4Rows; ++q) {
       codes[q] = __ldg(reinterpret_cast<const uint4*>(rows[q] + kb * (T::kBlockK / 8)));
       scale[q] = __ldg(scales[q] + group);
-      zero[q] = int4::zero_of_group(zeros[q], group);
+      if constexpr (T::kFp4) {
+        scale_hi[q] = __ldg(scales[q] + group_hi);
+        zero[q] = 0u;
+      } else {
+        zero[q] = int4::zero_of_group(zeros[q], group);
+      }
     }
   }
 
@@ -249,13 +263,13 @@ struct Int4BTile {
 #pragma unroll
     for (int q = 0; q < T::kInt4Rows; ++q) {
       const int r = row + 128 * q;
-      const float s = scale[q];
       const uint32_t zp = int4::zero_pair(zero[q]);
       const uint32_t words[4] = {codes[q].x, codes[q].y, codes[q].z, codes[q].w};
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
+        const float s = T::kFp4 && j >= 2 ? scale_hi[q] : scale[q];
         uint32_t pairs[4];
-        int4::unpack8(words[j], zp, pairs);  // q - z, exact
+        int4::unpack8_codes<T::kFp4>(words[j], zp, pairs);  // q - z or e2m1(q), exact
         uint32_t v[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[i] = pack_bf16x2(bf16_lo(pairs[i]) * s, bf16_hi(pairs[i]) * s);
@@ -267,7 +281,7 @@ struct Int4BTile {
 
 // The B tile a kConvertB kernel stores itself (bf16 kernels declare an unused Fp8BTile, as before).
 template <typename T>
-using ConvertedBTile = std::conditional_t<T::kInt4, Int4BTile<T>, Fp8BTile<T>>;
+using ConvertedBTile = std::conditional_t<T::kPacked4, Int4BTile<T>, Fp8BTile<T>>;
 
 // Queues the copies of CTA-local step `step` (tile step / kb_per_tile, K block step % kb_per_tile). The first K block
 // of tile i also brings tile i + 1's pairs: they land (step's wait and barrier) at least kb_per_tile - 2 >= 0 steps
@@ -404,7 +418,8 @@ void launch_grouped_gemm_of(const MoeKernelParams& kp, LaunchStream stream) {
                         stream, kp);
 }
 
-// bf16 or FP8 weights (p.weight_format); INT4 ones have instantiations of their own (launch_grouped_int4_*).
+// bf16 or FP8 weights (p.weight_format); INT4 and FP4 ones have instantiations of their own (launch_grouped_int4_*,
+// launch_grouped_fp4_*).
 template <GemmKind kKind>
 void launch_grouped_gemm(const MoeKernelParams& kp, LaunchStream stream) {
   if (kp.p.weight_format == MoeWeightFormat::kFp8) {

@@ -44,6 +44,7 @@ constexpr int kW8A8MinKBlocks = 4;
 // INT4 weights (MoeWeightFormat::kInt4): the group size is a multiple of this, so a 32-wide K chunk (one packed word
 // a lane in the small-M kernels, half a 64-wide K block in the grouped ones) lies inside one group.
 constexpr int kInt4GroupMultiple = kMoeInt4GroupMultiple;
+constexpr int kFp4GroupMultiple = kMoeFp4GroupMultiple;  // FP4: a lane's word of 8 inputs, a half of 32, in one group
 
 static_assert(kMaxRoutedExperts % 32 == 0 && kMaxRoutedExperts <= 32 * 32, "routing: a lane's experts in 32 bits");
 static_assert(kMaxRoutedExperts <= kMaxExperts, "the routed experts come first");
@@ -160,6 +161,9 @@ void launch_small_ffn(const MoeKernelParams& kp, LaunchStream stream);
 // The INT4 instantiations the two launchers above hand INT4 weights to (instantiations/moe_small_int4_*.cu).
 void launch_small_int4_gate_up(const MoeKernelParams& kp, LaunchStream stream);
 void launch_small_int4_down(const MoeKernelParams& kp, LaunchStream stream);
+// The FP4 ones (instantiations/moe_small_fp4_*.cu).
+void launch_small_fp4_gate_up(const MoeKernelParams& kp, LaunchStream stream);
+void launch_small_fp4_down(const MoeKernelParams& kp, LaunchStream stream);
 // The grouped kernels: bf16, W8A16 or (moe_grouped_w8a8_supported) W8A8, which quantizes its input first.
 void launch_grouped_gate_up(const MoeKernelParams& kp, LaunchStream stream);
 void launch_grouped_down(const MoeKernelParams& kp, LaunchStream stream);
@@ -169,6 +173,9 @@ void launch_grouped_w8a8_down(const MoeKernelParams& kp, LaunchStream stream);
 // moe_grouped_int4_*.cu).
 void launch_grouped_int4_gate_up(const MoeKernelParams& kp, LaunchStream stream);
 void launch_grouped_int4_down(const MoeKernelParams& kp, LaunchStream stream);
+// FP4 weights, weight-only (instantiations/moe_grouped_fp4_*.cu).
+void launch_grouped_fp4_gate_up(const MoeKernelParams& kp, LaunchStream stream);
+void launch_grouped_fp4_down(const MoeKernelParams& kp, LaunchStream stream);
 void launch_combine(const MoeKernelParams& kp, LaunchStream stream);
 
 }  // namespace deepinfer::cuda::moe_detail

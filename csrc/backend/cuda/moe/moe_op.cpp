@@ -57,29 +57,33 @@ MoeParams route_params(const CudaContext& ctx, const MoeRouteArgs& a, const char
           .num_sms = ctx.num_sms()};
 }
 
-// INT4 experts (core/weight.h; the caller has checked that both weights are INT4): group sizes the kernels take
-// (MoeParams::group_size, down_group_size), and the float32 scales and int32 zero points (each optional) of the packed layout.
+// Packed 4-bit experts (core/weight.h; the caller has checked that both weights are INT4, or both FP4): group sizes
+// the kernels take (MoeParams::group_size, down_group_size), and the float32 scales and int32 zero points (each
+// optional; FP4 has none) of the packed layout.
 void set_int4_experts_params(const MoeExpertsArgs& a, const char* op, int64_t hidden, int64_t inter, MoeParams& p) {
   const WeightView& gu = a.w_gate_up;
   const WeightView& dn = a.w_down;
+  const bool fp4 = gu.is_fp4();
+  const char* const kind = fp4 ? "FP4" : "INT4";
+  const int64_t multiple = fp4 ? kMoeFp4GroupMultiple : kMoeInt4GroupMultiple;
   check_on_device(gu.scale_inv, op, "w_gate_up scale_inv");
   check_on_device(dn.scale_inv, op, "w_down scale_inv");
   check_on_device(gu.zeros, op, "w_gate_up zeros");
   check_on_device(dn.zeros, op, "w_down zeros");
   const int64_t experts = gu.shape[0];
   const auto expect = [&](const ConstTensorView& t, DType dtype, const Shape& shape, const char* what) {
-    DI_CHECK(t.dtype == dtype && t.shape == shape, op, ": INT4 ", what, " must be ", dtype_name(dtype), " ",
+    DI_CHECK(t.dtype == dtype && t.shape == shape, op, ": ", kind, " ", what, " must be ", dtype_name(dtype), " ",
              shape.str(), "; got ", dtype_name(t.dtype), " ", t.shape.str());
   };
   DI_CHECK(gu.scale_inv.shape.ndim() == 3 && dn.scale_inv.shape.ndim() == 3 && gu.scale_inv.shape[2] > 0 &&
                dn.scale_inv.shape[2] > 0,
-           op, ": INT4 expert weights need 3-D group scales; got ", gu.scale_inv.shape.str(), " and ",
+           op, ": ", kind, " expert weights need 3-D group scales; got ", gu.scale_inv.shape.str(), " and ",
            dn.scale_inv.shape.str());
   const int64_t g = gu.group_size(), g_down = dn.group_size();
-  const auto takes = [](int64_t group, int64_t k) { return group > 0 && group % kMoeInt4GroupMultiple == 0 && k % group == 0; };
+  const auto takes = [&](int64_t group, int64_t k) { return group > 0 && group % multiple == 0 && k % group == 0; };
   if (!takes(g, hidden) || !takes(g_down, inter) || hidden / g != gu.scale_inv.shape[2] ||
       inter / g_down != dn.scale_inv.shape[2]) {
-    throw UnsupportedOp(str_cat(op, ": INT4 expert weights need group sizes in multiples of ", kMoeInt4GroupMultiple,
+    throw UnsupportedOp(str_cat(op, ": ", kind, " expert weights need group sizes in multiples of ", multiple,
                                 " that divide their K (gate/up: hidden ", hidden, ", down: intermediate ", inter,
                                 "); got ", gu.scale_inv.shape[2], " groups a gate/up row and ", dn.scale_inv.shape[2],
                                 " a down row"));
@@ -96,9 +100,10 @@ void set_int4_experts_params(const MoeExpertsArgs& a, const char* op, int64_t hi
   p.w_down_scale = dn.scale_inv.as<float>();
   p.w_gate_up_zeros = gu.symmetric() ? nullptr : gu.zeros.as<int32_t>();
   p.w_down_zeros = dn.symmetric() ? nullptr : dn.zeros.as<int32_t>();
+  DI_CHECK(!fp4 || (gu.symmetric() && dn.symmetric()), op, ": FP4 expert weights have no zero points");
   p.group_size = static_cast<int32_t>(g);
   p.down_group_size = static_cast<int32_t>(g_down);
-  p.weight_format = MoeWeightFormat::kInt4;
+  p.weight_format = fp4 ? MoeWeightFormat::kFp4 : MoeWeightFormat::kInt4;
 }
 
 // The experts half: operands, sizes, and the ids and weights (read, never written, when given as inputs).
@@ -114,11 +119,11 @@ void set_experts_params(const CudaContext& ctx, const MoeExpertsArgs& a, const c
   p.num_tokens = static_cast<int32_t>(tokens);
   p.num_sms = ctx.num_sms();
   if (tokens == 0) return;
-  const bool fp8 = a.w_gate_up.is_fp8(), int4 = a.w_gate_up.is_int4() || a.w_down.is_int4();
-  const DType w_dtype = fp8 ? DType::kF8E4M3 : int4 ? DType::kU4 : DType::kBF16;
+  const bool fp8 = a.w_gate_up.is_fp8(), packed4 = a.w_gate_up.is_packed4() || a.w_down.is_packed4();
+  const DType w_dtype = fp8 ? DType::kF8E4M3 : packed4 ? a.w_gate_up.dtype : DType::kBF16;
   if (a.x.dtype != DType::kBF16 || a.w_gate_up.dtype != w_dtype || a.w_down.dtype != w_dtype ||
       hidden % 32 != 0 || inter % 32 != 0 || hidden == 0 || inter == 0 || top_k == 0) {
-    throw UnsupportedOp(str_cat(op, ": the kernels take bfloat16 x and bfloat16 (or both FP8, or both INT4) weights "
+    throw UnsupportedOp(str_cat(op, ": the kernels take bfloat16 x and bfloat16 (or both FP8, INT4 or FP4) weights "
                                 "with hidden and intermediate sizes in positive multiples of 32; got ",
                                 dtype_name(a.x.dtype),
                                 " x, ", dtype_name(a.w_gate_up.dtype), " gate/up and ", dtype_name(a.w_down.dtype),
@@ -146,7 +151,7 @@ void set_experts_params(const CudaContext& ctx, const MoeExpertsArgs& a, const c
     // it where the sizes allow (moe_grouped_w8a8_supported), decode sizes stay W8A16.
     p.fp8_activations = a.w_gate_up.fp8_activations && a.w_down.fp8_activations ? 1 : 0;
   }
-  if (int4) {
+  if (packed4) {
     set_int4_experts_params(a, op, hidden, inter, p);
   } else {
     p.weight_format = fp8 ? MoeWeightFormat::kFp8 : MoeWeightFormat::kBf16;

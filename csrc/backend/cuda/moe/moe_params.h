@@ -25,6 +25,7 @@ constexpr int32_t kMoeMaxRoutedExperts = 256;  // E: routing holds a token's sco
 constexpr int32_t kMoeMaxExperts = 264;        // E + S: V3's 256 + 1, V2's 160 + 2, with room for 8 shared
 constexpr int32_t kMoeMaxPairs = 10;           // k + S pairs a token: V3's 8 + 1, V2's 6 + 2
 constexpr int32_t kMoeInt4GroupMultiple = 32;  // INT4 weights: the group size is a multiple of this (group_size)
+constexpr int32_t kMoeFp4GroupMultiple = 16;   // FP4 weights: the group size is a multiple of this
 
 enum class MoeScoring : uint8_t { kSoftmax, kSigmoid };
 enum class MoeTopkMethod : uint8_t { kGreedy, kGroupLimitedGreedy, kNoauxTc };
@@ -47,7 +48,10 @@ enum class MoeExpertsPath : uint8_t {
 // dequantized w[e][r][c] = (q - z) * s[e][r][c / G]. The small-M kernels form (q - z) in bf16 registers exactly and
 // apply each row's group scale to each 32-wide K chunk's fp32 partial sums (no rounding of the weight); the grouped
 // kernels round (q - z) * s to bf16 once, in shared memory, as the FP8 W8A16 ones.
-enum class MoeWeightFormat : uint8_t { kBf16, kFp8, kInt4 };
+// kFp4 (weight-only NVFP4 / MXFP4): the same packing with e2m1 codes, no zero points, G a multiple of 16 (16 and 32 in
+// practice): w[e][r][c] = e2m1(q) * s[e][r][c / G]. Groups narrower than a K chunk: every kernel rounds e2m1(q) * s to
+// bf16 in registers (the small-M ones, a lane's word of 8 inputs inside one group) or in shared memory (grouped).
+enum class MoeWeightFormat : uint8_t { kBf16, kFp8, kInt4, kFp4 };
 
 // Whether the small-M gate/up kernel also pulls the active experts' down weights into L2 for the next kernel.
 enum class MoeDownPrefetch : uint8_t { kAuto, kOff, kOn };
@@ -77,11 +81,12 @@ struct MoeParams {
   float* topk_weights = nullptr;           // [num_tokens, top_k]: written by routing
   // Experts.
   const uint16_t* x = nullptr;          // [num_tokens, hidden] bf16
-  // bf16 values, e4m3 codes (weight_format kFp8), or packed INT4 words (kInt4: int32 [.., K / 8], eight inputs a word)
+  // bf16 values, e4m3 codes (weight_format kFp8), or packed 4-bit words (kInt4, kFp4: int32 [.., K / 8], eight inputs
+  // a word)
   const void* w_gate_up = nullptr;  // [num_experts, 2 * inter, hidden]: gate rows, then up rows
   const void* w_down = nullptr;     // [num_experts, hidden, inter]
   // kFp8: the block scales, [num_experts, 2 * inter / 128, hidden / 128] and [num_experts, hidden / 128,
-  // inter / 128] fp32 (hidden and inter multiples of 128). kInt4: the group scales, [num_experts, 2 * inter,
+  // inter / 128] fp32 (hidden and inter multiples of 128). kInt4, kFp4: the group scales, [num_experts, 2 * inter,
   // hidden / group_size] and [num_experts, hidden, inter / group_size] fp32.
   const float* w_gate_up_scale = nullptr;
   const float* w_down_scale = nullptr;
@@ -90,7 +95,7 @@ struct MoeParams {
   // (z = 8), each weight on its own.
   const int32_t* w_gate_up_zeros = nullptr;
   const int32_t* w_down_zeros = nullptr;
-  // kInt4 only: G, the inputs a scale covers, of each weight. The kernels take G a multiple of 32 that
+  // kInt4 and kFp4: G, the inputs a scale covers, of each weight (kFp4: a multiple of 16). The kernels take G a multiple of 32 that
   // divides hidden and inter (a 32-wide K chunk, one packed word a lane, lies inside one group): the common 32, 64, 128
   // and G = K (one group a row).
   int32_t group_size = 0;       // w_gate_up's G (its K is hidden)

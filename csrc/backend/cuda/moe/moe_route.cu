@@ -610,14 +610,17 @@ void check_experts(const MoeParams& p, MoeExpertsPath path) {
              "moe: FP8 weights need hidden (", p.hidden, ") and inter (", p.inter,
              ") in multiples of 128 and both block-scale arrays");
   }
-  if (p.weight_format == MoeWeightFormat::kInt4) {
-    const auto takes = [](int32_t g, int32_t k) { return g > 0 && g % kInt4GroupMultiple == 0 && k % g == 0; };
+  if (p.weight_format == MoeWeightFormat::kInt4 || p.weight_format == MoeWeightFormat::kFp4) {
+    const bool fp4 = p.weight_format == MoeWeightFormat::kFp4;
+    const int32_t multiple = fp4 ? kFp4GroupMultiple : kInt4GroupMultiple;
+    const auto takes = [&](int32_t g, int32_t k) { return g > 0 && g % multiple == 0 && k % g == 0; };
     const auto aligned4 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 4 == 0; };
     DI_CHECK(takes(p.group_size, p.hidden) && takes(p.down_group_size, p.inter) && p.w_gate_up_scale != nullptr &&
-                 p.w_down_scale != nullptr && aligned4(p.w_gate_up_zeros) && aligned4(p.w_down_zeros),
-             "moe: INT4 weights need group sizes (gate/up ", p.group_size, ", down ", p.down_group_size,
-             ") that are multiples of ", kInt4GroupMultiple, " and divide their K (hidden ", p.hidden, ", inter ",
-             p.inter, "), and both group-scale arrays");
+                 p.w_down_scale != nullptr && aligned4(p.w_gate_up_zeros) && aligned4(p.w_down_zeros) &&
+                 (!fp4 || (p.w_gate_up_zeros == nullptr && p.w_down_zeros == nullptr)),
+             "moe: ", fp4 ? "FP4" : "INT4", " weights need group sizes (gate/up ", p.group_size, ", down ",
+             p.down_group_size, ") that are multiples of ", multiple, " and divide their K (hidden ", p.hidden,
+             ", inter ", p.inter, "), and both group-scale arrays", fp4 ? " (and no zero points)" : "");
   }
   if (path == MoeExpertsPath::kGrouped) {
     DI_CHECK(p.hidden % 256 == 0 && p.inter % 128 == 0, "moe: the grouped kernels need hidden % 256 == 0 (",

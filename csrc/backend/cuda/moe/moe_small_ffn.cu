@@ -12,7 +12,7 @@
 namespace deepinfer::cuda::moe_detail {
 namespace {
 
-// The item shapes; kFormat: bf16, e4m3 or INT4 weights (moe_small_gemm.cuh), the same CTA and shared memory.
+// The item shapes; kFormat: bf16, e4m3, INT4 or FP4 weights (moe_small_gemm.cuh), the same CTA and shared memory.
 template <MoeWeightFormat kFormat>
 using FfnGateUpOf = SmallTraits<GemmKind::kGateUp, 1, 4, kFormat>;
 template <MoeWeightFormat kFormat>
@@ -30,6 +30,10 @@ static_assert(std::is_same_v<SmallSharedOf<FfnGateUpOf<MoeWeightFormat::kInt4>>,
                   FfnGateUpOf<MoeWeightFormat::kInt4>::kThreads == FfnGateUp::kThreads &&
                   FfnDownOf<MoeWeightFormat::kInt4>::kOutCols == FfnDown::kOutCols,
               "INT4 items: the same CTA, shared memory and tickets");
+static_assert(std::is_same_v<SmallSharedOf<FfnGateUpOf<MoeWeightFormat::kFp4>>, SmallSharedOf<FfnGateUp>> &&
+                  FfnGateUpOf<MoeWeightFormat::kFp4>::kThreads == FfnGateUp::kThreads &&
+                  FfnDownOf<MoeWeightFormat::kFp4>::kOutCols == FfnDown::kOutCols,
+              "FP4 items: the same CTA, shared memory and tickets");
 
 // The tickets in the order they are drawn: gate/up items of the early slots (the shared experts, known before the
 // routing when kp.shared_prewait), gate/up items of the other slots, then the down items of the early slots and of
@@ -164,6 +168,7 @@ void launch_small_ffn(const MoeKernelParams& kp, LaunchStream stream) {
   switch (kp.p.weight_format) {
     case MoeWeightFormat::kFp8: launch_small_ffn_for<MoeWeightFormat::kFp8>(kp, stream); break;
     case MoeWeightFormat::kInt4: launch_small_ffn_for<MoeWeightFormat::kInt4>(kp, stream); break;
+    case MoeWeightFormat::kFp4: launch_small_ffn_for<MoeWeightFormat::kFp4>(kp, stream); break;
     case MoeWeightFormat::kBf16: launch_small_ffn_for<MoeWeightFormat::kBf16>(kp, stream); break;
   }
 }

@@ -28,6 +28,10 @@
 // group of every row; but rows g and g + 8 have scales (and zero points) of their own. Each chunk's two MMAs go into a
 // zeroed fp32 partial sum whose row-g registers (0, 1) are added to the accumulator times row g's group scale and
 // whose row-(g + 8) registers (2, 3) times row g + 8's: again the dequantized product, no rounding of the weight.
+//
+// FP4 weights (kFp4: e2m1 codes in the same words, no zero points): groups of 16 or 32 inputs, so the lanes of one
+// chunk may have different scales; a lane's word (8 inputs) lies inside one group, whose scale it applies to its
+// unpacked pairs in registers (rounded to bf16), and the MMAs accumulate as for bf16 weights.
 #pragma once
 
 #include <cstdint>
@@ -48,11 +52,13 @@ struct SmallTraits {
   static constexpr MoeWeightFormat kFormat = kFormatValue;
   static constexpr bool kFp8 = kFormat == MoeWeightFormat::kFp8;    // e4m3 weights with block scales
   static constexpr bool kInt4 = kFormat == MoeWeightFormat::kInt4;  // packed INT4 words with group scales
-  // A lane's 8 weights of a 32-wide K chunk: 16 bytes of bf16, 8 bytes of e4m3 codes, or one packed INT4 word.
-  using WeightChunk = std::conditional_t<kFp8, uint2, std::conditional_t<kInt4, uint32_t, uint4>>;
-  // Bytes of `elems` consecutive weights of a row (INT4: a multiple of 8, whole words).
+  static constexpr bool kFp4 = kFormat == MoeWeightFormat::kFp4;    // packed e2m1 words with group scales
+  static constexpr bool kPacked4 = kInt4 || kFp4;
+  // A lane's 8 weights of a 32-wide K chunk: 16 bytes of bf16, 8 bytes of e4m3 codes, or one packed 4-bit word.
+  using WeightChunk = std::conditional_t<kFp8, uint2, std::conditional_t<kPacked4, uint32_t, uint4>>;
+  // Bytes of `elems` consecutive weights of a row (packed 4-bit: a multiple of 8, whole words).
   static constexpr __host__ __device__ int64_t bytes_of(int64_t elems) {
-    return kInt4 ? elems / 2 : elems * (kFp8 ? 1 : 2);
+    return kPacked4 ? elems / 2 : elems * (kFp8 ? 1 : 2);
   }
   static constexpr int kTokenTiles = kTokenTilesValue;   // n8 tiles of expert rows per pass
   static constexpr int kRowsPerPass = 8 * kTokenTiles;
@@ -133,15 +139,17 @@ struct SmallItem {
   const char* w_hi = nullptr;
   const float* scale_row = nullptr;  // FP8: the scales of the row tile's 128-row block, one a 128-wide K block
   // INT4: the group scales and packed zero points (null: symmetric) of rows g and g + 8, and the chunks a group.
+  // FP4: the group scales of rows g and g + 8, and the group size.
   const float* scale_lo = nullptr;
   const float* scale_hi = nullptr;
   const int32_t* zeros_lo = nullptr;
   const int32_t* zeros_hi = nullptr;
   int chunks_per_group = 1;
+  int fp4_group_size = 16;
   int num_chunks = 0;
   typename T::WeightChunk a_lo[T::kUnroll], a_hi[T::kUnroll];
-  float a_scale[T::kUnroll];     // FP8: each chunk's block scale; INT4: row g's group scale (unused otherwise)
-  float a_scale_hi[T::kUnroll];  // INT4: row g + 8's group scale (unused otherwise)
+  float a_scale[T::kUnroll];     // FP8: each chunk's block scale; INT4, FP4: row g's group scale (unused otherwise)
+  float a_scale_hi[T::kUnroll];  // INT4, FP4: row g + 8's group scale (unused otherwise)
   uint32_t a_zero[T::kUnroll];   // INT4: the zero points of rows g (low half) and g + 8 (high half)
 
   // This warp's chunks c, c + kKSplit, ... of one group, whose loads are in flight together; chunks past the end
@@ -164,6 +172,13 @@ struct SmallItem {
         a_scale[u] = in ? __ldg(scale_lo + group) : 0.0f;
         a_scale_hi[u] = in ? __ldg(scale_hi + group) : 0.0f;
         a_zero[u] = int4::zero_of_group(zeros_lo, group) | (int4::zero_of_group(zeros_hi, group) << 16);
+      } else if constexpr (T::kFp4) {
+        // The group of this lane's word: inputs 32 chunk + 8 t .. + 7.
+        const int group = in ? (chunk * 32 + 8 * static_cast<int>(threadIdx.x & 3)) / fp4_group_size : 0;
+        a_lo[u] = in ? ld_stream_4(w_lo + at) : 0u;
+        a_hi[u] = in ? ld_stream_4(w_hi + at) : 0u;
+        a_scale[u] = in ? __ldg(scale_lo + group) : 0.0f;
+        a_scale_hi[u] = in ? __ldg(scale_hi + group) : 0.0f;
       } else {
         a_lo[u] = in ? ld_stream_16(w_lo + at) : make_uint4(0u, 0u, 0u, 0u);
         a_hi[u] = in ? ld_stream_16(w_hi + at) : make_uint4(0u, 0u, 0u, 0u);
@@ -182,6 +197,14 @@ struct SmallItem {
       uint32_t pl[4], ph[4];
       int4::unpack8(a_lo[u], int4::zero_pair(a_zero[u] & 0xffffu), pl);
       int4::unpack8(a_hi[u], int4::zero_pair(a_zero[u] >> 16), ph);
+      lo = make_uint4(pl[0], pl[1], pl[2], pl[3]);
+      hi = make_uint4(ph[0], ph[1], ph[2], ph[3]);
+    } else if constexpr (T::kFp4) {  // e2m1(q) * s, rounded to bf16 (the MMAs then run as for bf16 weights)
+      uint32_t pl[4], ph[4];
+      int4::unpack8_e2m1(a_lo[u], pl);
+      int4::unpack8_e2m1(a_hi[u], ph);
+      int4::scale4(pl, int4::scale_pair(a_scale[u]));
+      int4::scale4(ph, int4::scale_pair(a_scale_hi[u]));
       lo = make_uint4(pl[0], pl[1], pl[2], pl[3]);
       hi = make_uint4(ph[0], ph[1], ph[2], ph[3]);
     } else {
@@ -216,6 +239,13 @@ struct SmallItem {
       zeros_lo = zeros != nullptr ? zeros + (w_row + g) * zero_words : nullptr;
       zeros_hi = zeros != nullptr ? zeros_lo + 8 * zero_words : nullptr;
       chunks_per_group = static_cast<int>(group_size / 32);
+    }
+    if constexpr (T::kFp4) {
+      const int64_t group_size = T::kGateUp ? p.group_size : p.down_group_size;
+      const int64_t groups = k_dim / group_size;
+      scale_lo = (T::kGateUp ? p.w_gate_up_scale : p.w_down_scale) + (w_row + g) * groups;
+      scale_hi = scale_lo + 8 * groups;
+      fp4_group_size = static_cast<int>(group_size);
     }
     num_chunks = k_dim / 32;
     load_weights(ks);
@@ -470,7 +500,7 @@ void launch_small_gemm_for_tokens(const MoeKernelParams& kp, LaunchStream stream
   }
 }
 
-// bf16 or FP8 weights; INT4 ones have instantiations of their own (launch_small_int4_*).
+// bf16 or FP8 weights; INT4 and FP4 ones have instantiations of their own (launch_small_int4_*, launch_small_fp4_*).
 template <GemmKind kKind>
 void launch_small_gemm_for_format(const MoeKernelParams& kp, LaunchStream stream) {
   if (kp.p.weight_format == MoeWeightFormat::kFp8) {

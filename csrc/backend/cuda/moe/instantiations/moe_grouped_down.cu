@@ -10,6 +10,10 @@ void launch_grouped_down(const MoeKernelParams& kp, LaunchStream stream) {
     launch_grouped_int4_down(kp, stream);  // instantiations/moe_grouped_int4_down.cu
     return;
   }
+  if (kp.p.weight_format == MoeWeightFormat::kFp4) {
+    launch_grouped_fp4_down(kp, stream);  // instantiations/moe_grouped_fp4_down.cu
+    return;
+  }
   if (moe_grouped_w8a8_supported(kp.p)) {
     // Every pair's row, also those of pairs without one (held elsewhere under a shard): the kernel reads only rows
     // the gate/up kernel wrote.

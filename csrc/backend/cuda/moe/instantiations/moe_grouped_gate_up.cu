@@ -10,6 +10,10 @@ void launch_grouped_gate_up(const MoeKernelParams& kp, LaunchStream stream) {
     launch_grouped_int4_gate_up(kp, stream);  // instantiations/moe_grouped_int4_gate_up.cu
     return;
   }
+  if (kp.p.weight_format == MoeWeightFormat::kFp4) {
+    launch_grouped_fp4_gate_up(kp, stream);  // instantiations/moe_grouped_fp4_gate_up.cu
+    return;
+  }
   if (moe_grouped_w8a8_supported(kp.p)) {
     quantize_fp8_activations(kp.p.x, /*x_f32=*/false, kp.p.num_tokens, kp.p.hidden, kp.x_codes, kp.x_scales, stream);
     launch_grouped_w8a8_gate_up(kp, stream);
