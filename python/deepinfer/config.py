@@ -101,10 +101,6 @@ class WeightFormat:
     fp4: str = ""                # "": none; "nvfp4" / "mxfp4" / "modelopt-nvfp4": stored FP4 weights (weight-only)
 
 
-FP4_GPU_NOT_BUILT = ("the FP4 GPU kernels are not built yet; NVFP4 / MXFP4 checkpoints load on the CPU backend "
-                     "(device='cpu'), which computes with the dequantized weights")
-
-
 def resolve_weight_format(q: "QuantizationConfig | None", fp8_checkpoint: bool, int4_checkpoint: str,
                           device: str, fp4_checkpoint: str = "") -> WeightFormat:
     """The engine's (and the plan's) reading of `quantization` against the checkpoint (config.json's
@@ -115,8 +111,6 @@ def resolve_weight_format(q: "QuantizationConfig | None", fp8_checkpoint: bool, 
         if q is not None:
             raise ValueError(f"quantization={q.method!r} on a checkpoint of FP4 weights ({fp4_checkpoint}): it is "
                              "already quantized; leave quantization unset to run it as stored")
-        if device == "cuda":
-            raise ValueError(f"FP4 weights on device='cuda': {FP4_GPU_NOT_BUILT}")
         return WeightFormat(fp4=fp4_checkpoint)
     if q is None:
         stored = WeightFormat(fp8_weights=fp8_checkpoint, int4=int4_checkpoint)

@@ -47,7 +47,7 @@ class MemoryPlan:
     enable_dp_attention: bool
     weight_format: str                # "fp8 (W8A8)", "fp8 (W8A16)", "bfloat16", "float32", "int4 (W4A16)",
                                       # "int4 (float32 on the CPU)",
-                                      # "fp4 (float32 on the CPU)",
+                                      # "fp4 (W4A16, e2m1)", "fp4 (float32 on the CPU)",
     weight_bytes: dict[str, int]      # a GPU, by dtype: what Engine.weight_bytes reports
     cache_dtype: str
     cache_bytes_per_token: int        # all layers: Engine.cache_info["bytes_per_token"]
@@ -162,12 +162,12 @@ def plan_device(config: EngineConfig) -> str:
 def _weight_format(config: EngineConfig, d: ModelDims, device: str) -> tuple[str, str]:
     """(the linear layers' format, its name), as the engine's _weight_format decides (config.resolve_weight_format):
     an FP8 or 4-bit checkpoint stays as stored unless asked otherwise, quantization='fp8' makes a bf16 one FP8 and
-    'int4' rounds it to INT4. INT4 stays packed on GPUs; the CPU holds the dequantized weights in float32."""
+    'int4' rounds it to INT4. INT4 and FP4 stay packed on GPUs; the CPU holds the dequantized weights in float32."""
     f = resolve_weight_format(config.quantization, d.fp8_checkpoint, d.int4_checkpoint, device, d.fp4_checkpoint)
     if f.int4:
         return ("int4", "int4 (W4A16)") if device == "cuda" else ("plain", "int4 (float32 on the CPU)")
     if f.fp4:
-        return "plain", "fp4 (float32 on the CPU)"
+        return ("fp4", "fp4 (W4A16, e2m1)") if device == "cuda" else ("plain", "fp4 (float32 on the CPU)")
     if not f.fp8_weights:
         return "plain", BF16 if device == "cuda" else F32
     if device == "cpu":

@@ -23,12 +23,13 @@ __all__ = ["Layout", "resident_weight_bytes", "parameter_count", "cache_bytes_pe
 GIB = 1 << 30
 MIB = 1 << 20
 FP8_BLOCK = 128          # core/weight.h kFp8Block
+FP4_GROUP = {"nvfp4": 16, "modelopt-nvfp4": 16, "mxfp4": 32}  # FP4 weights: the inputs a float32 scale covers
 INT4_GROUP = 128         # INT4 weights (core/weight.h): 4-bit codes, a float32 scale and a 4-bit zero point per 128
 CUBLAS_WORKSPACE = 32 * MIB          # runtime/cublas_handle.h kDefaultWorkspaceBytes
 FP8_LT_WORKSPACE = 32 * MIB          # gemm/fp8_linear.cpp kLtWorkspaceBytes
 FP8_DEQUANT_CHUNK = 64 * MIB         # gemm/fp8_linear.cpp kDequantChunkBytes
 
-F32, BF16, FP8, INT4 = "float32", "bfloat16", "float8_e4m3fn", "int4"
+F32, BF16, FP8, INT4, FP4 = "float32", "bfloat16", "float8_e4m3fn", "int4", "fp4_e2m1"
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,8 @@ class Layout:
 class _Tally:
     """Bytes by dtype of the tensors one rank places, with the weight sink's dtype rules."""
 
-    def __init__(self, device: str, linear_format: str) -> None:
+    def __init__(self, device: str, linear_format: str, fp4_group: int = 16) -> None:
+        self.fp4_group = fp4_group
         self.matrix_dtype = BF16 if device == "cuda" else F32
         # The CPU backend computes in float32: FP8 weights are float32 tensors there, holding the FP8 values.
         self.linear_format = linear_format if device == "cuda" else "plain"
@@ -98,6 +100,9 @@ class _Tally:
             groups = math.ceil(cols / INT4_GROUP)
             self._add(INT4, n // 2 + 4 * matrices * rows * math.ceil(groups / 8))  # codes, zero points (int32 words)
             self._add(F32, 4 * matrices * rows * groups)
+        elif self.linear_format == "fp4":  # e2m1 codes in INT4's words, a float32 scale a group, no zero points
+            self._add(FP4, n // 2)
+            self._add(F32, 4 * matrices * rows * math.ceil(cols / self.fp4_group))
         else:
             self.matrix(n)
 
@@ -105,10 +110,10 @@ class _Tally:
 def resident_weight_bytes(d: ModelDims, layout: Layout, linear_format: str, device: str,
                           mtp_layers: int = 0) -> dict[str, int]:
     """Bytes by dtype of the weights one rank holds (rank 0; under expert parallelism every rank holds as many):
-    what Engine.weight_bytes reports. `linear_format` is "fp8", "int4" or "plain" (the compute
+    what Engine.weight_bytes reports. `linear_format` is "fp8", "int4", "fp4" or "plain" (the compute
     dtype); `device` "cuda" or "cpu". `mtp_layers` (0 or 1): the MTP layer loaded for speculative decoding, stored
     after the main layers (its embedding and head are the model's)."""
-    t = _Tally(device, linear_format)
+    t = _Tally(device, linear_format, FP4_GROUP.get(d.fp4_checkpoint, 16))
     dim, vocab = d.hidden_size, d.vocab_size // (layout.ranks if layout.splits_attention else 1)
     t.matrix(vocab, dim)  # the embedding
     t.matrix(vocab, dim)  # lm_head (a tied one is a second copy of the embedding)
@@ -218,7 +223,7 @@ def step_working_bytes(d: ModelDims, layout: Layout, tokens: int, page_bytes: in
     if linear_format == "fp8":
         k = max(dim, d.q_lora_rank or 0, heads * d.v_head_dim)
         workspaces += t * k + 4 * t * (k // FP8_BLOCK) + FP8_LT_WORKSPACE + FP8_DEQUANT_CHUNK
-    elif linear_format == "int4":
+    elif linear_format in ("int4", "fp4"):
         workspaces += FP8_DEQUANT_CHUNK  # the prefill path's widened weight rows (the same workspace)
     workspaces += CUBLAS_WORKSPACE
     # Transients: the residual stream and the normalized input throughout; then the largest sublayer's tensors.

@@ -1,4 +1,5 @@
-"""FP4 weights (e2m1 with group scales) on the CPU backend, weight-only: compressed-tensors NVFP4 and MXFP4
+"""FP4 weights (e2m1 with group scales) on the CPU backend (the reference; the GPU's packed kernels: test_fp4_cuda.py),
+weight-only: compressed-tensors NVFP4 and MXFP4
 checkpoints and ModelOpt's NVFP4 export, against transformers in fp32 on the weights as each format's own library
 dequantizes them, and the errors that come before a weight is read.
 
@@ -181,18 +182,18 @@ def test_a_group_size_the_format_lacks_and_an_unknown_algorithm_are_refused(base
     assert "quant_algo 'FP8' is not supported" in message
 
 
-def test_quantizing_an_fp4_checkpoint_again_or_on_cuda_is_refused_before_loading(base, tmp_path, nvfp4_checkpoint):
+def test_quantizing_an_fp4_checkpoint_again_is_refused_before_loading(base, tmp_path, nvfp4_checkpoint):
     packed, quantization = nvfp4_checkpoint
     path = write_like(base["v3"], tmp_path / "c", packed, quantization)
     with pytest.raises(ValueError, match="already quantized"):
         DeepInferenceEngine(EngineConfig(model_name_or_path=str(path), device="cpu", quantization="fp8"))
-    with pytest.raises(ValueError, match="FP4 GPU kernels are not built yet"):
-        resolve_weight_format(None, False, "", "cuda", "nvfp4")
     with pytest.raises(ValueError, match="already quantized"):
         resolve_weight_format(DiQuantization(method="int4"), False, "", "cpu", "mxfp4")
-    assert resolve_weight_format(None, False, "", "cpu", "modelopt-nvfp4").fp4 == "modelopt-nvfp4"
     options = _deepinfer.EngineOptions()
-    options.model_path, options.device = str(path), "cuda"
-    with pytest.raises(ValueError, match="FP4 GPU kernels are not built yet"):
+    options.model_path, options.device, options.int4_weights = str(path), "cpu", True
+    with pytest.raises(ValueError, match="already quantized"):
         _deepinfer.SequenceScorer(options)
+    # As stored, on either backend (the GPU keeps the e2m1 codes packed: test_fp4_cuda.py).
+    assert resolve_weight_format(None, False, "", "cpu", "modelopt-nvfp4").fp4 == "modelopt-nvfp4"
+    assert resolve_weight_format(None, False, "", "cuda", "nvfp4").fp4 == "nvfp4"
     assert np.isfinite(engine_logits(path)).all()
