@@ -155,8 +155,8 @@ LoadedModel load_model(const EngineOptions& options, const LoadProgress& progres
   DI_CHECK_ARG(parallel.shard.whole() || (comm && comm->size() == parallel.shard.size), "tensor_parallel_size ",
                options.tensor_parallel_size, " needs a group of as many ranks");
   const ModelConfig local = local_config(config, parallel.shard);  // refuses a split the model does not divide into
+  check_fp4(options, config);  // first: quantizing an FP4 checkpoint again is the error to name
   check_int4(options, config);
-  check_fp4(options, config);
   std::unique_ptr<WeightSource> source = options.load_format == LoadFormat::kDummy
                                              ? make_dummy_source(options.seed)
                                              : open_checkpoint_source(options.model_path, config);
@@ -252,8 +252,8 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& options, const LoadP
   const ModelConfig model_config = load_model_config(options.model_path);
   local_config(model_config, {.size = options.tensor_parallel_size, .expert_parallel = options.enable_expert_parallel,
                               .dp_attention = options.enable_dp_attention});
-  check_int4(options, model_config);
   check_fp4(options, model_config);
+  check_int4(options, model_config);
   std::unique_ptr<Ranks> ranks;
   const auto timeout = options.collective_timeout();
   if (options.tensor_parallel_size > 1 && options.rank_launch != RankLaunch::kInProcess) {

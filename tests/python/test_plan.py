@@ -153,6 +153,23 @@ def test_v3_in_int4_fits_eight_h100s_where_fp8_does_not(v3_config):
     assert plan.weight_bytes["int4"] > 10 * plan.weight_bytes["float32"]
 
 
+def test_an_nvfp4_checkpoint_plans_packed_e2m1_words_on_gpus(tmp_path):
+    # ModelOpt's NVFP4 export of DeepSeek-V3's shape: on GPUs half a byte a weight and a float32 scale per 16 inputs
+    # (a third of the codes' bytes again), the router, embeddings, kv_b_proj's halves and norms as in bf16.
+    nvfp4 = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "kv_cache_quant_algo": None,
+             "exclude_modules": ["lm_head"]}
+    (tmp_path / "config.json").write_text(json.dumps({**DEEPSEEK_V3, "quantization_config": nvfp4}))
+    dims = load_model_dims(tmp_path)
+    assert dims.fp4_checkpoint == "modelopt-nvfp4"
+    plan = plan_memory(dims, EngineConfig(model_name_or_path=str(tmp_path), tensor_parallel_size=8),
+                       gpu_memory_bytes=H200_GIB * GIB)
+    assert plan.weight_format == "fp4 (W4A16, e2m1)" and plan.fits
+    codes, f32 = plan.weight_bytes["fp4_e2m1"], plan.weight_bytes["float32"]
+    assert 37 * GIB < codes < 40 * GIB and 0.5 <= f32 / codes < 0.51
+    cpu = plan_memory(dims, EngineConfig(model_name_or_path=str(tmp_path), device="cpu"), gpu_memory_bytes=1 << 50)
+    assert cpu.weight_format == "fp4 (float32 on the CPU)" and "fp4_e2m1" not in cpu.weight_bytes
+
+
 def test_an_fp8_checkpoint_plans_fp8_by_default(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**DEEPSEEK_V3, "quantization_config": FP8_RELEASE}))
     config = EngineConfig(model_name_or_path=str(tmp_path), tensor_parallel_size=8)
