@@ -482,15 +482,20 @@ class DeepInferenceEngine:
     # ------------------------------------------------------------------ requests
 
     def _prompt_ids(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        text, ids = self._prompt_parts(prompt)
+        return (text, self.tokenizer.encode(text)) if ids is None else (text, ids)
+
+    def _prompt_parts(self, prompt: PromptType) -> tuple[str | None, list[int] | None]:
+        """The prompt's text and its checked token ids, or (text, None) for a text still to be tokenized."""
         if isinstance(prompt, str):
             if prompt == "":
                 raise ValueError("prompt is empty")
-            return prompt, self.tokenizer.encode(prompt)
+            return prompt, None
         if isinstance(prompt, Mapping):
             if "prompt_token_ids" in prompt:
-                return self._prompt_ids(list(prompt["prompt_token_ids"]))
+                return self._prompt_parts(list(prompt["prompt_token_ids"]))
             if "prompt" in prompt:
-                return self._prompt_ids(prompt["prompt"])
+                return self._prompt_parts(prompt["prompt"])
             raise ValueError("a prompt mapping needs 'prompt' or 'prompt_token_ids'")
         if isinstance(prompt, Sequence) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             ids = list(prompt)
@@ -515,6 +520,16 @@ class DeepInferenceEngine:
         text, prompt_ids = self._prompt_ids(prompt)
         self._check_length(prompt_ids)
         return text, prompt_ids
+
+    def _checked_prompts(self, prompts: Sequence[PromptType]) -> list[tuple[str | None, list[int]]]:
+        """_checked_prompt of each, the texts tokenized in one batch (the tokenizer's threads, off the GIL)."""
+        parts = [self._prompt_parts(p) for p in prompts]
+        texts = [text for text, ids in parts if ids is None]
+        encoded = iter(self.tokenizer.encode_batch(texts) if texts else [])
+        checked = [(text, next(encoded) if ids is None else ids) for text, ids in parts]
+        for _, ids in checked:
+            self._check_length(ids)
+        return checked
 
     def submit(self, prompt: PromptType, params: SamplingParams | None = None, *,
                loop: asyncio.AbstractEventLoop | None = None, request_id: str | None = None,
@@ -706,7 +721,7 @@ class DeepInferenceEngine:
             params = self._params(sampling_params, dict(kwargs))
             per_prompt = [params] * len(batch)
         # Every prompt tokenized and checked once, all before any is queued.
-        checked = [self._checked_prompt(prompt) for prompt in batch]
+        checked = self._checked_prompts(batch)
         # Waited on with result(), never iterated: their deltas need no queue.
         streams = self._enqueue_all([(text, ids, params, None, None)
                                      for (text, ids), params in zip(checked, per_prompt)], iterated=False)

@@ -17,14 +17,20 @@ def engine(checkpoints):
 
 @pytest.fixture
 def encode_calls(engine, monkeypatch):
+    """The texts tokenized, one by one (encode) or as a batch (encode_batch: each of its texts)."""
     calls = []
-    encode = engine.tokenizer.encode
+    encode, encode_batch = engine.tokenizer.encode, engine.tokenizer.encode_batch
 
     def counting(text, *args, **kwargs):
         calls.append(text)
         return encode(text, *args, **kwargs)
 
+    def counting_batch(texts, *args, **kwargs):
+        calls.extend(texts)
+        return encode_batch(texts, *args, **kwargs)
+
     monkeypatch.setattr(engine.tokenizer, "encode", counting)
+    monkeypatch.setattr(engine.tokenizer, "encode_batch", counting_batch)
     return calls
 
 
@@ -33,6 +39,14 @@ def test_generate_tokenizes_each_prompt_once(engine, encode_calls):
     outs = engine.generate(prompts, temperature=0.0, max_tokens=2)
     assert encode_calls == ["The quick brown fox", "def f(x):", "DeepSeek models use"]
     assert [o.prompt for o in outs] == ["The quick brown fox", "def f(x):", "DeepSeek models use"]
+
+
+def test_generate_tokenizes_a_batch_as_the_tokenizer_does_each_text(engine):
+    # Texts, token ids and both mappings mixed: the batch's ids are each text's own encoding, in prompt order.
+    prompts = ["The quick brown fox", [5, 6, 7], {"prompt_token_ids": [9, 10]}, {"prompt": "ünïcödé 日本語"}, "x"]
+    outs = engine.generate(prompts, temperature=0.0, max_tokens=1)
+    assert [o.prompt_token_ids for o in outs] == [engine.tokenizer.encode("The quick brown fox"), [5, 6, 7], [9, 10],
+                                                  engine.tokenizer.encode("ünïcödé 日本語"), engine.tokenizer.encode("x")]
 
 
 def test_submit_tokenizes_once(engine, encode_calls):
