@@ -10,7 +10,10 @@ event loop in another consumes every stream as the server does (RequestStream.fo
 the server's path up to its HTTP layer, both on one GIL as in `deepinfer serve`; `--path server`: the whole server
 in-process, every stream a streamed POST /v1/completions through the real ASGI app (its chunks, JSON, server-sent
 events and metrics), the app's sends counted instead of written to a socket (the HTTP server's own framing and
-socket writes are not included). Reports microseconds of Python per token: what bounds a server's output tok/s.
+socket writes are not included); `--path link`: the engine process of `deepinfer serve --api-server-count N`, every
+stream's deltas handed to one API server's connection (server/engine_host.py: its writer thread packs and pickles a
+step's deltas into one frame on a Unix socket), the frames read and unpickled by another process (not counted).
+Reports microseconds of Python per token: what bounds a server's output tok/s.
 
     python benchmarks/serve/dispatch_bench.py --streams 1000 --tokens 64 --path asyncio
 """
@@ -65,7 +68,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--streams", type=int, default=1000)
     ap.add_argument("--tokens", type=int, default=64, help="tokens a stream (steps)")
-    ap.add_argument("--path", choices=["sync", "generate", "asyncio", "server"], default="asyncio")
+    ap.add_argument("--path", choices=["sync", "generate", "asyncio", "server", "link"], default="asyncio")
     ap.add_argument("--stop", action="store_true", help="give every request two stop strings")
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
@@ -77,7 +80,7 @@ def main() -> int:
                             stop=["\n\nUser:", "<|stop|>"] if args.stop else None)
     runs, cpu = [], []
     for _ in range(args.repeat):
-        run = {"asyncio": run_asyncio, "server": run_server}.get(args.path, run_sync)
+        run = {"asyncio": run_asyncio, "server": run_server, "link": run_link}.get(args.path, run_sync)
         cpu_start = time.process_time()
         runs.append(run(engine, params, texts, args))
         cpu.append(time.process_time() - cpu_start)
@@ -141,6 +144,56 @@ def run_asyncio(engine, params, texts, args) -> float:
     elapsed = time.perf_counter() - start
     loop.close()
     assert received[0] == args.streams * args.tokens, received[0]
+    return elapsed
+
+
+def _drain_link(sock, expected_tokens: int, report) -> None:
+    """The API server's end (another process): reads and unpickles the frames until every token has come."""
+    from deepinfer.server.engine_link import recv_message
+
+    tokens = 0
+    while tokens < expected_tokens:
+        message = recv_message(sock)
+        if message is None:
+            break
+        if message[0] == "out":
+            tokens += sum(len(packed[2]) for _, packed in message[1] if packed is not None)
+    report.send(tokens)
+
+
+def run_link(engine, params, texts, args) -> float:
+    """The streams' sink is a real engine_host connection; its frames go to another process."""
+    import multiprocessing
+    import socket
+    from types import SimpleNamespace
+
+    from deepinfer.engine import RequestStream, _Completion
+    from deepinfer.server.engine_host import _Connection
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    report, report_child = multiprocessing.get_context("fork").Pipe()
+    total = args.streams * args.tokens
+    reader = multiprocessing.get_context("fork").Process(target=_drain_link, args=(theirs, total, report_child))
+    reader.start()
+    theirs.close()
+    connection = _Connection(SimpleNamespace(engine=engine, _forget=lambda _: None), ours, "bench")
+    streams = []
+    for i in range(args.streams):
+        stream = RequestStream(engine, f"bench-{i}", None, [1, 2, 3], params, None, True, connection)
+        core_id = 30_000_000 + i
+        completion = _Completion(0, core_id, engine.tokenizer, [1, 2, 3], params)
+        stream.completions.append(completion)
+        engine._by_core_id[core_id] = (stream, completion)
+        streams.append(stream)
+    core_ids = [s.completions[0].core_id for s in streams]
+    start = time.perf_counter()
+    for step in range(args.tokens):
+        engine._dispatch(step_outputs(core_ids, texts, step, step == args.tokens - 1))
+    received = report.recv()
+    elapsed = time.perf_counter() - start
+    reader.join()
+    connection.close()
+    assert received == total, (received, total)
     return elapsed
 
 
