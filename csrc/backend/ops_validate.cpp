@@ -92,29 +92,18 @@ void expect_latent_cache(const ConstTensorView& cache, const ConstTensorView& ac
 }
 
 void expect_weight(const WeightView& w, const ConstTensorView& x, const char* op, const char* name) {
-  if (w.is_fp4()) {
+  if (w.is_packed4()) {
+    const char* const kind = w.is_fp4() ? "FP4" : "INT4";
     const int64_t k = w.shape[w.shape.ndim() - 1], groups = w.scale_inv.shape[w.scale_inv.shape.ndim() - 1];
-    DI_CHECK(k % 8 == 0 && groups > 0 && k % groups == 0 && (k / groups) % 8 == 0, op, ": FP4 ", name, " ",
+    DI_CHECK(k % 8 == 0 && groups > 0 && k % groups == 0 && (k / groups) % 8 == 0, op, ": ", kind, " ", name, " ",
              w.shape.str(), " needs K a multiple of 8 and groups of a multiple of 8 inputs; it has ", groups,
              " groups a row");
     const Shape scales = w.shape.with_dim(-1, groups);
-    DI_CHECK(w.scale_inv.dtype == DType::kF32 && w.scale_inv.shape == scales && w.symmetric(), op, ": FP4 ", name,
-             " ", w.shape.str(), " needs float32 group scales ", scales.str(), " and no zero points, got ",
-             dtype_name(w.scale_inv.dtype), " ", w.scale_inv.shape.str());
-    DI_CHECK(w.scale_inv.device == w.device, op, ": ", name, " and its scales are on different devices");
-    DI_CHECK(x.dtype == DType::kBF16 || x.dtype == DType::kF32, op, ": with an FP4 ", name,
-             " x must be bfloat16 or float32, got ", dtype_name(x.dtype));
-    return;
-  }
-  if (w.is_int4()) {
-    const int64_t k = w.shape[w.shape.ndim() - 1], groups = w.scale_inv.shape[w.scale_inv.shape.ndim() - 1];
-    DI_CHECK(k % 8 == 0 && groups > 0 && k % groups == 0 && (k / groups) % 8 == 0, op, ": INT4 ", name, " ",
-             w.shape.str(), " needs K a multiple of 8 and groups of a multiple of 8 inputs; it has ", groups,
-             " groups a row");
-    const Shape scales = w.shape.with_dim(-1, groups);
-    DI_CHECK(w.scale_inv.dtype == DType::kF32 && w.scale_inv.shape == scales, op, ": INT4 ", name, " ",
+    DI_CHECK(w.scale_inv.dtype == DType::kF32 && w.scale_inv.shape == scales, op, ": ", kind, " ", name, " ",
              w.shape.str(), " needs float32 group scales ", scales.str(), ", got ", dtype_name(w.scale_inv.dtype),
              " ", w.scale_inv.shape.str());
+    DI_CHECK(!w.is_fp4() || w.symmetric(), op, ": FP4 ", name, " ", w.shape.str(), " has zero points; e2m1 codes ",
+             "have none");
     if (!w.symmetric()) {
       const Shape zeros = w.shape.with_dim(-1, int4_zero_words(groups));
       DI_CHECK(w.zeros.dtype == DType::kI32 && w.zeros.shape == zeros, op, ": INT4 ", name, " ", w.shape.str(),
@@ -123,7 +112,7 @@ void expect_weight(const WeightView& w, const ConstTensorView& x, const char* op
     }
     DI_CHECK(w.scale_inv.device == w.device && (w.symmetric() || w.zeros.device == w.device), op, ": ", name,
              " and its scales are on different devices");
-    DI_CHECK(x.dtype == DType::kBF16 || x.dtype == DType::kF32, op, ": with an INT4 ", name,
+    DI_CHECK(x.dtype == DType::kBF16 || x.dtype == DType::kF32, op, ": with an ", kind, " ", name,
              " x must be bfloat16 or float32, got ", dtype_name(x.dtype));
     return;
   }
