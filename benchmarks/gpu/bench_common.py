@@ -75,8 +75,8 @@ def shape_config(name: str, v3_layers: int = V3_SLICE_LAYERS) -> dict:
 SHAPE_NAMES = ("v2-lite", "v3-slice", "smoke")
 
 
-def step_bytes(c: dict, batch: int, context: int, fp8: bool = False, fp8_cache: bool = False,
-               int4: bool = False) -> tuple[float, float]:
+def step_bytes(c: dict, batch: int, context: int, weights: str = "bf16",
+               fp8_cache: bool = False) -> tuple[float, float]:
     """(weight bytes, latent-cache bytes) one decode step of `batch` sequences of `context` tokens must read.
 
     Weights: every layer's MLA projections (q or q_a/q_b, kv_a, kv_b, o), the dense MLPs of the first layers,
@@ -84,12 +84,13 @@ def step_bytes(c: dict, batch: int, context: int, fp8: bool = False, fp8_cache: 
     distinct experts a step touches), and lm_head. Not counted: the embedding rows (batch x hidden) and the norms.
     Cache: batch x context tokens x (kv_lora_rank + qk_rope_head_dim) bf16 values per layer, or with `fp8_cache` the
     FP8 layout's row (latent_fp8_row_bytes: 656 bytes at DeepSeek's dims).
-    Weights are bf16, or with `fp8` the linear layers' e4m3 codes and float32 scales (one per 128 x 128 block): every
-    projection but kv_b_proj (which, with the router and lm_head, stays bf16); with `int4` the same projections' 4-bit
-    codes with a float32 scale and a 4-bit zero point per 128 inputs (INT4_BYTES_PER_WEIGHT).
+    `weights` (BYTES_PER_WEIGHT) is what the linear layers are: bf16, or "fp8" e4m3 codes and float32 scales (one per
+    128 x 128 block): every projection but kv_b_proj (which, with the router and lm_head, stays bf16); "int4" the
+    same projections' 4-bit codes with a float32 scale and a 4-bit zero point per 128 inputs; "nvfp4" their e2m1
+    codes with a float32 scale per 16 (as the GPU holds them).
     """
-    return _step_bytes(c, batch, context, min(c["n_routed_experts"], batch * c["num_experts_per_tok"]), fp8,
-                       fp8_cache, int4)
+    return _step_bytes(c, batch, context, min(c["n_routed_experts"], batch * c["num_experts_per_tok"]), weights,
+                       fp8_cache)
 
 
 def expected_active_experts(c: dict, batch: int) -> float:
@@ -99,10 +100,10 @@ def expected_active_experts(c: dict, batch: int) -> float:
     return e * (1.0 - (1.0 - k / e) ** batch)
 
 
-def step_bytes_expected(c: dict, batch: int, context: int, fp8: bool = False,
-                        fp8_cache: bool = False, int4: bool = False) -> tuple[float, float]:
+def step_bytes_expected(c: dict, batch: int, context: int, weights: str = "bf16",
+                        fp8_cache: bool = False) -> tuple[float, float]:
     """step_bytes with the expected number of distinct experts instead of the upper bound min(E, batch x k)."""
-    return _step_bytes(c, batch, context, expected_active_experts(c, batch), fp8, fp8_cache, int4)
+    return _step_bytes(c, batch, context, expected_active_experts(c, batch), weights, fp8_cache)
 
 
 def latent_fp8_row_bytes(rank: int, rope: int) -> int:
@@ -115,10 +116,13 @@ def latent_fp8_row_bytes(rank: int, rope: int) -> int:
 
 FP8_BYTES_PER_WEIGHT = 1.0 + 4.0 / (128 * 128)  # a code, and a share of its block's float32 scale
 INT4_BYTES_PER_WEIGHT = 0.5 + (4.0 + 0.5) / 128  # half a byte, and a share of its group's scale and zero point
+NVFP4_BYTES_PER_WEIGHT = 0.5 + 4.0 / 16          # half a byte, and a share of its group's float32 scale
+BYTES_PER_WEIGHT = {"bf16": 2.0, "fp8": FP8_BYTES_PER_WEIGHT, "int4": INT4_BYTES_PER_WEIGHT,
+                    "nvfp4": NVFP4_BYTES_PER_WEIGHT}
 
 
-def _step_bytes(c: dict, batch: int, context: int, experts: float, fp8: bool = False,
-                fp8_cache: bool = False, int4: bool = False) -> tuple[float, float]:
+def _step_bytes(c: dict, batch: int, context: int, experts: float, weights: str = "bf16",
+                fp8_cache: bool = False) -> tuple[float, float]:
     d, layers = c["hidden_size"], c["num_hidden_layers"]
     h, rank, rope, nope, v = (c["num_attention_heads"], c["kv_lora_rank"], c["qk_rope_head_dim"],
                               c["qk_nope_head_dim"], c["v_head_dim"])
@@ -134,8 +138,7 @@ def _step_bytes(c: dict, batch: int, context: int, experts: float, fp8: bool = F
     linear = layers * linear_attn + dense_layers * dense_mlp + moe_layers * experts_ffn
     wide = layers * kv_b + moe_layers * router + c["vocab_size"] * d
     row = latent_fp8_row_bytes(rank, rope) if fp8_cache else 2 * (rank + rope)
-    per_weight = INT4_BYTES_PER_WEIGHT if int4 else FP8_BYTES_PER_WEIGHT if fp8 else 2.0
-    return per_weight * linear + 2.0 * wide, float(batch * context * row * layers)
+    return BYTES_PER_WEIGHT[weights] * linear + 2.0 * wide, float(batch * context * row * layers)
 
 
 def parameter_count(c: dict) -> int:

@@ -83,9 +83,10 @@ def parse_args(argv=None):
     ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.90)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    ap.add_argument("--quantization", default="none", choices=["none", "fp8", "int4"],
+    ap.add_argument("--quantization", default="none", choices=["none", "fp8", "int4", "nvfp4"],
                     help="fp8: linear layers quantized to block-scaled FP8 at load; int4: rounded to INT4 (groups of "
-                         "128, zero points) at load (the roofline counts their bytes)")
+                         "128, zero points) at load; nvfp4: the shape as an NVFP4 checkpoint (ModelOpt's "
+                         "quantization_config), its random weights rounded to NVFP4 (the roofline counts their bytes)")
     ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
                     help="fp8: the FP8 latent cache (the roofline counts its bytes)")
     ap.add_argument("--budget-s", type=float, default=0.0, help="start no case after this many seconds (0: no limit)")
@@ -101,6 +102,12 @@ def parse_args(argv=None):
 
 
 # ------------------------------------------------------------------------------------------------------- setup
+
+# The weights each --quantization gives the linear layers (bench_common.BYTES_PER_WEIGHT).
+WEIGHTS_OF_QUANTIZATION = {"none": "bf16", "fp8": "fp8", "int4": "int4", "nvfp4": "nvfp4"}
+# ModelOpt's record of an NVFP4 checkpoint (as NVIDIA's DeepSeek-R1 FP4 release ships it), lm_head left in bf16.
+NVFP4_MODELOPT = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "kv_cache_quant_algo": None,
+                  "exclude_modules": ["lm_head"]}
 
 
 def write_model_dir(root: Path, name: str, config: dict) -> tuple[Path, str]:
@@ -216,9 +223,9 @@ def decode_case(engine, c: dict, args, batch: int, context: int, rng, deadline: 
     if res["status"] == "ok":
         mid = context + max_tokens // 2
         copy_gbps = args.copy_gbps_used
-        fp8, fp8_cache, int4 = args.quantization == "fp8", args.kv_cache_dtype == "fp8", args.quantization == "int4"
-        wb, cb = step_bytes(c, batch, mid, fp8, fp8_cache, int4)
-        we, _ = step_bytes_expected(c, batch, mid, fp8, fp8_cache, int4)
+        weights, fp8_cache = WEIGHTS_OF_QUANTIZATION[args.quantization], args.kv_cache_dtype == "fp8"
+        wb, cb = step_bytes(c, batch, mid, weights, fp8_cache)
+        we, _ = step_bytes_expected(c, batch, mid, weights, fp8_cache)
         row.update({"floor_ms_per_step": (wb + cb) / (copy_gbps * 1e9) * 1e3,
                     "floor_ms_per_step_expected_experts": (we + cb) / (copy_gbps * 1e9) * 1e3,
                     "weight_bytes_per_step": wb, "weight_bytes_per_step_expected_experts": we,
@@ -313,7 +320,7 @@ def run_mode(name: str, c: dict, model_dir: Path, mode: str, args, result: dict,
                        max_model_len=max_len, max_num_seqs=max(args.batches + ([256] if sharegpt else [])),
                        max_num_batched_tokens=args.max_num_batched_tokens,
                        gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=mode == "eager",
-                       quantization=None if args.quantization == "none" else args.quantization,
+                       quantization=None if args.quantization in ("none", "nvfp4") else args.quantization,
                        kv_cache_dtype=args.kv_cache_dtype)
     if out_of_time():
         entry["status"] = "skipped: time budget (not loaded)"
@@ -563,6 +570,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.shapes:
             c = shape_config(name, args.v3_layers)
+            if args.quantization == "nvfp4":  # an NVFP4 checkpoint's config: the engine rounds its dummy weights
+                c = {**c, "quantization_config": NVFP4_MODELOPT}
             model_dir, tokenizer = write_model_dir(Path(tmp), name, c)
             result["shapes"][name] = {"config": c, "parameters": parameter_count(c), "tokenizer": tokenizer,
                                       "modes": {}}

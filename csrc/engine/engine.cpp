@@ -12,6 +12,7 @@
 #include "engine/model_runner.h"
 #include "parallel/gloo_communicator.h"
 #include "parallel/mpi_communicator.h"
+#include "model/fp4_source.h"
 #include "model/int4_source.h"
 #include "model/sharded_source.h"
 
@@ -161,6 +162,10 @@ LoadedModel load_model(const EngineOptions& options, const LoadProgress& progres
                                              ? make_dummy_source(options.seed)
                                              : open_checkpoint_source(options.model_path, config);
   // Rounded before the sharded source splits K across ranks, so a group covers the same inputs as on one rank.
+  // Random weights for an FP4 checkpoint's config take its format, as a benchmark of it must.
+  if (options.load_format == LoadFormat::kDummy && config.fp4.enabled()) {
+    source = make_fp4_rounding_source(std::move(source), config.fp4);
+  }
   if (options.int4_weights && !config.int4.enabled()) {
     source = make_int4_rounding_source(std::move(source),
                                        {.group_size = options.int4_group_size, .symmetric = options.int4_symmetric});

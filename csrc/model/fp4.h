@@ -43,4 +43,18 @@ struct PackedFp4 {
 // Rows [first_row, first_row + num_rows) of the dequantized [N, K] weight into `out` (num_rows * K floats).
 void dequantize_fp4_rows(const PackedFp4& w, int64_t first_row, int64_t num_rows, std::span<float> out);
 
+// The e2m1 code nearest to v (clamped to +-6; a tie goes to the code of even mantissa, as IEEE rounding does).
+uint8_t nearest_e2m1(float v);
+
+// How round_fp4 picks a group's scale from its largest magnitude amax, as each format stores it:
+//   kNvfp4: amax / 6 rounded to e4m3 (the per-tensor factor taken as 1);
+//   kMxfp4: the power of two 2^(floor(log2 amax) - 2) (OCP microscaling: e2m1's largest exponent is 2).
+// A group of zeros gets scale 1 and zero codes.
+enum class Fp4Scaling : uint8_t { kNvfp4, kMxfp4 };
+
+// Round-to-nearest FP4 of `values` (rows of `cols`, groups of `group_size` along each row): codes a byte each
+// ([rows, cols]) and group scales ([rows, cols / group_size]); dequantized, codes * scales.
+void round_fp4(std::span<const float> values, int64_t cols, int64_t group_size, Fp4Scaling scaling,
+               std::span<uint8_t> codes, std::span<float> scales);
+
 }  // namespace deepinfer

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,6 +13,7 @@
 #include "core/fp8.h"
 #include "model/fp4.h"
 #include "model/int4.h"
+#include "model/int4_source.h"
 #include "model/packed_source.h"
 
 namespace deepinfer {
@@ -167,7 +170,60 @@ class Fp4CheckpointSource final : public PackedWeightSource {
   std::map<std::string, Fp4Entry, std::less<>> entries_;  // by the plain name the loader asks for (X.weight)
 };
 
+// Random weights rounded to FP4 as they are read (make_fp4_rounding_source).
+class Fp4RoundingSource final : public WeightSource {
+ public:
+  Fp4RoundingSource(std::unique_ptr<WeightSource> inner, const Fp4Config& fp4)
+      : inner_(std::move(inner)),
+        group_size_(fp4.group_size),
+        scaling_(fp4.format == Fp4Format::kMxfp4CompressedTensors ? Fp4Scaling::kMxfp4 : Fp4Scaling::kNvfp4) {
+    DI_CHECK(fp4.enabled() && group_size_ > 0, "internal: FP4 rounding without an FP4 format");
+  }
+
+  bool contains(const std::string& name) const override { return inner_->contains(name); }
+  std::optional<std::vector<int64_t>> stored_shape(const std::string& name) const override {
+    return inner_->stored_shape(name);
+  }
+  std::optional<Int4Form> int4_form(const std::string& name) const override {
+    if (!rounds(name)) return std::nullopt;
+    return Int4Form{.group_size = group_size_, .symmetric = true, .e2m1 = true};
+  }
+  void read_int4_rows(const std::string& name, std::span<const int64_t> shape, int64_t first_row, int64_t num_rows,
+                      Int4Rows& out) const override {
+    DI_CHECK(shape.size() == 2 && shape[1] % group_size_ == 0, "tensor ", name, " of shape ", shape_str(shape),
+             ": FP4 rounding reads 2-D weights whose K is a multiple of ", group_size_);
+    std::vector<float> values(static_cast<size_t>(num_rows * shape[1]));
+    inner_->read_rows(name, shape, first_row, num_rows, values);
+    out.resize(num_rows, shape[1], group_size_, /*is_symmetric=*/true);
+    out.e2m1 = true;
+    round_fp4(values, shape[1], group_size_, scaling_, out.q, out.scales);
+  }
+  void read_rows(const std::string& name, std::span<const int64_t> shape, int64_t first_row, int64_t num_rows,
+                 std::span<float> out) const override {
+    if (!rounds(name) || shape.size() != 2) return inner_->read_rows(name, shape, first_row, num_rows, out);
+    Int4Rows rows;
+    read_int4_rows(name, shape, first_row, num_rows, rows);
+    rows.dequantize(out);
+  }
+
+ private:
+  // The 2-D linear weights (a checkpoint's FP4 layers), where their K takes whole groups.
+  bool rounds(const std::string& name) const {
+    if (!is_int4_linear(name) || !ends_with(name, ".weight")) return false;
+    const std::optional<std::vector<int64_t>> shape = inner_->stored_shape(name);
+    return !shape || (shape->size() == 2 && (*shape)[1] % group_size_ == 0);
+  }
+
+  std::unique_ptr<WeightSource> inner_;
+  int64_t group_size_;
+  Fp4Scaling scaling_;
+};
+
 }  // namespace
+
+std::unique_ptr<WeightSource> make_fp4_rounding_source(std::unique_ptr<WeightSource> inner, const Fp4Config& fp4) {
+  return std::make_unique<Fp4RoundingSource>(std::move(inner), fp4);
+}
 
 std::unique_ptr<WeightSource> open_fp4_checkpoint_source(Checkpoint checkpoint, const ModelConfig& config) {
   return std::make_unique<Fp4CheckpointSource>(std::move(checkpoint), config);

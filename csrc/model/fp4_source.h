@@ -16,4 +16,10 @@ namespace deepinfer {
 // Tensors not stored in FP4 (embeddings, norms, the router, lm_head, the excluded layers) are read as stored.
 std::unique_ptr<WeightSource> open_fp4_checkpoint_source(Checkpoint checkpoint, const ModelConfig& config);
 
+// `inner` (random weights, load_format="dummy") with every linear weight (is_int4_linear) rounded to the FP4 format
+// `fp4` names (round_fp4: NVFP4's or MXFP4's scales, its group size) as it is read: a benchmark of an FP4 checkpoint's
+// shape runs the FP4 kernels. It answers int4_form like a stored FP4 checkpoint. A config's list of layers left
+// unquantized is not consulted: the linear layers are rounded, the router, embeddings, lm_head and norms are not.
+std::unique_ptr<WeightSource> make_fp4_rounding_source(std::unique_ptr<WeightSource> inner, const Fp4Config& fp4);
+
 }  // namespace deepinfer

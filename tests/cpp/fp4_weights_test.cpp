@@ -7,14 +7,20 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/e2m1.h"
 #include "core/error.h"
 #include "core/int4.h"
+#include "core/fp8.h"
 #include "core/weight.h"
 #include "model/fp4.h"
+#include "model/fp4_source.h"
 #include "model/int4.h"
+#include "model/weights.h"
 
 namespace deepinfer {
 namespace {
@@ -121,6 +127,64 @@ TEST(Fp4Weights, PackedWordsDequantizeToTheirRowsAndTheCheckpointsValues) {
       EXPECT_EQ(right_values[static_cast<size_t>(n * 32 + k)], from_checkpoint[static_cast<size_t>(n * cols + 32 + k)]);
     }
   }
+}
+
+TEST(Fp4Rounding, NearestCodeTiesToTheEvenMantissaAndClamps) {
+  const std::vector<std::pair<float, float>> cases = {
+      {0.2f, 0.0f}, {0.25f, 0.0f}, {0.3f, 0.5f}, {0.75f, 1.0f}, {1.25f, 1.0f}, {1.3f, 1.5f}, {1.75f, 2.0f},
+      {2.5f, 2.0f}, {2.6f, 3.0f}, {3.5f, 4.0f}, {5.0f, 4.0f}, {5.1f, 6.0f}, {100.0f, 6.0f}};
+  for (const auto& [v, want] : cases) {
+    EXPECT_EQ(kE2m1ToFloat[nearest_e2m1(v)], want) << v;
+    EXPECT_EQ(kE2m1ToFloat[nearest_e2m1(-v)], want == 0.0f ? 0.0f : -want) << -v;
+  }
+  EXPECT_EQ(nearest_e2m1(-0.1f), 0);  // rounds to zero: +0, never the -0 code
+}
+
+TEST(Fp4Rounding, EachFormatStoresItsOwnScale) {
+  // One group of 16: amax 3 -> NVFP4 scale e4m3(0.5) = 0.5, codes v / 0.5; MXFP4 2^(floor(log2 3) - 2) = 0.5.
+  std::vector<float> v(32, 0.0f);
+  v[0] = 3.0f;
+  v[1] = -1.0f;
+  v[2] = 0.6f;
+  for (int i = 16; i < 32; ++i) v[static_cast<size_t>(i)] = 0.0f;  // a group of zeros
+  std::vector<uint8_t> codes(32);
+  std::vector<float> scales(2);
+  round_fp4(v, 32, 16, Fp4Scaling::kNvfp4, codes, scales);
+  EXPECT_EQ(scales, (std::vector<float>{0.5f, 1.0f}));
+  EXPECT_EQ(kE2m1ToFloat[codes[0]], 6.0f);
+  EXPECT_EQ(kE2m1ToFloat[codes[1]], -2.0f);
+  EXPECT_EQ(kE2m1ToFloat[codes[2]], 1.0f);  // 1.2 -> 1
+  EXPECT_EQ(codes[20], 0);
+  round_fp4(v, 32, 16, Fp4Scaling::kMxfp4, codes, scales);
+  EXPECT_EQ(scales[0], 0.5f);
+  // amax 5: MXFP4 2^(2 - 2) = 1 (5 lies halfway between 4 and 6: the even code, 4), NVFP4 e4m3(5 / 6).
+  v[0] = 5.0f;
+  round_fp4(v, 32, 16, Fp4Scaling::kMxfp4, codes, scales);
+  EXPECT_EQ(scales[0], 1.0f);
+  EXPECT_EQ(kE2m1ToFloat[codes[0]], 4.0f);
+  round_fp4(v, 32, 16, Fp4Scaling::kNvfp4, codes, scales);
+  EXPECT_EQ(scales[0], e4m3_to_float(float_to_e4m3(5.0f / 6.0f)));
+  EXPECT_THROW(round_fp4(v, 32, 12, Fp4Scaling::kNvfp4, codes, scales), Error);
+}
+
+TEST(Fp4Rounding, TheRoundingSourceReadsPackedRowsAndTheirValuesAlike) {
+  const std::unique_ptr<WeightSource> source =
+      make_fp4_rounding_source(make_dummy_source(3), {.format = Fp4Format::kMxfp4CompressedTensors, .group_size = 32});
+  const std::string name = "model.layers.0.self_attn.o_proj.weight";
+  ASSERT_TRUE(source->int4_form(name).has_value());
+  EXPECT_TRUE(source->int4_form(name)->e2m1 && source->int4_form(name)->symmetric);
+  EXPECT_EQ(source->int4_form(name)->group_size, 32);
+  EXPECT_FALSE(source->int4_form("model.layers.0.mlp.gate.weight").has_value());  // the router stays as it is
+  EXPECT_FALSE(source->int4_form("model.embed_tokens.weight").has_value());
+  const std::vector<int64_t> shape{8, 64};
+  Int4Rows rows;
+  source->read_int4_rows(name, shape, 2, 4, rows);
+  EXPECT_TRUE(rows.e2m1);
+  std::vector<float> packed_values(4 * 64), values(4 * 64);
+  rows.dequantize(packed_values);
+  source->read_rows(name, shape, 2, 4, values);
+  EXPECT_EQ(values, packed_values);
+  for (float s : rows.scales) EXPECT_EQ(std::exp2(std::round(std::log2(s))), s);  // MXFP4: powers of two
 }
 
 TEST(Fp4Weights, E8m0IsABiasedPowerOfTwo) {

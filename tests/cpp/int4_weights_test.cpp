@@ -20,6 +20,7 @@
 #include "core/int4.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
+#include "model/fp4_source.h"
 #include "model/int4.h"
 #include "backend/cpu/weight_values.h"
 #include "model/int4_source.h"
@@ -554,61 +555,19 @@ TEST(Int4Loader, PackedWeightsHoldTheDequantizedPathsValues) {
   }
 }
 
-// Dummy weights as FP4 (e2m1 codes, a group's scale its largest |value| over 6, rounded to the nearest code): a stand-in
-// for a stored FP4 checkpoint (whose layouts tests/python/test_fp4.py checks with the formats' library) that the
-// loader reads packed (read_int4_rows) or dequantized (read_rows), the same values either way.
-class Fp4TestSource final : public WeightSource {
- public:
-  Fp4TestSource(std::unique_ptr<WeightSource> inner, int64_t group) : inner_(std::move(inner)), group_(group) {}
-  bool contains(const std::string& name) const override { return inner_->contains(name); }
-  std::optional<Int4Form> int4_form(const std::string& name) const override {
-    if (!is_int4_linear(name)) return std::nullopt;
-    return Int4Form{.group_size = group_, .symmetric = true, .e2m1 = true};
-  }
-  void read_int4_rows(const std::string& name, std::span<const int64_t> shape, int64_t first_row, int64_t num_rows,
-                      Int4Rows& out) const override {
-    std::vector<float> values(static_cast<size_t>(num_rows * shape[1]));
-    inner_->read_rows(name, shape, first_row, num_rows, values);
-    out.resize(num_rows, shape[1], group_, true);
-    out.e2m1 = true;
-    for (int64_t g = 0; g < num_rows * shape[1] / group_; ++g) {
-      float amax = 0.0f;
-      for (int64_t i = 0; i < group_; ++i) amax = std::max(amax, std::abs(values[static_cast<size_t>(g * group_ + i)]));
-      const float scale = amax > 0.0f ? amax / 6.0f : 1.0f;
-      out.scales[static_cast<size_t>(g)] = scale;
-      for (int64_t i = 0; i < group_; ++i) {
-        const float v = values[static_cast<size_t>(g * group_ + i)] / scale;
-        int best = 0;
-        for (int c = 1; c < 16; ++c) {
-          if (std::abs(kE2m1ToFloat[static_cast<size_t>(c)] - v) < std::abs(kE2m1ToFloat[static_cast<size_t>(best)] - v)) best = c;
-        }
-        out.q[static_cast<size_t>(g * group_ + i)] = static_cast<uint8_t>(best);
-      }
-    }
-  }
-  void read_rows(const std::string& name, std::span<const int64_t> shape, int64_t first_row, int64_t num_rows,
-                 std::span<float> out) const override {
-    if (!int4_form(name) || shape.size() != 2) return inner_->read_rows(name, shape, first_row, num_rows, out);
-    Int4Rows rows;
-    read_int4_rows(name, shape, first_row, num_rows, rows);
-    rows.dequantize(out);
-  }
-
- private:
-  std::unique_ptr<WeightSource> inner_;
-  int64_t group_;
-};
-
 // FP4 weights stay packed in a sink that takes 4-bit weights, as FP4 (e2m1 words, no zero points), and hold exactly
 // the values the dequantized path loads: whole and split across two tensor-parallel ranks.
 TEST(Int4Loader, PackedFp4WeightsHoldTheDequantizedPathsValues) {
   const ModelConfig config = tiny_moe_config();
-  const Fp4TestSource source(make_dummy_source(7), 8);
+  // Random weights rounded to FP4 as they are read (what a benchmark of an FP4 checkpoint's config loads), in
+  // groups of 8 so that the tiny model's K splits across two ranks on group edges.
+  const std::unique_ptr<WeightSource> source =
+      make_fp4_rounding_source(make_dummy_source(7), {.format = Fp4Format::kNvfp4ModelOpt, .group_size = 8});
   for (const int32_t ranks : {1, 2}) {
     for (int32_t rank = 0; rank < ranks; ++rank) {
       const ModelShard shard{.rank = rank, .size = ranks};
       const ModelConfig local = local_config(config, shard);
-      const std::unique_ptr<WeightSource> sharded = make_sharded_source(source, shard);
+      const std::unique_ptr<WeightSource> sharded = make_sharded_source(*source, shard);
       const std::unique_ptr<WeightSink> float_sink = make_host_sink();
       const std::unique_ptr<WeightSink> packed_sink = make_host_sink({.int4 = true});
       const ModelWeights plain = load_weights(local, *sharded, *float_sink, {}, shard);

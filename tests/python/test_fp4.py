@@ -197,3 +197,19 @@ def test_quantizing_an_fp4_checkpoint_again_is_refused_before_loading(base, tmp_
     assert resolve_weight_format(None, False, "", "cpu", "modelopt-nvfp4").fp4 == "modelopt-nvfp4"
     assert resolve_weight_format(None, False, "", "cuda", "nvfp4").fp4 == "nvfp4"
     assert np.isfinite(engine_logits(path)).all()
+
+
+def test_random_weights_for_an_fp4_config_are_rounded_to_it(base, tmp_path):
+    """load_format="dummy" on an NVFP4 checkpoint's config (what engine_bench --quantization nvfp4 runs): the random
+    linear weights are rounded to NVFP4 as they load (model/fp4_source.h make_fp4_rounding_source), so the logits
+    move by a quantization's error from those of the same random weights unrounded, and are reproducible."""
+    config = json.loads((base["v3"] / "config.json").read_text())
+    plain, nvfp4 = tmp_path / "plain", tmp_path / "nvfp4"
+    for d, extra in ((plain, {}), (nvfp4, {"quantization_config": {
+            "quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "exclude_modules": ["lm_head"]}})):
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({**config, **extra}))
+    dummy = _deepinfer.LoadFormat.dummy
+    want, got = engine_logits(plain, load_format=dummy), engine_logits(nvfp4, load_format=dummy)
+    assert 1e-3 < relative_error(got, want) < 0.5
+    assert np.array_equal(got, engine_logits(nvfp4, load_format=dummy))
