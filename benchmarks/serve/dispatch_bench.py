@@ -13,7 +13,9 @@ events and metrics), the app's sends counted instead of written to a socket (the
 socket writes are not included); `--path link`: the engine process of `deepinfer serve --api-server-count N`, every
 stream's deltas handed to one API server's connection (server/engine_host.py: its writer thread packs and pickles a
 step's deltas into one frame on a Unix socket), the frames read and unpickled by another process (not counted).
-Reports microseconds of Python per token: what bounds a server's output tok/s.
+`--path http`: `--path server` behind a real uvicorn server on a local port (its HTTP protocol: `--http h11`, pure
+Python, or `httptools`, C; framing and socket writes included), every stream a streamed request of an aiohttp client
+in another process (not counted). Reports microseconds of Python per token: what bounds a server's output tok/s.
 
     python benchmarks/serve/dispatch_bench.py --streams 1000 --tokens 64 --path asyncio
 """
@@ -68,7 +70,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--streams", type=int, default=1000)
     ap.add_argument("--tokens", type=int, default=64, help="tokens a stream (steps)")
-    ap.add_argument("--path", choices=["sync", "generate", "asyncio", "server", "link"], default="asyncio")
+    ap.add_argument("--path", choices=["sync", "generate", "asyncio", "server", "link", "http"], default="asyncio")
+    ap.add_argument("--http", choices=["h11", "httptools"], default="h11", help="--path http: uvicorn's protocol")
+    ap.add_argument("--step-ms", type=float, default=5.0, help="--path http: the synthetic engine's step time")
     ap.add_argument("--stop", action="store_true", help="give every request two stop strings")
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
@@ -80,15 +84,20 @@ def main() -> int:
                             stop=["\n\nUser:", "<|stop|>"] if args.stop else None)
     runs, cpu = [], []
     for _ in range(args.repeat):
-        run = {"asyncio": run_asyncio, "server": run_server, "link": run_link}.get(args.path, run_sync)
+        run = {"asyncio": run_asyncio, "server": run_server, "link": run_link, "http": run_http}.get(args.path,
+                                                                                                    run_sync)
         cpu_start = time.process_time()
-        runs.append(run(engine, params, texts, args))
-        cpu.append(time.process_time() - cpu_start)
+        result = run(engine, params, texts, args)
+        # A run may time its own CPU (without its setup): (wall s, CPU s).
+        wall, run_cpu = result if isinstance(result, tuple) else (result, time.process_time() - cpu_start)
+        runs.append(wall)
+        cpu.append(run_cpu)
     best = min(runs)
     total = args.streams * args.tokens
     # Wall time bounds the tok/s; the process's CPU time (every thread, less the waits for the GIL) moves less with
     # the machine's other load, so it is the figure to compare changes by. Both include the synthetic outputs.
-    print(json.dumps({"path": args.path, "streams": args.streams, "tokens": args.tokens, "stop_strings": args.stop,
+    print(json.dumps({"path": args.path, **({"http": args.http, "step_ms": args.step_ms} if args.path == "http" else {}),
+                      "streams": args.streams, "tokens": args.tokens, "stop_strings": args.stop,
                       "seconds": [round(r, 3) for r in runs], "us_per_token": round(1e6 * best / total, 2),
                       "cpu_us_per_token": round(1e6 * min(cpu) / total, 2), "tokens_per_s": round(total / best)}))
     engine.shutdown()
@@ -265,6 +274,96 @@ def run_server(engine, params, texts, args) -> float:
     # Each stream: its token chunks (several may share one send) and [DONE].
     assert events[0] >= args.streams * (args.tokens + 1) - args.streams, events[0]
     return elapsed
+
+
+def _http_clients(port: int, model: str, streams: int, tokens: int, report) -> None:
+    """Another process: `streams` streamed completions at once through aiohttp; reports (tokens, text events) read:
+    the tokens by the usage chunk, the events those that carry text (a server behind its engine sends several
+    tokens in one)."""
+    import aiohttp
+
+    async def one(session) -> tuple[int, int]:
+        body = {"model": model, "prompt": [1, 2, 3], "max_tokens": tokens, "ignore_eos": True, "stream": True,
+                "temperature": 0, "stream_options": {"include_usage": True}}
+        events, used = 0, 0
+        async with session.post(f"http://127.0.0.1:{port}/v1/completions", json=body) as r:
+            async for line in r.content:
+                if not line.startswith(b"data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    used = chunk["usage"]["completion_tokens"]
+                elif chunk["choices"]:
+                    events += 1
+        return used, events
+
+    async def run() -> tuple[int, int]:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            results = await asyncio.gather(*(one(session) for _ in range(streams)))
+        return sum(t for t, _ in results), sum(e for _, e in results)
+
+    report.send(asyncio.run(run()))
+
+
+def run_http(engine, params, texts, args) -> float:
+    """run_server's app behind uvicorn on a local port, the clients in another process; the synthetic steps come
+    every --step-ms (the dispatcher's own time counted in it)."""
+    import multiprocessing
+    import socket
+    import threading
+
+    import uvicorn
+
+    from deepinfer.engine import RequestStream, _Completion
+    from deepinfer.server.app import create_app
+
+    core_ids: list[int] = []
+    all_submitted = threading.Event()
+
+    def submit(prompt, sampling, *, loop=None, request_id=None):
+        stream = RequestStream(engine, request_id, None, prompt["prompt_token_ids"], sampling, loop, True)
+        core_id = 40_000_000 + len(core_ids)
+        completion = _Completion(0, core_id, engine.tokenizer, prompt["prompt_token_ids"], sampling)
+        stream.completions.append(completion)
+        engine._by_core_id[core_id] = (stream, completion)
+        core_ids.append(core_id)
+        if len(core_ids) == args.streams:
+            all_submitted.set()
+        return stream
+
+    engine.submit = submit
+    app = create_app(engine, max_queue=args.streams + 1)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, http=args.http, loop="asyncio", log_level="warning", access_log=False,
+                            lifespan="off", backlog=4096)
+    server = uvicorn.Server(config)
+    serving = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
+    serving.start()
+    while not server.started:
+        time.sleep(0.01)
+    report, report_child = multiprocessing.get_context("spawn").Pipe()
+    clients = multiprocessing.get_context("spawn").Process(
+        target=_http_clients, args=(port, engine.served_model_name, args.streams, args.tokens, report_child))
+    clients.start()
+    all_submitted.wait()
+    start, cpu_start = time.perf_counter(), time.process_time()
+    for step in range(args.tokens):
+        due = start + step * args.step_ms / 1e3
+        time.sleep(max(0.0, due - time.perf_counter()))
+        engine._dispatch(step_outputs(core_ids, texts, step, step == args.tokens - 1))
+    received, events = report.recv()
+    elapsed, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
+    print(f"{args.http}: {events / received:.3f} text events a token (1: none merged)", file=sys.stderr)
+    clients.join()
+    server.should_exit = True
+    serving.join(timeout=10)
+    core_ids.clear()
+    all_submitted.clear()
+    del engine.submit
+    assert received == args.streams * args.tokens, (received, args.streams * args.tokens)
+    return elapsed, cpu_s
 
 
 if __name__ == "__main__":
