@@ -100,20 +100,21 @@ __global__ void __launch_bounds__(kThreads, (kTokenTiles <= 2 && kUnroll <= 4) ?
   // Weights and scales are never written by a kernel: the first group goes out before the wait on the previous
   // kernel (programmatic dependent launch); x, its output, is read only after it. Steps past the warp's range load
   // zero codes and a zero scale, which add nothing.
+  // The loads in flight are a ring of kUnroll slots: slot u holds step s + u of the group at s, and is refilled with
+  // step s + kUnroll + u as soon as its codes are widened, so kUnroll loads stay in flight without a second copy of
+  // the group in registers (which the 128-register variants spilled).
   uint4 wa[kUnroll], wb[kUnroll];
   float sa[kUnroll], sb[kUnroll];
-  const auto load_weights = [&](int64_t first) {
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const bool in_range = first + u < step_end;
-      const int64_t k = (first + u) * kStepK;
-      wa[u] = in_range && valid_a ? ld_stream_16(w_a + k) : make_uint4(0u, 0u, 0u, 0u);
-      wb[u] = in_range && valid_b ? ld_stream_16(w_b + k) : make_uint4(0u, 0u, 0u, 0u);
-      sa[u] = in_range ? __ldg(s_a + k / kScaleBlock) : 0.0f;
-      sb[u] = in_range ? __ldg(s_b + k / kScaleBlock) : 0.0f;
-    }
+  const auto load_slot = [&](int u, int64_t step) {
+    const bool in_range = step < step_end;
+    const int64_t k = step * kStepK;
+    wa[u] = in_range && valid_a ? ld_stream_16(w_a + k) : make_uint4(0u, 0u, 0u, 0u);
+    wb[u] = in_range && valid_b ? ld_stream_16(w_b + k) : make_uint4(0u, 0u, 0u, 0u);
+    sa[u] = in_range ? __ldg(s_a + k / kScaleBlock) : 0.0f;
+    sb[u] = in_range ? __ldg(s_b + k / kScaleBlock) : 0.0f;
   };
-  load_weights(step_begin);
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) load_slot(u, step_begin + u);
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
 
@@ -128,28 +129,21 @@ __global__ void __launch_bounds__(kThreads, (kTokenTiles <= 2 && kUnroll <= 4) ?
 
   float acc[kTokenTiles][4] = {};
   for (int64_t s = step_begin; s < step_end; s += kUnroll) {
-    uint4 cur_a[kUnroll], cur_b[kUnroll];
-    float cur_sa[kUnroll], cur_sb[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      cur_a[u] = wa[u];
-      cur_b[u] = wb[u];
-      cur_sa[u] = sa[u];
-      cur_sb[u] = sb[u];
-    }
-    if (s + kUnroll < step_end) load_weights(s + kUnroll);
+    const bool refill = s + kUnroll < step_end;
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t k = (s + u) * kStepK;
       const bool in_range = s + u < step_end;
-      const uint32_t codes_a[4] = {cur_a[u].x, cur_a[u].y, cur_a[u].z, cur_a[u].w};
-      const uint32_t codes_b[4] = {cur_b[u].x, cur_b[u].y, cur_b[u].z, cur_b[u].w};
+      const uint32_t codes_a[4] = {wa[u].x, wa[u].y, wa[u].z, wa[u].w};
+      const uint32_t codes_b[4] = {wb[u].x, wb[u].y, wb[u].z, wb[u].w};
+      const float scale_a = sa[u], scale_b = sb[u];
       uint32_t lo_a[4], hi_a[4], lo_b[4], hi_b[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         e4m3x4_to_bf16x4(codes_a[j], lo_a[j], hi_a[j]);
         e4m3x4_to_bf16x4(codes_b[j], lo_b[j], hi_b[j]);
       }
+      if (refill) load_slot(u, s + kUnroll + u);
 #pragma unroll
       for (int t = 0; t < kTokenTiles; ++t) {
         const uint4 x0 = skinny::load_x(x_rows[t] + k, in_range && valid_x[t]);
@@ -161,10 +155,10 @@ __global__ void __launch_bounds__(kThreads, (kTokenTiles <= 2 && kUnroll <= 4) ?
           mma_bf16_16816(step_acc, lo_a[j], lo_b[j], hi_a[j], hi_b[j], xw[2 * j], xw[2 * j + 1]);
         }
         // Accumulator registers 0, 1 are row r, registers 2, 3 row r + 8.
-        acc[t][0] = fmaf(step_acc[0], cur_sa[u], acc[t][0]);
-        acc[t][1] = fmaf(step_acc[1], cur_sa[u], acc[t][1]);
-        acc[t][2] = fmaf(step_acc[2], cur_sb[u], acc[t][2]);
-        acc[t][3] = fmaf(step_acc[3], cur_sb[u], acc[t][3]);
+        acc[t][0] = fmaf(step_acc[0], scale_a, acc[t][0]);
+        acc[t][1] = fmaf(step_acc[1], scale_a, acc[t][1]);
+        acc[t][2] = fmaf(step_acc[2], scale_b, acc[t][2]);
+        acc[t][3] = fmaf(step_acc[3], scale_b, acc[t][3]);
       }
     }
   }

@@ -128,35 +128,34 @@ __global__ void __launch_bounds__(kThreads, (kTokenTiles <= 2 && kUnroll <= 4) ?
 
   // Weights are never written by a kernel: the first group goes out before the wait on the previous kernel
   // (programmatic dependent launch); x, its output, is read only after it. Steps past the warp's range load zero codes
-  // and a zero scale, which add nothing.
+  // and a zero scale, which add nothing. The loads in flight are a ring of kUnroll slots: slot u holds step s + u of the group at s, and is refilled with
+  // step s + kUnroll + u as soon as its words are unpacked, so kUnroll loads stay in flight without a second copy of
+  // the group in registers (which the 128-register variants spilled).
   RowStep a[kUnroll], b[kUnroll];
-  const auto load_weights = [&](int64_t first) {
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t s = first + u;
-      const bool in_range = s < step_end;
-      a[u].words = in_range && valid_a ? ld_stream_16(w_a + s * (kStepK / 8)) : make_uint4(0u, 0u, 0u, 0u);
-      b[u].words = in_range && valid_b ? ld_stream_16(w_b + s * (kStepK / 8)) : make_uint4(0u, 0u, 0u, 0u);
-      if constexpr (kE2m1) {
-        const int64_t g_lo = in_range ? fp4_group_of(s, 0) : 0, g_hi = in_range ? fp4_group_of(s, 1) : 0;
-        a[u].scale = in_range && valid_a ? __ldg(s_a + g_lo) : 0.0f;
-        a[u].scale_hi = in_range && valid_a ? __ldg(s_a + g_hi) : 0.0f;
-        b[u].scale = in_range && valid_b ? __ldg(s_b + g_lo) : 0.0f;
-        b[u].scale_hi = in_range && valid_b ? __ldg(s_b + g_hi) : 0.0f;
-        a[u].zero_word = b[u].zero_word = 0u;
-      } else {
-        const int64_t g = in_range ? group_of(s) : 0;
-        a[u].scale = in_range && valid_a ? __ldg(s_a + g) : 0.0f;
-        b[u].scale = in_range && valid_b ? __ldg(s_b + g) : 0.0f;
-        a[u].scale_hi = b[u].scale_hi = 0.0f;
-        a[u].zero_word =
-            z_a != nullptr && in_range && valid_a ? static_cast<uint32_t>(__ldg(z_a + g / 8)) : 0x88888888u;
-        b[u].zero_word =
-            z_b != nullptr && in_range && valid_b ? static_cast<uint32_t>(__ldg(z_b + g / 8)) : 0x88888888u;
-      }
+  const auto load_slot = [&](int u, int64_t s) {
+    const bool in_range = s < step_end;
+    a[u].words = in_range && valid_a ? ld_stream_16(w_a + s * (kStepK / 8)) : make_uint4(0u, 0u, 0u, 0u);
+    b[u].words = in_range && valid_b ? ld_stream_16(w_b + s * (kStepK / 8)) : make_uint4(0u, 0u, 0u, 0u);
+    if constexpr (kE2m1) {
+      const int64_t g_lo = in_range ? fp4_group_of(s, 0) : 0, g_hi = in_range ? fp4_group_of(s, 1) : 0;
+      a[u].scale = in_range && valid_a ? __ldg(s_a + g_lo) : 0.0f;
+      a[u].scale_hi = in_range && valid_a ? __ldg(s_a + g_hi) : 0.0f;
+      b[u].scale = in_range && valid_b ? __ldg(s_b + g_lo) : 0.0f;
+      b[u].scale_hi = in_range && valid_b ? __ldg(s_b + g_hi) : 0.0f;
+      a[u].zero_word = b[u].zero_word = 0u;
+    } else {
+      const int64_t g = in_range ? group_of(s) : 0;
+      a[u].scale = in_range && valid_a ? __ldg(s_a + g) : 0.0f;
+      b[u].scale = in_range && valid_b ? __ldg(s_b + g) : 0.0f;
+      a[u].scale_hi = b[u].scale_hi = 0.0f;
+      a[u].zero_word =
+          z_a != nullptr && in_range && valid_a ? static_cast<uint32_t>(__ldg(z_a + g / 8)) : 0x88888888u;
+      b[u].zero_word =
+          z_b != nullptr && in_range && valid_b ? static_cast<uint32_t>(__ldg(z_b + g / 8)) : 0x88888888u;
     }
   };
-  load_weights(step_begin);
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) load_slot(u, step_begin + u);
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
 
@@ -172,21 +171,17 @@ __global__ void __launch_bounds__(kThreads, (kTokenTiles <= 2 && kUnroll <= 4) ?
   float acc[kTokenTiles][4] = {};
   float acc_odd[kScaleAfter ? 1 : kTokenTiles][4] = {};  // the odd MMAs' chain (scales in registers)
   for (int64_t s = step_begin; s < step_end; s += kUnroll) {
-    RowStep cur_a[kUnroll], cur_b[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      cur_a[u] = a[u];
-      cur_b[u] = b[u];
-    }
-    if (s + kUnroll < step_end) load_weights(s + kUnroll);
+    const bool refill = s + kUnroll < step_end;
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t k = (s + u) * kStepK;
       const bool in_range = s + u < step_end;
       const uint32_t shift = kE2m1 ? 0u : static_cast<uint32_t>(4 * ((in_range ? group_of(s + u) : 0) % 8));
       uint32_t pa[4][4], pb[4][4];
-      unpack_row<kScaleAfter, kE2m1>(cur_a[u], shift, pa);
-      unpack_row<kScaleAfter, kE2m1>(cur_b[u], shift, pb);
+      unpack_row<kScaleAfter, kE2m1>(a[u], shift, pa);
+      unpack_row<kScaleAfter, kE2m1>(b[u], shift, pb);
+      const float scale_a = a[u].scale, scale_b = b[u].scale;  // kScaleAfter: applied after the MMAs
+      if (refill) load_slot(u, s + kUnroll + u);
 #pragma unroll
       for (int t = 0; t < kTokenTiles; ++t) {
         uint32_t xw[16];
@@ -213,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, (kTokenTiles <= 2 && kUnroll <= 4) ?
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
             const float sum = (step_acc[0][i] + step_acc[1][i]) + (step_acc[2][i] + step_acc[3][i]);
-            acc[t][i] = fmaf(sum, i < 2 ? cur_a[u].scale : cur_b[u].scale, acc[t][i]);
+            acc[t][i] = fmaf(sum, i < 2 ? scale_a : scale_b, acc[t][i]);
           }
         } else {
 #pragma unroll
