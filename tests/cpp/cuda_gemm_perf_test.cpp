@@ -265,13 +265,21 @@ TEST(CudaGemmPerf, DISABLED_Fp8Weights) {
 // DeepSeek-V3 store them): the INT4 skinny GEMM at V3's decode shapes, as GB/s over the 4-bit codes, scales and zero
 // points it reads (plus x and out) and the share of the copy bandwidth, at 1, 8 and 64 tokens; then the prefill path
 // (the weight widened to bf16 a chunk at a time, then the bf16 GEMM) at 4096 x 7168 x 7168 beside the bf16 GEMM itself.
+// The decode shapes again with NVFP4 weights (e2m1 codes in the same words, a float32 scale per 16, no zero points),
+// which the same kernels unpack.
 TEST(CudaGemmPerf, DISABLED_Int4Weights) {
   DEEPINFER_REQUIRE_CUDA_DEVICE();
   const std::unique_ptr<Backend> backend = make_cuda_backend(0, cuda::CudaTuning::from_env());
   GemmPerf perf;
   const double copy = perf.copy_gbs();
   std::printf("[ perf     ] device-to-device copy: %.0f GB/s\n", copy);
-  constexpr int64_t kGroup = 128;
+  struct Packed4Format {
+    const char* name;
+    int64_t group;
+    bool zeros;
+    DType dtype;
+  };
+  constexpr Packed4Format kInt4{"int4", 128, true, DType::kU4}, kNvfp4{"nvfp4", 16, false, DType::kE2M1};
   struct Int4Shape {
     const char* name;
     std::vector<int64_t> rows;  // weight rows per product (one launch); silu_mul: gate + up rows
@@ -279,53 +287,58 @@ TEST(CudaGemmPerf, DISABLED_Int4Weights) {
     bool silu_mul = false;
   };
   const std::vector<Int4Shape> shapes = {
-      {"v3 q_a + kv_a (int4)", {1536, 576}, 7168},
-      {"v3 q_b_proj (int4)", {24576}, 1536},
-      {"v3 o_proj (int4)", {7168}, 16384},
-      {"v3 dense gate_up+silu (int4)", {2 * 18432}, 7168, true},
-      {"v3 dense down (int4)", {7168}, 18432},
+      {"v3 q_a + kv_a", {1536, 576}, 7168},
+      {"v3 q_b_proj", {24576}, 1536},
+      {"v3 o_proj", {7168}, 16384},
+      {"v3 dense gate_up+silu", {2 * 18432}, 7168, true},
+      {"v3 dense down", {7168}, 18432},
   };
-  const auto weight_bytes = [](int64_t rows, int64_t k) {
-    return rows * k / 2 + rows * (k / kGroup) * 4 + rows * int4_zero_words(k / kGroup) * 4;
+  const auto weight_bytes = [](const Packed4Format& f, int64_t rows, int64_t k) {
+    return rows * k / 2 + rows * (k / f.group) * 4 + (f.zeros ? rows * int4_zero_words(k / f.group) * 4 : 0);
   };
-  const auto int4_weight = [&perf](int64_t rows, int64_t k) {
+  const auto packed_weight = [&perf](const Packed4Format& f, int64_t rows, int64_t k) {
     const TensorView words = perf.tensor({rows, k / 8}, DType::kI32);
-    const TensorView scales = perf.tensor({rows, k / kGroup}, DType::kF32);
+    const TensorView scales = perf.tensor({rows, k / f.group}, DType::kF32);
     CUDA_TRY(cudaMemset(scales.data, 0, scales.bytes()));  // finite sums whatever the codes
-    const TensorView zeros = perf.tensor({rows, int4_zero_words(k / kGroup)}, DType::kI32);
-    return WeightView(ConstTensorView(words.data, DType::kU4, {rows, k}, Device::kCuda), scales, zeros);
+    const ConstTensorView zeros =
+        f.zeros ? ConstTensorView(perf.tensor({rows, int4_zero_words(k / f.group)}, DType::kI32)) : ConstTensorView();
+    return WeightView(ConstTensorView(words.data, f.dtype, {rows, k}, Device::kCuda), scales, zeros);
   };
-  for (const Int4Shape& s : shapes) {
-    int64_t w_bytes = 0;
-    for (const int64_t r : s.rows) w_bytes += weight_bytes(r, s.k);
-    const int copies = static_cast<int>(std::min<int64_t>(kCalls, std::max<int64_t>(1, kColdBytes / w_bytes + 1)));
-    std::vector<std::vector<WeightView>> weights(static_cast<size_t>(copies));
-    for (auto& set : weights) {
-      for (const int64_t r : s.rows) set.push_back(int4_weight(r, s.k));
-    }
-    for (const int64_t m : {int64_t{1}, int64_t{8}, int64_t{64}}) {
-      const TensorView x = perf.tensor({m, s.k}, DType::kBF16);
-      std::vector<TensorView> outs;
-      int64_t io_bytes = x.bytes();
-      for (const int64_t r : s.rows) {
-        outs.push_back(perf.tensor({m, s.silu_mul ? r / 2 : r}, DType::kBF16));
-        io_bytes += outs.back().bytes();
+  const auto int4_weight = [&](int64_t rows, int64_t k) { return packed_weight(kInt4, rows, k); };
+  for (const Packed4Format& f : {kInt4, kNvfp4}) {
+    for (const Int4Shape& s : shapes) {
+      int64_t w_bytes = 0;
+      for (const int64_t r : s.rows) w_bytes += weight_bytes(f, r, s.k);
+      const int copies = static_cast<int>(std::min<int64_t>(kCalls, std::max<int64_t>(1, kColdBytes / w_bytes + 1)));
+      std::vector<std::vector<WeightView>> weights(static_cast<size_t>(copies));
+      for (auto& set : weights) {
+        for (const int64_t r : s.rows) set.push_back(packed_weight(f, r, s.k));
       }
-      const double t = perf.time(*backend, copies, [&](int c) {
-        const std::vector<WeightView>& set = weights[static_cast<size_t>(c)];
-        if (s.silu_mul) {
-          backend->linear_silu_mul({.x = x, .w = set[0], .out = outs[0]});
-        } else if (set.size() == 1) {
-          backend->linear({.x = x, .w = set[0], .out = outs[0]});
-        } else {
-          std::vector<LinearTarget> targets;
-          for (size_t i = 0; i < set.size(); ++i) targets.push_back({.w = set[i], .out = outs[i]});
-          backend->multi_linear({.x = x, .targets = targets});
+      for (const int64_t m : {int64_t{1}, int64_t{8}, int64_t{64}}) {
+        const TensorView x = perf.tensor({m, s.k}, DType::kBF16);
+        std::vector<TensorView> outs;
+        int64_t io_bytes = x.bytes();
+        for (const int64_t r : s.rows) {
+          outs.push_back(perf.tensor({m, s.silu_mul ? r / 2 : r}, DType::kBF16));
+          io_bytes += outs.back().bytes();
         }
-      });
-      const double bytes = static_cast<double>(w_bytes + io_bytes);
-      std::printf("[ perf     ] %-30s M=%-3lld %9.1f MB | int4 skinny %8.2f us %6.0f GB/s %5.1f%% of copy\n", s.name,
-                  static_cast<long long>(m), bytes / 1e6, t * 1e6, bytes / t / 1e9, 100.0 * bytes / t / 1e9 / copy);
+        const double t = perf.time(*backend, copies, [&](int c) {
+          const std::vector<WeightView>& set = weights[static_cast<size_t>(c)];
+          if (s.silu_mul) {
+            backend->linear_silu_mul({.x = x, .w = set[0], .out = outs[0]});
+          } else if (set.size() == 1) {
+            backend->linear({.x = x, .w = set[0], .out = outs[0]});
+          } else {
+            std::vector<LinearTarget> targets;
+            for (size_t i = 0; i < set.size(); ++i) targets.push_back({.w = set[i], .out = outs[i]});
+            backend->multi_linear({.x = x, .targets = targets});
+          }
+        });
+        const double bytes = static_cast<double>(w_bytes + io_bytes);
+        std::printf("[ perf     ] %-30s %-5s M=%-3lld %9.1f MB | skinny %8.2f us %6.0f GB/s %5.1f%% of copy\n", s.name,
+                    f.name, static_cast<long long>(m), bytes / 1e6, t * 1e6, bytes / t / 1e9,
+                    100.0 * bytes / t / 1e9 / copy);
+      }
     }
   }
   constexpr int64_t kM = 4096, kN = 7168, kK = 7168;
