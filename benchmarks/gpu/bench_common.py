@@ -215,6 +215,36 @@ def sharegpt_prompt_budget(c: dict, ttft_contexts: list[int], output_tokens: int
     return min(c["max_position_embeddings"], max(ttft_contexts) + 8) - output_tokens - 1
 
 
+def sharegpt_conversations(path: Path, num: int, vocab: int, budget: int, max_turns: int,
+                           min_turns: int = 2) -> tuple[list[list[list[int]]], dict]:
+    """The user turns of the first `num` ShareGPT conversations with at least `min_turns` of them (at most
+    `max_turns` kept), each as DeepSeek-V3 token ids folded into the vocabulary and truncated to `budget` tokens. A
+    file of first turns only (sharegpt_v3_filtered_1000.json) has no such conversations: then each conversation is
+    `max_turns` consecutive first-turn prompts, one a turn (what a cache sees depends on the prefixes a replay
+    resends, not on what the turns say)."""
+    from deepinfer.tokenizer import Tokenizer
+
+    data = json.loads(path.read_text(encoding="utf-8"))
+    humans = [[t["value"] for t in item.get("conversations") or [] if t.get("from") == "human" and t.get("value")]
+              for item in data]
+    chats = [turns[:max_turns] for turns in humans if len(turns) >= min_turns][:num]
+    source = "conversations"
+    if not chats:
+        firsts = [turns[0] for turns in humans if turns]
+        chats = [firsts[i:i + max_turns] for i in range(0, len(firsts) - max_turns + 1, max_turns)][:num]
+        source = "consecutive first-turn prompts"
+    tok = Tokenizer.default_deepseek_v3()
+    flat = tok.encode_batch([t for chat in chats for t in chat], add_special_tokens=False)
+    out, at = [], 0
+    for chat in chats:
+        out.append([[t % vocab for t in ids[:budget]] for ids in flat[at:at + len(chat)]])
+        at += len(chat)
+    turns = [len(c) for c in out]
+    return out, {"conversations": len(out), "turns_from": source, "turns_total": sum(turns),
+                 "turns_mean": statistics.mean(turns) if out else 0,
+                 "user_tokens_total": sum(len(t) for c in out for t in c)}
+
+
 def sharegpt_prompts(path: Path, num: int, vocab: int, budget: int) -> tuple[list[list[int]], dict]:
     """The first `num` ShareGPT first-turn prompts as DeepSeek-V3 token ids (BOS first), folded into the vocabulary
     and truncated to `budget` tokens."""
