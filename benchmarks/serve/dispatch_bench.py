@@ -206,29 +206,39 @@ def run_link(engine, params, texts, args) -> float:
     return elapsed
 
 
-def run_server(engine, params, texts, args) -> float:
-    """Every stream one streamed /v1/completions request into the real ASGI app, on an event loop in its own thread;
-    the engine's submit registers the stream with the dispatcher without a core (as register() does)."""
+def stub_submit(engine, first_core_id: int, streams: int):
+    """Replaces the engine's submit (until `del engine.submit`) by one that registers each stream with the dispatcher
+    without a core, as register() does: (the core ids in submission order, an event set once `streams` are in)."""
     import threading
 
     from deepinfer.engine import RequestStream, _Completion
-    from deepinfer.server.app import create_app
 
     core_ids: list[int] = []
     all_submitted = threading.Event()
 
     def submit(prompt, sampling, *, loop=None, request_id=None):
         stream = RequestStream(engine, request_id, None, prompt["prompt_token_ids"], sampling, loop, True)
-        core_id = 20_000_000 + len(core_ids)
+        core_id = first_core_id + len(core_ids)
         completion = _Completion(0, core_id, engine.tokenizer, prompt["prompt_token_ids"], sampling)
         stream.completions.append(completion)
         engine._by_core_id[core_id] = (stream, completion)
         core_ids.append(core_id)
-        if len(core_ids) == args.streams:
+        if len(core_ids) == streams:
             all_submitted.set()
         return stream
 
     engine.submit = submit
+    return core_ids, all_submitted
+
+
+def run_server(engine, params, texts, args) -> float:
+    """Every stream one streamed /v1/completions request into the real ASGI app, on an event loop in its own thread;
+    the engine's submit registers the stream with the dispatcher without a core (as register() does)."""
+    import threading
+
+    from deepinfer.server.app import create_app
+
+    core_ids, all_submitted = stub_submit(engine, 20_000_000, args.streams)
     app = create_app(engine, max_queue=args.streams + 1)
     body = json.dumps({"model": engine.served_model_name, "prompt": [1, 2, 3], "max_tokens": args.tokens,
                        "ignore_eos": True, "stream": True, "temperature": 0,
@@ -314,24 +324,9 @@ def run_http(engine, params, texts, args) -> float:
 
     import uvicorn
 
-    from deepinfer.engine import RequestStream, _Completion
     from deepinfer.server.app import create_app
 
-    core_ids: list[int] = []
-    all_submitted = threading.Event()
-
-    def submit(prompt, sampling, *, loop=None, request_id=None):
-        stream = RequestStream(engine, request_id, None, prompt["prompt_token_ids"], sampling, loop, True)
-        core_id = 40_000_000 + len(core_ids)
-        completion = _Completion(0, core_id, engine.tokenizer, prompt["prompt_token_ids"], sampling)
-        stream.completions.append(completion)
-        engine._by_core_id[core_id] = (stream, completion)
-        core_ids.append(core_id)
-        if len(core_ids) == args.streams:
-            all_submitted.set()
-        return stream
-
-    engine.submit = submit
+    core_ids, all_submitted = stub_submit(engine, 40_000_000, args.streams)
     app = create_app(engine, max_queue=args.streams + 1)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -359,8 +354,6 @@ def run_http(engine, params, texts, args) -> float:
     clients.join()
     server.should_exit = True
     serving.join(timeout=10)
-    core_ids.clear()
-    all_submitted.clear()
     del engine.submit
     assert received == args.streams * args.tokens, (received, args.streams * args.tokens)
     return elapsed, cpu_s

@@ -522,71 +522,50 @@ std::vector<std::pair<std::string, std::vector<float>>> linear_values(const Mode
   return out;
 }
 
-// The loader keeps 4-bit weights packed in a sink that takes them (a GPU's, here a host one) and they hold exactly
-// the values the CPU path loads dequantized: rounded at load, whole and split across two tensor-parallel ranks (rows,
-// columns on group edges, the shared experts' down_proj split into experts by columns).
-TEST(Int4Loader, PackedWeightsHoldTheDequantizedPathsValues) {
+// Loads `source` (split across `ranks` tensor-parallel ranks) into a float sink and into one that keeps 4-bit weights
+// packed: the packed weights are of `dtype` (kU4, kE2M1) and hold exactly the values the float path loads (rows,
+// columns on group edges, the shared experts' down_proj split into experts by columns), and the packed words count
+// as `dtype` bytes (half a byte a weight).
+void expect_packed_weights_hold_the_float_paths_values(const WeightSource& source, DType dtype) {
   const ModelConfig config = tiny_moe_config();
-  for (const Int4Rounding rounding : {Int4Rounding{.group_size = 8}, Int4Rounding{.group_size = 8, .symmetric = true}}) {
-    const std::unique_ptr<WeightSource> source = make_int4_rounding_source(make_dummy_source(5), rounding);
-    for (const int32_t ranks : {1, 2}) {
-      for (int32_t rank = 0; rank < ranks; ++rank) {
-        const ModelShard shard{.rank = rank, .size = ranks};
-        const ModelConfig local = local_config(config, shard);
-        const std::unique_ptr<WeightSource> sharded = make_sharded_source(*source, shard);
-        const std::unique_ptr<WeightSink> float_sink = make_host_sink();
-        const std::unique_ptr<WeightSink> packed_sink = make_host_sink({.int4 = true});
-        const ModelWeights plain = load_weights(local, *sharded, *float_sink, {}, shard);
-        const ModelWeights packed = load_weights(local, *sharded, *packed_sink, {}, shard);
-        EXPECT_TRUE(packed.layers[1].moe->experts_down.is_int4());
-        EXPECT_TRUE(packed.layers[0].attn.o_proj.is_int4());
-        EXPECT_FALSE(plain.layers[0].attn.o_proj.is_int4());
-        const auto expected = linear_values(plain), got = linear_values(packed);
-        ASSERT_EQ(got.size(), expected.size());
-        for (size_t i = 0; i < got.size(); ++i) {
-          EXPECT_EQ(got[i].second, expected[i].second) << got[i].first << " rank " << rank << " of " << ranks;
-        }
-        // Resident bytes: the packed words count as int4 (half a byte a weight).
-        bool has_int4 = false;
-        for (const auto& [dtype, bytes] : weight_bytes_by_dtype(packed)) has_int4 = has_int4 || (dtype == DType::kU4 && bytes > 0);
-        EXPECT_TRUE(has_int4);
-      }
-    }
-  }
-}
-
-// FP4 weights stay packed in a sink that takes 4-bit weights, as FP4 (e2m1 words, no zero points), and hold exactly
-// the values the dequantized path loads: whole and split across two tensor-parallel ranks.
-TEST(Int4Loader, PackedFp4WeightsHoldTheDequantizedPathsValues) {
-  const ModelConfig config = tiny_moe_config();
-  // Random weights rounded to FP4 as they are read (what a benchmark of an FP4 checkpoint's config loads), in
-  // groups of 8 so that the tiny model's K splits across two ranks on group edges.
-  const std::unique_ptr<WeightSource> source =
-      make_fp4_rounding_source(make_dummy_source(7), {.format = Fp4Format::kNvfp4ModelOpt, .group_size = 8});
   for (const int32_t ranks : {1, 2}) {
     for (int32_t rank = 0; rank < ranks; ++rank) {
       const ModelShard shard{.rank = rank, .size = ranks};
       const ModelConfig local = local_config(config, shard);
-      const std::unique_ptr<WeightSource> sharded = make_sharded_source(*source, shard);
+      const std::unique_ptr<WeightSource> sharded = make_sharded_source(source, shard);
       const std::unique_ptr<WeightSink> float_sink = make_host_sink();
       const std::unique_ptr<WeightSink> packed_sink = make_host_sink({.int4 = true});
       const ModelWeights plain = load_weights(local, *sharded, *float_sink, {}, shard);
       const ModelWeights packed = load_weights(local, *sharded, *packed_sink, {}, shard);
-      EXPECT_TRUE(packed.layers[1].moe->experts_down.is_fp4());
-      EXPECT_TRUE(packed.layers[0].attn.o_proj.is_fp4());
-      EXPECT_FALSE(packed.layers[0].attn.o_proj.is_int4());
-      EXPECT_FALSE(packed.layers[0].attn.o_proj.has_zeros());
-      EXPECT_EQ(packed.layers[0].attn.o_proj.cview().dtype, DType::kE2M1);
+      EXPECT_EQ(packed.layers[1].moe->experts_down.dtype(), dtype);
+      EXPECT_EQ(packed.layers[0].attn.o_proj.cview().dtype, dtype);
+      EXPECT_FALSE(plain.layers[0].attn.o_proj.is_packed4());
       const auto expected = linear_values(plain), got = linear_values(packed);
       ASSERT_EQ(got.size(), expected.size());
       for (size_t i = 0; i < got.size(); ++i) {
         EXPECT_EQ(got[i].second, expected[i].second) << got[i].first << " rank " << rank << " of " << ranks;
       }
-      bool has_fp4 = false;
-      for (const auto& [dtype, bytes] : weight_bytes_by_dtype(packed)) has_fp4 = has_fp4 || (dtype == DType::kE2M1 && bytes > 0);
-      EXPECT_TRUE(has_fp4);
+      bool has_packed = false;
+      for (const auto& [d, bytes] : weight_bytes_by_dtype(packed)) has_packed = has_packed || (d == dtype && bytes > 0);
+      EXPECT_TRUE(has_packed);
     }
   }
+}
+
+// INT4 rounded at load, asymmetric and symmetric.
+TEST(Int4Loader, PackedWeightsHoldTheDequantizedPathsValues) {
+  for (const Int4Rounding rounding : {Int4Rounding{.group_size = 8}, Int4Rounding{.group_size = 8, .symmetric = true}}) {
+    expect_packed_weights_hold_the_float_paths_values(*make_int4_rounding_source(make_dummy_source(5), rounding),
+                                                      DType::kU4);
+  }
+}
+
+// FP4 (e2m1 words, no zero points): random weights rounded to FP4 as they are read (what a benchmark of an FP4
+// checkpoint's config loads), in groups of 8 so that the tiny model's K splits across two ranks on group edges.
+TEST(Int4Loader, PackedFp4WeightsHoldTheDequantizedPathsValues) {
+  const std::unique_ptr<WeightSource> source =
+      make_fp4_rounding_source(make_dummy_source(7), {.format = Fp4Format::kNvfp4ModelOpt, .group_size = 8});
+  expect_packed_weights_hold_the_float_paths_values(*source, DType::kE2M1);
 }
 
 // An FP4 piece goes only into an FP4 weight, an INT4 piece only into an INT4 one.
