@@ -96,9 +96,9 @@ def main() -> int:
     total = args.streams * args.tokens
     # Wall time bounds the tok/s; the process's CPU time (every thread, less the waits for the GIL) moves less with
     # the machine's other load, so it is the figure to compare changes by. Both include the synthetic outputs.
-    print(json.dumps({"path": args.path, **({"http": args.http, "step_ms": args.step_ms} if args.path == "http" else {}),
-                      "streams": args.streams, "tokens": args.tokens, "stop_strings": args.stop,
-                      "seconds": [round(r, 3) for r in runs], "us_per_token": round(1e6 * best / total, 2),
+    http = {"http": args.http, "step_ms": args.step_ms} if args.path == "http" else {}
+    print(json.dumps({"path": args.path, **http, "streams": args.streams, "tokens": args.tokens,
+                      "stop_strings": args.stop, "seconds": [round(r, 3) for r in runs], "us_per_token": round(1e6 * best / total, 2),
                       "cpu_us_per_token": round(1e6 * min(cpu) / total, 2), "tokens_per_s": round(total / best)}))
     engine.shutdown()
     return 0

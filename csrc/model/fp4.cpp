@@ -76,7 +76,9 @@ void round_fp4(std::span<const float> values, int64_t cols, int64_t group_size, 
       if (scale == 0.0f) scale = 1.0f;  // amax / 6 below e4m3's smallest subnormal: the codes are zeros anyway
     }
     scales[static_cast<size_t>(g)] = scale;
-    for (int64_t i = 0; i < group_size; ++i) codes[static_cast<size_t>(g * group_size + i)] = nearest_e2m1(v[i] / scale);
+    for (int64_t i = 0; i < group_size; ++i) {
+      codes[static_cast<size_t>(g * group_size + i)] = nearest_e2m1(v[i] / scale);
+    }
   }
 }
 

@@ -81,7 +81,8 @@ class Fp4CheckpointSource final : public PackedWeightSource {
              first_row + num_rows, ") out of range for FP4 weight ", name, " of ", e.rows, " rows");
     out.resize(num_rows, e.cols, group_size_, /*is_symmetric=*/true);
     out.e2m1 = true;
-    const auto* codes = reinterpret_cast<const uint8_t*>(checkpoint_.get(e.codes).bytes.data()) + first_row * e.cols / 2;
+    const auto* codes =
+        reinterpret_cast<const uint8_t*>(checkpoint_.get(e.codes).bytes.data()) + first_row * e.cols / 2;
     for (int64_t i = 0; i < num_rows * e.cols / 2; ++i) {
       out.q[static_cast<size_t>(2 * i)] = codes[i] & 0xfu;  // element k even: the low nibble
       out.q[static_cast<size_t>(2 * i + 1)] = codes[i] >> 4;

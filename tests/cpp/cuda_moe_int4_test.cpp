@@ -64,7 +64,8 @@ struct Int4Experts {
   // Codes uniform in [0, 15], zero points uniform in [0, 15] (symmetric: none, z = 8), scales uniform in
   // [0.5, 1.5] * scale (positive).
   // fp4: codes are e2m1 (uniform over all 16), no zero points.
-  static Int4Experts random(Rng& rng, const Shape& shape, int64_t group, bool symmetric, float scale, bool fp4 = false) {
+  static Int4Experts random(Rng& rng, const Shape& shape, int64_t group, bool symmetric, float scale,
+                            bool fp4 = false) {
     Int4Experts w{.shape = shape, .group = group, .fp4 = fp4, .words = {}, .scales = {}, .zeros = {}};
     symmetric = symmetric || fp4;
     const int64_t experts = shape[0], rows = shape[1], cols = shape[2];

@@ -554,7 +554,8 @@ void expect_packed_weights_hold_the_float_paths_values(const WeightSource& sourc
 
 // INT4 rounded at load, asymmetric and symmetric.
 TEST(Int4Loader, PackedWeightsHoldTheDequantizedPathsValues) {
-  for (const Int4Rounding rounding : {Int4Rounding{.group_size = 8}, Int4Rounding{.group_size = 8, .symmetric = true}}) {
+  for (const Int4Rounding rounding :
+       {Int4Rounding{.group_size = 8}, Int4Rounding{.group_size = 8, .symmetric = true}}) {
     expect_packed_weights_hold_the_float_paths_values(*make_int4_rounding_source(make_dummy_source(5), rounding),
                                                       DType::kU4);
   }

@@ -43,10 +43,12 @@ def test_generate_tokenizes_each_prompt_once(engine, encode_calls):
 
 def test_generate_tokenizes_a_batch_as_the_tokenizer_does_each_text(engine):
     # Texts, token ids and both mappings mixed: the batch's ids are each text's own encoding, in prompt order.
-    prompts = ["The quick brown fox", [5, 6, 7], {"prompt_token_ids": [9, 10]}, {"prompt": "ünïcödé 日本語"}, "x"]
+    prompts = ["The quick brown fox", [5, 6, 7], {"prompt_token_ids": [9, 10]}, {"prompt": "ünïcödé 日本語"},
+               "x"]
     outs = engine.generate(prompts, temperature=0.0, max_tokens=1)
-    assert [o.prompt_token_ids for o in outs] == [engine.tokenizer.encode("The quick brown fox"), [5, 6, 7], [9, 10],
-                                                  engine.tokenizer.encode("ünïcödé 日本語"), engine.tokenizer.encode("x")]
+    encode = engine.tokenizer.encode
+    assert [o.prompt_token_ids for o in outs] == [encode("The quick brown fox"), [5, 6, 7], [9, 10],
+                                                  encode("ünïcödé 日本語"), encode("x")]
 
 
 def test_submit_tokenizes_once(engine, encode_calls):

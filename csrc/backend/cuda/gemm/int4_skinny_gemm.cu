@@ -128,9 +128,9 @@ __global__ void __launch_bounds__(kThreads, (kTokenTiles <= 2 && kUnroll <= 4) ?
 
   // Weights are never written by a kernel: the first group goes out before the wait on the previous kernel
   // (programmatic dependent launch); x, its output, is read only after it. Steps past the warp's range load zero codes
-  // and a zero scale, which add nothing. The loads in flight are a ring of kUnroll slots: slot u holds step s + u of the group at s, and is refilled with
-  // step s + kUnroll + u as soon as its words are unpacked, so kUnroll loads stay in flight without a second copy of
-  // the group in registers (which the 128-register variants spilled).
+  // and a zero scale, which add nothing. The loads in flight are a ring of kUnroll slots: slot u holds step s + u of
+  // the group at s, and is refilled with step s + kUnroll + u as soon as its words are unpacked, so kUnroll loads stay
+  // in flight without a second copy of the group in registers (which the 128-register variants spilled).
   RowStep a[kUnroll], b[kUnroll];
   const auto load_slot = [&](int u, int64_t s) {
     const bool in_range = s < step_end;

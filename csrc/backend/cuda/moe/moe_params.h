@@ -95,7 +95,8 @@ struct MoeParams {
   // (z = 8), each weight on its own.
   const int32_t* w_gate_up_zeros = nullptr;
   const int32_t* w_down_zeros = nullptr;
-  // kInt4 and kFp4: G, the inputs a scale covers, of each weight (kFp4: a multiple of 16). The kernels take G a multiple of 32 that
+  // kInt4 and kFp4: G, the inputs a scale covers, of each weight (kFp4: a multiple of 16). The kernels take INT4's G a
+  // multiple of 32 that
   // divides hidden and inter (a 32-wide K chunk, one packed word a lane, lies inside one group): the common 32, 64, 128
   // and G = K (one group a row).
   int32_t group_size = 0;       // w_gate_up's G (its K is hidden)
