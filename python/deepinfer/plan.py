@@ -280,8 +280,14 @@ def plan_options(d: ModelDims, config: EngineConfig, base: MemoryPlan) -> list[O
                 options.append(Option(f"--tensor-parallel-size {ranks}", plan, note=f"the smallest that fits{more}"))
             break
     if not base.weight_format.startswith("fp8"):
-        options.append(Option("--quantization fp8", plan_memory(d, dataclasses.replace(config, quantization="fp8"),
-                                                                **same)))
+        if d.int4_checkpoint or d.fp4_checkpoint:
+            # A 4-bit checkpoint is not quantized again: its FP8 row is what an FP8 checkpoint of the model needs.
+            fp8_dims = dataclasses.replace(d, fp8_checkpoint=True, int4_checkpoint="", fp4_checkpoint="")
+            options.append(Option("FP8 weights", plan_memory(fp8_dims, dataclasses.replace(config, quantization=None),
+                                                             **same), note="from an FP8 checkpoint"))
+        else:
+            options.append(Option("--quantization fp8",
+                                  plan_memory(d, dataclasses.replace(config, quantization="fp8"), **same)))
     if config.kv_cache_dtype == "auto":
         options.append(Option("--kv-cache-dtype fp8", plan_memory(d, dataclasses.replace(config, kv_cache_dtype="fp8"),
                                                                   **same)))

@@ -170,6 +170,27 @@ def test_an_nvfp4_checkpoint_plans_packed_e2m1_words_on_gpus(tmp_path):
     assert cpu.weight_format == "fp4 (float32 on the CPU)" and "fp4_e2m1" not in cpu.weight_bytes
 
 
+@pytest.mark.parametrize("quantization, stored", [
+    ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}, "int4 (W4A16)"),
+    ({"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "exclude_modules": ["lm_head"]},
+     "fp4 (W4A16, e2m1)"),
+], ids=["awq", "nvfp4"])
+def test_a_4_bit_checkpoints_options_are_other_checkpoints_not_quantizing_it_again(tmp_path, quantization, stored):
+    # quantization="fp8" on a 4-bit checkpoint is refused (it is quantized already), so the plan's FP8 row is an FP8
+    # checkpoint of the model, as its INT4 row for an FP4 checkpoint is a 4-bit one.
+    (tmp_path / "config.json").write_text(json.dumps({**DEEPSEEK_V3, "quantization_config": quantization}))
+    dims = load_model_dims(tmp_path)
+    config = EngineConfig(model_name_or_path=str(tmp_path), tensor_parallel_size=8)
+    plan = plan_memory(dims, config, gpu_memory_bytes=80 * GIB)
+    assert plan.weight_format == stored
+    options = {o.change: o for o in plan_options(dims, config, plan)}
+    assert options["FP8 weights"].plan.weight_format == "fp8 (W8A8)" and options["FP8 weights"].note
+    assert "--quantization fp8" not in options and "--kv-cache-dtype fp8" in options
+    assert ("INT4 weights" in options) == (stored != "int4 (W4A16)")
+    run, _ = deepinfer("plan", "--model", str(tmp_path), "--tensor-parallel-size", "8", "--gpu-memory-gb", "80")
+    assert run.returncode == 0 and "FP8 weights" in run.stdout, run.stderr
+
+
 def test_an_fp8_checkpoint_plans_fp8_by_default(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**DEEPSEEK_V3, "quantization_config": FP8_RELEASE}))
     config = EngineConfig(model_name_or_path=str(tmp_path), tensor_parallel_size=8)
