@@ -213,3 +213,27 @@ def test_random_weights_for_an_fp4_config_are_rounded_to_it(base, tmp_path):
     want, got = engine_logits(plain, load_format=dummy), engine_logits(nvfp4, load_format=dummy)
     assert 1e-3 < relative_error(got, want) < 0.5
     assert np.array_equal(got, engine_logits(nvfp4, load_format=dummy))
+
+
+def test_the_engine_benchmark_runs_an_nvfp4_config_and_counts_its_bytes(tmp_path):
+    """engine_bench.py --quantization nvfp4 (the smoke shape on the CPU): the shape's config carries ModelOpt's NVFP4
+    record, the engine rounds its random weights to it, and the roofline counts NVFP4's bytes (half a byte a
+    weight and a float32 scale per 16) for the linear layers."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"))
+    import bench_common
+    import engine_bench
+
+    assert engine_bench.main(["--shapes", "smoke", "--device", "cpu", "--quantization", "nvfp4", "--modes", "eager",
+                              "--batches", "1", "--contexts", "32", "--decode-steps", "2", "--skip-steps", "1",
+                              "--ttft-contexts", "32", "--ttft-repeats", "1", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "engine_bench.json").read_text())
+    shape = result["shapes"]["smoke"]
+    assert result["quantization"] == "nvfp4"
+    assert shape["config"]["quantization_config"]["quant_algo"] == "NVFP4"
+    row = shape["modes"]["eager"]["decode"][0]
+    assert row["status"] == "ok"
+    c, mid = shape["config"], row["cache_context"]
+    assert row["weight_bytes_per_step"] == bench_common.step_bytes(c, 1, mid, "nvfp4")[0]
+    assert row["weight_bytes_per_step"] < bench_common.step_bytes(c, 1, mid, "bf16")[0]
+    assert bench_common.BYTES_PER_WEIGHT["nvfp4"] == 0.5 + 4 / 16
