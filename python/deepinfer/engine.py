@@ -443,7 +443,8 @@ class DeepInferenceEngine:
     def _weight_format(self, config: EngineConfig, device: str) -> WeightFormat:
         """How the linear layers are held (config.resolve_weight_format): an FP8 or 4-bit checkpoint stays as stored
         unless asked otherwise (as vLLM runs it); quantization='fp8' / 'int4' on a bf16/fp16 checkpoint quantizes its
-        linear layers at load. Refuses, from config.json alone, what cannot run (FP4 on CUDA: not built yet)."""
+        linear layers at load. Refuses, from config.json alone, what cannot run (a 4-bit checkpoint quantized
+        again)."""
         c = self.model_config
         return resolve_weight_format(config.quantization, c.fp8, c.int4_format, device, c.fp4_format)
 
