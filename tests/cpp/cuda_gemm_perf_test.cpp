@@ -187,6 +187,67 @@ TEST(CudaGemmPerf, DISABLED_SkinnyVsCublas) {
   }
 }
 
+// DeepSeek-V3's decode projections as the quantized skinny GEMMs take them: one launch a shape.
+struct DecodeShape {
+  const char* name;
+  std::vector<int64_t> rows;  // weight rows per product (one launch); silu_mul: gate + up rows
+  int64_t k;
+  bool silu_mul = false;
+};
+
+const std::vector<DecodeShape>& v3_decode_shapes() {
+  static const std::vector<DecodeShape> shapes = {
+      {"v3 q_a + kv_a", {1536, 576}, 7168},
+      {"v3 q_b_proj", {24576}, 1536},
+      {"v3 o_proj", {7168}, 16384},
+      {"v3 dense gate_up+silu", {2 * 18432}, 7168, true},
+      {"v3 dense down", {7168}, 18432},
+  };
+  return shapes;
+}
+
+// Each of v3_decode_shapes() at 1, 8 and 64 tokens, its weights of `format` made by `weight(rows, k)` and reading
+// `weight_bytes(rows, k)` bytes each (copies cycled past L2): one line a case, GB/s over those bytes plus x and out,
+// and the share of the copy bandwidth `copy` (GB/s).
+void time_decode_shapes(Backend& backend, GemmPerf& perf, double copy, const char* format,
+                        const std::function<int64_t(int64_t, int64_t)>& weight_bytes,
+                        const std::function<WeightView(int64_t, int64_t)>& weight) {
+  for (const DecodeShape& s : v3_decode_shapes()) {
+    int64_t w_bytes = 0;
+    for (const int64_t r : s.rows) w_bytes += weight_bytes(r, s.k);
+    const int copies = static_cast<int>(std::min<int64_t>(kCalls, std::max<int64_t>(1, kColdBytes / w_bytes + 1)));
+    std::vector<std::vector<WeightView>> weights(static_cast<size_t>(copies));
+    for (auto& set : weights) {
+      for (const int64_t r : s.rows) set.push_back(weight(r, s.k));
+    }
+    for (const int64_t m : {int64_t{1}, int64_t{8}, int64_t{64}}) {
+      const TensorView x = perf.tensor({m, s.k}, DType::kBF16);
+      std::vector<TensorView> outs;
+      int64_t io_bytes = x.bytes();
+      for (const int64_t r : s.rows) {
+        outs.push_back(perf.tensor({m, s.silu_mul ? r / 2 : r}, DType::kBF16));
+        io_bytes += outs.back().bytes();
+      }
+      const double t = perf.time(backend, copies, [&](int c) {
+        const std::vector<WeightView>& set = weights[static_cast<size_t>(c)];
+        if (s.silu_mul) {
+          backend.linear_silu_mul({.x = x, .w = set[0], .out = outs[0]});
+        } else if (set.size() == 1) {
+          backend.linear({.x = x, .w = set[0], .out = outs[0]});
+        } else {
+          std::vector<LinearTarget> targets;
+          for (size_t i = 0; i < set.size(); ++i) targets.push_back({.w = set[i], .out = outs[i]});
+          backend.multi_linear({.x = x, .targets = targets});
+        }
+      });
+      const double bytes = static_cast<double>(w_bytes + io_bytes);
+      std::printf("[ perf     ] %-30s %-5s M=%-3lld %9.1f MB | skinny %8.2f us %6.0f GB/s %5.1f%% of copy\n", s.name,
+                  format, static_cast<long long>(m), bytes / 1e6, t * 1e6, bytes / t / 1e9,
+                  100.0 * bytes / t / 1e9 / copy);
+    }
+  }
+}
+
 // FP8 weights (block-scaled e4m3, core/weight.h): the FP8 skinny GEMM at DeepSeek-V3's decode shapes, as GB/s over
 // the codes and scales it reads (plus x and out) and the share of the copy bandwidth, at 1, 8 and 64 tokens; then the
 // prefill path's TFLOP/s at 4096 x 7168 x 7168, W8A8 (cuBLASLt's block-scaled FP8 GEMM, activations quantized) and
@@ -197,58 +258,15 @@ TEST(CudaGemmPerf, DISABLED_Fp8Weights) {
   GemmPerf perf;
   const double copy = perf.copy_gbs();
   std::printf("[ perf     ] device-to-device copy: %.0f GB/s\n", copy);
-  struct Fp8Shape {
-    const char* name;
-    std::vector<int64_t> rows;  // weight rows per product (one launch); silu_mul: gate + up rows
-    int64_t k;
-    bool silu_mul = false;
-  };
-  const std::vector<Fp8Shape> shapes = {
-      {"v3 q_a + kv_a (fp8)", {1536, 576}, 7168},
-      {"v3 q_b_proj (fp8)", {24576}, 1536},
-      {"v3 o_proj (fp8)", {7168}, 16384},
-      {"v3 dense gate_up+silu (fp8)", {2 * 18432}, 7168, true},
-      {"v3 dense down (fp8)", {7168}, 18432},
-  };
   const auto fp8_weight = [&perf](int64_t rows, int64_t k, bool w8a8) {
     const TensorView codes = perf.tensor({rows, k}, DType::kF8E4M3);  // 0x3c: e4m3 1.5
     const TensorView scales = perf.tensor({fp8_blocks(rows), fp8_blocks(k)}, DType::kF32);
     CUDA_TRY(cudaMemset(scales.data, 0, scales.bytes()));  // finite sums whatever the codes
     return WeightView(codes, scales, w8a8);
   };
-  for (const Fp8Shape& s : shapes) {
-    int64_t w_bytes = 0;
-    for (const int64_t r : s.rows) w_bytes += r * s.k + fp8_blocks(r) * fp8_blocks(s.k) * 4;
-    const int copies = static_cast<int>(std::min<int64_t>(kCalls, std::max<int64_t>(1, kColdBytes / w_bytes + 1)));
-    std::vector<std::vector<WeightView>> weights(static_cast<size_t>(copies));
-    for (auto& set : weights) {
-      for (const int64_t r : s.rows) set.push_back(fp8_weight(r, s.k, false));
-    }
-    for (const int64_t m : {int64_t{1}, int64_t{8}, int64_t{64}}) {
-      const TensorView x = perf.tensor({m, s.k}, DType::kBF16);
-      std::vector<TensorView> outs;
-      int64_t io_bytes = x.bytes();
-      for (const int64_t r : s.rows) {
-        outs.push_back(perf.tensor({m, s.silu_mul ? r / 2 : r}, DType::kBF16));
-        io_bytes += outs.back().bytes();
-      }
-      const double t = perf.time(*backend, copies, [&](int c) {
-        const std::vector<WeightView>& set = weights[static_cast<size_t>(c)];
-        if (s.silu_mul) {
-          backend->linear_silu_mul({.x = x, .w = set[0], .out = outs[0]});
-        } else if (set.size() == 1) {
-          backend->linear({.x = x, .w = set[0], .out = outs[0]});
-        } else {
-          std::vector<LinearTarget> targets;
-          for (size_t i = 0; i < set.size(); ++i) targets.push_back({.w = set[i], .out = outs[i]});
-          backend->multi_linear({.x = x, .targets = targets});
-        }
-      });
-      const double bytes = static_cast<double>(w_bytes + io_bytes);
-      std::printf("[ perf     ] %-30s M=%-3lld %9.1f MB | fp8 skinny %8.2f us %6.0f GB/s %5.1f%% of copy\n", s.name,
-                  static_cast<long long>(m), bytes / 1e6, t * 1e6, bytes / t / 1e9, 100.0 * bytes / t / 1e9 / copy);
-    }
-  }
+  time_decode_shapes(
+      *backend, perf, copy, "fp8", [](int64_t r, int64_t k) { return r * k + fp8_blocks(r) * fp8_blocks(k) * 4; },
+      [&](int64_t r, int64_t k) { return fp8_weight(r, k, false); });
   constexpr int64_t kM = 4096, kN = 7168, kK = 7168;
   const TensorView x = perf.tensor({kM, kK}, DType::kBF16);
   const TensorView out = perf.tensor({kM, kN}, DType::kBF16);
@@ -280,19 +298,6 @@ TEST(CudaGemmPerf, DISABLED_Int4Weights) {
     DType dtype;
   };
   constexpr Packed4Format kInt4{"int4", 128, true, DType::kU4}, kNvfp4{"nvfp4", 16, false, DType::kE2M1};
-  struct Int4Shape {
-    const char* name;
-    std::vector<int64_t> rows;  // weight rows per product (one launch); silu_mul: gate + up rows
-    int64_t k;
-    bool silu_mul = false;
-  };
-  const std::vector<Int4Shape> shapes = {
-      {"v3 q_a + kv_a", {1536, 576}, 7168},
-      {"v3 q_b_proj", {24576}, 1536},
-      {"v3 o_proj", {7168}, 16384},
-      {"v3 dense gate_up+silu", {2 * 18432}, 7168, true},
-      {"v3 dense down", {7168}, 18432},
-  };
   const auto weight_bytes = [](const Packed4Format& f, int64_t rows, int64_t k) {
     return rows * k / 2 + rows * (k / f.group) * 4 + (f.zeros ? rows * int4_zero_words(k / f.group) * 4 : 0);
   };
@@ -304,47 +309,15 @@ TEST(CudaGemmPerf, DISABLED_Int4Weights) {
         f.zeros ? ConstTensorView(perf.tensor({rows, int4_zero_words(k / f.group)}, DType::kI32)) : ConstTensorView();
     return WeightView(ConstTensorView(words.data, f.dtype, {rows, k}, Device::kCuda), scales, zeros);
   };
-  const auto int4_weight = [&](int64_t rows, int64_t k) { return packed_weight(kInt4, rows, k); };
   for (const Packed4Format& f : {kInt4, kNvfp4}) {
-    for (const Int4Shape& s : shapes) {
-      int64_t w_bytes = 0;
-      for (const int64_t r : s.rows) w_bytes += weight_bytes(f, r, s.k);
-      const int copies = static_cast<int>(std::min<int64_t>(kCalls, std::max<int64_t>(1, kColdBytes / w_bytes + 1)));
-      std::vector<std::vector<WeightView>> weights(static_cast<size_t>(copies));
-      for (auto& set : weights) {
-        for (const int64_t r : s.rows) set.push_back(packed_weight(f, r, s.k));
-      }
-      for (const int64_t m : {int64_t{1}, int64_t{8}, int64_t{64}}) {
-        const TensorView x = perf.tensor({m, s.k}, DType::kBF16);
-        std::vector<TensorView> outs;
-        int64_t io_bytes = x.bytes();
-        for (const int64_t r : s.rows) {
-          outs.push_back(perf.tensor({m, s.silu_mul ? r / 2 : r}, DType::kBF16));
-          io_bytes += outs.back().bytes();
-        }
-        const double t = perf.time(*backend, copies, [&](int c) {
-          const std::vector<WeightView>& set = weights[static_cast<size_t>(c)];
-          if (s.silu_mul) {
-            backend->linear_silu_mul({.x = x, .w = set[0], .out = outs[0]});
-          } else if (set.size() == 1) {
-            backend->linear({.x = x, .w = set[0], .out = outs[0]});
-          } else {
-            std::vector<LinearTarget> targets;
-            for (size_t i = 0; i < set.size(); ++i) targets.push_back({.w = set[i], .out = outs[i]});
-            backend->multi_linear({.x = x, .targets = targets});
-          }
-        });
-        const double bytes = static_cast<double>(w_bytes + io_bytes);
-        std::printf("[ perf     ] %-30s %-5s M=%-3lld %9.1f MB | skinny %8.2f us %6.0f GB/s %5.1f%% of copy\n", s.name,
-                    f.name, static_cast<long long>(m), bytes / 1e6, t * 1e6, bytes / t / 1e9,
-                    100.0 * bytes / t / 1e9 / copy);
-      }
-    }
+    time_decode_shapes(
+        *backend, perf, copy, f.name, [&](int64_t r, int64_t k) { return weight_bytes(f, r, k); },
+        [&](int64_t r, int64_t k) { return packed_weight(f, r, k); });
   }
   constexpr int64_t kM = 4096, kN = 7168, kK = 7168;
   const TensorView x = perf.tensor({kM, kK}, DType::kBF16);
   const TensorView out = perf.tensor({kM, kN}, DType::kBF16);
-  const WeightView w = int4_weight(kN, kK);
+  const WeightView w = packed_weight(kInt4, kN, kK);
   const TensorView dense = perf.tensor({kN, kK}, DType::kBF16);
   const double t_int4 = perf.time(*backend, 1, [&](int) { backend->linear({.x = x, .w = w, .out = out}); });
   const double t_bf16 = perf.time(*backend, 1, [&](int) { backend->linear({.x = x, .w = dense, .out = out}); });
