@@ -150,13 +150,18 @@ def multi_turn_run(model_dir: Path, conversations: list[list[list[int]]], cachin
             "cache_hit_rate": hits / queries if queries else 0.0}
 
 
+def result_header(what: str, args, sharegpt: dict) -> dict:
+    """The result file's description of a run: what it measures, the machine and commit, the settings, the prompts."""
+    return {"what": what, **run_metadata(), "shape": args.shape,
+            "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "sharegpt": sharegpt, "runs": {}}
+
+
 def main_multi_turn(args, c: dict) -> int:
     conversations, info = sharegpt_conversations(args.sharegpt, args.conversations, c["vocab_size"],
                                                  args.turn_tokens, args.turns)
-    result = {"what": "prefix caching: a replay of ShareGPT conversations, every turn resending the conversation so "
-                      "far, with and without caching (fresh engine each run)", **run_metadata(), "shape": args.shape,
-              "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-              "sharegpt": info, "runs": {}}
+    result = result_header("prefix caching: a replay of ShareGPT conversations, every turn resending the "
+                           "conversation so far, with and without caching (fresh engine each run)", args, info)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir, _ = write_model_dir(Path(tmp), args.shape, c)
         for name, caching in (("multi-turn, caching off", False), ("multi-turn, caching on", True)):
@@ -183,10 +188,8 @@ def main(argv=None) -> int:
     rng = random.Random(0)
     system = [rng.randrange(3, c["vocab_size"]) for _ in range(args.system_tokens)]
     shared = [system + p for p in prompts]
-    result = {"what": "prefix caching: ShareGPT requests behind a common system prompt, offline, with and without "
-                      "caching (fresh engine each run)", **run_metadata(), "shape": args.shape,
-              "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-              "sharegpt": info, "runs": {}}
+    result = result_header("prefix caching: ShareGPT requests behind a common system prompt, offline, with and "
+                           "without caching (fresh engine each run)", args, info)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir, _ = write_model_dir(Path(tmp), args.shape, c)
         for name, batch, caching in (("shared prompt, caching off", shared, False),
