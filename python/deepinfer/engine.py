@@ -482,10 +482,6 @@ class DeepInferenceEngine:
 
     # ------------------------------------------------------------------ requests
 
-    def _prompt_ids(self, prompt: PromptType) -> tuple[str | None, list[int]]:
-        text, ids = self._prompt_parts(prompt)
-        return (text, self.tokenizer.encode(text)) if ids is None else (text, ids)
-
     def _prompt_parts(self, prompt: PromptType) -> tuple[str | None, list[int] | None]:
         """The prompt's text and its checked token ids, or (text, None) for a text still to be tokenized."""
         if isinstance(prompt, str):
@@ -515,15 +511,10 @@ class DeepInferenceEngine:
             raise ValueError(f"the prompt has {len(prompt_ids)} tokens, but max_model_len is {max_len} "
                              "(the prompt plus at least one generated token must fit)")
 
-    def _checked_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
-        """The prompt's text (None for token ids) and token ids: the one place a prompt is tokenized and checked
-        (ValueError / TypeError) before it is queued."""
-        text, prompt_ids = self._prompt_ids(prompt)
-        self._check_length(prompt_ids)
-        return text, prompt_ids
-
     def _checked_prompts(self, prompts: Sequence[PromptType]) -> list[tuple[str | None, list[int]]]:
-        """_checked_prompt of each, the texts tokenized in one batch (the tokenizer's threads, off the GIL)."""
+        """Each prompt's text (None for token ids) and token ids: the one place prompts are tokenized and checked
+        (ValueError / TypeError) before they are queued, the texts in one batch (the tokenizer's threads, off the
+        GIL)."""
         parts = [self._prompt_parts(p) for p in prompts]
         texts = [text for text, ids in parts if ids is None]
         encoded = iter(self.tokenizer.encode_batch(texts) if texts else [])
@@ -540,7 +531,7 @@ class DeepInferenceEngine:
         `sink`, its deltas go to the sink (see DeltaSink) and the stream is not iterated."""
         if self._closed:  # before the prompt is even looked at
             raise RuntimeError("the engine is shut down")
-        text, prompt_ids = self._checked_prompt(prompt)
+        ((text, prompt_ids),) = self._checked_prompts([prompt])
         return self._enqueue_all([(text, prompt_ids, params or self._default_params, loop, request_id)],
                                  sink=sink)[0]
 
