@@ -93,12 +93,18 @@ class Fp4CheckpointSource final : public PackedWeightSource {
 
   void read_packed_rows(const std::string& name, int64_t first_row, int64_t num_rows,
                         std::span<float> out) const override {
+    // The rows' codes and scales only: the loader reads a large weight a piece at a time.
     const Fp4Entry& e = entries_.at(name);
-    std::vector<float> scales(static_cast<size_t>(checkpoint_.get(e.scales).numel()));
-    decode_scales(e, 0, static_cast<int64_t>(scales.size()), scales);
-    const PackedFp4 w{.rows = e.rows, .cols = e.cols, .group_size = group_size_,
-                      .codes = checkpoint_.get(e.codes).bytes, .scales = scales};
-    dequantize_fp4_rows(w, first_row, num_rows, out);
+    DI_CHECK(first_row >= 0 && num_rows >= 0 && first_row + num_rows <= e.rows, "rows [", first_row, ", ",
+             first_row + num_rows, ") out of range for FP4 weight ", name, " of ", e.rows, " rows");
+    if (num_rows == 0) return;
+    const int64_t groups = e.cols / group_size_;
+    std::vector<float> scales(static_cast<size_t>(num_rows * groups));
+    decode_scales(e, first_row * groups, num_rows * groups, scales);
+    const auto codes = checkpoint_.get(e.codes).bytes.subspan(static_cast<size_t>(first_row * e.cols / 2),
+                                                              static_cast<size_t>(num_rows * e.cols / 2));
+    const PackedFp4 w{.rows = num_rows, .cols = e.cols, .group_size = group_size_, .codes = codes, .scales = scales};
+    dequantize_fp4_rows(w, 0, num_rows, out);
   }
 
   // The one float32 value of a per-tensor scale (shape [], [1] or, for a fused projection, all equal).
