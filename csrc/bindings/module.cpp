@@ -235,7 +235,14 @@ NB_MODULE(_deepinfer, m) {
                      return "";
                    },
                    "The checkpoint's FP4 weight format: '', 'nvfp4' / 'mxfp4' (compressed-tensors) or "
-                   "'modelopt-nvfp4'.");
+                   "'modelopt-nvfp4'.")
+      .def(
+          "quantizes",
+          [](const ModelConfig& c, const std::string& module) { return c.quantized_modules.quantizes(module); },
+          "module"_a,
+          "Whether the quantized checkpoint's config lists the linear module (e.g. "
+          "'model.layers.3.self_attn.q_b_proj') as quantized: its targets, less its ignore / "
+          "modules_to_not_convert / exclude_modules list. True for every module of an unquantized config.");
   m.def("cuda_device_count", &visible_cuda_devices,
         "CUDA devices this build can use: 0 without the CUDA backend or without a GPU.");
   m.def("cuda_device_memory", &cuda_device_memory, "index"_a,

@@ -164,7 +164,7 @@ LoadedModel load_model(const EngineOptions& options, const LoadProgress& progres
   // Rounded before the sharded source splits K across ranks, so a group covers the same inputs as on one rank.
   // Random weights for an FP4 checkpoint's config take its format, as a benchmark of it must.
   if (options.load_format == LoadFormat::kDummy && config.fp4.enabled()) {
-    source = make_fp4_rounding_source(std::move(source), config.fp4);
+    source = make_fp4_rounding_source(std::move(source), config.fp4, config.quantized_modules);
   }
   if (options.int4_weights && !config.int4.enabled()) {
     source = make_int4_rounding_source(std::move(source),

@@ -27,6 +27,19 @@ T get_or(const json& j, const char* key, T fallback) {
   }
 }
 
+// An optional list of strings (null or absent: empty), e.g. quantization_config.ignore.
+std::vector<std::string> string_list(const json& j, const char* key, std::string_view where) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return {};
+  DI_CHECK_ARG(it->is_array(), where, ".", key, " is not a list: ", it->dump());
+  std::vector<std::string> out;
+  for (const json& v : *it) {
+    DI_CHECK_ARG(v.is_string(), where, ".", key, " holds ", v.dump(), ", not a module name or pattern");
+    out.push_back(v.get<std::string>());
+  }
+  return out;
+}
+
 int64_t require_int(const json& j, const char* key) {
   auto it = j.find(key);
   DI_CHECK_ARG(it != j.end() && it->is_number_integer(), "config.json: missing integer field '", key, "'");
@@ -127,6 +140,7 @@ void parse_compressed_tensors(const json& q, ModelConfig& c) {
   DI_CHECK_ARG(groups != q.end() && groups->is_object() && !groups->empty(), where,
                ".config_groups is missing or empty");
   std::optional<std::string> common_format;  // every group's
+  std::vector<std::string> targets;          // every group's, together
   std::optional<std::pair<int64_t, bool>> scheme;  // (group size, symmetric) shared by every group
   for (const auto& [name, group] : groups->items()) {
     const std::string at = str_cat(where, ".config_groups.", name);
@@ -139,6 +153,7 @@ void parse_compressed_tensors(const json& q, ModelConfig& c) {
     DI_CHECK_ARG(!common_format || *common_format == group_format, at, ".format '", group_format, "' differs from ",
                  "another group's '", *common_format, "'; one 4-bit format for every layer is supported");
     common_format = group_format;
+    for (std::string& t : string_list(group, "targets", at)) targets.push_back(std::move(t));
     auto w = group.find("weights");
     DI_CHECK_ARG(w != group.end() && w->is_object(), at, ".weights is missing: the group quantizes no weights");
     if (fp4 != Fp4Format::kNone) {
@@ -176,6 +191,8 @@ void parse_compressed_tensors(const json& q, ModelConfig& c) {
     scheme = this_scheme;
   }
   if (scheme) c.int4 = {.format = Int4Format::kCompressedTensors, .group_size = scheme->first, .symmetric = scheme->second};
+  c.quantized_modules = QuantizedModules(QuantizedModules::Matching::kCompressedTensors, std::move(targets),
+                                         string_list(q, "ignore", where), where);
 }
 
 // NVIDIA ModelOpt's export: config.json's quantization_config {quant_method: "modelopt", quant_algo, group_size}, or
@@ -189,6 +206,8 @@ void parse_modelopt(const json& q, std::string_view where, ModelConfig& c) {
   const int64_t group_size = get_or<int64_t>(q, "group_size", 16);
   DI_CHECK_ARG(group_size == 16, where, ".group_size is ", group_size, "; NVFP4 scales groups of 16");
   c.fp4 = {.format = Fp4Format::kNvfp4ModelOpt, .group_size = 16};
+  c.quantized_modules = QuantizedModules(QuantizedModules::Matching::kGlob, {},
+                                         string_list(q, "exclude_modules", where), where);
 }
 
 // AutoAWQ's GEMM layout with zero points (transformers' AwqConfig writes `bits`; AutoAWQ's own files `w_bit`).
@@ -204,6 +223,8 @@ void parse_awq(const json& q, ModelConfig& c) {
   const int64_t group_size = get_or<int64_t>(q, "group_size", get_or<int64_t>(q, "q_group_size", 128));
   DI_CHECK_ARG(group_size > 0 || group_size == -1, where, ".group_size must be > 0 or -1, got ", group_size);
   c.int4 = {.format = Int4Format::kAwq, .group_size = group_size, .symmetric = false};
+  c.quantized_modules = QuantizedModules(QuantizedModules::Matching::kSubstring, {},
+                                         string_list(q, "modules_to_not_convert", where), where);
 }
 
 void parse_quantization(const json& q, ModelConfig& c) {

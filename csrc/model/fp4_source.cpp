@@ -180,8 +180,9 @@ class Fp4CheckpointSource final : public PackedWeightSource {
 // Random weights rounded to FP4 as they are read (make_fp4_rounding_source).
 class Fp4RoundingSource final : public WeightSource {
  public:
-  Fp4RoundingSource(std::unique_ptr<WeightSource> inner, const Fp4Config& fp4)
+  Fp4RoundingSource(std::unique_ptr<WeightSource> inner, const Fp4Config& fp4, QuantizedModules modules)
       : inner_(std::move(inner)),
+        modules_(std::move(modules)),
         group_size_(fp4.group_size),
         scaling_(fp4.format == Fp4Format::kMxfp4CompressedTensors ? Fp4Scaling::kMxfp4 : Fp4Scaling::kNvfp4) {
     DI_CHECK(fp4.enabled() && group_size_ > 0, "internal: FP4 rounding without an FP4 format");
@@ -214,22 +215,24 @@ class Fp4RoundingSource final : public WeightSource {
   }
 
  private:
-  // The 2-D linear weights (a checkpoint's FP4 layers), where their K takes whole groups.
+  // The 2-D linear weights of the checkpoint's FP4 layers, where their K takes whole groups.
   bool rounds(const std::string& name) const {
-    if (!is_int4_linear(name) || !ends_with(name, ".weight")) return false;
+    if (!is_int4_linear(name) || !ends_with(name, ".weight") || !modules_.quantizes(module_of(name))) return false;
     const std::optional<std::vector<int64_t>> shape = inner_->stored_shape(name);
     return !shape || (shape->size() == 2 && (*shape)[1] % group_size_ == 0);
   }
 
   std::unique_ptr<WeightSource> inner_;
+  QuantizedModules modules_;
   int64_t group_size_;
   Fp4Scaling scaling_;
 };
 
 }  // namespace
 
-std::unique_ptr<WeightSource> make_fp4_rounding_source(std::unique_ptr<WeightSource> inner, const Fp4Config& fp4) {
-  return std::make_unique<Fp4RoundingSource>(std::move(inner), fp4);
+std::unique_ptr<WeightSource> make_fp4_rounding_source(std::unique_ptr<WeightSource> inner, const Fp4Config& fp4,
+                                                       const QuantizedModules& modules) {
+  return std::make_unique<Fp4RoundingSource>(std::move(inner), fp4, modules);
 }
 
 std::unique_ptr<WeightSource> open_fp4_checkpoint_source(Checkpoint checkpoint, const ModelConfig& config) {

@@ -18,8 +18,10 @@ std::unique_ptr<WeightSource> open_fp4_checkpoint_source(Checkpoint checkpoint, 
 
 // `inner` (random weights, load_format="dummy") with every linear weight (is_int4_linear) rounded to the FP4 format
 // `fp4` names (round_fp4: NVFP4's or MXFP4's scales, its group size) as it is read: a benchmark of an FP4 checkpoint's
-// shape runs the FP4 kernels. It answers int4_form like a stored FP4 checkpoint. A config's list of layers left
-// unquantized is not consulted: the linear layers are rounded, the router, embeddings, lm_head and norms are not.
-std::unique_ptr<WeightSource> make_fp4_rounding_source(std::unique_ptr<WeightSource> inner, const Fp4Config& fp4);
+// shape runs the FP4 kernels. It answers int4_form like a stored FP4 checkpoint. The linear layers `modules` says
+// the checkpoint quantized are rounded (its targets, less its exclusion list); the router, embeddings, lm_head, norms
+// and the excluded layers keep their values.
+std::unique_ptr<WeightSource> make_fp4_rounding_source(std::unique_ptr<WeightSource> inner, const Fp4Config& fp4,
+                                                       const QuantizedModules& modules = {});
 
 }  // namespace deepinfer
