@@ -12,7 +12,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ModelDims", "load_model_dims", "config_json_path"]
+__all__ = ["ModelDims", "load_model_dims", "config_json_path", "linear_module"]
+
+# The linear modules of a decoder layer whose format the memory plan counts, by their checkpoint names. A stacked
+# tensor takes one format (the loader refuses a mix), so a dense MLP's gate_up stack answers as its gate_proj and
+# the routed experts (with the shared ones stacked after them) as expert 0's.
+LAYER_LINEARS = ("self_attn.q_a_proj", "self_attn.q_b_proj", "self_attn.q_proj", "self_attn.kv_a_proj_with_mqa",
+                 "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj", "mlp.experts.0.gate_proj",
+                 "mlp.experts.0.down_proj", "mlp.shared_experts.gate_proj", "mlp.shared_experts.down_proj",
+                 "eh_proj")
+
+
+def linear_module(layer: int, suffix: str) -> str:
+    """The checkpoint name of a layer's linear module (`suffix` one of LAYER_LINEARS)."""
+    return f"model.layers.{layer}.{suffix}"
 
 
 @dataclass(frozen=True)
@@ -39,7 +52,12 @@ class ModelDims:
     fp8_checkpoint: bool  # quantization_config says block-scaled FP8 (what the engine keeps FP8 on a GPU)
     num_nextn_predict_layers: int
     int4_checkpoint: str = ""  # quantization_config's 4-bit weights: "compressed-tensors", "awq" or "" (none)
+    int4_group_size: int = 128  # its inputs a scale covers (-1: a whole row)
+    int4_symmetric: bool = False  # its weights have no zero points
     fp4_checkpoint: str = ""   # its FP4 weights: "nvfp4", "mxfp4", "modelopt-nvfp4" or "" (none)
+    # The linear modules (LAYER_LINEARS' names) a quantized checkpoint's config leaves in their dtype: its
+    # ignore / modules_to_not_convert / exclude_modules lists, or targets that leave them out.
+    unquantized_linears: frozenset[str] = frozenset()
 
     @property
     def qk_head_dim(self) -> int:
@@ -71,7 +89,19 @@ class ModelDims:
                    tie_word_embeddings=c.tie_word_embeddings, fp8_checkpoint=c.fp8,
                    num_nextn_predict_layers=c.num_nextn_predict_layers,
                    int4_checkpoint=getattr(c, "int4_format", ""),
-                   fp4_checkpoint=getattr(c, "fp4_format", ""))
+                   int4_group_size=getattr(c, "int4_group_size", 128) if getattr(c, "int4_format", "") else 128,
+                   int4_symmetric=getattr(c, "int4_symmetric", False) if getattr(c, "int4_format", "") else False,
+                   fp4_checkpoint=getattr(c, "fp4_format", ""),
+                   unquantized_linears=_unquantized_linears(c))
+
+
+def _unquantized_linears(c: Any) -> frozenset[str]:
+    quantizes = getattr(c, "quantizes", None)
+    if quantizes is None:  # an extension built before the config kept these lists
+        return frozenset()
+    layers = c.num_hidden_layers + c.num_nextn_predict_layers
+    return frozenset(name for layer in range(layers) for suffix in LAYER_LINEARS
+                     if not quantizes(name := linear_module(layer, suffix)))
 
 
 def config_json_path(model: str | Path) -> Path:

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from deepinfer.config import EngineConfig, resolve_weight_format
+from deepinfer.config import EngineConfig, WeightFormat, resolve_weight_format
 from deepinfer.model_dims import ModelDims
 from deepinfer.plan_terms import (BF16, F32, FP8, GIB, MIB, Layout, cache_bytes_per_token, parameter_count,
                                   resident_weight_bytes, step_working_bytes)
@@ -159,11 +159,10 @@ def plan_device(config: EngineConfig) -> str:
     return "cpu" if config.device == "cpu" else "cuda"
 
 
-def _weight_format(config: EngineConfig, d: ModelDims, device: str) -> tuple[str, str]:
-    """(the linear layers' format, its name), as the engine's _weight_format decides (config.resolve_weight_format):
+def _weight_format(f: WeightFormat, device: str) -> tuple[str, str]:
+    """(the linear layers' format, its name) for the engine's reading `f` (config.resolve_weight_format):
     an FP8 or 4-bit checkpoint stays as stored unless asked otherwise, quantization='fp8' makes a bf16 one FP8 and
     'int4' rounds it to INT4. INT4 and FP4 stay packed on GPUs; the CPU holds the dequantized weights in float32."""
-    f = resolve_weight_format(config.quantization, d.fp8_checkpoint, d.int4_checkpoint, device, d.fp4_checkpoint)
     if f.int4:
         return ("int4", "int4 (W4A16)") if device == "cuda" else ("plain", "int4 (float32 on the CPU)")
     if f.fp4:
@@ -191,12 +190,16 @@ def plan_memory(d: ModelDims, config: EngineConfig, *, gpus: int | None = None, 
     if device == "cuda" and gpu_memory_bytes is None:
         raise ValueError("a plan for GPUs needs the memory of one: give --gpu-memory-gb, in GiB (80 for an H100, "
                          "141 for an H200), or --device cpu for the CPU backend")
-    linear_format, format_name = _weight_format(config, d, device)
+    f = resolve_weight_format(config.quantization, d.fp8_checkpoint, d.int4_checkpoint, device, d.fp4_checkpoint)
+    linear_format, format_name = _weight_format(f, device)
     mtp_layers = 1 if config.speculative_config is not None else 0
     if mtp_layers and d.num_nextn_predict_layers < 1:
         raise ValueError("speculative_config: the model has no MTP layer (num_nextn_predict_layers is 0 in its "
                          "config.json); MTP speculative decoding needs one")
-    weights = resident_weight_bytes(d, layout, linear_format, device, mtp_layers)
+    # A 4-bit checkpoint's own groups; rounding at load, the quantization's.
+    int4_group, int4_symmetric = ((f.int4_group_size, f.int4_symmetric) if f.int4 == "rtn"
+                                  else (d.int4_group_size, d.int4_symmetric))
+    weights = resident_weight_bytes(d, layout, linear_format, device, mtp_layers, int4_group, int4_symmetric)
     kv_fp8 = config.kv_cache_dtype != "auto"
     per_token = cache_bytes_per_token(d, kv_fp8, device, mtp_layers)
     page_bytes = per_token * config.page_size
@@ -282,7 +285,8 @@ def plan_options(d: ModelDims, config: EngineConfig, base: MemoryPlan) -> list[O
     if not base.weight_format.startswith("fp8"):
         if d.int4_checkpoint or d.fp4_checkpoint:
             # A 4-bit checkpoint is not quantized again: its FP8 row is what an FP8 checkpoint of the model needs.
-            fp8_dims = dataclasses.replace(d, fp8_checkpoint=True, int4_checkpoint="", fp4_checkpoint="")
+            fp8_dims = dataclasses.replace(d, fp8_checkpoint=True, int4_checkpoint="", fp4_checkpoint="",
+                                           unquantized_linears=frozenset())
             options.append(Option("FP8 weights", plan_memory(fp8_dims, dataclasses.replace(config, quantization=None),
                                                              **same), note="from an FP8 checkpoint"))
         else:
@@ -294,7 +298,8 @@ def plan_options(d: ModelDims, config: EngineConfig, base: MemoryPlan) -> list[O
     if not base.weight_format.startswith("int4"):
         # A quantized checkpoint is not quantized again: its INT4 row is what a 4-bit checkpoint of the model needs.
         quantized = bool(d.fp8_checkpoint or d.int4_checkpoint or d.fp4_checkpoint)
-        int4_dims = dataclasses.replace(d, fp8_checkpoint=False, int4_checkpoint="", fp4_checkpoint="")
+        int4_dims = dataclasses.replace(d, fp8_checkpoint=False, int4_checkpoint="", fp4_checkpoint="",
+                                        unquantized_linears=frozenset())
         options.append(Option("INT4 weights" if quantized else "--quantization int4",
                               plan_memory(int4_dims, dataclasses.replace(config, quantization="int4"), **same),
                               note="from a 4-bit checkpoint: AWQ, GPTQ" if quantized else ""))

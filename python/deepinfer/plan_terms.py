@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from deepinfer.model_dims import ModelDims
+from deepinfer.model_dims import ModelDims, linear_module
 
 __all__ = ["Layout", "resident_weight_bytes", "parameter_count", "cache_bytes_per_token", "step_working_bytes",
            "GIB", "MIB"]
@@ -24,7 +24,7 @@ GIB = 1 << 30
 MIB = 1 << 20
 FP8_BLOCK = 128          # core/weight.h kFp8Block
 FP4_GROUP = {"nvfp4": 16, "modelopt-nvfp4": 16, "mxfp4": 32}  # FP4 weights: the inputs a float32 scale covers
-INT4_GROUP = 128         # INT4 weights (core/weight.h): 4-bit codes, a float32 scale and a 4-bit zero point per 128
+INT4_GROUP = 128         # INT4 weights (core/weight.h): 4-bit codes, a float32 scale (and a 4-bit zero point) a group
 CUBLAS_WORKSPACE = 32 * MIB          # runtime/cublas_handle.h kDefaultWorkspaceBytes
 FP8_LT_WORKSPACE = 32 * MIB          # gemm/fp8_linear.cpp kLtWorkspaceBytes
 FP8_DEQUANT_CHUNK = 64 * MIB         # gemm/fp8_linear.cpp kDequantChunkBytes
@@ -73,8 +73,10 @@ class Layout:
 class _Tally:
     """Bytes by dtype of the tensors one rank places, with the weight sink's dtype rules."""
 
-    def __init__(self, device: str, linear_format: str, fp4_group: int = 16) -> None:
+    def __init__(self, device: str, linear_format: str, fp4_group: int = 16, int4_group: int = INT4_GROUP,
+                 int4_symmetric: bool = False) -> None:
         self.fp4_group = fp4_group
+        self.int4_group, self.int4_symmetric = int4_group, int4_symmetric
         self.matrix_dtype = BF16 if device == "cuda" else F32
         # The CPU backend computes in float32: FP8 weights are float32 tensors there, holding the FP8 values.
         self.linear_format = linear_format if device == "cuda" else "plain"
@@ -90,15 +92,19 @@ class _Tally:
     def vector(self, n: int) -> None:
         self._add(F32, 4 * n)
 
-    def linear(self, rows: int, cols: int, matrices: int = 1) -> None:
-        """A linear layer's [rows, cols] weight (`matrices` of them stacked, the experts)."""
+    def linear(self, rows: int, cols: int, matrices: int = 1, quantized: bool = True) -> None:
+        """A linear layer's [rows, cols] weight (`matrices` of them stacked, the experts); `quantized` False: one the
+        checkpoint keeps in its dtype, a matrix in the compute dtype."""
         n = matrices * rows * cols
-        if self.linear_format == "fp8":
+        if not quantized:
+            self.matrix(n)
+        elif self.linear_format == "fp8":
             self._add(FP8, n)
             self._add(F32, 4 * matrices * math.ceil(rows / FP8_BLOCK) * math.ceil(cols / FP8_BLOCK))
         elif self.linear_format == "int4":
-            groups = math.ceil(cols / INT4_GROUP)
-            self._add(INT4, n // 2 + 4 * matrices * rows * math.ceil(groups / 8))  # codes, zero points (int32 words)
+            groups = 1 if self.int4_group == -1 else math.ceil(cols / self.int4_group)
+            zero_words = 0 if self.int4_symmetric else matrices * rows * math.ceil(groups / 8)
+            self._add(INT4, n // 2 + 4 * zero_words)  # the codes, and the zero points' int32 words
             self._add(F32, 4 * matrices * rows * groups)
         elif self.linear_format == "fp4":  # e2m1 codes in INT4's words, a float32 scale a group, no zero points
             self._add(FP4, n // 2)
@@ -108,12 +114,15 @@ class _Tally:
 
 
 def resident_weight_bytes(d: ModelDims, layout: Layout, linear_format: str, device: str,
-                          mtp_layers: int = 0) -> dict[str, int]:
+                          mtp_layers: int = 0, int4_group: int = INT4_GROUP,
+                          int4_symmetric: bool = False) -> dict[str, int]:
     """Bytes by dtype of the weights one rank holds (rank 0; under expert parallelism every rank holds as many):
     what Engine.weight_bytes reports. `linear_format` is "fp8", "int4", "fp4" or "plain" (the compute
     dtype); `device` "cuda" or "cpu". `mtp_layers` (0 or 1): the MTP layer loaded for speculative decoding, stored
-    after the main layers (its embedding and head are the model's)."""
-    t = _Tally(device, linear_format, FP4_GROUP.get(d.fp4_checkpoint, 16))
+    after the main layers (its embedding and head are the model's). INT4 weights scale groups of `int4_group`
+    inputs (-1: a whole row), with zero points unless `int4_symmetric`. The linear modules the checkpoint leaves
+    unquantized (d.unquantized_linears) are counted in the compute dtype."""
+    t = _Tally(device, linear_format, FP4_GROUP.get(d.fp4_checkpoint, 16), int4_group, int4_symmetric)
     dim, vocab = d.hidden_size, d.vocab_size // (layout.ranks if layout.splits_attention else 1)
     t.matrix(vocab, dim)  # the embedding
     t.matrix(vocab, dim)  # lm_head (a tied one is a second copy of the embedding)
@@ -123,13 +132,21 @@ def resident_weight_bytes(d: ModelDims, layout: Layout, linear_format: str, devi
     for layer in range(d.num_hidden_layers, d.num_hidden_layers + mtp_layers):
         t.vector(dim)               # enorm
         t.vector(dim)               # hnorm
-        t.linear(dim, 2 * dim)      # eh_proj
+        t.linear(dim, 2 * dim, quantized=_quantized(d, layer, "eh_proj"))
         _decoder_layer(t, d, layout, layer)
         t.vector(dim)               # shared_head.norm
     return t.bytes
 
 
+def _quantized(d: ModelDims, layer: int, suffix: str) -> bool:
+    """Whether the checkpoint stores the layer's linear module quantized (model_dims.LAYER_LINEARS)."""
+    return linear_module(layer, suffix) not in d.unquantized_linears
+
+
 def _decoder_layer(t: _Tally, d: ModelDims, layout: Layout, layer: int) -> None:
+    def q(suffix: str) -> bool:
+        return _quantized(d, layer, suffix)
+
     n = layout.ranks if layout.splits_attention else 1
     ep = layout.expert_parallel and layout.ranks > 1
     heads, inter = d.num_attention_heads // n, d.intermediate_size // n
@@ -138,20 +155,20 @@ def _decoder_layer(t: _Tally, d: ModelDims, layout: Layout, layer: int) -> None:
     t.vector(dim)
     t.vector(dim)
     if d.q_lora_rank:
-        t.linear(d.q_lora_rank, dim)                    # q_a_proj, replicated
+        t.linear(d.q_lora_rank, dim, quantized=q("self_attn.q_a_proj"))                    # replicated
         t.vector(d.q_lora_rank)
-        t.linear(heads * d.qk_head_dim, d.q_lora_rank)  # q_b_proj, by heads
+        t.linear(heads * d.qk_head_dim, d.q_lora_rank, quantized=q("self_attn.q_b_proj"))  # by heads
     else:
-        t.linear(heads * d.qk_head_dim, dim)
-    t.linear(d.latent_dim, dim)                         # kv_a_proj_with_mqa, replicated
+        t.linear(heads * d.qk_head_dim, dim, quantized=q("self_attn.q_proj"))
+    t.linear(d.latent_dim, dim, quantized=q("self_attn.kv_a_proj_with_mqa"))              # replicated
     t.vector(rank)
     t.matrix(heads * (d.qk_nope_head_dim + d.v_head_dim), rank)  # kv_b_proj, kept in the compute dtype
     t.matrix(heads, rank, d.qk_nope_head_dim)                    # its W_UK half, per head, transposed
     t.matrix(heads, d.v_head_dim, rank)                          # its W_UV half
-    t.linear(dim, heads * d.v_head_dim)                 # o_proj, by heads
+    t.linear(dim, heads * d.v_head_dim, quantized=q("self_attn.o_proj"))                  # by heads
     if not d.is_moe_layer(layer):
-        t.linear(2 * inter, dim)
-        t.linear(dim, inter)
+        t.linear(2 * inter, dim, quantized=q("mlp.gate_proj"))
+        t.linear(dim, inter, quantized=q("mlp.down_proj"))
         return
     experts = d.n_routed_experts
     t.matrix(experts, dim)  # the router
@@ -160,12 +177,12 @@ def _decoder_layer(t: _Tally, d: ModelDims, layout: Layout, layer: int) -> None:
     # Without EP the shared experts are stacked after the routed ones; under EP each rank stacks its whole routed
     # experts and holds its channels of the shared ones (all of them under data-parallel attention) apart.
     stacked = experts // layout.ranks if ep else experts + d.n_shared_experts
-    t.linear(2 * moe_inter, dim, stacked)
-    t.linear(dim, moe_inter, stacked)
+    t.linear(2 * moe_inter, dim, stacked, quantized=q("mlp.experts.0.gate_proj"))
+    t.linear(dim, moe_inter, stacked, quantized=q("mlp.experts.0.down_proj"))
     if ep and d.n_shared_experts:
         shared = d.n_shared_experts * d.moe_intermediate_size // n
-        t.linear(2 * shared, dim)
-        t.linear(dim, shared)
+        t.linear(2 * shared, dim, quantized=q("mlp.shared_experts.gate_proj"))
+        t.linear(dim, shared, quantized=q("mlp.shared_experts.down_proj"))
 
 
 def parameter_count(d: ModelDims) -> int:

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from deepinfer import DeepInferenceEngine, EngineConfig, _deepinfer
 from test_fp4 import compress_ct_fp4, quantize_modelopt
 from test_int4 import KEEP, TOKENS, write_like
-from test_int4_cuda import base, bf16_error, check_against_dequantized  # noqa: F401 (fixtures)
+from test_int4_cuda import assert_planned_as_held, base, bf16_error, check_against_dequantized  # noqa: F401
 
 pytestmark = pytest.mark.skipif(_deepinfer.cuda_device_count() == 0, reason="needs a CUDA device")
 
@@ -31,9 +31,11 @@ def test_compressed_tensors_fp4_checkpoints_run_packed_on_the_gpu(base, bf16_err
                        {**sd, **{name: w.to(torch.bfloat16) for name, w in dequantized.items()}})
     check_against_dequantized(checkpoint, plain, bf16_error[arch])
     # The GPU holds the e2m1 words (half a byte a weight) and their float32 group scales, not widened weights.
-    with DeepInferenceEngine(EngineConfig(model_name_or_path=str(checkpoint), device="cuda", num_cache_pages=16,
-                                          max_model_len=64, enforce_eager=True)) as e:
+    config = EngineConfig(model_name_or_path=str(checkpoint), device="cuda", num_cache_pages=16, max_model_len=64,
+                          enforce_eager=True)
+    with DeepInferenceEngine(config) as e:
         assert e.weight_bytes["fp4_e2m1"] > 0 and "int4" not in e.weight_bytes
+        assert_planned_as_held(config, e)
 
 
 def test_modelopt_nvfp4_checkpoints_run_packed_on_the_gpu(base, bf16_error, tmp_path):

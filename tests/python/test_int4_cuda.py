@@ -18,6 +18,8 @@ from safetensors.torch import load_file
 
 from conftest import write_checkpoint
 from deepinfer import DeepInferenceEngine, EngineConfig, _deepinfer
+from deepinfer.model_dims import load_model_dims
+from deepinfer.plan import plan_memory
 from test_int4 import (KEEP, TOKENS, awq_reference, compress_ct, engine_logits, is_linear, quantize_awq, relative_error,
                        write_like)
 
@@ -70,6 +72,13 @@ def check_against_dequantized(checkpoint, dequantized_checkpoint, baseline: floa
     assert_close(gpu, reference, baseline, "INT4 GPU vs its dequantized weights in bf16 on the GPU")
 
 
+def assert_planned_as_held(config: EngineConfig, engine: DeepInferenceEngine) -> None:
+    """`deepinfer plan`'s weight bytes by dtype are what the engine holds: the checkpoint's groups, zero points (or
+    none) and the layers its config leaves unquantized (KEEP, the router) in bf16."""
+    planned = plan_memory(load_model_dims(config.model_name_or_path), config, gpu_memory_bytes=1 << 40)
+    assert planned.weight_bytes == dict(engine.weight_bytes)
+
+
 def round_to_nearest(w: torch.Tensor, group_size: int, symmetric: bool) -> torch.Tensor:
     """quantization="int4"'s rounding (model/int4.h round_int4) of a [.., N, K] weight along K, dequantized."""
     shape, k = w.shape, w.shape[-1]
@@ -98,9 +107,11 @@ def test_compressed_tensors_checkpoints_run_packed_on_the_gpu(base, bf16_error, 
     plain = write_like(base[arch], tmp_path / "plain", {**sd, **dequantized})
     check_against_dequantized(checkpoint, plain, bf16_error[arch])
     # The GPU holds the 4-bit words, not widened weights (the one layer left unquantized stays bf16).
-    with DeepInferenceEngine(EngineConfig(model_name_or_path=str(checkpoint), device="cuda", num_cache_pages=16,
-                                          max_model_len=64, enforce_eager=True)) as e:
+    config = EngineConfig(model_name_or_path=str(checkpoint), device="cuda", num_cache_pages=16, max_model_len=64,
+                          enforce_eager=True)
+    with DeepInferenceEngine(config) as e:
         assert e.weight_bytes["int4"] > 4 * e.weight_bytes.get("float32", 0)
+        assert_planned_as_held(config, e)
 
 
 def test_awq_checkpoints_run_packed_on_the_gpu(base, bf16_error, tmp_path):

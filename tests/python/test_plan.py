@@ -191,6 +191,63 @@ def test_a_4_bit_checkpoints_options_are_other_checkpoints_not_quantizing_it_aga
     assert run.returncode == 0 and "FP8 weights" in run.stdout, run.stderr
 
 
+def w4a16(group_size: int, symmetric: bool, ignore: list[str]) -> dict:
+    """compressed-tensors' pack-quantized W4A16 quantization_config, as llm-compressor writes it."""
+    weights = {"num_bits": 4, "type": "int", "symmetric": symmetric, "strategy": "group", "group_size": group_size}
+    return {"quant_method": "compressed-tensors", "format": "pack-quantized",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}}, "ignore": ignore}
+
+
+def v3_plan(tmp_path, quantization_config: dict | None, **engine):
+    path = tmp_path / f"c{len(list(tmp_path.iterdir()))}.json"
+    path.write_text(json.dumps({**DEEPSEEK_V3, **({"quantization_config": quantization_config}
+                                                  if quantization_config else {})}))
+    config = EngineConfig(model_name_or_path=str(path), tensor_parallel_size=8, **engine)
+    return plan_memory(load_model_dims(path), config, gpu_memory_bytes=H200_GIB * GIB)
+
+
+def test_layers_a_4_bit_checkpoint_leaves_unquantized_are_planned_in_bf16(tmp_path):
+    # A common llm-compressor recipe keeps attention in bf16: per layer and GPU (8-way tensor parallel) q_a_proj and
+    # kv_a_proj_with_mqa whole, a GPU's 16 heads of q_b_proj and o_proj. The MoE layers stay 4-bit.
+    everything = v3_plan(tmp_path, w4a16(128, True, ["lm_head"]))
+    no_attention = v3_plan(tmp_path, w4a16(128, True, ["lm_head", "re:.*self_attn.*"]))
+    attention = 1536 * 7168 + 16 * 192 * 1536 + 576 * 7168 + 7168 * 16 * 128  # weights a layer and GPU
+    layers = DEEPSEEK_V3["num_hidden_layers"]
+    assert no_attention.weight_bytes["bfloat16"] - everything.weight_bytes["bfloat16"] == 2 * layers * attention
+    assert everything.weight_bytes["int4"] - no_attention.weight_bytes["int4"] == layers * attention // 2
+    assert everything.weight_bytes["float32"] - no_attention.weight_bytes["float32"] == 4 * layers * attention // 128
+    run, _ = deepinfer("plan", str(tmp_path / "c1.json"), "--tensor-parallel-size", "8", "--gpu-memory-gb", "141")
+    assert run.returncode == 0, run.stderr
+    # ModelOpt's and AWQ's lists are read too (their own matching rules: tests/python/test_quantized_modules.py).
+    nvfp4 = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16}
+    assert (v3_plan(tmp_path, {**nvfp4, "exclude_modules": ["lm_head", "*self_attn*"]}).weight_bytes["bfloat16"]
+            - v3_plan(tmp_path, {**nvfp4, "exclude_modules": ["lm_head"]}).weight_bytes["bfloat16"]
+            == 2 * layers * attention)
+
+
+@pytest.mark.parametrize("group_size, stored", [(32, True), (64, False)], ids=["stored-g32", "rtn-g64"])
+def test_int4_weights_are_planned_with_their_own_groups(tmp_path, group_size, stored):
+    # Half a byte a weight and, symmetric, a float32 scale a group and no zero points.
+    plain = v3_plan(tmp_path, None)
+    plan = (v3_plan(tmp_path, w4a16(group_size, True, ["lm_head"])) if stored else
+            v3_plan(tmp_path, None, quantization={"method": "int4", "group_size": group_size, "symmetric": True}))
+    assert plan.weight_format == "int4 (W4A16)"
+    scales = plan.weight_bytes["float32"] - plain.weight_bytes["float32"]  # the norms are float32 in both
+    assert scales == 4 * (2 * plan.weight_bytes["int4"]) // group_size
+
+
+def test_asymmetric_int4_adds_a_zero_point_a_group_and_a_row_takes_one_group(tmp_path):
+    plain = v3_plan(tmp_path, None)
+    symmetric, asymmetric = (v3_plan(tmp_path, w4a16(128, sym, ["lm_head"])) for sym in (True, False))
+    groups = (symmetric.weight_bytes["float32"] - plain.weight_bytes["float32"]) // 4
+    assert asymmetric.weight_bytes["float32"] == symmetric.weight_bytes["float32"]
+    zero_bytes = asymmetric.weight_bytes["int4"] - symmetric.weight_bytes["int4"]
+    # Half a byte a group, in int32 words a row: at most one word a group (a row of one group).
+    assert groups // 2 <= zero_bytes <= 4 * groups
+    rows = v3_plan(tmp_path, None, quantization={"method": "int4", "group_size": -1, "symmetric": True})
+    assert 0 < rows.weight_bytes["float32"] - plain.weight_bytes["float32"] < 4 * groups // 2
+
+
 def test_an_fp8_checkpoint_plans_fp8_by_default(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**DEEPSEEK_V3, "quantization_config": FP8_RELEASE}))
     config = EngineConfig(model_name_or_path=str(tmp_path), tensor_parallel_size=8)
