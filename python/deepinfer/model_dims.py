@@ -1,8 +1,9 @@
 """The dimensions of a DeepSeek V2/V3 model that size its memory, from config.json as the engine parses it.
 
-``deepinfer plan`` answers for a checkpoint it never loads (or for a bare config.json downloaded alone): the text
-goes through the extension's own parser (``_deepinfer.parse_model_config``, csrc/model/config.cpp), which takes
-well under a millisecond, so the plan and the engine can never read a field differently.
+``deepinfer plan`` answers for a checkpoint it never loads (or for a bare config.json downloaded alone): the files go
+through the extension's own reader (``_deepinfer.load_model_config`` for a directory, ``parse_model_config`` for a
+bare file; csrc/model/config.cpp), which takes well under a millisecond, so the plan and the engine can never read a
+field differently.
 """
 
 from __future__ import annotations
@@ -129,6 +130,11 @@ def load_model_dims(model: str | Path) -> ModelDims:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path} is not valid JSON: {e}") from None
     try:
-        return ModelDims.from_config(_deepinfer.parse_model_config(text))
+        # A checkpoint directory is read as the engine reads it: config.json with what lies beside it (ModelOpt's
+        # hf_quant_config.json, generation_config.json's end tokens); a bare config.json alone.
+        directory = Path(model).expanduser()
+        config = (_deepinfer.load_model_config(str(directory)) if directory.is_dir()
+                  else _deepinfer.parse_model_config(text))
+        return ModelDims.from_config(config)
     except (ValueError, RuntimeError) as e:
         raise ValueError(f"{path}: {e}") from None

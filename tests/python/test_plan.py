@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from deepinfer import EngineConfig
-from deepinfer.model_dims import load_model_dims
+from deepinfer.model_dims import linear_module, load_model_dims
 from deepinfer.plan import GIB, check_fits_before_load, plan_memory, plan_options
 
 ENV = {**os.environ, "DEEPINFER_NO_PROGRESS": "1"}
@@ -223,6 +223,22 @@ def test_layers_a_4_bit_checkpoint_leaves_unquantized_are_planned_in_bf16(tmp_pa
     assert (v3_plan(tmp_path, {**nvfp4, "exclude_modules": ["lm_head", "*self_attn*"]}).weight_bytes["bfloat16"]
             - v3_plan(tmp_path, {**nvfp4, "exclude_modules": ["lm_head"]}).weight_bytes["bfloat16"]
             == 2 * layers * attention)
+
+
+def test_a_modelopt_checkpoint_described_beside_config_json_plans_its_fp4_weights(tmp_path):
+    # ModelOpt's older exports (the NVIDIA DeepSeek-R1 FP4 release among them) describe their quantization in
+    # hf_quant_config.json, not in config.json: a plan of the directory reads it, as the engine's loader does.
+    (tmp_path / "config.json").write_text(json.dumps(DEEPSEEK_V3))
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps(
+        {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4", "group_size": 16,
+                                                            "exclude_modules": ["lm_head", "*self_attn*"]}}))
+    dims = load_model_dims(tmp_path)
+    assert dims.fp4_checkpoint == "modelopt-nvfp4"
+    assert linear_module(5, "self_attn.o_proj") in dims.unquantized_linears
+    assert linear_module(5, "mlp.experts.0.gate_proj") not in dims.unquantized_linears
+    assert load_model_dims(tmp_path / "config.json").fp4_checkpoint == ""  # the bare file says nothing of it
+    run, _ = deepinfer("plan", str(tmp_path), "--tensor-parallel-size", "8", "--gpu-memory-gb", "80")
+    assert run.returncode == 0 and "fp4 (W4A16, e2m1)" in run.stdout, (run.stdout, run.stderr)
 
 
 @pytest.mark.parametrize("group_size, stored", [(32, True), (64, False)], ids=["stored-g32", "rtn-g64"])
