@@ -14,6 +14,9 @@ last first token to the last finish.
   python3 benchmarks/gpu/spec_decode_bench.py --model demo --batches 1,8,32 --ks 0,1,3 --out OUT
   python3 benchmarks/gpu/spec_decode_bench.py --model v3-slice --v3-layers 6 --batches 1,32 --ks 0,1,3 \
       --forced 0,0.5,0.85,1 --out OUT
+
+With --disable-by-batch-size N, in a batch of more than N the first N requests admitted draft and the rest do not (a
+case's requests arrive together): what that setting keeps of the speed at large batches.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ def parse_args(argv=None):
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--ks", default="0,1,3", help="draft tokens a step; 0 = no speculative decoding")
     ap.add_argument("--forced", default="", help="forced acceptance rates (v3-slice); empty: the model's own")
+    ap.add_argument("--disable-by-batch-size", type=int, default=None,
+                    help="speculative_config.disable_by_batch_size: requests past this many in the engine do not draft")
     ap.add_argument("--output-tokens", type=int, default=256)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--enforce-eager", action="store_true")
@@ -97,11 +102,12 @@ def main(argv=None) -> int:
     forced = [float(f) for f in args.forced.split(",")] if args.forced else [None]
     out = args.out / f"spec_decode_{args.model}.json"
     result = {"meta": run_metadata(), "model": args.model, "v3_layers": args.v3_layers if args.model != "demo" else None,
-              "cases": []}
+              "disable_by_batch_size": args.disable_by_batch_size, "cases": []}
     with tempfile.TemporaryDirectory() as tmp:
         path, load_format = model_dir(args, Path(tmp))
         for k in ks:
-            spec = {"method": "mtp", "num_speculative_tokens": k} if k else None
+            spec = {"method": "mtp", "num_speculative_tokens": k,
+                    "disable_by_batch_size": args.disable_by_batch_size} if k else None
             t0 = time.perf_counter()
             engine = DeepInferenceEngine(EngineConfig(
                 model_name_or_path=path, load_format=load_format, device=args.device, seed=0,

@@ -69,10 +69,10 @@ void CacheManager::register_page(int32_t page_id, uint64_t key, uint64_t parent,
   by_key_.emplace(key, page_id);
 }
 
-CacheManager::Match CacheManager::find(std::span<const int32_t> tokens, int32_t max_pages) const {
+CacheManager::Match CacheManager::find(std::span<const int32_t> tokens, int32_t max_pages, uint64_t root) const {
   Match m;
   if (!prefix_caching_) return m;
-  uint64_t parent = kNoParent;
+  uint64_t parent = root;
   for (int32_t p = 0; p < max_pages && static_cast<size_t>(p + 1) * page_size_ <= tokens.size(); ++p) {
     const std::span<const int32_t> page = tokens.subspan(static_cast<size_t>(p) * page_size_, page_size_);
     const uint64_t key = page_key(parent, page);
@@ -87,12 +87,12 @@ CacheManager::Match CacheManager::find(std::span<const int32_t> tokens, int32_t 
   return m;
 }
 
-int32_t CacheManager::num_cached_prefix_pages(std::span<const int32_t> tokens) const {
-  return static_cast<int32_t>(find(tokens, std::numeric_limits<int32_t>::max()).page_ids.size());
+int32_t CacheManager::num_cached_prefix_pages(std::span<const int32_t> tokens, uint64_t root) const {
+  return static_cast<int32_t>(find(tokens, std::numeric_limits<int32_t>::max(), root).page_ids.size());
 }
 
-CacheManager::Match CacheManager::match(std::span<const int32_t> tokens, int32_t max_pages) {
-  Match m = find(tokens, max_pages);
+CacheManager::Match CacheManager::match(std::span<const int32_t> tokens, int32_t max_pages, uint64_t root) {
+  Match m = find(tokens, max_pages, root);
   for (int32_t page_id : m.page_ids) {
     int32_t& count = ref_counts_[static_cast<size_t>(page_id)];
     if (count == 0) evictable_.erase(cached_[static_cast<size_t>(page_id)]->in_evictable);

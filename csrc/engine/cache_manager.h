@@ -36,9 +36,13 @@ class CacheManager {
   // Adds a reference to a used page (a prefix shared by several requests). Throws on a free or bad page.
   void share(int32_t page_id);
 
-  // The key of a full page of `tokens` (page_size of them) after the page keyed `parent` (kNoParent: the first page).
+  // The key of a full page of `tokens` (page_size of them) after the page keyed `parent` (the root: the first page).
   static constexpr uint64_t kNoParent = 0;
   static uint64_t page_key(uint64_t parent, std::span<const int32_t> tokens);
+  // The first page's parent of a request whose cached pages lack the MTP layer's latents (one that does not
+  // speculate): its chains of keys never meet those of requests whose MTP latents are computed, so a speculating
+  // request never reads MTP latents that were not written. Every other request's chains start at kNoParent.
+  static constexpr uint64_t kWithoutMtpRoot = 0x6d74702d6f6666ull;  // any constant that page_key never returns twice
 
   bool prefix_caching() const { return prefix_caching_; }
   // Registers used page `page_id`, whose latents hold `tokens` (a full page) after the page keyed `parent`, under
@@ -51,10 +55,11 @@ class CacheManager {
     std::vector<int32_t> page_ids;
     std::vector<uint64_t> keys;
   };
-  Match match(std::span<const int32_t> tokens, int32_t max_pages);
+  // `root` is the first page's parent (kNoParent, or kWithoutMtpRoot).
+  Match match(std::span<const int32_t> tokens, int32_t max_pages, uint64_t root = kNoParent);
   // How many pages of `tokens`' prefix match would find now, taking no reference: where a new request would find the
   // most of its prompt cached (data-parallel lanes choose by it).
-  int32_t num_cached_prefix_pages(std::span<const int32_t> tokens) const;
+  int32_t num_cached_prefix_pages(std::span<const int32_t> tokens, uint64_t root = kNoParent) const;
 
   int32_t num_pages() const { return static_cast<int32_t>(ref_counts_.size()); }
   int32_t page_size() const { return page_size_; }
@@ -83,7 +88,7 @@ class CacheManager {
   };
 
   void check_page_id(int32_t page_id) const;
-  Match find(std::span<const int32_t> tokens, int32_t max_pages) const;  // match's walk, taking no reference
+  Match find(std::span<const int32_t> tokens, int32_t max_pages, uint64_t root) const;  // match's walk, no reference
   // Takes page_id (free or evictable) for a new holder: unregistered when it was evictable.
   void evict(int32_t page_id);
 

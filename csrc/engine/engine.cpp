@@ -47,6 +47,10 @@ void EngineOptions::validate() const {
   DI_CHECK_ARG(collective_timeout_s > 0.0, "collective_timeout_s must be > 0, got ", collective_timeout_s);
   DI_CHECK_ARG(num_speculative_tokens >= 0 && num_speculative_tokens <= kMaxSpeculativeTokens,
                "num_speculative_tokens must be in [0, ", kMaxSpeculativeTokens, "], got ", num_speculative_tokens);
+  DI_CHECK_ARG(speculative_disable_by_batch_size >= 0, "speculative disable_by_batch_size must be >= 1 (or 0: off), got ",
+               speculative_disable_by_batch_size);
+  DI_CHECK_ARG(speculative_disable_by_batch_size == 0 || num_speculative_tokens > 0,
+               "speculative disable_by_batch_size is set without speculative decoding (num_speculative_tokens 0)");
   DI_CHECK_ARG(speculative_forced_acceptance < 0.0 || speculative_forced_acceptance <= 1.0,
                "speculative_forced_acceptance must be in [0, 1] or negative (off), got ", speculative_forced_acceptance);
 }
@@ -514,15 +518,24 @@ void Engine::admit_pending() {
     pending.swap(pending_);
     aborts.swap(pending_aborts_);
   }
+  // Requests in the engine now, as each admission counts them for speculative_disable_by_batch_size.
+  int64_t in_engine = 0;
+  for (const auto& lane : lanes_) in_engine += lane->scheduler.num_running() + lane->scheduler.num_waiting();
   for (auto& p : pending) {
     auto request = std::make_unique<Request>();
+    const int32_t limit = options_.speculative_disable_by_batch_size;
+    request->speculates = limit <= 0 || ++in_engine <= limit;
+    if (!request->speculates) {
+      std::lock_guard lock(mutex_);
+      ++stats_.spec_num_requests_not_speculating;
+    }
     request->id = p.id;
     request->prompt_token_ids = std::move(p.prompt);
     request->params = std::move(p.params);
     request->grammar = std::move(p.grammar);
     request->eos_token_ids = model_->config().eos_token_ids;
     request->seed = request->params.seed ? *request->params.seed : seed_rng_();
-    Lane* lane = choose_lane(request->prompt_token_ids);
+    Lane* lane = choose_lane(request->prompt_token_ids, request->prefix_root());
     try {
       lane->scheduler.add(std::move(request));
     } catch (const std::exception& e) {
@@ -538,7 +551,7 @@ void Engine::admit_pending() {
   update_lane_stats();
 }
 
-Engine::Lane* Engine::choose_lane(std::span<const int32_t> prompt) {
+Engine::Lane* Engine::choose_lane(std::span<const int32_t> prompt, uint64_t prefix_root) {
   // Data-parallel ranks each hold their own cache: a new request goes where the most of its prompt is cached (a
   // shared system prompt, an earlier turn of its conversation), unless that rank has more than twice the requests
   // of the least loaded one (plus one); otherwise, and without a cached prefix, to the least loaded. One lane
@@ -550,9 +563,9 @@ Engine::Lane* Engine::choose_lane(std::span<const int32_t> prompt) {
   }
   if (lanes_.size() == 1 || !options_.enable_prefix_caching) return least;
   Lane* best = least;
-  int32_t best_pages = least->cache_manager.num_cached_prefix_pages(prompt);
+  int32_t best_pages = least->cache_manager.num_cached_prefix_pages(prompt, prefix_root);
   for (auto& l : lanes_) {
-    const int32_t pages = l->cache_manager.num_cached_prefix_pages(prompt);
+    const int32_t pages = l->cache_manager.num_cached_prefix_pages(prompt, prefix_root);
     if (pages > best_pages && load(*l) <= 2 * load(*least) + 1) {
       best = l.get();
       best_pages = pages;

@@ -77,6 +77,10 @@ struct EngineOptions {
   // MTP speculative decoding (engine/mtp_drafter.h): the checkpoint's MTP layer drafts this many tokens a request
   // after every step and the next step verifies them; 0 = off. One rank only.
   int32_t num_speculative_tokens = 0;
+  // Requests admitted while the engine holds more than this many (running and waiting, the new one included) do not
+  // speculate, for their whole life (vLLM's disable_by_batch_size): at large batches a speculative step's extra
+  // bytes (the MTP layer, the experts its drafts route to) outweigh its accepted tokens. 0 = every request drafts.
+  int32_t speculative_disable_by_batch_size = 0;
   // Benchmarks only: each draft is accepted with this probability instead of by verification (>= 0), so a speed
   // can be measured at a chosen acceptance rate on random weights. The output is not the model's. -1 = off.
   double speculative_forced_acceptance = -1.0;
@@ -131,6 +135,7 @@ struct EngineStats {
   // and the acceptances by draft position (index 0: the first draft).
   uint64_t spec_num_drafts = 0;
   uint64_t spec_num_draft_tokens = 0;
+  uint64_t spec_num_requests_not_speculating = 0;  // admitted past speculative_disable_by_batch_size
   uint64_t spec_num_accepted_tokens = 0;
   std::vector<uint64_t> spec_accepted_per_position;
   std::string spec_drafter_failure;          // why drafting stopped (the engine goes on without it), or ""
@@ -266,7 +271,8 @@ class Engine {
   };
   std::vector<std::unique_ptr<Lane>> lanes_;
   // The lane (data-parallel rank) a new request with `prompt` joins.
-  Lane* choose_lane(std::span<const int32_t> prompt);
+  // `prefix_root`: the request's Request::prefix_root, under which its cached prefix is looked up.
+  Lane* choose_lane(std::span<const int32_t> prompt, uint64_t prefix_root);
   int32_t scratch_page_ = -1;                        // a page no request owns (graphs' padding, idle DP steps)
   StepRunner runner_;                                // touched only by the step thread
   std::unique_ptr<MtpDrafter> drafter_;              // speculative decoding; touched only by the step thread

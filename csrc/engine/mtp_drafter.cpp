@@ -69,6 +69,7 @@ void MtpDrafter::propose(std::span<const DraftLane> lanes, ConstTensorView step_
     for (const DraftChunk& c : lanes[l].chunks) {
       const Request* r = lane.scheduler->find(c.request_id);
       if (r == nullptr || r->status != RequestStatus::kRunning) continue;  // finished, aborted or preempted
+      if (!r->speculates) continue;  // past disable_by_batch_size: no drafts, no MTP latents
       const int32_t count = r->num_computed_tokens - c.start;
       if (count <= 0) continue;
       int32_t allowed = 0;

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/cache_manager.h"
 #include "engine/sampling_params.h"
 
 namespace deepinfer {
@@ -35,6 +36,10 @@ struct Request {
   int32_t num_computed_tokens = 0;  // tokens [0, num_computed_tokens) have their latent in the cache
   // Speculative decoding: the drafter's guesses at the tokens after the last one, which the next step verifies.
   std::vector<int32_t> draft_token_ids;
+  // Whether the drafter runs for this request: false for one admitted while the engine held more requests than
+  // EngineOptions::speculative_disable_by_batch_size. Its positions never pass through the MTP layer, so its cached
+  // pages lack that layer's latents and are keyed apart (prefix_root).
+  bool speculates = true;
   std::vector<int32_t> page_ids;    // page table: token i lives in page_ids[i / page_size]
   // Prefix caching: the keys of the first page_keys.size() pages (full and computed; CacheManager::page_key), and
   // how many prompt tokens the last admission found cached.
@@ -63,6 +68,8 @@ struct Request {
   // Whether the request scores its prompt, and the positions of [start, start + count) it still scores: those
   // before the last prompt token not scored yet.
   bool scores_prompt() const { return params.prompt_logprobs >= 0; }
+  // The parent of its first cached page (CacheManager::match): apart for a request that does not speculate.
+  uint64_t prefix_root() const { return speculates ? CacheManager::kNoParent : CacheManager::kWithoutMtpRoot; }
   std::pair<int32_t, int32_t> positions_to_score(int32_t start, int32_t count) const;
 
   // True when token is one of eos_token_ids and params.ignore_eos is off.

@@ -372,7 +372,7 @@ void Scheduler::take_cached_prefix(Request& r) {
     return all;
   }();
   // The last token is always computed: its logits are what the step samples from.
-  CacheManager::Match m = cache_.match(tokens, (r.num_tokens() - 1) / cache_.page_size());
+  CacheManager::Match m = cache_.match(tokens, (r.num_tokens() - 1) / cache_.page_size(), r.prefix_root());
   r.num_computed_tokens = static_cast<int32_t>(m.page_ids.size()) * cache_.page_size();
   r.num_cached_tokens = std::min(r.num_computed_tokens, r.num_prompt_tokens());
   r.page_ids = std::move(m.page_ids);
@@ -394,7 +394,7 @@ void Scheduler::register_full_pages(Request& r) {
   for (auto p = static_cast<int32_t>(r.page_keys.size()); (p + 1) * page_size <= r.num_computed_tokens; ++p) {
     tokens.clear();
     r.append_tokens(p * page_size, page_size, tokens);
-    const uint64_t parent = p == 0 ? CacheManager::kNoParent : r.page_keys.back();
+    const uint64_t parent = p == 0 ? r.prefix_root() : r.page_keys.back();
     const uint64_t key = CacheManager::page_key(parent, tokens);
     cache_.register_page(r.page_ids[static_cast<size_t>(p)], key, parent, tokens);
     r.page_keys.push_back(key);

@@ -147,12 +147,16 @@ class SpeculativeConfig:
 
     The checkpoint's MTP layer (``num_nextn_predict_layers``) drafts k tokens after every step (applied again for
     k > 1) and the next step verifies them all at once: greedy output is the output without it, and sampling keeps
-    the model's distribution. ``forced_acceptance`` is for benchmarks only: each draft is then accepted with that
-    probability instead of by verification, so speed can be measured at a chosen acceptance rate on random weights
-    (the text is not the model's)."""
+    the model's distribution. ``disable_by_batch_size`` (vLLM's name): a request that arrives while the engine holds
+    more requests than this (running and waiting, itself included) runs without drafts for its whole life, since at
+    large batches a speculative step's extra reads (the MTP layer, the experts its drafts route to) cost more than its
+    accepted tokens gain; None: every request drafts. ``forced_acceptance`` is for benchmarks only: each draft is then
+    accepted with that probability instead of by verification, so speed can be measured at a chosen acceptance rate
+    on random weights (the text is not the model's)."""
 
     method: str = "mtp"
     num_speculative_tokens: int = 1
+    disable_by_batch_size: int | None = None
     forced_acceptance: float | None = None
 
     def validate(self) -> None:
@@ -163,6 +167,9 @@ class SpeculativeConfig:
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"speculative_config.num_speculative_tokens must be an integer in "
                              f"[1, {MAX_SPECULATIVE_TOKENS}], got {k!r}")
+        n = self.disable_by_batch_size
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+            raise ValueError(f"speculative_config.disable_by_batch_size must be None or an integer >= 1, got {n!r}")
         f = self.forced_acceptance
         if f is not None and not (is_finite_number(f) and 0.0 <= f <= 1.0):
             raise ValueError(f"speculative_config.forced_acceptance must be None or a number in [0, 1], got {f!r}")

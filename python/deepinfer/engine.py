@@ -330,6 +330,7 @@ class DeepInferenceEngine:
                 raise ValueError(f"speculative_config: {config.model_name_or_path or 'the model'} has no MTP layer "
                                  "(num_nextn_predict_layers is 0 in its config.json); MTP speculative decoding needs one")
             options.num_speculative_tokens = config.speculative_config.num_speculative_tokens
+            options.speculative_disable_by_batch_size = config.speculative_config.disable_by_batch_size or 0
             forced = config.speculative_config.forced_acceptance
             options.speculative_forced_acceptance = -1.0 if forced is None else float(forced)
         self._local_ranks: list[Any] = []  # this machine's other ranks' processes, when this one started them
@@ -808,8 +809,9 @@ class DeepInferenceEngine:
 
     def speculative_stats(self) -> dict[str, Any] | None:
         """MTP speculative decoding so far: verifications, draft tokens checked and accepted, the acceptance rate, the
-        mean tokens a verification yields (accepted drafts + 1) and the acceptance rate by draft position; None
-        without speculative decoding."""
+        mean tokens a verification yields (accepted drafts + 1), the acceptance rate by draft position and the
+        requests admitted without drafts (past speculative_config.disable_by_batch_size); None without speculative
+        decoding."""
         if self.num_speculative_tokens == 0:
             return None
         s = self.stats()
@@ -818,6 +820,7 @@ class DeepInferenceEngine:
                 "acceptance_rate": accepted / checked if checked else 0.0,
                 "mean_accepted_length": 1.0 + accepted / drafts if drafts else 0.0,
                 "acceptance_rate_per_position": [n / drafts if drafts else 0.0 for n in s.spec_accepted_per_position],
+                "num_requests_not_speculating": s.spec_num_requests_not_speculating,
                 "drafter_failure": s.spec_drafter_failure or None}
 
     def shutdown(self) -> None:

@@ -215,6 +215,32 @@ TEST(PrefixCache, CountingTheCachedPrefixTakesNoReference) {
   EXPECT_EQ(off.num_cached_prefix_pages(tokens), 0);
 }
 
+TEST(PrefixCache, ChainsFromAnotherRootNeverMeet) {
+  // Pages of a request that skipped the MTP layer are keyed from kWithoutMtpRoot: the same tokens are two entries,
+  // and a lookup from one root never returns the other's pages.
+  CacheManager c(4, 2, /*prefix_caching=*/true);
+  const std::vector<int32_t> tokens = {1, 2, 3, 4};
+  const std::vector<int32_t> without = *c.allocate(2);
+  uint64_t parent = CacheManager::kWithoutMtpRoot;
+  for (size_t p = 0; p < 2; ++p) {
+    const auto page = std::span(tokens).subspan(2 * p, 2);
+    const uint64_t key = CacheManager::page_key(parent, page);
+    c.register_page(without[p], key, parent, page);
+    parent = key;
+  }
+  c.free(without);
+  EXPECT_EQ(c.num_cached_prefix_pages(tokens), 0);
+  EXPECT_TRUE(c.match(tokens, 2).page_ids.empty());
+  EXPECT_EQ(c.num_cached_prefix_pages(tokens, CacheManager::kWithoutMtpRoot), 2);
+  const std::vector<int32_t> with = *c.allocate(2);  // the free pages, not the cached ones
+  register_chain(c, with, tokens);
+  EXPECT_EQ(c.num_cached_pages(), 4);
+  c.free(with);
+  EXPECT_EQ(c.match(tokens, 2).page_ids, with);
+  EXPECT_EQ(c.match(tokens, 2, CacheManager::kWithoutMtpRoot).page_ids, without);
+  c.check_invariants();
+}
+
 TEST(PrefixCache, AKeyRegisteredTwiceKeepsTheFirstPage) {
   CacheManager c(4, 2, /*prefix_caching=*/true);
   const std::vector<int32_t> tokens = page_tokens(7, 2);

@@ -1049,6 +1049,40 @@ TEST(SchedulerSpeculative, PreemptionClearsDrafts) {
   EXPECT_EQ(cache.num_free_pages(), 4);
 }
 
+// A request that does not speculate never runs the MTP layer, so its pages lack that layer's latents: a speculating
+// request with the same prompt must not find them (its drafts would read latents never written), and the two keep
+// separate entries. Requests of one kind share as before.
+TEST(SchedulerSpeculative, PagesOfRequestsWithoutDraftsAreCachedApart) {
+  CacheManager cache(16, 4, /*prefix_caching=*/true);
+  Scheduler s({.max_num_batched_tokens = 64, .max_model_len = 64}, cache);
+  const auto request = [](uint64_t id, bool speculates) {
+    auto r = make_request(1, 9, 1);  // the same 9-token prompt each time: two full pages
+    r->id = id;
+    r->speculates = speculates;
+    return r;
+  };
+  s.add(request(1, /*speculates=*/false));
+  run_to_completion(s);
+  EXPECT_EQ(cache.num_cached_pages(), 2);
+
+  s.add(request(2, /*speculates=*/true));
+  SchedulePlan plan = schedule(s);
+  EXPECT_EQ(plan.chunks[0].start, 0);  // nothing found: 1's pages are keyed from the other root
+  EXPECT_EQ(plan.chunks[0].request->num_cached_tokens, 0);
+  step(s, plan);
+  run_to_completion(s);
+  EXPECT_EQ(cache.num_cached_pages(), 4);
+
+  for (const bool speculates : {true, false}) {
+    s.add(request(speculates ? 3 : 4, speculates));
+    plan = schedule(s);
+    EXPECT_EQ(plan.chunks[0].start, 8) << "speculates " << speculates;  // its own kind's two pages
+    step(s, plan);
+    run_to_completion(s);
+  }
+  EXPECT_EQ(cache.num_cached_pages(), 4);
+}
+
 // Prefix caching registers a page only once it is full of computed tokens the request kept: the latents of rejected
 // drafts are never found by a later request, the accepted ones are, and tokens after a stop are not registered.
 TEST(SchedulerSpeculative, PrefixCachingRegistersOnlyAcceptedTokens) {

@@ -236,6 +236,25 @@ def test_forced_acceptance_sets_the_acceptance_rate(demo):
         assert stats["acceptance_rate_per_position"][0] == pytest.approx(rate, abs=0.12)
 
 
+def test_requests_past_disable_by_batch_size_run_without_drafts(demo):
+    """vLLM's disable_by_batch_size: the four prompts arrive together with a limit of 2, so the first two admitted draft
+    and the other two never do (their positions skip the MTP layer); every output is the output without drafts."""
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    ref, _ = generate(0, PROMPTS, params)
+    got, stats = generate(0, PROMPTS, params,
+                          speculative_config={"method": "mtp", "num_speculative_tokens": 2, "disable_by_batch_size": 2})
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in ref]
+    assert stats["num_requests_not_speculating"] == 2
+    _, everyone = generate(2, PROMPTS, params)
+    assert everyone["num_requests_not_speculating"] == 0
+    # Two requests' verifications instead of four's: about half the drafts (the requests run alike, 40 tokens each).
+    assert 0 < stats["num_drafts"] < 0.75 * everyone["num_drafts"]
+    # Alone in the engine, a request drafts again.
+    _, alone = generate(0, PROMPTS[:1], params,
+                        speculative_config={"method": "mtp", "num_speculative_tokens": 2, "disable_by_batch_size": 1})
+    assert alone["num_requests_not_speculating"] == 0 and alone["num_drafts"] > 0
+
+
 def test_a_checkpoint_without_an_mtp_layer_is_refused(tmp_path):
     path = write_checkpoint(tmp_path / "no_mtp", "v3", seed=3)
     with pytest.raises(ValueError, match="no MTP layer"):
@@ -249,6 +268,8 @@ def test_a_checkpoint_without_an_mtp_layer_is_refused(tmp_path):
     ({"method": "mtp", "num_speculative_tokens": 1, "draft_len": 2}, "unknown keys"),
     ({"method": "mtp", "model": "some/draft-model"}, "separate draft model"),
     ({"method": "mtp", "forced_acceptance": 1.5}, "forced_acceptance"),
+    ({"method": "mtp", "disable_by_batch_size": 0}, "disable_by_batch_size must be None or an integer >= 1"),
+    ({"method": "mtp", "disable_by_batch_size": 2.5}, "disable_by_batch_size must be None or an integer >= 1"),
 ])
 def test_bad_speculative_configs_are_refused(spec, message):
     with pytest.raises(ValueError, match=message):
@@ -309,6 +330,8 @@ def test_command_line_flags():
     assert parse("--num-speculative-tokens", "2").speculative_config == SpeculativeConfig("mtp", 2)
     config = parse("--speculative-config", '{"method": "deepseek_mtp", "num_speculative_tokens": 3}')
     assert config.speculative_config == SpeculativeConfig("deepseek_mtp", 3) and config.num_speculative_tokens == 3
+    config = parse("--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1, "disable_by_batch_size": 8}')
+    assert config.speculative_config.disable_by_batch_size == 8
     assert parse().num_speculative_tokens == 0
     with pytest.raises(ValueError, match="disagrees"):
         parse("--num-speculative-tokens", "2", "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 3}')
@@ -318,11 +341,13 @@ def test_metrics_report_the_drafts(demo):
     pytest.importorskip("prometheus_client")
     from deepinfer.server.metrics import ServerMetrics
 
-    engine = make_engine(2)
+    engine = make_engine(0, speculative_config={"method": "mtp", "num_speculative_tokens": 2,
+                                                "disable_by_batch_size": 1})
     try:
         engine.generate(PROMPTS[:2], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True), use_tqdm=False)
         text = ServerMetrics(engine, "demo").render().decode()
         s = engine.stats()
+        assert 'deepinfer_spec_decode_num_requests_not_speculating_total{model_name="demo"} 1.0' in text
         assert f'deepinfer_spec_decode_num_drafts_total{{model_name="demo"}} {float(s.spec_num_drafts)}' in text
         assert (f'deepinfer_spec_decode_num_accepted_tokens_total{{model_name="demo"}} '
                 f'{float(s.spec_num_accepted_tokens)}') in text

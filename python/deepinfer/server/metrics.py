@@ -94,6 +94,9 @@ class _EngineCollector:
             for pos, n in enumerate(s.spec_accepted_per_position):
                 per_position.add_metric(values + [str(pos)], n)
             yield per_position
+            yield counter("deepinfer_spec_decode_num_requests_not_speculating", "Requests admitted without drafts "
+                          "(past speculative_config.disable_by_batch_size).",
+                          getattr(s, "spec_num_requests_not_speculating", 0))
         weights = GaugeMetricFamily("deepinfer_weight_bytes", "Bytes of the resident model weights by dtype "
                                     "(FP8 block scales count as float32).", labels=names + ["dtype"])
         for dtype, n in getattr(self._engine, "weight_bytes", {}).items():
