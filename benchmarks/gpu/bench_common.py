@@ -209,6 +209,33 @@ def read_floors(path: Path | None) -> dict:
         return {}
 
 
+def measure_copy_gbps(gib: float = 1.0) -> float | None:
+    """The GPU's device-to-device copy bandwidth (bytes read + written a second, in GB/s, the best of 5 timed
+    batches of 5 copies) as floors.py measures it, for a run without floors.json; None without torch or a GPU."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    n = int(gib * (1 << 30))
+    src = torch.ones(n, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = 0.0
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(5):
+            dst.copy_(src)
+        end.record()
+        end.synchronize()
+        best = max(best, 2.0 * n * 5 / (start.elapsed_time(end) / 1e3) / 1e9)
+    del src, dst
+    torch.cuda.empty_cache()
+    return best
+
+
 def sharegpt_prompt_budget(c: dict, ttft_contexts: list[int], output_tokens: int) -> int:
     """The prompt tokens a ShareGPT request keeps: what fits the longest TTFT context with its output (the engine's
     max_model_len is sized from those)."""

@@ -56,11 +56,11 @@ import numpy as np
 os.environ.setdefault("DEEPINFER_NO_PROGRESS", "1")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_common import (SHAPE_NAMES, V3_SLICE_LAYERS, parameter_count, read_floors, run_metadata,  # noqa: E402
-                          shape_config, sharegpt_prompt_budget, sharegpt_prompts, step_bytes, step_bytes_expected,
-                          write_json)
+from bench_common import (SHAPE_NAMES, V3_SLICE_LAYERS, measure_copy_gbps, parameter_count, read_floors,  # noqa: E402
+                          run_metadata, shape_config, sharegpt_prompt_budget, sharegpt_prompts, step_bytes,
+                          step_bytes_expected, write_json)
 
-DEFAULT_COPY_GBPS = 4270.0  # an H200's device-to-device copy, used only when floors.json is missing
+DEFAULT_COPY_GBPS = 4270.0  # an H200's device-to-device copy: without floors.json and without torch to measure it
 
 
 def parse_args(argv=None):
@@ -91,7 +91,7 @@ def parse_args(argv=None):
                     help="fp8: the FP8 latent cache (the roofline counts its bytes)")
     ap.add_argument("--budget-s", type=float, default=0.0, help="start no case after this many seconds (0: no limit)")
     ap.add_argument("--floors", type=Path, default=None, help="floors.json (default OUT/floors.json)")
-    ap.add_argument("--copy-gbps", type=float, default=DEFAULT_COPY_GBPS, help="when floors.json is missing")
+    ap.add_argument("--copy-gbps", type=float, default=DEFAULT_COPY_GBPS, help="when floors.json is missing and torch cannot measure the copy rate")
     ap.add_argument("--hf-baseline", type=Path, default=None, help="hf_baseline.json (default OUT/hf_baseline.json)")
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--report-only", action="store_true", help="re-render engine_bench.md from engine_bench.json")
@@ -549,13 +549,17 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 1
     floors = read_floors(args.floors)
-    args.copy_gbps_used = floors.get("copy_gbps") or args.copy_gbps
+    # Without floors.json the GPU's copy rate is measured here (before the engine takes the memory), so a run on
+    # another GPU than the default's never reads its floors against the wrong bandwidth.
+    measured = None if floors.get("copy_gbps") or args.device != "cuda" else measure_copy_gbps()
+    args.copy_gbps_used = floors.get("copy_gbps") or measured or args.copy_gbps
     result: dict = {"what": "DeepInfer engine, random weights (load_format=dummy): decode vs roofline, TTFT, "
                             "ShareGPT offline throughput", **run_metadata(), "device": args.device,
                     "quantization": args.quantization,
                     "kv_cache_dtype": args.kv_cache_dtype,
                     "copy_gbps_used": args.copy_gbps_used,
                     "copy_gbps_source": "floors.json of this run" if floors.get("copy_gbps") else
+                    "measured by engine_bench (a 1 GiB device copy, torch)" if measured else
                     f"--copy-gbps {args.copy_gbps} (no floors.json)",
                     "bf16_gemm_tflops": floors.get("bf16_gemm_tflops"),
                     "hf_baseline_source": hf["_source"] if hf else None,
