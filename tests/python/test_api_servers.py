@@ -115,6 +115,44 @@ def test_refusals_and_a_gone_server_free_their_requests(engine):
         host.close()
 
 
+def test_the_queue_limit_counts_sequences_in_prefill_across_servers():
+    """The engine process counts, over every server process, the sequences that have produced nothing yet: a request
+    in prefill holds its place in the queue (as in one process), which the engine's waiting count alone gives back as
+    soon as the scheduler starts it. Places come back with the first tokens."""
+    # Prefill in chunks of 32 tokens: a 450-token prompt runs for 15 steps before its first token.
+    engine = DeepInferenceEngine(EngineConfig(max_model_len=512, max_num_seqs=4, max_num_batched_tokens=32))
+    host = EngineHost(engine, {}, {})
+    try:
+        proxies = [EngineProxy(host.path), EngineProxy(host.path)]
+        prompt = [5 + i % 50 for i in range(450)]
+        params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+
+        async def main():
+            for p in proxies:
+                p.connect()
+                await p.start()
+            first = await proxies[0].submit_async(prompt, params, request_id="a", max_waiting=2)
+            while engine.stats().num_running == 0:  # the scheduler took it: it waits no more, its prefill runs
+                await asyncio.sleep(0.001)
+            second = await proxies[1].submit_async(prompt, params, request_id="b", max_waiting=2)
+            third = await proxies[0].submit_async(prompt, params, request_id="c", max_waiting=2)
+            assert not isinstance(first, EngineQueueFull) and not isinstance(second, EngineQueueFull)
+            assert isinstance(third, EngineQueueFull) and third.waiting == 2
+            await asyncio.gather(_collect(first), _collect(second))
+            assert host.pending.count == 0
+            again = await proxies[1].submit_async(prompt, params, request_id="d", max_waiting=2)
+            assert not isinstance(again, EngineQueueFull)
+            await _collect(again)
+            for p in proxies:
+                p.shutdown()
+
+        asyncio.run(main())
+        assert host.pending.count == 0
+    finally:
+        host.close()
+        engine.shutdown()
+
+
 def test_sum_families_adds_processes_as_prometheus_would():
     """Two processes' request metrics summed equal one registry that saw both processes' observations."""
     from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest

@@ -38,6 +38,40 @@ def engine_facts(engine: Any, app_options: dict[str, Any], server: dict[str, Any
                        server=dict(server), stats=plain_fields(engine.stats()))
 
 
+class _PendingSequences:
+    """The sequences submitted through the host that have produced nothing yet (queued, or in prefill), over every
+    server process: what the queue limit counts, as one server process counts its own (serving.py pending_seqs)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_request: dict[str, set[int]] = {}  # request id -> its completions' indices without a token yet
+        self._count = 0
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    def add(self, request_id: str, n: int) -> None:
+        with self._lock:
+            self._by_request[request_id] = set(range(n))
+            self._count += n
+
+    def produced(self, request_id: str, index: int) -> None:
+        with self._lock:
+            waiting = self._by_request.get(request_id)
+            if waiting is not None and index in waiting:
+                waiting.discard(index)
+                self._count -= 1
+                if not waiting:
+                    del self._by_request[request_id]
+
+    def drop(self, request_id: str) -> None:
+        with self._lock:
+            waiting = self._by_request.pop(request_id, None)
+            if waiting:
+                self._count -= len(waiting)
+
+
 class _Connection:
     """One API server process: its requests and its outbox."""
 
@@ -77,20 +111,27 @@ class _Connection:
         engine = self._host.engine
         if kind == "submit":
             _, seq, request_id, prompt_ids, params, max_waiting = message
-            # The queue is checked here, against the engine's count of now: the servers' counters may be a
-            # STATS_INTERVAL_S old, and several servers feed the one queue.
-            waiting = int(engine.stats().num_waiting)
-            if waiting + params.n > max_waiting:
-                self._outbox.put(("full", seq, waiting))
-                return
-            try:
-                stream = engine.submit({"prompt_token_ids": prompt_ids}, params, request_id=request_id, sink=self)
-            except ValueError as e:
-                self._outbox.put(("error", seq, "value", str(e)))
-                return
-            except RuntimeError as e:  # the engine is shut down
-                self._outbox.put(("error", seq, "runtime", str(e)))
-                return
+            # The queue is checked here, against the engine's count of now and the sequences of every server still
+            # without a token (in prefill too, which the engine's waiting count leaves out): the servers' counters
+            # may be a STATS_INTERVAL_S old, and several servers feed the one queue. One check and submission at a
+            # time, so two servers cannot both take the last place.
+            pending = self._host.pending
+            with self._host.admission:
+                waiting = max(int(engine.stats().num_waiting), pending.count)
+                if waiting + params.n > max_waiting:
+                    self._outbox.put(("full", seq, waiting))
+                    return
+                pending.add(request_id, params.n)  # before the engine has it: its first outputs find it
+                try:
+                    stream = engine.submit({"prompt_token_ids": prompt_ids}, params, request_id=request_id, sink=self)
+                except ValueError as e:
+                    pending.drop(request_id)
+                    self._outbox.put(("error", seq, "value", str(e)))
+                    return
+                except RuntimeError as e:  # the engine is shut down
+                    pending.drop(request_id)
+                    self._outbox.put(("error", seq, "runtime", str(e)))
+                    return
             with self._lock:
                 self._streams[request_id] = stream
                 if stream.finished:  # it ended before it was registered here
@@ -142,10 +183,14 @@ class _Connection:
             return encode(item)
         out = []
         ended = []
+        pending = self._host.pending
         for stream, delta in item:
             out.append((stream.request_id, None if delta is None else pack_delta(delta)))
             if delta is None:
                 ended.append(stream.request_id)
+                pending.drop(stream.request_id)
+            elif delta.outputs[0].token_ids or delta.outputs[0].finish_reason:
+                pending.produced(stream.request_id, delta.outputs[0].index)
         if ended:
             with self._lock:
                 for request_id in ended:
@@ -170,6 +215,7 @@ class _Connection:
             self._streams.clear()
         for stream in streams:  # nobody reads their outputs any more: free their pages
             stream.abort()
+            self._host.pending.drop(stream.request_id)
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -194,6 +240,8 @@ class EngineHost:
         self._lock = threading.Lock()
         self._metrics_arrived = threading.Condition(self._lock)
         self._gathering: dict[int, list[Any]] = {}
+        self.pending = _PendingSequences()
+        self.admission = threading.Lock()  # a submission's queue check and its engine.submit, together
         self._tokens = itertools.count()
         self._count = 0
         self._closed = False
