@@ -213,6 +213,8 @@ NB_MODULE(_deepinfer, m) {
       .def_ro("bos_token_id", &ModelConfig::bos_token_id)
       .def_prop_ro("latent_dim", &ModelConfig::latent_dim)
       .def_prop_ro("fp8", [](const ModelConfig& c) { return c.fp8.enabled; })
+      .def_prop_ro("fp8_activations", [](const ModelConfig& c) { return c.fp8.activations; },
+                   "Whether the FP8 checkpoint quantizes activations too (W8A8); false: weight-only FP8.")
       .def_prop_ro("int4_format",
                    [](const ModelConfig& c) -> std::string {
                      switch (c.int4.format) {

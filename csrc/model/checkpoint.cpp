@@ -16,7 +16,10 @@ namespace deepinfer {
 namespace {
 
 constexpr std::string_view kIndexFileName = "model.safetensors.index.json";
+// An FP8 weight's scales: DeepSeek's checkpoints name them NAME_scale_inv, compressed-tensors' NAME_scale (the same
+// multiplier of the e4m3 values: w = q * s).
 constexpr std::string_view kScaleSuffix = "_scale_inv";
+constexpr std::string_view kCompressedTensorsScaleSuffix = "_scale";
 constexpr int64_t kParallelElements = int64_t{1} << 18;
 
 // 16-bit floats -> fp32. The mapping may leave tensors unaligned, so elements are loaded with memcpy.
@@ -198,10 +201,17 @@ std::vector<float> Checkpoint::fp8_scales(std::string_view name, std::array<int6
            "; only 2-D block-scaled FP8 weights are supported");
   DI_CHECK(fp8_block[0] > 0 && fp8_block[1] > 0, "invalid FP8 block size [", fp8_block[0], ", ",
            fp8_block[1], "]");
-  const std::string scale_name = str_cat(name, kScaleSuffix);
-  const auto scale_it = tensors_.find(scale_name);
+  std::string scale_name = str_cat(name, kScaleSuffix);
+  auto scale_it = tensors_.find(scale_name);
+  if (scale_it == tensors_.end()) {
+    const auto other = tensors_.find(str_cat(name, kCompressedTensorsScaleSuffix));
+    if (other != tensors_.end()) {
+      scale_name = other->first;
+      scale_it = other;
+    }
+  }
   DI_CHECK(scale_it != tensors_.end(), "FP8 tensor ", name, " in file ", file, " has no scale tensor ",
-           scale_name, " in checkpoint ", dir_);
+           scale_name, " (or ", name, kCompressedTensorsScaleSuffix, ") in checkpoint ", dir_);
   const TensorInfo& scale = *scale_it->second.tensor;
   const std::filesystem::path& scale_file = files_[scale_it->second.file_index].path();
   const int64_t cols = t.shape[1];

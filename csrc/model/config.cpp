@@ -126,16 +126,46 @@ void check_fp4_group(const json& w, Fp4Format format, const std::string& at) {
   DI_CHECK_ARG(get_or<bool>(w, "symmetric", true), at, ".weights.symmetric is false: FP4 weights are symmetric");
 }
 
-// compressed-tensors checkpoints (what llm-compressor writes): pack-quantized W4A16 integer weights, or NVFP4 /
-// MXFP4 float weights. Every config group must use one format and one scheme (the loader reads one group size and
+// One config group's block-scaled FP8 weights, DeepSeek's layout in compressed-tensors' terms (llm-compressor's
+// FP8_BLOCK: e4m3 weights, a scale per 128 x 128 block, activations quantized dynamically per token per 128 channels,
+// or not at all). Returns whether the group quantizes activations.
+bool check_fp8_block_group(const json& group, const std::string& at) {
+  const auto w = group.find("weights");
+  DI_CHECK_ARG(w != group.end() && w->is_object(), at, ".weights is missing: the group quantizes no weights");
+  const int64_t bits = get_or<int64_t>(*w, "num_bits", 0);
+  const std::string type = get_or<std::string>(*w, "type", "");
+  DI_CHECK_ARG(bits == 8 && type == "float", at, ".weights is ", bits, "-bit '", type, "': 'float-quantized' ",
+               "checkpoints are read as 8-bit 'float' (e4m3) weights");
+  const std::string strategy = get_or<std::string>(*w, "strategy", "");
+  const auto blocks = w->find("block_structure");
+  const bool block_128 = strategy == "block" && blocks != w->end() && *blocks == json::array({128, 128});
+  DI_CHECK_ARG(block_128, at, ".weights: strategy '", strategy, "'", blocks != w->end() ? " block_structure " : "",
+               blocks != w->end() ? blocks->dump() : "", " is not supported; FP8 weights are read with a scale per ",
+               "128 x 128 block (strategy 'block', block_structure [128, 128], as DeepSeek's FP8 release)");
+  DI_CHECK_ARG(!get_or<bool>(*w, "dynamic", false) && get_or<bool>(*w, "symmetric", true), at,
+               ".weights: dynamic or asymmetric FP8 weight scales are not supported");
+  const auto in = group.find("input_activations");
+  if (in == group.end() || in->is_null()) return false;
+  const std::string in_strategy = get_or<std::string>(*in, "strategy", "");
+  DI_CHECK_ARG(get_or<int64_t>(*in, "num_bits", 0) == 8 && get_or<std::string>(*in, "type", "") == "float" &&
+                   get_or<bool>(*in, "dynamic", false) &&
+                   (in_strategy == "token" || (in_strategy == "group" && get_or<int64_t>(*in, "group_size", 0) == 128)),
+               at, ".input_activations ", in->dump(), " is not supported: FP8 activations are quantized dynamically, ",
+               "per token per 128 channels (strategy 'group', group_size 128, or 'token')");
+  return true;
+}
+
+// compressed-tensors checkpoints (what llm-compressor writes): pack-quantized W4A16 integer weights, NVFP4 / MXFP4
+// float weights, or block-scaled FP8 weights (float-quantized). Every config group must use one format and one scheme (the loader reads one group size and
 // one symmetry from here; the tensors say which layers are quantized).
 void parse_compressed_tensors(const json& q, ModelConfig& c) {
   const std::string where = "config.json: quantization_config";
   const std::string format = get_or<std::string>(q, "format", "");
-  DI_CHECK_ARG(format == "pack-quantized" || format == "mixed-precision" || compressed_tensors_fp4(format) !=
-               Fp4Format::kNone, where, ".format '", format, "' is not supported: DeepInfer reads compressed-tensors' ",
-               "'pack-quantized' 4-bit integer weights (W4A16) and 'nvfp4-pack-quantized' / 'mxfp4-pack-quantized' ",
-               "FP4 weights");
+  DI_CHECK_ARG(format == "pack-quantized" || format == "mixed-precision" || format == "float-quantized" ||
+                   compressed_tensors_fp4(format) != Fp4Format::kNone,
+               where, ".format '", format, "' is not supported: DeepInfer reads compressed-tensors' ",
+               "'pack-quantized' 4-bit integer weights (W4A16), 'nvfp4-pack-quantized' / 'mxfp4-pack-quantized' ",
+               "FP4 weights and 'float-quantized' block-scaled FP8 weights");
   auto groups = q.find("config_groups");
   DI_CHECK_ARG(groups != q.end() && groups->is_object() && !groups->empty(), where,
                ".config_groups is missing or empty");
@@ -147,13 +177,20 @@ void parse_compressed_tensors(const json& q, ModelConfig& c) {
     DI_CHECK_ARG(group.is_object(), at, " is not an object");
     const std::string group_format = get_or<std::string>(group, "format", format);
     const Fp4Format fp4 = compressed_tensors_fp4(group_format);
-    DI_CHECK_ARG(group_format == "pack-quantized" || fp4 != Fp4Format::kNone, at, ".format '", group_format,
-                 "' is not supported (4-bit weights are: 'pack-quantized', 'nvfp4-pack-quantized', "
-                 "'mxfp4-pack-quantized')");
+    DI_CHECK_ARG(group_format == "pack-quantized" || group_format == "float-quantized" || fp4 != Fp4Format::kNone,
+                 at, ".format '", group_format, "' is not supported (the formats read are 'pack-quantized', "
+                 "'nvfp4-pack-quantized', 'mxfp4-pack-quantized' and 'float-quantized')");
     DI_CHECK_ARG(!common_format || *common_format == group_format, at, ".format '", group_format, "' differs from ",
-                 "another group's '", *common_format, "'; one 4-bit format for every layer is supported");
+                 "another group's '", *common_format, "'; one quantized format for every layer is supported");
     common_format = group_format;
     for (std::string& t : string_list(group, "targets", at)) targets.push_back(std::move(t));
+    if (group_format == "float-quantized") {
+      const bool activations = check_fp8_block_group(group, at);
+      DI_CHECK_ARG(!c.fp8.enabled || c.fp8.activations == activations, at, ": quantizes activations where another ",
+                   "group does not (or the other way round); one FP8 scheme for every layer is supported");
+      c.fp8 = {.enabled = true, .block_rows = 128, .block_cols = 128, .scale_fmt = "", .activations = activations};
+      continue;
+    }
     auto w = group.find("weights");
     DI_CHECK_ARG(w != group.end() && w->is_object(), at, ".weights is missing: the group quantizes no weights");
     if (fp4 != Fp4Format::kNone) {

@@ -37,6 +37,9 @@ struct Fp8Config {
   int64_t block_rows = 128;
   int64_t block_cols = 128;
   std::string scale_fmt;            // "" or "ue8m0"
+  // The checkpoint quantizes activations too (W8A8: DeepSeek's, compressed-tensors' FP8_BLOCK); false: its weights
+  // only (compressed-tensors' block-FP8 group without input_activations), which the engine then runs as W8A16.
+  bool activations = true;
 };
 
 // A checkpoint whose linear layers are stored in 4 bits (model/int4.h has the layouts). Which layers are quantized is

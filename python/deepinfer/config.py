@@ -102,9 +102,10 @@ class WeightFormat:
 
 
 def resolve_weight_format(q: "QuantizationConfig | None", fp8_checkpoint: bool, int4_checkpoint: str,
-                          device: str, fp4_checkpoint: str = "") -> WeightFormat:
+                          device: str, fp4_checkpoint: str = "", fp8_activations: bool = True) -> WeightFormat:
     """The engine's (and the plan's) reading of `quantization` against the checkpoint (config.json's
-    quantization_config: FP8, the 4-bit integer `int4_checkpoint` format or the FP4 `fp4_checkpoint` one). A quantized
+    quantization_config: FP8, with activations or weight-only (`fp8_activations`), the 4-bit integer `int4_checkpoint`
+    format or the FP4 `fp4_checkpoint` one). A quantized
     checkpoint stays as stored unless asked otherwise, as vLLM runs it. Raises ValueError for what cannot be, before a
     weight is read."""
     if fp4_checkpoint:
@@ -112,8 +113,8 @@ def resolve_weight_format(q: "QuantizationConfig | None", fp8_checkpoint: bool, 
             raise ValueError(f"quantization={q.method!r} on a checkpoint of FP4 weights ({fp4_checkpoint}): it is "
                              "already quantized; leave quantization unset to run it as stored")
         return WeightFormat(fp4=fp4_checkpoint)
-    if q is None:
-        stored = WeightFormat(fp8_weights=fp8_checkpoint, int4=int4_checkpoint)
+    if q is None:  # as stored; an FP8 checkpoint that quantizes weights only runs W8A16
+        stored = WeightFormat(fp8_weights=fp8_checkpoint, fp8_activations=fp8_activations, int4=int4_checkpoint)
     elif q.method == "fp8":
         if int4_checkpoint:
             raise ValueError(f"quantization='fp8' on a checkpoint of 4-bit weights ({int4_checkpoint}): it is already "

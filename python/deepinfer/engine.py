@@ -447,7 +447,8 @@ class DeepInferenceEngine:
         linear layers at load. Refuses, from config.json alone, what cannot run (a 4-bit checkpoint quantized
         again)."""
         c = self.model_config
-        return resolve_weight_format(config.quantization, c.fp8, c.int4_format, device, c.fp4_format)
+        return resolve_weight_format(config.quantization, c.fp8, c.int4_format, device, c.fp4_format,
+                                     c.fp8_activations)
 
     def _load_tokenizer(self, config: EngineConfig, model_dir: Path) -> Tokenizer:
         tok_dir = Path(config.tokenizer).expanduser() if config.tokenizer else model_dir

@@ -56,6 +56,7 @@ class ModelDims:
     int4_group_size: int = 128  # its inputs a scale covers (-1: a whole row)
     int4_symmetric: bool = False  # its weights have no zero points
     fp4_checkpoint: str = ""   # its FP4 weights: "nvfp4", "mxfp4", "modelopt-nvfp4" or "" (none)
+    fp8_activations: bool = True  # an FP8 checkpoint quantizes activations too (W8A8); False: weight-only
     # The linear modules (LAYER_LINEARS' names) a quantized checkpoint's config leaves in their dtype: its
     # ignore / modules_to_not_convert / exclude_modules lists, or targets that leave them out.
     unquantized_linears: frozenset[str] = frozenset()
@@ -93,6 +94,7 @@ class ModelDims:
                    int4_group_size=getattr(c, "int4_group_size", 128) if getattr(c, "int4_format", "") else 128,
                    int4_symmetric=getattr(c, "int4_symmetric", False) if getattr(c, "int4_format", "") else False,
                    fp4_checkpoint=getattr(c, "fp4_format", ""),
+                   fp8_activations=getattr(c, "fp8_activations", True),
                    unquantized_linears=_unquantized_linears(c))
 
 

@@ -190,7 +190,8 @@ def plan_memory(d: ModelDims, config: EngineConfig, *, gpus: int | None = None, 
     if device == "cuda" and gpu_memory_bytes is None:
         raise ValueError("a plan for GPUs needs the memory of one: give --gpu-memory-gb, in GiB (80 for an H100, "
                          "141 for an H200), or --device cpu for the CPU backend")
-    f = resolve_weight_format(config.quantization, d.fp8_checkpoint, d.int4_checkpoint, device, d.fp4_checkpoint)
+    f = resolve_weight_format(config.quantization, d.fp8_checkpoint, d.int4_checkpoint, device, d.fp4_checkpoint,
+                              d.fp8_activations)
     linear_format, format_name = _weight_format(f, device)
     mtp_layers = 1 if config.speculative_config is not None else 0
     if mtp_layers and d.num_nextn_predict_layers < 1:

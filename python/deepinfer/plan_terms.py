@@ -94,9 +94,10 @@ class _Tally:
 
     def linear(self, rows: int, cols: int, matrices: int = 1, quantized: bool = True) -> None:
         """A linear layer's [rows, cols] weight (`matrices` of them stacked, the experts); `quantized` False: one the
-        checkpoint keeps in its dtype, a matrix in the compute dtype."""
+        checkpoint keeps in its dtype, which a 4-bit checkpoint's loader keeps so (a matrix in the compute dtype) and
+        an FP8 one's quantizes to FP8 at load as a bf16 checkpoint's."""
         n = matrices * rows * cols
-        if not quantized:
+        if not quantized and self.linear_format in ("int4", "fp4"):
             self.matrix(n)
         elif self.linear_format == "fp8":
             self._add(FP8, n)

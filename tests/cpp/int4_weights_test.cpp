@@ -323,8 +323,11 @@ TEST(Int4Config, RefusesWhatItCannotLoad) {
   q["config_groups"]["group_0"]["weights"]["num_bits"] = 8;
   expect_error([&] { parse(q); }, {"config_groups.group_0.weights.num_bits is 8", "only 4-bit"});
   q = ct_quantization(true, 32);
-  q["format"] = "float-quantized";
-  expect_error([&] { parse(q); }, {"format 'float-quantized' is not supported"});
+  q["format"] = "int-quantized";  // compressed-tensors' INT8 (W8A8) layout
+  expect_error([&] { parse(q); }, {"format 'int-quantized' is not supported"});
+  q = ct_quantization(true, 32);
+  q["format"] = "float-quantized";  // block FP8 is read; these 4-bit int weights are not FP8
+  expect_error([&] { parse(q); }, {"group_0.weights is 4-bit 'int'", "8-bit 'float'"});
   q = ct_quantization(true, 32);
   q["config_groups"]["group_0"]["weights"]["actorder"] = "group";
   expect_error([&] { parse(q); }, {"actorder"});

@@ -94,6 +94,85 @@ def test_fp8_checkpoint_loads_to_exactly_the_dequantized_weights(bf16_checkpoint
     engine.shutdown()
 
 
+def compress_fp8_block(tensors: dict, weight_only: bool = False) -> tuple[dict, dict, dict]:
+    """llm-compressor's FP8_BLOCK checkpoint of `tensors`, written by compressed-tensors itself: e4m3 `weight` and a
+    float32 `weight_scale` per 128 x 128 block from the library's own qparams and compressor; (the tensors, config.json's
+    quantization_config, the weights as the library decompresses them)."""
+    from compressed_tensors.compressors.naive_quantized.base import FloatQuantizationCompressor
+    from compressed_tensors.quantization import QuantizationConfig, preset_name_to_scheme
+    from compressed_tensors.quantization.utils.helpers import calculate_qparams
+
+    scheme = preset_name_to_scheme("FP8_BLOCK", ["Linear"])
+    if weight_only:
+        scheme.input_activations = None
+    out, dequantized = {}, {}
+    for name, t in tensors.items():
+        if not is_quantized_linear(name, t):
+            out[name] = dequantized[name] = t
+            continue
+        w = t.float()
+        rows, cols = w.shape
+        br, bc = -(-rows // BLOCK), -(-cols // BLOCK)
+        padded = torch.zeros(br * BLOCK, bc * BLOCK)
+        padded[:rows, :cols] = w
+        blocks = padded.reshape(br, BLOCK, bc, BLOCK).transpose(1, 2)
+        scale, _ = calculate_qparams(blocks.amin(dim=(-1, -2)), blocks.amax(dim=(-1, -2)), scheme.weights)
+        packed = FloatQuantizationCompressor.compress({"weight": w, "weight_scale": scale}, scheme)
+        module = name.removesuffix(".weight")
+        out[name], out[f"{module}.weight_scale"] = packed["weight"], packed["weight_scale"]
+        dequantized[name] = FloatQuantizationCompressor.decompress(dict(packed), scheme)["weight"].float()
+    config = QuantizationConfig(config_groups={"group_0": scheme}, format="float-quantized",
+                                ignore=["lm_head", "re:.*mlp\\.gate$"], quantization_status="compressed")
+    return out, config.model_dump(mode="json"), dequantized
+
+
+@pytest.mark.parametrize("weight_only", [False, True], ids=["w8a8", "w8a16"])
+def test_compressed_tensors_fp8_block_checkpoints_load_as_deepseeks(bf16_checkpoint, tmp_path, weight_only):
+    """compressed-tensors' block FP8 (float-quantized, FP8_BLOCK: DeepSeek's layout under other names) loads as
+    DeepSeek's FP8 checkpoints do: the engine computes with exactly the weights compressed-tensors decompresses, and
+    matches transformers in fp32 on them. Without input_activations the checkpoint is weight-only: W8A16."""
+    from test_int4 import reference_logits, relative_error, write_like
+
+    packed, quantization, dequantized = compress_fp8_block(load_file(bf16_checkpoint / "model.safetensors"),
+                                                           weight_only)
+    assert sum(k.endswith(".weight_scale") for k in packed) >= 10
+    assert packed["model.layers.0.self_attn.o_proj.weight"].dtype == torch.float8_e4m3fn
+    checkpoint = write_like(bf16_checkpoint, tmp_path / "ct_fp8", packed, quantization)
+    reference = write_like(bf16_checkpoint, tmp_path / "plain", dequantized)
+    config = _deepinfer.load_model_config(str(checkpoint))
+    assert config.fp8 and config.fp8_activations is not weight_only
+    got = last_logits(checkpoint)
+    assert np.array_equal(got, last_logits(reference)), f"max diff {np.abs(got - last_logits(reference)).max()}"
+    assert relative_error(got, reference_logits(reference)) <= 1e-4
+    assert not np.array_equal(got, last_logits(bf16_checkpoint))  # the FP8 rounding is real
+
+    from deepinfer.model_dims import load_model_dims
+    from deepinfer.plan import plan_memory
+
+    plan = plan_memory(load_model_dims(checkpoint), EngineConfig(model_name_or_path=str(checkpoint)),
+                       gpu_memory_bytes=80 << 30)
+    assert plan.weight_format == ("fp8 (W8A16)" if weight_only else "fp8 (W8A8)")
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda g: g["weights"].update(strategy="channel", block_structure=None), "128 x 128 block"),
+    (lambda g: g["weights"].update(block_structure=[64, 64]), "128 x 128 block"),
+    (lambda g: g["weights"].update(num_bits=4), "8-bit 'float'"),
+    (lambda g: g["input_activations"].update(dynamic=False), "quantized dynamically"),
+], ids=["channel", "block-64", "4-bit", "static-activations"])
+def test_compressed_tensors_fp8_schemes_the_kernels_lack_are_refused(tmp_path, change, message):
+    config = json.loads((write_checkpoint(tmp_path / "m", "v3", seed=2) / "config.json").read_text())
+    weights = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "block", "block_structure": [128, 128],
+               "dynamic": False}
+    acts = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "group", "group_size": 128, "dynamic": True}
+    group = {"targets": ["Linear"], "weights": weights, "input_activations": acts}
+    change(group)
+    config["quantization_config"] = {"quant_method": "compressed-tensors", "format": "float-quantized",
+                                     "config_groups": {"group_0": group}, "ignore": ["lm_head"]}
+    with pytest.raises(ValueError, match=message):
+        _deepinfer.parse_model_config(json.dumps(config))
+
+
 def torch_fp8_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
     """The checkpoint's linear layers quantized by torch's float8_e4m3fn per 128 x 128 block, dequantized to fp32."""
     out = {}

@@ -176,7 +176,7 @@ def test_a_group_size_the_format_lacks_and_an_unknown_algorithm_are_refused(base
     assert "weights.group_size is 32; NVFP4 scales groups of 16" in message
     q = json.loads(json.dumps(quantization))
     q["config_groups"]["group_1"] = {**q["config_groups"]["group_0"], "format": "pack-quantized"}
-    assert "one 4-bit format for every layer" in load_error(write_like(base["v3"], tmp_path / "m", packed, q))
+    assert "one quantized format for every layer" in load_error(write_like(base["v3"], tmp_path / "m", packed, q))
     message = load_error(write_like(base["v3"], tmp_path / "a", packed, {"quant_method": "modelopt",
                                                                          "quant_algo": "FP8"}))
     assert "quant_algo 'FP8' is not supported" in message
