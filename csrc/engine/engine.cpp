@@ -524,7 +524,8 @@ void Engine::admit_pending() {
   for (auto& p : pending) {
     auto request = std::make_unique<Request>();
     const int32_t limit = options_.speculative_disable_by_batch_size;
-    request->speculates = limit <= 0 || ++in_engine <= limit;
+    ++in_engine;  // this request among them
+    request->speculates = limit <= 0 || in_engine <= limit;
     if (!request->speculates) {
       std::lock_guard lock(mutex_);
       ++stats_.spec_num_requests_not_speculating;
