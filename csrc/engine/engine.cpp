@@ -519,11 +519,11 @@ void Engine::admit_pending() {
     aborts.swap(pending_aborts_);
   }
   // Requests in the engine now, as each admission counts them for speculative_disable_by_batch_size.
+  const int32_t limit = options_.speculative_disable_by_batch_size;
   int64_t in_engine = 0;
   for (const auto& lane : lanes_) in_engine += lane->scheduler.num_running() + lane->scheduler.num_waiting();
   for (auto& p : pending) {
     auto request = std::make_unique<Request>();
-    const int32_t limit = options_.speculative_disable_by_batch_size;
     ++in_engine;  // this request among them
     request->speculates = limit <= 0 || in_engine <= limit;
     if (!request->speculates) {

@@ -128,21 +128,19 @@ void check_fp4_group(const json& w, Fp4Format format, const std::string& at) {
 
 // One config group's block-scaled FP8 weights, DeepSeek's layout in compressed-tensors' terms (llm-compressor's
 // FP8_BLOCK: e4m3 weights, a scale per 128 x 128 block, activations quantized dynamically per token per 128 channels,
-// or not at all). Returns whether the group quantizes activations.
-bool check_fp8_block_group(const json& group, const std::string& at) {
-  const auto w = group.find("weights");
-  DI_CHECK_ARG(w != group.end() && w->is_object(), at, ".weights is missing: the group quantizes no weights");
-  const int64_t bits = get_or<int64_t>(*w, "num_bits", 0);
-  const std::string type = get_or<std::string>(*w, "type", "");
+// or not at all): `w` is the group's weights. Returns whether the group quantizes activations.
+bool check_fp8_block_group(const json& group, const json& w, const std::string& at) {
+  const int64_t bits = get_or<int64_t>(w, "num_bits", 0);
+  const std::string type = get_or<std::string>(w, "type", "");
   DI_CHECK_ARG(bits == 8 && type == "float", at, ".weights is ", bits, "-bit '", type, "': 'float-quantized' ",
                "checkpoints are read as 8-bit 'float' (e4m3) weights");
-  const std::string strategy = get_or<std::string>(*w, "strategy", "");
-  const auto blocks = w->find("block_structure");
-  const bool block_128 = strategy == "block" && blocks != w->end() && *blocks == json::array({128, 128});
-  DI_CHECK_ARG(block_128, at, ".weights: strategy '", strategy, "'", blocks != w->end() ? " block_structure " : "",
-               blocks != w->end() ? blocks->dump() : "", " is not supported; FP8 weights are read with a scale per ",
+  const std::string strategy = get_or<std::string>(w, "strategy", "");
+  const auto blocks = w.find("block_structure");
+  const bool block_128 = strategy == "block" && blocks != w.end() && *blocks == json::array({128, 128});
+  DI_CHECK_ARG(block_128, at, ".weights: strategy '", strategy, "'", blocks != w.end() ? " block_structure " : "",
+               blocks != w.end() ? blocks->dump() : "", " is not supported; FP8 weights are read with a scale per ",
                "128 x 128 block (strategy 'block', block_structure [128, 128], as DeepSeek's FP8 release)");
-  DI_CHECK_ARG(!get_or<bool>(*w, "dynamic", false) && get_or<bool>(*w, "symmetric", true), at,
+  DI_CHECK_ARG(!get_or<bool>(w, "dynamic", false) && get_or<bool>(w, "symmetric", true), at,
                ".weights: dynamic or asymmetric FP8 weight scales are not supported");
   const auto in = group.find("input_activations");
   if (in == group.end() || in->is_null()) return false;
@@ -156,8 +154,8 @@ bool check_fp8_block_group(const json& group, const std::string& at) {
 }
 
 // compressed-tensors checkpoints (what llm-compressor writes): pack-quantized W4A16 integer weights, NVFP4 / MXFP4
-// float weights, or block-scaled FP8 weights (float-quantized). Every config group must use one format and one scheme (the loader reads one group size and
-// one symmetry from here; the tensors say which layers are quantized).
+// float weights, or block-scaled FP8 weights (float-quantized). Every config group must use one format and one
+// scheme (the loader reads one group size and one symmetry from here; the tensors say which layers are quantized).
 void parse_compressed_tensors(const json& q, ModelConfig& c) {
   const std::string where = "config.json: quantization_config";
   const std::string format = get_or<std::string>(q, "format", "");
@@ -184,15 +182,15 @@ void parse_compressed_tensors(const json& q, ModelConfig& c) {
                  "another group's '", *common_format, "'; one quantized format for every layer is supported");
     common_format = group_format;
     for (std::string& t : string_list(group, "targets", at)) targets.push_back(std::move(t));
+    auto w = group.find("weights");
+    DI_CHECK_ARG(w != group.end() && w->is_object(), at, ".weights is missing: the group quantizes no weights");
     if (group_format == "float-quantized") {
-      const bool activations = check_fp8_block_group(group, at);
+      const bool activations = check_fp8_block_group(group, *w, at);
       DI_CHECK_ARG(!c.fp8.enabled || c.fp8.activations == activations, at, ": quantizes activations where another ",
                    "group does not (or the other way round); one FP8 scheme for every layer is supported");
       c.fp8 = {.enabled = true, .block_rows = 128, .block_cols = 128, .scale_fmt = "", .activations = activations};
       continue;
     }
-    auto w = group.find("weights");
-    DI_CHECK_ARG(w != group.end() && w->is_object(), at, ".weights is missing: the group quantizes no weights");
     if (fp4 != Fp4Format::kNone) {
       check_fp4_group(*w, fp4, at);
       c.fp4 = {.format = fp4, .group_size = fp4 == Fp4Format::kNvfp4CompressedTensors ? 16 : 32};

@@ -105,7 +105,7 @@ struct ModelConfig {
   Fp8Config fp8;
   Int4Config int4;
   Fp4Config fp4;
-  QuantizedModules quantized_modules;    // a 4-bit checkpoint's targets and layers left unquantized, as listed
+  QuantizedModules quantized_modules;    // a quantized checkpoint's targets and layers left unquantized, as listed
   int64_t num_nextn_predict_layers = 0;  // MTP layers stored after the main layers
   std::vector<int32_t> eos_token_ids;
   std::optional<int32_t> bos_token_id;

@@ -18,7 +18,7 @@ class QuantizedModules {
   enum class Matching : uint8_t {
     kCompressedTensors,  // "re:PATTERN" matches from the name's start (Python's re.match), else the exact name;
                          // the class name "Linear" as a target matches every linear module
-    kSubstring,          // AutoAWQ / transformers' modules_to_not_convert: a key anywhere in the name
+    kSubstring,          // AutoAWQ's modules_to_not_convert, as vLLM reads it: a key anywhere in the name
     kGlob,               // ModelOpt's exclude_modules: '*' and '?' wildcards over the name or a dotted prefix of it
   };
 

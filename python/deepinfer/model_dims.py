@@ -80,6 +80,7 @@ class ModelDims:
     @classmethod
     def from_config(cls, c: Any) -> "ModelDims":
         """From the extension's ModelConfig."""
+        int4 = getattr(c, "int4_format", "")  # an extension built before a field was added lacks it
         return cls(version=c.version, vocab_size=c.vocab_size, hidden_size=c.hidden_size,
                    intermediate_size=c.intermediate_size, moe_intermediate_size=c.moe_intermediate_size,
                    num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
@@ -90,9 +91,9 @@ class ModelDims:
                    moe_layer_freq=c.moe_layer_freq, max_position_embeddings=c.max_position_embeddings,
                    tie_word_embeddings=c.tie_word_embeddings, fp8_checkpoint=c.fp8,
                    num_nextn_predict_layers=c.num_nextn_predict_layers,
-                   int4_checkpoint=getattr(c, "int4_format", ""),
-                   int4_group_size=getattr(c, "int4_group_size", 128) if getattr(c, "int4_format", "") else 128,
-                   int4_symmetric=getattr(c, "int4_symmetric", False) if getattr(c, "int4_format", "") else False,
+                   int4_checkpoint=int4,
+                   int4_group_size=c.int4_group_size if int4 else 128,
+                   int4_symmetric=c.int4_symmetric if int4 else False,
                    fp4_checkpoint=getattr(c, "fp4_format", ""),
                    fp8_activations=getattr(c, "fp8_activations", True),
                    unquantized_linears=_unquantized_linears(c))
