@@ -47,7 +47,7 @@ cuda-build:
 	  grep "C7518" build/cuda_build.log; \
 	  echo "ptxas serialized a kernel's wgmma instructions (C7518: accumulators touched in divergent code)"; exit 1; \
 	fi && \
-	for bench in mla_decode moe sample; do \
+	for bench in mla_decode moe sample fp8_skinny; do \
 	  BUILD_ONLY=1 NVCC=$(NVCC) OUT=build/kernel_bench/$$bench BUILD=build/kernel_bench/$$bench \
 	    bash benchmarks/gpu/run_$$bench.sh > build/kernel_bench_$$bench.log 2>&1 || \
 	    { tail -n 40 build/kernel_bench_$$bench.log; echo "run_$$bench.sh does not build"; exit 1; }; \

@@ -202,8 +202,8 @@ INSTANTIATE_TEST_SUITE_P(CudaFp8Gemm, CudaFp8VsCpu, ::testing::Range<size_t>(0, 
                          });
 
 // Every finite e4m3 code through the skinny kernel, bit for bit: one-hot activations pick single weight columns, so
-// out[t][n] = e4m3(code[n][t]) * scale exactly (the widening to bf16 and the rebias multiply lose nothing, subnormal
-// codes included). Two scale block rows with different power-of-two scales.
+// out[t][n] = e4m3(code[n][t]) * scale exactly (the widening to fp16 and the activations' power-of-two rescale lose
+// nothing, subnormal codes included). Two scale block rows with different power-of-two scales.
 TEST(CudaFp8Gemm, SkinnyKernelDecodesEveryCodeExactly) {
   DEEPINFER_REQUIRE_CUDA_DEVICE();
   const std::unique_ptr<Backend> cuda = make_cuda_backend(0, cuda::CudaTuning::from_env());

@@ -1,11 +1,14 @@
-// Kernels of fp8_convert.cuh. Both are memory-bound one-pass loops: a thread widens 16 codes (one 16-byte load), a
-// warp quantizes one 128-channel block of one token (four values a lane, the block's amax by shuffles).
+// Kernels of fp8_convert.cuh. All are memory-bound loops: a thread widens 16 codes (one 16-byte load), a warp quantizes
+// one 128-channel block of one token (four values a lane, the block's amax by shuffles), a CTA rescales one token's
+// row into fp16 (its amax over the row, then the row again from L1).
 #include "backend/cuda/gemm/fp8_convert.cuh"
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 
 #include "backend/cuda/runtime/cuda_check.h"
@@ -124,11 +127,78 @@ __global__ void __launch_bounds__(kThreads) quantize_fp8_activations_kernel(cons
   }
 }
 
+struct RescaleArgs {
+  const uint16_t* x;
+  int64_t k, row_stride;
+  uint16_t* out;
+  float* unscale;
+};
+
+__device__ __forceinline__ __nv_bfloat162 as_bf16x2(uint32_t bits) { return *reinterpret_cast<__nv_bfloat162*>(&bits); }
+
+// The exponent e of rescale_activations_to_f16 for a row whose largest magnitude is amax: 2^(15 - frexp exponent),
+// kept where both 2^e and 2^-e are normal floats.
+__device__ __forceinline__ int rescale_exponent(float amax) {
+  if (!(amax > 0.0f) || !isfinite(amax)) return 0;
+  int exponent = 0;
+  frexpf(amax, &exponent);  // amax = m * 2^exponent, m in [0.5, 1)
+  return min(max(15 - exponent, -126), 126);
+}
+
+__global__ void __launch_bounds__(kThreads) rescale_to_f16_kernel(const __grid_constant__ RescaleArgs a) {
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
+  __shared__ float warp_amax[kThreads / 32];
+  const int64_t t = blockIdx.x, vectors = a.k / 8;
+  const auto* row = reinterpret_cast<const uint4*>(a.x + t * a.row_stride);
+  __nv_bfloat162 amax2 = __float2bfloat162_rn(0.0f);
+  for (int64_t v = threadIdx.x; v < vectors; v += kThreads) {
+    const uint4 p = __ldg(row + v);
+    amax2 = __hmax2(amax2, __hmax2(__hmax2(__habs2(as_bf16x2(p.x)), __habs2(as_bf16x2(p.y))),
+                                   __hmax2(__habs2(as_bf16x2(p.z)), __habs2(as_bf16x2(p.w)))));
+  }
+  float amax = fmaxf(__low2float(amax2), __high2float(amax2));
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+  if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = amax;
+  __syncthreads();
+  amax = warp_amax[0];
+#pragma unroll
+  for (int w = 1; w < kThreads / 32; ++w) amax = fmaxf(amax, warp_amax[w]);
+  const int e = rescale_exponent(amax);
+  const float scale = ldexpf(1.0f, e);
+  if (threadIdx.x == 0) a.unscale[t] = ldexpf(1.0f, -e);
+  auto* out = reinterpret_cast<uint4*>(a.out + t * a.k);
+  for (int64_t v = threadIdx.x; v < vectors; v += kThreads) {
+    const uint4 p = __ldg(row + v);
+    const uint32_t in[4] = {p.x, p.y, p.z, p.w};
+    uint32_t h[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __bfloat1622float2(as_bf16x2(in[i]));
+      const __half2 pair = __floats2half2_rn(f.x * scale, f.y * scale);
+      h[i] = *reinterpret_cast<const uint32_t*>(&pair);
+    }
+    out[v] = make_uint4(h[0], h[1], h[2], h[3]);
+  }
+}
+
 unsigned grid_for(int64_t items, int64_t per_cta) {
   return static_cast<unsigned>(std::clamp<int64_t>((items + per_cta - 1) / per_cta, 1, 132 * 16));
 }
 
 }  // namespace
+
+void rescale_activations_to_f16(const uint16_t* x, int64_t tokens, int64_t k, int64_t row_stride, uint16_t* out,
+                                float* unscale, LaunchStream stream) {
+  DI_CHECK(tokens > 0 && tokens <= INT32_MAX && k > 0 && k % 8 == 0 && row_stride % 8 == 0 &&
+               reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0,
+           "rescale_activations_to_f16: ", tokens, " tokens of K ", k, " (row stride ", row_stride,
+           "): needs K and the stride multiples of 8 and 16-byte aligned rows");
+  const RescaleArgs args{.x = x, .k = k, .row_stride = row_stride, .out = out, .unscale = unscale};
+  launch_pdl(rescale_to_f16_kernel, {.grid = dim3(static_cast<unsigned>(tokens)), .block = dim3(kThreads)}, stream,
+             args);
+}
 
 void dequantize_fp8_rows(const uint8_t* codes, const float* scale_inv, int64_t first_row, int64_t rows, int64_t k,
                          void* out, bool out_f32, LaunchStream stream) {

@@ -1,4 +1,4 @@
-// FP8 skinny GEMM kernel: block-scaled e4m3 weights streamed once, widened to bf16 in registers, through mma.sync
+// FP8 skinny GEMM kernel: block-scaled e4m3 weights streamed once, widened to fp16 in registers, through mma.sync
 // with the tokens as the MMA's 8-wide N side (1, 2, 4 or 8 column tiles: up to 64 tokens share each weight read).
 //
 // The layout follows the bf16 skinny GEMM (skinny_gemm.cu): the grid's CTAs are split between the problems, a CTA of
@@ -7,22 +7,23 @@
 // r + 8 (r = lane / 4), which feed four m16n8k16 MMAs. As in the bf16 kernel the MMA's K slots are a free
 // permutation of the physical k: lane q (= lane % 4) gives physical k 16q + 4j .. 16q + 4j + 3 to MMA j's slots
 // {2q, 2q+1, 2q+8, 2q+9}, for the weights and the activations alike, so every weight load is one vector and every
-// activation load two (16 bf16 values of one token).
+// activation load two (16 fp16 values of one token).
 //
 // Block scales: a 64-wide step lies inside one 128-wide K block, so each step's four MMAs start from zero and their
 // sum is added to the accumulators times the step's scale (row r's and row r + 8's: a 16-row tile may straddle a
 // 128-row block edge only in a gated projection whose halves are not multiples of 16 rows, and one scale per
 // accumulator row keeps that right too). The scales are weights as well: loaded with the codes, before the wait.
 //
-// e4m3 -> bf16 is exact: each code goes into the high byte of a 16-bit half, its exponent and mantissa are shifted
-// into bf16's exponent and mantissa fields (an e4m3 subnormal lands on a bf16 subnormal of the same mantissa), and
-// one bf16x2 multiply by 2^120 rebiases the exponent (7 -> 127). Every e4m3 value is a bf16 value, so the product
-// is exact; the NaN codes (0x7f, 0xff) come out as +-480, which no checkpoint holds.
+// Why fp16: e4m3 -> fp16 is one exact instruction for two codes (every e4m3 value is an fp16 value), where e4m3 ->
+// bf16 takes about five (bit shuffles and a rebias multiply); with half the instructions between its loads the kernel
+// is faster at 64 tokens and even at fewer (it is bound by the bytes it has in flight: benchmarks/results/
+// fp8_h200.md). The activations come rescaled into fp16 by a power of two per token (fp8_convert.cuh), which keeps
+// every bf16 value the products can notice exact; the accumulators are multiplied back before the epilogue, so the
+// result is the W8A16 product of the bf16 activations.
 #include "backend/cuda/gemm/fp8_skinny_gemm.cuh"
+#include "backend/cuda/gemm/fp8_convert.cuh"
 #include "backend/cuda/gemm/skinny_epilogue.cuh"
 #include "backend/cuda/gemm/skinny_tile_layout.h"
-
-#include <cuda_bf16.h>
 
 #include <algorithm>
 #include <climits>
@@ -36,8 +37,9 @@
 namespace deepinfer::cuda {
 namespace {
 
-using ptx::ld_stream_16;
-using ptx::mma_bf16_16816;
+using ptx::e4m3x4_to_f16x4;
+using ptx::ld_stream_16_if;
+using ptx::mma_f16_16816;
 
 constexpr int kWarps = kSkinnyWarps;
 constexpr int kThreads = kWarps * 32;
@@ -49,18 +51,6 @@ struct Fp8SkinnyKernelArgs {
   int tiles[kFp8SkinnyMaxProblems] = {};
   int block_begin[kFp8SkinnyMaxProblems + 1] = {};
 };
-
-// Four e4m3 codes (byte i = code i) as two bf16x2 registers: lo = codes 0, 1; hi = codes 2, 3 (the first code of a
-// pair in the low half).
-__device__ __forceinline__ void e4m3x4_to_bf16x4(uint32_t codes, uint32_t& lo, uint32_t& hi) {
-  constexpr uint32_t kRebias = 0x7B807B80u;  // bf16x2 {2^120, 2^120}
-  const uint32_t p_lo = __byte_perm(codes, 0u, 0x1404);  // [0, c0, 0, c1]: each code in the high byte of a half
-  const uint32_t p_hi = __byte_perm(codes, 0u, 0x3424);  // [0, c2, 0, c3]
-  const uint32_t b_lo = (p_lo & 0x80008000u) | ((p_lo >> 4) & 0x07f007f0u);
-  const uint32_t b_hi = (p_hi & 0x80008000u) | ((p_hi >> 4) & 0x07f007f0u);
-  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(lo) : "r"(b_lo), "r"(kRebias));
-  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(hi) : "r"(b_hi), "r"(kRebias));
-}
 
 // kTokenTiles 8-token MMA column tiles; kUnroll K steps of weight loads in flight per warp (the next group loads
 // while the current one multiplies). Up to two token tiles and four steps the kernel is held to 128 registers, two
@@ -94,24 +84,26 @@ __global__ void __launch_bounds__(kThreads, (kTokenTiles <= 2 && kUnroll <= 4) ?
   const float* s_a = q.scale_inv + (valid_a ? row_a / kScaleBlock : 0) * k_blocks;
   const float* s_b = q.scale_inv + (valid_b ? row_b / kScaleBlock : 0) * k_blocks;
 
-  const int64_t steps = p.k_dim / kStepK;
-  const int64_t step_begin = steps * slice / warps_per_tile, step_end = steps * (slice + 1) / warps_per_tile;
+  const int steps = static_cast<int>(p.k_dim / kStepK);
+  const int step_begin = steps * slice / warps_per_tile, step_end = steps * (slice + 1) / warps_per_tile;
 
   // Weights and scales are never written by a kernel: the first group goes out before the wait on the previous
   // kernel (programmatic dependent launch); x, its output, is read only after it. Steps past the warp's range load
   // zero codes and a zero scale, which add nothing.
   // The loads in flight are a ring of kUnroll slots: slot u holds step s + u of the group at s, and is refilled with
   // step s + kUnroll + u as soon as its codes are widened, so kUnroll loads stay in flight without a second copy of
-  // the group in registers (which the 128-register variants spilled).
+  // the group in registers. Loads go out in step order, so one pointer a row walks the codes.
   uint4 wa[kUnroll], wb[kUnroll];
   float sa[kUnroll], sb[kUnroll];
-  const auto load_slot = [&](int u, int64_t step) {
+  const uint8_t* next_a = w_a + static_cast<int64_t>(step_begin) * kStepK;
+  const uint8_t* next_b = w_b + static_cast<int64_t>(step_begin) * kStepK;
+  const auto load_slot = [&](int u, int step) {
     const bool in_range = step < step_end;
-    const int64_t k = step * kStepK;
-    wa[u] = in_range && valid_a ? ld_stream_16(w_a + k) : make_uint4(0u, 0u, 0u, 0u);
-    wb[u] = in_range && valid_b ? ld_stream_16(w_b + k) : make_uint4(0u, 0u, 0u, 0u);
-    sa[u] = in_range ? __ldg(s_a + k / kScaleBlock) : 0.0f;
-    sb[u] = in_range ? __ldg(s_b + k / kScaleBlock) : 0.0f;
+    wa[u] = ld_stream_16_if(next_a, in_range && valid_a);
+    wb[u] = ld_stream_16_if(next_b, in_range && valid_b);
+    next_a += kStepK, next_b += kStepK;
+    sa[u] = in_range ? __ldg(s_a + step / 2) : 0.0f;  // two 64-wide steps a 128-wide scale block
+    sb[u] = in_range ? __ldg(s_b + step / 2) : 0.0f;
   };
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) load_slot(u, step_begin + u);
@@ -124,15 +116,14 @@ __global__ void __launch_bounds__(kThreads, (kTokenTiles <= 2 && kUnroll <= 4) ?
   for (int t = 0; t < kTokenTiles; ++t) {
     const int64_t token = r + 8 * t;  // lane group r carries token r of each column tile
     valid_x[t] = token < p.tokens;
-    x_rows[t] = p.x + (valid_x[t] ? token : 0) * p.x_row_stride + lane_k * 16;
+    x_rows[t] = p.x_f16 + (valid_x[t] ? token : 0) * p.k_dim + lane_k * 16 + static_cast<int64_t>(step_begin) * kStepK;
   }
 
   float acc[kTokenTiles][4] = {};
-  for (int64_t s = step_begin; s < step_end; s += kUnroll) {
+  for (int s = step_begin; s < step_end; s += kUnroll) {
     const bool refill = s + kUnroll < step_end;
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t k = (s + u) * kStepK;
       const bool in_range = s + u < step_end;
       const uint32_t codes_a[4] = {wa[u].x, wa[u].y, wa[u].z, wa[u].w};
       const uint32_t codes_b[4] = {wb[u].x, wb[u].y, wb[u].z, wb[u].w};
@@ -140,19 +131,20 @@ __global__ void __launch_bounds__(kThreads, (kTokenTiles <= 2 && kUnroll <= 4) ?
       uint32_t lo_a[4], hi_a[4], lo_b[4], hi_b[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        e4m3x4_to_bf16x4(codes_a[j], lo_a[j], hi_a[j]);
-        e4m3x4_to_bf16x4(codes_b[j], lo_b[j], hi_b[j]);
+        e4m3x4_to_f16x4(codes_a[j], lo_a[j], hi_a[j]);
+        e4m3x4_to_f16x4(codes_b[j], lo_b[j], hi_b[j]);
       }
       if (refill) load_slot(u, s + kUnroll + u);
 #pragma unroll
       for (int t = 0; t < kTokenTiles; ++t) {
-        const uint4 x0 = skinny::load_x(x_rows[t] + k, in_range && valid_x[t]);
-        const uint4 x1 = skinny::load_x(x_rows[t] + k + 8, in_range && valid_x[t]);
+        const uint16_t* x = x_rows[t] + u * kStepK;
+        const uint4 x0 = skinny::load_x(x, in_range && valid_x[t]);
+        const uint4 x1 = skinny::load_x(x + 8, in_range && valid_x[t]);
         const uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
         float step_acc[4] = {};
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          mma_bf16_16816(step_acc, lo_a[j], lo_b[j], hi_a[j], hi_b[j], xw[2 * j], xw[2 * j + 1]);
+          mma_f16_16816(step_acc, lo_a[j], lo_b[j], hi_a[j], hi_b[j], xw[2 * j], xw[2 * j + 1]);
         }
         // Accumulator registers 0, 1 are row r, registers 2, 3 row r + 8.
         acc[t][0] = fmaf(step_acc[0], scale_a, acc[t][0]);
@@ -161,8 +153,19 @@ __global__ void __launch_bounds__(kThreads, (kTokenTiles <= 2 && kUnroll <= 4) ?
         acc[t][3] = fmaf(step_acc[3], scale_b, acc[t][3]);
       }
     }
+#pragma unroll
+    for (int t = 0; t < kTokenTiles; ++t) x_rows[t] += kUnroll * kStepK;
   }
 
+  // Back to x's scale: accumulator registers 0, 2 are token 2q of the column tile, registers 1, 3 token 2q + 1.
+#pragma unroll
+  for (int t = 0; t < kTokenTiles; ++t) {
+    const int64_t token = 8 * t + 2 * lane_k;
+    const float unscale_even = token < p.tokens ? p.x_unscale[token] : 0.0f;
+    const float unscale_odd = token + 1 < p.tokens ? p.x_unscale[token + 1] : 0.0f;
+    acc[t][0] *= unscale_even, acc[t][2] *= unscale_even;
+    acc[t][1] *= unscale_odd, acc[t][3] *= unscale_odd;
+  }
   skinny::write_outputs<kWarps, kTokenTiles>(partial, acc, q, p.tokens, block, groups, warps_per_tile);
 }
 
@@ -225,6 +228,9 @@ void fp8_skinny_gemm(const Fp8SkinnyGemmParams& p, LaunchStream stream) {
   DI_CHECK(fp8_skinny_gemm_fits(p), "fp8_skinny_gemm: ", p.tokens, " tokens, K ", p.k_dim, ", ", p.num_problems,
            " problems: needs 1..", kFp8SkinnyMaxTokens, " tokens, K a multiple of ", kScaleBlock, ", 1..",
            kFp8SkinnyMaxProblems, " problems and 16-byte aligned rows");
+  DI_CHECK(skinny::aligned(p.x_f16, 16) && p.x_f16 != nullptr && p.x_unscale != nullptr,
+           "fp8_skinny_gemm: needs 16-byte aligned buffers for the rescaled activations");
+  rescale_activations_to_f16(p.x, p.tokens, p.k_dim, p.x_row_stride, p.x_f16, p.x_unscale, stream);
   const TileLayout layout = tile_layout(p);
   switch (skinny::token_tiles(p.tokens)) {
     case 1: launch_tiles<1>(layout, stream); break;

@@ -1,5 +1,6 @@
 // FP8 skinny GEMM on CUDA (sm_90a): decode-sized token counts against block-scaled FP8 weights, the codes streamed
-// from HBM once (half the bytes of a bf16 weight) and widened to bf16 in registers for mma.sync. The CUDA backend
+// from HBM once (half the bytes of a bf16 weight) and widened to fp16 in registers for mma.sync, against the
+// activations rescaled into fp16 by a kernel queued just before it. The CUDA backend
 // routes FP8 linear, linear_silu_mul and multi_linear here up to kFp8SkinnyMaxTokens tokens when
 // fp8_skinny_gemm_fits() holds (fp8_linear.cpp), and to the prefill path otherwise.
 #pragma once
@@ -25,7 +26,8 @@ bool fp8_skinny_gemm_fits(const Fp8SkinnyGemmParams& p);
 // !fp8_skinny_gemm_fits(p).
 int fp8_skinny_gemm_loads_in_flight(const Fp8SkinnyGemmParams& p);
 
-// Queues the kernel on `stream`; throws deepinfer::Error when !fp8_skinny_gemm_fits(p).
+// Queues the two kernels on `stream`: x rescaled into p.x_f16 / p.x_unscale, then the product. Throws
+// deepinfer::Error when !fp8_skinny_gemm_fits(p) or those buffers are missing or unaligned.
 void fp8_skinny_gemm(const Fp8SkinnyGemmParams& p, LaunchStream stream);
 
 }  // namespace deepinfer::cuda

@@ -3,7 +3,8 @@
 // in one launch:
 //   acc[t, n] = sum_k x[t, k] * e4m3(w[n, k]) * scale_inv[n / 128, k / 128]     (fp32 accumulation)
 // with the skinny GEMM's epilogues (skinny_gemm_params.h): kStore, kAccumulate, kSiluMul (w = [gate; up], the scale
-// grid that of the 2 * n_out rows). x is bf16, row-major with K contiguous; out bf16 or fp32.
+// grid that of the 2 * n_out rows). x is bf16, row-major with K contiguous; out bf16 or fp32. The kernel reads x as
+// fp16, rescaled per token by a power of two (fp8_convert.cuh), into buffers the caller provides.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +32,8 @@ struct Fp8SkinnyGemmParams {
   int64_t x_row_stride = 0;
   int num_problems = 0;
   Fp8SkinnyProblem problems[kFp8SkinnyMaxProblems];
+  uint16_t* x_f16 = nullptr;   // [tokens, k_dim] fp16, 16-byte aligned: x rescaled, written by fp8_skinny_gemm
+  float* x_unscale = nullptr;  // [tokens]: the inverse of each token's power-of-two scale, likewise
   int32_t num_sms = 132;
 };
 

@@ -96,8 +96,18 @@ bool use_fp8_skinny(const CudaContext& ctx, DType x_dtype, const Fp8SkinnyGemmPa
   return ctx.tuning().skinny_gemm && x_dtype == DType::kBF16 && fp8_skinny_gemm_fits(p);
 }
 
-void launch_fp8_skinny(CudaContext& ctx, const Fp8SkinnyGemmParams& p) {
+// The FP8 skinny kernel with its rescaled activations in the context's workspace (two launches).
+void launch_fp8_skinny(CudaContext& ctx, Fp8SkinnyGemmParams p) {
+  constexpr size_t kAlign = 256;
+  const size_t f16_bytes = (static_cast<size_t>(p.tokens * p.k_dim) * 2 + kAlign - 1) / kAlign * kAlign;
+  auto* const base = static_cast<std::byte*>(
+      ctx.workspace(WorkspaceUse::kF16Activations,
+                    {.bytes = f16_bytes + static_cast<size_t>(p.tokens) * sizeof(float), .alignment = kAlign})
+          .data);
+  p.x_f16 = reinterpret_cast<uint16_t*>(base);
+  p.x_unscale = reinterpret_cast<float*>(base + f16_bytes);
   fp8_skinny_gemm(p, ctx.launch());
+  ctx.ledger().launched(Trigger::kAfterWait, OpAccesses::any());
   ctx.ledger().launched(Trigger::kAfterWait, OpAccesses::any());
 }
 

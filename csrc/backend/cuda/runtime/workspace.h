@@ -21,9 +21,10 @@ enum class WorkspaceUse : uint8_t {
   kMoeExperts,  // alignment, activations and per-pair outputs of moe_experts and moe (moe/moe_op.cpp)
   kFp8Activations,  // W8A8 prefill: quantized activations, their scales and cuBLASLt's workspace (gemm/fp8_linear.cpp)
   kWeightDequant,   // FP8 and INT4 prefill: a chunk of weight rows widened for the dense GEMM (gemm/dequantized_linear.h)
+  kF16Activations,  // FP8 decode GEMMs: the activations rescaled to fp16, per token (gemm/linear_op.cpp)
 };
-inline constexpr size_t kWorkspaceUses = 6;
-static_assert(static_cast<size_t>(WorkspaceUse::kWeightDequant) + 1 == kWorkspaceUses, "one workspace per use");
+inline constexpr size_t kWorkspaceUses = 7;
+static_assert(static_cast<size_t>(WorkspaceUse::kF16Activations) + 1 == kWorkspaceUses, "one workspace per use");
 
 struct WorkspaceRequest {
   size_t bytes = 0;
