@@ -12,7 +12,8 @@
 #     floors        floors.py: copy bandwidth and GEMM peaks measured with torch                 -> floors.json
 #     bench_hf      hf_baseline.py: transformers on v2-lite and v3-slice (+ ShareGPT offline)     -> hf_baseline.json
 #     bench_engine  engine_bench.py: decode vs roofline, TTFT, ShareGPT throughput -> engine_bench.{json,md}
-#     kernels       run_mla_decode.sh, run_moe.sh (and run_sample.sh when it exists)  -> mla_decode/, moe/, sample/
+#     kernels       run_mla_decode.sh, run_moe.sh, run_fp8_skinny.sh (and run_sample.sh when it exists)
+#                                                                -> mla_decode/, moe/, fp8_skinny/, sample/
 #     structured    structured_outputs_bench.py: v2-lite, batch 64, JSON schema / regex vs free -> structured_outputs_*
 #   Each step logs to $OUT/<step>.log; a failed step does not stop the others; $OUT/summary.md (and .json) is
 #   rewritten after every step; the exit status is 1 when a step failed or timed out.
@@ -203,6 +204,9 @@ step_kernels() {
     { rc=1; echo "run_mla_decode.sh failed"; }
   OUT="$OUT/moe" BUILD="$REPO/build/moe_bench" BENCH_COMMAND="benchmarks/gpu/run_moe.sh (run_all.sh)" \
     bash benchmarks/gpu/run_moe.sh || { rc=1; echo "run_moe.sh failed"; }
+  OUT="$OUT/fp8_skinny" BUILD="$REPO/build/fp8_skinny_bench" \
+    BENCH_COMMAND="benchmarks/gpu/run_fp8_skinny.sh (run_all.sh)" bash benchmarks/gpu/run_fp8_skinny.sh ||
+    { rc=1; echo "run_fp8_skinny.sh failed"; }
   if [[ -f benchmarks/gpu/run_sample.sh ]]; then
     OUT="$OUT/sample" BUILD="$REPO/build/sample_bench" BENCH_COMMAND="benchmarks/gpu/run_sample.sh (run_all.sh)" \
       bash benchmarks/gpu/run_sample.sh || { rc=1; echo "run_sample.sh failed"; }
