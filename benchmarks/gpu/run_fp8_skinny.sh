@@ -16,13 +16,7 @@ SOURCES=(benchmarks/kernels/fp8_skinny_bench.cu "${KERNEL_SOURCE:-csrc/backend/c
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv || true
   "$NVCC" --version | tail -n 2
-  pids=()
-  for src in "${SOURCES[@]}"; do
-    obj="$BUILD/$(basename "${src%.*}").o"
-    "$NVCC" "${FLAGS[@]}" -Xptxas -v -c "$src" -o "$obj" > "$obj.log" 2>&1 &
-    pids+=($!)
-  done
-  for pid in "${pids[@]}"; do wait "$pid" || { cat "$BUILD"/*.o.log; exit 1; }; done
+  compile_objects "${SOURCES[@]}" || exit 1
   grep -h -E "registers|spill" "$BUILD"/fp8_skinny_gemm.o.log "$BUILD"/int4_skinny_gemm.o.log || true
   "$NVCC" "${FLAGS[@]}" "$BUILD"/*.o -o "$BUILD/fp8_skinny_bench"
 } 2>&1 | tee "$OUT/build.log"

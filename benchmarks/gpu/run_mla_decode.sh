@@ -32,17 +32,7 @@ SOURCES=(
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv || true
   "$NVCC" --version | tail -n 2
-  pids=()
-  for src in "${SOURCES[@]}"; do
-    obj="$BUILD/$(basename "${src%.*}").o"
-    "$NVCC" "${FLAGS[@]}" -Xptxas -v -c "$src" -o "$obj" > "$obj.log" 2>&1 &
-    pids+=($!)
-    if (( ${#pids[@]} >= ${JOBS:-${#SOURCES[@]}} )); then  # at most JOBS compiles at once
-      wait "${pids[0]}" || { cat "$BUILD"/*.o.log; exit 1; }
-      pids=("${pids[@]:1}")
-    fi
-  done
-  for pid in "${pids[@]}"; do wait "$pid" || { cat "$BUILD"/*.o.log; exit 1; }; done
+  compile_objects "${SOURCES[@]}" || exit 1
   grep -h -E "registers|spill" "$BUILD"/mla_decode*.o.log || true
   "$NVCC" "${FLAGS[@]}" "$BUILD"/*.o -o "$BUILD/mla_decode_bench"
   for k in narrow wide wide_wgmma narrow_fp8; do  # the instructions each kernel really uses

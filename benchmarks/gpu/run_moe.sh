@@ -23,13 +23,7 @@ SOURCES=(
 )
 
 build() {
-  pids=()
-  for src in "${SOURCES[@]}"; do
-    obj="$BUILD/$(basename "${src%.*}").o"
-    "$NVCC" "${FLAGS[@]}" -Xptxas -v -c "$src" -o "$obj" > "$obj.log" 2>&1 &
-    pids+=($!)
-  done
-  for pid in "${pids[@]}"; do wait "$pid" || { cat "$BUILD"/*.o.log; exit 1; }; done
+  compile_objects "${SOURCES[@]}" || exit 1
   grep -h -E "registers|spill|C75" "$BUILD"/moe_*.o.log || true
   "$NVCC" "${FLAGS[@]}" "$BUILD"/*.o -o "$BUILD/moe_bench" -ldl
   for k in small_gate_up small_down grouped_gate_up grouped_down grouped_w8a8_gate_up grouped_w8a8_down; do  # the instructions each kernel really uses

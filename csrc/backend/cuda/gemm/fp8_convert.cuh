@@ -26,7 +26,6 @@ void dequantize_fp8_rows(const uint8_t* codes, const float* scale_inv, int64_t f
 void quantize_fp8_activations(const void* x, bool x_f32, int64_t tokens, int64_t k, uint8_t* codes, float* scale,
                               LaunchStream stream);
 
-
 // Per token t of x ([tokens, k] bf16, rows row_stride elements apart; k a positive multiple of 8, x and out 16-byte
 // aligned): out[t][c] = fp16(x[t][c] * 2^e_t) and unscale[t] = 2^-e_t, with e_t the power of two that puts the token's
 // largest magnitude in [2^14, 2^15) (e_t = 0 for an all-zero or non-finite row). A power of two changes no bf16

@@ -228,7 +228,7 @@ void fp8_skinny_gemm(const Fp8SkinnyGemmParams& p, LaunchStream stream) {
   DI_CHECK(fp8_skinny_gemm_fits(p), "fp8_skinny_gemm: ", p.tokens, " tokens, K ", p.k_dim, ", ", p.num_problems,
            " problems: needs 1..", kFp8SkinnyMaxTokens, " tokens, K a multiple of ", kScaleBlock, ", 1..",
            kFp8SkinnyMaxProblems, " problems and 16-byte aligned rows");
-  DI_CHECK(skinny::aligned(p.x_f16, 16) && p.x_f16 != nullptr && p.x_unscale != nullptr,
+  DI_CHECK(p.x_f16 != nullptr && skinny::aligned(p.x_f16, 16) && p.x_unscale != nullptr,
            "fp8_skinny_gemm: needs 16-byte aligned buffers for the rescaled activations");
   rescale_activations_to_f16(p.x, p.tokens, p.k_dim, p.x_row_stride, p.x_f16, p.x_unscale, stream);
   const TileLayout layout = tile_layout(p);
