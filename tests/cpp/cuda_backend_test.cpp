@@ -1875,6 +1875,29 @@ TEST(MlaDecodeSplitsHeuristic, PicksTheMeasuredCounts) {
   EXPECT_EQ(splits(1, 32), 1);  // one tile: nothing to split
 }
 
+// DEEPINFER_FP8_SKINNY_MAX_TOKENS's values (host code): unset or empty keeps the default, a count in [0, 64] sets
+// it, anything else is an error that names the variable.
+TEST(Fp8SkinnyMaxTokensSwitch, AcceptsCountsAndRejectsTheRest) {
+  const auto max_tokens = [](const char* value) {
+    const ScopedEnv env("DEEPINFER_FP8_SKINNY_MAX_TOKENS", value == nullptr ? "" : value);
+    if (value == nullptr) ::unsetenv("DEEPINFER_FP8_SKINNY_MAX_TOKENS");
+    return cuda::CudaTuning::from_env().fp8_skinny_max_tokens;
+  };
+  EXPECT_EQ(max_tokens(nullptr), cuda::CudaTuning{}.fp8_skinny_max_tokens);
+  EXPECT_EQ(max_tokens(""), cuda::CudaTuning{}.fp8_skinny_max_tokens);
+  EXPECT_EQ(max_tokens("0"), 0);
+  EXPECT_EQ(max_tokens("16"), 16);
+  EXPECT_EQ(max_tokens("64"), 64);
+  for (const char* bad : {"-1", "65", "abc", "8 ", " "}) {
+    try {
+      max_tokens(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("DEEPINFER_FP8_SKINNY_MAX_TOKENS"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // DEEPINFER_MLA_DECODE_SPLITS's values (host code: runs without a device): unset or empty leaves the heuristic, a
 // count in [1, 256] forces it, anything else is an error that names the variable.
 TEST(MlaDecodeSplitsSwitch, AcceptsCountsAndRejectsTheRest) {

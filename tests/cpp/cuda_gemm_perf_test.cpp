@@ -206,21 +206,47 @@ const std::vector<DecodeShape>& v3_decode_shapes() {
   return shapes;
 }
 
-// Each of v3_decode_shapes() at 1, 8 and 64 tokens, its weights of `format` made by `weight(rows, k)` and reading
-// `weight_bytes(rows, k)` bytes each (copies cycled past L2): one line a case, GB/s over those bytes plus x and out,
-// and the share of the copy bandwidth `copy` (GB/s).
+// Seconds per call of one decode shape's op (linear, linear_silu_mul or multi_linear) on `backend`: weight set c of
+// `weights` (one weight a product) against x into `outs`.
+double time_decode_op(Backend& backend, GemmPerf& perf, const DecodeShape& s,
+                      const std::vector<std::vector<WeightView>>& weights, const TensorView& x,
+                      const std::vector<TensorView>& outs) {
+  return perf.time(backend, static_cast<int>(weights.size()), [&](int c) {
+    const std::vector<WeightView>& set = weights[static_cast<size_t>(c)];
+    if (s.silu_mul) {
+      backend.linear_silu_mul({.x = x, .w = set[0], .out = outs[0]});
+    } else if (set.size() == 1) {
+      backend.linear({.x = x, .w = set[0], .out = outs[0]});
+    } else {
+      std::vector<LinearTarget> targets;
+      for (size_t i = 0; i < set.size(); ++i) targets.push_back({.w = set[i], .out = outs[i]});
+      backend.multi_linear({.x = x, .targets = targets});
+    }
+  });
+}
+
+// Each of v3_decode_shapes() at 1, 8, 16, 32 and 64 tokens, its weights of `format` made by `weight(rows, k)` and
+// reading `weight_bytes(rows, k)` bytes each (copies cycled past L2): one line a case, GB/s over those bytes plus x
+// and out, and the share of the copy bandwidth `copy` (GB/s). With `bf16_beside`, the same op with bf16 weights too
+// (the skinny GEMM up to 8 tokens, cuBLAS past it) and the quantized op's speedup over it.
 void time_decode_shapes(Backend& backend, GemmPerf& perf, double copy, const char* format,
                         const std::function<int64_t(int64_t, int64_t)>& weight_bytes,
-                        const std::function<WeightView(int64_t, int64_t)>& weight) {
+                        const std::function<WeightView(int64_t, int64_t)>& weight, bool bf16_beside = false) {
+  const auto copies_of = [](int64_t bytes) {
+    return static_cast<int>(std::min<int64_t>(kCalls, std::max<int64_t>(1, kColdBytes / bytes + 1)));
+  };
   for (const DecodeShape& s : v3_decode_shapes()) {
-    int64_t w_bytes = 0;
-    for (const int64_t r : s.rows) w_bytes += weight_bytes(r, s.k);
-    const int copies = static_cast<int>(std::min<int64_t>(kCalls, std::max<int64_t>(1, kColdBytes / w_bytes + 1)));
-    std::vector<std::vector<WeightView>> weights(static_cast<size_t>(copies));
+    int64_t w_bytes = 0, bf16_bytes = 0;
+    for (const int64_t r : s.rows) w_bytes += weight_bytes(r, s.k), bf16_bytes += r * s.k * 2;
+    std::vector<std::vector<WeightView>> weights(static_cast<size_t>(copies_of(w_bytes)));
     for (auto& set : weights) {
       for (const int64_t r : s.rows) set.push_back(weight(r, s.k));
     }
-    for (const int64_t m : {int64_t{1}, int64_t{8}, int64_t{64}}) {
+    std::vector<std::vector<WeightView>> bf16_weights(bf16_beside ? static_cast<size_t>(copies_of(bf16_bytes)) : 0);
+    for (auto& set : bf16_weights) {
+      for (const int64_t r : s.rows) set.push_back(WeightView(perf.tensor({r, s.k}, DType::kBF16)));
+    }
+    for (const int64_t m : {int64_t{1}, int64_t{8}, int64_t{16}, int64_t{32}, int64_t{64}}) {
       const TensorView x = perf.tensor({m, s.k}, DType::kBF16);
       std::vector<TensorView> outs;
       int64_t io_bytes = x.bytes();
@@ -228,28 +254,23 @@ void time_decode_shapes(Backend& backend, GemmPerf& perf, double copy, const cha
         outs.push_back(perf.tensor({m, s.silu_mul ? r / 2 : r}, DType::kBF16));
         io_bytes += outs.back().bytes();
       }
-      const double t = perf.time(backend, copies, [&](int c) {
-        const std::vector<WeightView>& set = weights[static_cast<size_t>(c)];
-        if (s.silu_mul) {
-          backend.linear_silu_mul({.x = x, .w = set[0], .out = outs[0]});
-        } else if (set.size() == 1) {
-          backend.linear({.x = x, .w = set[0], .out = outs[0]});
-        } else {
-          std::vector<LinearTarget> targets;
-          for (size_t i = 0; i < set.size(); ++i) targets.push_back({.w = set[i], .out = outs[i]});
-          backend.multi_linear({.x = x, .targets = targets});
-        }
-      });
+      const double t = time_decode_op(backend, perf, s, weights, x, outs);
       const double bytes = static_cast<double>(w_bytes + io_bytes);
-      std::printf("[ perf     ] %-30s %-5s M=%-3lld %9.1f MB | skinny %8.2f us %6.0f GB/s %5.1f%% of copy\n", s.name,
-                  format, static_cast<long long>(m), bytes / 1e6, t * 1e6, bytes / t / 1e9,
-                  100.0 * bytes / t / 1e9 / copy);
+      std::printf("[ perf     ] %-30s %-5s M=%-3lld %9.1f MB | %8.2f us %6.0f GB/s %5.1f%% of copy", s.name, format,
+                  static_cast<long long>(m), bytes / 1e6, t * 1e6, bytes / t / 1e9, 100.0 * bytes / t / 1e9 / copy);
+      if (bf16_beside) {
+        const double t_bf16 = time_decode_op(backend, perf, s, bf16_weights, x, outs);
+        std::printf(" | bf16 %8.2f us, %.2fx", t_bf16 * 1e6, t_bf16 / t);
+      }
+      std::printf("\n");
     }
   }
 }
 
-// FP8 weights (block-scaled e4m3, core/weight.h): the FP8 skinny GEMM at DeepSeek-V3's decode shapes, as GB/s over
-// the codes and scales it reads (plus x and out) and the share of the copy bandwidth, at 1, 8 and 64 tokens; then the
+// FP8 weights (block-scaled e4m3, core/weight.h, W8A8 as the engine loads them): the path an FP8 linear layer takes
+// at DeepSeek-V3's decode shapes (the FP8 skinny GEMM up to CudaTuning::fp8_skinny_max_tokens tokens, the block-scaled
+// cuBLASLt GEMM past it), as GB/s over the codes and scales it reads (plus x and out), the share of the copy
+// bandwidth and the speed against bf16 weights, at 1 to 64 tokens; then the
 // prefill path's TFLOP/s at 4096 x 7168 x 7168, W8A8 (cuBLASLt's block-scaled FP8 GEMM, activations quantized) and
 // W8A16 (dequantized chunk by chunk, then the bf16 GEMM).
 TEST(CudaGemmPerf, DISABLED_Fp8Weights) {
@@ -266,7 +287,7 @@ TEST(CudaGemmPerf, DISABLED_Fp8Weights) {
   };
   time_decode_shapes(
       *backend, perf, copy, "fp8", [](int64_t r, int64_t k) { return r * k + fp8_blocks(r) * fp8_blocks(k) * 4; },
-      [&](int64_t r, int64_t k) { return fp8_weight(r, k, false); });
+      [&](int64_t r, int64_t k) { return fp8_weight(r, k, true); }, /*bf16_beside=*/true);
   constexpr int64_t kM = 4096, kN = 7168, kK = 7168;
   const TensorView x = perf.tensor({kM, kK}, DType::kBF16);
   const TensorView out = perf.tensor({kM, kN}, DType::kBF16);

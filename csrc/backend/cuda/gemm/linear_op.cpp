@@ -93,7 +93,8 @@ Fp8SkinnyGemmParams fp8_skinny_params(const CudaContext& ctx, const ConstTensorV
 // dequantization of the whole weight (or a cuBLASLt FP8 GEMM sized for prefill), several times the kernel's one read
 // of the codes. CudaTuning::skinny_gemm off sends them to the prefill path too.
 bool use_fp8_skinny(const CudaContext& ctx, DType x_dtype, const Fp8SkinnyGemmParams& p) {
-  return ctx.tuning().skinny_gemm && x_dtype == DType::kBF16 && fp8_skinny_gemm_fits(p);
+  return ctx.tuning().skinny_gemm && x_dtype == DType::kBF16 && p.tokens <= ctx.tuning().fp8_skinny_max_tokens &&
+         fp8_skinny_gemm_fits(p);
 }
 
 // The FP8 skinny kernel with its rescaled activations in the context's workspace (two launches).
