@@ -168,4 +168,13 @@ bool fp8_block_scaled_gemm_available(CudaContext& ctx, int64_t m, int64_t n, int
 #endif
 }
 
+bool fp8_block_scaled_gemm_takes(int64_t k) {
+#if defined(DEEPINFER_HAVE_CUBLAS) && defined(DEEPINFER_HAVE_BLOCK_SCALED_FP8)
+  return block_scaled_shape(k);
+#else
+  (void)k;
+  return false;
+#endif
+}
+
 }  // namespace deepinfer::cuda

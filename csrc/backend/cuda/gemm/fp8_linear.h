@@ -23,4 +23,8 @@ void fp8_linear_prefill(CudaContext& ctx, const ConstTensorView& x, const Weight
 // benchmark. Host-only: asks cuBLASLt's heuristic, queues nothing.
 bool fp8_block_scaled_gemm_available(CudaContext& ctx, int64_t m, int64_t n, int64_t k, DType out_dtype);
 
+// Whether this build has the W8A8 path and its GEMM takes this K (a multiple of 512): what the choice between it and
+// the skinny kernel checks at decode sizes, without asking cuBLASLt's heuristic each step.
+bool fp8_block_scaled_gemm_takes(int64_t k);
+
 }  // namespace deepinfer::cuda

@@ -58,6 +58,7 @@ struct Fp8SkinnyKernelArgs {
 template <int kTokenTiles, int kUnroll>
 __global__ void __launch_bounds__(kThreads, (kTokenTiles <= 2 && kUnroll <= 4) ? 2 : 1)
     fp8_skinny_gemm_kernel(const __grid_constant__ Fp8SkinnyKernelArgs args) {
+  static_assert(kUnroll % 2 == 0, "x's two slots alternate within a group");
   const Fp8SkinnyGemmParams& p = args.p;
   __shared__ float partial[kWarps][kTokenTiles][32][4];
   const int block_id = static_cast<int>(blockIdx.x);
@@ -119,12 +120,29 @@ __global__ void __launch_bounds__(kThreads, (kTokenTiles <= 2 && kUnroll <= 4) ?
     x_rows[t] = p.x_f16 + (valid_x[t] ? token : 0) * p.k_dim + lane_k * 16 + static_cast<int64_t>(step_begin) * kStepK;
   }
 
+  // One token tile (up to 8 tokens) loads x a step ahead of its MMAs (slot u % 2), so the L1/L2 latency of those
+  // loads is off each step's chain: with it, the weights' slots are consumed and refilled sooner, which is what the
+  // kernel's speed rests on. Wider tiles load x in the step (the registers for a second copy would spill).
+  constexpr bool kXAhead = kTokenTiles == 1;
+  uint4 xs[kXAhead ? 2 : 1][kTokenTiles][2];
+  const auto load_x_step = [&](uint4 (&dst)[kTokenTiles][2], int step, int offset) {
+#pragma unroll
+    for (int t = 0; t < kTokenTiles; ++t) {
+      const bool valid = step < step_end && valid_x[t];
+      dst[t][0] = skinny::load_x(x_rows[t] + offset, valid);
+      dst[t][1] = skinny::load_x(x_rows[t] + offset + 8, valid);
+    }
+  };
+  if constexpr (kXAhead) load_x_step(xs[0], step_begin, 0);
+
   float acc[kTokenTiles][4] = {};
   for (int s = step_begin; s < step_end; s += kUnroll) {
     const bool refill = s + kUnroll < step_end;
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const bool in_range = s + u < step_end;
+      if constexpr (kXAhead) {
+        load_x_step(xs[(u + 1) % 2], s + u + 1, (u + 1) * kStepK);  // the last u: step 0 of the next group
+      }
       const uint32_t codes_a[4] = {wa[u].x, wa[u].y, wa[u].z, wa[u].w};
       const uint32_t codes_b[4] = {wb[u].x, wb[u].y, wb[u].z, wb[u].w};
       const float scale_a = sa[u], scale_b = sb[u];
@@ -135,11 +153,10 @@ __global__ void __launch_bounds__(kThreads, (kTokenTiles <= 2 && kUnroll <= 4) ?
         e4m3x4_to_f16x4(codes_b[j], lo_b[j], hi_b[j]);
       }
       if (refill) load_slot(u, s + kUnroll + u);
+      if constexpr (!kXAhead) load_x_step(xs[0], s + u, u * kStepK);
 #pragma unroll
       for (int t = 0; t < kTokenTiles; ++t) {
-        const uint16_t* x = x_rows[t] + u * kStepK;
-        const uint4 x0 = skinny::load_x(x, in_range && valid_x[t]);
-        const uint4 x1 = skinny::load_x(x + 8, in_range && valid_x[t]);
+        const uint4 x0 = xs[kXAhead ? u % 2 : 0][t][0], x1 = xs[kXAhead ? u % 2 : 0][t][1];
         const uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
         float step_acc[4] = {};
 #pragma unroll

@@ -89,12 +89,27 @@ Fp8SkinnyGemmParams fp8_skinny_params(const CudaContext& ctx, const ConstTensorV
   return p;
 }
 
-// FP8 weights at decode sizes always go to the FP8 skinny kernel where it takes the operands: the alternative is a
-// dequantization of the whole weight (or a cuBLASLt FP8 GEMM sized for prefill), several times the kernel's one read
-// of the codes. CudaTuning::skinny_gemm off sends them to the prefill path too.
-bool use_fp8_skinny(const CudaContext& ctx, DType x_dtype, const Fp8SkinnyGemmParams& p) {
-  return ctx.tuning().skinny_gemm && x_dtype == DType::kBF16 && p.tokens <= ctx.tuning().fp8_skinny_max_tokens &&
-         fp8_skinny_gemm_fits(p);
+// FP8 weights at decode sizes go to the FP8 skinny kernel where it takes the operands, which reads the codes once.
+// Past CudaTuning::fp8_skinny_max_tokens tokens, W8A8 weights the block-scaled cuBLASLt GEMM takes go there instead:
+// from 16 tokens on it is faster on DeepSeek-V3's large projections (o_proj at 32 tokens: 51 against 115 µs on an
+// H100, benchmarks/results/fp8_h200.md), where the skinny kernel's mma.sync work and activation loads grow with every
+// token tile. Launches of at most kSmallFp8Bytes of codes (q_a with kv_a) stay on the skinny kernel up to its 64
+// tokens: there the GEMM's fixed costs (the activations' quantization, one GEMM a product) weigh more than the bytes.
+// W8A16 weights stay too (their prefill path dequantizes the whole weight). CudaTuning::skinny_gemm off sends
+// everything to the prefill path.
+constexpr int64_t kSmallFp8Bytes = int64_t{16} << 20;
+
+bool use_fp8_skinny(const CudaContext& ctx, DType x_dtype, const Fp8SkinnyGemmParams& p,
+                    std::span<const Fp8SkinnyTarget> targets) {
+  if (!ctx.tuning().skinny_gemm || x_dtype != DType::kBF16 || !fp8_skinny_gemm_fits(p)) return false;
+  if (p.tokens <= ctx.tuning().fp8_skinny_max_tokens) return true;
+  int64_t code_bytes = 0;
+  bool all_w8a8 = true;
+  for (const Fp8SkinnyTarget& t : targets) {
+    code_bytes += t.w.shape[0] * t.w.shape[1];
+    all_w8a8 = all_w8a8 && t.w.fp8_activations;
+  }
+  return code_bytes <= kSmallFp8Bytes || !all_w8a8 || !fp8_block_scaled_gemm_takes(p.k_dim);
 }
 
 // The FP8 skinny kernel with its rescaled activations in the context's workspace (two launches).
@@ -179,7 +194,7 @@ void linear(CudaContext& ctx, const LinearArgs& a) {
   if (a.w.is_fp8()) {
     const Fp8SkinnyTarget target{a.w, a.out, epilogue};
     const Fp8SkinnyGemmParams fp8 = fp8_skinny_params(ctx, a.x, {&target, 1});
-    if (use_fp8_skinny(ctx, a.x.dtype, fp8)) {
+    if (use_fp8_skinny(ctx, a.x.dtype, fp8, {&target, 1})) {
       launch_fp8_skinny(ctx, fp8);
     } else {
       fp8_linear_prefill(ctx, a.x, a.w, a.out, a.accumulate);
@@ -213,7 +228,7 @@ void linear_silu_mul(CudaContext& ctx, const LinearSiluMulArgs& a) {
   if (a.w.is_fp8() && a.out.numel() > 0) {
     const Fp8SkinnyTarget target{a.w, a.out, SkinnyEpilogue::kSiluMul};
     const Fp8SkinnyGemmParams fp8 = fp8_skinny_params(ctx, a.x, {&target, 1});
-    if (use_fp8_skinny(ctx, a.x.dtype, fp8)) {
+    if (use_fp8_skinny(ctx, a.x.dtype, fp8, {&target, 1})) {
       const auto timing = ctx.timed([&] {
         return str_cat("linear_silu_mul fp8 [", a.w.shape[0], " x ", a.w.shape[1], "] M=", a.x.shape[0]);
       });
@@ -281,9 +296,9 @@ void multi_linear(CudaContext& ctx, const MultiLinearArgs& a) {
   if (all_fp8 && a.x.shape[0] > 0) {
     std::array<Fp8SkinnyTarget, kMultiLinearMaxTargets> fp8_targets{};
     for (size_t i = 0; i < a.targets.size(); ++i) fp8_targets[i] = {a.targets[i].w, a.targets[i].out, targets[i].epilogue};
-    const Fp8SkinnyGemmParams fp8 =
-        fp8_skinny_params(ctx, a.x, std::span<const Fp8SkinnyTarget>(fp8_targets.data(), a.targets.size()));
-    if (use_fp8_skinny(ctx, a.x.dtype, fp8)) {
+    const std::span<const Fp8SkinnyTarget> fp8_span(fp8_targets.data(), a.targets.size());
+    const Fp8SkinnyGemmParams fp8 = fp8_skinny_params(ctx, a.x, fp8_span);
+    if (use_fp8_skinny(ctx, a.x.dtype, fp8, fp8_span)) {
       const auto timing = ctx.timed([&] { return str_cat("multi_linear fp8 M=", a.x.shape[0]); });
       launch_fp8_skinny(ctx, fp8);
       return;

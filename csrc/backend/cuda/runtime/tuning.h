@@ -22,10 +22,10 @@ struct CudaTuning {
   // A measurement knob: n > 0 gives MLA decode n splits wherever its heuristic would choose (at most one a 64-token
   // tile), for the split benchmarks. DEEPINFER_MLA_DECODE_SPLITS=n, n in [1, 256]; 0 (unset or empty): the heuristic.
   int mla_decode_splits = 0;
-  // The most tokens an FP8 linear layer sends to the FP8 skinny GEMM (W8A16, weights streamed through mma.sync);
-  // past it, the prefill path (W8A8 on cuBLASLt's block-scaled GEMM where the weight allows, gemm/fp8_linear.h).
-  // DEEPINFER_FP8_SKINNY_MAX_TOKENS=n, n in [0, 64] (0: never the skinny kernel); unset or empty: the default.
-  int fp8_skinny_max_tokens = 64;
+  // The most tokens an FP8 linear layer sends to the FP8 skinny GEMM (W8A16, weights streamed through mma.sync) when
+  // its weights are W8A8 and large; past it they go to the block-scaled cuBLASLt GEMM (gemm/linear_op.cpp has the rule
+  // and the measurement). DEEPINFER_FP8_SKINNY_MAX_TOKENS=n, n in [0, 64]; unset or empty: the default.
+  int fp8_skinny_max_tokens = 8;
   // GPU time per op (runtime/op_profiler.h): DEEPINFER_PROFILE_OPS=1 brackets every op with CUDA events and prints the
   // totals per op to stderr when the backend is destroyed.
   bool profile_ops = false;
