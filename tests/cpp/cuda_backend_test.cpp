@@ -27,6 +27,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/gemm/fp8_decode_route.h"
 #include "backend/cuda/mla/mla_decode.cuh"
 #include "backend/cuda/mla/mla_prefill.cuh"
 #include "backend/cuda/gemm/skinny_gemm.cuh"
@@ -1873,6 +1874,28 @@ TEST(MlaDecodeSplitsHeuristic, PicksTheMeasuredCounts) {
   EXPECT_EQ(splits(32, 8192), 4);
   EXPECT_EQ(splits(128, 8192), 1);
   EXPECT_EQ(splits(1, 32), 1);  // one tile: nothing to split
+}
+
+// The FP8 decode route (host code): DeepSeek-V3's projections at the token counts decode takes.
+TEST(Fp8DecodeRoute, LargeW8A8ProjectionsLeaveTheSkinnyKernelPastTheCap) {
+  constexpr int kCap = cuda::CudaTuning{}.fp8_skinny_max_tokens;
+  const auto launch = [](int64_t tokens, int64_t rows, int64_t k, bool w8a8 = true) {
+    return cuda::Fp8DecodeLaunch{.tokens = tokens, .code_bytes = rows * k, .all_w8a8 = w8a8,
+                                 .block_scaled_k = k % 512 == 0};
+  };
+  for (const int64_t tokens : {int64_t{1}, int64_t{kCap}}) {
+    EXPECT_TRUE(cuda::fp8_decode_takes_skinny(launch(tokens, 7168, 16384), kCap)) << tokens;  // o_proj
+  }
+  for (const int64_t tokens : {int64_t{kCap + 1}, int64_t{32}, int64_t{64}}) {
+    EXPECT_FALSE(cuda::fp8_decode_takes_skinny(launch(tokens, 7168, 16384), kCap)) << tokens;   // o_proj
+    EXPECT_FALSE(cuda::fp8_decode_takes_skinny(launch(tokens, 24576, 1536), kCap)) << tokens;   // q_b_proj
+    EXPECT_TRUE(cuda::fp8_decode_takes_skinny(launch(tokens, 1536 + 576, 7168), kCap)) << tokens;  // q_a + kv_a
+    EXPECT_TRUE(cuda::fp8_decode_takes_skinny(launch(tokens, 7168, 16384, false), kCap)) << tokens;  // W8A16
+    EXPECT_TRUE(cuda::fp8_decode_takes_skinny(launch(tokens, 2 * 10944, 2048 + 128), kCap)) << tokens;  // odd K
+  }
+  // The switch moves the cap: 0 sends even one token of a large W8A8 projection to the block-scaled GEMM.
+  EXPECT_FALSE(cuda::fp8_decode_takes_skinny(launch(1, 7168, 16384), 0));
+  EXPECT_TRUE(cuda::fp8_decode_takes_skinny(launch(64, 7168, 16384), 64));
 }
 
 // DEEPINFER_FP8_SKINNY_MAX_TOKENS's values (host code): unset or empty keeps the default, a count in [0, 64] sets

@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/cuda/elementwise/elementwise_ops.h"
+#include "backend/cuda/gemm/fp8_decode_route.h"
 #include "backend/cuda/gemm/fp8_linear.h"
 #include "backend/cuda/gemm/fp8_skinny_gemm.cuh"
 #include "backend/cuda/gemm/gemm_operands.h"
@@ -89,27 +90,17 @@ Fp8SkinnyGemmParams fp8_skinny_params(const CudaContext& ctx, const ConstTensorV
   return p;
 }
 
-// FP8 weights at decode sizes go to the FP8 skinny kernel where it takes the operands, which reads the codes once.
-// Past CudaTuning::fp8_skinny_max_tokens tokens, W8A8 weights the block-scaled cuBLASLt GEMM takes go there instead:
-// from 16 tokens on it is faster on DeepSeek-V3's large projections (o_proj at 32 tokens: 51 against 115 µs on an
-// H100, benchmarks/results/fp8_h200.md), where the skinny kernel's mma.sync work and activation loads grow with every
-// token tile. Launches of at most kSmallFp8Bytes of codes (q_a with kv_a) stay on the skinny kernel up to its 64
-// tokens: there the GEMM's fixed costs (the activations' quantization, one GEMM a product) weigh more than the bytes.
-// W8A16 weights stay too (their prefill path dequantizes the whole weight). CudaTuning::skinny_gemm off sends
-// everything to the prefill path.
-constexpr int64_t kSmallFp8Bytes = int64_t{16} << 20;
-
+// FP8 weights at decode sizes go to the FP8 skinny kernel where it takes the operands and fp8_decode_route.h's rule
+// keeps them there; CudaTuning::skinny_gemm off sends everything to the prefill path.
 bool use_fp8_skinny(const CudaContext& ctx, DType x_dtype, const Fp8SkinnyGemmParams& p,
                     std::span<const Fp8SkinnyTarget> targets) {
   if (!ctx.tuning().skinny_gemm || x_dtype != DType::kBF16 || !fp8_skinny_gemm_fits(p)) return false;
-  if (p.tokens <= ctx.tuning().fp8_skinny_max_tokens) return true;
-  int64_t code_bytes = 0;
-  bool all_w8a8 = true;
+  Fp8DecodeLaunch launch{.tokens = p.tokens, .all_w8a8 = true, .block_scaled_k = fp8_block_scaled_gemm_takes(p.k_dim)};
   for (const Fp8SkinnyTarget& t : targets) {
-    code_bytes += t.w.shape[0] * t.w.shape[1];
-    all_w8a8 = all_w8a8 && t.w.fp8_activations;
+    launch.code_bytes += t.w.shape[0] * t.w.shape[1];
+    launch.all_w8a8 = launch.all_w8a8 && t.w.fp8_activations;
   }
-  return code_bytes <= kSmallFp8Bytes || !all_w8a8 || !fp8_block_scaled_gemm_takes(p.k_dim);
+  return fp8_decode_takes_skinny(launch, ctx.tuning().fp8_skinny_max_tokens);
 }
 
 // The FP8 skinny kernel with its rescaled activations in the context's workspace (two launches).
