@@ -1,9 +1,9 @@
 // Which kernel an FP8 linear layer's launch takes at decode sizes (up to the skinny kernel's 64 tokens): the FP8
 // skinny GEMM, which reads the codes once, or the block-scaled cuBLASLt GEMM of the prefill path (gemm/fp8_linear.h).
 //
-// From 16 tokens on, cuBLASLt is faster on DeepSeek-V3's large projections (o_proj at 32 tokens: 51 against 115 µs
-// on an H100, benchmarks/results/fp8_h200.md): the skinny kernel's mma.sync work and activation loads grow with every
-// 8-token tile, where the FP8 tensor cores stream the codes at 75-83% of copy. Launches of at most kSmallFp8Bytes of
+// From 16 tokens on, cuBLASLt is faster on DeepSeek-V3's large projections (benchmarks/results/fp8_h200.md): the
+// skinny kernel's mma.sync work and activation loads grow with every 8-token tile, where cuBLASLt's FP8 tensor cores
+// keep streaming the codes near the copy bandwidth. Launches of at most kSmallFp8Bytes of
 // codes (q_a with kv_a) stay on the skinny kernel up to its 64 tokens: there the GEMM's fixed costs (the activations'
 // quantization, one GEMM a product) weigh more than the bytes. W8A16 weights stay too (their prefill path dequantizes
 // the whole weight), as does any K the block-scaled GEMM does not take.

@@ -16,8 +16,8 @@
 //
 // Why fp16: e4m3 -> fp16 is one exact instruction for two codes (every e4m3 value is an fp16 value), where e4m3 ->
 // bf16 takes about five (bit shuffles and a rebias multiply); with half the instructions between its loads the kernel
-// is faster at 64 tokens and even at fewer (it is bound by the bytes it has in flight: benchmarks/results/
-// fp8_h200.md). The activations come rescaled into fp16 by a power of two per token (fp8_convert.cuh), which keeps
+// is faster at 64 tokens and even at fewer (at those it waits on its loads, not on its instructions: benchmarks/
+// results/fp8_h200.md). The activations come rescaled into fp16 by a power of two per token (fp8_convert.cuh), which keeps
 // every bf16 value the products can notice exact; the accumulators are multiplied back before the epilogue, so the
 // result is the W8A16 product of the bf16 activations.
 #include "backend/cuda/gemm/fp8_skinny_gemm.cuh"
@@ -156,7 +156,8 @@ __global__ void __launch_bounds__(kThreads, (kTokenTiles <= 2 && kUnroll <= 4) ?
       if constexpr (!kXAhead) load_x_step(xs[0], s + u, u * kStepK);
 #pragma unroll
       for (int t = 0; t < kTokenTiles; ++t) {
-        const uint4 x0 = xs[kXAhead ? u % 2 : 0][t][0], x1 = xs[kXAhead ? u % 2 : 0][t][1];
+        const uint4(&xv)[2] = xs[kXAhead ? u % 2 : 0][t];
+        const uint4 x0 = xv[0], x1 = xv[1];
         const uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
         float step_acc[4] = {};
 #pragma unroll

@@ -23,8 +23,8 @@ struct CudaTuning {
   // tile), for the split benchmarks. DEEPINFER_MLA_DECODE_SPLITS=n, n in [1, 256]; 0 (unset or empty): the heuristic.
   int mla_decode_splits = 0;
   // The most tokens an FP8 linear layer sends to the FP8 skinny GEMM (W8A16, weights streamed through mma.sync) when
-  // its weights are W8A8 and large; past it they go to the block-scaled cuBLASLt GEMM (gemm/fp8_decode_route.h has the rule
-  // and the measurement). DEEPINFER_FP8_SKINNY_MAX_TOKENS=n, n in [0, 64]; unset or empty: the default.
+  // its weights are W8A8 and large; past it they go to the block-scaled cuBLASLt GEMM (gemm/fp8_decode_route.h has
+  // the rule and why). DEEPINFER_FP8_SKINNY_MAX_TOKENS=n, n in [0, 64]; unset or empty: the default.
   int fp8_skinny_max_tokens = 8;
   // GPU time per op (runtime/op_profiler.h): DEEPINFER_PROFILE_OPS=1 brackets every op with CUDA events and prints the
   // totals per op to stderr when the backend is destroyed.
