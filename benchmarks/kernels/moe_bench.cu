@@ -2,14 +2,15 @@
 // reference written here (self-contained), then a microbenchmark beside the ceilings measured in the same run
 // (device-to-device copy bandwidth; bf16 GEMM peak through cuBLAS when the library can be loaded).
 //
-// usage: moe_bench [--json PATH] [--quick | --prefill | --decode] [--no-checks] [--probe] [--seed N] [--fp8]
+// usage: moe_bench [--json PATH] [--quick | --prefill | --decode | --small] [--no-checks] [--probe] [--seed N] [--fp8]
 //   --fp8: also times FP8 (e4m3, 128 x 128 block-scaled) expert weights of V2-Lite and V3 beside bf16 (tag "fp8";
 //          "fp8-w8a8": prefill sizes with the activations quantized too, on FP8 tensor cores;
 //   decode sizes in GB/s over the active experts' FP8 bytes, codes and scales; prefill sizes in TFLOP/s). Timing
 //   only: the FP8 kernels' correctness is the op tests' (CudaBackend/CudaVsCpu.Case/*fp8*).
 //   --quick: timings at 1 and 4096 tokens only; --prefill: the grouped path only (4096 tokens twice, V3 at 4096,
 //   V2-Lite at 1024, the dense one-expert GEMM), to compare builds of the prefill kernels; --decode: 1 to 8 tokens,
-//   the one-launch small-M FFN beside the two-kernel path, V2-Lite and V3; --no-checks: no
+//   the one-launch small-M FFN beside the two-kernel path, V2-Lite and V3; --small: the small-M path at 1, 8, 16, 32
+//   and 64 tokens, V2-Lite and V3, bf16 and FP8 experts (tags "small", "fp8-small"); --no-checks: no
 //   correctness cases (under a profiler, so that the first kernels launched are the timed ones).
 //   Environment (recorded in the JSON when set): BENCH_COMMIT, BENCH_DATE, BENCH_COMMAND.
 #include <cuda_runtime.h>
@@ -849,7 +850,7 @@ PerfResult run_perf(const PerfCase& c, std::mt19937_64& rng, cudaStream_t stream
 
 int run(int argc, char** argv) {
   std::string json_path = "moe_h200.json";
-  bool quick = false, prefill = false, decode = false, run_checks = true, probe = false, fp8 = false;
+  bool quick = false, prefill = false, decode = false, small = false, run_checks = true, probe = false, fp8 = false;
   uint64_t seed = std::random_device{}();  // --seed N: the same weights and routing in every run (an A/B of builds)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -857,6 +858,7 @@ int run(int argc, char** argv) {
     if (a == "--quick") quick = true;
     if (a == "--prefill") prefill = true;
     if (a == "--decode") decode = true;
+    if (a == "--small") small = true;
     if (a == "--no-checks") run_checks = false;
     if (a == "--probe") probe = true;
     if (a == "--fp8") fp8 = true;
@@ -971,13 +973,24 @@ int run(int argc, char** argv) {
         }
       }
     }
-    const std::vector<int> token_counts = prefill || decode ? std::vector<int>{}
+    if (small) {  // the small-M path at decode batch sizes, bf16 and FP8 experts, to compare builds of its kernels
+      DeviceModel v2lite_fp8 = make_fp8_device_model(kV2Lite, seed + 600, stream);
+      DeviceModel v3_fp8 = make_fp8_device_model(kV3, seed + 700, stream);
+      for (const DeviceModel* dm : {&v2lite, &v3, &v2lite_fp8, &v3_fp8}) {
+        const bool is_fp8 = dm == &v2lite_fp8 || dm == &v3_fp8;
+        for (int t : {1, 8, 16, 32, 64}) {
+          add({.dm = dm, .tokens = t, .path = MoeExpertsPath::kSmallM, .tag = is_fp8 ? "fp8-small" : "small"});
+        }
+      }
+    }
+    const bool only_listed = prefill || decode || small;
+    const std::vector<int> token_counts = only_listed ? std::vector<int>{}
                                           : quick ? std::vector<int>{1, 4096}
                                                   : std::vector<int>{1, 32, 256, 4096};
     for (const DeviceModel* dm : {&v2lite, &v3}) {
       for (int t : token_counts) add({.dm = dm, .tokens = t});
     }
-    if (fp8) {  // FP8 expert weights beside the bf16 cases above: decode (GB/s) and prefill (TFLOP/s) sizes
+    if (fp8 && !small) {  // FP8 expert weights beside the bf16 cases above: decode (GB/s) and prefill (TFLOP/s) sizes
       DeviceModel v2lite_fp8 = make_fp8_device_model(kV2Lite, seed + 600, stream);
       DeviceModel v3_fp8 = make_fp8_device_model(kV3, seed + 700, stream);
       for (const DeviceModel* dm : {&v2lite_fp8, &v3_fp8}) {
@@ -990,7 +1003,7 @@ int run(int argc, char** argv) {
         add({.dm = dm, .tokens = 32768, .tag = "fp8-w8a8", .stages = false, .w8a8 = true});
       }
     }
-    if (!quick && !prefill && !decode) {
+    if (!quick && !only_listed) {
       add({.dm = &v2lite, .tokens = 1, .prefetch = MoeDownPrefetch::kOff, .tag = "prefetch-off", .stages = false});
       add({.dm = &v2lite, .tokens = 1, .tag = "sep-combine", .stages = false, .separate_combine = true});
       add({.dm = &v2lite, .tokens = 1, .tag = "two-kernel", .stages = false, .two_kernels = true});

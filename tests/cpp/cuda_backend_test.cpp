@@ -30,6 +30,7 @@
 #include "backend/cuda/gemm/fp8_decode_route.h"
 #include "backend/cuda/mla/mla_decode.cuh"
 #include "backend/cuda/mla/mla_prefill.cuh"
+#include "backend/cuda/moe/moe_small_tiles.h"
 #include "backend/cuda/gemm/skinny_gemm.cuh"
 #include "backend/cuda/runtime/tuning.h"
 #include "device_memory.h"
@@ -1896,6 +1897,37 @@ TEST(Fp8DecodeRoute, LargeW8A8ProjectionsLeaveTheSkinnyKernelPastTheCap) {
   // The switch moves the cap: 0 sends even one token of a large W8A8 projection to the block-scaled GEMM.
   EXPECT_FALSE(cuda::fp8_decode_takes_skinny(launch(1, 7168, 16384), 0));
   EXPECT_TRUE(cuda::fp8_decode_takes_skinny(launch(64, 7168, 16384), 64));
+}
+
+// The small-M expert kernels' token tiles at DeepSeek's shapes (host code): one tile up to 8 tokens; beyond, by the
+// experts' average rows, bf16 below 4, FP8 up to 6; INT4 and FP4 four tiles past 8 tokens.
+TEST(MoeSmallTokenTiles, FollowTheExpertsAverageRows) {
+  using cuda::MoeWeightFormat;
+  const auto v3 = [](int64_t tokens, MoeWeightFormat f) { return cuda::moe_small_token_tiles(tokens, 8, 256, f); };
+  const auto v2_lite = [](int64_t tokens, MoeWeightFormat f) { return cuda::moe_small_token_tiles(tokens, 6, 64, f); };
+  for (const MoeWeightFormat f : {MoeWeightFormat::kBf16, MoeWeightFormat::kFp8, MoeWeightFormat::kInt4,
+                                  MoeWeightFormat::kFp4}) {
+    for (const int64_t tokens : {int64_t{1}, int64_t{8}}) {
+      EXPECT_EQ(v3(tokens, f), 1) << tokens;
+      EXPECT_EQ(v2_lite(tokens, f), 1) << tokens;
+    }
+    if (f == MoeWeightFormat::kInt4 || f == MoeWeightFormat::kFp4) {
+      EXPECT_EQ(v3(9, f), 4);
+      EXPECT_EQ(v2_lite(32, f), 4);
+    }
+  }
+  EXPECT_EQ(v3(64, MoeWeightFormat::kBf16), 1);    // 2 rows an expert
+  EXPECT_EQ(v3(127, MoeWeightFormat::kBf16), 1);   // just under 4
+  EXPECT_EQ(v3(128, MoeWeightFormat::kBf16), 4);   // 4
+  EXPECT_EQ(v2_lite(32, MoeWeightFormat::kBf16), 1);  // 3
+  EXPECT_EQ(v2_lite(64, MoeWeightFormat::kBf16), 4);  // 6
+  EXPECT_EQ(v3(128, MoeWeightFormat::kFp8), 1);       // 4
+  EXPECT_EQ(v3(192, MoeWeightFormat::kFp8), 1);       // 6
+  EXPECT_EQ(v3(193, MoeWeightFormat::kFp8), 4);
+  EXPECT_EQ(v2_lite(64, MoeWeightFormat::kFp8), 1);   // 6
+  EXPECT_EQ(v2_lite(65, MoeWeightFormat::kFp8), 4);
+  // Under expert parallelism the rows spread over the whole model's routed experts, which the caller passes.
+  EXPECT_EQ(cuda::moe_small_token_tiles(64, 8, 256, MoeWeightFormat::kBf16), 1);
 }
 
 // DEEPINFER_FP8_SKINNY_MAX_TOKENS's values (host code): unset or empty keeps the default, a count in [0, 64] sets

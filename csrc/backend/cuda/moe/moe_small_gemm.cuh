@@ -41,6 +41,7 @@
 #include "backend/cuda/runtime/launch.h"
 #include "backend/cuda/moe/moe_internal.h"
 #include "backend/cuda/moe/moe_ptx.cuh"
+#include "backend/cuda/moe/moe_small_tiles.h"
 
 namespace deepinfer::cuda::moe_detail {
 
@@ -490,10 +491,11 @@ void launch_small_gemm_in_fewest_waves(const MoeKernelParams& kp, LaunchStream s
   }
 }
 
-// Up to 8 tokens no expert has more than 8 rows (one pass of one token tile); beyond, 32 rows a pass.
+// One token tile a pass or four, by the experts' average rows (moe_small_tiles.h).
 template <GemmKind kKind, MoeWeightFormat kFormat>
 void launch_small_gemm_for_tokens(const MoeKernelParams& kp, LaunchStream stream) {
-  if (kp.p.num_tokens <= 8) {
+  const MoeParams& p = kp.p;
+  if (moe_small_token_tiles(p.num_tokens, p.top_k - p.num_shared_experts, num_routed_experts(p), kFormat) == 1) {
     launch_small_gemm_in_fewest_waves<kKind, 1, kFormat>(kp, stream);
   } else {
     launch_small_gemm<SmallTraits<kKind, 4, 4, kFormat>>(kp, stream);
