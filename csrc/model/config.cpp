@@ -91,7 +91,9 @@ double yarn_mscale(double scale, double mscale) {
   return 0.1 * mscale * std::log(scale) + 1.0;
 }
 
-// DeepSeek's block-scaled FP8.
+// DeepSeek's block-scaled FP8. transformers' FineGrainedFP8Config may list modules it left in their dtype
+// (modules_to_not_convert, keys matched anywhere in the name); the loader reads that from the tensors, the memory plan
+// from this list.
 void parse_fp8(const json& q, ModelConfig& c) {
   c.fp8.enabled = true;
   if (auto b = q.find("weight_block_size"); b != q.end() && b->is_array() && b->size() == 2) {
@@ -99,6 +101,9 @@ void parse_fp8(const json& q, ModelConfig& c) {
     c.fp8.block_cols = (*b)[1].get<int64_t>();
   }
   c.fp8.scale_fmt = get_or<std::string>(q, "scale_fmt", "");
+  const std::string where = "config.json: quantization_config";
+  c.quantized_modules = QuantizedModules(QuantizedModules::Matching::kSubstring, {},
+                                         string_list(q, "modules_to_not_convert", where), where);
 }
 
 // The FP4 layouts compressed-tensors writes (model/fp4.h), by their format name; kNone for others.

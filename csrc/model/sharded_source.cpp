@@ -61,6 +61,9 @@ class ShardedSource final : public WeightSource {
     return (split == TensorSplit::kRows ? (*local)[0] : (*local)[1]) % kFp8Block == 0;
   }
 
+  bool fp8_checkpoint() const override { return inner_.fp8_checkpoint(); }
+  bool stored_fp8(const std::string& name) const override { return inner_.stored_fp8(name); }
+
   void read_fp8_rows(const std::string& name, std::span<const int64_t> shape, int64_t first_row, int64_t num_rows,
                      std::span<uint8_t> codes, std::span<float> scale_inv) const override {
     const TensorSplit split = tensor_split(name, shard_.expert_parallel);

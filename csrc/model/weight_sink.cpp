@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -72,7 +73,9 @@ class Sink final : public WeightSink {
   }
 
   Tensor allocate(Shape shape, WeightRole role) override {
-    return placement_->empty(shape, role == WeightRole::kVector ? DType::kF32 : matrix_dtype_);
+    Tensor t = placement_->empty(shape, role == WeightRole::kVector ? DType::kF32 : matrix_dtype_);
+    if (emulate_fp8_) emulated_.erase(t.cview().data);  // memory an emulated FP8 weight freed may come back here
+    return t;
   }
 
   void write(Tensor& dst, int64_t offset, std::span<const float> values) override {
@@ -100,7 +103,11 @@ class Sink final : public WeightSink {
     DI_CHECK(shape.ndim() == 2 || shape.ndim() == 3, "a linear weight is 2-D or 3-D (stacked experts), got ",
              shape.str());
     if (!format_.fp8) return Weight(allocate(shape, WeightRole::kMatrix));
-    if (emulate_fp8_) return Weight(placement_->empty(shape, DType::kF32));
+    if (emulate_fp8_) {
+      Tensor values = placement_->empty(shape, DType::kF32);
+      if (values.numel() > 0) emulated_.insert(values.cview().data);
+      return Weight(std::move(values));
+    }
     return Weight(placement_->empty(shape, DType::kF8E4M3), placement_->empty(fp8_scale_shape(shape), DType::kF32),
                   format_.fp8_activations);
   }
@@ -108,7 +115,8 @@ class Sink final : public WeightSink {
   void write(Weight& dst, int64_t offset, std::span<const float> values) override {
     DI_CHECK(!dst.is_packed4(), "weight sink: float32 values cannot be written into a packed 4-bit weight ",
              dst.shape().str(), " (its rows come from the source in 4 bits)");
-    if (!format_.fp8) {
+    // By the weight, not the sink's format: an FP8 sink's loader keeps some linear layers plain (weight_sink.h).
+    if (!is_fp8_weight(dst)) {
       write(dst.values, offset, values);
       return;
     }
@@ -149,6 +157,10 @@ class Sink final : public WeightSink {
 
   bool fp8_linear() const override { return format_.fp8; }
   bool takes_fp8() const override { return format_.fp8 && !emulate_fp8_; }
+  // Emulated FP8 weights are float32 like plain ones, so the sink remembers which tensors it allocated as FP8.
+  bool is_fp8_weight(const Weight& w) const override {
+    return emulate_fp8_ ? w.numel() > 0 && emulated_.contains(w.values.cview().data) : w.is_fp8();
+  }
 
   void write_fp8(Weight& dst, int64_t matrix, int64_t first_row, const Fp8Rows& piece) override {
     DI_CHECK(takes_fp8() && dst.is_fp8(), "weight sink: stored FP8 codes go only into an FP8 weight");
@@ -252,6 +264,9 @@ class Sink final : public WeightSink {
   bool emulate_fp8_;
   std::vector<uint16_t> staging_;  // bfloat16 bits of the chunk being copied
   std::map<std::pair<const void*, int64_t>, PendingBlockRow> pending_;  // (weight, block row over its matrices)
+  // Emulating: the memory of each FP8 weight allocate_linear made (and allocate has not given out since). Like
+  // pending_'s keys, valid while the weights live (a load), which is when the sink writes them.
+  std::set<const void*> emulated_;
   std::vector<uint8_t> codes_;
   std::vector<float> scales_, dequantized_;
   std::vector<int32_t> words_;  // an INT4 piece's packed codes or zero points on their way

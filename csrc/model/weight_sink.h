@@ -4,7 +4,8 @@
 // A sink also decides how linear layers' weights are stored (WeightFormat): in the matrix dtype, or as block-scaled
 // FP8 (core/weight.h). An FP8 sink takes FP8 checkpoints' codes and scales as they are (write_fp8), and quantizes
 // float32 values it is given (a bf16 checkpoint, or a piece whose blocks do not line up with the stored ones) into
-// 128 x 128 blocks once every row of a block row has arrived.
+// 128 x 128 blocks once every row of a block row has arrived. The loader may still give an FP8 sink's linear layers
+// a plain matrix (allocate with kMatrix): the layers an FP8 checkpoint stores unquantized, and MTP's eh_proj.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +24,8 @@ class Backend;
 // What a weight is to the ops: a matrix kept in the sink's matrix dtype (embeddings, the router, MLA's absorbed
 // per-head matrices), a norm weight / bias (float32), or a linear layer's weight, which the sink's WeightFormat
 // applies to. The FP8 weights are those DeepSeek's own FP8 release quantizes: every projection of attention and of
-// the MLPs and experts; embeddings, lm_head, norms and the router stay in the model dtype.
+// the MLPs and experts; embeddings, lm_head, norms, the router and the MTP layer's eh_proj stay in the model dtype.
+// An FP8 checkpoint's own choice stands over this list (weights.cpp, Loader::fp8_weight).
 enum class WeightRole : uint8_t { kMatrix, kVector, kLinear };
 
 // How linear weights are stored.
@@ -56,11 +58,13 @@ class WeightSink {
   // A linear layer's weight of `shape` ([N, K], or [E, N, K] stacked experts) in the sink's format. The default is a
   // matrix (allocate with kMatrix).
   virtual Weight allocate_linear(Shape shape) { return Weight(allocate(shape, WeightRole::kMatrix)); }
-  // Float32 values into a linear weight, as write() does; an FP8 weight quantizes them (whole rows only, every row
-  // of the weight written exactly once).
+  // Float32 values into a linear weight, as write() does; one of the sink's FP8 weights (is_fp8_weight) quantizes
+  // them (whole rows only, every row of the weight written exactly once), a plain one takes them as a matrix.
   virtual void write(Weight& dst, int64_t offset, std::span<const float> values) { write(dst.values, offset, values); }
   // Whether linear weights are FP8 (stored as FP8, or emulated in float32).
   virtual bool fp8_linear() const { return false; }
+  // Whether `w` is one of this sink's FP8 weights (allocate_linear's where fp8_linear()), rather than a plain matrix.
+  virtual bool is_fp8_weight(const Weight& w) const { return w.is_fp8(); }
   // Whether write_fp8 places stored FP8 pieces as they are (the sink's weights are FP8).
   virtual bool takes_fp8() const { return false; }
   // Stored FP8 block rows into matrix `matrix` (0 for a 2-D weight) of `dst` from row `first_row` on (a multiple of

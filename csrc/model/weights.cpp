@@ -23,7 +23,9 @@ namespace {
 class CheckpointSource final : public WeightSource {
  public:
   CheckpointSource(Checkpoint checkpoint, const ModelConfig& config)
-      : checkpoint_(std::move(checkpoint)), fp8_block_{config.fp8.block_rows, config.fp8.block_cols} {}
+      : checkpoint_(std::move(checkpoint)),
+        fp8_block_{config.fp8.block_rows, config.fp8.block_cols},
+        fp8_checkpoint_(config.fp8.enabled) {}
 
   bool contains(const std::string& name) const override { return checkpoint_.contains(name); }
   std::optional<std::vector<int64_t>> stored_shape(const std::string& name) const override {
@@ -34,8 +36,11 @@ class CheckpointSource final : public WeightSource {
     checkpoint_.read_rows_f32(name, shape, first_row, num_rows, out, fp8_block_);
   }
   bool stores_fp8(const std::string& name) const override {
-    return fp8_block_ == std::array<int64_t, 2>{kFp8Block, kFp8Block} && checkpoint_.contains(name) &&
-           checkpoint_.get(name).dtype == DType::kF8E4M3;
+    return fp8_block_ == std::array<int64_t, 2>{kFp8Block, kFp8Block} && stored_fp8(name);
+  }
+  bool fp8_checkpoint() const override { return fp8_checkpoint_; }
+  bool stored_fp8(const std::string& name) const override {
+    return checkpoint_.contains(name) && checkpoint_.get(name).dtype == DType::kF8E4M3;
   }
   void read_fp8_rows(const std::string& name, std::span<const int64_t> shape, int64_t first_row, int64_t num_rows,
                      std::span<uint8_t> codes, std::span<float> scale_inv) const override {
@@ -45,6 +50,7 @@ class CheckpointSource final : public WeightSource {
  private:
   Checkpoint checkpoint_;
   std::array<int64_t, 2> fp8_block_;
+  bool fp8_checkpoint_;
 };
 
 // ---------------------------------------------------------------------------------------------- dummy weights
@@ -172,6 +178,11 @@ int64_t chunk_rows(int64_t row) { return std::max<int64_t>(1, kLoadChunkFloats /
 int64_t block_chunk_rows(int64_t row) { return std::max<int64_t>(1, chunk_rows(row) / kFp8Block) * kFp8Block; }
 int64_t row_elems(const Shape& s) { return num_rows(s) == 0 ? 0 : s.numel() / num_rows(s); }
 
+// Whether quantizing at load (a bf16 checkpoint into an FP8 sink) rounds a linear weight to FP8: DeepSeek's FP8
+// release, which quantization at load follows, quantizes every projection but the MTP layer's eh_proj (vLLM and
+// SGLang build that one as a plain linear layer too).
+enum class Fp8AtLoad : uint8_t { kQuantize, kKeep };
+
 // Reads tensors piece by piece into one reusable host buffer and hands each piece to the sink.
 class Loader {
  public:
@@ -185,21 +196,48 @@ class Loader {
   void write(Dst& dst, int64_t offset, std::span<const float> values) { sink_.write(dst, offset, values); }
   void finish() { sink_.finish(); }
 
+  // Whether linear weight `name` takes the sink's FP8 format. An FP8 checkpoint answers tensor by tensor: the layers
+  // it stores unquantized (DeepSeek-V3's MTP eh_proj, a config's ignore / modules_to_not_convert list) stay in the
+  // model dtype as its authors left them, rather than being rounded to FP8 here. Quantizing at load, `at_load` says.
+  bool fp8_weight(const std::string& name, Fp8AtLoad at_load = Fp8AtLoad::kQuantize) const {
+    if (!sink_.fp8_linear()) return false;
+    if (source_.fp8_checkpoint()) return source_.stored_fp8(name);
+    return at_load == Fp8AtLoad::kQuantize;
+  }
+  // Whether the sink's FP8 format rounds values at load (no FP8 checkpoint: a bf16 one, or dummy weights).
+  bool quantizes_at_load() const { return sink_.fp8_linear() && !source_.fp8_checkpoint(); }
+
   // A linear weight of `shape` for source tensor `name` (the first of those it will hold): packed INT4 where the sink
-  // keeps 4-bit weights and the source has `name` in 4 bits, the sink's format otherwise.
-  Weight allocate_linear_for(const std::string& name, Shape shape) {
+  // keeps 4-bit weights and the source has `name` in 4 bits, FP8 where fp8_weight(name), a matrix otherwise.
+  Weight allocate_linear_for(const std::string& name, Shape shape, Fp8AtLoad at_load = Fp8AtLoad::kQuantize) {
     if (sink_.takes_int4()) {
       if (std::optional<Int4Form> form = source_.int4_form(name)) {
         if (form->group_size == -1) form->group_size = shape[shape.ndim() - 1];  // a group per row
         return sink_.allocate_int4(shape, *form);
       }
     }
+    if (sink_.fp8_linear() && !fp8_weight(name, at_load)) return Weight(allocate(shape, WeightRole::kMatrix));
     return allocate_linear(shape);
   }
+  // A weight stacked from source tensors `names` (gate_proj and up_proj; every expert's) takes the format of the
+  // first. An FP8 checkpoint whose pieces disagree is refused rather than loaded in one format: rounding its bf16
+  // pieces to FP8, or widening its FP8 ones into a bf16 stack, would load other weights than it stores, and the
+  // fused ops take one format a stack. (INT4 stacks check the same as their pieces arrive: copy_int4_rows.)
+  Weight allocate_stacked(std::span<const std::string> names, Shape shape) {
+    DI_CHECK(!names.empty(), "a stacked weight ", shape.str(), " needs at least one source tensor");
+    const bool fp8 = fp8_weight(names[0]);
+    for (const std::string& name : names.subspan(1)) {
+      DI_CHECK(fp8_weight(name) == fp8, "tensors ", names[0], " and ", name, " are stacked into one weight ",
+               shape.str(), ", but the checkpoint stores ", fp8 ? "the first" : "the second", " as FP8 and ",
+               fp8 ? "the second" : "the first", " unquantized; a stacked weight (gate and up, the experts, the "
+               "shared experts after the routed ones) is loaded in one format");
+    }
+    return allocate_linear_for(names[0], shape);
+  }
 
-  // A linear layer's weight `name` of `shape`, placed in the sink's format.
-  Weight read_linear(const std::string& name, Shape shape) {
-    Weight w = allocate_linear_for(name, shape);
+  // A linear layer's weight `name` of `shape`, placed in the format allocate_linear_for gives it.
+  Weight read_linear(const std::string& name, Shape shape, Fp8AtLoad at_load = Fp8AtLoad::kQuantize) {
+    Weight w = allocate_linear_for(name, shape, at_load);
     copy_linear(name, shape, 0, num_rows(shape), w, 0);
     return w;
   }
@@ -358,8 +396,6 @@ class Loader {
   }
 
   bool contains(const std::string& name) const { return source_.contains(name); }
-  bool fp8_linear() const { return sink_.fp8_linear(); }
-  bool stores_fp8(const std::string& name) const { return source_.stores_fp8(name); }
   std::optional<std::vector<int64_t>> stored_shape(const std::string& name) const {
     return source_.stored_shape(name);
   }
@@ -384,7 +420,8 @@ class Loader {
 // gate_proj and up_proj [inter, dim] stacked into gate_up [2 * inter, dim].
 MlpWeights load_mlp(Loader& loader, const std::string& prefix, int64_t dim, int64_t inter) {
   MlpWeights w;
-  w.gate_up = loader.allocate_linear_for(prefix + "gate_proj.weight", {2 * inter, dim});
+  w.gate_up = loader.allocate_stacked(std::vector{prefix + "gate_proj.weight", prefix + "up_proj.weight"},
+                                      {2 * inter, dim});
   loader.copy_linear(prefix + "gate_proj.weight", {inter, dim}, 0, inter, w.gate_up, 0);
   loader.copy_linear(prefix + "up_proj.weight", {inter, dim}, 0, inter, w.gate_up, inter * dim);
   w.down = loader.read_linear(prefix + "down_proj.weight", {dim, inter});
@@ -406,13 +443,13 @@ MlaWeights load_mla(Loader& loader, const ModelConfig& c, const std::string& p) 
   w.kv_a_norm = loader.read(p + "kv_a_layernorm.weight", {rank}, WeightRole::kVector);
 
   // kv_b_proj, one head at a time: its nope + v rows are placed as they are, and split into W_UK (transposed to
-  // [rank, nope]) and W_UV ([v, rank]) for the absorbed form. It stays in the model dtype, but with FP8 weights it holds
-  // FP8 values: a bf16 checkpoint's kv_b_proj is rounded to FP8 blocks as DeepSeek's FP8 release stores it (the
-  // whole tensor, 0.15% of a V3 layer, is read at once for that).
+  // [rank, nope]) and W_UV ([v, rank]) for the absorbed form. It stays in the model dtype, but quantizing at load it
+  // holds FP8 values: a bf16 checkpoint's kv_b_proj is rounded to FP8 blocks as DeepSeek's FP8 release stores it (the
+  // whole tensor, 0.15% of a V3 layer, is read at once for that). An FP8 checkpoint's is read as stored.
   const Shape kv_b_shape{h * (nope + v), rank};
   const std::string kv_b_name = p + "kv_b_proj.weight";
   std::vector<float> kv_b_rounded;
-  if (loader.fp8_linear() && !loader.stores_fp8(kv_b_name)) {
+  if (loader.quantizes_at_load()) {
     const std::span<const float> all = loader.read_rows(kv_b_name, kv_b_shape, 0, kv_b_shape[0]);
     std::vector<uint8_t> codes(all.size());
     std::vector<float> scales(static_cast<size_t>(fp8_blocks(kv_b_shape[0]) * fp8_blocks(rank)));
@@ -479,13 +516,26 @@ MoeWeights load_moe(Loader& loader, const ModelConfig& c, const std::string& p, 
     w.correction_bias = loader.read(p + "gate.e_score_correction_bias", {e}, WeightRole::kVector);
   }
   // One expert at a time, into its slice of the stacked tensors; the shared experts after the routed ones.
-  // Packed INT4 when the first expert's tensors are 4-bit (every expert's must then be).
+  // In the first expert's format: packed INT4 when its tensors are 4-bit (every expert's must then be), FP8 when the
+  // sink's and an FP8 checkpoint's (every piece's must then be).
   const bool fused = loader.contains(p + "experts.gate_up_proj") && !loader.contains(p + "experts.0.gate_proj.weight");
-  const std::string first_expert = p + "experts." + std::to_string(first) + ".";
-  w.experts_gate_up = loader.allocate_linear_for(fused ? p + "experts.gate_up_proj" : first_expert + "gate_proj.weight",
-                                                 {local + stacked_shared, 2 * inter, d});
-  w.experts_down = loader.allocate_linear_for(fused ? p + "experts.down_proj" : first_expert + "down_proj.weight",
-                                              {local + stacked_shared, d, inter});
+  std::vector<std::string> gate_up_pieces, down_pieces;  // the source tensors of each stacked weight
+  if (fused) {
+    gate_up_pieces.push_back(p + "experts.gate_up_proj");
+    down_pieces.push_back(p + "experts.down_proj");
+  }
+  for (int64_t x = 0; x < local && !fused; ++x) {
+    const std::string ex = p + "experts." + std::to_string(first + x) + ".";
+    gate_up_pieces.insert(gate_up_pieces.end(), {ex + "gate_proj.weight", ex + "up_proj.weight"});
+    down_pieces.push_back(ex + "down_proj.weight");
+  }
+  if (stacked_shared > 0) {
+    gate_up_pieces.insert(gate_up_pieces.end(), {p + "shared_experts.gate_proj.weight",
+                                                 p + "shared_experts.up_proj.weight"});
+    down_pieces.push_back(p + "shared_experts.down_proj.weight");
+  }
+  w.experts_gate_up = loader.allocate_stacked(gate_up_pieces, {local + stacked_shared, 2 * inter, d});
+  w.experts_down = loader.allocate_stacked(down_pieces, {local + stacked_shared, d, inter});
   w.num_shared_experts = stacked_shared;
   w.first_expert = first;
   w.num_routed_experts = e;
@@ -577,7 +627,8 @@ ModelWeights load_weights(const ModelConfig& c, const WeightSource& source, Weig
     MtpWeights mtp;
     mtp.enorm = loader.read(p + "enorm.weight", {d}, WeightRole::kVector);
     mtp.hnorm = loader.read(p + "hnorm.weight", {d}, WeightRole::kVector);
-    mtp.eh_proj = loader.read_linear(p + "eh_proj.weight", {d, 2 * d});
+    // In the model dtype unless an FP8 checkpoint stores it FP8 (DeepSeek-V3's stores it in bf16): Fp8AtLoad.
+    mtp.eh_proj = loader.read_linear(p + "eh_proj.weight", {d, 2 * d}, Fp8AtLoad::kKeep);
     mtp.block = load_layer(loader, c, n, shard);
     mtp.head_norm = loader.read(p + "shared_head.norm.weight", {d}, WeightRole::kVector);
     w.mtp = std::move(mtp);

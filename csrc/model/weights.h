@@ -96,6 +96,14 @@ class WeightSource {
   virtual std::optional<std::vector<int64_t>> stored_shape(const std::string& /*name*/) const { return std::nullopt; }
   // Whether tensor `name` is stored as block-scaled FP8 in 128 x 128 blocks, which read_fp8_rows reads as stored.
   virtual bool stores_fp8(const std::string& /*name*/) const { return false; }
+  // Whether the source is an FP8 checkpoint (its config's Fp8Config.enabled): its authors chose which linear layers
+  // to quantize, so an FP8 sink keeps the ones it stores unquantized (!stored_fp8) in the model dtype. Otherwise (a
+  // bf16 checkpoint, dummy weights) an FP8 sink quantizes linear weights at load.
+  virtual bool fp8_checkpoint() const { return false; }
+  // Whether tensor `name` is stored as FP8 codes with scales, in blocks of any size: stores_fp8 without its
+  // condition that the blocks (and, sharded, this rank's slice) fall on 128 x 128 (those are read as float32 and
+  // quantized again, but stay FP8).
+  virtual bool stored_fp8(const std::string& name) const { return stores_fp8(name); }
   // The stored codes of rows [first_row, first_row + num_rows) of 2-D FP8 tensor `name` (first_row a multiple of
   // 128) and the scales of their block rows; only where stores_fp8(name). Throws like read_rows.
   virtual void read_fp8_rows(const std::string& name, std::span<const int64_t> shape, int64_t first_row,

@@ -3,7 +3,8 @@
 * weights: the tensors csrc/model/weights.cpp places for one rank, split as csrc/model/model_shard.h says, in the
   dtypes of the weight sink (csrc/model/weight_sink.h): matrices in the compute dtype (bfloat16 on CUDA, float32 on
   the CPU), norm weights float32, linear layers FP8 codes plus a float32 scale per 128 x 128 block when the weights
-  are FP8 (on the CPU they are float32 tensors holding the FP8 values). kv_b_proj is resident twice: as stored, for
+  are FP8 (on the CPU they are float32 tensors holding the FP8 values), but for those the checkpoint leaves
+  unquantized and the MTP layer's eh_proj, which stay matrices. kv_b_proj is resident twice: as stored, for
   prefill, and as its per-head W_UK / W_UV halves, for the absorbed decode.
 * the latent cache's bytes a token: csrc/engine/latent_cache.h and backend/ops/latent_fp8.h.
 * the working memory of the largest step, which the engine measures (it runs that step once and reads the device's
@@ -94,10 +95,10 @@ class _Tally:
 
     def linear(self, rows: int, cols: int, matrices: int = 1, quantized: bool = True) -> None:
         """A linear layer's [rows, cols] weight (`matrices` of them stacked, the experts); `quantized` False: one the
-        checkpoint keeps in its dtype, which a 4-bit checkpoint's loader keeps so (a matrix in the compute dtype) and
-        an FP8 one's quantizes to FP8 at load as a bf16 checkpoint's."""
+        checkpoint keeps in its dtype (or that FP8 at load leaves so, eh_proj), which the loader keeps so too: a
+        matrix in the compute dtype (weights.cpp Loader::fp8_weight)."""
         n = matrices * rows * cols
-        if not quantized and self.linear_format in ("int4", "fp4"):
+        if not quantized and self.linear_format in ("fp8", "int4", "fp4"):
             self.matrix(n)
         elif self.linear_format == "fp8":
             self._add(FP8, n)
@@ -133,7 +134,9 @@ def resident_weight_bytes(d: ModelDims, layout: Layout, linear_format: str, devi
     for layer in range(d.num_hidden_layers, d.num_hidden_layers + mtp_layers):
         t.vector(dim)               # enorm
         t.vector(dim)               # hnorm
-        t.linear(dim, 2 * dim, quantized=_quantized(d, layer, "eh_proj"))
+        # FP8 keeps eh_proj in the compute dtype: DeepSeek's FP8 release stores it in bf16 (with no list saying so),
+        # and quantization at load follows that release. (An FP8 checkpoint that stores it in FP8 loads it so.)
+        t.linear(dim, 2 * dim, quantized=_quantized(d, layer, "eh_proj") and t.linear_format != "fp8")
         _decoder_layer(t, d, layout, layer)
         t.vector(dim)               # shared_head.norm
     return t.bytes

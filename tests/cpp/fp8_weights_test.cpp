@@ -1,17 +1,22 @@
 // FP8 weights on the host: the e4m3 encoder against the decoder's table, block quantization, and load_weights into
-// FP8 sinks (stored FP8 placed as stored, bf16 quantized per block, float32 emulation).
+// FP8 sinks (stored FP8 placed as stored, bf16 quantized per block, float32 emulation, the layers an FP8 checkpoint
+// or DeepSeek's FP8 release leaves unquantized kept plain).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "core/error.h"
 #include "core/fp8.h"
+#include "core/half.h"
 #include "core/weight.h"
+#include "model/sharded_source.h"
 #include "model/weight_sink.h"
 #include "model/weights.h"
 #include "safetensors_writer.h"
@@ -138,6 +143,8 @@ class CountingSource final : public WeightSource {
     inner_.read_rows(name, shape, first_row, num_rows, out);
   }
   bool stores_fp8(const std::string& name) const override { return inner_.stores_fp8(name); }
+  bool fp8_checkpoint() const override { return inner_.fp8_checkpoint(); }
+  bool stored_fp8(const std::string& name) const override { return inner_.stored_fp8(name); }
   void read_fp8_rows(const std::string& name, std::span<const int64_t> shape, int64_t first_row, int64_t num_rows,
                      std::span<uint8_t> codes, std::span<float> scale_inv) const override {
     ++fp8_reads_[name];
@@ -152,15 +159,24 @@ class CountingSource final : public WeightSource {
   mutable std::map<std::string, int> fp8_reads_;
 };
 
-// A checkpoint of `c` from `values` with every linear layer quantized to FP8 (codes and scales from
-// quantize_fp8_block_rows), the rest float32.
-void write_fp8_checkpoint(const std::filesystem::path& dir, const ModelConfig& c, const WeightSource& values) {
+// A checkpoint of `c` (and its MTP layer where c.num_nextn_predict_layers > 0) from `values` with every linear layer
+// quantized to FP8 (codes and scales from quantize_fp8_block_rows) but the tensors named in `bf16`, stored in
+// bfloat16 without scales (as DeepSeek-V3 stores its MTP eh_proj), the rest float32.
+void write_fp8_checkpoint(const std::filesystem::path& dir, const ModelConfig& c, const WeightSource& values,
+                          const std::set<std::string>& bf16 = {}) {
   CountingSource recording(values);
-  (void)load_weights(c, recording);
+  const std::unique_ptr<WeightSink> f32 = make_host_sink();
+  (void)load_weights(c, recording, *f32, {}, {}, /*with_mtp=*/c.num_nextn_predict_layers > 0);
   std::vector<RawTensor> tensors;
   for (const auto& [name, shape] : recording.shapes()) {
     std::vector<float> v(static_cast<size_t>(Shape(shape).numel()));
     values.read(name, shape, v);
+    if (bf16.contains(name)) {
+      std::vector<uint16_t> bits(v.size());
+      std::transform(v.begin(), v.end(), bits.begin(), float_to_bf16);
+      tensors.push_back({name, "BF16", shape, to_bytes(bits)});
+      continue;
+    }
     if (!is_fp8_in_release(name)) {
       tensors.push_back({name, "F32", shape, to_bytes(v)});
       continue;
@@ -174,25 +190,27 @@ void write_fp8_checkpoint(const std::filesystem::path& dir, const ModelConfig& c
   write_safetensors(dir / "model.safetensors", tensors);
 }
 
-// Every linear weight of `w`, by name.
+// The linear weights of decoder layer `l` into `out`, by name after `p`.
+void add_layer_linears(const LayerWeights& l, const std::string& p, std::map<std::string, const Weight*>& out) {
+  out[p + "q_a_proj"] = &l.attn.q_a_proj;
+  out[p + "q_b_proj"] = &l.attn.q_b_proj;
+  out[p + "kv_a_proj"] = &l.attn.kv_a_proj;
+  out[p + "o_proj"] = &l.attn.o_proj;
+  if (l.mlp) {
+    out[p + "mlp.gate_up"] = &l.mlp->gate_up;
+    out[p + "mlp.down"] = &l.mlp->down;
+  }
+  if (l.moe) {
+    out[p + "experts_gate_up"] = &l.moe->experts_gate_up;
+    out[p + "experts_down"] = &l.moe->experts_down;
+  }
+}
+
+// Every linear weight of `w`'s main layers (and of its MTP layer's block, as "mtp.*"; eh_proj apart), by name.
 std::map<std::string, const Weight*> linear_weights(const ModelWeights& w) {
   std::map<std::string, const Weight*> out;
-  for (size_t i = 0; i < w.layers.size(); ++i) {
-    const LayerWeights& l = w.layers[i];
-    const std::string p = "layers." + std::to_string(i) + ".";
-    out[p + "q_a_proj"] = &l.attn.q_a_proj;
-    out[p + "q_b_proj"] = &l.attn.q_b_proj;
-    out[p + "kv_a_proj"] = &l.attn.kv_a_proj;
-    out[p + "o_proj"] = &l.attn.o_proj;
-    if (l.mlp) {
-      out[p + "mlp.gate_up"] = &l.mlp->gate_up;
-      out[p + "mlp.down"] = &l.mlp->down;
-    }
-    if (l.moe) {
-      out[p + "experts_gate_up"] = &l.moe->experts_gate_up;
-      out[p + "experts_down"] = &l.moe->experts_down;
-    }
-  }
+  for (size_t i = 0; i < w.layers.size(); ++i) add_layer_linears(w.layers[i], "layers." + std::to_string(i) + ".", out);
+  if (w.mtp) add_layer_linears(w.mtp->block, "mtp.", out);
   return out;
 }
 
@@ -328,6 +346,201 @@ TEST(LoadFp8Weights, ResidentBytesAreCountedByDtype) {
   for (const auto& [dtype, n] : weight_bytes_by_dtype(w)) bytes[dtype] = n;
   EXPECT_EQ(bytes.at(DType::kF8E4M3), fp8_elements);
   EXPECT_GT(bytes.at(DType::kF32), 0);
+}
+
+// ---------------------------------------------------------------------------------------------- unquantized layers
+
+// fp8_config with DeepSeek-V3's MTP layer (model.layers.2.*, a MoE block).
+ModelConfig fp8_config_with_mtp() {
+  ModelConfig c = fp8_config();
+  c.num_nextn_predict_layers = 1;
+  return c;
+}
+
+// The stored codes and scales of 2-D FP8 tensor `name` of `checkpoint`.
+std::pair<std::vector<uint8_t>, std::vector<float>> stored_codes(const WeightSource& checkpoint,
+                                                                 const std::string& name, const Shape& shape) {
+  std::vector<uint8_t> codes(static_cast<size_t>(shape.numel()));
+  std::vector<float> scales(static_cast<size_t>(fp8_blocks(shape[0]) * fp8_blocks(shape[1])));
+  checkpoint.read_fp8_rows(name, shape.dims(), 0, shape[0], codes, scales);
+  return {codes, scales};
+}
+
+// A layer an FP8 checkpoint stores in bf16 without a scale (an ignore list's o_proj; DeepSeek-V3's MTP eh_proj) goes
+// into an FP8 sink as a plain matrix holding exactly its stored values, rather than being rounded to FP8 at load;
+// its FP8 neighbours keep their stored codes and scales bit for bit. On one rank and on a tensor-parallel rank, whose
+// o_proj is a slice of the stored columns.
+class Fp8CheckpointWithBf16Layers : public ::testing::TestWithParam<ModelShard> {};
+
+INSTANTIATE_TEST_SUITE_P(Shards, Fp8CheckpointWithBf16Layers,
+                         ::testing::Values(ModelShard{}, ModelShard{.rank = 1, .size = 2}),
+                         [](const auto& info) { return info.param.whole() ? "Whole" : "TpRank1Of2"; });
+
+TEST_P(Fp8CheckpointWithBf16Layers, KeepThoseLayersInTheModelDtype) {
+  ModelConfig c = fp8_config_with_mtp();
+  c.fp8.enabled = true;
+  const std::string o_proj_name = "model.layers.0.self_attn.o_proj.weight";
+  const std::string eh_proj_name = "model.layers.2.eh_proj.weight";
+  TempDir dir("deepinfer_fp8_bf16_test");
+  const auto values = make_dummy_source(5);
+  write_fp8_checkpoint(dir.path(), c, *values, {o_proj_name, eh_proj_name});
+  const ModelShard shard = GetParam();
+  const ModelConfig local = local_config(c, shard);
+  const auto checkpoint = open_checkpoint_source(dir.path(), c);
+  const auto source = make_sharded_source(*checkpoint, shard);
+  const std::unique_ptr<WeightSink> fp8_sink = make_host_sink({.fp8 = true}), f32_sink = make_host_sink();
+  const ModelWeights fp8 = load_weights(local, *source, *fp8_sink, {}, shard, /*with_mtp=*/true);
+  const ModelWeights f32 = load_weights(local, *source, *f32_sink, {}, shard, /*with_mtp=*/true);  // as stored
+
+  const Weight& o_proj = fp8.layers[0].attn.o_proj;
+  ASSERT_FALSE(o_proj.is_fp8());
+  EXPECT_FALSE(fp8_sink->is_fp8_weight(o_proj));
+  EXPECT_EQ(o_proj.dtype(), DType::kF32);  // the host sink's matrix dtype (bf16 on a GPU)
+  EXPECT_EQ(values_of(o_proj.values), values_of(f32.layers[0].attn.o_proj.values));
+  ASSERT_TRUE(fp8.mtp.has_value());
+  const Weight& eh_proj = fp8.mtp->eh_proj;
+  ASSERT_FALSE(eh_proj.is_fp8());
+  // The checkpoint's values: the source's, rounded to bf16 once when the checkpoint was written, and nothing else.
+  std::vector<float> eh_values(static_cast<size_t>(eh_proj.numel()));
+  values->read(eh_proj_name, eh_proj.shape().dims(), eh_values);
+  for (float& v : eh_values) v = bf16_to_float(float_to_bf16(v));
+  EXPECT_EQ(values_of(eh_proj.values), eh_values);
+
+  // Every other linear weight is FP8: on one rank exactly the stored FP8 values (a TP rank's slices off the 128 x 128
+  // blocks are quantized again); the replicated q_a_proj keeps its stored codes and scales bit for bit.
+  int64_t fp8_elements = 0;
+  for (const auto& [name, w] : linear_weights(fp8)) {
+    if (name == "layers.0.o_proj") continue;
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(w->is_fp8());
+    fp8_elements += w->numel();
+    if (shard.whole()) {
+      EXPECT_EQ(dequantized(*w), values_of(linear_weights(f32).at(name)->values));
+    }
+  }
+  for (const std::string layer : {"0", "2"}) {
+    const std::string name = "model.layers." + layer + ".self_attn.q_a_proj.weight";
+    SCOPED_TRACE(name);
+    const Weight& q_a = layer == "0" ? fp8.layers[0].attn.q_a_proj : fp8.mtp->block.attn.q_a_proj;
+    const auto [codes, scales] = stored_codes(*checkpoint, name, q_a.shape());
+    ASSERT_TRUE(q_a.is_fp8());
+    EXPECT_TRUE(std::equal(codes.begin(), codes.end(), q_a.values.view().as<uint8_t>()));
+    EXPECT_TRUE(std::equal(scales.begin(), scales.end(), q_a.scale_inv.f32()));
+  }
+  // The load log's bytes: the two plain layers count in the matrix dtype, not as FP8.
+  std::map<DType, int64_t> bytes;
+  for (const auto& [dtype, n] : weight_bytes_by_dtype(fp8)) bytes[dtype] = n;
+  EXPECT_EQ(bytes.at(DType::kF8E4M3), fp8_elements);
+}
+
+// Quantizing at load (a bf16 checkpoint into an FP8 sink) rounds every linear weight DeepSeek's FP8 release stores in
+// FP8, the MTP layer's block included, and keeps eh_proj in the model dtype as that release does; the emulating sink
+// holds the same FP8 values in float32 and eh_proj as read.
+TEST(LoadFp8Weights, QuantizingAtLoadKeepsEhProjInTheModelDtype) {
+  const ModelConfig c = fp8_config_with_mtp();
+  const auto source = make_dummy_source(6);
+  const std::unique_ptr<WeightSink> fp8_sink = make_host_sink({.fp8 = true});
+  const std::unique_ptr<WeightSink> emulating = make_fp8_emulating_host_sink();
+  const std::unique_ptr<WeightSink> f32_sink = make_host_sink();
+  const ModelWeights fp8 = load_weights(c, *source, *fp8_sink, {}, {}, /*with_mtp=*/true);
+  const ModelWeights emulated = load_weights(c, *source, *emulating, {}, {}, /*with_mtp=*/true);
+  const ModelWeights f32 = load_weights(c, *source, *f32_sink, {}, {}, /*with_mtp=*/true);
+  const auto fp8_linears = linear_weights(fp8), emulated_linears = linear_weights(emulated);
+  ASSERT_TRUE(fp8_linears.contains("mtp.experts_gate_up"));
+  for (const auto& [name, w] : fp8_linears) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(w->is_fp8());
+    const Weight& e = *emulated_linears.at(name);
+    EXPECT_TRUE(emulating->is_fp8_weight(e));
+    EXPECT_EQ(values_of(e.values), dequantized(*w));
+    EXPECT_NE(values_of(e.values), values_of(linear_weights(f32).at(name)->values));  // the rounding is real
+  }
+  const std::vector<float> eh_proj = values_of(f32.mtp->eh_proj.values);
+  ASSERT_FALSE(fp8.mtp->eh_proj.is_fp8());
+  EXPECT_EQ(values_of(fp8.mtp->eh_proj.values), eh_proj);
+  EXPECT_FALSE(emulating->is_fp8_weight(emulated.mtp->eh_proj));
+  EXPECT_EQ(values_of(emulated.mtp->eh_proj.values), eh_proj);
+}
+
+// A sink writes a linear weight by what the weight is: a plain matrix in an FP8 sink takes any range of values as
+// they are (an FP8 weight takes whole rows only, and quantizes them).
+TEST(LoadFp8Weights, PlainWeightsInAnFp8SinkAreWrittenAsMatrices) {
+  for (const bool emulate : {false, true}) {
+    SCOPED_TRACE(emulate ? "emulating sink" : "FP8 sink");
+    const std::unique_ptr<WeightSink> sink = emulate ? make_fp8_emulating_host_sink() : make_host_sink({.fp8 = true});
+    Weight plain(sink->allocate({3, 5}, WeightRole::kMatrix));
+    const Weight fp8 = sink->allocate_linear({3, 5});
+    EXPECT_FALSE(sink->is_fp8_weight(plain));
+    EXPECT_TRUE(sink->is_fp8_weight(fp8));
+    const std::vector<float> values = {0.1f, -0.2f, 0.3f, 0.7f, -1.5f, 2.25f, 1e-3f};
+    sink->write(plain, 4, values);  // not whole rows
+    EXPECT_NO_THROW(sink->finish());
+    EXPECT_TRUE(std::equal(values.begin(), values.end(), plain.values.f32() + 4));
+  }
+}
+
+// A stacked weight takes the format of its first tensor; an FP8 checkpoint whose pieces of one stack disagree (gate
+// FP8, up bf16; routed experts FP8, shared ones bf16) is refused, naming the two tensors, rather than having its bf16
+// pieces rounded to FP8. Loaded without FP8 weights (every tensor read as float32 values) it is fine.
+TEST(LoadFp8Weights, AStackOfFp8AndUnquantizedTensorsIsRefused) {
+  ModelConfig c = fp8_config();
+  c.fp8.enabled = true;
+  const auto values = make_dummy_source(7);
+  const std::vector<std::pair<std::set<std::string>, std::vector<std::string>>> cases = {
+      {{"model.layers.0.mlp.up_proj.weight"},
+       {"model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight"}},
+      {{"model.layers.1.mlp.shared_experts.gate_proj.weight", "model.layers.1.mlp.shared_experts.up_proj.weight",
+        "model.layers.1.mlp.shared_experts.down_proj.weight"},
+       {"model.layers.1.mlp.experts.0.gate_proj.weight", "model.layers.1.mlp.shared_experts.gate_proj.weight"}},
+  };
+  for (const auto& [bf16, named] : cases) {
+    SCOPED_TRACE(*bf16.begin());
+    TempDir dir("deepinfer_fp8_mixed_test");
+    write_fp8_checkpoint(dir.path(), c, *values, bf16);
+    const auto checkpoint = open_checkpoint_source(dir.path(), c);
+    const std::unique_ptr<WeightSink> sink = make_host_sink({.fp8 = true});
+    std::vector<std::string> parts = named;
+    parts.push_back("one format");
+    expect_error([&] { (void)load_weights(c, *checkpoint, *sink); }, parts);
+    EXPECT_NO_THROW((void)load_weights(c, *checkpoint));
+  }
+}
+
+// The ops take a plain weight beside FP8 ones: the CPU backend's multi_linear (the reference of the fused CUDA op)
+// over an FP8 and a plain target, one of them SwiGLU's gate_up, gives each target what linear gives it alone.
+TEST(LoadFp8Weights, MultiLinearTakesFp8AndPlainTargetsTogether) {
+  const std::unique_ptr<Backend> cpu = make_cpu_backend();
+  const std::unique_ptr<WeightSink> sink = make_host_sink({.fp8 = true});
+  const int64_t m = 3, k = 128;
+  Weight fp8 = sink->allocate_linear({256, k});
+  Weight plain(sink->allocate({10, k}, WeightRole::kMatrix));
+  const auto fill = [](std::vector<float>& v, float step) {
+    for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(step * static_cast<float>(i)) * 0.05f;
+  };
+  std::vector<float> fp8_values(256 * k), plain_values(10 * k), x_values(m * k);
+  fill(fp8_values, 0.31f);
+  fill(plain_values, 0.17f);
+  fill(x_values, 0.73f);
+  sink->write(fp8, 0, fp8_values);
+  sink->write(plain, 0, plain_values);
+  sink->finish();
+  Tensor x = Tensor::empty({m, k}, DType::kF32);
+  std::copy(x_values.begin(), x_values.end(), x.f32());
+  for (const bool fp8_gate_up : {false, true}) {
+    SCOPED_TRACE(fp8_gate_up ? "FP8 gate_up, plain linear" : "FP8 linear, plain gate_up");
+    const Weight& gate_up = fp8_gate_up ? fp8 : plain;
+    const Weight& other = fp8_gate_up ? plain : fp8;
+    Tensor act = Tensor::empty({m, gate_up.shape()[0] / 2}, DType::kF32);
+    Tensor out = Tensor::empty({m, other.shape()[0]}, DType::kF32);
+    const std::vector<LinearTarget> targets = {{.w = gate_up.cview(), .out = act.view(), .silu_mul = true},
+                                               {.w = other.cview(), .out = out.view()}};
+    cpu->multi_linear({.x = x.cview(), .targets = targets});
+    Tensor act_alone = Tensor::empty(act.shape(), DType::kF32), out_alone = Tensor::empty(out.shape(), DType::kF32);
+    cpu->linear_silu_mul({.x = x.cview(), .w = gate_up.cview(), .out = act_alone.view()});
+    cpu->linear({.x = x.cview(), .w = other.cview(), .out = out_alone.view()});
+    EXPECT_EQ(values_of(act), values_of(act_alone));
+    EXPECT_EQ(values_of(out), values_of(out_alone));
+  }
 }
 
 }  // namespace

@@ -123,7 +123,13 @@ TEST(QuantizedModulesConfig, CompressedTensorsTakesEveryGroupsTargetsLessIgnore)
   EXPECT_FALSE(c.quantized_modules.quantizes("model.layers.0.self_attn.o_proj"));  // no group targets it
 }
 
-TEST(QuantizedModulesConfig, AwqAndModelOptListsAreRead) {
+TEST(QuantizedModulesConfig, AwqFp8AndModelOptListsAreRead) {
+  const ModelConfig fp8 = parse_model_config(tiny_config(
+      {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}, {"modules_to_not_convert", {"self_attn.o_proj"}}}));
+  EXPECT_TRUE(fp8.fp8.enabled);
+  EXPECT_FALSE(fp8.quantized_modules.quantizes("model.layers.0.self_attn.o_proj"));
+  EXPECT_TRUE(fp8.quantized_modules.quantizes("model.layers.0.self_attn.q_b_proj"));
+
   const ModelConfig awq = parse_model_config(tiny_config(
       {{"quant_method", "awq"}, {"bits", 4}, {"group_size", 32}, {"version", "gemm"}, {"zero_point", true},
        {"modules_to_not_convert", {"self_attn"}}}));

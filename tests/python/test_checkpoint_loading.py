@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -94,10 +95,57 @@ def test_fp8_checkpoint_loads_to_exactly_the_dequantized_weights(bf16_checkpoint
     engine.shutdown()
 
 
-def compress_fp8_block(tensors: dict, weight_only: bool = False) -> tuple[dict, dict, dict]:
+def deepseek_fp8(tensors: dict, keep: tuple[str, ...] = ()) -> tuple[dict, dict, dict]:
+    """DeepSeek's FP8 checkpoint of `tensors` with the linear modules `keep` left in their dtype without a scale, as
+    DeepSeek-V3 leaves its MTP eh_proj (and listed in modules_to_not_convert, transformers' FineGrainedFP8Config
+    field): (the tensors, config.json's quantization_config, the weights it holds dequantized, in float32)."""
+    out, dequantized = {}, {}
+    for name, t in tensors.items():
+        if is_quantized_linear(name, t) and name.removesuffix(".weight") not in keep:
+            q, s = quantize_fp8_blocks(t)
+            out[name], out[name + "_scale_inv"] = q, s
+            dequantized[name] = dequantize(q, s)
+        else:
+            out[name], dequantized[name] = t, t.float()
+    quantization = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                    "weight_block_size": [BLOCK, BLOCK], "modules_to_not_convert": list(keep) or None}
+    return out, quantization, dequantized
+
+
+def test_linear_layers_an_fp8_checkpoint_stores_in_bf16_load_as_stored(bf16_checkpoint, tmp_path):
+    """An FP8 checkpoint's linear layers stored in bf16 without a scale are computed with as stored, beside its FP8
+    ones: the logits are the engine's on the dequantized weights with those layers in bf16, and transformers' on them.
+    (The CPU holds every weight in float32, so this passes whatever an FP8 sink would do with them; that a GPU keeps
+    them in bf16, not rounded to FP8, is tests/cpp/fp8_weights_test.cpp's and test_fp8_cuda.py's.) The plan's bytes
+    are the engine's."""
+    from deepinfer.model_dims import load_model_dims
+    from deepinfer.plan import plan_memory
+    from test_int4 import reference_logits, relative_error, write_like
+
+    keep = ("model.layers.1.self_attn.o_proj", "model.layers.0.mlp.down_proj")
+    fp8, quantization, dequantized = deepseek_fp8(load_file(bf16_checkpoint / "model.safetensors"), keep)
+    for module in keep:
+        assert fp8[module + ".weight"].dtype == torch.bfloat16 and module + ".weight_scale_inv" not in fp8
+    assert fp8["model.layers.1.self_attn.q_b_proj.weight"].dtype == torch.float8_e4m3fn
+    checkpoint = write_like(bf16_checkpoint, tmp_path / "fp8", fp8, quantization)
+    reference = write_like(bf16_checkpoint, tmp_path / "dequantized", dequantized)
+    got = last_logits(checkpoint)
+    assert np.array_equal(got, last_logits(reference)), f"max diff {np.abs(got - last_logits(reference)).max()}"
+    assert relative_error(got, reference_logits(reference)) <= 1e-4
+    assert not np.array_equal(got, last_logits(bf16_checkpoint))  # the other layers' FP8 rounding is real
+
+    config = EngineConfig(model_name_or_path=str(checkpoint), device="cpu", num_cache_pages=16, max_model_len=64)
+    with DeepInferenceEngine(config) as e:
+        assert plan_memory(load_model_dims(checkpoint), config).weight_bytes == e.weight_bytes
+
+
+def compress_fp8_block(tensors: dict, weight_only: bool = False,
+                       ignore: tuple[str, ...] = ()) -> tuple[dict, dict, dict]:
     """llm-compressor's FP8_BLOCK checkpoint of `tensors`, written by compressed-tensors itself: e4m3 `weight` and a
-    float32 `weight_scale` per 128 x 128 block from the library's own qparams and compressor; (the tensors, config.json's
-    quantization_config, the weights as the library decompresses them)."""
+    float32 `weight_scale` per 128 x 128 block from the library's own qparams and compressor, but for the linear
+    modules `ignore` matches (compressed-tensors' "re:" patterns, as re.match reads them: left in their dtype and
+    listed in `ignore`); (the tensors, config.json's quantization_config, the weights as the library decompresses
+    them)."""
     from compressed_tensors.compressors.naive_quantized.base import FloatQuantizationCompressor
     from compressed_tensors.quantization import QuantizationConfig, preset_name_to_scheme
     from compressed_tensors.quantization.utils.helpers import calculate_qparams
@@ -107,7 +155,7 @@ def compress_fp8_block(tensors: dict, weight_only: bool = False) -> tuple[dict, 
         scheme.input_activations = None
     out, dequantized = {}, {}
     for name, t in tensors.items():
-        if not is_quantized_linear(name, t):
+        if not is_quantized_linear(name, t) or any(re.match(p, name.removesuffix(".weight")) for p in ignore):
             out[name] = dequantized[name] = t
             continue
         w = t.float()
@@ -122,7 +170,8 @@ def compress_fp8_block(tensors: dict, weight_only: bool = False) -> tuple[dict, 
         out[name], out[f"{module}.weight_scale"] = packed["weight"], packed["weight_scale"]
         dequantized[name] = FloatQuantizationCompressor.decompress(dict(packed), scheme)["weight"].float()
     config = QuantizationConfig(config_groups={"group_0": scheme}, format="float-quantized",
-                                ignore=["lm_head", "re:.*mlp\\.gate$"], quantization_status="compressed")
+                                ignore=["lm_head", "re:.*mlp\\.gate$", *(f"re:{p}" for p in ignore)],
+                                quantization_status="compressed")
     return out, config.model_dump(mode="json"), dequantized
 
 

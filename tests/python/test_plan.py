@@ -271,6 +271,64 @@ def test_an_fp8_checkpoint_plans_fp8_by_default(tmp_path):
     assert plan.weight_format == "fp8 (W8A8)" and plan.fits
 
 
+def fp8_block(ignore: list[str]) -> dict:
+    """compressed-tensors' float-quantized FP8_BLOCK quantization_config (DeepSeek's layout), as llm-compressor writes
+    it."""
+    weights = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "block", "block_structure": [128, 128],
+               "dynamic": False}
+    acts = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "group", "group_size": 128, "dynamic": True}
+    return {"quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ignore,
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": acts}}}
+
+
+# A GPU's attention projections of a layer under 8-way tensor parallelism: q_a_proj and kv_a_proj_with_mqa whole, its
+# 16 heads of q_b_proj and o_proj; their weights and their 128 x 128 FP8 scale blocks.
+V3_ATTENTION_TP8 = 1536 * 7168 + 16 * 192 * 1536 + 576 * 7168 + 7168 * 16 * 128
+V3_ATTENTION_TP8_BLOCKS = 12 * 56 + 24 * 12 + 5 * 56 + 56 * 16
+
+
+def test_layers_an_fp8_checkpoint_leaves_unquantized_are_planned_in_bf16(tmp_path):
+    # The loader keeps what an FP8 checkpoint stores in bf16 in bf16 (csrc/model/weights.cpp Loader::fp8_weight):
+    # attention left out of the quantization costs 2 bytes a weight, and no FP8 byte or block scale.
+    base = ["lm_head", "re:.*mlp\\.gate$"]
+    everything = v3_plan(tmp_path, fp8_block(base))
+    no_attention = v3_plan(tmp_path, fp8_block([*base, "re:.*self_attn.*"]))
+    layers = DEEPSEEK_V3["num_hidden_layers"]
+    assert everything.weight_format == no_attention.weight_format == "fp8 (W8A8)"
+    assert no_attention.weight_bytes["bfloat16"] - everything.weight_bytes["bfloat16"] == 2 * layers * V3_ATTENTION_TP8
+    assert everything.weight_bytes["float8_e4m3fn"] - no_attention.weight_bytes["float8_e4m3fn"] == (
+        layers * V3_ATTENTION_TP8)
+    assert everything.weight_bytes["float32"] - no_attention.weight_bytes["float32"] == (
+        4 * layers * V3_ATTENTION_TP8_BLOCKS)
+
+
+def test_the_modules_an_fp8_release_does_not_convert_are_planned_in_bf16(tmp_path):
+    # transformers' FineGrainedFP8Config lists them in modules_to_not_convert (csrc/model/config.cpp parse_fp8).
+    listed = v3_plan(tmp_path, {**FP8_RELEASE, "modules_to_not_convert": ["self_attn"]})
+    none_listed = v3_plan(tmp_path, {**FP8_RELEASE, "modules_to_not_convert": None})
+    layers = DEEPSEEK_V3["num_hidden_layers"]
+    assert listed.weight_bytes["bfloat16"] - none_listed.weight_bytes["bfloat16"] == 2 * layers * V3_ATTENTION_TP8
+
+
+@pytest.mark.parametrize("quantization_config, quantization", [(FP8_RELEASE, None), (None, "fp8")],
+                         ids=["fp8-release", "fp8-at-load"])
+def test_the_mtp_layers_eh_proj_stays_bf16_under_fp8(tmp_path, quantization_config, quantization):
+    # DeepSeek's FP8 release stores eh_proj in bf16, and quantization at load follows that release: 61 layers and the
+    # MTP layer hold what 62 layers do, and besides eh_proj [7168, 2 * 7168] in bf16 and three norms.
+    spec = {"method": "mtp", "num_speculative_tokens": 1}
+    with_mtp = v3_plan(tmp_path, quantization_config, quantization=quantization, speculative_config=spec)
+    path = tmp_path / "62_layers.json"
+    path.write_text(json.dumps({**DEEPSEEK_V3, "num_hidden_layers": 62,
+                                **({"quantization_config": quantization_config} if quantization_config else {})}))
+    config = EngineConfig(model_name_or_path=str(path), tensor_parallel_size=8, quantization=quantization)
+    layers_62 = plan_memory(load_model_dims(path), config, gpu_memory_bytes=H200_GIB * GIB)
+    dim = DEEPSEEK_V3["hidden_size"]
+    assert with_mtp.weight_format == "fp8 (W8A8)"
+    assert with_mtp.weight_bytes["bfloat16"] - layers_62.weight_bytes["bfloat16"] == 2 * dim * 2 * dim
+    assert with_mtp.weight_bytes["float8_e4m3fn"] == layers_62.weight_bytes["float8_e4m3fn"]
+    assert with_mtp.weight_bytes["float32"] - layers_62.weight_bytes["float32"] == 3 * 4 * dim
+
+
 # ---------------------------------------------------------------------------------------------------- the command
 
 def test_the_command_prints_the_plan_in_under_a_second(v3_config):
