@@ -35,6 +35,8 @@ class Placement {
   virtual Tensor empty(Shape shape, DType dtype) = 0;
   // Host elements into `dst` (same dtype and count).
   virtual void put(ConstTensorView host, TensorView dst) = 0;
+  // The backend whose device holds the tensors, which may make dummy weights there; nullptr for host memory.
+  virtual Backend* backend() { return nullptr; }
 };
 
 class HostPlacement final : public Placement {
@@ -51,6 +53,7 @@ class BackendPlacement final : public Placement {
   explicit BackendPlacement(Backend& backend) : backend_(backend) {}
   Tensor empty(Shape shape, DType dtype) override { return backend_.empty(shape, dtype); }
   void put(ConstTensorView host, TensorView dst) override { backend_.copy_to_device(host, dst); }
+  Backend* backend() override { return &backend_; }
 
  private:
   Backend& backend_;
@@ -153,6 +156,32 @@ class Sink final : public WeightSink {
       }
       ++i;
     }
+  }
+
+  bool fill_normal(Tensor& dst, int64_t offset, uint64_t key, int64_t first, int64_t count) override {
+    Backend* const backend = placement_->backend();
+    if (backend == nullptr || count == 0) return false;
+    check_write(dst, offset, static_cast<size_t>(count));
+    return backend->fill_dummy_normal(flat_range(dst, offset, count), key, first);
+  }
+
+  bool fill_normal(Weight& dst, int64_t offset, uint64_t key, int64_t first, int64_t count) override {
+    if (dst.is_packed4() || emulate_fp8_) return false;
+    if (!is_fp8_weight(dst)) return fill_normal(dst.values, offset, key, first, count);
+    Backend* const backend = placement_->backend();
+    if (backend == nullptr || count == 0) return false;
+    // Whole 128-row blocks of one matrix only (rows arriving in parts wait in pending_ and are quantized on the host).
+    const Shape& shape = dst.shape();
+    const int64_t rows = shape[shape.ndim() - 2], cols = shape[shape.ndim() - 1];
+    if (cols == 0 || offset % cols != 0 || count % cols != 0) return false;
+    const int64_t n = count / cols, matrix = offset / cols / rows, row = offset / cols % rows;
+    if (row % kFp8Block != 0 || row + n > rows || (n % kFp8Block != 0 && row + n != rows)) return false;
+    check_write(dst.values, offset, static_cast<size_t>(count));
+    const int64_t block_cols = fp8_blocks(cols), first_block_row = matrix * fp8_blocks(rows) + row / kFp8Block;
+    const TensorView codes = flat_range(dst.values, offset, count).reshaped({n, cols});
+    const TensorView scales = flat_range(dst.scale_inv, first_block_row * block_cols, fp8_blocks(n) * block_cols)
+                                  .reshaped({fp8_blocks(n), block_cols});
+    return format_.scale_format == Fp8ScaleFormat::kFloat && backend->fill_dummy_normal_fp8(codes, scales, key, first);
   }
 
   bool fp8_linear() const override { return format_.fp8; }

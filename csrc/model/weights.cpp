@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/counter_rng.h"
+#include "core/dummy_normal.h"
 #include "core/error.h"
 #include "core/fp8.h"
 #include "model/checkpoint.h"
@@ -55,59 +56,13 @@ class CheckpointSource final : public WeightSource {
 
 // ---------------------------------------------------------------------------------------------- dummy weights
 //
-// Value i of a matrix is 0.02 * z, z a standard normal made by Box–Muller from the two 32-bit halves of
-// h = mix64(key + i * kGolden), key = mix64(fnv1a64(name) ^ mix64(seed)) (a splitmix64 stream per tensor). Each
-// value depends on its index alone, so any row range equals the same rows of a whole read. The logarithm, sine and
-// square root are polynomials and Newton steps in plain float arithmetic: the compiler vectorizes them, and the
-// values do not depend on the platform's libm.
+// The values are core/dummy_normal.h's stream per tensor. On the host they are made a block at a time: the 64-bit
+// hashes first, then the float math in one vectorized loop; a backend that can make them on its device
+// (Backend::fill_dummy_normal) is given the stream instead (Loader::copy_rows).
 
-constexpr float kDummyStd = 0.02f;
 using counter_rng::kGolden;
-using counter_rng::mix64;  // the same splitmix64 finalizer the sampler's counter RNG uses
+using counter_rng::mix64;
 constexpr int64_t kNormalBlock = 256;  // values made together; blocks start at multiples of this index
-
-// 64-bit FNV-1a: stable across platforms and standard libraries (std::hash is implementation-defined).
-constexpr uint64_t fnv1a64(std::string_view s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (const char c : s) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
-  return h;
-}
-
-// ln(u) for normal u > 0, to about 1e-7: u = 2^e * m with m in [sqrt(1/2), sqrt(2)), and
-// ln(m) = 2 atanh(s) = 2 (s + s^3/3 + ... + s^9/9) with s = (m - 1) / (m + 1), |s| < 0.172.
-inline float log_approx(float u) {
-  constexpr uint32_t kSqrtHalfBits = 0x3f3504f3u;  // sqrt(1/2)
-  const uint32_t shifted = std::bit_cast<uint32_t>(u) - kSqrtHalfBits;
-  const int32_t e = static_cast<int32_t>(shifted) >> 23;
-  const float m = std::bit_cast<float>((shifted & 0x007fffffu) + kSqrtHalfBits);
-  const float s = (m - 1.0f) / (m + 1.0f);
-  const float s2 = s * s;
-  const float p = 2.0f + s2 * (2.0f / 3 + s2 * (2.0f / 5 + s2 * (2.0f / 7 + s2 * (2.0f / 9))));
-  return static_cast<float>(e) * 0.693147180559945f + s * p;
-}
-
-// sin(2 pi b) for b in [-1/4, 1/4], to about 1e-7 (Taylor series through y^11).
-inline float sin_2pi_approx(float b) {
-  const float y = 6.283185307179586f * b;
-  const float y2 = y * y;
-  return y * (1.0f + y2 * (-1.0f / 6 +
-                           y2 * (1.0f / 120 + y2 * (-1.0f / 5040 + y2 * (1.0f / 362880 + y2 * (-1.0f / 39916800))))));
-}
-
-// sqrt(x) for normal x > 0: three Newton steps on 1/sqrt(x) from the classic bit-level estimate.
-inline float sqrt_approx(float x) {
-  float y = std::bit_cast<float>(0x5f3759dfu - (std::bit_cast<uint32_t>(x) >> 1));
-  for (int k = 0; k < 3; ++k) y = y * (1.5f - 0.5f * x * y * y);
-  return x * y;
-}
-
-// Box–Muller on two 32-bit halves (their top 24 bits, what a float holds): u1 in (0, 1), u2 in [0, 1),
-// z = sqrt(-2 ln u1) * cos(2 pi u2), with cos(2 pi u2) = sin(2 pi (|u2 - 1/2| - 1/4)). |z| < 5.9.
-inline float standard_normal(uint32_t hi, uint32_t lo) {
-  const float u1 = (static_cast<float>(static_cast<int32_t>(hi >> 8)) + 0.5f) * 0x1p-24f;
-  const float u2 = static_cast<float>(static_cast<int32_t>(lo >> 8)) * 0x1p-24f;
-  return sqrt_approx(-2.0f * log_approx(u1)) * sin_2pi_approx(std::fabs(u2 - 0.5f) - 0.25f);
-}
 
 // Values [block * kNormalBlock, (block + 1) * kNormalBlock) of stream `key` into `out` (kNormalBlock floats, 64-byte
 // aligned). The hashes are 64-bit scalar work; the rest is one vectorized loop over fixed-size aligned arrays (no
@@ -122,7 +77,9 @@ void normal_block(uint64_t key, int64_t block, float* out) {
     lo[j] = static_cast<uint32_t>(h);
   }
 #pragma omp simd aligned(hi, lo, out : 64)
-  for (int64_t j = 0; j < kNormalBlock; ++j) out[j] = kDummyStd * standard_normal(hi[j], lo[j]);
+  for (int64_t j = 0; j < kNormalBlock; ++j) {
+    out[j] = counter_rng::mul_rn(dummy_normal::kDummyStd, dummy_normal::standard_normal(hi[j], lo[j]));
+  }
 }
 
 // out[j] = value first + j of stream `key`.
@@ -143,7 +100,7 @@ void fill_normal(uint64_t key, int64_t first, std::span<float> out) {
 
 class DummySource final : public WeightSource {
  public:
-  explicit DummySource(uint64_t seed) : seed_key_(mix64(seed)) {}
+  explicit DummySource(uint64_t seed) : seed_(seed) {}
   bool contains(const std::string&) const override { return true; }
   void read_rows(const std::string& name, std::span<const int64_t> shape, int64_t first_row, int64_t num_rows,
                  std::span<float> out) const override {
@@ -155,17 +112,26 @@ class DummySource final : public WeightSource {
     DI_CHECK(static_cast<int64_t>(out.size()) == num_rows * row_elems, "output for rows [", first_row, ", ",
              first_row + num_rows, ") of tensor ", name, " holds ", out.size(), " floats, but they have ",
              num_rows * row_elems, " elements (shape ", s.str(), ")");
-    const bool is_norm = name.find("norm") != std::string::npos;
-    const bool is_bias = name.find("bias") != std::string::npos;
-    if (is_norm || is_bias) {
-      std::fill(out.begin(), out.end(), is_norm ? 1.0f : 0.0f);
+    if (const std::optional<float> constant = constant_value(name)) {
+      std::fill(out.begin(), out.end(), *constant);
       return;
     }
-    fill_normal(mix64(fnv1a64(name) ^ seed_key_), first_row * row_elems, out);
+    fill_normal(dummy_normal::tensor_key(seed_, name), first_row * row_elems, out);
+  }
+  std::optional<uint64_t> normal_stream(const std::string& name) const override {
+    if (constant_value(name)) return std::nullopt;
+    return dummy_normal::tensor_key(seed_, name);
   }
 
  private:
-  uint64_t seed_key_;
+  // Norm weights are ones and biases zeros; every other tensor is its normal stream.
+  static std::optional<float> constant_value(const std::string& name) {
+    if (name.find("norm") != std::string::npos) return 1.0f;
+    if (name.find("bias") != std::string::npos) return 0.0f;
+    return std::nullopt;
+  }
+
+  uint64_t seed_;
 };
 
 // ---------------------------------------------------------------------------------------------- the loader
@@ -299,6 +265,15 @@ class Loader {
   void copy_rows(const std::string& name, Shape shape, int64_t first_row, int64_t count, Dst& dst,
                  int64_t offset) {
     const int64_t row = row_elems(shape);
+    if (count > 0) {
+      // Dummy weights the sink can make where they live (a GPU): the stream, not its values.
+      if (const std::optional<uint64_t> key = source_.normal_stream(name)) {
+        source_.read_rows(name, shape.dims(), first_row, 0, {});  // still checks name, shape and range start
+        DI_CHECK(first_row + count <= num_rows(shape), "rows [", first_row, ", ", first_row + count,
+                 ") out of range for tensor ", name, " of shape ", shape.str());
+        if (sink_.fill_normal(dst, offset, *key, first_row * row, count * row)) return;
+      }
+    }
     int64_t rows_per_chunk = chunk_rows(row);
     if constexpr (std::is_same_v<Dst, Weight>) {
       // Chunks of whole FP8 block rows, which an FP8 sink quantizes as they come (source rows = weight rows here).

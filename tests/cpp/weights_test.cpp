@@ -18,9 +18,11 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/dummy_normal.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "model/checkpoint.h"
+#include "model/int4_source.h"
 #include "core/fp8.h"
 #include "model/weight_sink.h"
 #include "safetensors_writer.h"
@@ -507,6 +509,23 @@ TEST(DummyWeights, FollowTheSpecifiedStream) {
     const double expected = 0.02 * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
     ASSERT_NEAR(values[i], expected, 2e-7) << "element " << i;
   }
+}
+
+// The stream a device is given (WeightSource::normal_stream) makes the values the host reads, bit for bit; norm
+// weights and biases are constants, with no stream; a source that transforms values has none either.
+TEST(DummyWeights, NormalStreamGivesTheValuesRead) {
+  const auto source = make_dummy_source(9);
+  const std::string name = "model.layers.1.mlp.experts.3.up_proj.weight";
+  const std::vector<float> values = read_whole(*source, name, {24, 130});
+  const std::optional<uint64_t> key = source->normal_stream(name);
+  ASSERT_TRUE(key.has_value());
+  for (size_t i = 0; i < values.size(); ++i) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(dummy_normal::value(*key, i)), std::bit_cast<uint32_t>(values[i])) << i;
+  }
+  EXPECT_FALSE(source->normal_stream("model.layers.1.input_layernorm.weight").has_value());
+  EXPECT_FALSE(source->normal_stream("model.layers.1.mlp.gate.e_score_correction_bias").has_value());
+  const auto rounded = make_int4_rounding_source(make_dummy_source(9), {});
+  EXPECT_FALSE(rounded->normal_stream(name).has_value());
 }
 
 TEST(DummyWeights, DeterministicWithNormalStatistics) {

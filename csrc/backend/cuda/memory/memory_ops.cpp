@@ -1,6 +1,7 @@
 #include "backend/cuda/memory/memory_ops.h"
 
 #include "backend/cuda/memory/copy_strided.cuh"
+#include "backend/cuda/memory/dummy_weights.cuh"
 #include "backend/cuda/memory/embedding.cuh"
 #include "backend/cuda/runtime/context.h"
 
@@ -24,6 +25,17 @@ void copy_strided(CudaContext& ctx, const CopyStridedArgs& a) {
   const auto timing = ctx.timed("copy_strided");
   a.validate();
   copy_strided(a, ctx.launch());
+  ctx.ledger().launched(Trigger::kAfterWait, OpAccesses::any());
+}
+
+void fill_dummy_normal(CudaContext& ctx, const TensorView& dst, uint64_t key, int64_t first) {
+  fill_dummy_normal(dst, key, first, ctx.launch());
+  ctx.ledger().launched(Trigger::kAfterWait, OpAccesses::any());
+}
+
+void fill_dummy_normal_fp8(CudaContext& ctx, const TensorView& codes, const TensorView& scale_inv, uint64_t key,
+                           int64_t first) {
+  fill_dummy_normal_fp8(codes, scale_inv, key, first, ctx.launch());
   ctx.ledger().launched(Trigger::kAfterWait, OpAccesses::any());
 }
 

@@ -10,6 +10,7 @@
 
 #include "backend/ops/copy.h"
 #include "backend/ops/dense.h"
+#include "core/tensor.h"
 
 namespace deepinfer::cuda {
 
@@ -18,5 +19,9 @@ class CudaContext;
 void embedding(CudaContext& ctx, const EmbeddingArgs& a);
 void gather_rows(CudaContext& ctx, const GatherRowsArgs& a);
 void copy_strided(CudaContext& ctx, const CopyStridedArgs& a);
+// Dummy weights made in place (dummy_weights.cuh), at load time.
+void fill_dummy_normal(CudaContext& ctx, const TensorView& dst, uint64_t key, int64_t first);
+void fill_dummy_normal_fp8(CudaContext& ctx, const TensorView& codes, const TensorView& scale_inv, uint64_t key,
+                           int64_t first);
 
 }  // namespace deepinfer::cuda
