@@ -9,8 +9,9 @@
 //   only: the FP8 kernels' correctness is the op tests' (CudaBackend/CudaVsCpu.Case/*fp8*).
 //   --quick: timings at 1 and 4096 tokens only; --prefill: the grouped path only (4096 tokens twice, V3 at 4096,
 //   V2-Lite at 1024, the dense one-expert GEMM), to compare builds of the prefill kernels; --decode: 1 to 8 tokens,
-//   the one-launch small-M FFN beside the two-kernel path, V2-Lite and V3; --small: the small-M path at 1, 8, 16, 32
-//   and 64 tokens, V2-Lite and V3, bf16 and FP8 experts (tags "small", "fp8-small"); --no-checks: no
+//   the one-launch small-M FFN beside the two-kernel path, V2-Lite and V3; --small: the small-M path at 1, 8, 16, 32,
+//   64 and 128 tokens, V2-Lite and V3, bf16, FP8 and INT4 (g128, symmetric) experts (tags "small", "fp8-small",
+//   "int4-small"); --no-checks: no
 //   correctness cases (under a profiler, so that the first kernels launched are the timed ones).
 //   Environment (recorded in the JSON when set): BENCH_COMMIT, BENCH_DATE, BENCH_COMMAND.
 #include <cuda_runtime.h>
@@ -126,8 +127,11 @@ struct DeviceModel {
   DeviceBuffer w_gate_up, w_down, bias;
   std::vector<float> bias_host;
   bool fp8 = false;  // w_gate_up / w_down hold e4m3 codes, with their block scales
+  bool int4 = false;  // w_gate_up / w_down hold packed INT4 words (symmetric), with a scale per kInt4Group inputs
   DeviceBuffer gate_up_scale, down_scale;
 };
+
+constexpr int kInt4Group = 128;  // the INT4 twin's group size (the checkpoints' common g128)
 
 // Random finite e4m3 codes (|value| <= 2^3: exponent field below 11) and positive block scales near 2^-scale_log2.
 __global__ void fill_fp8_kernel(uint8_t* codes, int64_t n, uint64_t seed) {
@@ -174,6 +178,40 @@ DeviceModel make_fp8_device_model(const Model& m, uint64_t seed, cudaStream_t st
   fill_fp8_kernel<<<2048, 256, 0, stream>>>(d.w_down.as<uint8_t>(), dn, d.seed_down);
   fill_scale_kernel<<<64, 256, 0, stream>>>(d.gate_up_scale.as<float>(), gu_blocks, seed + 5, scale_log2_for(m.hidden));
   fill_scale_kernel<<<64, 256, 0, stream>>>(d.down_scale.as<float>(), dn_blocks, seed + 6, scale_log2_for(m.inter));
+  CUDA_TRY(cudaGetLastError());
+  std::mt19937_64 rng(seed);
+  if (m.bias) upload_bias(d, rng, stream);
+  return d;
+}
+
+// Random packed words: every 32-bit pattern is eight valid INT4 codes.
+__global__ void fill_words_kernel(uint32_t* words, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    words[i] = static_cast<uint32_t>(mix64(seed * 0xD1B54A32D192ED03ull + static_cast<uint64_t>(i)));
+  }
+}
+
+// The INT4 twin of a model (symmetric, groups of kInt4Group inputs): a byte holds two weights, a float32 scale a
+// group.
+DeviceModel make_int4_device_model(const Model& m, uint64_t seed, cudaStream_t stream) {
+  DeviceModel d;
+  d.m = &m;
+  d.int4 = true;
+  d.seed_gate_up = seed * 3 + 1;
+  d.seed_down = seed * 3 + 2;
+  const int64_t gu = static_cast<int64_t>(m.experts) * 2 * m.inter * m.hidden;
+  const int64_t dn = static_cast<int64_t>(m.experts) * m.hidden * m.inter;
+  d.w_gate_up = DeviceBuffer(gu / 2, stream);
+  d.w_down = DeviceBuffer(dn / 2, stream);
+  d.gate_up_scale = DeviceBuffer(gu / kInt4Group * 4, stream);
+  d.down_scale = DeviceBuffer(dn / kInt4Group * 4, stream);
+  fill_words_kernel<<<2048, 256, 0, stream>>>(d.w_gate_up.as<uint32_t>(), gu / 8, d.seed_gate_up);
+  fill_words_kernel<<<2048, 256, 0, stream>>>(d.w_down.as<uint32_t>(), dn / 8, d.seed_down);
+  fill_scale_kernel<<<64, 256, 0, stream>>>(d.gate_up_scale.as<float>(), gu / kInt4Group, seed + 5,
+                                            scale_log2_for(m.hidden));
+  fill_scale_kernel<<<64, 256, 0, stream>>>(d.down_scale.as<float>(), dn / kInt4Group, seed + 6,
+                                            scale_log2_for(m.inter));
   CUDA_TRY(cudaGetLastError());
   std::mt19937_64 rng(seed);
   if (m.bias) upload_bias(d, rng, stream);
@@ -397,9 +435,13 @@ MoeParams model_params(const DeviceModel& dm, int tokens, int num_sms) {
   return MoeParams{.correction_bias = m.bias ? dm.bias.as<float>() : nullptr,
                    .w_gate_up = dm.w_gate_up.data(),
                    .w_down = dm.w_down.data(),
-                   .w_gate_up_scale = dm.fp8 ? dm.gate_up_scale.as<float>() : nullptr,
-                   .w_down_scale = dm.fp8 ? dm.down_scale.as<float>() : nullptr,
-                   .weight_format = dm.fp8 ? cuda::MoeWeightFormat::kFp8 : cuda::MoeWeightFormat::kBf16,
+                   .w_gate_up_scale = dm.fp8 || dm.int4 ? dm.gate_up_scale.as<float>() : nullptr,
+                   .w_down_scale = dm.fp8 || dm.int4 ? dm.down_scale.as<float>() : nullptr,
+                   .group_size = dm.int4 ? kInt4Group : 0,
+                   .down_group_size = dm.int4 ? kInt4Group : 0,
+                   .weight_format = dm.fp8    ? cuda::MoeWeightFormat::kFp8
+                                    : dm.int4 ? cuda::MoeWeightFormat::kInt4
+                                              : cuda::MoeWeightFormat::kBf16,
                    .num_tokens = tokens,
                    .hidden = m.hidden,
                    .inter = m.inter,
@@ -826,9 +868,10 @@ PerfResult run_perf(const PerfCase& c, std::mt19937_64& rng, cudaStream_t stream
   const auto l = cuda::moe_detail::moe_workspace_layout(p);
   const auto counts = to_host<int32_t>(static_cast<const uint8_t*>(workspace.data()) + l.expert_counts, E, stream);
   for (int v : counts) r.active += v > 0;
-  // FP8: a byte a weight plus a float32 scale per 128 x 128 block.
-  const double expert_bytes =
-      c.dm->fp8 ? 3.0 * D * m.inter * (1.0 + 4.0 / (128.0 * 128.0)) : 3.0 * D * m.inter * 2.0;
+  // FP8: a byte a weight plus a float32 scale per 128 x 128 block; INT4: half a byte plus a scale per group.
+  const double expert_bytes = c.dm->fp8    ? 3.0 * D * m.inter * (1.0 + 4.0 / (128.0 * 128.0))
+                              : c.dm->int4 ? 3.0 * D * m.inter * (0.5 + 4.0 / kInt4Group)
+                                           : 3.0 * D * m.inter * 2.0;
   r.bytes = r.active * expert_bytes + 2.0 * T * D * 2.0 + static_cast<double>(T) * E * 4.0;
   r.flops = 2.0 * T * k * 3.0 * D * static_cast<double>(m.inter);
   const double us = r.us_graph > 0.0 ? r.us_graph : r.us_eager;
@@ -976,11 +1019,11 @@ int run(int argc, char** argv) {
     if (small) {  // the small-M path at decode batch sizes, bf16 and FP8 experts, to compare builds of its kernels
       DeviceModel v2lite_fp8 = make_fp8_device_model(kV2Lite, seed + 600, stream);
       DeviceModel v3_fp8 = make_fp8_device_model(kV3, seed + 700, stream);
-      for (const DeviceModel* dm : {&v2lite, &v3, &v2lite_fp8, &v3_fp8}) {
-        const bool is_fp8 = dm == &v2lite_fp8 || dm == &v3_fp8;
-        for (int t : {1, 8, 16, 32, 64}) {
-          add({.dm = dm, .tokens = t, .path = MoeExpertsPath::kSmallM, .tag = is_fp8 ? "fp8-small" : "small"});
-        }
+      DeviceModel v2lite_int4 = make_int4_device_model(kV2Lite, seed + 800, stream);
+      DeviceModel v3_int4 = make_int4_device_model(kV3, seed + 900, stream);
+      for (const DeviceModel* dm : {&v2lite, &v3, &v2lite_fp8, &v3_fp8, &v2lite_int4, &v3_int4}) {
+        const char* tag = dm->fp8 ? "fp8-small" : dm->int4 ? "int4-small" : "small";
+        for (int t : {1, 8, 16, 32, 64, 128}) add({.dm = dm, .tokens = t, .path = MoeExpertsPath::kSmallM, .tag = tag});
       }
     }
     const bool only_listed = prefill || decode || small;
