@@ -152,8 +152,10 @@ enum class Fp8AtLoad : uint8_t { kQuantize, kKeep };
 // Reads tensors piece by piece into one reusable host buffer and hands each piece to the sink.
 class Loader {
  public:
-  Loader(const WeightSource& source, WeightSink& sink, const LoadProgress& progress, int64_t total)
-      : source_(source), sink_(sink), progress_(progress), total_(total) {}
+  // `modules`: the config's list of quantized linear modules (ModelConfig::quantized_modules).
+  Loader(const WeightSource& source, WeightSink& sink, const QuantizedModules& modules, const LoadProgress& progress,
+         int64_t total)
+      : source_(source), sink_(sink), modules_(modules), progress_(progress), total_(total) {}
 
   Tensor allocate(Shape shape, WeightRole role) { return sink_.allocate(shape, role); }
   // A linear weight in the sink's format, never packed INT4 (allocate_linear_for decides that by the source).
@@ -168,7 +170,9 @@ class Loader {
   bool fp8_weight(const std::string& name, Fp8AtLoad at_load = Fp8AtLoad::kQuantize) const {
     if (!sink_.fp8_linear()) return false;
     if (source_.fp8_checkpoint()) return source_.stored_fp8(name);
-    return at_load == Fp8AtLoad::kQuantize;
+    // Quantizing at load: every linear module but eh_proj, and but those an FP8 config leaves out (dummy weights of
+    // an FP8 checkpoint's config.json, whose memory plan counts them so); a bf16 config lists none.
+    return at_load == Fp8AtLoad::kQuantize && modules_.quantizes(module_of(name));
   }
   // Whether the sink's FP8 format rounds values at load (no FP8 checkpoint: a bf16 one, or dummy weights).
   bool quantizes_at_load() const { return sink_.fp8_linear() && !source_.fp8_checkpoint(); }
@@ -382,6 +386,7 @@ class Loader {
  private:
   const WeightSource& source_;
   WeightSink& sink_;
+  const QuantizedModules& modules_;
   const LoadProgress& progress_;
   int64_t total_;
   int64_t done_ = 0;
@@ -579,7 +584,7 @@ ModelWeights load_weights(const ModelConfig& c, const WeightSource& source, Weig
   DI_CHECK_ARG(!with_mtp || c.num_nextn_predict_layers > 0,
                "the checkpoint has no MTP layer (num_nextn_predict_layers is 0 in its config.json): MTP speculative "
                "decoding needs one");
-  Loader loader(source, sink, progress, c.num_hidden_layers + 2 + (with_mtp ? 1 : 0));
+  Loader loader(source, sink, c.quantized_modules, progress, c.num_hidden_layers + 2 + (with_mtp ? 1 : 0));
   ModelWeights w;
   const int64_t d = c.hidden_size;
   w.embed = loader.read("model.embed_tokens.weight", {c.vocab_size, d});

@@ -462,6 +462,35 @@ TEST(LoadFp8Weights, QuantizingAtLoadKeepsEhProjInTheModelDtype) {
   EXPECT_EQ(values_of(emulated.mtp->eh_proj.values), eh_proj);
 }
 
+// Dummy weights of an FP8 config that leaves modules unquantized (modules_to_not_convert): quantizing at load keeps
+// those in the model dtype, as the memory plan counts them, and rounds the rest.
+TEST(LoadFp8Weights, QuantizingAtLoadFollowsTheConfigsList) {
+  ModelConfig c = fp8_config();
+  c.fp8.enabled = true;
+  c.quantized_modules = QuantizedModules(QuantizedModules::Matching::kSubstring, {}, {"self_attn"}, "test");
+  const auto source = make_dummy_source(12);
+  const std::unique_ptr<WeightSink> sink = make_host_sink({.fp8 = true});
+  const std::unique_ptr<WeightSink> f32_sink = make_host_sink();
+  const ModelWeights w = load_weights(c, *source, *sink);
+  const ModelWeights f32 = load_weights(c, *source, *f32_sink);
+  const auto plain = linear_weights(f32);
+  int attention = 0, fp8 = 0;
+  for (const auto& [name, weight] : linear_weights(w)) {
+    SCOPED_TRACE(name);
+    const bool in_attention = name.find("q_") != std::string::npos || name.find("kv_a") != std::string::npos ||
+                              name.find("o_proj") != std::string::npos;
+    EXPECT_EQ(weight->is_fp8(), !in_attention);
+    if (in_attention) {
+      EXPECT_EQ(values_of(weight->values), values_of(plain.at(name)->values));
+      ++attention;
+    } else {
+      ++fp8;
+    }
+  }
+  EXPECT_GT(attention, 0);
+  EXPECT_GT(fp8, 0);
+}
+
 // A sink writes a linear weight by what the weight is: a plain matrix in an FP8 sink takes any range of values as
 // they are (an FP8 weight takes whole rows only, and quantizes them).
 TEST(LoadFp8Weights, PlainWeightsInAnFp8SinkAreWrittenAsMatrices) {
