@@ -15,6 +15,7 @@
 #include "backend/ops/moe.h"
 #include "backend/ops/rope.h"
 #include "backend/ops/sample.h"
+#include "core/dummy_normal.h"
 #include "core/error.h"
 
 namespace deepinfer {
@@ -75,19 +76,19 @@ class Backend {
   // The device's memory now, which the engine sizes the latent cache by; std::nullopt where the backend's memory is
   // the host's (the CPU), whose cache the engine sizes by a budget of its own.
   virtual std::optional<DeviceMemoryInfo> memory_info() const { return std::nullopt; }
-  // Dummy weights (load_format="dummy") made on this device instead of copied to it: dst[j] = dummy_normal::value(key,
-  // first + j) (core/dummy_normal.h), in dst's dtype (float32, or bfloat16 rounded to nearest even), queued like
-  // copy_to_device. Returns false, doing nothing, where the backend has no such kernel (the CPU: the loader writes
-  // the values it makes on the host).
-  virtual bool fill_dummy_normal(TensorView dst, uint64_t key, int64_t first) {
-    static_cast<void>(dst), static_cast<void>(key), static_cast<void>(first);
+  // Dummy weights (load_format="dummy") made on this device instead of copied to it: dst[j] =
+  // dummy_normal::value_at(range, j) (core/dummy_normal.h), in dst's dtype (float32, or bfloat16 rounded to nearest
+  // even), queued like copy_to_device. Returns false, doing nothing, where the backend has no such kernel (the CPU:
+  // the loader writes the values it makes on the host).
+  virtual bool fill_dummy_normal(TensorView dst, const dummy_normal::StreamRange& range) {
+    static_cast<void>(dst), static_cast<void>(range);
     return false;
   }
-  // The same for whole 128-row blocks of an FP8 weight: values [first, first + rows * cols) of stream `key`, row-major
-  // [rows, cols], quantized as quantize_fp8_block_rows does with Fp8ScaleFormat::kFloat (core/fp8.h) into `codes`
-  // (e4m3 [rows, cols]) and `scale_inv` (float32 [ceil(rows / 128), ceil(cols / 128)]).
-  virtual bool fill_dummy_normal_fp8(TensorView codes, TensorView scale_inv, uint64_t key, int64_t first) {
-    static_cast<void>(codes), static_cast<void>(scale_inv), static_cast<void>(key), static_cast<void>(first);
+  // The same for whole 128-row blocks of an FP8 weight, codes e4m3 [rows, cols] (range.row_length == cols): the
+  // values quantized as quantize_fp8_block_rows does with Fp8ScaleFormat::kFloat (core/fp8.h), scale_inv float32
+  // [ceil(rows / 128), ceil(cols / 128)].
+  virtual bool fill_dummy_normal_fp8(TensorView codes, TensorView scale_inv, const dummy_normal::StreamRange& range) {
+    static_cast<void>(codes), static_cast<void>(scale_inv), static_cast<void>(range);
     return false;
   }
   // Why this device cannot compute with FP8 weights (a GPU without FP8 tensor cores), or "" when it can. The CPU

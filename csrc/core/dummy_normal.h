@@ -84,4 +84,19 @@ DI_HOST_DEVICE float value(uint64_t key, uint64_t index) {
   return counter_rng::mul_rn(kDummyStd, standard_normal(static_cast<uint32_t>(h >> 32), static_cast<uint32_t>(h)));
 }
 
+// Where a tensor's elements lie in a stream: its rows of row_length values, element (r, c) being value
+// first + r * row_stride + c of stream `key` (row_stride > row_length: a slice of each row, a shard's columns).
+struct StreamRange {
+  uint64_t key = 0;
+  int64_t first = 0;
+  int64_t row_length = 1;
+  int64_t row_stride = 1;
+};
+
+// Element j (row-major) of a tensor laid out as `range` says.
+DI_HOST_DEVICE float value_at(const StreamRange& range, int64_t j) {
+  const int64_t r = j / range.row_length, c = j - r * range.row_length;
+  return value(range.key, static_cast<uint64_t>(range.first + r * range.row_stride + c));
+}
+
 }  // namespace deepinfer::dummy_normal

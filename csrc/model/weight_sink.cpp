@@ -158,22 +158,22 @@ class Sink final : public WeightSink {
     }
   }
 
-  bool fill_normal(Tensor& dst, int64_t offset, uint64_t key, int64_t first, int64_t count) override {
+  bool fill_normal(Tensor& dst, int64_t offset, int64_t count, const dummy_normal::StreamRange& range) override {
     Backend* const backend = placement_->backend();
     if (backend == nullptr || count == 0) return false;
     check_write(dst, offset, static_cast<size_t>(count));
-    return backend->fill_dummy_normal(flat_range(dst, offset, count), key, first);
+    return backend->fill_dummy_normal(flat_range(dst, offset, count), range);
   }
 
-  bool fill_normal(Weight& dst, int64_t offset, uint64_t key, int64_t first, int64_t count) override {
+  bool fill_normal(Weight& dst, int64_t offset, int64_t count, const dummy_normal::StreamRange& range) override {
     if (dst.is_packed4() || emulate_fp8_) return false;
-    if (!is_fp8_weight(dst)) return fill_normal(dst.values, offset, key, first, count);
+    if (!is_fp8_weight(dst)) return fill_normal(dst.values, offset, count, range);
     Backend* const backend = placement_->backend();
-    if (backend == nullptr || count == 0) return false;
+    if (backend == nullptr || count == 0 || format_.scale_format != Fp8ScaleFormat::kFloat) return false;
     // Whole 128-row blocks of one matrix only (rows arriving in parts wait in pending_ and are quantized on the host).
     const Shape& shape = dst.shape();
     const int64_t rows = shape[shape.ndim() - 2], cols = shape[shape.ndim() - 1];
-    if (cols == 0 || offset % cols != 0 || count % cols != 0) return false;
+    if (cols == 0 || range.row_length != cols || offset % cols != 0 || count % cols != 0) return false;
     const int64_t n = count / cols, matrix = offset / cols / rows, row = offset / cols % rows;
     if (row % kFp8Block != 0 || row + n > rows || (n % kFp8Block != 0 && row + n != rows)) return false;
     check_write(dst.values, offset, static_cast<size_t>(count));
@@ -181,7 +181,7 @@ class Sink final : public WeightSink {
     const TensorView codes = flat_range(dst.values, offset, count).reshaped({n, cols});
     const TensorView scales = flat_range(dst.scale_inv, first_block_row * block_cols, fp8_blocks(n) * block_cols)
                                   .reshaped({fp8_blocks(n), block_cols});
-    return format_.scale_format == Fp8ScaleFormat::kFloat && backend->fill_dummy_normal_fp8(codes, scales, key, first);
+    return backend->fill_dummy_normal_fp8(codes, scales, range);
   }
 
   bool fp8_linear() const override { return format_.fp8; }

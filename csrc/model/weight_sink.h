@@ -12,6 +12,7 @@
 #include <memory>
 #include <span>
 
+#include "core/dummy_normal.h"
 #include "core/fp8.h"
 #include "core/tensor.h"
 #include "core/weight.h"
@@ -76,16 +77,16 @@ class WeightSink {
   virtual Weight allocate_int4(Shape shape, const Int4Form& form);
   // Whole rows of matrix `matrix` of an INT4 weight from row `first_row` on, packed as they are written.
   virtual void write_int4(Weight& dst, int64_t matrix, int64_t first_row, const Int4Rows& rows);
-  // Dummy weights made where `dst` lives: its elements [offset, offset + count) get values [first, first + count) of
-  // normal stream `key` (WeightSource::normal_stream), an FP8 weight's quantized as write() would quantize them.
+  // Dummy weights made where `dst` lives: its elements [offset, offset + count) get the values `range` places
+  // (core/dummy_normal.h; WeightSource::normal_stream), an FP8 weight's quantized as write() would quantize them.
   // Returns false, writing nothing, where the sink cannot (host memory, a backend without the kernels, FP8 rows off
   // whole 128-row blocks of one matrix, packed 4-bit and emulated FP8 weights): the loader then writes the values.
-  virtual bool fill_normal(Tensor& /*dst*/, int64_t /*offset*/, uint64_t /*key*/, int64_t /*first*/,
-                           int64_t /*count*/) {
+  virtual bool fill_normal(Tensor& /*dst*/, int64_t /*offset*/, int64_t /*count*/,
+                           const dummy_normal::StreamRange& /*range*/) {
     return false;
   }
-  virtual bool fill_normal(Weight& /*dst*/, int64_t /*offset*/, uint64_t /*key*/, int64_t /*first*/,
-                           int64_t /*count*/) {
+  virtual bool fill_normal(Weight& /*dst*/, int64_t /*offset*/, int64_t /*count*/,
+                           const dummy_normal::StreamRange& /*range*/) {
     return false;
   }
   // Checks that every FP8 weight was written whole (no block row left waiting for rows); the loader calls it last.

@@ -118,9 +118,9 @@ class DummySource final : public WeightSource {
     }
     fill_normal(dummy_normal::tensor_key(seed_, name), first_row * row_elems, out);
   }
-  std::optional<uint64_t> normal_stream(const std::string& name) const override {
+  std::optional<NormalStream> normal_stream(const std::string& name, std::span<const int64_t>) const override {
     if (constant_value(name)) return std::nullopt;
-    return dummy_normal::tensor_key(seed_, name);
+    return NormalStream{.key = dummy_normal::tensor_key(seed_, name)};
   }
 
  private:
@@ -271,11 +271,14 @@ class Loader {
     const int64_t row = row_elems(shape);
     if (count > 0) {
       // Dummy weights the sink can make where they live (a GPU): the stream, not its values.
-      if (const std::optional<uint64_t> key = source_.normal_stream(name)) {
+      if (const std::optional<WeightSource::NormalStream> stream = source_.normal_stream(name, shape.dims())) {
         source_.read_rows(name, shape.dims(), first_row, 0, {});  // still checks name, shape and range start
         DI_CHECK(first_row + count <= num_rows(shape), "rows [", first_row, ", ", first_row + count,
                  ") out of range for tensor ", name, " of shape ", shape.str());
-        if (sink_.fill_normal(dst, offset, *key, first_row * row, count * row)) return;
+        const int64_t stride = stream->row_stride > 0 ? stream->row_stride : row;
+        const dummy_normal::StreamRange range{
+            .key = stream->key, .first = stream->offset + first_row * stride, .row_length = row, .row_stride = stride};
+        if (sink_.fill_normal(dst, offset, count * row, range)) return;
       }
     }
     int64_t rows_per_chunk = chunk_rows(row);

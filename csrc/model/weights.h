@@ -114,11 +114,20 @@ class WeightSource {
   // Rows [first_row, first_row + num_rows) of 4-bit weight `name` of `shape` ([N, K]); only where int4_form(name).
   virtual void read_int4_rows(const std::string& name, std::span<const int64_t> shape, int64_t first_row,
                               int64_t num_rows, Int4Rows& out) const;
-  // Dummy weights: the key of tensor `name`'s values, value i = dummy_normal::value(key, i) of its row-major
-  // elements (core/dummy_normal.h), which a device can make itself; nullopt for every other source, and for tensors
-  // that are not a normal stream (norm weights, biases). A source that transforms values (rounding to 4 bits, a
-  // shard's slice) must answer nullopt, as the default does.
-  virtual std::optional<uint64_t> normal_stream(const std::string& /*name*/) const { return std::nullopt; }
+  // Dummy weights: where the values of tensor `name`, read with `shape`, lie in their stream (core/dummy_normal.h),
+  // which a device can make itself: element (r, c) of its rows of row_length = product(shape[1:]) values is value
+  // offset + r * row_stride + c of stream `key` (row_stride 0: row_length, whole rows). nullopt for every other
+  // source, and for tensors that are not a stream (norm weights, biases). A source that transforms values (rounding
+  // to 4 bits) must answer nullopt, as the default does; a shard's slice answers with its rows' or columns' place.
+  struct NormalStream {
+    uint64_t key = 0;
+    int64_t offset = 0;
+    int64_t row_stride = 0;
+  };
+  virtual std::optional<NormalStream> normal_stream(const std::string& /*name*/,
+                                                    std::span<const int64_t> /*shape*/) const {
+    return std::nullopt;
+  }
   // Fills `out` (fp32) with rows [first_row, first_row + num_rows) of dimension 0 of tensor `name`, whose whole
   // shape is `shape` (a 0-D tensor is one row): num_rows * product(shape[1:]) values, row-major. They equal the
   // same rows of a whole read bit for bit, so a large tensor can be read piece by piece (one expert at a time).

@@ -1,7 +1,7 @@
 // Dummy weights made on the GPU (Backend::fill_dummy_normal, backend/cuda/memory/dummy_weights.cuh) against the host's
-// stream (core/dummy_normal.h through make_dummy_source), bit for bit: float32 and bfloat16 ranges, FP8 blocks against
-// quantize_fp8_block_rows, and whole models loaded through a CUDA sink (bf16 and FP8 linear layers) against the same
-// model loaded from the host's values.
+// stream (core/dummy_normal.h through make_dummy_source), bit for bit: float32 and bfloat16 ranges and a strided
+// column slice, FP8 blocks against quantize_fp8_block_rows, and whole models loaded through a CUDA sink (bf16 and FP8
+// linear layers, whole and one rank of two) against the same model loaded from the host's values.
 #ifdef DEEPINFER_HAVE_CUDA
 
 #include <gtest/gtest.h>
@@ -22,6 +22,8 @@
 #include "core/half.h"
 #include "core/weight.h"
 #include "cuda_device_required.h"
+#include "model/model_shard.h"
+#include "model/sharded_source.h"
 #include "model/weight_sink.h"
 #include "model/weights.h"
 
@@ -47,14 +49,13 @@ TEST(CudaDummyWeights, FillMatchesTheHostStreamBitForBit) {
   const int64_t first_row = 3, rows = 31;  // an odd start and length, as a chunk of a larger tensor
   std::vector<float> expected(static_cast<size_t>(rows * shape[1]));
   source->read_rows(name, shape, first_row, rows, expected);
-  const std::optional<uint64_t> key = source->normal_stream(name);
-  ASSERT_TRUE(key.has_value());
-  EXPECT_EQ(*key, dummy_normal::tensor_key(77, name));
-  EXPECT_FALSE(source->normal_stream("model.layers.2.input_layernorm.weight").has_value());  // ones, not a stream
-
+  const uint64_t key = dummy_normal::tensor_key(77, name);
+  // The rows as a later range of the stream, and every other column of them as a strided slice of a wider tensor.
+  const dummy_normal::StreamRange rows_range{.key = key, .first = first_row * shape[1], .row_length = shape[1],
+                                             .row_stride = shape[1]};
   for (const DType dtype : {DType::kF32, DType::kBF16}) {
     Tensor t = cuda->empty({rows, shape[1]}, dtype);
-    ASSERT_TRUE(cuda->fill_dummy_normal(t.view(), *key, first_row * shape[1]));
+    ASSERT_TRUE(cuda->fill_dummy_normal(t.view(), rows_range));
     const std::vector<uint8_t> got = host_bytes(*cuda, t);
     for (size_t i = 0; i < expected.size(); ++i) {
       if (dtype == DType::kF32) {
@@ -66,6 +67,20 @@ TEST(CudaDummyWeights, FillMatchesTheHostStreamBitForBit) {
         std::memcpy(&b, got.data() + 2 * i, 2);
         ASSERT_EQ(b, float_to_bf16(expected[i])) << "bfloat16 element " << i;
       }
+    }
+  }
+  // Columns [500, 999) of each row: a shard's column slice (row_stride > row_length).
+  const int64_t half = shape[1] - 500;
+  Tensor t = cuda->empty({rows, half}, DType::kF32);
+  ASSERT_TRUE(cuda->fill_dummy_normal(
+      t.view(), {.key = key, .first = first_row * shape[1] + 500, .row_length = half, .row_stride = shape[1]}));
+  const std::vector<uint8_t> got = host_bytes(*cuda, t);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < half; ++c) {
+      float v;
+      std::memcpy(&v, got.data() + 4 * (r * half + c), 4);
+      const float want = expected[static_cast<size_t>(r * shape[1] + 500 + c)];
+      ASSERT_EQ(std::bit_cast<uint32_t>(v), std::bit_cast<uint32_t>(want)) << "row " << r << " column " << c;
     }
   }
 }
@@ -86,8 +101,9 @@ TEST(CudaDummyWeights, Fp8BlocksMatchTheHostQuantization) {
 
   Tensor d_codes = cuda->empty({rows, cols}, DType::kF8E4M3);
   Tensor d_scales = cuda->empty({fp8_blocks(rows), fp8_blocks(cols)}, DType::kF32);
-  ASSERT_TRUE(cuda->fill_dummy_normal_fp8(d_codes.view(), d_scales.view(), *source->normal_stream(name),
-                                          first_row * cols));
+  ASSERT_TRUE(cuda->fill_dummy_normal_fp8(
+      d_codes.view(), d_scales.view(),
+      {.key = dummy_normal::tensor_key(5, name), .first = first_row * cols, .row_length = cols, .row_stride = cols}));
   EXPECT_EQ(host_bytes(*cuda, d_codes), codes);
   const std::vector<uint8_t> got_scales = host_bytes(*cuda, d_scales);
   std::vector<uint8_t> want_scales(scales.size() * 4);
@@ -165,20 +181,25 @@ TEST(CudaDummyWeights, LoadedModelsEqualTheHostPath) {
   const std::unique_ptr<Backend> cuda = make_cuda_backend();
   const ModelConfig c = tiny_v3();
   const auto source = make_dummy_source(3);
-  const HostValuesOnly host_values(*source);
   for (const bool fp8 : {false, true}) {
-    const WeightFormat format{.fp8 = fp8};
-    const auto on_device = make_backend_sink(*cuda, format);
-    const auto from_host = make_backend_sink(*cuda, format);
-    const ModelWeights made = load_weights(c, *source, *on_device);
-    const ModelWeights written = load_weights(c, host_values, *from_host);
-    const std::vector<const Tensor*> a = tensors_of(made), b = tensors_of(written);
-    ASSERT_EQ(a.size(), b.size());
-    for (size_t i = 0; i < a.size(); ++i) {
-      ASSERT_EQ(a[i]->dtype(), b[i]->dtype()) << "tensor " << i << (fp8 ? " (FP8)" : "");
-      EXPECT_EQ(host_bytes(*cuda, *a[i]), host_bytes(*cuda, *b[i])) << "tensor " << i << (fp8 ? " (FP8)" : "");
+    for (const ModelShard shard : {ModelShard{}, ModelShard{.rank = 1, .size = 2}}) {
+      SCOPED_TRACE("rank " + std::to_string(shard.rank) + " of " + std::to_string(shard.size) + (fp8 ? ", FP8" : ""));
+      const auto sharded = make_sharded_source(*source, shard);
+      const HostValuesOnly host_values(*sharded);
+      const ModelConfig local = local_config(c, shard);
+      const WeightFormat format{.fp8 = fp8};
+      const auto on_device = make_backend_sink(*cuda, format);
+      const auto from_host = make_backend_sink(*cuda, format);
+      const ModelWeights made = load_weights(local, *sharded, *on_device, {}, shard);
+      const ModelWeights written = load_weights(local, host_values, *from_host, {}, shard);
+      const std::vector<const Tensor*> a = tensors_of(made), b = tensors_of(written);
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t i = 0; i < a.size(); ++i) {
+        ASSERT_EQ(a[i]->dtype(), b[i]->dtype()) << "tensor " << i;
+        EXPECT_EQ(host_bytes(*cuda, *a[i]), host_bytes(*cuda, *b[i])) << "tensor " << i;
+      }
+      if (fp8) EXPECT_TRUE(made.layers[0].attn.o_proj.values.dtype() == DType::kF8E4M3);
     }
-    if (fp8) EXPECT_TRUE(made.layers[0].attn.o_proj.values.dtype() == DType::kF8E4M3);
   }
 }
 

@@ -2,8 +2,13 @@
 // tensor, bit for bit, whatever row range the loader asks for; and splits that do not divide are refused.
 #include <gtest/gtest.h>
 
+#include <bit>
+#include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "core/dummy_normal.h"
 #include "engine/step_batch.h"
 #include "engine/worker_ranks.h"
 #include "model/sharded_source.h"
@@ -60,6 +65,37 @@ TEST(ShardedSource, EachSplitReadsTheRanksSlice) {
       // Replicated: the router.
       EXPECT_EQ(read_all(*part, "model.layers.1.mlp.gate.weight", {kE, kD}),
                 read_all(*whole, "model.layers.1.mlp.gate.weight", {kE, kD}));
+    }
+  }
+}
+
+// Dummy weights a device makes (WeightSource::normal_stream): a rank's rows and columns are placed in the stream where
+// the values it reads lie; a fused gate_up's halves and other 3-D slices have no one range, and norms no stream.
+TEST(ShardedSource, NormalStreamsPlaceTheRanksSlice) {
+  const auto whole = make_dummy_source(11);
+  constexpr int64_t kRows = 6, kCols = 8;
+  for (int32_t size : {2, 4}) {
+    for (int32_t rank = 0; rank < size; ++rank) {
+      const auto part = make_sharded_source(*whole, {.rank = rank, .size = size});
+      for (const auto& [name, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+               {"model.layers.0.self_attn.o_proj.weight", {kRows, kCols / size}},         // columns
+               {"model.layers.0.self_attn.q_b_proj.weight", {kCols / size, kRows}},       // rows
+               {"model.layers.0.self_attn.kv_a_proj_with_mqa.weight", {kRows, kCols}}}) {  // replicated
+        SCOPED_TRACE(name + " rank " + std::to_string(rank) + " of " + std::to_string(size));
+        const std::optional<WeightSource::NormalStream> stream = part->normal_stream(name, shape);
+        ASSERT_TRUE(stream.has_value());
+        const int64_t row = shape[1], stride = stream->row_stride > 0 ? stream->row_stride : row;
+        const dummy_normal::StreamRange range{.key = stream->key, .first = stream->offset, .row_length = row,
+                                              .row_stride = stride};
+        const std::vector<float> values = read_all(*part, name, shape);
+        for (size_t j = 0; j < values.size(); ++j) {
+          ASSERT_EQ(std::bit_cast<uint32_t>(dummy_normal::value_at(range, static_cast<int64_t>(j))),
+                    std::bit_cast<uint32_t>(values[j]))
+              << "element " << j;
+        }
+      }
+      EXPECT_FALSE(part->normal_stream("model.layers.1.mlp.experts.gate_up_proj", std::vector<int64_t>{3, 4, 5}));
+      EXPECT_FALSE(part->normal_stream("model.layers.0.input_layernorm.weight", std::vector<int64_t>{kCols}));
     }
   }
 }

@@ -23,6 +23,8 @@
 #include "core/half.h"
 #include "model/checkpoint.h"
 #include "model/int4_source.h"
+#include "model/model_shard.h"
+#include "model/sharded_source.h"
 #include "core/fp8.h"
 #include "model/weight_sink.h"
 #include "safetensors_writer.h"
@@ -517,15 +519,89 @@ TEST(DummyWeights, NormalStreamGivesTheValuesRead) {
   const auto source = make_dummy_source(9);
   const std::string name = "model.layers.1.mlp.experts.3.up_proj.weight";
   const std::vector<float> values = read_whole(*source, name, {24, 130});
-  const std::optional<uint64_t> key = source->normal_stream(name);
-  ASSERT_TRUE(key.has_value());
+  const std::vector<int64_t> shape{24, 130};
+  const std::optional<WeightSource::NormalStream> stream = source->normal_stream(name, shape);
+  ASSERT_TRUE(stream.has_value());
+  EXPECT_EQ(stream->key, dummy_normal::tensor_key(9, name));
+  EXPECT_EQ(stream->offset, 0);
+  EXPECT_EQ(stream->row_stride, 0);  // whole rows
   for (size_t i = 0; i < values.size(); ++i) {
-    ASSERT_EQ(std::bit_cast<uint32_t>(dummy_normal::value(*key, i)), std::bit_cast<uint32_t>(values[i])) << i;
+    ASSERT_EQ(std::bit_cast<uint32_t>(dummy_normal::value(stream->key, i)), std::bit_cast<uint32_t>(values[i])) << i;
   }
-  EXPECT_FALSE(source->normal_stream("model.layers.1.input_layernorm.weight").has_value());
-  EXPECT_FALSE(source->normal_stream("model.layers.1.mlp.gate.e_score_correction_bias").has_value());
+  const std::vector<int64_t> vector_shape{130};
+  EXPECT_FALSE(source->normal_stream("model.layers.1.input_layernorm.weight", vector_shape).has_value());
+  EXPECT_FALSE(source->normal_stream("model.layers.1.mlp.gate.e_score_correction_bias", vector_shape).has_value());
   const auto rounded = make_int4_rounding_source(make_dummy_source(9), {});
-  EXPECT_FALSE(rounded->normal_stream(name).has_value());
+  EXPECT_FALSE(rounded->normal_stream(name, shape).has_value());
+}
+
+// A host sink that makes dummy values from the streams the loader hands it (as a GPU's sink does in its kernels):
+// the loader's stream ranges, a shard's included, must give every tensor the values the host path writes.
+class StreamMakingSink final : public WeightSink {
+ public:
+  explicit StreamMakingSink(WeightFormat format) : inner_(make_host_sink(format)) {}
+  Tensor allocate(Shape shape, WeightRole role) override { return inner_->allocate(shape, role); }
+  void write(Tensor& dst, int64_t offset, std::span<const float> values) override {
+    inner_->write(dst, offset, values);
+  }
+  Weight allocate_linear(Shape shape) override { return inner_->allocate_linear(shape); }
+  void write(Weight& dst, int64_t offset, std::span<const float> values) override {
+    inner_->write(dst, offset, values);
+  }
+  bool fp8_linear() const override { return inner_->fp8_linear(); }
+  bool is_fp8_weight(const Weight& w) const override { return inner_->is_fp8_weight(w); }
+  bool takes_fp8() const override { return inner_->takes_fp8(); }
+  void write_fp8(Weight& dst, int64_t matrix, int64_t first_row, const Fp8Rows& rows) override {
+    inner_->write_fp8(dst, matrix, first_row, rows);
+  }
+  void finish() override { inner_->finish(); }
+  bool fill_normal(Tensor& dst, int64_t offset, int64_t count, const dummy_normal::StreamRange& range) override {
+    inner_->write(dst, offset, values(count, range));
+    ++fills_;
+    return true;
+  }
+  bool fill_normal(Weight& dst, int64_t offset, int64_t count, const dummy_normal::StreamRange& range) override {
+    inner_->write(dst, offset, values(count, range));
+    ++fills_;
+    return true;
+  }
+  int64_t fills() const { return fills_; }
+
+ private:
+  static std::vector<float> values(int64_t count, const dummy_normal::StreamRange& range) {
+    std::vector<float> v(static_cast<size_t>(count));
+    for (int64_t j = 0; j < count; ++j) v[static_cast<size_t>(j)] = dummy_normal::value_at(range, j);
+    return v;
+  }
+  std::unique_ptr<WeightSink> inner_;
+  int64_t fills_ = 0;
+};
+
+TEST(DummyWeights, StreamsTheLoaderHandsASinkMakeTheHostsValues) {
+  const ModelConfig whole = tiny_config(ModelVersion::kV3);
+  const auto dummy = make_dummy_source(13);
+  for (const bool fp8 : {false, true}) {
+    for (const ModelShard shard : {ModelShard{}, ModelShard{.rank = 1, .size = 2}}) {
+      SCOPED_TRACE("rank " + std::to_string(shard.rank) + " of " + std::to_string(shard.size) + (fp8 ? ", FP8" : ""));
+      const ModelConfig c = local_config(whole, shard);
+      const auto source = make_sharded_source(*dummy, shard);
+      StreamMakingSink streams({.fp8 = fp8});
+      const std::unique_ptr<WeightSink> host = make_host_sink({.fp8 = fp8});
+      const ModelWeights made = load_weights(c, *source, streams, {}, shard);
+      const ModelWeights written = load_weights(c, *source, *host, {}, shard);
+      EXPECT_GT(streams.fills(), 0);
+      const auto a = tensors_of(made), b = tensors_of(written);
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t k = 0; k < a.size(); ++k) {
+        SCOPED_TRACE(a[k].first);
+        EXPECT_EQ(a[k].second->dtype(), b[k].second->dtype());
+        ASSERT_EQ(a[k].second->numel(), b[k].second->numel());
+        EXPECT_EQ(std::memcmp(a[k].second->cview().data, b[k].second->cview().data,
+                              static_cast<size_t>(a[k].second->numel()) * dtype_size(a[k].second->dtype())),
+                  0);
+      }
+    }
+  }
 }
 
 TEST(DummyWeights, DeterministicWithNormalStatistics) {

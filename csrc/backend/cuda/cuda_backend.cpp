@@ -73,12 +73,12 @@ class CudaBackend final : public Backend {
   void copy_to_device(ConstTensorView host, TensorView dst) override { ctx_.copy_to_device(host, dst); }
   void copy_to_host(ConstTensorView src, TensorView host) override { ctx_.copy_to_host(src, host); }
   Tensor upload(Tensor host, DType dtype) override { return ctx_.upload(std::move(host), dtype); }
-  bool fill_dummy_normal(TensorView dst, uint64_t key, int64_t first) override {
-    cuda::fill_dummy_normal(ctx_, dst, key, first);
+  bool fill_dummy_normal(TensorView dst, const dummy_normal::StreamRange& range) override {
+    cuda::fill_dummy_normal(ctx_, dst, range);
     return true;
   }
-  bool fill_dummy_normal_fp8(TensorView codes, TensorView scale_inv, uint64_t key, int64_t first) override {
-    cuda::fill_dummy_normal_fp8(ctx_, codes, scale_inv, key, first);
+  bool fill_dummy_normal_fp8(TensorView codes, TensorView scale_inv, const dummy_normal::StreamRange& range) override {
+    cuda::fill_dummy_normal_fp8(ctx_, codes, scale_inv, range);
     return true;
   }
   std::unique_ptr<StepGraph> capture(const std::function<void()>& work) override { return ctx_.capture(work); }

@@ -10,15 +10,16 @@
 #include <cstdint>
 
 #include "backend/cuda/runtime/launch_stream.h"
+#include "core/dummy_normal.h"
 #include "core/tensor.h"
 
 namespace deepinfer::cuda {
 
-// dst[j] = dummy_normal::value(key, first + j); dst float32 or bfloat16 in device memory (contiguous).
-void fill_dummy_normal(const TensorView& dst, uint64_t key, int64_t first, LaunchStream stream);
-// codes e4m3 [rows, cols] and scale_inv float32 [ceil(rows / 128), ceil(cols / 128)] in device memory: values
-// [first, first + rows * cols) of stream `key`, row-major, quantized per 128 x 128 block (scale amax / 448).
-void fill_dummy_normal_fp8(const TensorView& codes, const TensorView& scale_inv, uint64_t key, int64_t first,
+// dst[j] = dummy_normal::value_at(range, j); dst float32 or bfloat16 in device memory (contiguous).
+void fill_dummy_normal(const TensorView& dst, const dummy_normal::StreamRange& range, LaunchStream stream);
+// codes e4m3 [rows, cols] and scale_inv float32 [ceil(rows / 128), ceil(cols / 128)] in device memory: the values
+// `range` places (its row_length = cols), quantized per 128 x 128 block (scale amax / 448).
+void fill_dummy_normal_fp8(const TensorView& codes, const TensorView& scale_inv, const dummy_normal::StreamRange& range,
                            LaunchStream stream);
 
 }  // namespace deepinfer::cuda

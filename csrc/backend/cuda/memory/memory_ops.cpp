@@ -28,14 +28,14 @@ void copy_strided(CudaContext& ctx, const CopyStridedArgs& a) {
   ctx.ledger().launched(Trigger::kAfterWait, OpAccesses::any());
 }
 
-void fill_dummy_normal(CudaContext& ctx, const TensorView& dst, uint64_t key, int64_t first) {
-  fill_dummy_normal(dst, key, first, ctx.launch());
+void fill_dummy_normal(CudaContext& ctx, const TensorView& dst, const dummy_normal::StreamRange& range) {
+  fill_dummy_normal(dst, range, ctx.launch());
   ctx.ledger().launched(Trigger::kAfterWait, OpAccesses::any());
 }
 
-void fill_dummy_normal_fp8(CudaContext& ctx, const TensorView& codes, const TensorView& scale_inv, uint64_t key,
-                           int64_t first) {
-  fill_dummy_normal_fp8(codes, scale_inv, key, first, ctx.launch());
+void fill_dummy_normal_fp8(CudaContext& ctx, const TensorView& codes, const TensorView& scale_inv,
+                           const dummy_normal::StreamRange& range) {
+  fill_dummy_normal_fp8(codes, scale_inv, range, ctx.launch());
   ctx.ledger().launched(Trigger::kAfterWait, OpAccesses::any());
 }
 

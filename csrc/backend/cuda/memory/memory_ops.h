@@ -10,6 +10,7 @@
 
 #include "backend/ops/copy.h"
 #include "backend/ops/dense.h"
+#include "core/dummy_normal.h"
 #include "core/tensor.h"
 
 namespace deepinfer::cuda {
@@ -20,8 +21,8 @@ void embedding(CudaContext& ctx, const EmbeddingArgs& a);
 void gather_rows(CudaContext& ctx, const GatherRowsArgs& a);
 void copy_strided(CudaContext& ctx, const CopyStridedArgs& a);
 // Dummy weights made in place (dummy_weights.cuh), at load time.
-void fill_dummy_normal(CudaContext& ctx, const TensorView& dst, uint64_t key, int64_t first);
-void fill_dummy_normal_fp8(CudaContext& ctx, const TensorView& codes, const TensorView& scale_inv, uint64_t key,
-                           int64_t first);
+void fill_dummy_normal(CudaContext& ctx, const TensorView& dst, const dummy_normal::StreamRange& range);
+void fill_dummy_normal_fp8(CudaContext& ctx, const TensorView& codes, const TensorView& scale_inv,
+                           const dummy_normal::StreamRange& range);
 
 }  // namespace deepinfer::cuda
