@@ -91,9 +91,9 @@ double yarn_mscale(double scale, double mscale) {
   return 0.1 * mscale * std::log(scale) + 1.0;
 }
 
-// DeepSeek's block-scaled FP8. transformers' FineGrainedFP8Config may list modules it left in their dtype
-// (modules_to_not_convert, keys matched anywhere in the name); the loader reads that from the tensors, the memory plan
-// from this list.
+// DeepSeek's block-scaled FP8. The config may list modules left in their dtype: transformers' FineGrainedFP8Config as
+// modules_to_not_convert (keys matched anywhere in the name), vLLM's Fp8Config as ignored_layers (whole module names,
+// which match so too); the loader reads that from the tensors, the memory plan from these lists.
 void parse_fp8(const json& q, ModelConfig& c) {
   c.fp8.enabled = true;
   if (auto b = q.find("weight_block_size"); b != q.end() && b->is_array() && b->size() == 2) {
@@ -102,8 +102,9 @@ void parse_fp8(const json& q, ModelConfig& c) {
   }
   c.fp8.scale_fmt = get_or<std::string>(q, "scale_fmt", "");
   const std::string where = "config.json: quantization_config";
-  c.quantized_modules = QuantizedModules(QuantizedModules::Matching::kSubstring, {},
-                                         string_list(q, "modules_to_not_convert", where), where);
+  std::vector<std::string> left_out = string_list(q, "modules_to_not_convert", where);
+  for (std::string& name : string_list(q, "ignored_layers", where)) left_out.push_back(std::move(name));
+  c.quantized_modules = QuantizedModules(QuantizedModules::Matching::kSubstring, {}, std::move(left_out), where);
 }
 
 // The FP4 layouts compressed-tensors writes (model/fp4.h), by their format name; kNone for others.
@@ -263,8 +264,9 @@ void parse_awq(const json& q, ModelConfig& c) {
   const int64_t group_size = get_or<int64_t>(q, "group_size", get_or<int64_t>(q, "q_group_size", 128));
   DI_CHECK_ARG(group_size > 0 || group_size == -1, where, ".group_size must be > 0 or -1, got ", group_size);
   c.int4 = {.format = Int4Format::kAwq, .group_size = group_size, .symmetric = false};
-  c.quantized_modules = QuantizedModules(QuantizedModules::Matching::kSubstring, {},
-                                         string_list(q, "modules_to_not_convert", where), where);
+  std::vector<std::string> left_out = string_list(q, "modules_to_not_convert", where);
+  for (std::string& name : string_list(q, "ignored_layers", where)) left_out.push_back(std::move(name));
+  c.quantized_modules = QuantizedModules(QuantizedModules::Matching::kSubstring, {}, std::move(left_out), where);
 }
 
 void parse_quantization(const json& q, ModelConfig& c) {

@@ -129,6 +129,13 @@ TEST(QuantizedModulesConfig, AwqFp8AndModelOptListsAreRead) {
   EXPECT_TRUE(fp8.fp8.enabled);
   EXPECT_FALSE(fp8.quantized_modules.quantizes("model.layers.0.self_attn.o_proj"));
   EXPECT_TRUE(fp8.quantized_modules.quantizes("model.layers.0.self_attn.q_b_proj"));
+  // vLLM's key for the same list, beside transformers' own.
+  const ModelConfig fp8_vllm = parse_model_config(tiny_config(
+      {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}, {"modules_to_not_convert", {"self_attn.o_proj"}},
+       {"ignored_layers", {"model.layers.1.mlp.down_proj"}}}));
+  EXPECT_FALSE(fp8_vllm.quantized_modules.quantizes("model.layers.0.self_attn.o_proj"));
+  EXPECT_FALSE(fp8_vllm.quantized_modules.quantizes("model.layers.1.mlp.down_proj"));
+  EXPECT_TRUE(fp8_vllm.quantized_modules.quantizes("model.layers.11.mlp.down_proj"));
 
   const ModelConfig awq = parse_model_config(tiny_config(
       {{"quant_method", "awq"}, {"bits", 4}, {"group_size", 32}, {"version", "gemm"}, {"zero_point", true},
