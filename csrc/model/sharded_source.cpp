@@ -64,17 +64,16 @@ class ShardedSource final : public WeightSource {
   // Dummy weights: this rank's rows of a row-split matrix are a later range of its stream, its columns of a
   // column-split one a slice of each row. A fused gate_up's halves (two ranges) and slices of stacked 3-D tensors
   // have no one range: they are read as values.
-  std::optional<NormalStream> normal_stream(const std::string& name, std::span<const int64_t> shape) const override {
+  std::optional<dummy_normal::StreamRange> normal_stream(const std::string& name,
+                                                         std::span<const int64_t> shape) const override {
     const TensorSplit split = tensor_split(name, shard_.expert_parallel);
     if (split == TensorSplit::kReplicated || shape.size() < 2) return inner_.normal_stream(name, shape);
     if (shape.size() != 2 || split == TensorSplit::kHalvesRows) return std::nullopt;
-    const std::vector<int64_t> global = global_shape(name, shape);
-    std::optional<NormalStream> stream = inner_.normal_stream(name, global);
-    if (!stream) return std::nullopt;
-    const int64_t stride = stream->row_stride > 0 ? stream->row_stride : global[1];
-    stream->offset += split == TensorSplit::kRows ? shard_.rank * shape[0] * stride : shard_.rank * shape[1];
-    stream->row_stride = stride;
-    return stream;
+    std::optional<dummy_normal::StreamRange> range = inner_.normal_stream(name, global_shape(name, shape));
+    if (!range) return std::nullopt;
+    range->first += split == TensorSplit::kRows ? shard_.rank * shape[0] * range->row_stride : shard_.rank * shape[1];
+    range->row_length = shape[1];
+    return range;
   }
 
   bool fp8_checkpoint() const override { return inner_.fp8_checkpoint(); }

@@ -54,6 +54,10 @@ class CheckpointSource final : public WeightSource {
   bool fp8_checkpoint_;
 };
 
+// Rows of dimension 0 of a tensor of shape `s` (a 0-D tensor is one row), and the values a row holds.
+int64_t num_rows(const Shape& s) { return s.ndim() == 0 ? 1 : s[0]; }
+int64_t row_elems(const Shape& s) { return num_rows(s) == 0 ? 0 : s.numel() / num_rows(s); }
+
 // ---------------------------------------------------------------------------------------------- dummy weights
 //
 // The values are core/dummy_normal.h's stream per tensor. On the host they are made a block at a time: the 64-bit
@@ -118,9 +122,12 @@ class DummySource final : public WeightSource {
     }
     fill_normal(dummy_normal::tensor_key(seed_, name), first_row * row_elems, out);
   }
-  std::optional<NormalStream> normal_stream(const std::string& name, std::span<const int64_t>) const override {
+  std::optional<dummy_normal::StreamRange> normal_stream(const std::string& name,
+                                                         std::span<const int64_t> shape) const override {
     if (constant_value(name)) return std::nullopt;
-    return NormalStream{.key = dummy_normal::tensor_key(seed_, name)};
+    const int64_t row = row_elems(Shape(shape));
+    return dummy_normal::StreamRange{
+        .key = dummy_normal::tensor_key(seed_, name), .first = 0, .row_length = row, .row_stride = row};
   }
 
  private:
@@ -136,13 +143,10 @@ class DummySource final : public WeightSource {
 
 // ---------------------------------------------------------------------------------------------- the loader
 
-int64_t num_rows(const Shape& s) { return s.ndim() == 0 ? 1 : s[0]; }
-
 // Rows of `row` values a chunk holds: at most kLoadChunkFloats values, or one row when a row is larger.
 int64_t chunk_rows(int64_t row) { return std::max<int64_t>(1, kLoadChunkFloats / std::max<int64_t>(row, 1)); }
 // The same in whole FP8 block rows, at least one.
 int64_t block_chunk_rows(int64_t row) { return std::max<int64_t>(1, chunk_rows(row) / kFp8Block) * kFp8Block; }
-int64_t row_elems(const Shape& s) { return num_rows(s) == 0 ? 0 : s.numel() / num_rows(s); }
 
 // Whether quantizing at load (a bf16 checkpoint into an FP8 sink) rounds a linear weight to FP8: DeepSeek's FP8
 // release, which quantization at load follows, quantizes every projection but the MTP layer's eh_proj (vLLM and
@@ -271,14 +275,12 @@ class Loader {
     const int64_t row = row_elems(shape);
     if (count > 0) {
       // Dummy weights the sink can make where they live (a GPU): the stream, not its values.
-      if (const std::optional<WeightSource::NormalStream> stream = source_.normal_stream(name, shape.dims())) {
+      if (std::optional<dummy_normal::StreamRange> range = source_.normal_stream(name, shape.dims())) {
         source_.read_rows(name, shape.dims(), first_row, 0, {});  // still checks name, shape and range start
         DI_CHECK(first_row + count <= num_rows(shape), "rows [", first_row, ", ", first_row + count,
                  ") out of range for tensor ", name, " of shape ", shape.str());
-        const int64_t stride = stream->row_stride > 0 ? stream->row_stride : row;
-        const dummy_normal::StreamRange range{
-            .key = stream->key, .first = stream->offset + first_row * stride, .row_length = row, .row_stride = stride};
-        if (sink_.fill_normal(dst, offset, count * row, range)) return;
+        range->first += first_row * range->row_stride;
+        if (sink_.fill_normal(dst, offset, count * row, *range)) return;
       }
     }
     int64_t rows_per_chunk = chunk_rows(row);

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/dummy_normal.h"
 #include "core/tensor.h"
 #include "core/weight.h"
 #include "model/config.h"
@@ -115,17 +116,12 @@ class WeightSource {
   virtual void read_int4_rows(const std::string& name, std::span<const int64_t> shape, int64_t first_row,
                               int64_t num_rows, Int4Rows& out) const;
   // Dummy weights: where the values of tensor `name`, read with `shape`, lie in their stream (core/dummy_normal.h),
-  // which a device can make itself: element (r, c) of its rows of row_length = product(shape[1:]) values is value
-  // offset + r * row_stride + c of stream `key` (row_stride 0: row_length, whole rows). nullopt for every other
-  // source, and for tensors that are not a stream (norm weights, biases). A source that transforms values (rounding
-  // to 4 bits) must answer nullopt, as the default does; a shard's slice answers with its rows' or columns' place.
-  struct NormalStream {
-    uint64_t key = 0;
-    int64_t offset = 0;
-    int64_t row_stride = 0;
-  };
-  virtual std::optional<NormalStream> normal_stream(const std::string& /*name*/,
-                                                    std::span<const int64_t> /*shape*/) const {
+  // which a device can make itself: its rows of row_length = product(shape[1:]) values, row 0 from `first` on
+  // (a shard's slice: a later range, or row_stride > row_length). nullopt for every other source, and for tensors
+  // that are not a stream (norm weights, biases). A source that transforms values (rounding to 4 bits) must answer
+  // nullopt, as the default does.
+  virtual std::optional<dummy_normal::StreamRange> normal_stream(const std::string& /*name*/,
+                                                                 std::span<const int64_t> /*shape*/) const {
     return std::nullopt;
   }
   // Fills `out` (fp32) with rows [first_row, first_row + num_rows) of dimension 0 of tensor `name`, whose whole

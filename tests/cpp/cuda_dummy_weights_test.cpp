@@ -40,6 +40,13 @@ std::vector<uint8_t> host_bytes(Backend& backend, const Tensor& t) {
   return bytes;
 }
 
+// The bits of float32 element i of host bytes.
+uint32_t f32_bits_at(const std::vector<uint8_t>& bytes, size_t i) {
+  uint32_t bits;
+  std::memcpy(&bits, bytes.data() + 4 * i, 4);
+  return bits;
+}
+
 TEST(CudaDummyWeights, FillMatchesTheHostStreamBitForBit) {
   DEEPINFER_REQUIRE_CUDA_DEVICE();
   const std::unique_ptr<Backend> cuda = make_cuda_backend();
@@ -50,7 +57,7 @@ TEST(CudaDummyWeights, FillMatchesTheHostStreamBitForBit) {
   std::vector<float> expected(static_cast<size_t>(rows * shape[1]));
   source->read_rows(name, shape, first_row, rows, expected);
   const uint64_t key = dummy_normal::tensor_key(77, name);
-  // The rows as a later range of the stream, and every other column of them as a strided slice of a wider tensor.
+  // The rows as a later range of the stream, then a column slice of them (row_stride > row_length), as a shard's.
   const dummy_normal::StreamRange rows_range{.key = key, .first = first_row * shape[1], .row_length = shape[1],
                                              .row_stride = shape[1]};
   for (const DType dtype : {DType::kF32, DType::kBF16}) {
@@ -59,9 +66,7 @@ TEST(CudaDummyWeights, FillMatchesTheHostStreamBitForBit) {
     const std::vector<uint8_t> got = host_bytes(*cuda, t);
     for (size_t i = 0; i < expected.size(); ++i) {
       if (dtype == DType::kF32) {
-        float v;
-        std::memcpy(&v, got.data() + 4 * i, 4);
-        ASSERT_EQ(std::bit_cast<uint32_t>(v), std::bit_cast<uint32_t>(expected[i])) << "float32 element " << i;
+        ASSERT_EQ(f32_bits_at(got, i), std::bit_cast<uint32_t>(expected[i])) << "float32 element " << i;
       } else {
         uint16_t b;
         std::memcpy(&b, got.data() + 2 * i, 2);
@@ -69,7 +74,7 @@ TEST(CudaDummyWeights, FillMatchesTheHostStreamBitForBit) {
       }
     }
   }
-  // Columns [500, 999) of each row: a shard's column slice (row_stride > row_length).
+  // Columns [500, 999) of each row.
   const int64_t half = shape[1] - 500;
   Tensor t = cuda->empty({rows, half}, DType::kF32);
   ASSERT_TRUE(cuda->fill_dummy_normal(
@@ -77,10 +82,9 @@ TEST(CudaDummyWeights, FillMatchesTheHostStreamBitForBit) {
   const std::vector<uint8_t> got = host_bytes(*cuda, t);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < half; ++c) {
-      float v;
-      std::memcpy(&v, got.data() + 4 * (r * half + c), 4);
       const float want = expected[static_cast<size_t>(r * shape[1] + 500 + c)];
-      ASSERT_EQ(std::bit_cast<uint32_t>(v), std::bit_cast<uint32_t>(want)) << "row " << r << " column " << c;
+      ASSERT_EQ(f32_bits_at(got, static_cast<size_t>(r * half + c)), std::bit_cast<uint32_t>(want))
+          << "row " << r << " column " << c;
     }
   }
 }

@@ -520,13 +520,14 @@ TEST(DummyWeights, NormalStreamGivesTheValuesRead) {
   const std::string name = "model.layers.1.mlp.experts.3.up_proj.weight";
   const std::vector<float> values = read_whole(*source, name, {24, 130});
   const std::vector<int64_t> shape{24, 130};
-  const std::optional<WeightSource::NormalStream> stream = source->normal_stream(name, shape);
-  ASSERT_TRUE(stream.has_value());
-  EXPECT_EQ(stream->key, dummy_normal::tensor_key(9, name));
-  EXPECT_EQ(stream->offset, 0);
-  EXPECT_EQ(stream->row_stride, 0);  // whole rows
+  const std::optional<dummy_normal::StreamRange> range = source->normal_stream(name, shape);
+  ASSERT_TRUE(range.has_value());
+  EXPECT_EQ(range->key, dummy_normal::tensor_key(9, name));
+  EXPECT_EQ(range->first, 0);
+  EXPECT_EQ(range->row_length, 130);
+  EXPECT_EQ(range->row_stride, 130);  // whole rows
   for (size_t i = 0; i < values.size(); ++i) {
-    ASSERT_EQ(std::bit_cast<uint32_t>(dummy_normal::value(stream->key, i)), std::bit_cast<uint32_t>(values[i])) << i;
+    ASSERT_EQ(std::bit_cast<uint32_t>(dummy_normal::value(range->key, i)), std::bit_cast<uint32_t>(values[i])) << i;
   }
   const std::vector<int64_t> vector_shape{130};
   EXPECT_FALSE(source->normal_stream("model.layers.1.input_layernorm.weight", vector_shape).has_value());

@@ -18,8 +18,8 @@ namespace deepinfer::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kBlock = 128;                                  // an FP8 scale block's rows and columns
-constexpr int kRowsPerStep = kThreads / kBlock;               // rows a CTA's threads cover at once
+constexpr int kBlock = static_cast<int>(kFp8Block);  // an FP8 scale block's rows and columns
+constexpr int kRowsPerStep = kThreads / kBlock;      // rows a CTA's threads cover at once
 
 struct FillArgs {
   void* dst;
